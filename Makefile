@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+# Each creates .venv when it is missing. torch 2.13.0 goes in first: that pin takes
+# this machine's CPU wheel, where a bare `torch` would pull GBs of CUDA packages.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+bench-quick: $(STAMP)
+	$(PY) benchmarks/run.py --quick
+
+clean:
+	rm -rf $(VENV) demo_runs .pytest_cache

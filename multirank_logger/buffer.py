@@ -1,0 +1,148 @@
+"""RecordBuffer: this rank's logged values in memory, appended on the hot path and drained
+into columnar MetricBatch objects by a background thread. No I/O here.
+
+The hot path (`RecordBuffer.append`) checks types and appends one tuple to a deque.
+`deque.append` and `deque.popleft` are atomic under the GIL, so the training thread
+and the writer thread share the buffer without a lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from multirank_logger.errors import InvalidMetric
+from multirank_logger.schema import METRIC_COLUMNS, encode_value
+
+__all__ = ["MetricBatch", "RecordBuffer", "to_scalar"]
+
+_SCALARS = (float, int, bool)
+
+
+@dataclass
+class MetricBatch:
+    """Rows of the `metrics` table, column by column (see schema.metrics)."""
+
+    run_id: list[int] = field(default_factory=list)
+    rank: list[int] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)
+    step: list[int] = field(default_factory=list)
+    key: list[str] = field(default_factory=list)
+    value: list[float | None] = field(default_factory=list)
+    dtype: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def columns(self, names: Sequence[str] = METRIC_COLUMNS) -> list[list[Any]]:
+        """The column lists, in the order of `names`."""
+        return [getattr(self, name) for name in names]
+
+    def extend(self, other: MetricBatch) -> None:
+        """Append `other`'s rows to this batch."""
+        for f in fields(self):
+            getattr(self, f.name).extend(getattr(other, f.name))
+
+    @classmethod
+    def concat(cls, batches: Iterable[MetricBatch]) -> MetricBatch:
+        out = cls()
+        for batch in batches:
+            out.extend(batch)
+        return out
+
+    def to_arrow(self) -> Any:
+        """A pyarrow.Table with the metrics table's column types."""
+        import pyarrow as pa
+
+        return pa.table(
+            {
+                "run_id": pa.array(self.run_id, pa.int32()),
+                "rank": pa.array(self.rank, pa.int32()),
+                "seq": pa.array(self.seq, pa.int64()),
+                "step": pa.array(self.step, pa.int64()),
+                "key": pa.array(self.key, pa.string()),
+                "value": pa.array(self.value, pa.float64()),
+                "dtype": pa.array(self.dtype, pa.int16()),
+                "time": pa.array(self.time, pa.float64()),
+            }
+        )
+
+
+def to_scalar(key: str, value: Any) -> bool | int | float:
+    """Turn a one-element tensor or NumPy scalar into a Python number.
+
+    Raises:
+        InvalidMetric: for anything that is not one number (a list, a 2-element tensor, a string).
+    """
+    if type(value) in _SCALARS:
+        return value
+    numel = getattr(value, "numel", None) or getattr(value, "size", None)
+    count = numel() if callable(numel) else numel
+    if count == 1 and hasattr(value, "item"):
+        item = value.item()
+        if type(item) in _SCALARS:
+            return item
+    for kind in (bool, int, float):  # subclasses such as IntEnum; bool first, it is an int
+        if isinstance(value, kind):
+            return kind(value)
+    raise InvalidMetric(key, value)
+
+
+class RecordBuffer:
+    """This rank's log calls, in call order, waiting for the writer.
+
+    Each call keeps its own `seq` (the rank's call counter), so a rank's rows can be
+    rebuilt in call order whatever `step` the caller passed.
+    """
+
+    def __init__(self) -> None:
+        self._calls: deque[tuple[int, int, float, dict[str, bool | int | float]]] = deque()
+        self._next_seq = 0
+
+    def append(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record one log call. Hot path: no I/O, no lock.
+
+        Raises:
+            InvalidMetric: if a value is not a single number; nothing is recorded then.
+        """
+        for value in metrics.values():
+            if type(value) not in _SCALARS:
+                metrics = {k: to_scalar(k, v) for k, v in metrics.items()}
+                break
+        else:
+            metrics = dict(metrics)  # the caller may reuse its dict
+        self._calls.append((self._next_seq, step, time.time(), metrics))
+        self._next_seq += 1
+
+    @property
+    def calls_pending(self) -> int:
+        """Log calls recorded and not drained yet."""
+        return len(self._calls)
+
+    @property
+    def calls_recorded(self) -> int:
+        """Log calls recorded so far, drained or not."""
+        return self._next_seq
+
+    def drain(self, run_id: int, rank: int) -> MetricBatch:
+        """Remove every call recorded so far and return its rows as one batch."""
+        batch = MetricBatch()
+        popleft = self._calls.popleft
+        for _ in range(len(self._calls)):
+            seq, step, t, metrics = popleft()
+            for key, scalar in metrics.items():
+                value, dtype = encode_value(scalar)
+                batch.seq.append(seq)
+                batch.step.append(step)
+                batch.key.append(key)
+                batch.value.append(value)
+                batch.dtype.append(dtype)
+                batch.time.append(t)
+        n = len(batch)
+        batch.run_id = [run_id] * n
+        batch.rank = [rank] * n
+        return batch

@@ -1,0 +1,126 @@
+"""Exceptions raised by multirank_logger, each building its own message.
+
+Every message says what was found, what was expected, and what to do next.
+
+MultiRankLoggerError
+ ├── StoreError                  the store cannot be used as it is
+ │    ├── UnsupportedStore       a db path or URL of a kind we do not write
+ │    ├── StoreNotWritable       the db's directory cannot be written
+ │    ├── NotADatabase           the file exists but is not a database of its kind
+ │    ├── StoreLocked            another process holds a DuckDB file open for writing
+ │    ├── SchemaOutdated         the store is behind the code: run `db upgrade`
+ │    ├── SchemaTooNew           the store was written by a newer multirank_logger
+ │    └── ReadOnlyViolation      a write statement sent through the read-only query path
+ ├── LookupFailed                a run or a key that the store does not hold
+ └── InvalidMetric               a logged value that is not a scalar
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "InvalidMetric",
+    "LookupFailed",
+    "MultiRankLoggerError",
+    "NotADatabase",
+    "ReadOnlyViolation",
+    "SchemaOutdated",
+    "SchemaTooNew",
+    "StoreError",
+    "StoreLocked",
+    "StoreNotWritable",
+    "UnsupportedStore",
+]
+
+
+class MultiRankLoggerError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class StoreError(MultiRankLoggerError):
+    """The store cannot be opened or used as it is."""
+
+
+class UnsupportedStore(StoreError):
+    def __init__(self, db: str, choices: Iterable[str]) -> None:
+        self.db = db
+        super().__init__(
+            f"Cannot tell which database {db!r} is. Use a path ending in one of "
+            f"{', '.join(choices)}, or a SQLAlchemy URL (sqlite:///..., duckdb:///..., "
+            "postgresql+psycopg://...)."
+        )
+
+
+class StoreNotWritable(StoreError):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(
+            f"Cannot write the store at {path}: {reason}. "
+            "Pass a db path in a directory you can write to."
+        )
+
+
+class NotADatabase(StoreError):
+    def __init__(self, path: str, backend: str, detail: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} exists but is not a {backend} database ({detail}). "
+            "It was left untouched; pass another db path, or move the file away."
+        )
+
+
+class StoreLocked(StoreError):
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} is open for writing in another process ({detail}). DuckDB allows one "
+            "writing process per file: wait for that process to finish, or log this run to "
+            "another file."
+        )
+
+
+class SchemaOutdated(StoreError):
+    def __init__(self, url: str, found: str, head: str, version: str) -> None:
+        self.found, self.head = found, head
+        super().__init__(
+            f"Store {url} is at schema {found}; multirank_logger {version} needs {head}.\n"
+            f"Back up the file, then run: multirank-logger db upgrade {url}"
+        )
+
+
+class SchemaTooNew(StoreError):
+    def __init__(self, url: str, found: str, version: str) -> None:
+        self.found = found
+        super().__init__(
+            f"Store {url} is at schema {found}, which multirank_logger {version} does not know: "
+            "it was written by a newer version. Upgrade the package: pip install -U multirank-logger"
+        )
+
+
+class ReadOnlyViolation(StoreError):
+    def __init__(self, statement: str) -> None:
+        super().__init__(
+            f"Refused: the query path is read-only, and this statement would change the store: "
+            f"{statement.strip()[:200]!r}. Use a SELECT (or WITH ... SELECT) query."
+        )
+
+
+class LookupFailed(MultiRankLoggerError):
+    def __init__(self, what: str, wanted: str, available: Iterable[str]) -> None:
+        names = sorted(str(a) for a in available)
+        listing = ", ".join(names) if names else "(none)"
+        super().__init__(f"No {what} {wanted!r} in this store. Available: {listing}")
+
+
+class InvalidMetric(MultiRankLoggerError, ValueError):
+    def __init__(self, key: str, value: object) -> None:
+        self.key = key
+        shown = type(value).__name__
+        shape = getattr(value, "shape", None)
+        if shape is not None:
+            shown += f" of shape {tuple(shape)}"
+        super().__init__(
+            f"Metric {key!r} is a {shown}; loggers store one number per key. "
+            "Log a scalar (a Python number or a one-element tensor), e.g. reduce it with .mean()."
+        )

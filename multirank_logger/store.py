@@ -1,0 +1,295 @@
+"""The store: engine creation, the schema check and upgrade, run bookkeeping, batched inserts.
+
+A `Store` is opened either for writing (the logger, `db upgrade`) or read-only (the
+query side). Opening for writing creates a missing store at the migrations' head;
+a store at another revision is refused with the command to run. Nothing here knows
+about torch.distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL
+
+from multirank_logger import __version__
+from multirank_logger.backends import Backend, backend_for, resolve_url
+from multirank_logger.buffer import MetricBatch
+from multirank_logger.errors import (
+    SchemaOutdated,
+    SchemaTooNew,
+    StoreError,
+    StoreNotWritable,
+)
+from multirank_logger.schema import metrics, ranks, runs
+
+__all__ = ["RunRecord", "Store", "head_revision", "migrations_dir"]
+
+_CREATE_RUN_ATTEMPTS = 50
+
+
+def migrations_dir() -> Path:
+    """Where the Alembic scripts are: inside the wheel, or at the top of a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "migrations", here.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError(f"no migrations/ folder next to {here}; the installation is incomplete")
+
+
+def _alembic_config(url: URL | str) -> Config:
+    """The one Alembic Config this package uses (script_location set, no alembic.ini)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    cfg.set_main_option("sqlalchemy.url", text.replace("%", "%%"))
+    return cfg
+
+
+@functools.lru_cache(maxsize=1)
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_alembic_config("sqlite://"))
+
+
+def head_revision() -> str:
+    """The schema revision this version of the code reads and writes."""
+    head = _script().get_current_head()
+    assert head is not None, "migrations/versions holds no revision"
+    return head
+
+
+def _check_writable(path: Path) -> None:
+    """Fail now, not an hour into training, if the store file cannot be written."""
+    if path.is_dir():
+        raise StoreNotWritable(str(path), "it is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with open(path, "r+b"):
+                pass
+        else:
+            # a real probe: os.access says yes to root even on a read-only mount
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".multirank-probe-"):
+                pass
+    except OSError as exc:
+        raise StoreNotWritable(str(path), exc.strerror or str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The identity of a run in the store."""
+
+    id: int
+    name: str
+    version: int
+
+
+class Store:
+    """One SQL store of runs and metrics.
+
+    Args:
+        db: a filesystem path (``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``) or a SQLAlchemy URL.
+        readonly: open for reading only; never creates, migrates or writes.
+
+    Raises:
+        UnsupportedStore, StoreNotWritable, NotADatabase, StoreLocked, SchemaOutdated,
+        SchemaTooNew: when the store cannot be used as it is; the file is left untouched.
+
+    Example::
+
+        store = Store("runs.duckdb")
+        run = store.create_run("lightning_logs", world_size=2)
+    """
+
+    def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False) -> None:
+        self.url = resolve_url(db)
+        self.backend: Backend = backend_for(self.url)
+        self.readonly = readonly
+        path = self.backend.path
+        if path is not None:
+            if readonly and not path.is_file():
+                raise StoreError(f"No store at {path}. Check the path; a store is created by the first run logged to it.")
+            if not readonly:
+                _check_writable(path)
+        self.engine = self.backend.create_engine(readonly=readonly)
+        self._check_schema(upgrade_empty=not readonly)
+
+    # -- connections -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[sa.Connection]:
+        """A connection in one transaction, with driver errors translated into ours."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.DBAPIError as exc:
+            ours = self.backend.translate_error(exc)
+            if ours is not None:
+                raise ours from exc
+            raise
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url.render_as_string(hide_password=True)!r})"
+
+    # -- schema ------------------------------------------------------------------------
+
+    def current_revision(self) -> str | None:
+        """The store's schema revision, or None for an empty store."""
+        with self.begin() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def _check_schema(self, upgrade_empty: bool) -> None:
+        head = head_revision()
+        with self.begin() as conn:
+            self.backend.lock_for_migration(conn)
+            found = MigrationContext.configure(conn).get_current_revision()
+            if found == head:
+                return
+            if found is None and upgrade_empty and not sa.inspect(conn).has_table(runs.name):
+                self._run_alembic(conn, "upgrade", "head")
+                return
+            self._raise_for_revision(found, head)
+
+    def _raise_for_revision(self, found: str | None, head: str) -> None:
+        url = self.url.render_as_string(hide_password=True)
+        if found is None:
+            raise StoreError(f"{url} holds no multirank_logger schema. Log a run to it first, or check the path.")
+        known = {rev.revision for rev in _script().walk_revisions()}
+        if found in known:
+            raise SchemaOutdated(url, found, head, __version__)
+        raise SchemaTooNew(url, found, __version__)
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring the store to `revision` (head by default). Back it up first."""
+        with self.begin() as conn:
+            self.backend.lock_for_migration(conn)
+            self._run_alembic(conn, "upgrade", revision)
+
+    def downgrade(self, revision: str) -> None:
+        with self.begin() as conn:
+            self.backend.lock_for_migration(conn)
+            self._run_alembic(conn, "downgrade", revision)
+
+    def _run_alembic(self, conn: sa.Connection, verb: str, revision: str) -> None:
+        cfg = _alembic_config(self.url)
+        cfg.attributes["connection"] = conn  # migrate on this transaction, under its lock
+        getattr(command, verb)(cfg, revision)
+
+    @classmethod
+    def for_upgrade(cls, db: str | os.PathLike[str] | URL) -> Store:
+        """Open a store without the schema check, for `db upgrade` and `db current`."""
+        self = cls.__new__(cls)
+        self.url = resolve_url(db)
+        self.backend = backend_for(self.url)
+        self.readonly = False
+        self.engine = self.backend.create_engine()
+        return self
+
+    # -- runs and ranks ----------------------------------------------------------------
+
+    def create_run(
+        self,
+        name: str,
+        *,
+        version: int | None = None,
+        world_size: int = 1,
+        transport: str | None = None,
+        hparams: Mapping[str, Any] | None = None,
+    ) -> RunRecord:
+        """Register a new run; `version=None` takes the next free version for `name`.
+
+        Two processes creating runs at once get different ids and versions: the
+        (name, version) pair is unique, and a lost race is retried.
+
+        Raises:
+            StoreError: if `version` is given and already taken for `name`.
+        """
+        for _ in range(_CREATE_RUN_ATTEMPTS):
+            try:
+                with self.begin() as conn:
+                    run_id = conn.execute(sa.select(sa.func.coalesce(sa.func.max(runs.c.id), 0) + 1)).scalar_one()
+                    chosen = version
+                    if chosen is None:
+                        latest = sa.select(sa.func.coalesce(sa.func.max(runs.c.version), -1) + 1)
+                        chosen = conn.execute(latest.where(runs.c.name == name)).scalar_one()
+                    conn.execute(
+                        runs.insert().values(
+                            id=run_id,
+                            name=name,
+                            version=chosen,
+                            status="running",
+                            world_size=world_size,
+                            transport=transport,
+                            started_at=time.time(),
+                            hparams=_to_json(hparams),
+                        )
+                    )
+                    return RunRecord(run_id, name, int(chosen))
+            except sa.exc.IntegrityError as exc:
+                if version is not None and self.find_run(name, version) is not None:
+                    raise StoreError(
+                        f"Run {name}/version_{version} already exists in {self.url.database}. "
+                        "Pass version=None to take the next free version, or another name."
+                    ) from exc
+        raise StoreError(f"Could not allocate a run id after {_CREATE_RUN_ATTEMPTS} attempts; too many concurrent launches?")
+
+    def find_run(self, name: str, version: int) -> RunRecord | None:
+        with self.begin() as conn:
+            row = conn.execute(
+                sa.select(runs.c.id).where(runs.c.name == name, runs.c.version == version)
+            ).first()
+        return None if row is None else RunRecord(row.id, name, version)
+
+    def update_run(self, run_id: int, **values: Any) -> None:
+        """Set columns of a run: status, ended_at, transport, world_size, hparams (a mapping)."""
+        if "hparams" in values:
+            values["hparams"] = _to_json(values["hparams"])
+        with self.begin() as conn:
+            conn.execute(runs.update().where(runs.c.id == run_id).values(**values))
+
+    def register_rank(self, run_id: int, rank: int, **facts: Any) -> None:
+        """Record (or refresh) one rank's facts: local_rank, node_rank, host, pid, status."""
+        facts.setdefault("status", "running")
+        with self.begin() as conn:
+            conn.execute(ranks.delete().where(ranks.c.run_id == run_id, ranks.c.rank == rank))
+            conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), **facts))
+
+    def update_rank(self, run_id: int, rank: int, **values: Any) -> None:
+        with self.begin() as conn:
+            conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(**values))
+
+    # -- metrics -----------------------------------------------------------------------
+
+    def write(self, batch: MetricBatch) -> int:
+        """Insert a batch of metric rows in one transaction, by the backend's fastest path.
+
+        Returns:
+            The number of rows written.
+        """
+        if len(batch) == 0:
+            return 0
+        with self.begin() as conn:
+            self.backend.insert_metrics(conn, metrics, batch)
+        return len(batch)
+
+
+def _to_json(hparams: Mapping[str, Any] | None) -> str | None:
+    # default=str: a user's hyperparameters may hold paths, dtypes, classes...
+    return None if hparams is None else json.dumps(hparams, default=str, sort_keys=True)
