@@ -6,7 +6,8 @@ checks that upgrading an empty store to head gives exactly these tables.
 
 Value encoding (``metrics.value`` + ``metrics.dtype``): SQLite silently stores NaN as
 NULL, so NaN is kept as ``value IS NULL`` with ``dtype = DTYPE_NAN`` on every backend.
-``+inf``/``-inf`` are stored as they are. ``dtype`` also remembers whether the logged
+``+inf``/``-inf`` are stored as they are; ``-0.0`` (whose sign SQLite drops) is
+``0.0`` with ``dtype = DTYPE_NEG_ZERO``. ``dtype`` also remembers whether the logged
 Python scalar was an ``int`` or a ``bool``, so that an export prints ``0`` and ``True``
 exactly as CSVLogger does, not ``0.0`` and ``1.0``.
 """
@@ -23,6 +24,7 @@ __all__ = [
     "DTYPE_FLOAT",
     "DTYPE_INT",
     "DTYPE_NAN",
+    "DTYPE_NEG_ZERO",
     "METRIC_COLUMNS",
     "RUN_STATUSES",
     "decode_value",
@@ -38,6 +40,7 @@ DTYPE_FLOAT = 0
 DTYPE_INT = 1
 DTYPE_BOOL = 2
 DTYPE_NAN = 3  # value is NULL: SQLite cannot store NaN
+DTYPE_NEG_ZERO = 4  # value is 0.0: SQLite drops the sign of -0.0, CSVLogger prints it
 
 RUN_STATUSES = ("running", "success", "failed", "interrupted")
 
@@ -89,7 +92,7 @@ metrics = sa.Table(
     sa.Column("step", sa.BigInteger, nullable=False, comment="step passed to log_metrics"),
     sa.Column("key", sa.String, nullable=False, comment="metric name, prefix included"),
     sa.Column("value", sa.Float(53), nullable=True, comment="NULL when the value was NaN"),
-    sa.Column("dtype", sa.SmallInteger, nullable=False, comment="0 float, 1 int, 2 bool, 3 NaN"),
+    sa.Column("dtype", sa.SmallInteger, nullable=False, comment="0 float, 1 int, 2 bool, 3 NaN, 4 -0.0"),
     sa.Column("time", sa.Float(53), nullable=False, comment="unix time of the log call"),
 )
 sa.Index("ix_metrics_run_rank_step", metrics.c.run_id, metrics.c.rank, metrics.c.step).ddl_if(
@@ -108,7 +111,9 @@ def encode_value(value: bool | int | float) -> tuple[float | None, int]:
     """
     kind = type(value)
     if kind is float:
-        return (None, DTYPE_NAN) if math.isnan(value) else (value, DTYPE_FLOAT)
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            return 0.0, DTYPE_NEG_ZERO
+        return (None, DTYPE_NAN) if value != value else (value, DTYPE_FLOAT)
     if kind is int:
         return float(value), DTYPE_INT
     if kind is bool:
@@ -124,4 +129,6 @@ def decode_value(value: float | None, dtype: int) -> bool | int | float:
         return int(value)  # type: ignore[arg-type]
     if dtype == DTYPE_BOOL:
         return bool(value)
+    if dtype == DTYPE_NEG_ZERO:
+        return -0.0
     return math.nan

@@ -51,7 +51,7 @@ def upgrade() -> None:
         sa.Column("step", sa.BigInteger, nullable=False, comment="step passed to log_metrics"),
         sa.Column("key", sa.String, nullable=False, comment="metric name, prefix included"),
         sa.Column("value", sa.Float(53), nullable=True, comment="NULL when the value was NaN"),
-        sa.Column("dtype", sa.SmallInteger, nullable=False, comment="0 float, 1 int, 2 bool, 3 NaN"),
+        sa.Column("dtype", sa.SmallInteger, nullable=False, comment="0 float, 1 int, 2 bool, 3 NaN, 4 -0.0"),
         sa.Column("time", sa.Float(53), nullable=False, comment="unix time of the log call"),
     )
     # DuckDB answers range scans from zone maps; ART indexes there only slow bulk inserts

@@ -1,0 +1,264 @@
+"""The store on real SQLite and DuckDB files: round trips, refusals, concurrent creation."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from multirank_logger.buffer import MetricBatch, RecordBuffer
+from multirank_logger.errors import InvalidMetric, NotADatabase, StoreLocked, StoreNotWritable, UnsupportedStore
+from multirank_logger.schema import DTYPE_NAN, decode_value, metrics, runs
+from multirank_logger.store import Store, head_revision
+
+TRICKY_KEYS = ["a'b", 'x"; DROP TABLE metrics; --', "späce ключ 指标", "with,comma", "tab\tand\nnewline", ""]
+
+
+def _read_back(store: Store) -> list[tuple[int, int, str, object]]:
+    with store.begin() as conn:
+        rows = conn.execute(
+            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.key, metrics.c.value, metrics.c.dtype).order_by(
+                metrics.c.rank, metrics.c.seq, metrics.c.key
+            )
+        ).fetchall()
+    return [(r.rank, r.seq, r.key, decode_value(r.value, r.dtype)) for r in rows]
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return type(a) is type(b) and a == b
+
+
+def test_values_round_trip_exactly(db_path: Path) -> None:
+    """NaN, +/-inf, ints, bools and full-precision floats come back as the same Python scalars."""
+    logged = {
+        "nan": math.nan,
+        "pinf": math.inf,
+        "ninf": -math.inf,
+        "zero_int": 0,
+        "big_int": 2**53,
+        "neg_int": -7,
+        "true": True,
+        "false": False,
+        "third": 1 / 3,
+        "tiny": 5e-324,
+        "loss": 0.6931471824645996,
+        "neg_zero": -0.0,
+    }
+    store = Store(db_path)
+    run = store.create_run("lightning_logs")
+    buffer = RecordBuffer()
+    buffer.append(0, logged)
+    store.write(buffer.drain(run.id, rank=0))
+    back = {key: value for _, _, key, value in _read_back(store)}
+    assert back.keys() == logged.keys()
+    for key, value in logged.items():
+        assert _same(back[key], value), (key, back[key], value)
+    assert math.copysign(1, back["neg_zero"]) == -1
+    store.close()
+
+
+def test_nan_is_null_with_its_own_dtype(db_path: Path) -> None:
+    """NaN is stored as NULL with dtype 3 on every backend, so SQL aggregates skip it."""
+    store = Store(db_path)
+    run = store.create_run("lightning_logs")
+    buffer = RecordBuffer()
+    buffer.append(3, {"loss": math.nan})
+    store.write(buffer.drain(run.id, rank=1))
+    with store.begin() as conn:
+        row = conn.execute(sa.select(metrics.c.value, metrics.c.dtype, metrics.c.step, metrics.c.rank)).one()
+    assert tuple(row) == (None, DTYPE_NAN, 3, 1)
+    store.close()
+
+
+def test_tricky_key_names_are_stored_verbatim(db_path: Path) -> None:
+    """Quotes, SQL, unicode, commas and control characters in keys are kept as given."""
+    store = Store(db_path)
+    run = store.create_run("lightning_logs")
+    buffer = RecordBuffer()
+    buffer.append(0, {key: float(i) for i, key in enumerate(TRICKY_KEYS)})
+    store.write(buffer.drain(run.id, rank=0))
+    assert sorted(key for _, _, key, _ in _read_back(store)) == sorted(TRICKY_KEYS)
+    with store.begin() as conn:  # the table survived the key that tried to drop it
+        assert conn.execute(sa.select(sa.func.count()).select_from(metrics)).scalar_one() == len(TRICKY_KEYS)
+    store.close()
+
+
+def test_call_order_is_kept_per_rank(db_path: Path) -> None:
+    """Each rank's rows keep their own call counter, whatever step was passed."""
+    store = Store(db_path)
+    run = store.create_run("lightning_logs", world_size=2)
+    for rank in (0, 1):
+        buffer = RecordBuffer()
+        for step in (5, 5, 2, 9):
+            buffer.append(step, {"x": rank * 100 + step})
+        store.write(buffer.drain(run.id, rank))
+    with store.begin() as conn:
+        rows = conn.execute(
+            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step).order_by(metrics.c.rank, metrics.c.seq)
+        ).fetchall()
+    assert [tuple(r) for r in rows] == [(r, s, st) for r in (0, 1) for s, st in enumerate((5, 5, 2, 9))]
+    store.close()
+
+
+def test_non_scalar_value_is_refused_and_nothing_is_lost() -> None:
+    """A list or a 2-element tensor names its key; calls recorded before stay in the buffer."""
+    import torch
+
+    buffer = RecordBuffer()
+    buffer.append(0, {"ok": 1.0})
+    with pytest.raises(InvalidMetric, match=r"Metric 'bad' is a Tensor of shape \(2,\)"):
+        buffer.append(1, {"fine": 2.0, "bad": torch.tensor([1.0, 2.0])})
+    with pytest.raises(InvalidMetric, match="Metric 'lst' is a list"):
+        buffer.append(1, {"lst": [1.0]})
+    buffer.append(2, {"one": torch.tensor(3.5), "i": torch.tensor(4)})
+    batch = buffer.drain(run_id=1, rank=0)
+    assert list(zip(batch.key, batch.step)) == [("ok", 0), ("one", 2), ("i", 2)]
+    assert batch.dtype == [0, 0, 1]
+
+
+def test_bulk_write_is_one_transaction(db_path: Path) -> None:
+    """A batch that fails part-way leaves none of its rows behind."""
+    store = Store(db_path)
+    run = store.create_run("lightning_logs")
+    good = RecordBuffer()
+    for step in range(1000):
+        good.append(step, {"a": 1.0, "b": 2})
+    batch = good.drain(run.id, 0)
+    batch.key[-1] = None  # violates NOT NULL on the last row
+    with pytest.raises(sa.exc.DBAPIError):
+        store.write(batch)
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(metrics)).scalar_one() == 0
+    store.close()
+
+
+@pytest.mark.parametrize("name", ["runs.csv", "runs", "runs.parquet"])
+def test_unknown_suffix_is_refused(tmp_path: Path, name: str) -> None:
+    """A path with no known suffix names the choices, and creates nothing."""
+    with pytest.raises(UnsupportedStore) as info:
+        Store(tmp_path / name)
+    assert ".duckdb, .db, .sqlite, .sqlite3" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_directory_that_cannot_be_written_fails_at_construction(tmp_path: Path, backend: str) -> None:
+    """An unwritable directory (a read-only mount: root ignores mode bits) fails at once."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"mount namespaces are not permitted here: {probe.stderr.decode().strip()}")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    suffix = {"sqlite": ".sqlite", "duckdb": ".duckdb"}[backend]
+    script = textwrap.dedent(
+        f"""
+        from multirank_logger.store import Store
+        from multirank_logger.errors import StoreNotWritable
+        try:
+            Store({str(ro / ("runs" + suffix))!r})
+        except StoreNotWritable as exc:
+            print(exc)
+        """
+    )
+    shell = f"mount -t tmpfs -o ro none {ro} && exec {sys.executable} -c \"$0\""
+    result = subprocess.run(["unshare", "-m", "sh", "-c", shell, script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"Cannot write the store at {ro}/runs{suffix}: Read-only file system.")
+    assert "Pass a db path in a directory you can write to." in result.stdout
+
+
+def test_path_that_is_a_directory_is_refused(tmp_path: Path, backend: str) -> None:
+    """A directory named like a store is refused before anything is opened."""
+    target = tmp_path / f"runs.{'duckdb' if backend == 'duckdb' else 'db'}"
+    target.mkdir()
+    with pytest.raises(StoreNotWritable, match="it is a directory"):
+        Store(target)
+
+
+@pytest.mark.parametrize("suffix", [".db", ".sqlite", ".duckdb"])
+def test_text_file_is_not_a_database_and_is_left_untouched(tmp_path: Path, suffix: str) -> None:
+    """A text file named like a store is refused, byte for byte unchanged, with no side files."""
+    path = tmp_path / f"runs{suffix}"
+    content = b"these are my notes, not a database\n" * 100
+    path.write_bytes(content)
+    with pytest.raises(NotADatabase, match="is not a (SQLite|DuckDB) database.*left untouched"):
+        Store(path)
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_duckdb_file_held_by_another_process_is_refused(tmp_path: Path) -> None:
+    """A DuckDB file that another process holds open for writing gives its PID and what to do."""
+    path = tmp_path / "runs.duckdb"
+    Store(path).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(path)!r}); print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreLocked) as info:
+            Store(path)
+        assert f"(PID {holder.pid})" in str(info.value)
+        assert "wait for that process to finish, or log this run to another file" in str(info.value)
+    finally:
+        holder.communicate("", timeout=30)
+    Store(path).close()  # usable again once the holder is gone
+
+
+def _open_and_create_run(path: str, barrier: mp.Barrier, out: mp.Queue) -> None:
+    barrier.wait()
+    store = Store(path)
+    run = store.create_run("lightning_logs")
+    out.put((run.id, run.version))
+    store.close()
+
+
+def test_concurrent_creation_and_runs_do_not_race(tmp_path: Path) -> None:
+    """Six processes creating one SQLite store at once all succeed, with distinct runs."""
+    path = str(tmp_path / "runs.sqlite")
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_create_run, args=(path, barrier, out)) for _ in range(6)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0] * 6
+    results = sorted(out.get(timeout=5) for _ in procs)
+    assert results == [(i + 1, i) for i in range(6)]
+    store = Store(path)
+    assert store.current_revision() == head_revision()
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar_one() == 6
+    store.close()
+
+
+def test_explicit_version_that_exists_is_refused(db_path: Path) -> None:
+    """Asking for a taken version says so and how to get a free one."""
+    store = Store(db_path)
+    store.create_run("exp", version=3)
+    assert store.create_run("exp").version == 4
+    with pytest.raises(Exception, match="exp/version_3 already exists.*Pass version=None"):
+        store.create_run("exp", version=3)
+    store.close()
+
+
+def test_batches_concatenate_in_order() -> None:
+    """MetricBatch.concat keeps rows in order and column lengths equal."""
+    a, b = RecordBuffer(), RecordBuffer()
+    a.append(0, {"x": 1.0})
+    b.append(7, {"y": 2, "z": True})
+    both = MetricBatch.concat([a.drain(1, 0), b.drain(1, 1)])
+    assert both.key == ["x", "y", "z"] and both.rank == [0, 1, 1]
+    assert {len(col) for col in both.columns()} == {3}
+    assert both.to_arrow().num_rows == 3
