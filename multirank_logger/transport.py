@@ -1,0 +1,471 @@
+"""RowChannel: ship MetricBatch rows from every rank to rank 0 without a collective.
+
+The channel is a client of the torch.distributed TCPStore that the launch already runs
+(``MASTER_ADDR:MASTER_PORT``; it lives in rank 0's process under Lightning's launcher, and
+in the agent under torchrun), wrapped in a PrefixStore so that our keys never meet
+torch's. Nothing here is a collective: a rank that logs nothing, or dies, never makes
+another wait beyond a bounded time. It knows nothing about SQL.
+
+Wire format, under the prefix ``multirank_logger/{namespace}/``:
+
+- ``rows/{r}``: a TCPStore queue per sending rank ``r``; each item is one encoded batch
+  (``encode_batch``: a fixed header, a key table and little-endian column arrays, no
+  pickle). ``queue_pop`` removes what rank 0 consumed, so the server's memory stays flat.
+- ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
+  writer (an item is acknowledged at the ``receive`` call after the one that returned
+  it, i.e. once the writer came back for more). A sender keeps unacknowledged batches,
+  so that when rank 0 is gone it can spill every row that may not have been stored.
+- ``done/{r}``: ``"{items} {status}"`` set by ``mark_done``: rank ``r`` sent ``items``
+  items in all and will send no more.
+- ``kv/{key}``: small values published by rank 0 (``publish``/``fetch``).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import threading
+import time
+from array import array
+from collections import deque
+from datetime import timedelta
+from typing import Any
+
+from multirank_logger.buffer import MetricBatch
+from multirank_logger.errors import MultiRankLoggerError
+from multirank_logger.schema import DTYPE_NAN
+
+__all__ = ["ChannelError", "ChannelTimeout", "RowChannel", "decode_batch", "encode_batch"]
+
+#: Rows per queue item: big batches are cut so that one item stays a few MiB.
+CHUNK_ROWS = 65_536
+_MAGIC = b"MRB1"
+_HEADER = struct.Struct("<4sII")  # magic, rows, distinct keys
+# (column, array typecode) in wire order; keys travel as indexes into the key table
+_COLUMNS = (
+    ("run_id", "i"),
+    ("rank", "i"),
+    ("seq", "q"),
+    ("step", "q"),
+    ("key", "I"),
+    ("value", "d"),
+    ("dtype", "b"),
+    ("time", "d"),
+)
+_SWAP = sys.byteorder != "little"  # the wire is little-endian whatever the hosts are
+_POLL_S = 0.02
+
+
+class ChannelError(MultiRankLoggerError):
+    """The channel to rank 0 cannot be used.
+
+    Attributes:
+        undelivered: batches that may not have reached rank 0's store; the caller spills them
+            (``spill.SpillWriter``). Each batch is handed out once: a later error carries only
+            the batches given to that later call.
+    """
+
+    def __init__(self, message: str, undelivered: list[MetricBatch] | None = None) -> None:
+        self.undelivered: list[MetricBatch] = list(undelivered or [])
+        super().__init__(message)
+
+
+class ChannelTimeout(ChannelError):
+    """A bounded wait on the channel ran out (``fetch``, ``wait_delivered``)."""
+
+
+def _pack(typecode: str, values: list[Any]) -> bytes:
+    arr = array(typecode, values)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _unpack(typecode: str, data: memoryview) -> list[Any]:
+    arr = array(typecode)
+    arr.frombytes(data)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def encode_batch(batch: MetricBatch) -> bytes:
+    """Encode a batch as bytes: header, key table, then one packed array per column.
+
+    NaN values (``value is None``) travel as NaN and come back as None from their dtype.
+    """
+    index: dict[str, int] = {}
+    key_ids = [index.setdefault(k, len(index)) for k in batch.key]
+    names = [k.encode() for k in index]
+    nan = float("nan")
+    columns = {
+        "run_id": batch.run_id,
+        "rank": batch.rank,
+        "seq": batch.seq,
+        "step": batch.step,
+        "key": key_ids,
+        "value": [nan if v is None else v for v in batch.value],
+        "dtype": batch.dtype,
+        "time": batch.time,
+    }
+    parts = [_HEADER.pack(_MAGIC, len(batch), len(names)), _pack("I", [len(n) for n in names]), *names]
+    parts.extend(_pack(code, columns[name]) for name, code in _COLUMNS)
+    return b"".join(parts)
+
+
+def decode_batch(data: bytes) -> MetricBatch:
+    """Rebuild the batch that `encode_batch` encoded.
+
+    Raises:
+        ValueError: when `data` is not an encoded batch (wrong magic, truncated).
+    """
+    view = memoryview(data)
+    if len(view) < _HEADER.size:
+        raise ValueError(f"a row batch needs at least {_HEADER.size} bytes, got {len(view)}")
+    magic, n, nkeys = _HEADER.unpack_from(view)
+    if magic != _MAGIC:
+        raise ValueError(f"not a multirank_logger row batch (magic {bytes(magic)!r}, expected {_MAGIC!r})")
+    pos = _HEADER.size
+    lengths = _unpack("I", view[pos : pos + 4 * nkeys])
+    pos += 4 * nkeys
+    names = []
+    for length in lengths:
+        names.append(bytes(view[pos : pos + length]).decode())
+        pos += length
+    out: dict[str, list[Any]] = {}
+    for name, code in _COLUMNS:
+        size = array(code).itemsize * n
+        if pos + size > len(view):
+            raise ValueError(f"row batch truncated in column {name!r} ({len(view)} bytes)")
+        out[name] = _unpack(code, view[pos : pos + size])
+        pos += size
+    if pos != len(view):
+        raise ValueError(f"row batch has {len(view) - pos} trailing bytes")
+    out["key"] = [names[i] for i in out["key"]]
+    if DTYPE_NAN in out["dtype"]:
+        out["value"] = [None if d == DTYPE_NAN else v for v, d in zip(out["value"], out["dtype"])]
+    return MetricBatch(**out)
+
+
+def _chunks(batch: MetricBatch, size: int) -> list[MetricBatch]:
+    if len(batch) <= size:
+        return [batch]
+    cols = batch.__dict__
+    return [MetricBatch(**{k: v[i : i + size] for k, v in cols.items()}) for i in range(0, len(batch), size)]
+
+
+class RowChannel:
+    """Rows from ranks 1..N-1 to rank 0 over the launch's TCPStore; never a collective.
+
+    Args:
+        namespace: keys live under ``multirank_logger/{namespace}/``; identical on every rank
+            and unique per channel within one launch (e.g. one per logger instance and run).
+        rank: this process's global rank.
+        world_size: number of ranks in the launch.
+        host: the TCPStore's host; defaults to ``$MASTER_ADDR``.
+        port: the TCPStore's port; defaults to ``$MASTER_PORT``.
+        timeout: the bound, in seconds, on connecting, on every store operation, and on how long
+            rank 0 may leave a sender's rows unacknowledged before the sender gives up on it.
+
+    Senders (rank != 0) call `send` from a background thread and `mark_done` at the end;
+    rank 0 calls `receive` and `done_ranks`. On `ChannelError`, spill ``exc.undelivered``.
+
+    Example::
+
+        channel = RowChannel("run-7", rank, world_size)
+        if rank == 0:
+            for batch in channel.receive():
+                store.write(batch)
+        else:
+            channel.send(buffer.drain(run_id, rank))
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        rank: int,
+        world_size: int,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.namespace = namespace
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._store: Any = None
+        self._failed: str | None = None
+        # sender side: items are numbered from `_base` (the ack counter when we connected)
+        self._base = 0
+        self._sent = 0
+        self._inflight: deque[tuple[int, MetricBatch, float]] = deque()
+        # receiver side (rank 0), per sending rank
+        self._taken: dict[int, int] = {}
+        self._to_ack: dict[int, int] = {}
+        self._done_totals: dict[int, tuple[int, str]] = {}
+
+    # ddp_spawn pickles the logger into its workers: never ship a socket, reconnect lazily
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: self.__dict__[k] for k in ("namespace", "rank", "world_size", "host", "port", "timeout")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def __repr__(self) -> str:
+        return f"RowChannel({self.namespace!r}, rank={self.rank}, world_size={self.world_size})"
+
+    # -- connection --------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        if self._store is not None:
+            return self._store
+        import torch.distributed as dist
+
+        host = self.host or os.environ.get("MASTER_ADDR")
+        port = self.port or os.environ.get("MASTER_PORT")
+        if not host or not port:
+            raise ChannelError(
+                "Cannot reach rank 0: MASTER_ADDR and MASTER_PORT are not set. Run under a DDP "
+                "launcher (Lightning, torchrun), or pass host= and port= to RowChannel."
+            )
+        try:
+            # a client of the launch's own store: no new server, no collective
+            client = dist.TCPStore(
+                str(host), int(port), None, False, timedelta(seconds=self.timeout), wait_for_workers=False
+            )
+        except Exception as exc:  # DistNetworkError, TimeoutError, RuntimeError
+            raise ChannelError(f"Rank {self.rank} cannot connect to the TCPStore at {host}:{port}: {exc}") from exc
+        store = dist.PrefixStore(f"multirank_logger/{self.namespace}/", client)
+        if self.rank == 0:
+            self._taken = {r: store.add(f"ack/{r}", 0) for r in range(1, self.world_size)}
+            self._to_ack = dict.fromkeys(self._taken, 0)
+        else:
+            self._base = store.add(f"ack/{self.rank}", 0)
+        self._store = store
+        return store
+
+    # -- small values ------------------------------------------------------------------
+
+    def publish(self, key: str, value: bytes) -> None:
+        """Make `value` readable by every rank under `key` (typically from rank 0).
+
+        Raises:
+            ChannelError: when the store cannot be reached.
+        """
+        with self._lock:
+            try:
+                self._client().set(f"kv/{key}", value)
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise ChannelError(f"Rank {self.rank} could not publish {key!r}: {exc}") from exc
+
+    def fetch(self, key: str, timeout: float) -> bytes:
+        """The value published under `key`, waiting up to `timeout` seconds for it.
+
+        Raises:
+            ChannelTimeout: when nothing was published under `key` within `timeout`.
+            ChannelError: when the store cannot be reached.
+        """
+        import torch.distributed as dist
+
+        store = self._client_locked()
+        try:
+            store.wait([f"kv/{key}"], timedelta(seconds=timeout))
+            return bytes(store.get(f"kv/{key}"))
+        except dist.DistNetworkError as exc:
+            raise ChannelError(f"Rank {self.rank} lost the TCPStore while waiting for {key!r}: {exc}") from exc
+        except Exception as exc:
+            raise ChannelTimeout(
+                f"Rank {self.rank} waited {timeout:g} s for {key!r} from rank 0 and it never came. "
+                f"Check that rank 0 is alive and that every rank uses namespace {self.namespace!r}."
+            ) from exc
+
+    def _client_locked(self) -> Any:
+        with self._lock:
+            return self._client()
+
+    # -- sending (rank != 0) -----------------------------------------------------------
+
+    def send(self, batch: MetricBatch) -> None:
+        """Queue `batch` for rank 0. Costs a round trip to the store per 64k rows, no waiting.
+
+        The batch is kept until rank 0 acknowledges it, so that none is lost unseen.
+
+        Raises:
+            ChannelError: when rank 0 is gone or has taken nothing for `timeout` seconds;
+                ``exc.undelivered`` holds every batch not acknowledged (this one included).
+                Once failed, the channel fails at once on every later call.
+        """
+        if self.rank == 0:
+            raise ValueError("rank 0 writes its own rows; RowChannel.send is for the other ranks")
+        if len(batch) == 0:
+            return
+        with self._lock:
+            if self._failed is not None:
+                raise ChannelError(self._failed, [batch])
+            now = time.monotonic()
+            first = len(self._inflight)
+            for chunk in _chunks(batch, CHUNK_ROWS):
+                # kept before pushing: a push can "succeed" into a dead peer's socket buffer
+                self._inflight.append((self._sent, chunk, now))
+                self._sent += 1
+            try:
+                store = self._client()
+                for i in range(first, len(self._inflight)):
+                    store.queue_push(f"rows/{self.rank}", encode_batch(self._inflight[i][1]))
+                self._collect_acks(store)
+            except Exception as exc:
+                raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+            oldest = self._inflight[0][2] if self._inflight else now
+            if now - oldest > self.timeout:
+                raise self._fail(
+                    f"Rank 0 has taken no rows from rank {self.rank} for {now - oldest:.0f} s "
+                    f"(timeout={self.timeout:g})"
+                )
+
+    def _collect_acks(self, store: Any) -> None:
+        acked = store.add(f"ack/{self.rank}", 0) - self._base
+        while self._inflight and self._inflight[0][0] < acked:
+            self._inflight.popleft()
+
+    def _fail(self, reason: str) -> ChannelError:
+        self._failed = f"{reason}. Rows that did not reach rank 0 are spilled to a local file."
+        undelivered = [batch for _, batch, _ in self._inflight]
+        self._inflight.clear()
+        return ChannelError(self._failed, undelivered)
+
+    def pending(self) -> int:
+        """Batches sent and not yet acknowledged by rank 0."""
+        return len(self._inflight)
+
+    def mark_done(self, status: str) -> None:
+        """Tell rank 0 that this rank sends no more rows, and how it ended.
+
+        Raises:
+            ChannelError: when rank 0's store is gone (``undelivered`` as for `send`).
+        """
+        if self.rank == 0:
+            raise ValueError("rank 0 is the receiver; it does not mark itself done")
+        if " " in status:
+            raise ValueError(f"status must be one word, got {status!r}")
+        with self._lock:
+            if self._failed is not None:
+                raise ChannelError(self._failed)
+            try:
+                self._client().set(f"done/{self.rank}", f"{self._base + self._sent} {status}")
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+
+    def wait_delivered(self, timeout: float) -> list[MetricBatch]:
+        """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
+
+        Returns:
+            The batches still unacknowledged (to spill); empty when all were delivered.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._failed is not None or not self._inflight:
+                    return []  # a failure already handed its batches to the caller
+                try:
+                    self._collect_acks(self._client())
+                except Exception as exc:
+                    return self._fail(f"Rank {self.rank} lost rank 0's TCPStore ({exc})").undelivered
+                if not self._inflight:
+                    return []
+                if time.monotonic() >= deadline:
+                    return self._fail(f"Rank 0 did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
+            time.sleep(_POLL_S)
+
+    # -- receiving (rank 0) ------------------------------------------------------------
+
+    def receive(self) -> list[MetricBatch]:
+        """Every batch the other ranks sent since the last call, in each rank's order. Never blocks.
+
+        Calling again acknowledges what the previous call returned: call it once the previous
+        batches are written (or at least owned by the writer).
+
+        Raises:
+            ChannelError: when the store cannot be reached, or a payload is not a row batch.
+        """
+        self._require_rank0("receive")
+        if self.world_size < 2:
+            return []
+        import torch.distributed as dist
+
+        out: list[MetricBatch] = []
+        with self._lock:
+            try:
+                store = self._client()
+                self._send_acks(store)
+                for r in range(1, self.world_size):
+                    queue = f"rows/{r}"
+                    for _ in range(store.queue_len(queue)):
+                        try:
+                            payload = store.queue_pop(queue, False)
+                        except dist.QueueEmptyError:
+                            break
+                        self._taken[r] += 1
+                        self._to_ack[r] += 1
+                        out.append(decode_batch(payload))
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise ChannelError(f"Rank 0 cannot read rows from the TCPStore: {exc}") from exc
+        return out
+
+    def _send_acks(self, store: Any) -> None:
+        for r, n in self._to_ack.items():
+            if n:
+                store.add(f"ack/{r}", n)
+                self._to_ack[r] = 0
+
+    def done_ranks(self) -> dict[int, str]:
+        """Ranks that called `mark_done` and whose every row `receive` has returned, with status.
+
+        Raises:
+            ChannelError: when the store cannot be reached.
+        """
+        self._require_rank0("done_ranks")
+        out: dict[int, str] = {}
+        with self._lock:
+            try:
+                store = self._client()
+                for r in range(1, self.world_size):
+                    if r not in self._done_totals and store.check([f"done/{r}"]):
+                        total, _, status = bytes(store.get(f"done/{r}")).decode().partition(" ")
+                        self._done_totals[r] = (int(total), status)
+            except Exception as exc:
+                raise ChannelError(f"Rank 0 cannot read the ranks' status from the TCPStore: {exc}") from exc
+            for r, (total, status) in self._done_totals.items():
+                if self._taken.get(r, 0) >= total:
+                    out[r] = status
+        return out
+
+    def _require_rank0(self, what: str) -> None:
+        if self.rank != 0:
+            raise ValueError(f"RowChannel.{what} runs on rank 0 only (this is rank {self.rank})")
+
+    def close(self) -> None:
+        """Acknowledge what rank 0 took, and drop the connection. Best effort: never raises."""
+        with self._lock:
+            store, self._store = self._store, None
+            if store is None:
+                return
+            try:
+                if self.rank == 0:
+                    self._send_acks(store)
+            except Exception:
+                pass  # the store is gone with its host; nothing left to tell anyone
