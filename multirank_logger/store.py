@@ -126,6 +126,7 @@ class Store:
             if not readonly:
                 _check_writable(path)
         self.engine = self.backend.create_engine(readonly=readonly)
+        self._held: sa.Connection | None = None
         self._check_schema(upgrade_empty=not readonly)
 
     # -- connections -------------------------------------------------------------------
@@ -134,13 +135,34 @@ class Store:
     def begin(self) -> Iterator[sa.Connection]:
         """A connection in one transaction, with driver errors translated into ours."""
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            if self._held is not None:
+                with self._held.begin():
+                    yield self._held
+            else:
+                with self.engine.begin() as conn:
+                    yield conn
         except sa.exc.DBAPIError as exc:
             ours = self.backend.translate_error(exc)
             if ours is not None:
                 raise ours from exc
             raise
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[Store]:
+        """Hold one connection across several transactions, for a burst of writes.
+
+        Without it a DuckDB store opens and closes its file around every transaction
+        (so readers get in between), which costs ~50 ms a time. Use from one thread.
+        """
+        if self._held is not None:
+            yield self
+            return
+        with self.engine.connect() as conn:
+            self._held = conn
+            try:
+                yield self
+            finally:
+                self._held = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -200,6 +222,7 @@ class Store:
         self.backend = backend_for(self.url)
         self.readonly = False
         self.engine = self.backend.create_engine()
+        self._held = None
         return self
 
     # -- runs and ranks ----------------------------------------------------------------

@@ -262,3 +262,23 @@ def test_batches_concatenate_in_order() -> None:
     assert both.key == ["x", "y", "z"] and both.rank == [0, 1, 1]
     assert {len(col) for col in both.columns()} == {3}
     assert both.to_arrow().num_rows == 3
+
+
+def test_duckdb_file_is_free_between_writes(tmp_path: Path) -> None:
+    """Outside a transaction the writer holds no DuckDB lock, so another process can read."""
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    run = store.create_run("lightning_logs")
+    buffer = RecordBuffer()
+    with store.writing():
+        for step in range(3):
+            buffer.append(step, {"x": float(step)})
+            store.write(buffer.drain(run.id, 0))
+    reader = subprocess.run(
+        [sys.executable, "-c", f"import duckdb; print(duckdb.connect({str(path)!r}, read_only=True).sql('select count(*) from metrics').fetchone()[0])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert reader.stdout.strip() == "3", reader.stderr
+    store.close()
