@@ -275,7 +275,7 @@ def test_duckdb_file_is_free_between_writes(tmp_path: Path) -> None:
             buffer.append(step, {"x": float(step)})
             store.write(buffer.drain(run.id, 0))
     reader = subprocess.run(
-        [sys.executable, "-c", f"import duckdb; print(duckdb.connect({str(path)!r}, read_only=True).sql('select count(*) from metrics').fetchone()[0])"],
+        [sys.executable, "-c", f"import duckdb; print(duckdb.connect({str(path)!r}, read_only=True).execute('select count(*) from metrics').fetchone()[0])"],
         capture_output=True,
         text=True,
         timeout=60,
