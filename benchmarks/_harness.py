@@ -1,0 +1,409 @@
+"""Shared benchmark machinery: cases, fresh-process runs, medians, peak RSS, the markdown table.
+
+A section module (``bench_*.py``) describes its measurements as `Case` objects. Each
+case names a function ``module:function`` that does one measurement and returns a
+dict with at least ``value``. The harness runs every case in a fresh Python process
+(so one peer's memory never pollutes another's peak RSS), ``rounds`` times, with the
+cases of a section interleaved round by round (A B C, A B C, ...) so that the
+machine's drift hits every peer alike. Inside one process the function may be called
+``inner`` times; every call is one sample.
+
+Ratios are computed per pair of samples taken at the same (round, inner) position
+and summarised by their median, min and max: on a noisy shared machine a ratio of
+peers measured side by side means more than either absolute time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BENCH_DIR",
+    "CACHE_DIR",
+    "REPO_ROOT",
+    "Case",
+    "Goal",
+    "Result",
+    "Sizes",
+    "Unavailable",
+    "machine_info",
+    "markdown_report",
+    "peak_rss_mib",
+    "run_cases",
+    "summarize",
+]
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+CACHE_DIR = BENCH_DIR / ".cache"
+_RESULT_MARK = "BENCH-RESULT "
+
+
+class Unavailable(Exception):
+    """Raised by a measurement whose subject does not exist yet (a module not landed)."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big and how often: one object per mode (full, quick, tiny)."""
+
+    mode: str
+    rounds: int  # fresh processes per case
+    inner: int  # samples per process
+    hot_calls: int
+    hot_keys: int
+    ingest_rows: int  # rows per batch
+    ingest_batches: int
+    e2e_steps: int
+    e2e_metrics: int
+    e2e_rounds: int
+    query_ranks: int
+    query_steps: int
+    query_keys: int
+    query_rounds: int
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target from the issues: ``metric op threshold``, metric being the value or the ratio."""
+
+    metric: str  # "value" or "ratio"
+    op: str  # "<=" or ">="
+    threshold: float
+    text: str
+
+    def check(self, value: float | None, ratio: float | None) -> str:
+        x = value if self.metric == "value" else ratio
+        if x is None or not math.isfinite(x):
+            return "n/a"
+        ok = x <= self.threshold if self.op == "<=" else x >= self.threshold
+        return "met" if ok else "**not met**"
+
+
+@dataclass
+class Case:
+    """One row of the table: a measurement, its unit, the peer it is compared with."""
+
+    section: str
+    name: str
+    target: str  # "module:function", imported in the child process
+    unit: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    peer: str | None = None  # name of the case in the same section to divide by
+    goals: Sequence[Goal] = ()
+    note: str = ""
+    rounds: int | None = None  # overrides Sizes.rounds
+    inner: int | None = None  # overrides Sizes.inner
+    timeout_s: float = 900.0
+
+
+@dataclass
+class Result:
+    case: Case
+    samples: list[float | None] = field(default_factory=list)  # by (round, inner) position
+    rss_mib: list[float] = field(default_factory=list)  # one per process
+    extras: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def values(self) -> list[float]:
+        return [v for v in self.samples if v is not None]
+
+
+# -- measuring ----------------------------------------------------------------------------
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds taken by one call of fn."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(REPO_ROOT)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONHASHSEED", "0")
+    # two cores and several processes: one thread per process, no oversubscription
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    return env
+
+
+def run_in_child(case: Case, inner: int) -> dict[str, Any]:
+    """Run `inner` samples of `case` in a fresh interpreter; return samples, extras and peak RSS."""
+    spec = json.dumps({"target": case.target, "kwargs": case.kwargs, "inner": inner})
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks._worker", spec],
+        cwd=REPO_ROOT,
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=case.timeout_s,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_RESULT_MARK):
+            return json.loads(line[len(_RESULT_MARK) :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def run_in_process(case: Case, inner: int) -> dict[str, Any]:
+    """The same as run_in_child, in this process (for smoke tests: RSS is this process's peak)."""
+    from benchmarks._worker import measure
+
+    return measure(case.target, case.kwargs, inner)
+
+
+def run_cases(
+    cases: Sequence[Case],
+    sizes: Sizes,
+    *,
+    in_process: bool = False,
+    log: Callable[[str], None] = print,
+) -> list[Result]:
+    """Run the cases of one section interleaved, round after round."""
+    results = {c.name: Result(c) for c in cases}
+    max_rounds = max((c.rounds or sizes.rounds) for c in cases) if cases else 0
+    runner = run_in_process if in_process else run_in_child
+    for r in range(max_rounds):
+        for case in cases:
+            res = results[case.name]
+            rounds = case.rounds or sizes.rounds
+            if r >= rounds or res.error is not None:
+                continue
+            inner = case.inner or sizes.inner
+            t0 = time.perf_counter()
+            try:
+                out = runner(case, inner)
+            except subprocess.TimeoutExpired:
+                out = {"error": f"timed out after {case.timeout_s:.0f} s"}
+            if "error" in out:
+                res.error = out["error"]
+                log(f"  {case.section}/{case.name}: {res.error}")
+                continue
+            res.samples.extend(out["samples"])
+            res.extras.extend(out.get("extras", []))
+            res.rss_mib.append(out["rss_mib"])
+            shown = ", ".join(_fmt(v) for v in out["samples"])
+            log(f"  [{r + 1}/{rounds}] {case.section}/{case.name}: {shown} {case.unit}"
+                f"  (rss {out['rss_mib']:.0f} MiB, {time.perf_counter() - t0:.1f} s)")
+    return list(results.values())
+
+
+# -- summarizing ----------------------------------------------------------------------------
+
+
+def _stats(xs: Sequence[float]) -> tuple[float, float, float] | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return None
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def _ratios(res: Result, peer: Result) -> list[float]:
+    out = []
+    for a, b in zip(res.samples, peer.samples):
+        if a is not None and b is not None and b > 0:
+            out.append(a / b)
+    return out
+
+
+def summarize(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """One dict per row: stats of the value, of the ratio to the peer, of the RSS, goal status."""
+    by_name = {r.case.name: r for r in results}
+    peers = {r.case.peer for r in results}
+    rows = []
+    for res in results:
+        case = res.case
+        row: dict[str, Any] = {
+            "section": case.section,
+            "case": case.name,
+            "unit": case.unit,
+            "peer": case.peer,
+            "is_peer": case.name in peers,
+            "note": case.note,
+            "error": res.error,
+            "n": len(res.values),
+            "value": _stats(res.values),
+            "rss_mib": _stats(res.rss_mib),
+            "ratio": None,
+            "goals": [],
+        }
+        peer = by_name.get(case.peer) if case.peer else None
+        if peer is not None and peer is not res:
+            row["ratio"] = _stats(_ratios(res, peer))
+        median = row["value"][0] if row["value"] else None
+        ratio = row["ratio"][0] if row["ratio"] else None
+        row["goals"] = [(g.text, g.check(median, ratio)) for g in case.goals]
+        if res.extras:
+            row["extras"] = _merge_extras(res.extras)
+        rows.append(row)
+    return rows
+
+
+def _merge_extras(extras: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median of each numeric extra; the first value of anything else."""
+    merged: dict[str, Any] = {}
+    for key in extras[0]:
+        vals = [e.get(key) for e in extras]
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        merged[key] = statistics.median(nums) if nums and len(nums) == len(vals) else vals[0]
+    return merged
+
+
+# -- reporting ----------------------------------------------------------------------------
+
+
+def _fmt(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    ax = abs(x)
+    if ax >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if ax >= 1000:
+        return f"{x:,.0f}"
+    if ax >= 100:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def _fmt_ratio(stats: tuple[float, float, float] | None, peer: str | None, is_peer: bool) -> str:
+    if not stats:
+        return "(the peer)" if is_peer and peer is None else "-"
+    med, lo, hi = stats
+    return f"{med:.3g}x [{lo:.3g}, {hi:.3g}] of {peer}"
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = (
+        "| section | case | median | min | max | unit | vs peer: median [min, max] "
+        "| peak RSS MiB: median [min, max] | target | status | notes |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for row in rows:
+        if row["error"]:
+            lines.append(
+                f"| {row['section']} | {row['case']} | - | - | - | {row['unit']} | - | - | "
+                + " ".join(t for t, _ in row["goals"])
+                + f" | n/a | {row['error'][:300]} |"
+            )
+            continue
+        v = row["value"] or (None, None, None)
+        rss = row["rss_mib"]
+        rss_text = f"{rss[0]:.0f} [{rss[1]:.0f}, {rss[2]:.0f}]" if rss else "-"
+        goals = "; ".join(t for t, _ in row["goals"]) or "-"
+        status = "; ".join(s for _, s in row["goals"]) or "-"
+        notes = row["note"]
+        extras = row.get("extras") or {}
+        if extras:
+            shown = ", ".join(f"{k}={_fmt(v) if isinstance(v, (int, float)) else v}" for k, v in extras.items())
+            notes = f"{notes}; {shown}" if notes else shown
+        lines.append(
+            f"| {row['section']} | {row['case']} | {_fmt(v[0])} | {_fmt(v[1])} | {_fmt(v[2])} | {row['unit']} "
+            f"| {_fmt_ratio(row['ratio'], row['peer'], row['is_peer'])} | {rss_text} | {goals} | {status} | {notes} |"
+        )
+    return "\n".join(lines)
+
+
+def _mem_gib() -> float:
+    try:
+        import psutil
+
+        return psutil.virtual_memory().total / 2**30
+    except ImportError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+_PACKAGES = ("multirank-logger", "torch", "lightning", "duckdb", "duckdb-engine", "sqlalchemy",
+             "pyarrow", "pandas", "tensorboard", "psutil")
+
+
+def machine_info() -> dict[str, Any]:
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (float("nan"),) * 3
+    return {
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_gib": round(_mem_gib(), 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "load_at_start": tuple(round(x, 2) for x in load),
+    }
+
+
+def markdown_report(
+    rows: Sequence[dict[str, Any]],
+    *,
+    command: str,
+    machine: dict[str, Any],
+    sizes: Sizes,
+    elapsed_s: float,
+    notes: Sequence[str] = (),
+) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
+    out = [
+        "# multirank-logger benchmarks",
+        "",
+        f"- command: `{command}` (mode: {sizes.mode}; took {elapsed_s / 60:.1f} min)",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+        f"- machine: {machine['cores']} cores ({machine['cpu']}), {machine['memory_gib']} GiB memory, "
+        f"{machine['platform']}, Python {machine['python']}; load average at start "
+        f"{', '.join(str(x) for x in machine['load_at_start'])}",
+        f"- versions: {versions}",
+        f"- sizes: {sizes}",
+        "",
+        "Every figure is the median of the samples with their min and max; every case ran in its own",
+        "fresh process (peak RSS is that process's, or the largest rank's for DDP runs), and the cases",
+        "of a section ran interleaved round by round. Ratios are taken sample by sample against the",
+        "peer measured beside it in the same round, then summarised. This machine is shared and noisy:",
+        "read the ratios before the absolute numbers.",
+        "",
+        markdown_table(rows),
+        "",
+    ]
+    if notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(out)

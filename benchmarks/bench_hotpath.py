@@ -1,0 +1,118 @@
+"""Hot path: per-call cost of ``log_metrics`` + ``save`` as the Trainer calls them, 10 keys.
+
+Each logger gets the same stream of calls: a fresh dict of `keys` full-precision
+floats per call (as Lightning builds one per step), ``log_metrics(metrics, step)``
+then ``save()``, and at the end ``finalize("success")``, whose flush is included in
+the per-call figure. A logger that does nothing gives the floor of this harness.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from typing import Any
+
+from benchmarks._harness import Case, Goal, Sizes, Unavailable
+
+SECTION = "hotpath"
+
+# peers: name -> (note)
+_PEERS = {
+    "no-op Logger (harness floor)": "lightning Logger subclass whose methods do nothing",
+    "CSVLogger": "lightning.pytorch CSVLogger; save() appends to metrics.csv every call",
+    "TensorBoardLogger": "lightning.pytorch TensorBoardLogger on torch.utils.tensorboard (tensorboard package)",
+    "RecordBuffer.append (component)": "the library's buffer alone, no logger, no flush",
+    "MultiRankLogger SQLite": "transport=direct, 1 process",
+    "MultiRankLogger DuckDB": "transport=direct, 1 process",
+}
+
+
+def _make_logger(kind: str, root: str) -> Any:
+    if kind == "no-op Logger (harness floor)":
+        from lightning.pytorch.loggers.logger import DummyLogger
+
+        return DummyLogger()
+    if kind == "CSVLogger":
+        from lightning.pytorch.loggers import CSVLogger
+
+        return CSVLogger(root, name="bench")
+    if kind == "TensorBoardLogger":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(root, name="bench")
+    if kind == "RecordBuffer.append (component)":
+        from multirank_logger.buffer import RecordBuffer
+
+        return _BufferOnly(RecordBuffer())
+    if kind.startswith("MultiRankLogger"):
+        try:
+            from multirank_logger.logger import MultiRankLogger
+        except ImportError as exc:
+            raise Unavailable(f"multirank_logger.logger: {exc}") from exc
+        suffix = ".sqlite" if kind.endswith("SQLite") else ".duckdb"
+        return MultiRankLogger(db=f"{root}/runs{suffix}", name="bench", save_dir=root)
+    raise ValueError(kind)
+
+
+class _BufferOnly:
+    """The logger-shaped wrapper the component row needs: append, nothing else."""
+
+    def __init__(self, buffer: Any) -> None:
+        self._buffer = buffer
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._buffer.append(step, metrics)
+
+    def save(self) -> None:
+        pass
+
+    def finalize(self, status: str) -> None:
+        pass
+
+
+def measure(kind: str, calls: int, keys: int) -> dict[str, Any]:
+    """One sample: microseconds per (log_metrics + save), final flush included."""
+    rng = random.Random(0)
+    names = [f"metric_{i}" for i in range(keys)]
+    rows = [tuple(rng.random() for _ in names) for _ in range(1000)]
+    with tempfile.TemporaryDirectory(prefix="bench-hot-") as root:
+        logger = _make_logger(kind, root)
+        log_metrics, save = logger.log_metrics, logger.save
+        t0 = time.perf_counter()
+        for step in range(calls):
+            log_metrics(dict(zip(names, rows[step % 1000])), step)
+            save()
+        t1 = time.perf_counter()
+        logger.finalize("success")
+        t2 = time.perf_counter()
+    return {
+        "value": (t2 - t0) / calls * 1e6,
+        "loop_us": (t1 - t0) / calls * 1e6,
+        "final_flush_ms": (t2 - t1) * 1e3,
+    }
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    out = []
+    kw = {"calls": sizes.hot_calls, "keys": sizes.hot_keys}
+    for kind, note in _PEERS.items():
+        goals: tuple[Goal, ...] = ()
+        if kind.startswith("MultiRankLogger"):
+            goals = (
+                Goal("ratio", "<=", 1.0, "<= CSVLogger"),
+                Goal("value", "<=", 3.0, "<= 3 us/call"),
+            )
+        out.append(
+            Case(
+                SECTION,
+                kind,
+                "benchmarks.bench_hotpath:measure",
+                "us/call",
+                kwargs={"kind": kind, **kw},
+                peer=None if kind == "CSVLogger" else "CSVLogger",
+                goals=goals,
+                note=f"{note}; {sizes.hot_calls:,} calls x {sizes.hot_keys} keys",
+            )
+        )
+    return out

@@ -1,0 +1,174 @@
+"""Ingest: rows/s into the store through the project's write path, against the raw driver.
+
+Every case inserts the same `batches` x `rows` long rows (run, rank, seq, step, key,
+value, dtype, time; 10 keys, random floats) into a fresh store file whose schema the
+project created (SQLite gets its two indexes, DuckDB none), one transaction per batch:
+
+- ``Store.write``: ``Store(db).write(MetricBatch)`` per batch, as the logger's flush does
+  (for DuckDB this opens and closes the file per batch: the engine uses NullPool);
+- raw SQLite: ``sqlite3`` ``executemany`` of prebuilt tuples, WAL + synchronous=NORMAL;
+- raw DuckDB: one open ``duckdb`` connection, ``INSERT ... SELECT`` from a prebuilt Arrow table.
+
+The raw cases are the backend's limit: the rows are already in the driver's format.
+``RecordBuffer.drain`` measures the step before the write: turning buffered log calls into
+a MetricBatch.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._harness import Case, Goal, Sizes
+
+SECTION = "ingest"
+KEYS = 10
+
+
+def make_batches(batches: int, rows: int, rank: int = 0, run_id: int = 1) -> list[Any]:
+    """`batches` MetricBatch objects of `rows` rows, seq/step continuing across batches."""
+    from multirank_logger.buffer import MetricBatch
+
+    rng = random.Random(rank)
+    names = [f"metric_{i}" for i in range(KEYS)]
+    out = []
+    call = 0
+    for _ in range(batches):
+        b = MetricBatch()
+        calls = rows // KEYS
+        now = time.time()
+        for c in range(calls):
+            seq = call + c
+            for k in names:
+                b.seq.append(seq)
+                b.step.append(seq)
+                b.key.append(k)
+                b.value.append(rng.random())
+                b.dtype.append(0)
+                b.time.append(now)
+        call += calls
+        n = len(b.key)
+        b.run_id = [run_id] * n
+        b.rank = [rank] * n
+        out.append(b)
+    return out
+
+
+def _new_store(root: str, suffix: str) -> tuple[Any, int]:
+    from multirank_logger.store import Store
+
+    store = Store(Path(root) / f"ingest{suffix}")
+    run = store.create_run("bench", world_size=1)
+    return store, run.id
+
+
+def _result(rows: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    return {"value": rows / seconds, "seconds": seconds, **extra}
+
+
+def store_write(backend: str, batches: int, rows: int) -> dict[str, Any]:
+    """The project's write path: Store.write(MetricBatch), one call per batch."""
+    data = make_batches(batches, rows)
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
+        store, _ = _new_store(root, ".sqlite" if backend == "sqlite" else ".duckdb")
+        t0 = time.perf_counter()
+        written = sum(store.write(b) for b in data)
+        seconds = time.perf_counter() - t0
+        store.close()
+    extra: dict[str, Any] = {}
+    if backend == "duckdb":
+        t0 = time.perf_counter()
+        for b in data:
+            b.to_arrow()
+        extra["to_arrow_share"] = f"{(time.perf_counter() - t0) / seconds:.0%}"
+    return _result(written, seconds, **extra)
+
+
+def raw_sqlite(batches: int, rows: int) -> dict[str, Any]:
+    """sqlite3 executemany of prebuilt tuples, one transaction per batch."""
+    from multirank_logger.schema import METRIC_COLUMNS
+
+    data = [list(zip(*b.columns(METRIC_COLUMNS))) for b in make_batches(batches, rows)]
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
+        store, _ = _new_store(root, ".sqlite")
+        path = store.backend.path
+        store.close()
+        con = sqlite3.connect(path, isolation_level=None)
+        con.execute("PRAGMA journal_mode = WAL")
+        con.execute("PRAGMA synchronous = NORMAL")
+        cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
+        sql = f"INSERT INTO metrics ({cols}) VALUES ({', '.join('?' * len(METRIC_COLUMNS))})"
+        t0 = time.perf_counter()
+        for tuples in data:
+            con.execute("BEGIN IMMEDIATE")
+            con.executemany(sql, tuples)
+            con.execute("COMMIT")
+        seconds = time.perf_counter() - t0
+        con.close()
+    return _result(batches * len(data[0]), seconds)
+
+
+def raw_duckdb(batches: int, rows: int) -> dict[str, Any]:
+    """One open duckdb connection, INSERT ... SELECT from a prebuilt Arrow table per batch."""
+    import duckdb
+
+    from multirank_logger.schema import METRIC_COLUMNS
+
+    tables = [b.to_arrow() for b in make_batches(batches, rows)]
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
+        store, _ = _new_store(root, ".duckdb")
+        path = store.backend.path
+        store.close()
+        con = duckdb.connect(str(path))
+        cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
+        t0 = time.perf_counter()
+        for table in tables:
+            con.begin()
+            con.register("_batch", table)
+            con.execute(f"INSERT INTO metrics ({cols}) SELECT {cols} FROM _batch")
+            con.unregister("_batch")
+            con.commit()
+        seconds = time.perf_counter() - t0
+        con.close()
+    return _result(sum(t.num_rows for t in tables), seconds)
+
+
+def buffer_drain(batches: int, rows: int) -> dict[str, Any]:
+    """RecordBuffer.drain: buffered log calls of 10 keys -> one MetricBatch, rows/s."""
+    from multirank_logger.buffer import RecordBuffer
+
+    rng = random.Random(0)
+    names = [f"metric_{i}" for i in range(KEYS)]
+    total = 0
+    seconds = 0.0
+    for _ in range(batches):
+        buf = RecordBuffer()
+        for step in range(rows // KEYS):
+            buf.append(step, {k: rng.random() for k in names})
+        t0 = time.perf_counter()
+        total += len(buf.drain(run_id=1, rank=0))
+        seconds += time.perf_counter() - t0
+    return _result(total, seconds)
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    kw = {"batches": sizes.ingest_batches, "rows": sizes.ingest_rows}
+    shape = f"{sizes.ingest_batches} x {sizes.ingest_rows:,}-row batches"
+    half = (Goal("ratio", ">=", 0.5, ">= 0.5x raw"),)
+    return [
+        Case(SECTION, "raw sqlite3 executemany", "benchmarks.bench_ingest:raw_sqlite", "rows/s", kw,
+             note=f"{shape}; prebuilt tuples, WAL"),
+        Case(SECTION, "Store.write SQLite", "benchmarks.bench_ingest:store_write", "rows/s",
+             {"backend": "sqlite", **kw}, peer="raw sqlite3 executemany", goals=half, note=shape),
+        Case(SECTION, "raw DuckDB from Arrow", "benchmarks.bench_ingest:raw_duckdb", "rows/s", kw,
+             note=f"{shape}; prebuilt Arrow, connection kept open"),
+        Case(SECTION, "Store.write DuckDB", "benchmarks.bench_ingest:store_write", "rows/s",
+             {"backend": "duckdb", **kw}, peer="raw DuckDB from Arrow", goals=half,
+             note=f"{shape}; includes MetricBatch.to_arrow and opening the file per batch"),
+        Case(SECTION, "RecordBuffer.drain (component)", "benchmarks.bench_ingest:buffer_drain", "rows/s", kw,
+             note="log calls -> MetricBatch, before any write"),
+    ]

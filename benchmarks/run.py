@@ -1,0 +1,140 @@
+"""The benchmark suite: ``make bench`` (full), ``make bench-quick`` (sanity check, < 2 min).
+
+    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,ingest,e2e,query,gather]
+                                       [--out FILE] [--json FILE] [--in-process]
+
+Sections: hotpath (log_metrics + save per call), ingest (rows/s into the store),
+e2e (2-rank DDP wall time), query (rank-0 export and per-rank table on a large store),
+gather (the transport's own benchmark, when benchmarks/bench_gather.py exists). Each
+figure is a median with min and max; each row names the peer it is divided by. The
+table is printed at the end and written to benchmarks/RESULTS.md (full mode) or
+benchmarks/.cache/RESULTS-<mode>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._harness import (  # noqa: E402
+    BENCH_DIR,
+    CACHE_DIR,
+    Sizes,
+    machine_info,
+    markdown_report,
+    markdown_table,
+    run_cases,
+    summarize,
+)
+
+SECTIONS = ("hotpath", "ingest", "e2e", "query", "gather")
+
+SIZES = {
+    "full": Sizes(
+        mode="full", rounds=3, inner=2,
+        hot_calls=50_000, hot_keys=10,
+        ingest_rows=100_000, ingest_batches=10,
+        e2e_steps=2_000, e2e_metrics=5, e2e_rounds=3,
+        query_ranks=8, query_steps=200_000, query_keys=10, query_rounds=3,
+    ),
+    "quick": Sizes(
+        mode="quick", rounds=1, inner=3,
+        hot_calls=10_000, hot_keys=10,
+        ingest_rows=100_000, ingest_batches=2,
+        e2e_steps=300, e2e_metrics=5, e2e_rounds=1,
+        query_ranks=8, query_steps=10_000, query_keys=10, query_rounds=1,
+    ),
+    # for the smoke test: seconds, in process, numbers meaningless
+    "tiny": Sizes(
+        mode="tiny", rounds=1, inner=1,
+        hot_calls=200, hot_keys=10,
+        ingest_rows=2_000, ingest_batches=2,
+        e2e_steps=10, e2e_metrics=5, e2e_rounds=1,
+        query_ranks=2, query_steps=200, query_keys=10, query_rounds=1,
+    ),
+}
+
+
+def section_cases(name: str, sizes: Sizes) -> list[Any]:
+    """The Case list of one section; a section whose module is missing gives none."""
+    module = f"benchmarks.bench_{name}"
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return []
+        raise
+    if name == "gather":
+        from benchmarks._gather_adapter import cases as gather_cases
+
+        return gather_cases(sizes)
+    return mod.cases(sizes)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small sizes, one round: a sanity check under 2 min")
+    mode.add_argument("--tiny", action="store_true", help="minimal sizes for the smoke test (numbers meaningless)")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
+    p.add_argument("--out", type=Path, help="markdown report (default: RESULTS.md for full mode)")
+    p.add_argument("--json", type=Path, help="also write the summarized rows as JSON")
+    p.add_argument("--in-process", action="store_true", help="no fresh process per case (RSS then meaningless)")
+    args = p.parse_args(argv)
+    args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown section(s) {sorted(unknown)}; choose from {SECTIONS}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    sizes = SIZES["quick" if args.quick else "tiny" if args.tiny else "full"]
+    command = "python benchmarks/run.py" + ("" if argv is None and len(sys.argv) < 2 else " ") + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
+    machine = machine_info()
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for name in args.sections:
+        cases = section_cases(name, sizes)
+        if not cases:
+            notes.append(f"section {name}: benchmarks/bench_{name}.py is not there yet; skipped")
+            print(f"== {name}: skipped (no module)", flush=True)
+            continue
+        t0 = time.perf_counter()
+        print(f"== {name} ({len(cases)} cases)", flush=True)
+        results = run_cases(cases, sizes, in_process=args.in_process, log=lambda s: print(s, flush=True))
+        section_rows = summarize(results)
+        rows += section_rows
+        print(f"== {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        mod = importlib.import_module(f"benchmarks.bench_{name}")
+        notes += getattr(mod, "NOTES", [])
+    elapsed = time.perf_counter() - started
+    report = markdown_report(rows, command=command.strip(), machine=machine, sizes=sizes,
+                             elapsed_s=elapsed, notes=notes)
+    out = args.out or (BENCH_DIR / "RESULTS.md" if sizes.mode == "full" else CACHE_DIR / f"RESULTS-{sizes.mode}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+    print()
+    print(markdown_table(rows))
+    print(f"\n{len(rows)} rows in {elapsed / 60:.1f} min; written to {out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
