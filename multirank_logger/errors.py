@@ -12,6 +12,7 @@ MultiRankLoggerError
  │    ├── SchemaTooNew           the store was written by a newer multirank_logger
  │    └── ReadOnlyViolation      a write statement sent through the read-only query path
  ├── LookupFailed                a run or a key that the store does not hold
+ ├── QueryFailed                 the database engine rejected a query (its message kept)
  └── InvalidMetric               a logged value that is not a scalar
 """
 
@@ -24,6 +25,7 @@ __all__ = [
     "LookupFailed",
     "MultiRankLoggerError",
     "NotADatabase",
+    "QueryFailed",
     "ReadOnlyViolation",
     "SchemaOutdated",
     "SchemaTooNew",
@@ -111,6 +113,12 @@ class LookupFailed(MultiRankLoggerError):
         names = sorted(str(a) for a in available)
         listing = ", ".join(names) if names else "(none)"
         super().__init__(f"No {what} {wanted!r} in this store. Available: {listing}")
+
+
+class QueryFailed(MultiRankLoggerError):
+    def __init__(self, engine: str, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"{engine} rejected the query: {detail.strip()}")
 
 
 class InvalidMetric(MultiRankLoggerError, ValueError):

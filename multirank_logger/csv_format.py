@@ -1,0 +1,169 @@
+"""Rebuild CSVLogger's ``metrics.csv`` layout from one rank's long rows. Pure: no SQL here.
+
+The layout is the one Lightning's ``_ExperimentWriter`` (``fabric/loggers/csv_logs.py``)
+leaves on disk at the end of a run: one row per ``log_metrics`` call in call order,
+columns the sorted union of every key seen plus ``step``, a missing value an empty
+field, values written by ``csv.DictWriter`` (``str()`` of the Python scalar), lines
+ended by ``\\r\\n``. We pass the same Python scalars to the same ``csv`` writer, so the
+bytes match by construction rather than by imitating the formatting.
+
+Speed: the rows are placed into a 2-D object grid with one NumPy fancy assignment
+per chunk, instead of building a dict per log call as CSVLogger does.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+
+from multirank_logger.schema import DTYPE_BOOL, DTYPE_INT, DTYPE_NEG_ZERO
+
+__all__ = ["STEP_COLUMN", "LongRows", "to_frame", "write_csv"]
+
+STEP_COLUMN = "step"
+# rows per grid: bounds the Python objects alive at once (~11 columns x 64k rows)
+_CHUNK_ROWS = 65_536
+
+
+@dataclass
+class LongRows:
+    """One rank's rows of the ``metrics`` table, sorted by ``seq`` (call order).
+
+    Attributes:
+        seq: the rank's log-call counter per row (int64, non-decreasing).
+        step: the step passed to ``log_metrics`` (int64).
+        code: index of the row's key in ``keys`` (int32).
+        keys: the distinct key names.
+        value: the stored value, NaN where the store holds NULL (float64).
+        dtype: the ``schema.DTYPE_*`` code per row (int16).
+    """
+
+    seq: np.ndarray
+    step: np.ndarray
+    code: np.ndarray
+    keys: list[str]
+    value: np.ndarray
+    dtype: np.ndarray
+
+    @classmethod
+    def from_arrow(cls, table: Any) -> LongRows:
+        """Build from a pyarrow Table with columns seq, step, key, value, dtype (any row order)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        keys = pc.dictionary_encode(table.column("key")).combine_chunks()
+        seq = table.column("seq").to_numpy().astype(np.int64, copy=False)
+        rows = cls(
+            seq=seq,
+            step=table.column("step").to_numpy().astype(np.int64, copy=False),
+            code=keys.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+            keys=keys.dictionary.to_pylist(),
+            value=pc.fill_null(table.column("value").cast(pa.float64()), np.nan).to_numpy(),
+            dtype=table.column("dtype").to_numpy().astype(np.int16, copy=False),
+        )
+        if len(seq) > 1 and not bool(np.all(seq[1:] >= seq[:-1])):
+            # stable: the order of keys inside one call does not matter, but keep it anyway
+            rows = rows.take(np.argsort(seq, kind="stable"))
+        return rows
+
+    def take(self, index: np.ndarray) -> LongRows:
+        return LongRows(
+            self.seq[index], self.step[index], self.code[index], self.keys, self.value[index], self.dtype[index]
+        )
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def columns(self) -> list[str]:
+        """CSVLogger's header: the sorted union of the keys, ``step`` among them."""
+        return sorted(set(self.keys) | {STEP_COLUMN})
+
+    def call_starts(self) -> np.ndarray:
+        """Index of the first row of each log call (one CSV row per call)."""
+        if len(self.seq) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(np.r_[True, self.seq[1:] != self.seq[:-1]])
+
+    def scalars(self, lo: int, hi: int) -> np.ndarray:
+        """The logged Python scalars of rows ``lo:hi`` as an object array (what CSVLogger holds)."""
+        value = self.value[lo:hi]
+        dtype = self.dtype[lo:hi]
+        out = value.astype(object)  # Python floats; NaN (NULL) prints as `nan` like math.nan
+        ints = np.flatnonzero(dtype == DTYPE_INT)
+        if len(ints):
+            out[ints] = value[ints].astype(np.int64).astype(object)
+        bools = np.flatnonzero(dtype == DTYPE_BOOL)
+        if len(bools):
+            out[bools] = (value[bools] != 0).astype(object)
+        negzero = np.flatnonzero(dtype == DTYPE_NEG_ZERO)
+        if len(negzero):
+            out[negzero] = -0.0  # SQLite drops the sign; CSVLogger prints `-0.0`
+        return out
+
+
+def _grids(rows: LongRows, columns: list[str], chunk_rows: int) -> Iterator[list[list[Any]]]:
+    """Yield the CSV rows (lists of Python scalars, '' where missing), a chunk at a time."""
+    col_of_key = np.array([columns.index(k) for k in rows.keys], dtype=np.int64)
+    step_col = columns.index(STEP_COLUMN)
+    starts = rows.call_starts()
+    bounds = np.r_[starts, len(rows)]
+    for first in range(0, len(starts), chunk_rows):
+        last = min(first + chunk_rows, len(starts))
+        lo, hi = int(bounds[first]), int(bounds[last])
+        counts = np.diff(bounds[first : last + 1])
+        row_of = np.repeat(np.arange(last - first), counts)
+        grid = np.full((last - first, len(columns)), "", dtype=object)
+        grid[row_of, col_of_key[rows.code[lo:hi]]] = rows.scalars(lo, hi)
+        # last, so it wins: CSVLogger sets row["step"] from the step argument, over any key "step"
+        grid[:, step_col] = rows.step[starts[first:last]].astype(object)
+        yield grid.tolist()
+
+
+def write_csv(fp: IO[str], rows: LongRows, chunk_rows: int = _CHUNK_ROWS) -> int:
+    """Write ``rows`` to ``fp`` (a text file opened with ``newline=""``) in metrics.csv layout.
+
+    Returns:
+        The number of data rows written (log calls).
+    """
+    columns = rows.columns()
+    # the same dialect csv.DictWriter uses (excel: QUOTE_MINIMAL, "\r\n")
+    writer = csv.writer(fp)
+    writer.writerow(columns)
+    written = 0
+    for grid in _grids(rows, columns, chunk_rows):
+        writer.writerows(grid)
+        written += len(grid)
+    return written
+
+
+def to_frame(rows: LongRows) -> Any:
+    """The metrics.csv layout as a pandas DataFrame: one row per call, sorted columns with step.
+
+    An all-int key becomes a nullable ``Int64`` column, an all-bool key a ``boolean`` one,
+    anything else ``float64`` (NaN where missing), as ``pandas.read_csv`` would mostly infer.
+    """
+    import pandas as pd
+
+    columns = rows.columns()
+    starts = rows.call_starts()
+    row_of = np.cumsum(np.r_[0, (rows.seq[1:] != rows.seq[:-1]).astype(np.int64)]) if len(rows) else starts
+    data: dict[str, Any] = {}
+    for name in columns:
+        if name == STEP_COLUMN:
+            data[name] = rows.step[starts]
+            continue
+        mask = rows.code == rows.keys.index(name)
+        kinds = set(np.unique(rows.dtype[mask]).tolist())
+        col = np.full(len(starts), np.nan)
+        col[row_of[mask]] = np.where(rows.dtype[mask] == DTYPE_NEG_ZERO, -0.0, rows.value[mask])
+        if kinds == {DTYPE_INT}:
+            data[name] = pd.array(col, dtype="Float64").astype("Int64")
+        elif kinds == {DTYPE_BOOL}:
+            data[name] = pd.array(col, dtype="Float64").astype("boolean")
+        else:
+            data[name] = col
+    return pd.DataFrame(data, columns=columns)

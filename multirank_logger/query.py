@@ -1,0 +1,349 @@
+"""The read-only query side: runs, the long table, per-rank tables, metrics.csv rebuilt.
+
+Everything here opens the store through ``Store(db, readonly=True)``: SQLite with
+``mode=ro`` (a WAL reader never blocks the writers), DuckDB with ``read_only=True``
+and a connection held only while one query runs, so a training run that flushes
+into the same file waits at most that long. Filters are pushed into SQL; the bulk
+rows come back as Arrow (DuckDB) and are pivoted in NumPy, never as a dict per row.
+
+Example::
+
+    store = open_store("runs.duckdb")
+    store.runs()                                  # one row per run
+    store.per_rank("train_loss")                  # step x rank, latest run
+    store.export_csv("metrics.csv", run="lightning_logs/version_3", rank=0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from multirank_logger.csv_format import LongRows, to_frame, write_csv
+from multirank_logger.errors import LookupFailed, StoreLocked
+from multirank_logger.readonly_sql import run_readonly
+from multirank_logger.schema import DTYPE_NEG_ZERO, metrics, ranks, runs
+from multirank_logger.store import Store
+
+__all__ = ["RunRef", "StoreReader", "open_store"]
+
+# A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
+# wait this long for the lock before reporting StoreLocked.
+LOCK_TIMEOUT_S = 5.0
+_LOCK_POLL_S = 0.05
+_RUN_LABEL = re.compile(r"^(?P<name>.+)/(?:version_)?(?P<version>\d+)$")
+
+
+def open_store(db: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT_S) -> StoreReader:
+    """Open a store for reading only; it never takes a write lock.
+
+    Args:
+        db: a path (``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``) or a SQLAlchemy URL.
+        lock_timeout: seconds to wait for a DuckDB file that a writer holds for a flush.
+
+    Raises:
+        StoreError: when the store is missing, outdated, or stays locked past ``lock_timeout``.
+    """
+    store = _retry_locked(lambda: Store(db, readonly=True), lock_timeout)
+    return StoreReader(store, lock_timeout=lock_timeout)
+
+
+def _retry_locked(fn: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except StoreLocked:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_LOCK_POLL_S)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run of the store, as resolved from an id or a ``name/version_N`` label."""
+
+    id: int
+    name: str
+    version: int
+    world_size: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/version_{self.version}"
+
+
+class StoreReader:
+    """Read-only views of one store, as pandas DataFrames.
+
+    ``run`` arguments take a run id (``3``, ``"3"``), a label (``"lightning_logs/version_3"``,
+    ``"lightning_logs/3"``), or a name (its latest version); ``None`` is the latest run.
+    """
+
+    def __init__(self, store: Store, *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
+        self.store = store
+        self.lock_timeout = lock_timeout
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StoreReader({self.store.url.render_as_string(hide_password=True)!r})"
+
+    # -- connections -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sa.Connection]:
+        """One short-lived connection; a DuckDB file locked by a flush is waited for."""
+
+        def connect() -> sa.Connection:
+            try:
+                return self.store.engine.connect()
+            except sa.exc.DBAPIError as exc:
+                ours = self.store.backend.translate_error(exc)
+                if ours is not None:
+                    raise ours from exc
+                raise
+
+        conn = _retry_locked(connect, self.lock_timeout)
+        with conn:
+            yield conn
+
+    def _fetch_arrow(self, stmt: sa.Select) -> Any:
+        """Run a SELECT and return a pyarrow Table (DuckDB hands Arrow over without Python rows)."""
+        import pyarrow as pa
+
+        with self._connect() as conn:
+            compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+            if self.store.backend.name == "duckdb":
+                params = [compiled.params[name] for name in compiled.positiontup or ()]
+                raw = conn.connection.driver_connection
+                return raw.sql(str(compiled), params=params).to_arrow_table()
+            result = conn.execute(stmt)
+            names = list(result.keys())
+            data = result.fetchall()
+        columns = list(zip(*data)) if data else [[] for _ in names]
+        return pa.table({name: pa.array(col) for name, col in zip(names, columns)})
+
+    def _scalars(self, stmt: sa.Select) -> list[Any]:
+        with self._connect() as conn:
+            return list(conn.execute(stmt).scalars())
+
+    # -- runs and keys -----------------------------------------------------------------
+
+    def runs(self) -> Any:
+        """One row per run: id, run (label), name, version, status, world_size, started,
+        duration_s, steps, keys.
+
+        ``duration_s`` runs to ``ended_at``, or to the last logged value while a run is
+        still running. ``steps`` counts the distinct steps rank 0 logged; ``keys`` the
+        distinct keys any rank logged.
+        """
+        import pandas as pd
+
+        per_run = (
+            sa.select(
+                metrics.c.run_id,
+                sa.func.count(sa.distinct(sa.case((metrics.c.rank == 0, metrics.c.step)))).label("n_steps"),
+                sa.func.count(sa.distinct(metrics.c.key)).label("n_keys"),
+                sa.func.max(metrics.c.time).label("last_time"),
+            )
+            .group_by(metrics.c.run_id)
+            .subquery()
+        )
+        stmt = (
+            sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.status, runs.c.world_size,
+                      runs.c.started_at, runs.c.ended_at, per_run.c.n_steps, per_run.c.n_keys, per_run.c.last_time)
+            .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
+            .order_by(runs.c.id)
+        )
+        df = self._fetch_arrow(stmt).to_pandas()
+        end = df["ended_at"].astype("float64").fillna(df["last_time"].astype("float64"))
+        out = pd.DataFrame(
+            {
+                "id": df["id"].astype("int64"),
+                "run": [f"{n}/version_{v}" for n, v in zip(df["name"], df["version"])],
+                "name": df["name"],
+                "version": df["version"].astype("int64"),
+                "status": df["status"],
+                "world_size": df["world_size"].astype("int64"),
+                "started": pd.to_datetime(df["started_at"].astype("float64"), unit="s", utc=True),
+                "duration_s": end - df["started_at"].astype("float64"),
+                "steps": df["n_steps"].fillna(0).astype("int64"),
+                "keys": df["n_keys"].fillna(0).astype("int64"),
+            }
+        )
+        return out
+
+    def resolve_run(self, run: int | str | None = None) -> RunRef:
+        """The run meant by ``run`` (see the class docstring).
+
+        Raises:
+            LookupFailed: listing the runs there are, when none matches.
+        """
+        cols = (runs.c.id, runs.c.name, runs.c.version, runs.c.world_size)
+        stmt = sa.select(*cols).order_by(runs.c.id.desc()).limit(1)
+        text = None if run is None else str(run).strip()
+        if text is not None:
+            label = _RUN_LABEL.match(text)
+            if text.isdigit():
+                stmt = stmt.where(runs.c.id == int(text))
+            elif label:
+                stmt = stmt.where(runs.c.name == label["name"], runs.c.version == int(label["version"]))
+            else:
+                stmt = stmt.where(runs.c.name == text)
+        with self._connect() as conn:
+            row = conn.execute(stmt).first()
+            if row is None:
+                everything = conn.execute(sa.select(*cols).order_by(runs.c.id)).all()
+                raise LookupFailed("run", text or "(latest)", [f"{r.name}/version_{r.version} (id {r.id})" for r in everything])
+        return RunRef(int(row.id), row.name, int(row.version), int(row.world_size))
+
+    def keys(self, run: int | str | None = None) -> list[str]:
+        """The metric keys of a run, any rank, sorted."""
+        ref = self.resolve_run(run)
+        return sorted(self._scalars(sa.select(metrics.c.key).where(metrics.c.run_id == ref.id).distinct()))
+
+    def ranks(self, run: int | str | None = None) -> list[int]:
+        """The ranks of a run: 0..world_size-1, plus any other rank registered or logging."""
+        ref = self.resolve_run(run)
+        registered = self._scalars(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id))
+        return sorted(set(range(ref.world_size)) | set(registered))
+
+    def _check_keys(self, ref: RunRef, wanted: Iterable[str]) -> None:
+        wanted = list(wanted)
+        present = set(self._scalars(
+            sa.select(metrics.c.key).where(metrics.c.run_id == ref.id, metrics.c.key.in_(wanted)).distinct()
+        ))
+        missing = [k for k in wanted if k not in present]
+        if missing:
+            raise LookupFailed("key", missing[0], self.keys(ref.id))
+
+    # -- tables ------------------------------------------------------------------------
+
+    def metrics(
+        self,
+        run: int | str | None = None,
+        ranks: Iterable[int] | None = None,
+        keys: Iterable[str] | None = None,
+    ) -> Any:
+        """The long table of one run: rank, seq, step, key, value, dtype, time.
+
+        ``value`` is a float (NaN where NaN was logged); ``dtype`` says what was logged
+        (``schema.DTYPE_*``). Rows come sorted by rank, then call order.
+
+        Raises:
+            LookupFailed: for an unknown run, or a key the run does not hold.
+        """
+        ref = self.resolve_run(run)
+        cols = [metrics.c.run_id, metrics.c.rank, metrics.c.seq, metrics.c.step,
+                metrics.c.key, metrics.c.value, metrics.c.dtype, metrics.c.time]
+        stmt = sa.select(*cols).where(metrics.c.run_id == ref.id)
+        if ranks is not None:
+            stmt = stmt.where(metrics.c.rank.in_([int(r) for r in ranks]))
+        if keys is not None:
+            keys = list(keys)
+            self._check_keys(ref, keys)
+            stmt = stmt.where(metrics.c.key.in_(keys))
+        df = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq)).to_pandas()
+        df["value"] = _neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
+        return df
+
+    def per_rank(self, key: str, run: int | str | None = None) -> Any:
+        """One key as a step x rank table (index ``step``, one float column per rank).
+
+        Where a rank logged the key twice at one step, its later call wins.
+
+        Raises:
+            LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
+        """
+        ref = self.resolve_run(run)
+        stmt = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype).where(
+            metrics.c.run_id == ref.id, metrics.c.key == key
+        )
+        df = self._fetch_arrow(stmt).to_pandas()
+        if df.empty:
+            self._check_keys(ref, [key])
+        df["value"] = _neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
+        df = df.sort_values(["rank", "seq"], kind="stable").drop_duplicates(["step", "rank"], keep="last")
+        table = df.pivot(index="step", columns="rank", values="value").sort_index()
+        table.columns = [int(c) for c in table.columns]
+        table.columns.name = "rank"
+        return table
+
+    def _rank_rows(self, ref: RunRef, rank: int) -> LongRows:
+        stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype).where(
+            metrics.c.run_id == ref.id, metrics.c.rank == rank
+        )
+        table = self._fetch_arrow(stmt)
+        if table.num_rows == 0 and rank not in self.ranks(ref.id):
+            raise LookupFailed("rank", str(rank), [str(r) for r in self.ranks(ref.id)])
+        return LongRows.from_arrow(table)
+
+    def rank_frame(self, run: int | str | None = None, rank: int = 0) -> Any:
+        """One rank's values in CSVLogger's layout: one row per log call, sorted columns with ``step``."""
+        return to_frame(self._rank_rows(self.resolve_run(run), rank))
+
+    def export_csv(self, path: str | os.PathLike[str], run: int | str | None = None, rank: int = 0) -> int:
+        """Write one rank's values to ``path`` exactly as CSVLogger writes ``metrics.csv``.
+
+        The file is replaced atomically. A rank that logged nothing gets no file, as
+        CSVLogger writes none.
+
+        Returns:
+            The number of rows (log calls) written.
+
+        Raises:
+            LookupFailed: for an unknown run or rank.
+        """
+        rows = self._rank_rows(self.resolve_run(run), rank)
+        if len(rows) == 0:
+            return 0
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            # newline="": the csv module writes its own "\r\n", as in CSVLogger's open()
+            with os.fdopen(fd, "w", newline="", encoding="utf-8") as fp:
+                count = write_csv(fp, rows)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return count
+
+    def write_csv(self, fp: Any, run: int | str | None = None, rank: int = 0) -> int:
+        """Like ``export_csv``, onto an open text file (``newline=""``), e.g. stdout."""
+        rows = self._rank_rows(self.resolve_run(run), rank)
+        return write_csv(fp, rows) if len(rows) else 0
+
+    def sql(self, query: str) -> Any:
+        """Run one read-only query and return its result as a DataFrame.
+
+        Raises:
+            ReadOnlyViolation: for a statement that would write; nothing is changed.
+            QueryFailed: with the engine's own message, for an invalid query.
+        """
+        with self._connect() as conn:
+            return run_readonly(conn, self.store.backend.name, query)
+
+
+def _neg_zero(value: np.ndarray, dtype: np.ndarray) -> np.ndarray:
+    # SQLite drops the sign of -0.0; the dtype code keeps it
+    return np.where(dtype == DTYPE_NEG_ZERO, -0.0, value)
