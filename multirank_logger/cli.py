@@ -72,3 +72,28 @@ def db_current(db_path: str) -> None:
     head = head_revision()
     state = "head" if found == head else f"behind head {head}" if found else "empty"
     click.echo(f"{found or '(none)'} ({state})")
+
+
+@main.command("import")
+@click.argument("db_path", metavar="DB")
+@click.argument("files", metavar="FILE...", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@_friendly_errors
+def import_spills(db_path: str, files: tuple[str, ...]) -> None:
+    """Merge spill files (rows a rank could not send to rank 0) into the store DB.
+
+    Importing a file again adds nothing again.
+    """
+    from multirank_logger.spill import import_spill  # the CLI's other commands never need it
+
+    store = Store(db_path)
+    try:
+        for path in files:
+            r = import_spill(store, path)
+            run = f"run {r.name}/version_{r.version}, rank {r.rank}"
+            if r.already_imported:
+                click.echo(f"{path}: already imported ({run}); nothing added.")
+            else:
+                skipped = f" ({r.rows_skipped} already in the store)" if r.rows_skipped else ""
+                click.echo(f"{path}: added {r.rows_added} rows to {run}{skipped}.")
+    finally:
+        store.close()
