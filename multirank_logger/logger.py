@@ -1,0 +1,518 @@
+"""MultiRankLogger: the Lightning front-end. Naming, versioning, rank, and Lightning's hooks.
+
+The hot path (`log_metrics`, `save`) only appends to this rank's `RecordBuffer` and may
+wake the `BackgroundWriter`; the writer thread moves rows into a sink (sinks.py). How the
+ranks agree on one run is in identity.py; the storage is store.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from argparse import Namespace
+from collections.abc import Callable, Mapping
+from itertools import count
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from lightning.fabric.utilities.logger import _add_prefix, _convert_params
+from lightning.pytorch.core.saving import save_hparams_to_yaml
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.logger import Logger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from multirank_logger.backends import backend_for, resolve_url
+from multirank_logger.buffer import RecordBuffer
+from multirank_logger.errors import MultiRankLoggerError, StoreLocked
+from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
+from multirank_logger.schema import decode_value, metrics as metrics_table
+from multirank_logger.sinks import DirectSink, GatherSink
+from multirank_logger.store import Store, _check_writable
+from multirank_logger.transport import RowChannel
+from multirank_logger.writer import BackgroundWriter, sigterm_received
+
+__all__ = ["MultiRankLogger"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_INSTANCES = count()
+_LIVE: weakref.WeakSet[MultiRankLogger] = weakref.WeakSet()
+TRANSPORTS = ("auto", "direct", "gather")
+#: the longest a failing rank spends on the store or the channel in finalize("failed")
+_FAILED_TIMEOUT = 5.0
+
+
+class MultiRankLogger(Logger):
+    r"""Record every rank's own metrics from Lightning (or Fabric) into one SQL store.
+
+    Laid out like `CSVLogger` (``save_dir/name/version_N``), so checkpoints land where they
+    would with it; at the end of a successful run rank 0 also writes the ``metrics.csv`` and
+    ``hparams.yaml`` that `CSVLogger` would have written.
+
+    Args:
+        db: the store: a path ending in ``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``, or a
+            SQLAlchemy URL. Created at the current schema when missing.
+        name: experiment name; ``None`` means ``""``, as in CSVLogger.
+        version: version number within `name`; ``None`` takes the next free one in the store.
+        save_dir: where ``name/version_N`` lives; defaults to the db file's directory (the
+            working directory for a server URL).
+        prefix: a string put before every metric key (joined with ``"-"``).
+        flush_logs_every_n_steps: pending log calls that make the writer flush early.
+        flush_interval: seconds between two flushes of the background writer.
+        transport: ``"direct"`` (every rank writes the store), ``"gather"`` (rank 0 writes,
+            the others ship their rows to it) or ``"auto"`` (gather for DuckDB with several
+            ranks, direct otherwise).
+        export_csv: write ``metrics.csv`` and ``hparams.yaml`` into `log_dir` at the end of a
+            successful run.
+        timeout: the longest any wait on another rank or on a busy store lasts, in seconds.
+
+    Raises:
+        StoreError: when the store cannot be written (checked at construction).
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from multirank_logger import MultiRankLogger
+
+        logger = MultiRankLogger(db="runs.duckdb", name="my_model")
+        trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=logger)
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+    NAME_METRICS_FILE = "metrics.csv"
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
+    def __init__(
+        self,
+        db: str = "runs.duckdb",
+        name: str | None = "lightning_logs",
+        version: int | None = None,
+        save_dir: str | None = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+        flush_interval: float = 5.0,
+        transport: str = "auto",
+        export_csv: bool = True,
+        timeout: float = 60.0,
+    ) -> None:
+        super().__init__()
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport={transport!r}; expected one of {', '.join(TRANSPORTS)}")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+            raise ValueError(f"version={version!r}; expected a non-negative int, or None for the next free one")
+        self._db = os.fspath(db)
+        self._url = resolve_url(self._db)
+        self._url_text = self._url.render_as_string(hide_password=False)
+        self._name = name or ""
+        self._version_arg = version
+        path = backend_for(self._url).path
+        default_dir = str(path.parent) if path is not None else os.getcwd()
+        self._save_dir = os.fspath(save_dir) if save_dir is not None else default_dir
+        self._prefix = prefix
+        self._flush_every = max(1, int(flush_logs_every_n_steps))
+        self._flush_interval = float(flush_interval)
+        self._transport_arg = transport
+        self._export_csv = export_csv
+        self._timeout = float(timeout)
+        self._board = IdentityBoard(next(_INSTANCES), self._timeout)
+        self._identity: RunIdentity | None = None
+        self._published = False
+        self._hparams: dict[str, Any] = {}
+        self._hparams_logged = False
+        self._phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
+        self._init_runtime()
+        self._check_store()
+        self._start()
+
+    def _init_runtime(self) -> None:
+        """State that lives in one process only (rebuilt after unpickling)."""
+        self._buffer = RecordBuffer()
+        self._unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
+        self._lock = threading.RLock()  # identity and sink set-up; never taken by log_metrics/save
+        self._store: Store | None = None
+        self._sink: DirectSink | None = None
+        self._sink_world = 0
+        self._rank = 0
+        self._transport: str | None = None
+        self._live = False
+        self._writer = BackgroundWriter(
+            self._buffer, self._target, flush_interval=self._flush_interval, flush_every=self._flush_every
+        )
+        _LIVE.add(self)
+
+    # -- pickling (ddp_spawn) ---------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_buffer", "_lock", "_store", "_sink", "_writer"):
+            del state[key]  # engines, threads and sockets stay in this process
+        state["_published"] = False  # the new process's rank 0 publishes into its own launch
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def __repr__(self) -> str:
+        return f"MultiRankLogger(db={self._db!r}, name={self._name!r}, version={self._version_arg!r})"
+
+    # -- CSVLogger's properties ---------------------------------------------------------------
+
+    @property
+    @override
+    def name(self) -> str:
+        return self._name
+
+    @property
+    @override
+    def version(self) -> int:
+        """The run's version: agreed by every rank, allocated by rank 0 in the store."""
+        if self._version_arg is not None:
+            return self._version_arg
+        return self._resolve().version
+
+    @property
+    @override
+    def save_dir(self) -> str:
+        return self._save_dir
+
+    @property
+    @override
+    def root_dir(self) -> str:
+        return os.path.join(self._save_dir, self._name)
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        return os.path.join(self.root_dir, f"version_{self.version}")
+
+    @property
+    def run_id(self) -> int:
+        """The run's id in the store's ``runs`` table."""
+        return self._resolve().run_id
+
+    @property
+    def transport(self) -> str | None:
+        """``"direct"`` or ``"gather"`` once decided (when the process group is up), else None."""
+        return self._transport
+
+    @property
+    def experiment(self) -> RunIdentity:
+        """The run's identity. Lightning reads this on every rank once the process group is up:
+        the moment each rank learns the run and sets up its sink. Bounded waits, no collective."""
+        self._setup_sink()
+        self._start()
+        assert self._identity is not None
+        return self._identity
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    @override
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        # Runs every logging step on every rank: no I/O, no SQL, no collective, no lock.
+        if self._prefix:
+            metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+        if step is None:
+            step = self._unsaved
+        self._buffer.append(step, metrics)
+        self._unsaved += 1
+        if (step + 1) % self._flush_every == 0:
+            self._unsaved = 0  # where CSVLogger saves, and so restarts its count
+        if not self._live:
+            self._start()
+
+    @override
+    def save(self) -> None:
+        # Lightning calls this after every log_metrics: a counter check, at most an Event.set()
+        self._unsaved = 0
+        self._writer.maybe_wake()
+
+    @override
+    def log_hyperparams(self, params: dict[str, Any] | Namespace | None, *args: Any, **kwargs: Any) -> None:
+        """Keep the hyperparameters (for hparams.yaml) and store them with the run (rank 0)."""
+        with self._lock:
+            self._hparams.update(_convert_params(params))
+            self._hparams_logged = True
+            if self._sink is not None and self._rank == 0:
+                self._sink.update_run(hparams=_jsonable(self._hparams))
+
+    # -- the end ---------------------------------------------------------------------------
+
+    @override
+    def finalize(self, status: str) -> None:
+        """Flush everything, record how the run ended, and (rank 0, success) write the CSV files.
+
+        Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
+        """
+        status = _final_status(status)
+        timeout = self._timeout if status == "success" else min(self._timeout, _FAILED_TIMEOUT)
+        if self._buffer.calls_pending and self._sink is None:
+            self._safely(self._setup_sink)
+        self._writer.close(timeout)
+        self._live = False
+        sink = self._sink
+        if sink is None or self._identity is None:
+            self._end_unset_run(status)
+            return
+        others = self._safely(lambda: sink.finish(status, timeout)) or {}
+        self._writer.flush(timeout)  # rows rank 0 drained while finishing are written by now
+        now = time.time()
+        self._safely(lambda: self._record_end(status, others, now))
+        if self._rank == 0 and status == "success" and self._export_csv:
+            self._safely(self._export_files)
+        self._phase += 1
+        self._sink = None  # a later fit/test sets up again, on a fresh channel
+
+    def _record_end(self, status: str, others: dict[int, str], now: float) -> None:
+        store = self._store
+        if store is None:
+            return  # a rank that only sends: rank 0 records its status
+        run_id = self._identity.run_id  # type: ignore[union-attr]
+        _retry_locked(lambda: store.update_rank(run_id, self._rank, status=status, ended_at=now), self._timeout)
+        if self._transport == "gather" and self._rank == 0:
+            for rank in range(1, self._sink_world):
+                state = others.get(rank, "missing")
+                _retry_locked(lambda: store.update_rank(run_id, rank, status=state, ended_at=now), self._timeout)
+        if self._rank == 0 or status != "success":
+            # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
+            _retry_locked(lambda: store.update_run(run_id, status=status, ended_at=now), self._timeout)
+
+    def _end_unset_run(self, status: str) -> None:
+        """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
+        if self._identity is not None and current_rank() == 0 and self._store is not None:
+            store, run_id = self._store, self._identity.run_id
+            self._safely(lambda: _retry_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
+            if status == "success" and self._export_csv:
+                self._safely(self._export_files)
+
+    def _export_files(self) -> None:
+        """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
+        os.makedirs(self.log_dir, exist_ok=True)
+        if self._hparams_logged:
+            save_hparams_to_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self._hparams)
+        store, run_id = self._store, self.run_id
+        assert store is not None
+        path = os.path.join(self.log_dir, self.NAME_METRICS_FILE)
+        _retry_locked(lambda: _write_metrics_csv(store, run_id, 0, path), self._timeout)
+
+    # -- identity and sink --------------------------------------------------------------------
+
+    def _check_store(self) -> None:
+        """Fail at construction, not an hour in, when the store cannot be used; rank 0 allocates."""
+        rank = current_rank()
+        if rank == 0 or backend_for(self._url).concurrent_writers:
+            self._open_store()
+        else:
+            path = backend_for(self._url).path
+            if path is not None:
+                _check_writable(path)  # this rank will never open a DuckDB file: rank 0 writes it
+        if rank == 0 and self._identity is None:
+            # allocate now, before any launcher starts the other ranks: its children inherit the
+            # identity through the environment, ddp_spawn workers through pickling
+            self._resolve()
+
+    def _open_store(self) -> Store:
+        if self._store is None:
+            self._store = _retry_locked(lambda: Store(self._url), self._timeout)
+        return self._store
+
+    def _resolve(self) -> RunIdentity:
+        """This run's identity: allocated here on rank 0, learned from rank 0 elsewhere."""
+        with self._lock:
+            rank = current_rank()
+            if self._identity is None:
+                if rank == 0:
+                    store = self._open_store()
+                    world = current_world_size()
+                    record = _retry_locked(
+                        lambda: store.create_run(self._name, version=self._version_arg, world_size=world),
+                        self._timeout,
+                    )
+                    self._identity = RunIdentity(record.id, record.name, record.version, self._url_text, os.getpid())
+                else:
+                    found = self._board.from_env(self._url_text) or self._board.fetch(rank, repr(self))
+                    if found is None:
+                        raise MultiRankLoggerError(
+                            f"Rank {rank} cannot know the run's version yet: rank 0 allocates it and the "
+                            f"process group is not up. Read {type(self).__name__}.version after fit starts, "
+                            "or pass version=N."
+                        )
+                    self._identity = found
+            if rank == 0 and not self._published:
+                self._published = self._board.publish(self._identity)
+            return self._identity
+
+    def _target(self) -> tuple[DirectSink, int, int] | None:
+        """For the writer thread: where rows go, once that is known."""
+        if self._sink is None and self._buffer.calls_pending == 0:
+            return None  # nothing to write: leave the set-up to `experiment`, in the main thread
+        sink = self._setup_sink()
+        if sink is None:
+            return None
+        assert self._identity is not None
+        return sink, self._identity.run_id, self._rank
+
+    def _setup_sink(self) -> DirectSink | None:
+        """Decide the transport and build the sink; None while the process group is not up."""
+        with self._lock:
+            world = current_world_size()
+            if self._sink is not None and self._sink_world == world:
+                return self._sink
+            if world > 1 and not _dist_up():
+                return None  # a launched rank before its process group: rank and peers unknown
+            identity = self._resolve()
+            rank = current_rank()
+            transport = self._choose_transport(world)
+            if transport == "gather":
+                channel = RowChannel(f"{self._board.namespace}-phase{self._phase}", rank, world, timeout=self._timeout)
+                sink: DirectSink = GatherSink(self._open_store() if rank == 0 else None, identity.run_id, channel)
+            else:
+                sink = DirectSink(self._open_store(), identity.run_id)
+            self._rank, self._transport, self._sink_world = rank, transport, world
+            if self._store is not None:
+                self._register(identity, rank, world, transport)
+            if rank == 0 and self._hparams_logged:
+                sink.update_run(hparams=_jsonable(self._hparams))
+            self._sink = sink
+            return sink
+
+    def _choose_transport(self, world: int) -> str:
+        concurrent = backend_for(self._url).concurrent_writers
+        if self._transport_arg == "direct" and not concurrent and world > 1:
+            rank_zero_warn("transport='direct' needs a store that takes several writers; using 'gather'.")
+            return "gather"
+        if self._transport_arg != "auto":
+            return self._transport_arg
+        return "gather" if not concurrent and world > 1 else "direct"
+
+    def _register(self, identity: RunIdentity, rank: int, world: int, transport: str) -> None:
+        store = self._store
+        assert store is not None
+        facts = {
+            "local_rank": _env_int("LOCAL_RANK", 0),
+            "node_rank": _env_int("NODE_RANK", _env_int("GROUP_RANK", 0)),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        _retry_locked(lambda: store.register_rank(identity.run_id, rank, **facts), self._timeout)
+        if transport == "gather":
+            for other in range(1, world):  # they cannot write: rank 0 keeps their rows
+                _retry_locked(lambda: store.register_rank(identity.run_id, other), self._timeout)
+        if rank == 0:
+            _retry_locked(lambda: store.update_run(identity.run_id, transport=transport, world_size=world), self._timeout)
+            why = "DuckDB takes one writing process" if transport == "gather" and world > 1 else "every rank writes"
+            rank_zero_info(
+                f"MultiRankLogger: run {identity.name}/version_{identity.version} (id {identity.run_id}) in "
+                f"{self._db}, {world} rank(s), transport={transport} ({why})"
+            )
+
+    def _start(self) -> None:
+        if not self._writer.running:
+            self._writer.start()
+        self._live = True
+
+    def _safely(self, fn: Callable[[], T]) -> T | None:
+        # finalize must not raise over Lightning's own error (or turn a success into a crash)
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001
+            log.error("multirank_logger: %s: %s", type(exc).__name__, exc)
+            return None
+
+
+# Lightning's Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to
+# decide whether the first logger has a per-version log_dir, and falls back to save_dir
+# otherwise (so LightningCLI would write config.yaml into save_dir and refuse a 2nd run). Ours
+# has CSVLogger's layout: say so to that check, without inheriting CSVLogger's file writing.
+CSVLogger.register(MultiRankLogger)
+
+
+def _final_status(status: str) -> str:
+    """Lightning reports every exception as "failed": tell a preemption or Ctrl-C apart."""
+    if status != "failed":
+        return status
+    exc = sys.exc_info()[1]
+    if sigterm_received.is_set() or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return "interrupted"
+    return status
+
+
+def _dist_up() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _jsonable(value: Any) -> Any:
+    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _retry_locked(fn: Callable[[], T], timeout: float) -> T:
+    """Run `fn`, retrying while a DuckDB file is held by another process (a reader), up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        try:
+            return fn()
+        except StoreLocked:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _write_metrics_csv(store: Store, run_id: int, rank: int, path: str) -> None:
+    """One rank's rows in CSVLogger's metrics.csv format: a row per log call, sorted columns."""
+    m = metrics_table.c
+    query = (
+        sa.select(m.seq, m.step, m.key, m.value, m.dtype)
+        .where(m.run_id == run_id, m.rank == rank)
+        .order_by(m.seq)
+    )
+    rows: list[dict[str, Any]] = []
+    keys: set[str] = set()
+    last_seq = None
+    with store.begin() as conn:
+        for seq, step, key, value, dtype in conn.execute(query):
+            if seq != last_seq:
+                rows.append({})
+                last_seq = seq
+            rows[-1][key] = decode_value(value, dtype)
+            rows[-1]["step"] = step  # after the keys: CSVLogger sets "step" last, overriding a "step" key
+            keys.add(key)
+    keys.add("step")
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=sorted(keys))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _reset_after_fork() -> None:
+    # a forked child (ddp_notebook) has no writer thread even though the parent had one
+    for logger in list(_LIVE):
+        logger._live = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

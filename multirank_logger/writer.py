@@ -1,0 +1,255 @@
+"""BackgroundWriter: the thread that moves this rank's buffered rows into a sink.
+
+The training thread only appends to a `RecordBuffer`. This thread wakes every
+``flush_interval`` seconds, or sooner when `wake()` says enough calls are pending,
+drains the buffer into one `MetricBatch` and hands it to the sink. A batch the sink
+refuses (a DuckDB file a reader holds open, a busy SQLite file past its timeout) is
+kept and retried on the next cycle: rows are never dropped.
+
+One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
+(`flush`, `close`, SIGTERM, atexit). The training thread never takes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import threading
+import weakref
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Protocol
+
+from multirank_logger.buffer import MetricBatch, RecordBuffer
+
+__all__ = ["BackgroundWriter", "Sink", "Target"]
+
+log = logging.getLogger(__name__)
+
+#: how long SIGTERM and atexit may spend flushing each writer
+EXIT_FLUSH_TIMEOUT = 20.0
+#: consecutive failed cycles before the writer warns (a reader holding a DuckDB file is normal)
+_WARN_AFTER_FAILURES = 5
+
+
+class Sink(Protocol):
+    """Where drained batches go (see sinks.py)."""
+
+    def write(self, batch: MetricBatch) -> None:
+        """Store or ship one batch; raise to have it retried later."""
+
+    def poll(self) -> None:
+        """Periodic work besides this rank's own batches (rank 0 draining other ranks)."""
+
+
+#: what the writer needs before it can drain: (sink, run_id, global rank), or None while unknown
+Target = Callable[[], "tuple[Sink, int, int] | None"]
+
+
+class BackgroundWriter:
+    """Drains a RecordBuffer into a sink from a daemon thread.
+
+    Args:
+        buffer: the rank's buffer; the writer only drains it.
+        target: called on the writer's side; returns (sink, run_id, rank) once the run's
+            identity is known, None before (rows then wait in the buffer).
+        flush_interval: seconds between two cycles.
+        flush_every: pending log calls that make `wake()` start a cycle early.
+        name: the thread's name, for debugging.
+    """
+
+    def __init__(
+        self,
+        buffer: RecordBuffer,
+        target: Target,
+        *,
+        flush_interval: float,
+        flush_every: int,
+        name: str = "multirank-writer",
+    ) -> None:
+        self._buffer = buffer
+        self._target = target
+        self.flush_interval = flush_interval
+        self.flush_every = max(1, int(flush_every))
+        self._name = name
+        self._io_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._retry: list[MetricBatch] = []
+        self._failures = 0
+        self.last_error: BaseException | None = None
+        self.rows_written = 0
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread (idempotent) and register the exit hooks."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        _register(self)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wake(self) -> None:
+        """Ask for a cycle now. Cheap: sets an Event the thread waits on."""
+        self._wake.set()
+
+    def maybe_wake(self) -> None:
+        """Hot path (`save()`): wake the thread only when enough calls are pending."""
+        if self._buffer.calls_pending >= self.flush_every:
+            self._wake.set()
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Stop the thread and flush everything left.
+
+        Returns:
+            True when the buffer and the retry list are empty afterwards.
+        """
+        self._stop = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
+        _unregister(self)
+        return self.flush(timeout)
+
+    # -- flushing ------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Log calls in the buffer plus rows waiting for a retry."""
+        return self._buffer.calls_pending + sum(len(b) for b in self._retry)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Run one cycle in the calling thread, waiting at most `timeout` for a running one.
+
+        Returns:
+            True when nothing is left to write.
+        """
+        if not self._io_lock.acquire(timeout=max(timeout, 0.0)):
+            log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
+            return False
+        try:
+            self._cycle()
+        finally:
+            self._io_lock.release()
+        return self.pending == 0
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            if self._stop:
+                break
+            with self._io_lock:
+                self._cycle()
+
+    def _cycle(self) -> None:
+        """Drain, write, poll. Never raises: a failure keeps the rows for the next cycle."""
+        try:
+            target = self._target()
+        except BaseException as exc:  # noqa: BLE001 - the thread must survive to retry
+            self._note_failure(exc)
+            return
+        if target is None:
+            return  # identity not known yet: rows wait in the buffer
+        sink, run_id, rank = target
+        if self._buffer.calls_pending:
+            self._retry.append(self._buffer.drain(run_id, rank))
+        try:
+            while self._retry:
+                batch = self._retry[0]
+                if len(batch):
+                    sink.write(batch)
+                    self.rows_written += len(batch)
+                self._retry.pop(0)
+            sink.poll()
+        except BaseException as exc:  # noqa: BLE001
+            self._note_failure(exc)
+            return
+        if len(self._retry) > 1:  # merge what piled up so the next write is one transaction
+            self._retry = [MetricBatch.concat(self._retry)]
+        self._failures = 0
+
+    def _note_failure(self, exc: BaseException) -> None:
+        self.last_error = exc
+        self._failures += 1
+        if len(self._retry) > 1:
+            self._retry = [MetricBatch.concat(self._retry)]
+        if self._failures == _WARN_AFTER_FAILURES:
+            log.warning(
+                "multirank_logger: %d flushes in a row failed (%s: %s); %d rows are kept and retried.",
+                self._failures,
+                type(exc).__name__,
+                exc,
+                self.pending,
+            )
+
+
+# -- exit hooks: flush every live writer on SIGTERM and at interpreter exit ---------------
+
+_WRITERS: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
+_HOOKS_INSTALLED = False
+_previous_sigterm: Any = None
+#: set when this process received SIGTERM (the logger reports the run as interrupted)
+sigterm_received = threading.Event()
+
+
+def _register(writer: BackgroundWriter) -> None:
+    _WRITERS.add(writer)
+    _install_hooks()
+
+
+def _unregister(writer: BackgroundWriter) -> None:
+    _WRITERS.discard(writer)
+
+
+def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
+    """Flush every live writer of this process (bounded per writer)."""
+    for writer in list(_WRITERS):
+        try:
+            writer.flush(timeout)
+        except Exception:  # noqa: BLE001 - exiting: flush what can be flushed
+            log.exception("multirank_logger: flush at exit failed")
+
+
+def _install_hooks() -> None:
+    global _HOOKS_INSTALLED, _previous_sigterm
+    if _HOOKS_INSTALLED:
+        return
+    _HOOKS_INSTALLED = True
+    atexit.register(flush_all)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    try:
+        _previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # embedded interpreters, restricted environments
+        _previous_sigterm = None
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Flush, then let SIGTERM do what it would have done without us."""
+    sigterm_received.set()
+    flush_all()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+        return
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        # someone (Lightning's signal connector) installed a handler after ours and calls
+        # ours from it: that handler decides how the process ends
+        return
+    if previous == signal.SIG_IGN:
+        return
+    # default action: terminate, as if we had never been installed
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.raise_signal(signal.SIGTERM)
