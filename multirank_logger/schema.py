@@ -29,6 +29,7 @@ __all__ = [
     "RUN_STATUSES",
     "decode_value",
     "encode_value",
+    "imports",
     "metadata",
     "metrics",
     "ranks",
@@ -101,6 +102,23 @@ sa.Index("ix_metrics_run_rank_step", metrics.c.run_id, metrics.c.rank, metrics.c
 sa.Index("ix_metrics_run_key", metrics.c.run_id, metrics.c.key).ddl_if(callable_=_not_on_duckdb)
 
 METRIC_COLUMNS: tuple[str, ...] = tuple(c.name for c in metrics.columns)
+
+# One row per import of a spill file (spill.py). Insert-only, keyed by the file's id and the
+# first frame read, so a file imported twice adds nothing twice, and a file that grew after
+# an import adds only its new frames.
+imports = sa.Table(
+    "imports",
+    metadata,
+    sa.Column("spill_id", sa.String(64), nullable=False, comment="the spill file's unique id"),
+    sa.Column("first_frame", sa.Integer, nullable=False, comment="first frame of the file this import read"),
+    sa.Column("end_frame", sa.Integer, nullable=False, comment="frames of the file read so far (exclusive end)"),
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False, comment="global rank that spilled the rows"),
+    sa.Column("rows", sa.BigInteger, nullable=False, comment="rows added (rows the store already held are skipped)"),
+    sa.Column("source", sa.Text, nullable=True, comment="path of the file when it was imported"),
+    sa.Column("imported_at", sa.Float(53), nullable=False, comment="unix time of the import"),
+    sa.PrimaryKeyConstraint("spill_id", "first_frame", name="pk_imports"),
+)
 
 
 def encode_value(value: bool | int | float) -> tuple[float | None, int]:

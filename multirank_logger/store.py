@@ -117,6 +117,7 @@ class Store:
 
     def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False) -> None:
         self.url = resolve_url(db)
+        self._shown = None if isinstance(db, URL) else os.fspath(db)
         self.backend: Backend = backend_for(self.url)
         self.readonly = readonly
         path = self.backend.path
@@ -190,7 +191,8 @@ class Store:
             self._raise_for_revision(found, head)
 
     def _raise_for_revision(self, found: str | None, head: str) -> None:
-        url = self.url.render_as_string(hide_password=True)
+        # name the store as the user wrote it, so the suggested command can be pasted as is
+        url = getattr(self, "_shown", None) or self.url.render_as_string(hide_password=True)
         if found is None:
             raise StoreError(f"{url} holds no multirank_logger schema. Log a run to it first, or check the path.")
         known = {rev.revision for rev in _script().walk_revisions()}
