@@ -1,0 +1,239 @@
+"""RowChannel over a real TCPStore: the wire encoding, and real gloo processes shipping rows to rank 0."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from multirank_logger.buffer import MetricBatch, RecordBuffer
+from multirank_logger.transport import (
+    CHUNK_ROWS,
+    ChannelError,
+    ChannelTimeout,
+    RowChannel,
+    decode_batch,
+    encode_batch,
+)
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(120)
+_JOIN_S = 90
+
+
+def _batch(rank: int, calls: int, first_seq: int = 0, keys: tuple[str, ...] = ("loss", "acc")) -> MetricBatch:
+    buf = RecordBuffer()
+    buf._next_seq = first_seq
+    for i in range(calls):
+        buf.append(first_seq + i, {k: float(1000 * rank + first_seq + i) for k in keys})
+    return buf.drain(run_id=7, rank=rank)
+
+
+# -- encoding -------------------------------------------------------------------------------
+
+
+def test_encoding_round_trips_every_kind_of_value() -> None:
+    """NaN, infinities, ints, bools, -0.0 and non-ASCII keys come back exactly."""
+    buf = RecordBuffer()
+    buf.append(3, {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "int": 2**53, "bool": True})
+    buf.append(4, {"zero": -0.0, "clé é ü 🙂": 1.5, "": 0.1})
+    batch = buf.drain(run_id=12, rank=3)
+    back = decode_batch(encode_batch(batch))
+    assert back == batch  # dtype included: it is what keeps NaN, int, bool and -0.0 apart
+
+
+def test_encoding_of_an_empty_batch() -> None:
+    """An empty batch encodes and decodes to an empty batch."""
+    assert decode_batch(encode_batch(MetricBatch())) == MetricBatch()
+
+
+def test_decoding_refuses_what_is_not_a_batch() -> None:
+    """Foreign or truncated bytes raise a ValueError that says so; nothing is unpickled."""
+    with pytest.raises(ValueError, match="not a multirank_logger row batch"):
+        decode_batch(pickle.dumps({"a": 1}))
+    payload = encode_batch(_batch(1, 10))
+    with pytest.raises(ValueError, match="truncated"):
+        decode_batch(payload[:-5])
+
+
+# -- one process, real TCPStore server ---------------------------------------------------
+
+
+@pytest.fixture
+def server() -> dist.TCPStore:
+    """A TCPStore server on a free port, as rank 0's process (or torchrun's agent) runs one."""
+    return dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+
+
+def test_fetch_times_out_with_a_clear_error(server: dist.TCPStore) -> None:
+    """fetch of a key nobody publishes ends after its timeout with ChannelTimeout."""
+    channel = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
+    with pytest.raises(ChannelTimeout, match="waited 0.3 s for 'run' from rank 0"):
+        channel.fetch("run", 0.3)
+
+
+def test_sender_gives_up_when_rank0_takes_nothing(server: dist.TCPStore) -> None:
+    """A sender whose rows rank 0 never takes fails after `timeout`, handing back every unacknowledged batch."""
+    channel = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port, timeout=0.5)
+    first, second = _batch(1, 3), _batch(1, 3, first_seq=3)
+    channel.send(first)
+    time.sleep(0.6)
+    with pytest.raises(ChannelError, match="Rank 0 has taken no rows from rank 1") as info:
+        channel.send(second)
+    assert info.value.undelivered == [first, second]
+    with pytest.raises(ChannelError) as again:  # failed for good: only the new batch comes back
+        channel.send(first)
+    assert again.value.undelivered == [first]
+
+
+def test_done_waits_for_every_row_to_be_received(server: dist.TCPStore) -> None:
+    """A rank shows in done_ranks only once receive() returned every row it sent."""
+    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=server.port)
+    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
+    rank0.receive()  # connect first, as rank 0's writer does
+    rank1.send(_batch(1, 2))
+    rank1.mark_done("success")
+    assert rank0.done_ranks() == {}
+    assert [len(b) for b in rank0.receive()] == [4]
+    assert rank0.done_ranks() == {1: "success"}
+
+
+def test_roles_are_checked(server: dist.TCPStore) -> None:
+    """Rank 0 cannot send and the others cannot receive: a ValueError says which rank does what."""
+    with pytest.raises(ValueError, match="rank 0 writes its own rows"):
+        RowChannel("t", 0, 2, host="127.0.0.1", port=server.port).send(_batch(0, 1))
+    with pytest.raises(ValueError, match="runs on rank 0 only"):
+        RowChannel("t", 1, 2, host="127.0.0.1", port=server.port).receive()
+
+
+def test_channel_pickles_without_its_connection(server: dist.TCPStore) -> None:
+    """ddp_spawn pickles the logger: a used channel pickles to a fresh, unconnected one."""
+    channel = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
+    channel.send(_batch(1, 1))
+    clone = pickle.loads(pickle.dumps(channel))
+    assert clone._store is None and clone.pending() == 0
+    assert (clone.namespace, clone.rank, clone.world_size, clone.port) == ("t", 1, 2, server.port)
+
+
+def test_missing_master_address_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a launcher, the channel says which variables to set."""
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ChannelError, match="MASTER_ADDR and MASTER_PORT are not set"):
+        RowChannel("t", 1, 2).send(_batch(1, 1))
+
+
+# -- real gloo processes -------------------------------------------------------------------
+
+
+def _init(rank: int, world_size: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+
+
+def _test_ranks_ship_to_rank0(rank: int, world_size: int, port: int, out: str) -> None:
+    _init(rank, world_size, port)
+    channel = RowChannel("ship", rank, world_size)  # MASTER_ADDR/PORT, as under Lightning
+    if rank == 0:
+        channel.publish("run", b"7 lightning_logs 3")
+        got: dict[int, list[int]] = {}
+        deadline = time.monotonic() + 60
+        done: dict[int, str] = {}
+        while len(done) < world_size - 1 and time.monotonic() < deadline:
+            for batch in channel.receive():
+                got.setdefault(batch.rank[0], []).extend(batch.seq)
+            done = channel.done_ranks()
+            time.sleep(0.01)
+        channel.receive()  # acknowledges the last batches
+        left = {r: channel._client().queue_len(f"rows/{r}") for r in range(1, world_size)}
+        Path(out).write_text(json.dumps({"got": got, "done": done, "left": left}))
+    else:
+        identity = channel.fetch("run", 30)
+        assert identity == b"7 lightning_logs 3", identity
+        if rank == 1:  # many small batches, then one that must be cut into chunks
+            for i in range(50):
+                channel.send(_batch(rank, 3, first_seq=3 * i))
+            channel.send(_batch(rank, CHUNK_ROWS, first_seq=150, keys=("a", "b", "c")))
+        # rank 2 logs nothing at all: it must still finish
+        channel.mark_done("success")
+        assert channel.wait_delivered(30) == []
+    dist.barrier()  # keeps rank 0's store alive until everyone is through (test only)
+    dist.destroy_process_group()
+
+
+def _run_ranks(target, world_size: int, *args) -> list[int]:
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world_size, port, *args)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(_JOIN_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    return [p.exitcode for p in procs]
+
+
+def test_gloo_ranks_ship_rows_to_rank0_in_order(tmp_path: Path) -> None:
+    """3 gloo ranks: rank 1's small and chunked big batches arrive whole and in order; silent rank 2 finishes."""
+    out = tmp_path / "rank0.json"
+    assert _run_ranks(_test_ranks_ship_to_rank0, 3, str(out)) == [0, 0, 0]
+    result = json.loads(out.read_text())
+    expected = [s for s in range(150) for _ in "ab"] + [s for s in range(150, 150 + CHUNK_ROWS) for _ in "abc"]
+    assert result["got"]["1"] == expected
+    assert "2" not in result["got"]
+    assert result["done"] == {"1": "success", "2": "success"}
+    assert result["left"] == {"1": 0, "2": 0}  # rank 0 took everything: the store's memory is flat
+
+
+def _test_rank0_dies(rank: int, world_size: int, port: int, out: str) -> None:
+    _init(rank, world_size, port)
+    channel = RowChannel("die", rank, world_size, timeout=10)
+    if rank == 0:
+        deadline = time.monotonic() + 30
+        taken = 0
+        while taken < 2 and time.monotonic() < deadline:
+            taken += len(channel.receive())
+            time.sleep(0.01)
+        channel.receive()  # acknowledges those two
+        channel.fetch("seen-acks", 30)  # once rank 1 saw them acknowledged, die like a killed rank
+        os.kill(os.getpid(), signal.SIGKILL)
+    sent, failed_at, undelivered = 0, None, []
+    for i in range(2):
+        channel.send(_batch(rank, 1, first_seq=i))
+        sent += 1
+    assert channel.wait_delivered(30) == []
+    channel.publish("seen-acks", b"1")
+    start = time.monotonic()
+    for i in range(2, 10_000):
+        try:
+            channel.send(_batch(rank, 1, first_seq=i))
+            sent += 1
+            time.sleep(0.01)
+        except ChannelError as exc:
+            failed_at = time.monotonic() - start
+            undelivered = [b.seq[0] for b in exc.undelivered]
+            break
+    Path(out).write_text(json.dumps({"sent": sent, "failed_after_s": failed_at, "undelivered": undelivered}))
+
+
+def test_send_fails_fast_when_rank0_is_gone(tmp_path: Path) -> None:
+    """SIGKILL rank 0 (and its TCPStore): the sender's next sends fail and hand back every unacknowledged row."""
+    out = tmp_path / "rank1.json"
+    codes = _run_ranks(_test_rank0_dies, 2, str(out))
+    assert codes == [-signal.SIGKILL, 0]
+    result = json.loads(out.read_text())
+    assert result["failed_after_s"] is not None
+    # rows 0 and 1 were acknowledged; everything after them comes back for the spill file
+    assert result["undelivered"] == list(range(2, result["sent"] + 1))
