@@ -7,7 +7,6 @@ ranks agree on one run is in identity.py; the storage is store.py.
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 import socket
@@ -20,19 +19,19 @@ from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
 from lightning.fabric.utilities.logger import _add_prefix, _convert_params
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import Logger
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from multirank_logger.backends import backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
-from multirank_logger.schema import decode_value, metrics as metrics_table
+from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
+from multirank_logger.query import open_store
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.store import Store, _check_writable
 from multirank_logger.transport import RowChannel
@@ -44,7 +43,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _INSTANCES = count()
 _LIVE: weakref.WeakSet[MultiRankLogger] = weakref.WeakSet()
-TRANSPORTS = ("auto", "direct", "gather")
 #: the longest a failing rank spends on the store or the channel in finalize("failed")
 _FAILED_TIMEOUT = 5.0
 
@@ -104,7 +102,7 @@ class MultiRankLogger(Logger):
     ) -> None:
         super().__init__()
         if transport not in TRANSPORTS:
-            raise ValueError(f"transport={transport!r}; expected one of {', '.join(TRANSPORTS)}")
+            raise InvalidTransport(transport)
         if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
             raise ValueError(f"version={version!r}; expected a non-negative int, or None for the next free one")
         self._db = os.fspath(db)
@@ -297,10 +295,9 @@ class MultiRankLogger(Logger):
         os.makedirs(self.log_dir, exist_ok=True)
         if self._hparams_logged:
             save_hparams_to_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self._hparams)
-        store, run_id = self._store, self.run_id
-        assert store is not None
-        path = os.path.join(self.log_dir, self.NAME_METRICS_FILE)
-        _retry_locked(lambda: _write_metrics_csv(store, run_id, 0, path), self._timeout)
+        # one implementation of CSVLogger's format: the query side's, reading back what was stored
+        with open_store(self._url_text, lock_timeout=self._timeout) as reader:
+            reader.export_csv(os.path.join(self.log_dir, self.NAME_METRICS_FILE), run=self.run_id, rank=0)
 
     # -- identity and sink --------------------------------------------------------------------
 
@@ -369,30 +366,26 @@ class MultiRankLogger(Logger):
                 return None  # a launched rank before its process group: rank and peers unknown
             identity = self._resolve()
             rank = current_rank()
-            transport = self._choose_transport(world)
-            if transport == "gather":
+            channel = None
+            if world > 1:
+                # one channel per phase (fit, test...): a finished phase's "done" keys stay behind
                 channel = RowChannel(f"{self._board.namespace}-phase{self._phase}", rank, world, timeout=self._timeout)
+            transport, why = choose_transport(
+                self._transport_arg, backend_for(self._url), world, rank=rank, channel=channel, timeout=self._timeout
+            )
+            if transport == "gather" and channel is not None:
                 sink: DirectSink = GatherSink(self._open_store() if rank == 0 else None, identity.run_id, channel)
             else:
                 sink = DirectSink(self._open_store(), identity.run_id)
             self._rank, self._transport, self._sink_world = rank, transport, world
             if self._store is not None:
-                self._register(identity, rank, world, transport)
+                self._register(identity, rank, world, transport, why)
             if rank == 0 and self._hparams_logged:
                 sink.update_run(hparams=_jsonable(self._hparams))
             self._sink = sink
             return sink
 
-    def _choose_transport(self, world: int) -> str:
-        concurrent = backend_for(self._url).concurrent_writers
-        if self._transport_arg == "direct" and not concurrent and world > 1:
-            rank_zero_warn("transport='direct' needs a store that takes several writers; using 'gather'.")
-            return "gather"
-        if self._transport_arg != "auto":
-            return self._transport_arg
-        return "gather" if not concurrent and world > 1 else "direct"
-
-    def _register(self, identity: RunIdentity, rank: int, world: int, transport: str) -> None:
+    def _register(self, identity: RunIdentity, rank: int, world: int, transport: str, why: str) -> None:
         store = self._store
         assert store is not None
         facts = {
@@ -407,7 +400,6 @@ class MultiRankLogger(Logger):
                 _retry_locked(lambda: store.register_rank(identity.run_id, other), self._timeout)
         if rank == 0:
             _retry_locked(lambda: store.update_run(identity.run_id, transport=transport, world_size=world), self._timeout)
-            why = "DuckDB takes one writing process" if transport == "gather" and world > 1 else "every rank writes"
             rank_zero_info(
                 f"MultiRankLogger: run {identity.name}/version_{identity.version} (id {identity.run_id}) in "
                 f"{self._db}, {world} rank(s), transport={transport} ({why})"
@@ -480,32 +472,6 @@ def _retry_locked(fn: Callable[[], T], timeout: float) -> T:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
-
-
-def _write_metrics_csv(store: Store, run_id: int, rank: int, path: str) -> None:
-    """One rank's rows in CSVLogger's metrics.csv format: a row per log call, sorted columns."""
-    m = metrics_table.c
-    query = (
-        sa.select(m.seq, m.step, m.key, m.value, m.dtype)
-        .where(m.run_id == run_id, m.rank == rank)
-        .order_by(m.seq)
-    )
-    rows: list[dict[str, Any]] = []
-    keys: set[str] = set()
-    last_seq = None
-    with store.begin() as conn:
-        for seq, step, key, value, dtype in conn.execute(query):
-            if seq != last_seq:
-                rows.append({})
-                last_seq = seq
-            rows[-1][key] = decode_value(value, dtype)
-            rows[-1]["step"] = step  # after the keys: CSVLogger sets "step" last, overriding a "step" key
-            keys.add(key)
-    keys.add("step")
-    with open(path, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=sorted(keys))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def _reset_after_fork() -> None:

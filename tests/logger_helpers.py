@@ -1,0 +1,53 @@
+"""Helpers for the logger tests: run tests/logger_train.py as a real DDP launch, read the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from multirank_logger.store import Store
+
+TRAIN = Path(__file__).with_name("logger_train.py")
+
+
+def train_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "MULTIRANK_LOGGER_"))}
+    env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    return env
+
+
+def train_cmd(db: Path, save_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(save_dir), *extra]
+
+
+def run_training(db: Path, save_dir: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run one launch to its end; fail with its output when it fails."""
+    proc = subprocess.run(
+        train_cmd(db, save_dir, *extra), cwd=save_dir, env=train_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def query(db: Path, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    store = Store(db)
+    try:
+        with store.begin() as conn:
+            return [tuple(r) for r in conn.execute(sa.text(sql), params)]
+    finally:
+        store.close()
+
+
+def rank_reports(prefix: Path) -> dict[int, dict[str, Any]]:
+    """What each rank said about its logger after fit (tests/logger_train.py --report)."""
+    out = {}
+    for path in prefix.parent.glob(prefix.name + ".*"):
+        report = json.loads(path.read_text())
+        out[report["rank"]] = report
+    return out

@@ -1,0 +1,104 @@
+"""A tiny DDP training run for the logger tests, started as its own process.
+
+Lightning's launcher (strategy="ddp") re-runs this script for ranks > 0, so it must be a
+file, not a function inside pytest. Each rank logs values that say which rank logged them:
+``rank_value`` = 1000 * rank + step (never synced), ``synced`` (sync_dist=True).
+
+Usage: python tests/logger_train.py --db DB --save-dir DIR [--mode MODE] [--steps N] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+from multirank_logger import MultiRankLogger
+
+
+class TinyModel(LightningModule):
+    def __init__(self, mode: str = "normal", lr: float = 0.1, sleep: float = 0.0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        rank, step = self.global_rank, self.global_step
+        mode = self.hparams.mode
+        self.log("train_loss", loss)
+        self.log("rank_value", float(1000 * rank + step))
+        self.log("synced", torch.tensor(float(rank)), sync_dist=True)
+        if mode == "asym":
+            # each rank its own key; rank 0 alone logs another; rank 1 skips odd steps
+            self.log(f"only_rank_{rank}", float(step))
+            if rank == 0:  # rank_zero_only=True: "I call this from rank 0 only"
+                self.log("zero_only", float(step), rank_zero_only=True)
+            if rank == 1 and step % 2 == 1:
+                pass
+            else:
+                self.log("sometimes", float(step))
+        if mode == "special":
+            self.log("it's \"quoted\"; DROP TABLE metrics; --", float("nan"))
+            self.log("space key é ünï", float("inf"))
+            self.log("int_value", torch.tensor(step))
+        if self.hparams.sleep:
+            time.sleep(self.hparams.sleep)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
+        return DataLoader(data, batch_size=4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--save-dir", required=True)
+    parser.add_argument("--mode", default="normal")
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--csv-dir", default=None, help="also log with CSVLogger (first) into this dir")
+    parser.add_argument("--read-version", action="store_true", help="read logger.version before fit")
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--flush-interval", type=float, default=0.2)
+    parser.add_argument("--report", default=None, help="each rank writes {rank: version, log_dir} here")
+    args = parser.parse_args()
+
+    logger = MultiRankLogger(db=args.db, save_dir=args.save_dir, flush_interval=args.flush_interval)
+    if args.read_version:
+        print(f"version before fit: {logger.version} {logger.log_dir}", flush=True)
+    loggers = [logger] if args.csv_dir is None else [CSVLogger(args.csv_dir), logger]
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        strategy=args.strategy,
+        max_steps=args.steps,
+        log_every_n_steps=1,
+        logger=loggers,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=args.mode == "checkpoint",
+    )
+    trainer.fit(TinyModel(mode=args.mode, sleep=args.sleep))
+    if args.report and args.strategy != "ddp_spawn":
+        rank = trainer.global_rank
+        with open(f"{args.report}.{rank}", "w") as fh:
+            json.dump({"rank": rank, "version": logger.version, "log_dir": logger.log_dir, "pid": os.getpid()}, fh)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
