@@ -1,0 +1,147 @@
+"""MultiRankLogger in one process: layout, hot path, values, errors, pickling, a busy store."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from multirank_logger import MultiRankLogger
+from multirank_logger.errors import InvalidMetric, StoreNotWritable
+from tests.logger_helpers import query
+
+
+def _logger(db: Path, **kwargs) -> MultiRankLogger:
+    kwargs.setdefault("flush_interval", 3600)  # only explicit flushes, so tests see each step
+    return MultiRankLogger(db=str(db), **kwargs)
+
+
+def test_layout_matches_csvlogger(db_path: Path) -> None:
+    """save_dir defaults to the db's directory; root_dir and log_dir follow CSVLogger's layout."""
+    logger = _logger(db_path, name="exp")
+    assert logger.save_dir == str(db_path.parent)
+    assert logger.root_dir == str(db_path.parent / "exp")
+    assert logger.log_dir == str(db_path.parent / "exp" / "version_0")
+    logger.finalize("success")
+
+
+def test_versions_take_the_next_free_one_per_name(db_path: Path) -> None:
+    """version=None takes the next free version for the name in the store."""
+    versions = [_logger(db_path, name=n).version for n in ("a", "a", "b", "a")]
+    assert versions == [0, 1, 0, 2]
+
+
+def test_trainer_log_dir_is_the_version_dir(db_path: Path, tmp_path: Path) -> None:
+    """Trainer.log_dir (where LightningCLI writes config.yaml) is our log_dir, not save_dir."""
+    logger = _logger(db_path, save_dir=str(tmp_path / "logs"))
+    trainer = Trainer(logger=logger, accelerator="cpu", devices=1, enable_progress_bar=False)
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "logs" / "lightning_logs" / "version_0")
+
+
+def test_log_metrics_writes_nothing_until_a_flush(db_path: Path) -> None:
+    """log_metrics and save only buffer; finalize writes every row."""
+    logger = _logger(db_path)
+    for step in range(3):
+        logger.log_metrics({"a": float(step), "b": step}, step=step)
+        logger.save()
+    assert query(db_path, "SELECT COUNT(*) FROM metrics") == [(0,)]
+    logger.finalize("success")
+    assert query(db_path, "SELECT COUNT(*) FROM metrics") == [(6,)]
+    assert query(db_path, "SELECT status FROM runs") == [("success",)]
+
+
+def test_flush_every_n_calls_wakes_the_writer(db_path: Path) -> None:
+    """flush_logs_every_n_steps pending calls make save() wake the writer before the interval."""
+    logger = _logger(db_path, flush_logs_every_n_steps=2)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.log_metrics({"a": 2.0}, step=1)
+    logger.save()
+    assert logger._writer._wake.is_set() or logger._writer.rows_written > 0
+    logger.finalize("success")
+
+
+def test_prefix_is_joined_with_a_dash(db_path: Path) -> None:
+    """prefix='train' stores 'train-loss', as CSVLogger names it."""
+    logger = _logger(db_path, prefix="train")
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.finalize("success")
+    assert query(db_path, "SELECT key FROM metrics") == [("train-loss",)]
+
+
+def test_nan_inf_and_odd_keys_are_stored_verbatim(db_path: Path) -> None:
+    """NaN and ±inf survive; keys with quotes, spaces, unicode or SQL are stored as given."""
+    keys = ["it's \"q\"", "a b", "ünï 中文", "x'); DROP TABLE metrics; --"]
+    values = [math.nan, math.inf, -math.inf, 1.5]
+    logger = _logger(db_path)
+    logger.log_metrics(dict(zip(keys, values)), step=0)
+    logger.finalize("success")
+    rows = dict(query(db_path, "SELECT key, value FROM metrics"))
+    assert sorted(rows) == sorted(keys)
+    assert rows[keys[0]] is None  # NaN is NULL with dtype 3 (schema.py)
+    assert rows[keys[1]] == math.inf and rows[keys[2]] == -math.inf and rows[keys[3]] == 1.5
+    assert query(db_path, "SELECT dtype FROM metrics WHERE value IS NULL") == [(3,)]
+
+
+def test_non_scalar_value_names_the_key_and_keeps_earlier_rows(db_path: Path) -> None:
+    """A 2-element tensor raises InvalidMetric naming the key; what was logged before is kept."""
+    logger = _logger(db_path)
+    logger.log_metrics({"ok": 1.0}, step=0)
+    with pytest.raises(InvalidMetric, match="'bad'"):
+        logger.log_metrics({"fine": 2.0, "bad": torch.tensor([1.0, 2.0])}, step=1)
+    with pytest.raises(InvalidMetric, match="'listy'"):
+        logger.log_metrics({"listy": [1, 2]}, step=2)
+    logger.finalize("success")
+    assert query(db_path, "SELECT key, step FROM metrics") == [("ok", 0)]
+
+
+def test_unwritable_db_path_fails_at_construction(tmp_path: Path, backend: str) -> None:
+    """A db whose directory cannot be created fails in the constructor, naming the path."""
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    with pytest.raises(StoreNotWritable, match="not_a_dir"):
+        MultiRankLogger(db=str(blocker / f"runs.{'sqlite' if backend == 'sqlite' else 'duckdb'}"))
+
+
+def test_pickled_logger_keeps_its_run(db_path: Path) -> None:
+    """A pickled logger (ddp_spawn) keeps the run identity and allocates no new run."""
+    logger = _logger(db_path, name="p")
+    clone = pickle.loads(pickle.dumps(logger))
+    assert (clone.version, clone.run_id, clone.log_dir) == (logger.version, logger.run_id, logger.log_dir)
+    clone.log_metrics({"a": 1.0}, step=0)
+    clone.finalize("success")
+    assert query(db_path, "SELECT COUNT(*) FROM runs") == [(1,)]
+    assert query(db_path, "SELECT COUNT(*) FROM metrics") == [(1,)]
+
+
+def test_log_hyperparams_stored_with_the_run(db_path: Path) -> None:
+    """Nested hyperparameters (a Namespace inside a dict) are stored as JSON with the run."""
+    from argparse import Namespace
+
+    logger = _logger(db_path)
+    logger.log_hyperparams(Namespace(lr=0.1, opt={"name": "sgd", "inner": Namespace(m=0.9)}))
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.finalize("success")
+    (hparams,) = query(db_path, "SELECT hparams FROM runs")[0]
+    assert hparams == '{"lr": 0.1, "opt": {"inner": {"m": 0.9}, "name": "sgd"}}'
+
+
+def test_rows_wait_while_a_reader_holds_the_duckdb_file(tmp_path: Path) -> None:
+    """A flush that meets a DuckDB file held by another connection keeps its rows and retries."""
+    db = tmp_path / "runs.duckdb"
+    logger = _logger(db)
+    logger.log_metrics({"a": 1.0}, step=0)
+    assert logger._writer.flush(5)  # sets up the sink, writes the first row
+    logger.log_metrics({"a": 2.0}, step=1)
+    holder = duckdb.connect(str(db))  # a read-write holder: DuckDB refuses our writer meanwhile
+    try:
+        assert not logger._writer.flush(5)
+        assert logger._writer.pending == 1
+    finally:
+        holder.close()
+    logger.finalize("success")
+    assert query(db, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (1, 2.0)]
