@@ -1,0 +1,148 @@
+"""A 2-rank DDP training on CPU that logs `--metrics` values every step, once per variant.
+
+Run by bench_e2e (never by hand): ``python benchmarks/_e2e_train.py --variants a,b --steps N
+--metrics 5 --out DIR``. Lightning's launcher starts rank 1 by re-running this script, so
+every rank runs the same variants in the same order. Each rank writes
+``DIR/rank{r}.json``: per variant, the wall time of ``trainer.fit`` (logger set-up,
+every step, finalize), the time of the training loop alone, and the rank's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import lightning.pytorch as pl
+
+WARMUP = "warm-up"
+VARIANTS = ("logger=False", "CSVLogger", "TensorBoardLogger", "MultiRankLogger direct", "MultiRankLogger gather")
+BATCH = 32
+FEATURES = 32
+
+
+class _Constant(Dataset):
+    """`n` copies of one sample: the data pipeline costs the same in every variant."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.x = torch.randn(FEATURES)
+        self.y = torch.randn(1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x, self.y
+
+
+class _Model(pl.LightningModule):
+    def __init__(self, n_metrics: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 1))
+        self.n_metrics = n_metrics
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=False)
+        detached = loss.detach()
+        for i in range(1, self.n_metrics):
+            self.log(f"metric_{i}", detached * i, on_step=True, on_epoch=False)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class _LoopTimer(pl.Callback):
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.t0 = time.perf_counter()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.seconds = time.perf_counter() - self.t0
+
+
+def _logger(variant: str, root: Path) -> Any:
+    if variant in ("logger=False", WARMUP):
+        return False
+    if variant == "CSVLogger":
+        from lightning.pytorch.loggers import CSVLogger
+
+        return CSVLogger(root, name="csv")
+    if variant == "TensorBoardLogger":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(root, name="tb")
+    from multirank_logger.logger import MultiRankLogger
+
+    if variant == "MultiRankLogger direct":
+        return MultiRankLogger(db=root / "direct.sqlite", name="e2e", save_dir=root, transport="direct")
+    if variant == "MultiRankLogger gather":
+        return MultiRankLogger(db=root / "gather.duckdb", name="e2e", save_dir=root, transport="gather")
+    raise ValueError(variant)
+
+
+def run_variant(variant: str, steps: int, n_metrics: int, root: Path) -> dict[str, Any]:
+    timer = _LoopTimer()
+    world = 2
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp",
+        max_steps=steps,
+        max_epochs=1,
+        logger=_logger(variant, root / variant.replace(" ", "_").replace("=", "_")),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[timer],
+        default_root_dir=root,
+    )
+    data = DataLoader(_Constant(steps * BATCH * world), batch_size=BATCH)
+    t0 = time.perf_counter()
+    trainer.fit(_Model(n_metrics), data)
+    fit_s = time.perf_counter() - t0
+    return {
+        "variant": variant,
+        "fit_s": fit_s,
+        "loop_s": timer.seconds,
+        "steps": trainer.global_step,
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--variants", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--metrics", type=int, default=5)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # The first fit starts rank 1 (imports, ~4 s) and the process group: a short
+    # warm-up fit takes that out of every measured variant.
+    run_variant(WARMUP, 5, args.metrics, args.out)
+    reports = []
+    for variant in args.variants.split(","):
+        reports.append(run_variant(variant, args.steps, args.metrics, args.out))
+    (args.out / f"rank{rank}.json").write_text(json.dumps(reports))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""End to end: wall time of a 2-rank DDP training on CPU logging 5 metrics every step.
+
+Each sample is one launch of ``_e2e_train.py`` (Lightning's own DDP launcher, gloo, one
+thread per rank): a 5-step warm-up fit with no logger (it starts rank 1 and the process
+group), then the measured fit. The figure is rank 0's wall time of the measured
+``trainer.fit``: logger set-up, every step (``log_every_n_steps=1``), ``finalize``.
+Peak RSS is the larger of the two ranks'. Overheads are ratios to ``logger=False``
+measured in the same round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._harness import BENCH_DIR, CACHE_DIR, Case, Goal, Sizes, Unavailable
+
+SECTION = "e2e"
+SCRIPT = BENCH_DIR / "_e2e_train.py"
+VARIANTS = {
+    "logger=False": "no logger: the peer",
+    "CSVLogger": "rank 0 writes metrics.csv",
+    "TensorBoardLogger": "rank 0 writes events",
+    "MultiRankLogger direct": "SQLite store, every rank writes it",
+    "MultiRankLogger gather": "DuckDB store, rank 0 writes every rank's rows",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(variants: list[str], steps: int, metrics: int, timeout_s: float = 600) -> dict[str, dict[str, Any]]:
+    """One DDP launch running `variants` in order; per variant, rank 0's times and the max RSS."""
+    if any(v.startswith("MultiRankLogger") for v in variants):
+        try:
+            import multirank_logger.logger  # noqa: F401
+        except ImportError as exc:
+            raise Unavailable(f"multirank_logger.logger: {exc}") from exc
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as root:
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+        for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK"):
+            env.pop(var, None)
+        cmd = [sys.executable, str(SCRIPT), "--variants", ",".join(variants), "--steps", str(steps),
+               "--metrics", str(metrics), "--out", root]
+        # a session of its own, so a hung launch is killed with both its ranks
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RuntimeError(f"DDP launch of {variants} did not finish in {timeout_s:.0f} s") from None
+        reports = []
+        for rank in (0, 1):
+            path = Path(root) / f"rank{rank}.json"
+            if not path.is_file():
+                tail = " | ".join(output.strip().splitlines()[-12:])
+                raise RuntimeError(f"rank {rank} wrote no report (exit {proc.returncode}): {tail}")
+            reports.append(json.loads(path.read_text()))
+    out = {}
+    for r0, r1 in zip(*reports):
+        out[r0["variant"]] = {
+            "value": r0["fit_s"],
+            "loop_s": r0["loop_s"],
+            "steps": r0["steps"],
+            "rss_mib": max(r0["rss_mib"], r1["rss_mib"]),
+        }
+    return out
+
+
+def measure(variant: str, steps: int, metrics: int, together: list[str] | None = None,
+            token: str = "") -> dict[str, Any]:
+    """One sample of `variant`, from its own launch.
+
+    With `together` (quick and tiny modes), the first case launches all the variants at
+    once and leaves their results in CACHE_DIR/e2e-<token>.json for the others: one
+    launch instead of five, at the price of RSS figures that grow along the launch.
+    """
+    if together is None:
+        return launch([variant], steps, metrics)[variant]
+    shared = CACHE_DIR / f"e2e-{token}.json"
+    if not shared.is_file():
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        shared.write_text(json.dumps(launch(together, steps, metrics)))
+    results = json.loads(shared.read_text())
+    if variant == together[-1]:
+        shared.unlink()
+    return results[variant]
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    together = list(VARIANTS) if sizes.mode in ("quick", "tiny") else None
+    token = f"{os.getpid()}-{time.time_ns()}"
+    out = []
+    for variant, note in VARIANTS.items():
+        goals: tuple[Goal, ...] = ()
+        if variant.startswith("MultiRankLogger"):
+            goals = (Goal("ratio", "<=", 1.03, "<= 1.03x logger=False (and <= CSVLogger's)"),)
+        out.append(
+            Case(
+                SECTION,
+                variant,
+                "benchmarks.bench_e2e:measure",
+                "s",
+                kwargs={"variant": variant, "steps": sizes.e2e_steps, "metrics": sizes.e2e_metrics,
+                        "together": together, "token": token},
+                peer=None if variant == "logger=False" else "logger=False",
+                goals=goals,
+                note=f"{note}; {sizes.e2e_steps:,} steps x {sizes.e2e_metrics} metrics, 2 ranks"
+                + ("; all variants in one launch" if together else ""),
+                rounds=sizes.e2e_rounds,
+                inner=1,
+            )
+        )
+    return out

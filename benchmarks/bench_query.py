@@ -1,0 +1,201 @@
+"""Query: rank-0 export and a per-rank table on a large DuckDB store.
+
+The store (full mode: 8 ranks x 200k steps x 10 keys = 16M rows) is generated once
+by a raw DuckDB bulk insert (``INSERT ... SELECT`` over ``range()``, random doubles)
+into a file whose schema, run and ranks the project created, and cached under
+benchmarks/.cache/ (keyed by size and schema revision). Rows are laid out in chunks of
+1,000 steps, rank after rank, as a logger flushing every 1,000 steps would leave them.
+
+- ``export_csv``: ``open_store(db).export_csv(path, rank=0)``, opening included;
+- CSVLogger, one ``save()``: the same rows buffered in a CSVLogger, then the one
+  ``save()`` that writes metrics.csv: the pure cost of writing the file (the peer);
+- CSVLogger, per step: ``log_metrics`` + ``save`` per step as the Trainer calls them,
+  the way CSVLogger really produces the file during training;
+- ``per_rank``: ``open_store(db).per_rank(key)``, a step x rank DataFrame of one key;
+- raw DuckDB PIVOT: the same table straight from DuckDB into pandas (the peer).
+
+Each export reports the SHA-256 of the file it wrote: equal hashes mean the
+rebuilt metrics.csv is byte for byte CSVLogger's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._harness import CACHE_DIR, Case, Goal, Sizes, Unavailable
+
+SECTION = "query"
+KEY = "metric_0"
+_CHUNK_STEPS = 1_000
+
+
+def store_path(ranks: int, steps: int, keys: int) -> Path:
+    from multirank_logger.store import head_revision
+
+    return CACHE_DIR / f"query-{ranks}x{steps}x{keys}-{head_revision()}.duckdb"
+
+
+def build_store(ranks: int, steps: int, keys: int) -> Path:
+    """The cached store, generated if missing (raw DuckDB bulk insert, not the logger)."""
+    import duckdb
+
+    from multirank_logger.schema import METRIC_COLUMNS
+    from multirank_logger.store import Store
+
+    path = store_path(ranks, steps, keys)
+    if path.is_file():
+        return path
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.duckdb")
+    tmp.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    store = Store(tmp)
+    run = store.create_run("bench", world_size=ranks, transport="gather")
+    for rank in range(ranks):
+        store.register_rank(run.id, rank, local_rank=rank, node_rank=0, host="bench", pid=0, status="success")
+    store.update_run(run.id, status="success", ended_at=time.time())
+    store.close()
+    con = duckdb.connect(str(tmp))
+    con.execute("SELECT setseed(0.5)")
+    cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
+    con.execute(
+        f"""
+        INSERT INTO metrics ({cols})
+        SELECT {run.id}, r.range::INTEGER, s.range, s.range, 'metric_' || k.range, random(), 0,
+               1.7e9 + s.range * 0.01
+        FROM range({ranks}) r, range({steps}) s, range({keys}) k
+        ORDER BY s.range // {_CHUNK_STEPS}, r.range, s.range, k.range
+        """
+    )
+    con.execute("CHECKPOINT")
+    con.close()
+    os.replace(tmp, path)
+    print(f"  generated {path.name} ({ranks * steps * keys:,} rows) in {time.perf_counter() - t0:.1f} s", flush=True)
+    return path
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def _open_store() -> Any:
+    try:
+        from multirank_logger.query import open_store
+    except ImportError as exc:
+        raise Unavailable(f"multirank_logger.query: {exc}") from exc
+    return open_store
+
+
+def export(ranks: int, steps: int, keys: int) -> dict[str, Any]:
+    """open_store(db).export_csv(path, rank=0), seconds."""
+    open_store = _open_store()
+    db = store_path(ranks, steps, keys)
+    with tempfile.TemporaryDirectory(prefix="bench-query-") as root:
+        out = Path(root) / "metrics.csv"
+        t0 = time.perf_counter()
+        reader = open_store(db)
+        rows = reader.export_csv(out, rank=0)
+        reader.close()
+        seconds = time.perf_counter() - t0
+        return {"value": seconds, "rows": rows, "MiB": out.stat().st_size / 2**20, "sha256": _sha(out)}
+
+
+def _rank0_rows(db: Path) -> tuple[list[str], list[int], list[tuple[float, ...]]]:
+    """Rank 0's values, read back from the store (untimed): key names, steps, value rows."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    table = con.execute(
+        "PIVOT (SELECT seq, key, value FROM metrics WHERE rank = 0) ON key USING first(value) "
+        "GROUP BY seq ORDER BY seq"
+    ).to_arrow_table()
+    con.close()
+    names = sorted(c for c in table.column_names if c != "seq")
+    steps = table.column("seq").to_pylist()
+    columns = [table.column(n).to_pylist() for n in names]
+    return names, steps, list(zip(*columns))
+
+
+def csvlogger(ranks: int, steps: int, keys: int, per_step: bool) -> dict[str, Any]:
+    """CSVLogger writing rank 0's metrics.csv: per step as the Trainer calls it, or one save()."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    names, step_ids, values = _rank0_rows(store_path(ranks, steps, keys))
+    with tempfile.TemporaryDirectory(prefix="bench-query-") as root:
+        logger = CSVLogger(root, name="bench", version=0)
+        if per_step:
+            t0 = time.perf_counter()
+            for step, row in zip(step_ids, values):
+                logger.log_metrics(dict(zip(names, row)), step)
+                logger.save()
+            logger.finalize("success")
+        else:
+            writer = logger.experiment
+            for step, row in zip(step_ids, values):
+                writer.log_metrics(dict(zip(names, row)), step)
+            t0 = time.perf_counter()
+            logger.save()
+        seconds = time.perf_counter() - t0
+        out = Path(logger.log_dir) / "metrics.csv"
+        return {"value": seconds, "rows": len(step_ids), "MiB": out.stat().st_size / 2**20, "sha256": _sha(out)}
+
+
+def per_rank(ranks: int, steps: int, keys: int) -> dict[str, Any]:
+    """open_store(db).per_rank(key): a step x rank DataFrame, seconds."""
+    open_store = _open_store()
+    db = store_path(ranks, steps, keys)
+    t0 = time.perf_counter()
+    reader = open_store(db)
+    table = reader.per_rank(KEY)
+    reader.close()
+    seconds = time.perf_counter() - t0
+    return {"value": seconds, "shape": "x".join(str(n) for n in table.shape)}
+
+
+def raw_pivot(ranks: int, steps: int, keys: int) -> dict[str, Any]:
+    """The same table straight from DuckDB: PIVOT on rank, into pandas, seconds."""
+    import duckdb
+
+    db = store_path(ranks, steps, keys)
+    t0 = time.perf_counter()
+    con = duckdb.connect(str(db), read_only=True)
+    df = con.execute(
+        f"PIVOT (SELECT step, rank, value FROM metrics WHERE run_id = 1 AND key = '{KEY}') "
+        "ON rank USING last(value) GROUP BY step ORDER BY step"
+    ).df()
+    con.close()
+    seconds = time.perf_counter() - t0
+    return {"value": seconds, "shape": f"{df.shape[0]}x{df.shape[1] - 1}"}
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    kw = {"ranks": sizes.query_ranks, "steps": sizes.query_steps, "keys": sizes.query_keys}
+    build_store(**kw)  # once, here in the parent, before any case is timed
+    shape = f"{sizes.query_ranks} ranks x {sizes.query_steps:,} steps x {sizes.query_keys} keys"
+    peer_csv = "CSVLogger one save()"
+    common = {"rounds": sizes.query_rounds, "inner": 1}
+    return [
+        Case(SECTION, peer_csv, "benchmarks.bench_query:csvlogger", "s", {**kw, "per_step": False},
+             note=f"rank 0's {sizes.query_steps:,} rows buffered, then the one save() that writes the file", **common),
+        Case(SECTION, "CSVLogger per step", "benchmarks.bench_query:csvlogger", "s", {**kw, "per_step": True},
+             peer=peer_csv, note="log_metrics + save per step, as during training", **common),
+        Case(SECTION, "export_csv rank 0 DuckDB", "benchmarks.bench_query:export", "s", kw, peer=peer_csv,
+             goals=(Goal("ratio", "<=", 1.0, "<= CSVLogger writing the file"),),
+             note=f"open_store + export_csv; store {shape}", **common),
+        Case(SECTION, "raw DuckDB PIVOT", "benchmarks.bench_query:raw_pivot", "s", kw,
+             note=f"one key, step x rank, into pandas; store {shape}", **common),
+        Case(SECTION, "per_rank(key) DuckDB", "benchmarks.bench_query:per_rank", "s", kw, peer="raw DuckDB PIVOT",
+             goals=(Goal("value", "<=", 1.0, "< 1 s"),), note=f"open_store + per_rank; store {shape}", **common),
+    ]
+
+
+NOTES = [
+    "query: the large store is generated by a raw DuckDB bulk insert (INSERT ... SELECT over range(), "
+    "random doubles) into a store whose schema/run/ranks the project created; cached in benchmarks/.cache/. "
+    "Equal sha256 in the export and CSVLogger rows mean byte-identical metrics.csv files.",
+]
