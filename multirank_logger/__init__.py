@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
 from multirank_logger.query import open_store  # noqa: E402
-from multirank_logger.logger import MultiRankLogger  # noqa: E402
 from multirank_logger.store import Store  # noqa: E402
 
-__all__ = ["Store", "__version__", "open_store"]
+if TYPE_CHECKING:
+    from multirank_logger.logger import MultiRankLogger
+
+__all__ = ["MultiRankLogger", "Store", "__version__", "open_store"]
+
+
+def __getattr__(name: str) -> Any:
+    # MultiRankLogger imports lightning and torch (~3 s): load it on first use, so that the
+    # CLI and the query side start fast. (With lightning loaded, DuckDB 2.0 also prints
+    # nanobind "leaked instances" noise at interpreter exit.)
+    if name == "MultiRankLogger":
+        from multirank_logger.logger import MultiRankLogger
+
+        return MultiRankLogger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,7 @@ from multirank_logger.readonly_sql import run_readonly
 from multirank_logger.schema import DTYPE_NEG_ZERO, metrics, ranks, runs
 from multirank_logger.store import Store
 
-__all__ = ["RunRef", "StoreReader", "open_store"]
+__all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
 
 # A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
 # wait this long for the lock before reporting StoreLocked.
@@ -287,6 +287,10 @@ class StoreReader:
         table.columns.name = "rank"
         return table
 
+    def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
+        """One key per rank, with how far the ranks spread and which rank stands out."""
+        return RankSpread.of(key, self.resolve_run(run), self.per_rank(key, run))
+
     def _rank_rows(self, ref: RunRef, rank: int) -> LongRows:
         stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype).where(
             metrics.c.run_id == ref.id, metrics.c.rank == rank
@@ -342,6 +346,58 @@ class StoreReader:
         """
         with self._connect() as conn:
             return run_readonly(conn, self.store.backend.name, query)
+
+
+@dataclass
+class RankSpread:
+    """A key across ranks: the step x rank table and a summary of its spread.
+
+    A rank *stands out* when its mean absolute distance from the per-step median of
+    all ranks (``from_median``) is the largest; ``ratio`` compares it with the median of
+    the other ranks' distances. With one rank, or ranks that agree everywhere, no rank does.
+    """
+
+    key: str
+    run: RunRef
+    table: Any  # pandas DataFrame, index step, one column per rank
+    summary: Any  # pandas DataFrame, one row per rank: steps, mean, min, max, last, from_median
+    spread_mean: float  # mean over steps of (max - min across ranks)
+    spread_max: float
+    spread_max_step: int | None
+    standout: int | None
+    ratio: float
+
+    @classmethod
+    def of(cls, key: str, run: RunRef, table: Any) -> RankSpread:
+        import pandas as pd
+
+        median = table.median(axis=1)
+        spread = table.max(axis=1) - table.min(axis=1)
+        summary = pd.DataFrame(
+            {
+                "steps": table.count(),
+                "mean": table.mean(),
+                "min": table.min(),
+                "max": table.max(),
+                "last": table.apply(lambda col: col.dropna().iloc[-1] if col.notna().any() else np.nan),
+                "from_median": table.sub(median, axis=0).abs().mean(),
+            }
+        )
+        summary.index.name = "rank"
+        standout, ratio = None, float("nan")
+        dist = summary["from_median"].dropna()
+        if len(dist) > 1 and dist.max() > 0:
+            standout = int(dist.idxmax())
+            others = float(dist.drop(standout).median())
+            ratio = float(dist.max()) / others if others > 0 else float("inf")
+        has_spread = spread.notna().any()
+        return cls(
+            key, run, table, summary,
+            spread_mean=float(spread.mean()) if has_spread else float("nan"),
+            spread_max=float(spread.max()) if has_spread else float("nan"),
+            spread_max_step=int(spread.idxmax()) if has_spread else None,
+            standout=standout, ratio=ratio,
+        )  # fmt: skip
 
 
 def _neg_zero(value: np.ndarray, dtype: np.ndarray) -> np.ndarray:
