@@ -1,0 +1,137 @@
+"""Hosts that share no disk, simulated on one machine: each node runs under `unshare -m` with its own tmpfs
+on the store's directory (DESIGN.md), so only host 0 can see the store, and rows travel over the channel."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from multirank_logger.store import Store
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(240)
+SCRIPT = Path(__file__).with_name("shared_nothing_train.py")
+REPO = SCRIPT.parent.parent
+_NODE_TIMEOUT_S = 150
+
+
+def _can_unshare() -> str | None:
+    """Why mount namespaces cannot be used here, or None when they can."""
+    if shutil.which("unshare") is None:
+        return "the unshare command is not installed"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs none /mnt"], capture_output=True, text=True, timeout=30
+    )
+    if probe.returncode != 0:
+        return f"mount namespaces are not permitted here (unshare -m: {probe.stderr.strip() or probe.returncode})"
+    return None
+
+
+_NO_UNSHARE = _can_unshare() if sys.platform == "linux" else "mount namespaces are Linux-only"
+pytestmark = [pytestmark, pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSHARE))]
+
+
+def _run_hosts(tmp_path: Path, db_name: str, devices: int, *extra: str) -> tuple[dict[int, dict], list[int], Path]:
+    """Start 2 simulated hosts of `devices` ranks each; returns the rank reports, exit codes, out dir."""
+    store_dir, out = tmp_path / "store", tmp_path / "out"
+    store_dir.mkdir()
+    out.mkdir()
+    db = store_dir / db_name
+    port = free_port()
+    cmd = (
+        f"mount -t tmpfs none {store_dir} && exec {sys.executable} {SCRIPT} --db {db} --out {out} "
+        f"--num-nodes 2 --devices {devices} {' '.join(extra)}"
+    )
+    procs = []
+    for node in (0, 1):
+        env = dict(os.environ, NODE_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+        env.pop("WORLD_SIZE", None)
+        log = open(out / f"host{node}.log", "w")
+        procs.append(subprocess.Popen(["unshare", "-m", "sh", "-c", cmd], env=env, stdout=log, stderr=subprocess.STDOUT))
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(_NODE_TIMEOUT_S))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait(10))
+    reports = {}
+    for f in out.glob("rank*.json"):
+        report = json.loads(f.read_text())
+        reports[report["rank"]] = report
+    return reports, codes, out
+
+
+def _rows(db: Path, sql: str) -> list[tuple]:
+    store = Store(db, readonly=True)
+    try:
+        with store.begin() as conn:
+            return [tuple(r) for r in conn.exec_driver_sql(sql).all()]
+    finally:
+        store.close()
+
+
+def _logs(out: Path) -> str:
+    return "\n".join(f.read_text()[-3000:] for f in sorted(out.glob("host*.log")))
+
+
+@pytest.mark.parametrize("db_name", ["runs.duckdb", "runs.sqlite"])
+def test_two_hosts_one_rank_each(tmp_path: Path, db_name: str) -> None:
+    """num_nodes=2, devices=1: host 0's store holds both ranks' own values; host 1 has no store."""
+    reports, codes, out = _run_hosts(tmp_path, db_name, 1, "--steps", "6", "--sleep", "0.05")
+    assert codes == [0, 0], _logs(out)
+    assert reports[0]["transport"] == reports[1]["transport"] == "gather"
+    assert not reports[1]["store_exists"], reports[1]["files"]
+    db = out / f"host0-{db_name}"
+    rows = _rows(db, "SELECT rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
+    assert rows == [(r, s, float(1000 * r + s)) for r in (0, 1) for s in range(6)]
+    assert _rows(db, "SELECT transport, status, world_size FROM runs") == [("gather", "success", 2)]
+    assert _rows(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "success")]
+
+
+def test_two_hosts_two_ranks_each(tmp_path: Path) -> None:
+    """2 nodes x 2 devices: the 4 ranks' rows all reach host 0's store; host 1's ranks see no store."""
+    reports, codes, out = _run_hosts(tmp_path, "runs.duckdb", 2, "--steps", "4")
+    assert codes == [0, 0], _logs(out)
+    assert {r["transport"] for r in reports.values()} == {"gather"}
+    assert [reports[r]["store_exists"] for r in range(4)] == [True, True, False, False]
+    db = out / "host0-runs.duckdb"
+    rows = _rows(db, "SELECT rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
+    assert rows == [(r, s, float(1000 * r + s)) for r in range(4) for s in range(4)]
+    assert _rows(db, "SELECT rank, node_rank, status FROM ranks WHERE rank = 0") == [(0, 0, "success")]
+    assert _rows(db, "SELECT count(*) FROM ranks WHERE status = 'success'") == [(4,)]
+
+
+def test_asymmetric_logging_in_gather_mode_finishes(tmp_path: Path) -> None:
+    """Ranks log different keys, different counts, or nothing at all, in gather mode: the run ends, rows kept."""
+    reports, codes, out = _run_hosts(tmp_path, "runs.sqlite", 1, "--steps", "6", "--mode", "asym", "--transport", "gather")
+    assert codes == [0, 0], _logs(out)
+    db = out / "host0-runs.sqlite"
+    counts = _rows(db, "SELECT rank, key, count(*) FROM metrics GROUP BY rank, key ORDER BY rank, key")
+    assert counts == [(0, "rank_value", 6), (0, "zero_only", 6), (1, "rank_value", 3)]
+    assert _rows(db, "SELECT status FROM runs") == [("success",)]
+
+
+def test_killed_rank_is_recorded_missing(tmp_path: Path) -> None:
+    """SIGKILL rank 1 mid-run: rank 0 ends within its bound, keeps what it received, and marks rank 1 missing."""
+    reports, codes, out = _run_hosts(
+        tmp_path, "runs.duckdb", 1, "--steps", "20", "--mode", "kill", "--kill-rank", "1", "--kill-step", "8",
+        "--sleep", "0.1", "--timeout", "5",
+    )
+    assert codes[1] != 0 and codes[0] != 0, _logs(out)  # both fail: rank 0's next collective breaks
+    assert 1 not in reports
+    db = out / "host0-runs.duckdb"
+    assert _rows(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "failed"), (1, "missing")]
+    assert _rows(db, "SELECT status FROM runs") == [("failed",)]
+    # what rank 1 sent before it died arrived whole and in order: a prefix of its steps
+    steps = [s for (s,) in _rows(db, "SELECT step FROM metrics WHERE rank = 1 AND key = 'rank_value' ORDER BY step")]
+    assert steps == list(range(len(steps))) and 0 < len(steps) <= 8
+    rank0 = [s for (s,) in _rows(db, "SELECT step FROM metrics WHERE rank = 0 AND key = 'rank_value' ORDER BY step")]
+    assert rank0 == list(range(len(rank0))) and len(rank0) >= 8
