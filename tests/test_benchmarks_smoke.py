@@ -1,0 +1,97 @@
+"""Smoke test of the benchmark suite (benchmarks/run.py), so that `make bench` keeps working.
+
+What it checks: that every section runs end to end at tiny sizes (``--tiny --in-process``:
+a few hundred calls, a 2-rank DDP launch of 10 steps, a 4,000-row store), and that
+the table has every expected row with a positive, finite median, min <= median <= max,
+a positive peak RSS, and a positive, finite ratio wherever the row names a peer.
+
+What it does not check: any timing. The numbers at these sizes mean nothing, and this
+machine is shared; no threshold on speed belongs in a test. The gather section is left
+out: bench_gather.py owns its sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("hotpath", "ingest", "e2e", "query")
+EXPECTED = {
+    "hotpath": [
+        "no-op Logger (harness floor)",
+        "CSVLogger",
+        "TensorBoardLogger",
+        "RecordBuffer.append (component)",
+        "MultiRankLogger SQLite",
+        "MultiRankLogger DuckDB",
+    ],
+    "ingest": [
+        "raw sqlite3 executemany",
+        "Store.write SQLite",
+        "raw DuckDB from Arrow",
+        "Store.write DuckDB",
+        "RecordBuffer.drain (component)",
+    ],
+    "e2e": ["logger=False", "CSVLogger", "TensorBoardLogger", "MultiRankLogger direct", "MultiRankLogger gather"],
+    "query": [
+        "CSVLogger one save()",
+        "CSVLogger per step",
+        "export_csv rank 0 DuckDB",
+        "raw DuckDB PIVOT",
+        "per_rank(key) DuckDB",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], str]:
+    """Run the suite once at tiny sizes; return its rows (JSON) and its markdown report."""
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--tiny", "--in-process", "--only", ",".join(SECTIONS),
+         "--out", str(out / "RESULTS.md"), "--json", str(out / "rows.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / "rows.json").read_text()), (out / "RESULTS.md").read_text()
+
+
+def _finite_positive(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_section_has_every_row(tiny_run: tuple[list[dict], str], section: str) -> None:
+    """Each section reports exactly its expected rows, and none failed."""
+    rows, _ = tiny_run
+    got = [r["case"] for r in rows if r["section"] == section]
+    assert got == EXPECTED[section]
+    errors = {r["case"]: r["error"] for r in rows if r["section"] == section and r["error"]}
+    assert errors == {}
+
+
+def test_figures_are_positive_and_finite(tiny_run: tuple[list[dict], str]) -> None:
+    """Median/min/max, peak RSS and peer ratios are sensible numbers (no timing threshold)."""
+    rows, _ = tiny_run
+    for row in rows:
+        median, lo, hi = row["value"]
+        assert all(_finite_positive(x) for x in (median, lo, hi)), row
+        assert lo <= median <= hi, row
+        assert _finite_positive(row["rss_mib"][0]), row
+        if row["peer"] is not None:
+            assert row["ratio"] is not None and _finite_positive(row["ratio"][0]), row
+
+
+def test_report_has_header_and_table(tiny_run: tuple[list[dict], str]) -> None:
+    """The markdown report names the command, the machine and versions, and lists every row."""
+    rows, report = tiny_run
+    assert "- command: `python benchmarks/run.py --tiny" in report
+    assert "cores" in report and "GiB memory" in report and "lightning " in report
+    for row in rows:
+        assert f"| {row['section']} | {row['case']} |" in report
