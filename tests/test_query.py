@@ -1,0 +1,242 @@
+"""The read-only query side on real SQLite and DuckDB files, against Lightning's real CSVLogger."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+
+from multirank_logger import open_store
+from multirank_logger.buffer import RecordBuffer
+from multirank_logger.errors import LookupFailed, QueryFailed, ReadOnlyViolation, StoreLocked
+from multirank_logger.store import Store
+
+Call = tuple[Mapping[str, Any], int]
+ODD_KEYS = ['it\'s "quoted", comma', "naïve ключ", "x; DROP TABLE metrics; --"]
+
+
+def _calls(rank: int = 0, steps: int = 60) -> list[Call]:
+    """A run's log calls as the Trainer makes them: train steps, validation and epoch-end rows."""
+    calls: list[Call] = []
+    for step in range(steps):
+        metrics: dict[str, Any] = {"train_loss": 1.0 / (step + 1) + rank, "epoch": step // 20, "rank_value": 1000 * rank + step}
+        if step % 7 == 3:
+            metrics["flag"] = step % 2 == 0  # bool
+        if step == 11:
+            metrics["train_loss"] = math.nan
+        if step == 12:
+            metrics["train_loss"] = math.inf
+        if step == 13:
+            metrics["train_loss"] = -math.inf
+        if step == 14:
+            metrics["train_loss"] = -0.0
+        if step >= 35:  # a key that first appears late: CSVLogger rewrites its file
+            metrics["late"] = step * 1e-5
+            metrics[ODD_KEYS[step % 3]] = 1e16 + step if step % 2 else 0.1 * step
+        calls.append((metrics, step))
+        if step % 20 == 19:  # validation, then the epoch-end row, at the same step
+            calls.append(({"val_loss": 0.5 + rank + step * 1e-3, "epoch": step // 20}, step))
+            calls.append(({"train_loss_epoch": 2.5e-7 * step, "epoch": step // 20}, step))
+    return calls
+
+
+def _prefixed(metrics: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    # Lightning's _add_prefix with LOGGER_JOIN_CHAR = "-"
+    return {f"{prefix}-{k}" if prefix else k: v for k, v in metrics.items()}
+
+
+def _csvlogger_file(tmp_path: Path, calls: Sequence[Call], prefix: str = "", flush: int = 10) -> bytes:
+    """What Lightning's own CSVLogger writes for these calls."""
+    logger = CSVLogger(tmp_path / "csv", name="golden", prefix=prefix, flush_logs_every_n_steps=flush)
+    for metrics, step in calls:
+        logger.log_metrics(dict(metrics), step)
+    logger.save()
+    return Path(logger.experiment.metrics_file_path).read_bytes()
+
+
+def _store_calls(db: Path, per_rank: Mapping[int, Sequence[Call]], prefix: str = "", name: str = "lightning_logs") -> int:
+    """Write the calls through the logger's own path (RecordBuffer -> drain -> Store.write)."""
+    store = Store(db)
+    run = store.create_run(name, world_size=len(per_rank))
+    for rank, calls in per_rank.items():
+        buffer = RecordBuffer()
+        for i, (metrics, step) in enumerate(calls):
+            buffer.append(step, _prefixed(metrics, prefix))
+            if i % 17 == 0:  # several flushes, as the writer thread does
+                store.write(buffer.drain(run.id, rank))
+        store.write(buffer.drain(run.id, rank))
+    store.close()
+    return run.id
+
+
+@pytest.fixture
+def two_ranks(db_path: Path) -> Path:
+    _store_calls(db_path, {0: _calls(0), 1: _calls(1)})
+    return db_path
+
+
+@pytest.mark.parametrize("prefix", ["", "fit"])
+def test_rank0_export_is_csvloggers_file(db_path: Path, tmp_path: Path, prefix: str) -> None:
+    """Rank 0's export equals CSVLogger's metrics.csv byte for byte (NaN, inf, -0.0, ints, bools, late keys)."""
+    _store_calls(db_path, {0: _calls(0), 1: _calls(1)}, prefix=prefix)
+    out = tmp_path / "metrics.csv"
+    with open_store(db_path) as reader:
+        assert reader.export_csv(out) == len(_calls(0))
+    assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(0), prefix=prefix)
+
+
+def test_other_rank_export_has_its_own_values(two_ranks: Path, tmp_path: Path) -> None:
+    """Rank 1's export is what CSVLogger would write had it logged rank 1's calls."""
+    out = tmp_path / "rank1.csv"
+    with open_store(two_ranks) as reader:
+        reader.export_csv(out, rank=1)
+    assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(1))
+    assert b"\r\n1000,1000.5" not in out.read_bytes()  # sanity: not rank 0's file
+    assert out.read_bytes() != _csvlogger_file(tmp_path / "r0", _calls(0))
+
+
+def test_logged_key_named_step_is_overridden_by_the_step(db_path: Path, tmp_path: Path) -> None:
+    """CSVLogger sets row['step'] from the step argument, over a logged 'step' key: so do we."""
+    calls: list[Call] = [({"step": 99.0, "a": 1}, 0), ({"a": 2}, 1)]
+    _store_calls(db_path, {0: calls})
+    out = tmp_path / "m.csv"
+    open_store(db_path).export_csv(out)
+    assert out.read_bytes() == _csvlogger_file(tmp_path, calls) == b"a,step\r\n1,0\r\n2,1\r\n"
+
+
+def test_rank_frame_has_the_csv_layout(two_ranks: Path) -> None:
+    """rank_frame: one row per call, sorted columns with step, ints and bools kept."""
+    frame = open_store(two_ranks).rank_frame(rank=1)
+    assert list(frame.columns) == sorted([*{k for m, _ in _calls(1) for k in m}, "step"])
+    assert len(frame) == len(_calls(1))
+    assert str(frame["rank_value"].dtype) == "Int64" and frame["rank_value"].iloc[5] == 1005
+    assert str(frame["flag"].dtype) == "boolean"
+    assert math.isnan(frame["train_loss"].iloc[11]) and math.copysign(1, frame["train_loss"].iloc[14]) < 0
+
+
+def test_runs_lists_one_row_per_run(db_path: Path) -> None:
+    """runs(): id, label, status, world size, steps and keys per run."""
+    _store_calls(db_path, {0: _calls(0), 1: _calls(1)})
+    _store_calls(db_path, {0: _calls(0, steps=5)}, name="other")
+    runs = open_store(db_path).runs()
+    assert runs[["id", "run", "status", "world_size", "steps", "keys"]].values.tolist() == [
+        [1, "lightning_logs/version_0", "running", 2, 60, 10],
+        [2, "other/version_0", "running", 1, 5, 4],
+    ]
+    assert (runs["duration_s"] >= 0).all()
+
+
+def test_run_is_chosen_by_id_label_or_name(db_path: Path) -> None:
+    """run=None is the latest; ids, labels and bare names resolve too."""
+    for _ in range(2):
+        _store_calls(db_path, {0: _calls(0, steps=3)})
+    reader = open_store(db_path)
+    assert reader.resolve_run().label == "lightning_logs/version_1"
+    assert reader.resolve_run(1).version == 0
+    assert reader.resolve_run("lightning_logs/version_0").id == 1
+    assert reader.resolve_run("lightning_logs/1").id == 2
+    assert reader.resolve_run("lightning_logs").id == 2
+
+
+def test_unknown_run_lists_the_runs(two_ranks: Path) -> None:
+    with pytest.raises(LookupFailed, match=r"No run 'nope/version_3' in this store\. Available: lightning_logs/version_0 \(id 1\)"):
+        open_store(two_ranks).export_csv("x.csv", run="nope/version_3")
+
+
+def test_unknown_key_lists_the_keys(two_ranks: Path) -> None:
+    with pytest.raises(LookupFailed, match=r"No key 'nope' in this store\. Available: .*epoch, .*train_loss"):
+        open_store(two_ranks).per_rank("nope")
+
+
+def test_unknown_rank_lists_the_ranks(two_ranks: Path) -> None:
+    with pytest.raises(LookupFailed, match=r"No rank '5' in this store\. Available: 0, 1"):
+        open_store(two_ranks).export_csv("x.csv", rank=5)
+
+
+def test_per_rank_is_step_by_rank(two_ranks: Path) -> None:
+    """per_rank: index step, a column per rank, each rank's own values."""
+    table = open_store(two_ranks).per_rank("rank_value")
+    assert list(table.columns) == [0, 1] and len(table) == 60
+    assert table.loc[7].tolist() == [7.0, 1007.0]
+
+
+def test_per_rank_keeps_a_ranks_later_call_at_one_step(db_path: Path) -> None:
+    _store_calls(db_path, {0: [({"a": 1.0}, 0), ({"a": 2.0}, 0), ({"a": 3.0}, 1)]})
+    assert open_store(db_path).per_rank("a")[0].tolist() == [2.0, 3.0]
+
+
+def test_keys_with_quotes_and_sql_are_bound_not_spliced(two_ranks: Path) -> None:
+    """A key holding quotes and SQL is matched verbatim, and the store is intact afterwards."""
+    reader = open_store(two_ranks)
+    key = "x; DROP TABLE metrics; --"
+    logged = sum(key in m for m, _ in _calls(0))
+    assert logged > 0 and reader.per_rank(key).notna().sum().tolist() == [logged, logged]
+    both = sum(key in m or ODD_KEYS[0] in m for m, _ in _calls(1))
+    assert len(reader.metrics(keys=[ODD_KEYS[0], key], ranks=[1])) == both
+    assert reader.sql("SELECT count(*) AS n FROM metrics")["n"].tolist() == [sum(len(m) for m, _ in _calls(0)) * 2]
+
+
+def test_metrics_filters_by_rank_and_key(two_ranks: Path) -> None:
+    df = open_store(two_ranks).metrics(ranks=[1], keys=["val_loss"])
+    assert df["rank"].unique().tolist() == [1] and df["key"].unique().tolist() == ["val_loss"]
+    assert df["step"].tolist() == [19, 39, 59]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM metrics",
+        "UPDATE metrics SET value = 0",
+        "DROP TABLE runs",
+        "CREATE TEMP TABLE t AS SELECT 1",
+        "SELECT 1; DELETE FROM metrics",
+        "ATTACH 'other.db' AS other",
+    ],
+)
+def test_sql_refuses_writes_and_changes_nothing(two_ranks: Path, statement: str) -> None:
+    """A write through sql() is refused with ReadOnlyViolation, and the data is unchanged."""
+    reader = open_store(two_ranks)
+    before = reader.sql("SELECT * FROM metrics ORDER BY rank, seq, key")
+    with pytest.raises((ReadOnlyViolation, QueryFailed)) as info:
+        reader.sql(statement)
+    if "; " not in statement or two_ranks.suffix == ".duckdb":  # SQLite runs one statement per call
+        assert info.type is ReadOnlyViolation
+    after = open_store(two_ranks).sql("SELECT * FROM metrics ORDER BY rank, seq, key")
+    assert after.equals(before)
+
+
+def test_sql_error_carries_the_engines_message(two_ranks: Path) -> None:
+    with pytest.raises(QueryFailed, match=r"rejected the query: .*nosuch"):
+        open_store(two_ranks).sql("SELECT * FROM nosuch")
+
+
+def test_sql_reads(two_ranks: Path) -> None:
+    df = open_store(two_ranks).sql("SELECT rank, count(*) AS n FROM metrics WHERE key = 'val_loss' GROUP BY rank ORDER BY rank")
+    assert df.values.tolist() == [[0, 3], [1, 3]]
+
+
+def test_reader_waits_for_a_duckdb_writer_then_reads(tmp_path: Path) -> None:
+    """A DuckDB file held by a writer (a flush) is waited for, within lock_timeout."""
+    db = tmp_path / "runs.duckdb"
+    _store_calls(db, {0: _calls(0, steps=3)})
+    hold = textwrap.dedent(
+        f"""
+        import duckdb, sys, time
+        con = duckdb.connect({str(db)!r})
+        print("locked", flush=True)
+        time.sleep(float(sys.argv[1]))
+        con.close()
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", hold, "1.0"], stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(StoreLocked, match="open for writing in another process"):
+            open_store(db, lock_timeout=0.1)
+        assert len(open_store(db, lock_timeout=30).runs()) == 1
