@@ -108,7 +108,10 @@ def main() -> None:
             "transport": logger.transport,
         }
         if rank == 0 and os.path.exists(args.db):
-            shutil.copy(args.db, os.path.join(args.out, f"host0-{os.path.basename(args.db)}"))
+            base = os.path.basename(args.db)
+            for suffix in ("", "-wal", "-shm"):  # a SQLite store in WAL mode is up to three files
+                if os.path.exists(args.db + suffix):
+                    shutil.copy(args.db + suffix, os.path.join(args.out, f"host0-{base}{suffix}"))
         for name in report["files"]:  # spill files live on the rank's own disk: keep them
             if name.endswith(".mrspill"):
                 shutil.copy(os.path.join(os.path.dirname(args.db), name), os.path.join(args.out, name))
