@@ -1,0 +1,111 @@
+"""Spill files on real disks and their import into real SQLite and DuckDB stores: once, and only once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger.buffer import MetricBatch, RecordBuffer
+from multirank_logger.cli import main
+from multirank_logger.spill import SpillCorrupt, SpillWriter, import_spill, read_spill
+from multirank_logger.store import Store
+
+
+def _batch(first_seq: int, calls: int, rank: int = 1, run_id: int = 99) -> MetricBatch:
+    buf = RecordBuffer()
+    buf._next_seq = first_seq
+    for i in range(calls):
+        buf.append(first_seq + i, {"loss": float(first_seq + i), "nan": float("nan")})
+    return buf.drain(run_id=run_id, rank=rank)
+
+
+def _count(store: Store, run_id: int) -> int:
+    with store.begin() as conn:
+        return conn.exec_driver_sql(f"SELECT count(*) FROM metrics WHERE run_id = {run_id}").scalar_one()
+
+
+def test_spill_file_round_trips(tmp_path: Path) -> None:
+    """What a SpillWriter appends, read_spill gives back, with the run's identity in the header."""
+    spill = SpillWriter(tmp_path / "spill", run_id=3, name="exp", version=2, rank=1)
+    first, second = _batch(0, 3), _batch(3, 2)
+    assert spill.write([first, MetricBatch()]) == 6
+    spill.write([second])
+    header, batches = read_spill(spill.path)
+    assert batches == [first, second]
+    assert (header["run_id"], header["name"], header["version"], header["rank"]) == (3, "exp", 2, 1)
+
+
+def test_torn_last_frame_is_dropped(tmp_path: Path) -> None:
+    """A crash mid-write tears at most the last frame: the complete ones still read."""
+    spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
+    kept = _batch(0, 3)
+    spill.write([kept])
+    spill.write([_batch(3, 3)])
+    data = spill.path.read_bytes()
+    spill.path.write_bytes(data[:-7])
+    assert read_spill(spill.path)[1] == [kept]
+
+
+def test_damaged_file_is_refused(tmp_path: Path) -> None:
+    """A file that is not a spill file is refused with a clear error."""
+    path = tmp_path / "x.mrspill"
+    path.write_bytes(b"hello\n")
+    with pytest.raises(SpillCorrupt, match="no multirank-spill header line"):
+        read_spill(path)
+
+
+def test_import_twice_adds_nothing_twice(db_path: Path, tmp_path: Path) -> None:
+    """Importing the same spill file again adds no row; frames appended later are added once."""
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    spill = SpillWriter(tmp_path / "spill", run_id=run.id + 50, name="exp", version=run.version, rank=1)
+    spill.write([_batch(0, 5)])
+    first = import_spill(store, spill.path)
+    assert (first.rows_added, first.run_id, first.already_imported) == (10, run.id, False)
+    assert import_spill(store, spill.path).already_imported
+    spill.write([_batch(5, 1)])
+    assert import_spill(store, spill.path).rows_added == 2
+    assert _count(store, run.id) == 12
+    store.close()
+
+
+def test_import_skips_rows_rank0_already_stored(db_path: Path, tmp_path: Path) -> None:
+    """Rows rank 0 stored before the sender saw them acknowledged are not duplicated by the import."""
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    store.write(_batch(0, 2, run_id=run.id))
+    spill = SpillWriter(tmp_path, run_id=run.id, name="exp", version=run.version, rank=1)
+    spill.write([_batch(0, 4)])
+    report = import_spill(store, spill.path)
+    assert (report.rows_added, report.rows_skipped) == (4, 4)
+    assert _count(store, run.id) == 8
+    store.close()
+
+
+def test_cli_import(tmp_path: Path) -> None:
+    """`multirank-logger import DB FILE...` says what it added, and that a second import adds nothing."""
+    db = tmp_path / "runs.sqlite"
+    store = Store(db)
+    run = store.create_run("exp", world_size=2)
+    store.close()
+    spill = SpillWriter(tmp_path, run_id=run.id, name="exp", version=run.version, rank=1)
+    spill.write([_batch(0, 3)])
+    runner = CliRunner()
+    result = runner.invoke(main, ["import", str(db), str(spill.path)])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"{spill.path}: added 6 rows to run exp/version_0, rank 1.\n"
+    again = runner.invoke(main, ["import", str(db), str(spill.path)])
+    assert again.output == f"{spill.path}: already imported (run exp/version_0, rank 1); nothing added.\n"
+
+
+def test_cli_import_into_a_store_without_the_run(tmp_path: Path) -> None:
+    """A spill file whose run the store lacks is refused with one Error line listing the runs."""
+    db = tmp_path / "runs.sqlite"
+    Store(db).close()
+    spill = SpillWriter(tmp_path, run_id=1, name="exp", version=4, rank=1)
+    spill.write([_batch(0, 1)])
+    result = CliRunner().invoke(main, ["import", str(db), str(spill.path)])
+    assert result.exit_code == 1
+    assert result.output == "Error: No run 'exp/version_4' in this store. Available: (none)\n"
