@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -134,7 +135,8 @@ def runs_cmd(db_path: str) -> None:
     df = df.drop(columns=["name", "version"])
     df["started"] = df["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
     df["duration_s"] = df["duration_s"].map(_duration)
-    click.echo(_frame_text(df.rename(columns={"duration_s": "duration", "world_size": "ranks"}), index=False))
+    names = {"duration_s": "duration", "world_size": "ranks", "started": "started (UTC)"}
+    click.echo(_frame_text(df.rename(columns=names), index=False))
 
 
 @main.command("export")
@@ -158,7 +160,7 @@ def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool,
                 _export_one(reader, ref.id, ref.label, k, str(Path(output) / f"metrics_rank_{k}.csv"))  # type: ignore[arg-type]
         elif output is None:
             # the csv module writes its own "\r\n": no newline translation on the way out
-            stream = io.TextIOWrapper(click.get_binary_stream("stdout"), encoding="utf-8", newline="")
+            stream = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="")
             reader.write_csv(stream, ref.id, rank or 0)
             stream.flush()
             stream.detach()
