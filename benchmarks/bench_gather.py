@@ -1,0 +1,142 @@
+"""Gather transport under load: 4 gloo ranks, each logging 10 metrics per call at ~1,000 calls/s.
+
+Each rank runs the same loop of steps: a fixed slice of CPU work (the "training"), then,
+with the logger, `log_metrics` + `save` as Lightning calls them. The baseline runs the same
+loop with no logger (``logger=False``). Reported:
+
+- ``overhead_pct``: median wall time of the logged loop against the baseline's;
+- ``calls_per_s``: each rank's achieved log-call rate;
+- ``lag_s``: rank 0's writer lag at the end, from the last log call of every rank until
+  every row of every rank is in the store (``finalize("success")`` on rank 0);
+- ``rows``: rows in the store for the run (expected: 4 ranks x calls x 10).
+
+Usage: python benchmarks/bench_gather.py [--quick]   (or `run(quick)` from benchmarks/run.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+WORLD = 4
+KEYS = [f"metric_{i}" for i in range(10)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _work(us: float) -> None:
+    # busy CPU, like a (tiny) training step; sleeping would hide the logger's CPU cost
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+def _rank(rank: int, port: int, db: str, calls: int, work_us: float, logged: bool, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    logger = None
+    if logged:
+        from multirank_logger import MultiRankLogger
+
+        if rank != 0:
+            dist.barrier()  # rank 0 allocates the run first
+        logger = MultiRankLogger(db=db, name="bench", transport="gather", flush_interval=0.5, export_csv=False)
+        if rank == 0:
+            dist.barrier()
+        _ = logger.experiment  # Lightning reads this on every rank at setup
+    dist.barrier()
+    start = time.perf_counter()
+    for step in range(calls):
+        _work(work_us)
+        if logger is not None:
+            logger.log_metrics({k: float(step + i) for i, k in enumerate(KEYS)}, step=step)
+            logger.save()
+    elapsed = time.perf_counter() - start
+    dist.barrier()
+    lag = None
+    if logger is not None:
+        t = time.perf_counter()
+        logger.finalize("success")
+        lag = time.perf_counter() - t if rank == 0 else None
+    result: dict[str, Any] = {"rank": rank, "elapsed": elapsed, "lag": lag}
+    if logger is not None and rank == 0:
+        from multirank_logger.store import Store
+
+        store = Store(db, readonly=True)
+        with store.begin() as conn:
+            result["rows"] = conn.exec_driver_sql("SELECT count(*) FROM metrics").scalar_one()
+        store.close()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _launch(calls: int, work_us: float, logged: bool, db: str) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as out:
+        procs = [ctx.Process(target=_rank, args=(r, port, db, calls, work_us, logged, out)) for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(600)
+            if p.exitcode != 0:
+                for q in procs:
+                    q.kill()
+                raise RuntimeError(f"a benchmark rank failed (exit code {p.exitcode})")
+        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return {
+        "wall_s": max(r["elapsed"] for r in results),
+        "lag_s": results[0]["lag"],
+        "rows": results[0].get("rows"),
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Baseline and logged runs interleaved; medians. quick: 1 round of 1,000 calls per rank."""
+    calls, rounds = (1_000, 1) if quick else (5_000, 3)
+    work_us = float(os.environ.get("BENCH_GATHER_WORK_US", "250"))
+    base, logged, lags, rows = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            base.append(_launch(calls, work_us, False, "")["wall_s"])
+            res = _launch(calls, work_us, True, str(Path(tmp) / f"bench{i}.duckdb"))
+            logged.append(res["wall_s"])
+            lags.append(res["lag_s"])
+            rows.append(res["rows"])
+    b, w = statistics.median(base), statistics.median(logged)
+    return {
+        "ranks": WORLD,
+        "keys_per_call": len(KEYS),
+        "calls_per_rank": calls,
+        "work_us_per_step": work_us,
+        "baseline_wall_s": round(b, 4),
+        "logged_wall_s": round(w, 4),
+        "overhead_pct": round(100 * (w - b) / b, 2),
+        "calls_per_s_per_rank": round(calls / w, 1),
+        "rank0_lag_s": round(statistics.median(lags), 4),
+        "rows_stored": rows,
+        "rows_expected": WORLD * calls * len(KEYS),
+        "rounds": rounds,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    print(json.dumps(run(parser.parse_args().quick), indent=2))
