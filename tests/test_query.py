@@ -240,3 +240,25 @@ def test_reader_waits_for_a_duckdb_writer_then_reads(tmp_path: Path) -> None:
         with pytest.raises(StoreLocked, match="open for writing in another process"):
             open_store(db, lock_timeout=0.1)
         assert len(open_store(db, lock_timeout=30).runs()) == 1
+
+
+def test_ddp_rank0_export_is_csvloggers_file_and_ranks_keep_their_values(db_path: Path, tmp_path: Path) -> None:
+    """Golden, end to end: a 2-rank DDP fit with CSVLogger and MultiRankLogger side by side."""
+    script = Path(__file__).with_name("query_train.py")
+    csv_dir = tmp_path / "csv"
+    done = subprocess.run(
+        [sys.executable, str(script), str(db_path), str(tmp_path / "mr"), str(csv_dir)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    golden = (csv_dir / "lightning_logs" / "version_0" / "metrics.csv").read_bytes()
+    with open_store(db_path) as reader:
+        reader.export_csv(tmp_path / "rank0.csv", rank=0)
+        reader.export_csv(tmp_path / "rank1.csv", rank=1)
+        frames = {rank: reader.rank_frame(rank=rank) for rank in (0, 1)}
+    assert (tmp_path / "rank0.csv").read_bytes() == golden
+    rank1 = (tmp_path / "rank1.csv").read_bytes()
+    assert rank1 != golden and rank1.split(b"\r\n")[0] == golden.split(b"\r\n")[0]
+    for rank, frame in frames.items():
+        train = frame.dropna(subset=["fit-rank_value"])
+        assert (train["fit-rank_value"] == 1000 * rank + train["step"]).all() and len(train) == 6
