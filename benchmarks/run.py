@@ -48,7 +48,7 @@ SIZES = {
     ),
     "quick": Sizes(
         mode="quick", rounds=1, inner=3,
-        hot_calls=10_000, hot_keys=10,
+        hot_calls=5_000, hot_keys=10,
         ingest_rows=100_000, ingest_batches=2,
         e2e_steps=300, e2e_metrics=5, e2e_rounds=1,
         query_ranks=8, query_steps=10_000, query_keys=10, query_rounds=1,
