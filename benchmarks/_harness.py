@@ -9,7 +9,8 @@ machine's drift hits every peer alike. Inside one process the function may be ca
 ``inner`` times; every call is one sample.
 
 Ratios are computed per pair of samples taken at the same (round, inner) position
-and summarised by their median, min and max: on a noisy shared machine a ratio of
+(or, when the two cases take different numbers of samples per process, per round
+from each round's medians) and summarised by their median, min and max: on a noisy shared machine a ratio of
 peers measured side by side means more than either absolute time.
 """
 
@@ -113,7 +114,8 @@ class Case:
 @dataclass
 class Result:
     case: Case
-    samples: list[float | None] = field(default_factory=list)  # by (round, inner) position
+    samples: list[float | None] = field(default_factory=list)
+    positions: list[tuple[int, int]] = field(default_factory=list)  # (round, inner) of each sample
     rss_mib: list[float] = field(default_factory=list)  # one per process
     extras: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
@@ -202,6 +204,7 @@ def run_cases(
                 log(f"  {case.section}/{case.name}: {res.error}")
                 continue
             res.samples.extend(out["samples"])
+            res.positions.extend((r, i) for i in range(len(out["samples"])))
             res.extras.extend(out.get("extras", []))
             res.rss_mib.append(out["rss_mib"])
             shown = ", ".join(_fmt(v) for v in out["samples"])
@@ -221,11 +224,19 @@ def _stats(xs: Sequence[float]) -> tuple[float, float, float] | None:
 
 
 def _ratios(res: Result, peer: Result) -> list[float]:
-    out = []
-    for a, b in zip(res.samples, peer.samples):
-        if a is not None and b is not None and b > 0:
-            out.append(a / b)
-    return out
+    """Ratios of samples taken side by side: same (round, inner) position, else same round's medians."""
+    mine = dict(zip(res.positions, res.samples))
+    theirs = dict(zip(peer.positions, peer.samples))
+    if mine and set(mine) <= set(theirs):
+        pairs = [(a, theirs[pos]) for pos, a in mine.items()]
+    else:
+        pairs = []
+        for rnd in sorted({r for r, _ in mine}):
+            a = [v for (r, _), v in mine.items() if r == rnd and v is not None]
+            b = [v for (r, _), v in theirs.items() if r == rnd and v is not None]
+            if a and b:
+                pairs.append((statistics.median(a), statistics.median(b)))
+    return [a / b for a, b in pairs if a is not None and b is not None and b > 0]
 
 
 def summarize(results: Sequence[Result]) -> list[dict[str, Any]]:

@@ -121,6 +121,8 @@ def cases(sizes: Sizes) -> list[Case]:
                 peer=None if kind == "CSVLogger" else "CSVLogger",
                 goals=goals,
                 note=f"{note}; {sizes.hot_calls:,} calls x {sizes.hot_keys} keys",
+                # ~15 s a sample at full size: one per process, still one per round
+                inner=1 if kind == "TensorBoardLogger" and sizes.mode == "full" else None,
             )
         )
     return out

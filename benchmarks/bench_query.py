@@ -60,7 +60,7 @@ def build_store(ranks: int, steps: int, keys: int) -> Path:
         store.register_rank(run.id, rank, local_rank=rank, node_rank=0, host="bench", pid=0, status="success")
     store.update_run(run.id, status="success", ended_at=time.time())
     store.close()
-    con = duckdb.connect(str(tmp))
+    con = duckdb.connect(str(tmp), config={"enable_progress_bar": False})
     con.execute("SELECT setseed(0.5)")
     cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
     con.execute(
