@@ -36,6 +36,7 @@ EXPECTED = {
         "Store.write SQLite",
         "raw DuckDB from Arrow",
         "Store.write DuckDB",
+        "Store.write DuckDB in Store.writing()",
         "RecordBuffer.drain (component)",
     ],
     "e2e": ["logger=False", "CSVLogger", "TensorBoardLogger", "MultiRankLogger direct", "MultiRankLogger gather"],
