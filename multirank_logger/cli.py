@@ -215,6 +215,11 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
             f"Rank {s.standout} stands out: {dist[s.standout]:.6g} from the per-step median of the ranks "
             f"on average, {s.ratio:.3g}x the other ranks' ({dist.drop(s.standout).median():.6g})."
         )
+    elif s.farthest is not None:
+        lines.append(
+            f"No rank stands out: the farthest from the per-step median, rank {s.farthest}, is "
+            f"{s.ratio:.3g}x the other ranks' distance (a rank stands out at {s.STANDOUT_RATIO:g}x)."
+        )
     elif table.shape[1] > 1:
         lines.append("No rank stands out: the ranks agree at every step.")
     return "\n".join(lines)

@@ -277,15 +277,10 @@ class StoreReader:
         stmt = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype).where(
             metrics.c.run_id == ref.id, metrics.c.key == key
         )
-        df = self._fetch_arrow(stmt).to_pandas()
-        if df.empty:
+        table = self._fetch_arrow(stmt)
+        if table.num_rows == 0:
             self._check_keys(ref, [key])
-        df["value"] = _neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
-        df = df.sort_values(["rank", "seq"], kind="stable").drop_duplicates(["step", "rank"], keep="last")
-        table = df.pivot(index="step", columns="rank", values="value").sort_index()
-        table.columns = [int(c) for c in table.columns]
-        table.columns.name = "rank"
-        return table
+        return _pivot_step_rank(*(_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")))
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
         """One key per rank, with how far the ranks spread and which rank stands out."""
@@ -352,10 +347,13 @@ class StoreReader:
 class RankSpread:
     """A key across ranks: the step x rank table and a summary of its spread.
 
-    A rank *stands out* when its mean absolute distance from the per-step median of
-    all ranks (``from_median``) is the largest; ``ratio`` compares it with the median of
-    the other ranks' distances. With one rank, or ranks that agree everywhere, no rank does.
+    The *farthest* rank has the largest mean absolute distance from the per-step median
+    of all ranks (``from_median``); ``ratio`` compares it with the median of the other
+    ranks' distances. It *stands out* when that ratio is at least ``STANDOUT_RATIO``: with
+    one rank, ranks that agree everywhere, or ranks all equally noisy, none does.
     """
+
+    STANDOUT_RATIO = 2.0
 
     key: str
     run: RunRef
@@ -364,8 +362,12 @@ class RankSpread:
     spread_mean: float  # mean over steps of (max - min across ranks)
     spread_max: float
     spread_max_step: int | None
-    standout: int | None
+    farthest: int | None
     ratio: float
+
+    @property
+    def standout(self) -> int | None:
+        return self.farthest if self.ratio >= self.STANDOUT_RATIO else None
 
     @classmethod
     def of(cls, key: str, run: RunRef, table: Any) -> RankSpread:
@@ -384,11 +386,11 @@ class RankSpread:
             }
         )
         summary.index.name = "rank"
-        standout, ratio = None, float("nan")
+        farthest, ratio = None, float("nan")
         dist = summary["from_median"].dropna()
         if len(dist) > 1 and dist.max() > 0:
-            standout = int(dist.idxmax())
-            others = float(dist.drop(standout).median())
+            farthest = int(dist.idxmax())
+            others = float(dist.drop(farthest).median())
             ratio = float(dist.max()) / others if others > 0 else float("inf")
         has_spread = spread.notna().any()
         return cls(
@@ -396,8 +398,30 @@ class RankSpread:
             spread_mean=float(spread.mean()) if has_spread else float("nan"),
             spread_max=float(spread.max()) if has_spread else float("nan"),
             spread_max_step=int(spread.idxmax()) if has_spread else None,
-            standout=standout, ratio=ratio,
+            farthest=farthest, ratio=ratio,
         )  # fmt: skip
+
+
+def _numpy(table: Any, name: str) -> np.ndarray:
+    column = table.column(name)
+    if name == "value":
+        return column.cast("double").fill_null(np.nan).to_numpy()  # NULL is a logged NaN
+    return column.to_numpy().astype(np.int64, copy=False)
+
+
+def _pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: np.ndarray, dtype: np.ndarray) -> Any:
+    """Long rows of one key -> a step x rank DataFrame; a rank's later call wins at a step."""
+    import pandas as pd
+
+    # in NumPy, not pandas: sort_values + drop_duplicates + pivot took ~1.2 s for 1.6M rows
+    order = np.lexsort((seq, step, rank))
+    rank, step, value = rank[order], step[order], _neg_zero(value[order], dtype[order])
+    last = np.r_[(rank[1:] != rank[:-1]) | (step[1:] != step[:-1]), True] if len(rank) else np.zeros(0, bool)
+    steps, row = np.unique(step[last], return_inverse=True)
+    ranks, col = np.unique(rank[last], return_inverse=True)
+    grid = np.full((len(steps), len(ranks)), np.nan)
+    grid[row, col] = value[last]
+    return pd.DataFrame(grid, index=pd.Index(steps, name="step"), columns=pd.Index(ranks.tolist(), name="rank"))
 
 
 def _neg_zero(value: np.ndarray, dtype: np.ndarray) -> np.ndarray:

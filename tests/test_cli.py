@@ -179,3 +179,10 @@ def test_console_script_entry_point(store: Path) -> None:
     assert refused.returncode == 1 and refused.stderr.startswith("Error: Refused:")
     exported = subprocess.run([script, "export", str(store)], capture_output=True, timeout=120)
     assert exported.returncode == 0 and exported.stdout.startswith(b"epoch,")
+
+
+def test_ranks_says_when_no_rank_stands_out(store: Path) -> None:
+    """Ranks that agree everywhere: no rank is singled out."""
+    code, text = _invoke("ranks", str(store), "epoch")
+    assert code == 0
+    assert text.splitlines()[-1] == "No rank stands out: the ranks agree at every step."
