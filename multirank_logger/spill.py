@@ -6,7 +6,7 @@ batches to its own spill file; ``multirank-logger import DB FILE...`` merges the
 File format (version 1): one line of JSON (the header: ``spill_id``, the run's ``run_id``,
 ``name`` and ``version``, ``rank``, ``host``, ``pid``, ``created_at``), then frames, each
 ``<u64 length><payload><u32 crc32(payload)>`` where the payload is
-``transport.encode_batch``'s encoding. A frame is written, flushed and fsynced in one go,
+``wire.encode_batch``'s encoding. A frame is written, flushed and fsynced in one go,
 so a crash can tear at most the last frame, which the reader drops.
 
 Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import LookupFailed, MultiRankLoggerError
 from multirank_logger.schema import imports, metrics, runs
-from multirank_logger.transport import decode_batch, encode_batch
+from multirank_logger.wire import decode_batch, encode_batch
 
 __all__ = ["SPILL_SUFFIX", "ImportReport", "SpillCorrupt", "SpillWriter", "import_spill", "read_spill"]
 

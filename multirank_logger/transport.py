@@ -9,8 +9,8 @@ another wait beyond a bounded time. It knows nothing about SQL.
 Wire format, under the prefix ``multirank_logger/{namespace}/``:
 
 - ``rows/{r}``: a TCPStore queue per sending rank ``r``; each item is one encoded batch
-  (``encode_batch``: a fixed header, a key table and little-endian column arrays, no
-  pickle). ``queue_pop`` removes what rank 0 consumed, so the server's memory stays flat.
+  (``wire.encode_batch``: a fixed header, a key table and little-endian column arrays,
+  no pickle). ``queue_pop`` removes what rank 0 consumed, so the server's memory stays flat.
 - ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
   writer (an item is acknowledged at the ``receive`` call after the one that returned
   it, i.e. once the writer came back for more). A sender keeps unacknowledged batches,
@@ -23,37 +23,20 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
 from __future__ import annotations
 
 import os
-import struct
-import sys
 import threading
 import time
-from array import array
 from collections import deque
 from datetime import timedelta
 from typing import Any
 
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.schema import DTYPE_NAN
+from multirank_logger.wire import decode_batch, encode_batch
 
-__all__ = ["ChannelError", "ChannelTimeout", "RowChannel", "decode_batch", "encode_batch"]
+__all__ = ["ChannelError", "ChannelTimeout", "RowChannel"]
 
 #: Rows per queue item: big batches are cut so that one item stays a few MiB.
 CHUNK_ROWS = 65_536
-_MAGIC = b"MRB1"
-_HEADER = struct.Struct("<4sII")  # magic, rows, distinct keys
-# (column, array typecode) in wire order; keys travel as indexes into the key table
-_COLUMNS = (
-    ("run_id", "i"),
-    ("rank", "i"),
-    ("seq", "q"),
-    ("step", "q"),
-    ("key", "I"),
-    ("value", "d"),
-    ("dtype", "b"),
-    ("time", "d"),
-)
-_SWAP = sys.byteorder != "little"  # the wire is little-endian whatever the hosts are
 _POLL_S = 0.02
 
 
@@ -73,79 +56,6 @@ class ChannelError(MultiRankLoggerError):
 
 class ChannelTimeout(ChannelError):
     """A bounded wait on the channel ran out (``fetch``, ``wait_delivered``)."""
-
-
-def _pack(typecode: str, values: list[Any]) -> bytes:
-    arr = array(typecode, values)
-    if _SWAP:
-        arr.byteswap()
-    return arr.tobytes()
-
-
-def _unpack(typecode: str, data: memoryview) -> list[Any]:
-    arr = array(typecode)
-    arr.frombytes(data)
-    if _SWAP:
-        arr.byteswap()
-    return arr.tolist()
-
-
-def encode_batch(batch: MetricBatch) -> bytes:
-    """Encode a batch as bytes: header, key table, then one packed array per column.
-
-    NaN values (``value is None``) travel as NaN and come back as None from their dtype.
-    """
-    index: dict[str, int] = {}
-    key_ids = [index.setdefault(k, len(index)) for k in batch.key]
-    names = [k.encode() for k in index]
-    nan = float("nan")
-    columns = {
-        "run_id": batch.run_id,
-        "rank": batch.rank,
-        "seq": batch.seq,
-        "step": batch.step,
-        "key": key_ids,
-        "value": [nan if v is None else v for v in batch.value],
-        "dtype": batch.dtype,
-        "time": batch.time,
-    }
-    parts = [_HEADER.pack(_MAGIC, len(batch), len(names)), _pack("I", [len(n) for n in names]), *names]
-    parts.extend(_pack(code, columns[name]) for name, code in _COLUMNS)
-    return b"".join(parts)
-
-
-def decode_batch(data: bytes) -> MetricBatch:
-    """Rebuild the batch that `encode_batch` encoded.
-
-    Raises:
-        ValueError: when `data` is not an encoded batch (wrong magic, truncated).
-    """
-    view = memoryview(data)
-    if len(view) < _HEADER.size:
-        raise ValueError(f"a row batch needs at least {_HEADER.size} bytes, got {len(view)}")
-    magic, n, nkeys = _HEADER.unpack_from(view)
-    if magic != _MAGIC:
-        raise ValueError(f"not a multirank_logger row batch (magic {bytes(magic)!r}, expected {_MAGIC!r})")
-    pos = _HEADER.size
-    lengths = _unpack("I", view[pos : pos + 4 * nkeys])
-    pos += 4 * nkeys
-    names = []
-    for length in lengths:
-        names.append(bytes(view[pos : pos + length]).decode())
-        pos += length
-    out: dict[str, list[Any]] = {}
-    for name, code in _COLUMNS:
-        size = array(code).itemsize * n
-        if pos + size > len(view):
-            raise ValueError(f"row batch truncated in column {name!r} ({len(view)} bytes)")
-        out[name] = _unpack(code, view[pos : pos + size])
-        pos += size
-    if pos != len(view):
-        raise ValueError(f"row batch has {len(view) - pos} trailing bytes")
-    out["key"] = [names[i] for i in out["key"]]
-    if DTYPE_NAN in out["dtype"]:
-        out["value"] = [None if d == DTYPE_NAN else v for v, d in zip(out["value"], out["dtype"])]
-    return MetricBatch(**out)
 
 
 def _chunks(batch: MetricBatch, size: int) -> list[MetricBatch]:

@@ -21,9 +21,8 @@ from multirank_logger.transport import (
     ChannelError,
     ChannelTimeout,
     RowChannel,
-    decode_batch,
-    encode_batch,
 )
+from multirank_logger.wire import decode_batch, encode_batch
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(120)
