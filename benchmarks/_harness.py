@@ -81,7 +81,7 @@ class Sizes:
 class Goal:
     """A target from the issues: ``metric op threshold``, metric being the value or the ratio."""
 
-    metric: str  # "value" or "ratio"
+    metric: str  # "value", "ratio" (to the row's peer), or "vs:<case>" (ratio to another case)
     op: str  # "<=" or ">="
     threshold: float
     text: str
@@ -265,7 +265,15 @@ def summarize(results: Sequence[Result]) -> list[dict[str, Any]]:
             row["ratio"] = _stats(_ratios(res, peer))
         median = row["value"][0] if row["value"] else None
         ratio = row["ratio"][0] if row["ratio"] else None
-        row["goals"] = [(g.text, g.check(median, ratio)) for g in case.goals]
+        row["goals"] = []
+        for g in case.goals:
+            versus = ratio
+            if g.metric.startswith("vs:"):
+                other = by_name.get(g.metric[3:])
+                stats = _stats(_ratios(res, other)) if other is not None else None
+                versus = stats[0] if stats else None
+                g = Goal("ratio", g.op, g.threshold, g.text)
+            row["goals"].append((g.text, g.check(median, versus)))
         if res.extras:
             row["extras"] = _merge_extras(res.extras)
         rows.append(row)
