@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -76,9 +77,20 @@ def _store_calls(db: Path, per_rank: Mapping[int, Sequence[Call]], prefix: str =
     return run.id
 
 
+_TEMPLATES: dict[str, Path] = {}
+
+
 @pytest.fixture
-def two_ranks(db_path: Path) -> Path:
-    _store_calls(db_path, {0: _calls(0), 1: _calls(1)})
+def two_ranks(db_path: Path, backend: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding one run of _calls on ranks 0 and 1: built once per backend, copied per test."""
+    if backend not in _TEMPLATES:
+        template = tmp_path_factory.mktemp("template") / db_path.name
+        _store_calls(template, {0: _calls(0), 1: _calls(1)})
+        _TEMPLATES[backend] = template
+    for suffix in ("", "-wal"):  # the -wal file, should one outlive the writer
+        source = _TEMPLATES[backend].with_name(db_path.name + suffix)
+        if source.exists():
+            shutil.copyfile(source, db_path.with_name(db_path.name + suffix))
     return db_path
 
 
