@@ -25,8 +25,10 @@ _PEERS = {
     "CSVLogger": "lightning.pytorch CSVLogger; save() appends to metrics.csv every call",
     "TensorBoardLogger": "lightning.pytorch TensorBoardLogger on torch.utils.tensorboard (tensorboard package)",
     "RecordBuffer.append (component)": "the library's buffer alone, no logger, no flush",
-    "MultiRankLogger SQLite": "transport=direct, 1 process",
-    "MultiRankLogger DuckDB": "transport=direct, 1 process",
+    "MultiRankLogger SQLite": "transport=direct, 1 process; finalize writes metrics.csv (export_csv=True, default)",
+    "MultiRankLogger DuckDB": "transport=direct, 1 process; finalize writes metrics.csv (export_csv=True, default)",
+    "MultiRankLogger SQLite, export_csv=False": "as above without the metrics.csv export at finalize",
+    "MultiRankLogger DuckDB, export_csv=False": "as above without the metrics.csv export at finalize",
 }
 
 
@@ -52,8 +54,9 @@ def _make_logger(kind: str, root: str) -> Any:
             from multirank_logger.logger import MultiRankLogger
         except ImportError as exc:
             raise Unavailable(f"multirank_logger.logger: {exc}") from exc
-        suffix = ".sqlite" if kind.endswith("SQLite") else ".duckdb"
-        return MultiRankLogger(db=f"{root}/runs{suffix}", name="bench", save_dir=root)
+        suffix = ".sqlite" if "SQLite" in kind else ".duckdb"
+        export = not kind.endswith("export_csv=False")
+        return MultiRankLogger(db=f"{root}/runs{suffix}", name="bench", save_dir=root, export_csv=export)
     raise ValueError(kind)
 
 

@@ -30,6 +30,8 @@ EXPECTED = {
         "RecordBuffer.append (component)",
         "MultiRankLogger SQLite",
         "MultiRankLogger DuckDB",
+        "MultiRankLogger SQLite, export_csv=False",
+        "MultiRankLogger DuckDB, export_csv=False",
     ],
     "ingest": [
         "raw sqlite3 executemany",
