@@ -144,7 +144,9 @@ def runs_cmd(db_path: str) -> None:
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
 @click.option("--rank", type=int, default=None, help="The rank to export (default: 0).")
 @click.option("--all-ranks", is_flag=True, help="Export every rank to DIR/metrics_rank_{k}.csv (needs -o DIR).")
-@click.option("-o", "--output", type=click.Path(), default=None, help="File (or directory with --all-ranks); default stdout.")
+@click.option(
+    "-o", "--output", type=click.Path(), default=None, help="File (or directory with --all-ranks); default stdout."
+)
 @_friendly_errors
 def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool, output: str | None) -> None:
     """Write a rank's metrics in CSVLogger's metrics.csv layout, byte for byte."""
@@ -155,9 +157,10 @@ def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool,
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
         if all_ranks:
-            Path(output).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
+            folder = Path(output)  # type: ignore[arg-type]
+            folder.mkdir(parents=True, exist_ok=True)
             for k in reader.ranks(ref.id):
-                _export_one(reader, ref.id, ref.label, k, str(Path(output) / f"metrics_rank_{k}.csv"))  # type: ignore[arg-type]
+                _export_one(reader, ref.id, ref.label, k, str(folder / f"metrics_rank_{k}.csv"))
         elif output is None:
             # the csv module writes its own "\r\n": no newline translation on the way out
             stream = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="")

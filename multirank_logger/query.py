@@ -212,7 +212,8 @@ class StoreReader:
             row = conn.execute(stmt).first()
             if row is None:
                 everything = conn.execute(sa.select(*cols).order_by(runs.c.id)).all()
-                raise LookupFailed("run", text or "(latest)", [f"{r.name}/version_{r.version} (id {r.id})" for r in everything])
+                labels = [f"{r.name}/version_{r.version} (id {r.id})" for r in everything]
+                raise LookupFailed("run", text or "(latest)", labels)
         return RunRef(int(row.id), row.name, int(row.version), int(row.world_size))
 
     def keys(self, run: int | str | None = None) -> list[str]:
@@ -315,6 +316,7 @@ class StoreReader:
         if len(rows) == 0:
             return 0
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)  # as CSVLogger makes its log_dir
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             # newline="": the csv module writes its own "\r\n", as in CSVLogger's open()

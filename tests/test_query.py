@@ -27,7 +27,8 @@ def _calls(rank: int = 0, steps: int = 60) -> list[Call]:
     """A run's log calls as the Trainer makes them: train steps, validation and epoch-end rows."""
     calls: list[Call] = []
     for step in range(steps):
-        metrics: dict[str, Any] = {"train_loss": 1.0 / (step + 1) + rank, "epoch": step // 20, "rank_value": 1000 * rank + step}
+        metrics: dict[str, Any] = {"train_loss": 1.0 / (step + 1) + rank, "epoch": step // 20}
+        metrics["rank_value"] = 1000 * rank + step
         if step % 7 == 3:
             metrics["flag"] = step % 2 == 0  # bool
         if step == 11:
@@ -62,7 +63,9 @@ def _csvlogger_file(tmp_path: Path, calls: Sequence[Call], prefix: str = "", flu
     return Path(logger.experiment.metrics_file_path).read_bytes()
 
 
-def _store_calls(db: Path, per_rank: Mapping[int, Sequence[Call]], prefix: str = "", name: str = "lightning_logs") -> int:
+def _store_calls(
+    db: Path, per_rank: Mapping[int, Sequence[Call]], prefix: str = "", name: str = "lightning_logs"
+) -> int:
     """Write the calls through the logger's own path (RecordBuffer -> drain -> Store.write)."""
     store = Store(db)
     run = store.create_run(name, world_size=len(per_rank))
@@ -158,7 +161,8 @@ def test_run_is_chosen_by_id_label_or_name(db_path: Path) -> None:
 
 
 def test_unknown_run_lists_the_runs(two_ranks: Path) -> None:
-    with pytest.raises(LookupFailed, match=r"No run 'nope/version_3' in this store\. Available: lightning_logs/version_0 \(id 1\)"):
+    expected = r"No run 'nope/version_3' in this store\. Available: lightning_logs/version_0 \(id 1\)"
+    with pytest.raises(LookupFailed, match=expected):
         open_store(two_ranks).export_csv("x.csv", run="nope/version_3")
 
 
@@ -230,7 +234,8 @@ def test_sql_error_carries_the_engines_message(two_ranks: Path) -> None:
 
 
 def test_sql_reads(two_ranks: Path) -> None:
-    df = open_store(two_ranks).sql("SELECT rank, count(*) AS n FROM metrics WHERE key = 'val_loss' GROUP BY rank ORDER BY rank")
+    query = "SELECT rank, count(*) AS n FROM metrics WHERE key = 'val_loss' GROUP BY rank ORDER BY rank"
+    df = open_store(two_ranks).sql(query)
     assert df.values.tolist() == [[0, 3], [1, 3]]
 
 
