@@ -31,6 +31,8 @@ _PEERS = {
     "MultiRankLogger DuckDB, export_csv=False": "as above without the metrics.csv export at finalize",
 }
 
+_SLOW = ("TensorBoardLogger", "MultiRankLogger SQLite")
+
 
 def _make_logger(kind: str, root: str) -> Any:
     if kind == "no-op Logger (harness floor)":
@@ -124,8 +126,8 @@ def cases(sizes: Sizes) -> list[Case]:
                 peer=None if kind == "CSVLogger" else "CSVLogger",
                 goals=goals,
                 note=f"{note}; {sizes.hot_calls:,} calls x {sizes.hot_keys} keys",
-                # ~15 s a sample at full size: one per process, still one per round
-                inner=1 if kind == "TensorBoardLogger" and sizes.mode == "full" else None,
+                # 10-15 s a sample at full size: one per process, still one per round
+                inner=1 if kind in _SLOW and sizes.mode == "full" else None,
             )
         )
     return out

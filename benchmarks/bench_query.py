@@ -12,7 +12,9 @@ benchmarks/.cache/ (keyed by size and schema revision). Rows are laid out in chu
 - CSVLogger, per step: ``log_metrics`` + ``save`` per step as the Trainer calls them,
   the way CSVLogger really produces the file during training;
 - ``per_rank``: ``open_store(db).per_rank(key)``, a step x rank DataFrame of one key;
-- raw DuckDB PIVOT: the same table straight from DuckDB into pandas (the peer).
+- raw DuckDB PIVOT: the same table straight from DuckDB into pandas (the peer);
+- the export and per_rank again on a SQLite copy of the same rows (the logger's finalize
+  exports from whichever backend the run used).
 
 Each export reports the SHA-256 of the file it wrote: equal hashes mean the
 rebuilt metrics.csv is byte for byte CSVLogger's.
@@ -34,10 +36,11 @@ KEY = "metric_0"
 _CHUNK_STEPS = 1_000
 
 
-def store_path(ranks: int, steps: int, keys: int) -> Path:
+def store_path(ranks: int, steps: int, keys: int, backend: str = "duckdb") -> Path:
     from multirank_logger.store import head_revision
 
-    return CACHE_DIR / f"query-{ranks}x{steps}x{keys}-{head_revision()}.duckdb"
+    suffix = ".sqlite" if backend == "sqlite" else ".duckdb"
+    return CACHE_DIR / f"query-{ranks}x{steps}x{keys}-{head_revision()}{suffix}"
 
 
 def build_store(ranks: int, steps: int, keys: int) -> Path:
@@ -60,7 +63,8 @@ def build_store(ranks: int, steps: int, keys: int) -> Path:
         store.register_rank(run.id, rank, local_rank=rank, node_rank=0, host="bench", pid=0, status="success")
     store.update_run(run.id, status="success", ended_at=time.time())
     store.close()
-    con = duckdb.connect(str(tmp), config={"enable_progress_bar": False})
+    con = duckdb.connect(str(tmp))
+    con.execute("SET enable_progress_bar = false")
     con.execute("SELECT setseed(0.5)")
     cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
     con.execute(
@@ -79,6 +83,59 @@ def build_store(ranks: int, steps: int, keys: int) -> Path:
     return path
 
 
+def build_sqlite_store(ranks: int, steps: int, keys: int) -> Path:
+    """The same rows in a SQLite store: copied from the DuckDB one, in its order.
+
+    The indexes the project's schema defines are dropped for the copy and created again
+    after it (the end state is the project's schema), which is much faster than
+    maintaining them row by row.
+    """
+    import sqlite3
+
+    import duckdb
+
+    from multirank_logger.schema import METRIC_COLUMNS
+    from multirank_logger.store import Store
+
+    path = store_path(ranks, steps, keys, "sqlite")
+    if path.is_file():
+        return path
+    source = build_store(ranks, steps, keys)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.sqlite")
+    tmp.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    src = duckdb.connect(str(source), read_only=True)
+    src.execute("SET enable_progress_bar = false")
+    store = Store(tmp)
+    with store.begin() as conn:
+        for table in ("runs", "ranks"):
+            cols = [d[0] for d in src.execute(f"SELECT * FROM {table} LIMIT 0").description]
+            rows = src.execute(f"SELECT * FROM {table}").fetchall()
+            names = ", ".join(f'"{c}"' for c in cols)
+            conn.exec_driver_sql(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(cols))})", rows)
+    store.close()
+    con = sqlite3.connect(tmp, isolation_level=None)
+    indexes = [sql for (sql,) in con.execute("SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='metrics' "
+                                             "AND sql IS NOT NULL")]
+    for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='metrics' "
+                               "AND sql IS NOT NULL").fetchall():
+        con.execute(f'DROP INDEX "{name}"')
+    cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
+    insert = f"INSERT INTO metrics ({cols}) VALUES ({', '.join('?' * len(METRIC_COLUMNS))})"
+    reader = src.sql(f"SELECT {cols} FROM metrics").to_arrow_reader(1_000_000)
+    con.execute("BEGIN")
+    for batch in reader:
+        con.executemany(insert, zip(*(batch.column(i).to_pylist() for i in range(batch.num_columns))))
+    con.execute("COMMIT")
+    for sql in indexes:
+        con.execute(sql)
+    con.close()
+    src.close()
+    os.replace(tmp, path)
+    print(f"  generated {path.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return path
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
@@ -91,10 +148,10 @@ def _open_store() -> Any:
     return open_store
 
 
-def export(ranks: int, steps: int, keys: int) -> dict[str, Any]:
+def export(ranks: int, steps: int, keys: int, backend: str = "duckdb") -> dict[str, Any]:
     """open_store(db).export_csv(path, rank=0), seconds."""
     open_store = _open_store()
-    db = store_path(ranks, steps, keys)
+    db = store_path(ranks, steps, keys, backend)
     with tempfile.TemporaryDirectory(prefix="bench-query-") as root:
         out = Path(root) / "metrics.csv"
         t0 = time.perf_counter()
@@ -110,7 +167,7 @@ def _rank0_rows(db: Path) -> tuple[list[str], list[int], list[tuple[float, ...]]
     import duckdb
 
     con = duckdb.connect(str(db), read_only=True)
-    table = con.execute(
+    table = con.sql(
         "PIVOT (SELECT seq, key, value FROM metrics WHERE rank = 0) ON key USING first(value) "
         "GROUP BY seq ORDER BY seq"
     ).to_arrow_table()
@@ -145,10 +202,10 @@ def csvlogger(ranks: int, steps: int, keys: int, per_step: bool) -> dict[str, An
         return {"value": seconds, "rows": len(step_ids), "MiB": out.stat().st_size / 2**20, "sha256": _sha(out)}
 
 
-def per_rank(ranks: int, steps: int, keys: int) -> dict[str, Any]:
+def per_rank(ranks: int, steps: int, keys: int, backend: str = "duckdb") -> dict[str, Any]:
     """open_store(db).per_rank(key): a step x rank DataFrame, seconds."""
     open_store = _open_store()
-    db = store_path(ranks, steps, keys)
+    db = store_path(ranks, steps, keys, backend)
     t0 = time.perf_counter()
     reader = open_store(db)
     table = reader.per_rank(KEY)
@@ -176,6 +233,7 @@ def raw_pivot(ranks: int, steps: int, keys: int) -> dict[str, Any]:
 def cases(sizes: Sizes) -> list[Case]:
     kw = {"ranks": sizes.query_ranks, "steps": sizes.query_steps, "keys": sizes.query_keys}
     build_store(**kw)  # once, here in the parent, before any case is timed
+    build_sqlite_store(**kw)
     shape = f"{sizes.query_ranks} ranks x {sizes.query_steps:,} steps x {sizes.query_keys} keys"
     peer_csv = "CSVLogger one save()"
     common = {"rounds": sizes.query_rounds, "inner": 1}
@@ -191,11 +249,17 @@ def cases(sizes: Sizes) -> list[Case]:
              note=f"one key, step x rank, into pandas; store {shape}", **common),
         Case(SECTION, "per_rank(key) DuckDB", "benchmarks.bench_query:per_rank", "s", kw, peer="raw DuckDB PIVOT",
              goals=(Goal("value", "<=", 1.0, "< 1 s"),), note=f"open_store + per_rank; store {shape}", **common),
+        Case(SECTION, "export_csv rank 0 SQLite", "benchmarks.bench_query:export", "s", {**kw, "backend": "sqlite"},
+             peer=peer_csv, goals=(Goal("ratio", "<=", 1.0, "<= CSVLogger writing the file"),),
+             note=f"the same rows in a SQLite store (indexes as the schema defines); {shape}", **common),
+        Case(SECTION, "per_rank(key) SQLite", "benchmarks.bench_query:per_rank", "s", {**kw, "backend": "sqlite"},
+             peer="per_rank(key) DuckDB", note=f"the same rows in a SQLite store; {shape}", **common),
     ]
 
 
 NOTES = [
     "query: the large store is generated by a raw DuckDB bulk insert (INSERT ... SELECT over range(), "
-    "random doubles) into a store whose schema/run/ranks the project created; cached in benchmarks/.cache/. "
+    "random doubles) into a store whose schema/run/ranks the project created; the SQLite store is a copy of "
+    "its rows (indexes dropped during the copy, then created again); both cached in benchmarks/.cache/. "
     "Equal sha256 in the export and CSVLogger rows mean byte-identical metrics.csv files.",
 ]

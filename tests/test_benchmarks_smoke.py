@@ -48,6 +48,8 @@ EXPECTED = {
         "export_csv rank 0 DuckDB",
         "raw DuckDB PIVOT",
         "per_rank(key) DuckDB",
+        "export_csv rank 0 SQLite",
+        "per_rank(key) SQLite",
     ],
 }
 
