@@ -35,7 +35,7 @@ from multirank_logger.query import open_store
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.store import Store, _check_writable
 from multirank_logger.transport import RowChannel
-from multirank_logger.writer import BackgroundWriter, sigterm_received
+from multirank_logger.writer import BackgroundWriter, forget_chained_sigterm, outermost_sigterm, sigterm_received
 
 __all__ = ["MultiRankLogger"]
 
@@ -127,7 +127,7 @@ class MultiRankLogger(Logger):
         self._phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
         self._init_runtime()
         self._check_store()
-        self._start()
+        self._writer.start()  # `_live` stays False: the first log call puts our SIGTERM hook on top
 
     def _init_runtime(self) -> None:
         """State that lives in one process only (rebuilt after unpickling)."""
@@ -206,7 +206,8 @@ class MultiRankLogger(Logger):
         """The run's identity. Lightning reads this on every rank once the process group is up:
         the moment each rank learns the run and sets up its sink. Bounded waits, no collective."""
         self._setup_sink()
-        self._start()
+        if not self._writer.running:
+            self._writer.start()
         assert self._identity is not None
         return self._identity
 
@@ -255,6 +256,7 @@ class MultiRankLogger(Logger):
             self._safely(self._setup_sink)
         self._writer.close(timeout)
         self._live = False
+        forget_chained_sigterm()
         sink = self._sink
         if sink is None or self._identity is None:
             self._end_unset_run(status)
@@ -406,8 +408,12 @@ class MultiRankLogger(Logger):
             )
 
     def _start(self) -> None:
+        """The first log call of a phase (and construction): writer thread up, SIGTERM hook on top."""
         if not self._writer.running:
             self._writer.start()
+        # by the first log call Lightning has installed its SIGTERM handler: wrap it, so that a
+        # preemption flushes before Lightning's handler runs its broadcast
+        outermost_sigterm()
         self._live = True
 
     def _safely(self, fn: Callable[[], T]) -> T | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import signal
 import threading
 import weakref
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: how long SIGTERM and atexit may spend flushing each writer
 EXIT_FLUSH_TIMEOUT = 20.0
+#: seconds between cycles once SIGTERM arrived
+_HURRY_INTERVAL = 0.1
 #: consecutive failed cycles before the writer warns (a reader holding a DuckDB file is normal)
 _WARN_AFTER_FAILURES = 5
 
@@ -198,7 +201,11 @@ class BackgroundWriter:
 
 _WRITERS: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
 _HOOKS_INSTALLED = False
-_previous_sigterm: Any = None
+_UNSET: Any = object()
+_previous_sigterm: Any = signal.SIG_DFL
+_base_sigterm: Any = _UNSET
+_SIGTERM_FLUSH = threading.Lock()  # taken once, by the first path that flushes for SIGTERM
+_CHAINED = False  # the Python handler passed SIGTERM on already
 #: set when this process received SIGTERM (the logger reports the run as interrupted)
 sigterm_received = threading.Event()
 
@@ -222,31 +229,108 @@ def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
 
 
 def _install_hooks() -> None:
-    global _HOOKS_INSTALLED, _previous_sigterm
+    global _HOOKS_INSTALLED
     if _HOOKS_INSTALLED:
         return
     _HOOKS_INSTALLED = True
     atexit.register(flush_all)
+    outermost_sigterm()
+    _watch_signals()
+
+
+def outermost_sigterm() -> None:
+    """Make our SIGTERM handler the outermost one, chaining to whatever was there.
+
+    Lightning's handler (installed when fit starts) broadcasts from inside the signal handler:
+    ours must flush before that, and must pass one preemption on to it only once (see
+    `_on_sigterm`). Call from the main thread; elsewhere this does nothing.
+    """
+    global _previous_sigterm, _base_sigterm
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     try:
-        _previous_sigterm = signal.getsignal(signal.SIGTERM)
+        current = signal.getsignal(signal.SIGTERM)
+        if current is _on_sigterm:
+            return
+        if _base_sigterm is _UNSET:
+            _base_sigterm = current
+        _previous_sigterm = current
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError):  # embedded interpreters, restricted environments
-        _previous_sigterm = None
+        pass
+
+
+def forget_chained_sigterm() -> None:
+    """At the end of a fit: Lightning's handler is gone, chain to the one from before ours again."""
+    global _previous_sigterm
+    if _base_sigterm is not _UNSET:
+        _previous_sigterm = _base_sigterm
+
+
+def _flush_for_sigterm() -> None:
+    """Once per process: flush every writer, then keep their threads draining."""
+    sigterm_received.set()
+    if not _SIGTERM_FLUSH.acquire(blocking=False):
+        return  # done, or being done by the other path (watcher thread or handler)
+    flush_all()
+    for writer in list(_WRITERS):
+        # the process may now hang in Lightning's handler (its broadcast races the other ranks'
+        # collectives) until the scheduler's SIGKILL: keep the threads draining meanwhile (rank 0
+        # takes in the rows the other ranks just shipped)
+        writer.flush_interval = min(writer.flush_interval, _HURRY_INTERVAL)
+        writer.wake()
+
+
+def _watch_signals() -> None:
+    """Install a wakeup fd: SIGTERM then flushes from a thread, even while the main thread is
+    blocked in a collective (a Python handler only runs once the main thread leaves C code,
+    and the peer it waits for may be waiting for us)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    if previous != -1:  # someone else (an asyncio loop) owns the wakeup fd: leave it to them
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 512)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                _flush_for_sigterm()
+
+    threading.Thread(target=watch, name="multirank-sigterm-watch", daemon=True).start()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """Flush, then let SIGTERM do what it would have done without us."""
-    sigterm_received.set()
-    flush_all()
+    """Flush, then let SIGTERM do what it would have done without us: once per process.
+
+    A scheduler signals every process of the job, and Lightning's launcher forwards the signal
+    to its children, so one preemption arrives twice in ranks > 0. Lightning's handler runs a
+    broadcast per signal: passing both on leaves that rank a broadcast ahead of rank 0 and the
+    job hangs. One preemption, one flush, one broadcast.
+    """
+    global _CHAINED
+    if _CHAINED:
+        return
+    _CHAINED = True
+    _flush_for_sigterm()
     previous = _previous_sigterm
     if callable(previous):
         previous(signum, frame)
-        return
-    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
-        # someone (Lightning's signal connector) installed a handler after ours and calls
-        # ours from it: that handler decides how the process ends
         return
     if previous == signal.SIG_IGN:
         return

@@ -10,8 +10,10 @@ Usage: python tests/logger_train.py --db DB --save-dir DIR [--mode MODE] [--step
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
@@ -52,6 +54,7 @@ class TinyModel(LightningModule):
             self.log("int_value", torch.tensor(step))
         if self.hparams.sleep:
             time.sleep(self.hparams.sleep)
+            print(f"rank {rank} step {step}", flush=True)
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -64,6 +67,7 @@ class TinyModel(LightningModule):
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # a hung test can ask every rank for its stacks
     parser = argparse.ArgumentParser()
     parser.add_argument("--db", required=True)
     parser.add_argument("--save-dir", required=True)
