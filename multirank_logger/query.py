@@ -20,7 +20,6 @@ import contextlib
 import os
 import re
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +29,16 @@ import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger.csv_format import LongRows, to_frame, write_csv
-from multirank_logger.errors import LookupFailed, StoreLocked
+from multirank_logger.errors import LookupFailed
 from multirank_logger.readonly_sql import run_readonly
 from multirank_logger.schema import DTYPE_NEG_ZERO, metrics, ranks, runs
-from multirank_logger.store import Store
+from multirank_logger.store import Store, retry_while_locked
 
 __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
 
 # A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
 # wait this long for the lock before reporting StoreLocked.
 LOCK_TIMEOUT_S = 5.0
-_LOCK_POLL_S = 0.05
 _RUN_LABEL = re.compile(r"^(?P<name>.+)/(?:version_)?(?P<version>\d+)$")
 
 
@@ -54,19 +52,8 @@ def open_store(db: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT
     Raises:
         StoreError: when the store is missing, outdated, or stays locked past ``lock_timeout``.
     """
-    store = _retry_locked(lambda: Store(db, readonly=True), lock_timeout)
+    store = retry_while_locked(lambda: Store(db, readonly=True), lock_timeout)
     return StoreReader(store, lock_timeout=lock_timeout)
-
-
-def _retry_locked(fn: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except StoreLocked:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(_LOCK_POLL_S)
 
 
 @dataclass(frozen=True)
@@ -121,7 +108,7 @@ class StoreReader:
                     raise ours from exc
                 raise
 
-        conn = _retry_locked(connect, self.lock_timeout)
+        conn = retry_while_locked(connect, self.lock_timeout)
         with conn:
             yield conn
 

@@ -14,10 +14,10 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from alembic import command
@@ -33,11 +33,14 @@ from multirank_logger.errors import (
     SchemaOutdated,
     SchemaTooNew,
     StoreError,
+    StoreLocked,
     StoreNotWritable,
 )
 from multirank_logger.schema import metrics, ranks, runs
 
-__all__ = ["RunRecord", "Store", "head_revision", "migrations_dir"]
+__all__ = ["RunRecord", "Store", "head_revision", "migrations_dir", "retry_while_locked"]
+
+T = TypeVar("T")
 
 _CREATE_RUN_ATTEMPTS = 50
 
@@ -313,6 +316,24 @@ class Store:
         with self.begin() as conn:
             self.backend.insert_metrics(conn, metrics, batch)
         return len(batch)
+
+
+def retry_while_locked(fn: Callable[[], T], timeout: float) -> T:
+    """Run `fn`, retrying while another process holds the DuckDB file (a flush, a reader).
+
+    Raises:
+        StoreLocked: when the file is still held after `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        try:
+            return fn()
+        except StoreLocked:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
 def _to_json(hparams: Mapping[str, Any] | None) -> str | None:
