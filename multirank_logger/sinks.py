@@ -7,15 +7,21 @@
 
 Both also carry run-level updates (hparams, status) that must survive a busy store:
 queued here and applied by the writer thread with its retries, never by the training thread.
+
+A sending rank whose rows cannot reach rank 0 (rank 0 died, or stopped taking rows) writes
+them to a spill file on its own disk (spill.py) and says once, on its console, how to merge it.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
+import sys
 import time
 from typing import Any
 
 from multirank_logger.buffer import MetricBatch
+from multirank_logger.spill import SpillWriter
 from multirank_logger.store import Store
 from multirank_logger.transport import ChannelError, RowChannel
 
@@ -55,6 +61,9 @@ class DirectSink:
                 if self._run_updates.get(key) is value:
                     del self._run_updates[key]
 
+    def close(self) -> None:
+        """End of the phase: release what the sink holds besides the store."""
+
     def finish(self, status: str, timeout: float) -> dict[int, str]:
         """Nothing to wait for: every rank wrote its own rows. Returns no other rank's status."""
         return {}
@@ -63,21 +72,42 @@ class DirectSink:
 class GatherSink(DirectSink):
     """Rank 0 writes its own rows and drains the other ranks' rows from the channel.
 
-    On ranks other than 0, `store` is None and batches are sent through the channel.
+    On ranks other than 0, `store` is None and batches are sent through the channel; what
+    cannot be delivered goes to a spill file (`spill`).
+
+    On rank 0, `write` only keeps the batch: `poll` writes it together with everything the
+    other ranks sent since the last poll, as one batch in one transaction. Writing each
+    received batch in its own transaction made rank 0 fall seconds behind (a DuckDB file is
+    opened and closed around each one).
 
     Args:
         store: the open Store on rank 0, None elsewhere.
         run_id: the run's id.
         channel: the RowChannel of this logger's launch.
+        spill: where a sending rank puts rows it cannot deliver (None: keep them in memory).
+        db: the store as the user named it, for the import command shown with a spill.
     """
 
     transport = "gather"
 
-    def __init__(self, store: Store | None, run_id: int, channel: RowChannel) -> None:
+    def __init__(
+        self,
+        store: Store | None,
+        run_id: int,
+        channel: RowChannel,
+        *,
+        spill: SpillWriter | None = None,
+        db: str = "DB",
+    ) -> None:
         super().__init__(store, run_id)  # type: ignore[arg-type]
         self.channel = channel
+        self.spill = spill
+        self.db = db
+        #: batches neither delivered nor spilled (no spill writer, or the spill file failed)
         self.undelivered: list[MetricBatch] = []
-        # rank 0: batches taken from the channel and not written yet (kept across failures)
+        self._announced = False
+        # rank 0: batches owned by the sink and not written yet (kept across failures)
+        self._own: list[MetricBatch] = []
         self._inbox: list[MetricBatch] = []
 
     @property
@@ -86,26 +116,27 @@ class GatherSink(DirectSink):
 
     def write(self, batch: MetricBatch) -> None:
         if self.is_receiver:
-            self.store.write(batch)
+            self._own.append(batch)  # written by the poll that follows, with the others' rows
             return
         try:
             self.channel.send(batch)
         except ChannelError as exc:
-            # rank 0 is gone: the writer must not retry into a dead channel forever; keep the
-            # rows for the spill file (see `undelivered`), and say so once
-            self.undelivered.extend(exc.undelivered)
-            log.error("multirank_logger: %s (%d rows kept in memory)", exc, sum(len(b) for b in exc.undelivered))
+            # rank 0 is gone: the writer must not retry into a dead channel forever
+            self._spill(exc, exc.undelivered)
 
     def poll(self) -> None:
         if not self.is_receiver:
             return
-        super().poll()
         if not self._inbox:
             # receive() acknowledges the previous call's batches: they are written by now
             self._inbox = self.channel.receive()
-        while self._inbox:
-            self.store.write(self._inbox[0])
-            self._inbox.pop(0)
+        if not (self._own or self._inbox or self._run_updates):
+            return
+        with self.store.writing():  # one connection for the run update and the rows
+            super().poll()
+            if self._own or self._inbox:
+                self.store.write(MetricBatch.concat(self._own + self._inbox))
+        self._own, self._inbox = [], []
 
     def finish(self, status: str, timeout: float) -> dict[int, str]:
         """End of the run for this rank.
@@ -120,9 +151,11 @@ class GatherSink(DirectSink):
             try:
                 self.channel.mark_done(status)
             except ChannelError as exc:
-                self.undelivered.extend(exc.undelivered)
+                self._spill(exc, exc.undelivered)
                 return {}
-            self.undelivered.extend(self.channel.wait_delivered(timeout))
+            left = self.channel.wait_delivered(timeout)
+            if left:
+                self._spill(f"rank 0 did not acknowledge rank {self.channel.rank}'s last rows in {timeout:g} s", left)
             return {}
         deadline = time.monotonic() + timeout
         expected = set(range(1, self.channel.world_size))
@@ -144,3 +177,39 @@ class GatherSink(DirectSink):
                 )
                 return done
             time.sleep(_POLL_S)
+
+    def close(self) -> None:
+        """Drop the channel's connection; on rank 0 this sends the last acknowledgements."""
+        self.channel.close()
+
+    # -- spilling (ranks other than 0) ------------------------------------------------------
+
+    def _spill(self, why: object, batches: list[MetricBatch]) -> None:
+        """Put `batches` in this run's spill file; say once where it is and how to merge it."""
+        rows = sum(len(b) for b in batches)
+        if self.spill is None or not rows:
+            self.undelivered.extend(b for b in batches if len(b))
+            if rows:
+                log.error("multirank_logger: %s (%d rows kept in memory only)", why, rows)
+            return
+        try:
+            self.spill.write(batches)
+        except OSError as exc:
+            self.undelivered.extend(batches)
+            log.error(
+                "multirank_logger: %s; the spill file %s cannot be written (%s): %d rows kept in memory only",
+                why, self.spill.path, exc, rows,
+            )
+            return
+        if not self._announced:
+            self._announced = True
+            # on the console whatever the logging set-up: this file holds the only copy of the rows
+            print(
+                f"multirank_logger: rank {self.channel.rank} could not deliver its rows to rank 0 ({why}).\n"
+                f"multirank_logger: they are kept in {self.spill.path}; rows that fail later go to the same file.\n"
+                f"multirank_logger: merge them into the store (once rank 0's store is reachable) with:\n"
+                f"    multirank-logger import {shlex.quote(self.db)} {shlex.quote(str(self.spill.path))}",
+                file=sys.stderr,
+                flush=True,
+            )
+

@@ -1,11 +1,16 @@
 """Hosts that share no disk, simulated on one machine: each node runs under `unshare -m` with its own tmpfs
-on the store's directory (DESIGN.md), so only host 0 can see the store, and rows travel over the channel."""
+on the store's directory (DESIGN.md), so only host 0 can see the store, and rows travel over the channel.
+
+The spill test runs its two nodes on one disk instead (rank 0 is killed, so its store must outlive it)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,26 +40,28 @@ def _can_unshare() -> str | None:
 
 
 _NO_UNSHARE = _can_unshare() if sys.platform == "linux" else "mount namespaces are Linux-only"
-pytestmark = [pytestmark, pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSHARE))]
+_needs_unshare = pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSHARE))
 
 
-def _run_hosts(tmp_path: Path, db_name: str, devices: int, *extra: str) -> tuple[dict[int, dict], list[int], Path]:
+def _run_hosts(
+    tmp_path: Path, db_name: str, devices: int, *extra: str, shared_disk: bool = False
+) -> tuple[dict[int, dict], list[int], Path]:
     """Start 2 simulated hosts of `devices` ranks each; returns the rank reports, exit codes, out dir."""
     store_dir, out = tmp_path / "store", tmp_path / "out"
     store_dir.mkdir()
     out.mkdir()
     db = store_dir / db_name
     port = free_port()
-    cmd = (
-        f"mount -t tmpfs none {store_dir} && exec {sys.executable} {SCRIPT} --db {db} --out {out} "
-        f"--num-nodes 2 --devices {devices} {' '.join(extra)}"
-    )
+    cmd = f"exec {sys.executable} {SCRIPT} --db {db} --out {out} --num-nodes 2 --devices {devices} {' '.join(extra)}"
+    if not shared_disk:
+        cmd = f"mount -t tmpfs none {store_dir} && {cmd}"
     procs = []
     for node in (0, 1):
         env = dict(os.environ, NODE_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
         env.pop("WORLD_SIZE", None)
         log = open(out / f"host{node}.log", "w")
-        procs.append(subprocess.Popen(["unshare", "-m", "sh", "-c", cmd], env=env, stdout=log, stderr=subprocess.STDOUT))
+        argv = ["sh", "-c", cmd] if shared_disk else ["unshare", "-m", "sh", "-c", cmd]
+        procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     codes = []
     for p in procs:
         try:
@@ -82,14 +89,8 @@ def _logs(out: Path) -> str:
     return "\n".join(f.read_text()[-3000:] for f in sorted(out.glob("host*.log")))
 
 
-_SQLITE_ON_HOST1 = pytest.mark.xfail(
-    strict=True,
-    reason="MultiRankLogger._check_store opens (creates) a SQLite store on every rank at construction, "
-    "before the transport is chosen, so host 1 gets an empty store of its own",
-)
-
-
-@pytest.mark.parametrize("db_name", ["runs.duckdb", pytest.param("runs.sqlite", marks=_SQLITE_ON_HOST1)])
+@_needs_unshare
+@pytest.mark.parametrize("db_name", ["runs.duckdb", "runs.sqlite"])
 def test_two_hosts_one_rank_each(tmp_path: Path, db_name: str) -> None:
     """num_nodes=2, devices=1: host 0's store holds both ranks' own values; host 1 has no store."""
     reports, codes, out = _run_hosts(tmp_path, db_name, 1, "--steps", "6", "--sleep", "0.05")
@@ -103,6 +104,7 @@ def test_two_hosts_one_rank_each(tmp_path: Path, db_name: str) -> None:
     assert not reports[1]["store_exists"], reports[1]["files"]
 
 
+@_needs_unshare
 def test_two_hosts_two_ranks_each(tmp_path: Path) -> None:
     """2 nodes x 2 devices: the 4 ranks' rows all reach host 0's store; host 1's ranks see no store."""
     reports, codes, out = _run_hosts(tmp_path, "runs.duckdb", 2, "--steps", "4")
@@ -116,6 +118,7 @@ def test_two_hosts_two_ranks_each(tmp_path: Path) -> None:
     assert _rows(db, "SELECT count(*) FROM ranks WHERE status = 'success'") == [(4,)]
 
 
+@_needs_unshare
 def test_asymmetric_logging_in_gather_mode_finishes(tmp_path: Path) -> None:
     """Ranks log different keys, different counts, or nothing at all, in gather mode: the run ends, rows kept."""
     reports, codes, out = _run_hosts(tmp_path, "runs.sqlite", 1, "--steps", "6", "--mode", "asym", "--transport", "gather")
@@ -130,6 +133,7 @@ def test_asymmetric_logging_in_gather_mode_finishes(tmp_path: Path) -> None:
     assert _rows(db, "SELECT status FROM runs") == [("success",)]
 
 
+@_needs_unshare
 def test_killed_rank_is_recorded_missing(tmp_path: Path) -> None:
     """SIGKILL rank 1 mid-run: rank 0 ends within its bound, keeps what it received, and marks rank 1 missing."""
     reports, codes, out = _run_hosts(
@@ -146,3 +150,38 @@ def test_killed_rank_is_recorded_missing(tmp_path: Path) -> None:
     assert steps == list(range(len(steps))) and 0 < len(steps) <= 8
     rank0 = [s for (s,) in _rows(db, "SELECT step FROM metrics WHERE rank = 0 AND key = 'rank_value' ORDER BY step")]
     assert rank0 == list(range(len(rank0))) and len(rank0) >= 8
+
+
+def test_rank0_killed_rows_spilled_then_imported_once(tmp_path: Path) -> None:
+    """SIGKILL rank 0 mid-run (gather): rank 1 ends within its bound, spills what rank 0 did not take, prints
+    the import command; running that command merges the file once, and rank 1's rows are whole."""
+    reports, codes, out = _run_hosts(
+        tmp_path, "runs.duckdb", 1, "--steps", "30", "--mode", "kill", "--kill-rank", "0", "--kill-step", "8",
+        "--sleep", "0.1", "--timeout", "5", shared_disk=True,
+    )
+    assert codes[0] == -signal.SIGKILL and codes[1] != 0, _logs(out)  # rank 1's next collective breaks
+    spills = sorted(out.glob("*.mrspill"))
+    assert len(spills) == 1 and spills[0].name.startswith("sn-version_0-rank1-"), _logs(out)
+    host1 = (out / "host1.log").read_text()
+    assert host1.count("could not deliver its rows to rank 0") == 1, host1[-3000:]
+    db = tmp_path / "store" / "runs.duckdb"
+    spilled = tmp_path / "store" / spills[0].name  # where rank 1 wrote it: next to the store
+    command = re.search(r"^ +(multirank-logger import .*)$", host1, re.M)
+    assert command is not None, host1[-3000:]
+    argv = shlex.split(command.group(1))
+    assert argv[2:] == [str(db), str(spilled)]
+    sql = "SELECT step, value FROM metrics WHERE rank = 1 AND key = 'rank_value' ORDER BY step"
+    before = _rows(db, sql)
+
+    cli = [str(Path(sys.executable).with_name("multirank-logger")), *argv[1:]]
+    first = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and "added" in first.stdout, first.stdout + first.stderr
+    after = _rows(db, sql)
+    assert len(after) > len(before)
+    steps = [s for s, _ in after]
+    # every step rank 1 logged, once, in order (the file and the store may overlap: no duplicate)
+    assert steps == list(range(len(steps))) and len(steps) >= 8
+    assert after == [(s, float(1000 + s)) for s in steps]
+    again = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "already imported" in again.stdout, again.stdout + again.stderr
+    assert _rows(db, sql) == after
