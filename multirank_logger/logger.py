@@ -33,6 +33,7 @@ from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, 
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
 from multirank_logger.query import open_store
 from multirank_logger.sinks import DirectSink, GatherSink
+from multirank_logger.spill import SpillWriter
 from multirank_logger.store import Store, _check_writable
 from multirank_logger.transport import RowChannel
 from multirank_logger.writer import BackgroundWriter, forget_chained_sigterm, outermost_sigterm, sigterm_received
@@ -70,6 +71,9 @@ class MultiRankLogger(Logger):
         export_csv: write ``metrics.csv`` and ``hparams.yaml`` into `log_dir` at the end of a
             successful run.
         timeout: the longest any wait on another rank or on a busy store lasts, in seconds.
+        spill_dir: where a rank that cannot deliver its rows to rank 0 (gather transport, rank 0
+            gone) writes them, for ``multirank-logger import``; defaults to the db file's
+            directory (the working directory for a server URL), as seen by that rank.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction).
@@ -99,6 +103,7 @@ class MultiRankLogger(Logger):
         transport: str = "auto",
         export_csv: bool = True,
         timeout: float = 60.0,
+        spill_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         if transport not in TRANSPORTS:
@@ -119,6 +124,7 @@ class MultiRankLogger(Logger):
         self._transport_arg = transport
         self._export_csv = export_csv
         self._timeout = float(timeout)
+        self._spill_dir = os.fspath(spill_dir) if spill_dir is not None else default_dir
         self._board = IdentityBoard(next(_INSTANCES), self._timeout)
         self._identity: RunIdentity | None = None
         self._published = False
@@ -137,6 +143,7 @@ class MultiRankLogger(Logger):
         self._store: Store | None = None
         self._sink: DirectSink | None = None
         self._sink_world = 0
+        self._spill: SpillWriter | None = None  # one per run: every phase spills into one file
         self._rank = 0
         self._transport: str | None = None
         self._live = False
@@ -149,7 +156,7 @@ class MultiRankLogger(Logger):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_buffer", "_lock", "_store", "_sink", "_writer"):
+        for key in ("_buffer", "_lock", "_store", "_sink", "_writer", "_spill"):
             del state[key]  # engines, threads and sockets stay in this process
         state["_published"] = False  # the new process's rank 0 publishes into its own launch
         return state
@@ -263,6 +270,7 @@ class MultiRankLogger(Logger):
             return
         others = self._safely(lambda: sink.finish(status, timeout)) or {}
         self._writer.flush(timeout)  # rows rank 0 drained while finishing are written by now
+        sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
         now = time.time()
         self._safely(lambda: self._record_end(status, others, now))
         if self._rank == 0 and status == "success" and self._export_csv:
@@ -304,14 +312,19 @@ class MultiRankLogger(Logger):
     # -- identity and sink --------------------------------------------------------------------
 
     def _check_store(self) -> None:
-        """Fail at construction, not an hour in, when the store cannot be used; rank 0 allocates."""
+        """Fail at construction, not an hour in, when the store cannot be used; rank 0 allocates.
+
+        Other ranks only check that the file could be written: opening it would create a store
+        of their own on a host that does not share rank 0's disk. They open it once the
+        transport is "direct" (`_setup_sink`).
+        """
         rank = current_rank()
-        if rank == 0 or backend_for(self._url).concurrent_writers:
+        if rank == 0:
             self._open_store()
         else:
             path = backend_for(self._url).path
             if path is not None:
-                _check_writable(path)  # this rank will never open a DuckDB file: rank 0 writes it
+                _check_writable(path)
         if rank == 0 and self._identity is None:
             # allocate now, before any launcher starts the other ranks: its children inherit the
             # identity through the environment, ddp_spawn workers through pickling
@@ -376,7 +389,11 @@ class MultiRankLogger(Logger):
                 self._transport_arg, backend_for(self._url), world, rank=rank, channel=channel, timeout=self._timeout
             )
             if transport == "gather" and channel is not None:
-                sink: DirectSink = GatherSink(self._open_store() if rank == 0 else None, identity.run_id, channel)
+                store = self._open_store() if rank == 0 else None
+                spill = None if rank == 0 else self._spill_writer(identity, rank)
+                path = backend_for(self._url).path
+                shown = os.path.abspath(path) if path is not None else self._db  # for the import command
+                sink: DirectSink = GatherSink(store, identity.run_id, channel, spill=spill, db=shown)
             else:
                 sink = DirectSink(self._open_store(), identity.run_id)
             self._rank, self._transport, self._sink_world = rank, transport, world
@@ -386,6 +403,13 @@ class MultiRankLogger(Logger):
                 sink.update_run(hparams=_jsonable(self._hparams))
             self._sink = sink
             return sink
+
+    def _spill_writer(self, identity: RunIdentity, rank: int) -> SpillWriter:
+        if self._spill is None or self._spill.header["run_id"] != identity.run_id:
+            self._spill = SpillWriter(
+                self._spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank
+            )
+        return self._spill
 
     def _register(self, identity: RunIdentity, rank: int, world: int, transport: str, why: str) -> None:
         store = self._store
