@@ -4,7 +4,8 @@ Run by bench_e2e (never by hand): ``python benchmarks/_e2e_train.py --variants a
 --metrics 5 --out DIR``. Lightning's launcher starts rank 1 by re-running this script, so
 every rank runs the same variants in the same order. Each rank writes
 ``DIR/rank{r}.json``: per variant, the wall time of ``trainer.fit`` (logger set-up,
-every step, finalize), the time of the training loop alone, and the rank's peak RSS.
+every step, finalize), the time of the training loop alone, the CPU seconds the rank
+spent in the fit (all its threads), and the rank's peak RSS.
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def _logger(variant: str, root: Path) -> Any:
     raise ValueError(variant)
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process, all its threads (the logger's writer too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_variant(variant: str, steps: int, n_metrics: int, root: Path) -> dict[str, Any]:
     timer = _LoopTimer()
     world = 2
@@ -112,13 +119,16 @@ def run_variant(variant: str, steps: int, n_metrics: int, root: Path) -> dict[st
         default_root_dir=root,
     )
     data = DataLoader(_Constant(steps * BATCH * world), batch_size=BATCH)
+    cpu0 = _cpu_s()
     t0 = time.perf_counter()
     trainer.fit(_Model(n_metrics), data)
     fit_s = time.perf_counter() - t0
+    cpu_s = _cpu_s() - cpu0
     return {
         "variant": variant,
         "fit_s": fit_s,
         "loop_s": timer.seconds,
+        "cpu_s": cpu_s,
         "steps": trainer.global_step,
         "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }

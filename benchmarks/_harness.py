@@ -109,6 +109,7 @@ class Case:
     rounds: int | None = None  # overrides Sizes.rounds
     inner: int | None = None  # overrides Sizes.inner
     timeout_s: float = 900.0
+    extra_ratios: Sequence[str] = ()  # extras also divided by the peer's, sample by sample
 
 
 @dataclass
@@ -131,13 +132,6 @@ class Result:
 def peak_rss_mib() -> float:
     """This process's peak resident set size, in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds taken by one call of fn."""
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def _child_env() -> dict[str, str]:
@@ -223,10 +217,23 @@ def _stats(xs: Sequence[float]) -> tuple[float, float, float] | None:
     return statistics.median(xs), min(xs), max(xs)
 
 
-def _ratios(res: Result, peer: Result) -> list[float]:
-    """Ratios of samples taken side by side: same (round, inner) position, else same round's medians."""
-    mine = dict(zip(res.positions, res.samples))
-    theirs = dict(zip(peer.positions, peer.samples))
+def _extra_samples(res: Result, key: str) -> list[float | None]:
+    out: list[float | None] = []
+    for extra in res.extras:
+        v = extra.get(key)
+        out.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+    return out
+
+
+def _ratios(res: Result, peer: Result, key: str | None = None) -> list[float]:
+    """Ratios of samples taken side by side: same (round, inner) position, else same round's medians.
+
+    With `key`, of that extra instead of the figure.
+    """
+    mine_s = res.samples if key is None else _extra_samples(res, key)
+    theirs_s = peer.samples if key is None else _extra_samples(peer, key)
+    mine = dict(zip(res.positions, mine_s))
+    theirs = dict(zip(peer.positions, theirs_s))
     if mine and set(mine) <= set(theirs):
         pairs = [(a, theirs[pos]) for pos, a in mine.items()]
     else:
@@ -276,6 +283,10 @@ def summarize(results: Sequence[Result]) -> list[dict[str, Any]]:
             row["goals"].append((g.text, g.check(median, versus)))
         if res.extras:
             row["extras"] = _merge_extras(res.extras)
+            for key in case.extra_ratios:
+                stats = _stats(_ratios(res, peer, key)) if peer is not None and peer is not res else None
+                if stats:
+                    row["extras"][f"{key} vs peer"] = f"{stats[0]:.3g}x [{stats[1]:.3g}, {stats[2]:.3g}]"
         rows.append(row)
     return rows
 
@@ -371,6 +382,13 @@ _PACKAGES = ("multirank-logger", "torch", "lightning", "duckdb", "duckdb-engine"
              "pyarrow", "pandas", "tensorboard", "psutil")
 
 
+def _loadavg() -> tuple[float, ...]:
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except OSError:
+        return (float("nan"),) * 3
+
+
 def machine_info() -> dict[str, Any]:
     versions = {}
     for name in _PACKAGES:
@@ -378,10 +396,6 @@ def machine_info() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = (float("nan"),) * 3
     return {
         "cores": os.cpu_count(),
         "cpu": _cpu_model(),
@@ -389,7 +403,7 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": versions,
-        "load_at_start": tuple(round(x, 2) for x in load),
+        "load_at_start": _loadavg(),
     }
 
 
@@ -401,6 +415,7 @@ def markdown_report(
     sizes: Sizes,
     elapsed_s: float,
     notes: Sequence[str] = (),
+    in_process: bool = False,
 ) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
     out = [
@@ -409,16 +424,19 @@ def markdown_report(
         f"- command: `{command}` (mode: {sizes.mode}; took {elapsed_s / 60:.1f} min)",
         f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
         f"- machine: {machine['cores']} cores ({machine['cpu']}), {machine['memory_gib']} GiB memory, "
-        f"{machine['platform']}, Python {machine['python']}; load average at start "
-        f"{', '.join(str(x) for x in machine['load_at_start'])}",
+        f"{machine['platform']}, Python {machine['python']}",
         f"- versions: {versions}",
         f"- sizes: {sizes}",
         "",
-        "Every figure is the median of the samples with their min and max; every case ran in its own",
-        "fresh process (peak RSS is that process's, or the largest rank's for DDP runs), and the cases",
-        "of a section ran interleaved round by round. Ratios are taken sample by sample against the",
-        "peer measured beside it in the same round, then summarised. This machine is shared and noisy:",
-        "read the ratios before the absolute numbers.",
+        "Every figure is the median of the samples with their min and max. "
+        + ("This run measured every case in ONE process (--in-process): its RSS figures are cumulative."
+           if in_process else
+           "Every case ran in its own fresh process (peak RSS is that process's, or the largest rank's "
+           "for DDP runs)."),
+        "The cases of a section ran interleaved round by round. Ratios are taken sample by sample",
+        "against the peer measured beside it in the same round, then summarised. This machine is",
+        f"shared and noisy (load average {', '.join(str(x) for x in machine['load_at_start'])} at the start, "
+        f"{', '.join(str(x) for x in _loadavg())} at the end): read the ratios before the absolute numbers.",
         "",
         markdown_table(rows),
         "",

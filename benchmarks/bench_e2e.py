@@ -5,7 +5,8 @@ thread per rank): a 5-step warm-up fit with no logger (it starts rank 1 and the 
 group), then the measured fit. The figure is rank 0's wall time of the measured
 ``trainer.fit``: logger set-up, every step (``log_every_n_steps=1``), ``finalize``.
 Peak RSS is the larger of the two ranks'. Overheads are ratios to ``logger=False``
-measured in the same round.
+measured in the same round, for the wall time and for the CPU seconds both ranks
+spent in the fit (``cpu_s``, less disturbed by other load on a shared machine).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def launch(variants: list[str], steps: int, metrics: int, timeout_s: float = 600
             "loop_s": r0["loop_s"],
             # set-up (store, identity) and finalize (flush, export): fit time outside the loop
             "outside_loop_s": r0["fit_s"] - r0["loop_s"],
+            # CPU seconds of both ranks in the fit: steadier than wall time on a shared machine
+            "cpu_s": r0["cpu_s"] + r1["cpu_s"],
             "steps": r0["steps"],
             "rss_mib": max(r0["rss_mib"], r1["rss_mib"]),
         }
@@ -127,6 +130,7 @@ def cases(sizes: Sizes) -> list[Case]:
                 + ("; all variants in one launch" if together else ""),
                 rounds=sizes.e2e_rounds,
                 inner=1,
+                extra_ratios=("cpu_s",),
             )
         )
     return out

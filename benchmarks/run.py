@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         notes += getattr(mod, "NOTES", [])
     elapsed = time.perf_counter() - started
     report = markdown_report(rows, command=command.strip(), machine=machine, sizes=sizes,
-                             elapsed_s=elapsed, notes=notes)
+                             elapsed_s=elapsed, notes=notes, in_process=args.in_process)
     out = args.out or (BENCH_DIR / "RESULTS.md" if sizes.mode == "full" else CACHE_DIR / f"RESULTS-{sizes.mode}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
