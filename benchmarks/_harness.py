@@ -68,6 +68,7 @@ class Sizes:
     hot_keys: int
     ingest_rows: int  # rows per batch
     ingest_batches: int
+    ingest_small_batches: int  # of 1,000 rows: the size of one logger flush (100 calls x 10 keys)
     e2e_steps: int
     e2e_metrics: int
     e2e_rounds: int

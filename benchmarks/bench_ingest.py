@@ -173,7 +173,7 @@ def cases(sizes: Sizes) -> list[Case]:
     kw = {"batches": sizes.ingest_batches, "rows": sizes.ingest_rows}
     shape = f"{sizes.ingest_batches} x {sizes.ingest_rows:,}-row batches"
     half = (Goal("ratio", ">=", 0.5, ">= 0.5x raw"),)
-    return [
+    out = [
         Case(SECTION, "raw sqlite3 executemany", "benchmarks.bench_ingest:raw_sqlite", "rows/s", kw,
              note=f"{shape}; prebuilt tuples, WAL"),
         Case(SECTION, "Store.write SQLite", "benchmarks.bench_ingest:store_write", "rows/s",
@@ -186,6 +186,20 @@ def cases(sizes: Sizes) -> list[Case]:
         Case(SECTION, "Store.write DuckDB in Store.writing()", "benchmarks.bench_ingest:store_write", "rows/s",
              {"backend": "duckdb", "held": True, **kw}, peer="raw DuckDB from Arrow", goals=half,
              note=f"{shape}; one connection held across the batches"),
+    ]
+    small = {"batches": sizes.ingest_small_batches, "rows": 1_000}
+    small_shape = f"{sizes.ingest_small_batches} x 1,000-row batches (one logger flush: 100 calls x 10 keys)"
+    out += [
+        Case(SECTION, "raw sqlite3 executemany, 1k-row batches", "benchmarks.bench_ingest:raw_sqlite", "rows/s",
+             small, note=small_shape),
+        Case(SECTION, "Store.write SQLite, 1k-row batches", "benchmarks.bench_ingest:store_write", "rows/s",
+             {"backend": "sqlite", **small}, peer="raw sqlite3 executemany, 1k-row batches", note=small_shape),
+        Case(SECTION, "raw DuckDB from Arrow, 1k-row batches", "benchmarks.bench_ingest:raw_duckdb", "rows/s",
+             small, note=small_shape),
+        Case(SECTION, "Store.write DuckDB, 1k-row batches", "benchmarks.bench_ingest:store_write", "rows/s",
+             {"backend": "duckdb", **small}, peer="raw DuckDB from Arrow, 1k-row batches",
+             note=f"{small_shape}; the file opened per batch, as the logger's flush does"),
         Case(SECTION, "RecordBuffer.drain (component)", "benchmarks.bench_ingest:buffer_drain", "rows/s", kw,
              note="log calls -> MetricBatch, before any write"),
     ]
+    return out

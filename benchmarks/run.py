@@ -42,14 +42,14 @@ SIZES = {
     "full": Sizes(
         mode="full", rounds=3, inner=2,
         hot_calls=50_000, hot_keys=10,
-        ingest_rows=100_000, ingest_batches=5,
+        ingest_rows=100_000, ingest_batches=5, ingest_small_batches=50,
         e2e_steps=1_000, e2e_metrics=5, e2e_rounds=4,
         query_ranks=8, query_steps=200_000, query_keys=10, query_rounds=3,
     ),
     "quick": Sizes(
         mode="quick", rounds=1, inner=3,
         hot_calls=5_000, hot_keys=10,
-        ingest_rows=100_000, ingest_batches=2,
+        ingest_rows=100_000, ingest_batches=2, ingest_small_batches=10,
         e2e_steps=300, e2e_metrics=5, e2e_rounds=1,
         query_ranks=8, query_steps=10_000, query_keys=10, query_rounds=1,
     ),
@@ -57,7 +57,7 @@ SIZES = {
     "tiny": Sizes(
         mode="tiny", rounds=1, inner=1,
         hot_calls=200, hot_keys=10,
-        ingest_rows=2_000, ingest_batches=2,
+        ingest_rows=2_000, ingest_batches=2, ingest_small_batches=2,
         e2e_steps=10, e2e_metrics=5, e2e_rounds=1,
         query_ranks=2, query_steps=200, query_keys=10, query_rounds=1,
     ),
