@@ -92,9 +92,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     sizes = SIZES["quick" if args.quick else "tiny" if args.tiny else "full"]
-    command = "python benchmarks/run.py" + ("" if argv is None and len(sys.argv) < 2 else " ") + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
-    )
+    given = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python benchmarks/run.py", *(shlex.quote(a) for a in given)])
+    if sizes.mode == "full" and not given:
+        command = f"make bench ({command})"
     machine = machine_info()
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"== {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
         notes += getattr(mod, "NOTES", [])
     elapsed = time.perf_counter() - started
-    report = markdown_report(rows, command=command.strip(), machine=machine, sizes=sizes,
+    report = markdown_report(rows, command=command, machine=machine, sizes=sizes,
                              elapsed_s=elapsed, notes=notes, in_process=args.in_process)
     out = args.out or (BENCH_DIR / "RESULTS.md" if sizes.mode == "full" else CACHE_DIR / f"RESULTS-{sizes.mode}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
