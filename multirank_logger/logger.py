@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from lightning.fabric.utilities.logger import _add_prefix, _convert_params
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger
@@ -497,8 +498,11 @@ def _retry_locked(fn: Callable[[], T], timeout: float) -> T:
     while True:
         try:
             return fn()
-        except StoreLocked:
-            if time.monotonic() + delay > deadline:
+        except (StoreLocked, sa.exc.OperationalError) as exc:
+            # SQLite's "database is locked" can escape its busy timeout where a new file is being
+            # switched to WAL by another launch: that is a busy store too
+            busy = isinstance(exc, StoreLocked) or "database is locked" in str(exc)
+            if not busy or time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.5)

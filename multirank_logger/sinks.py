@@ -160,14 +160,9 @@ class GatherSink(DirectSink):
         deadline = time.monotonic() + timeout
         expected = set(range(1, self.channel.world_size))
         done: dict[int, str] = {}
-        while True:
-            self.poll()
+        while not expected <= done.keys():
+            self._poll_until(deadline)
             done = self.channel.done_ranks()
-            if expected <= done.keys():
-                # one more receive acknowledges the last batches, so the senders stop waiting
-                self._inbox.extend(self.channel.receive())
-                self.poll()
-                return done
             if time.monotonic() >= deadline:
                 missing = sorted(expected - done.keys())
                 log.warning(
@@ -177,6 +172,29 @@ class GatherSink(DirectSink):
                 )
                 return done
             time.sleep(_POLL_S)
+        # one more receive acknowledges the last batches, so the senders stop waiting
+        self._poll_until(deadline)
+        self._inbox.extend(self.channel.receive())
+        if not self._poll_until(deadline):
+            log.error("multirank_logger: %d received rows are not stored: the store stayed busy", self._held_rows())
+        return done
+
+    def _poll_until(self, deadline: float) -> bool:
+        """`poll`, retried while the store is busy (a reader holds a DuckDB file) up to `deadline`."""
+        while True:
+            try:
+                self.poll()
+                return True
+            except ChannelError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - StoreLocked, or the driver's own lock error
+                if time.monotonic() >= deadline:
+                    log.warning("multirank_logger: the store stayed busy until the deadline (%s)", exc)
+                    return False
+                time.sleep(_POLL_S)
+
+    def _held_rows(self) -> int:
+        return sum(len(b) for b in self._own + self._inbox)
 
     def close(self) -> None:
         """Drop the channel's connection; on rank 0 this sends the last acknowledgements."""
