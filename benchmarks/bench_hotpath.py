@@ -5,12 +5,14 @@ floats per call (as Lightning builds one per step), ``log_metrics(metrics, step)
 then ``save()``, and at the end ``finalize("success")``, whose flush is included in
 the per-call figure. As in the Trainer's setup hook, ``logger.experiment`` is read
 once before the timed loop (that is where every logger opens its file or store).
-A logger that does nothing gives the floor of this harness.
+A logger that does nothing gives the floor of this harness. ``cpu_us`` is the CPU time
+of the whole process (all threads, so a background writer's too) per call.
 """
 
 from __future__ import annotations
 
 import random
+import resource
 import tempfile
 import time
 from typing import Any
@@ -92,6 +94,7 @@ def measure(kind: str, calls: int, keys: int) -> dict[str, Any]:
         # the Trainer reads `experiment` in its setup hook, before any step: so do we, untimed
         _ = logger.experiment
         log_metrics, save = logger.log_metrics, logger.save
+        cpu0 = _cpu_s()
         t0 = time.perf_counter()
         for step in range(calls):
             log_metrics(dict(zip(names, rows[step % 1000])), step)
@@ -99,11 +102,19 @@ def measure(kind: str, calls: int, keys: int) -> dict[str, Any]:
         t1 = time.perf_counter()
         logger.finalize("success")
         t2 = time.perf_counter()
+        cpu = _cpu_s() - cpu0
     return {
         "value": (t2 - t0) / calls * 1e6,
         "loop_us": (t1 - t0) / calls * 1e6,
         "final_flush_ms": (t2 - t1) * 1e3,
+        # every thread of the process: a background writer's work shows here, not in loop_us
+        "cpu_us": cpu / calls * 1e6,
     }
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cases(sizes: Sizes) -> list[Case]:
@@ -128,6 +139,7 @@ def cases(sizes: Sizes) -> list[Case]:
                 note=f"{note}; {sizes.hot_calls:,} calls x {sizes.hot_keys} keys",
                 # 10-15 s a sample at full size: one per process, still one per round
                 inner=1 if kind in _SLOW and sizes.mode == "full" else None,
+                extra_ratios=("cpu_us",),
             )
         )
     return out
