@@ -1,0 +1,41 @@
+"""One of N plain processes that form a gloo process group and log with transport="direct".
+
+No Trainer: each process sets the launch's environment itself (RANK, WORLD_SIZE, MASTER_*),
+joins the process group, builds a MultiRankLogger, logs `calls` calls of two keys and
+finalizes, as Lightning would. Used by tests/test_logger_many_ranks.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+
+def value(rank: int, call: int) -> float:
+    return float(rank * 1_000_000 + call)
+
+
+def rank_main(rank: int, world: int, port: int, db: str, calls: int, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    from multirank_logger import MultiRankLogger
+
+    logger = MultiRankLogger(
+        db=db, name="many", transport="direct", flush_interval=0.05, flush_logs_every_n_steps=20, export_csv=False
+    )
+    _ = logger.experiment  # as Lightning's setup does on every rank
+    for call in range(calls):
+        logger.log_metrics({"value": value(rank, call), "call": call}, step=call)
+        logger.save()
+    logger.finalize("success")
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "transport": logger.transport, "run_id": logger.run_id})
+    )
+    dist.barrier()
+    dist.destroy_process_group()

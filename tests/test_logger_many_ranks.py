@@ -1,0 +1,50 @@
+"""8 ranks writing one SQLite file at once (transport="direct"): no lock error, no row lost.
+
+Eight plain processes over gloo (tests/logger_many_ranks.py) rather than eight Lightning
+ranks: the same store traffic, without eight Trainers on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from tests.logger_helpers import query
+from tests.logger_many_ranks import rank_main, value
+
+pytestmark = pytest.mark.timeout(240)
+WORLD = 8
+CALLS = 300
+JOIN_TIMEOUT_S = 150
+
+
+def test_eight_ranks_write_one_sqlite_file_directly(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db, out = tmp_path / "runs.sqlite", tmp_path / "out"
+    out.mkdir()
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, WORLD, port, str(db), CALLS, str(out))) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(JOIN_TIMEOUT_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    assert [p.exitcode for p in procs] == [0] * WORLD
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert {(r["transport"], r["run_id"]) for r in reports} == {("direct", 1)}
+    captured = capfd.readouterr()
+    assert "database is locked" not in captured.out + captured.err
+    counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
+    assert counts == [(r, CALLS) for r in range(WORLD)]
+    for r in range(WORLD):
+        rows = query(db, "SELECT step, value FROM metrics WHERE rank = :r AND key = 'value' ORDER BY seq", r=r)
+        assert rows == [(c, value(r, c)) for c in range(CALLS)]
+    assert query(db, "SELECT count(*) FROM ranks WHERE status = 'success'") == [(WORLD,)]
+    assert query(db, "SELECT status, transport, world_size FROM runs") == [("success", "direct", WORLD)]
