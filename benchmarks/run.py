@@ -47,7 +47,7 @@ SIZES = {
         query_ranks=8, query_steps=200_000, query_keys=10, query_rounds=3,
     ),
     "quick": Sizes(
-        mode="quick", rounds=1, inner=3,
+        mode="quick", rounds=1, inner=2,
         hot_calls=5_000, hot_keys=10,
         ingest_rows=100_000, ingest_batches=2, ingest_small_batches=10,
         e2e_steps=300, e2e_metrics=5, e2e_rounds=1,
