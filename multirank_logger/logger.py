@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import sys
 import threading
 import time
 import weakref
@@ -19,7 +17,6 @@ from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
 from lightning.fabric.utilities.logger import _add_prefix, _convert_params
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger
@@ -29,15 +26,17 @@ from typing_extensions import override
 
 from multirank_logger.backends import backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
-from multirank_logger.errors import MultiRankLoggerError, StoreLocked
+from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
 from multirank_logger.query import open_store
+from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
+from multirank_logger.run_end import retry_locked as _retry_locked
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.spill import SpillWriter
 from multirank_logger.store import Store, _check_writable
 from multirank_logger.transport import RowChannel
-from multirank_logger.writer import BackgroundWriter, forget_chained_sigterm, outermost_sigterm, sigterm_received
+from multirank_logger.writer import BackgroundWriter, forget_chained_sigterm, outermost_sigterm
 
 __all__ = ["MultiRankLogger"]
 
@@ -258,7 +257,7 @@ class MultiRankLogger(Logger):
 
         Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
         """
-        status = _final_status(status)
+        status = final_status(status)
         timeout = self._timeout if status == "success" else min(self._timeout, _FAILED_TIMEOUT)
         if self._buffer.calls_pending and self._sink is None:
             self._safely(self._setup_sink)
@@ -271,27 +270,19 @@ class MultiRankLogger(Logger):
             return
         others = self._safely(lambda: sink.finish(status, timeout)) or {}
         self._writer.flush(timeout)  # rows rank 0 drained while finishing are written by now
+        gather_world = self._sink_world if isinstance(sink, GatherSink) else 0
+        facts: dict[int, dict[str, Any]] = {}
+        if gather_world and self._rank == 0:
+            facts = self._safely(lambda: fetch_facts(sink.channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
         sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
-        now = time.time()
-        self._safely(lambda: self._record_end(status, others, now))
+        store, run_id = self._store, self._identity.run_id
+        if store is not None:  # None: a rank that only sends (rank 0 records its end)
+            end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
+            self._safely(lambda: record_end(store, run_id, **end, timeout=self._timeout))
         if self._rank == 0 and status == "success" and self._export_csv:
             self._safely(self._export_files)
         self._phase += 1
         self._sink = None  # a later fit/test sets up again, on a fresh channel
-
-    def _record_end(self, status: str, others: dict[int, str], now: float) -> None:
-        store = self._store
-        if store is None:
-            return  # a rank that only sends: rank 0 records its status
-        run_id = self._identity.run_id  # type: ignore[union-attr]
-        _retry_locked(lambda: store.update_rank(run_id, self._rank, status=status, ended_at=now), self._timeout)
-        if self._transport == "gather" and self._rank == 0:
-            for rank in range(1, self._sink_world):
-                state = others.get(rank, "missing")
-                _retry_locked(lambda: store.update_rank(run_id, rank, status=state, ended_at=now), self._timeout)
-        if self._rank == 0 or status != "success":
-            # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
-            _retry_locked(lambda: store.update_run(run_id, status=status, ended_at=now), self._timeout)
 
     def _end_unset_run(self, status: str) -> None:
         """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
@@ -395,6 +386,8 @@ class MultiRankLogger(Logger):
                 path = backend_for(self._url).path
                 shown = os.path.abspath(path) if path is not None else self._db  # for the import command
                 sink: DirectSink = GatherSink(store, identity.run_id, channel, spill=spill, db=shown)
+                if rank != 0:
+                    publish_facts(channel)  # rank 0 records this rank's host and pid at the end
             else:
                 sink = DirectSink(self._open_store(), identity.run_id)
             self._rank, self._transport, self._sink_world = rank, transport, world
@@ -415,12 +408,7 @@ class MultiRankLogger(Logger):
     def _register(self, identity: RunIdentity, rank: int, world: int, transport: str, why: str) -> None:
         store = self._store
         assert store is not None
-        facts = {
-            "local_rank": _env_int("LOCAL_RANK", 0),
-            "node_rank": _env_int("NODE_RANK", _env_int("GROUP_RANK", 0)),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
+        facts = rank_facts()
         _retry_locked(lambda: store.register_rank(identity.run_id, rank, **facts), self._timeout)
         if transport == "gather":
             for other in range(1, world):  # they cannot write: rank 0 keeps their rows
@@ -457,27 +445,10 @@ class MultiRankLogger(Logger):
 CSVLogger.register(MultiRankLogger)
 
 
-def _final_status(status: str) -> str:
-    """Lightning reports every exception as "failed": tell a preemption or Ctrl-C apart."""
-    if status != "failed":
-        return status
-    exc = sys.exc_info()[1]
-    if sigterm_received.is_set() or isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return "interrupted"
-    return status
-
-
 def _dist_up() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return default
 
 
 def _jsonable(value: Any) -> Any:
@@ -489,23 +460,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
-
-
-def _retry_locked(fn: Callable[[], T], timeout: float) -> T:
-    """Run `fn`, retrying while a DuckDB file is held by another process (a reader), up to `timeout`."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        try:
-            return fn()
-        except (StoreLocked, sa.exc.OperationalError) as exc:
-            # SQLite's "database is locked" can escape its busy timeout where a new file is being
-            # switched to WAL by another launch: that is a busy store too
-            busy = isinstance(exc, StoreLocked) or "database is locked" in str(exc)
-            if not busy or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
 
 def _reset_after_fork() -> None:

@@ -11,6 +11,7 @@ Each launch is tiny (Linear(4, 1), a few steps); the assertions read the store a
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -116,7 +117,7 @@ def test_reader_while_training_sees_rows_and_nothing_is_lost(tmp_path: Path) -> 
     assert during, f"the reader saw no rows in {len(seen)} reads while training ran"
     assert during[0] < final  # rows were readable mid-run, not only at the end
     assert any(ranks == {0, 1} for _, ranks in seen)  # rank 1's rows too, through rank 0
-    assert all(a <= b for a, b in zip(during, during[1:]))  # never a row vanished
+    assert all(a <= b for a, b in itertools.pairwise(during))  # never a row vanished
 
 
 # -- ddp_spawn -----------------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def test_ddp_spawn_ranks_use_the_version_read_before_fit(tmp_path: Path) -> None
     """strategy="ddp_spawn": the version the main process read before fit is the one both ranks wrote."""
     db = tmp_path / "runs.sqlite"
     out = _finish(_start(train_cmd(db, tmp_path, "--strategy", "ddp_spawn", "--steps", str(STEPS), "--read-version"), tmp_path))
-    before = re.findall(r"^version before fit: (\d+) (.*)$", out, re.M)
+    before = re.findall(r"^version before fit: (\d+) (.*)$", out, re.MULTILINE)
     assert len(before) == 1, out[-3000:]
     version = int(before[0][0])
     runs = query(db, "SELECT id, version, status, world_size FROM runs")
@@ -167,7 +168,7 @@ def test_fabric_log_dict_records_each_rank(tmp_path: Path) -> None:
     """Fabric(strategy="ddp", loggers=[MultiRankLogger]) and fabric.log_dict on each rank: rows for both."""
     db = tmp_path / "runs.sqlite"
     out = _finish(_start([sys.executable, str(TESTS / "logger_fabric.py"), str(db), str(STEPS)], tmp_path, PYTHONPATH=str(TESTS.parent)))
-    said = sorted(re.findall(r"^rank (\d) version (\d+) run (\d+)$", out, re.M))
+    said = sorted(re.findall(r"^rank (\d) version (\d+) run (\d+)$", out, re.MULTILINE))
     assert said == [("0", "0", "1"), ("1", "0", "1")], out[-3000:]
     assert _rank_values(db, 1) == _expected(STEPS)
     assert query(db, "SELECT count(*) FROM metrics WHERE key = 'loss'") == [(2 * STEPS,)]

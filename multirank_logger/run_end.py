@@ -1,0 +1,125 @@
+"""How a run ends in the store, and what each rank says about itself (host, pid, ranks).
+
+The logger's `finalize` calls into here once the rows are flushed: every rank records its
+own status where it writes the store; in gather mode rank 0 records the others, with the
+facts each of them published on the run's channel at set-up (`publish_facts`). Every wait
+is bounded: a rank that never published is recorded without its facts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from multirank_logger.errors import StoreLocked
+from multirank_logger.store import Store
+from multirank_logger.transport import ChannelError, RowChannel
+from multirank_logger.writer import sigterm_received
+
+__all__ = ["fetch_facts", "final_status", "publish_facts", "rank_facts", "record_end", "retry_locked"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: the longest rank 0 waits, for all ranks together, for facts the others did not publish
+FACTS_WAIT_S = 2.0
+_FACTS_KEY = "facts/{rank}"
+
+
+def rank_facts() -> dict[str, Any]:
+    """This process's facts for the `ranks` table."""
+    return {
+        "local_rank": _env_int("LOCAL_RANK", 0),
+        "node_rank": _env_int("NODE_RANK", _env_int("GROUP_RANK", 0)),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+def publish_facts(channel: RowChannel) -> None:
+    """A rank that does not write the store (gather): leave its facts for rank 0. Best effort."""
+    try:
+        channel.publish(_FACTS_KEY.format(rank=channel.rank), json.dumps(rank_facts()).encode())
+    except ChannelError as exc:
+        log.warning("multirank_logger: rank %d could not publish its host and pid: %s", channel.rank, exc)
+
+
+def fetch_facts(channel: RowChannel, ranks: Iterable[int], bound: float = FACTS_WAIT_S) -> dict[int, dict[str, Any]]:
+    """Rank 0: the facts `ranks` published, waiting at most `bound` seconds for all of them."""
+    deadline = time.monotonic() + bound
+    out: dict[int, dict[str, Any]] = {}
+    for rank in ranks:
+        try:
+            raw = channel.fetch(_FACTS_KEY.format(rank=rank), max(0.01, deadline - time.monotonic()))
+            facts = json.loads(raw)
+        except (ChannelError, ValueError):
+            continue  # died before set-up ended, or the channel is gone: status only
+        if isinstance(facts, dict):
+            out[rank] = {k: facts[k] for k in ("local_rank", "node_rank", "host", "pid") if k in facts}
+    return out
+
+
+def record_end(
+    store: Store,
+    run_id: int,
+    *,
+    rank: int,
+    gather_world: int,
+    status: str,
+    others: dict[int, str],
+    facts: dict[int, dict[str, Any]],
+    timeout: float,
+    now: float | None = None,
+) -> None:
+    """Write how the run ended for this rank and, on rank 0 in gather mode (``gather_world > 1``),
+    for every other rank: the status it reported ("missing" when it did not) and its facts."""
+    now = time.time() if now is None else now
+    retry_locked(lambda: store.update_rank(run_id, rank, status=status, ended_at=now), timeout)
+    if rank == 0:
+        for other in range(1, gather_world):
+            values = {**facts.get(other, {}), "status": others.get(other, "missing"), "ended_at": now}
+            retry_locked(lambda o=other, v=values: store.update_rank(run_id, o, **v), timeout)
+    if rank == 0 or status != "success":
+        # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
+        retry_locked(lambda: store.update_run(run_id, status=status, ended_at=now), timeout)
+
+
+def final_status(status: str) -> str:
+    """Lightning reports every exception as "failed": tell a preemption or Ctrl-C apart."""
+    if status != "failed":
+        return status
+    exc = sys.exc_info()[1]
+    if sigterm_received.is_set() or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return "interrupted"
+    return status
+
+
+def retry_locked(fn: Callable[[], T], timeout: float) -> T:
+    """Run `fn`, retrying while the store is busy (a reader holds a DuckDB file), up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        try:
+            return fn()
+        except (StoreLocked, sa.exc.OperationalError) as exc:
+            # SQLite's "database is locked" can escape its busy timeout where a new file is being
+            # switched to WAL by another launch: that is a busy store too
+            busy = isinstance(exc, StoreLocked) or "database is locked" in str(exc)
+            if not busy or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
