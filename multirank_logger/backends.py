@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +107,7 @@ class SQLiteBackend(Backend):
             cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             if not readonly:
                 # WAL lets readers run beside the writers; NORMAL is safe with WAL
-                cur.execute("PRAGMA journal_mode = WAL")
+                _switch_to_wal(cur)
                 cur.execute("PRAGMA synchronous = NORMAL")
             cur.close()
 
@@ -122,6 +124,23 @@ class SQLiteBackend(Backend):
         if "file is not a database" in text or "database disk image is malformed" in text:
             return NotADatabase(str(self.path), "SQLite", text)
         return None
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """Put a SQLite file in WAL mode, waiting while another process does the same.
+
+    SQLite does not call its busy handler for a journal-mode change, so two processes
+    opening a new file at once can get "database is locked" at once: retry, bounded.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 class DuckDBBackend(Backend):

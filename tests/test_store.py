@@ -224,22 +224,22 @@ def _open_and_create_run(path: str, barrier: mp.Barrier, out: mp.Queue) -> None:
 
 
 def test_concurrent_creation_and_runs_do_not_race(tmp_path: Path) -> None:
-    """Six processes creating one SQLite store at once all succeed, with distinct runs."""
+    """Eight processes creating one SQLite store at once all succeed, with distinct runs."""
     path = str(tmp_path / "runs.sqlite")
     ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(6), ctx.Queue()
-    procs = [ctx.Process(target=_open_and_create_run, args=(path, barrier, out)) for _ in range(6)]
+    barrier, out = ctx.Barrier(8), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_create_run, args=(path, barrier, out)) for _ in range(8)]
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join(timeout=120)
-    assert [proc.exitcode for proc in procs] == [0] * 6
+    assert [proc.exitcode for proc in procs] == [0] * 8
     results = sorted(out.get(timeout=5) for _ in procs)
-    assert results == [(i + 1, i) for i in range(6)]
+    assert results == [(i + 1, i) for i in range(8)]
     store = Store(path)
     assert store.current_revision() == head_revision()
     with store.begin() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar_one() == 6
+        assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar_one() == 8
     store.close()
 
 
