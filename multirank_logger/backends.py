@@ -123,6 +123,9 @@ class SQLiteBackend(Backend):
         text = str(getattr(exc, "orig", exc))
         if "file is not a database" in text or "database disk image is malformed" in text:
             return NotADatabase(str(self.path), "SQLite", text)
+        if "database is locked" in text:
+            hint = "It stayed locked past the busy timeout: look for a process stuck in a write."
+            return StoreLocked(str(self.path), f"still locked after {SQLITE_BUSY_TIMEOUT_MS // 1000} s", hint)
         return None
 
 

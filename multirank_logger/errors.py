@@ -73,13 +73,14 @@ class NotADatabase(StoreError):
 
 
 class StoreLocked(StoreError):
-    def __init__(self, path: str, detail: str) -> None:
+    _DUCKDB_HINT = (
+        "DuckDB allows one writing process per file: wait for that process to finish, or log this "
+        "run to another file."
+    )
+
+    def __init__(self, path: str, detail: str, hint: str = _DUCKDB_HINT) -> None:
         self.path = path
-        super().__init__(
-            f"{path} is open for writing in another process ({detail}). DuckDB allows one "
-            "writing process per file: wait for that process to finish, or log this run to "
-            "another file."
-        )
+        super().__init__(f"{path} is open for writing in another process ({detail}). {hint}")
 
 
 class SchemaOutdated(StoreError):

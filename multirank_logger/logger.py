@@ -31,10 +31,9 @@ from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, 
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
 from multirank_logger.query import open_store
 from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
-from multirank_logger.run_end import retry_locked as _retry_locked
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.spill import SpillWriter
-from multirank_logger.store import Store, _check_writable
+from multirank_logger.store import Store, _check_writable, retry_while_locked
 from multirank_logger.transport import RowChannel
 from multirank_logger.writer import BackgroundWriter, forget_chained_sigterm, outermost_sigterm
 
@@ -288,7 +287,7 @@ class MultiRankLogger(Logger):
         """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
         if self._identity is not None and current_rank() == 0 and self._store is not None:
             store, run_id = self._store, self._identity.run_id
-            self._safely(lambda: _retry_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
+            self._safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
             if status == "success" and self._export_csv:
                 self._safely(self._export_files)
 
@@ -324,7 +323,7 @@ class MultiRankLogger(Logger):
 
     def _open_store(self) -> Store:
         if self._store is None:
-            self._store = _retry_locked(lambda: Store(self._url), self._timeout)
+            self._store = retry_while_locked(lambda: Store(self._url), self._timeout)
         return self._store
 
     def _resolve(self) -> RunIdentity:
@@ -335,7 +334,7 @@ class MultiRankLogger(Logger):
                 if rank == 0:
                     store = self._open_store()
                     world = current_world_size()
-                    record = _retry_locked(
+                    record = retry_while_locked(
                         lambda: store.create_run(self._name, version=self._version_arg, world_size=world),
                         self._timeout,
                     )
@@ -409,12 +408,12 @@ class MultiRankLogger(Logger):
         store = self._store
         assert store is not None
         facts = rank_facts()
-        _retry_locked(lambda: store.register_rank(identity.run_id, rank, **facts), self._timeout)
+        retry_while_locked(lambda: store.register_rank(identity.run_id, rank, **facts), self._timeout)
         if transport == "gather":
             for other in range(1, world):  # they cannot write: rank 0 keeps their rows
-                _retry_locked(lambda: store.register_rank(identity.run_id, other), self._timeout)
+                retry_while_locked(lambda: store.register_rank(identity.run_id, other), self._timeout)
         if rank == 0:
-            _retry_locked(lambda: store.update_run(identity.run_id, transport=transport, world_size=world), self._timeout)
+            retry_while_locked(lambda: store.update_run(identity.run_id, transport=transport, world_size=world), self._timeout)
             rank_zero_info(
                 f"MultiRankLogger: run {identity.name}/version_{identity.version} (id {identity.run_id}) in "
                 f"{self._db}, {world} rank(s), transport={transport} ({why})"

@@ -14,17 +14,15 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
 
-from multirank_logger.errors import StoreLocked
-from multirank_logger.store import Store
+from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
 from multirank_logger.writer import sigterm_received
 
-__all__ = ["fetch_facts", "final_status", "publish_facts", "rank_facts", "record_end", "retry_locked"]
+__all__ = ["fetch_facts", "final_status", "publish_facts", "rank_facts", "record_end"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -81,14 +79,14 @@ def record_end(
     """Write how the run ended for this rank and, on rank 0 in gather mode (``gather_world > 1``),
     for every other rank: the status it reported ("missing" when it did not) and its facts."""
     now = time.time() if now is None else now
-    retry_locked(lambda: store.update_rank(run_id, rank, status=status, ended_at=now), timeout)
+    retry_while_locked(lambda: store.update_rank(run_id, rank, status=status, ended_at=now), timeout)
     if rank == 0:
         for other in range(1, gather_world):
             values = {**facts.get(other, {}), "status": others.get(other, "missing"), "ended_at": now}
-            retry_locked(lambda o=other, v=values: store.update_rank(run_id, o, **v), timeout)
+            retry_while_locked(lambda o=other, v=values: store.update_rank(run_id, o, **v), timeout)
     if rank == 0 or status != "success":
         # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
-        retry_locked(lambda: store.update_run(run_id, status=status, ended_at=now), timeout)
+        retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=now), timeout)
 
 
 def final_status(status: str) -> str:
@@ -99,23 +97,6 @@ def final_status(status: str) -> str:
     if sigterm_received.is_set() or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return "interrupted"
     return status
-
-
-def retry_locked(fn: Callable[[], T], timeout: float) -> T:
-    """Run `fn`, retrying while the store is busy (a reader holds a DuckDB file), up to `timeout`."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        try:
-            return fn()
-        except (StoreLocked, sa.exc.OperationalError) as exc:
-            # SQLite's "database is locked" can escape its busy timeout where a new file is being
-            # switched to WAL by another launch: that is a busy store too
-            busy = isinstance(exc, StoreLocked) or "database is locked" in str(exc)
-            if not busy or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
 
 def _env_int(name: str, default: int) -> int:

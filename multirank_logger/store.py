@@ -136,15 +136,10 @@ class Store:
     # -- connections -------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def begin(self) -> Iterator[sa.Connection]:
-        """A connection in one transaction, with driver errors translated into ours."""
+    def _translated(self) -> Iterator[None]:
+        """Driver errors met inside become ours where we know them (a held file, not a database)."""
         try:
-            if self._held is not None:
-                with self._held.begin():
-                    yield self._held
-            else:
-                with self.engine.begin() as conn:
-                    yield conn
+            yield
         except sa.exc.DBAPIError as exc:
             ours = self.backend.translate_error(exc)
             if ours is not None:
@@ -152,16 +147,32 @@ class Store:
             raise
 
     @contextlib.contextmanager
+    def begin(self) -> Iterator[sa.Connection]:
+        """A connection in one transaction, with driver errors translated into ours."""
+        with self._translated():
+            if self._held is not None:
+                with self._held.begin():
+                    yield self._held
+            else:
+                with self.engine.begin() as conn:
+                    yield conn
+
+    @contextlib.contextmanager
     def writing(self) -> Iterator[Store]:
         """Hold one connection across several transactions, for a burst of writes.
 
         Without it a DuckDB store opens and closes its file around every transaction
         (so readers get in between), which costs ~50 ms a time. Use from one thread.
+
+        Raises:
+            StoreLocked: when another process holds the DuckDB file.
         """
         if self._held is not None:
             yield self
             return
-        with self.engine.connect() as conn:
+        with self._translated():
+            conn = self.engine.connect()
+        with conn:
             self._held = conn
             try:
                 yield self

@@ -282,3 +282,25 @@ def test_duckdb_file_is_free_between_writes(tmp_path: Path) -> None:
     )
     assert reader.stdout.strip() == "3", reader.stderr
     store.close()
+
+
+def test_writing_on_a_held_duckdb_file_raises_store_locked(tmp_path: Path) -> None:
+    """Holding a connection for a burst of writes meets a held file as StoreLocked, not a driver error."""
+    path = tmp_path / "runs.duckdb"
+    store = Store(path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(path)!r}, read_only=True); print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreLocked):
+            with store.writing():
+                pass
+    finally:
+        holder.communicate("", timeout=30)
+    with store.writing():  # free again
+        store.create_run("lightning_logs")
+    store.close()
