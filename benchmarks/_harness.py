@@ -45,6 +45,7 @@ __all__ = [
     "peak_rss_mib",
     "run_cases",
     "summarize",
+    "targets_summary",
 ]
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -275,13 +276,18 @@ def summarize(results: Sequence[Result]) -> list[dict[str, Any]]:
         ratio = row["ratio"][0] if row["ratio"] else None
         row["goals"] = []
         for g in case.goals:
-            versus = ratio
+            versus, against = ratio, case.peer
             if g.metric.startswith("vs:"):
-                other = by_name.get(g.metric[3:])
+                against = g.metric[3:]
+                other = by_name.get(against)
                 stats = _stats(_ratios(res, other)) if other is not None else None
                 versus = stats[0] if stats else None
                 g = Goal("ratio", g.op, g.threshold, g.text)
-            row["goals"].append((g.text, g.check(median, versus)))
+            if g.metric == "value":
+                shown = f"{_fmt(median)} {case.unit}"
+            else:
+                shown = f"{versus:.3g}x of {against}" if versus is not None else "-"
+            row["goals"].append((g.text, g.check(median, versus), shown))
         if res.extras:
             row["extras"] = _merge_extras(res.extras)
             for key in case.extra_ratios:
@@ -339,15 +345,15 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         if row["error"]:
             lines.append(
                 f"| {row['section']} | {row['case']} | - | - | - | {row['unit']} | - | - | "
-                + " ".join(t for t, _ in row["goals"])
+                + " ".join(g[0] for g in row["goals"])
                 + f" | n/a | {row['error'][:300]} |"
             )
             continue
         v = row["value"] or (None, None, None)
         rss = row["rss_mib"]
         rss_text = f"{rss[0]:.0f} [{rss[1]:.0f}, {rss[2]:.0f}]" if rss else "-"
-        goals = "; ".join(t for t, _ in row["goals"]) or "-"
-        status = "; ".join(s for _, s in row["goals"]) or "-"
+        goals = "; ".join(g[0] for g in row["goals"]) or "-"
+        status = "; ".join(g[1] for g in row["goals"]) or "-"
         notes = row["note"]
         extras = row.get("extras") or {}
         if extras:
@@ -358,6 +364,15 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {_fmt_ratio(row['ratio'], row['peer'], row['is_peer'])} | {rss_text} | {goals} | {status} | {notes} |"
         )
     return "\n".join(lines)
+
+
+def targets_summary(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per target from the issues: the row, the target, what was measured, met or not."""
+    lines = []
+    for row in rows:
+        for text, status, shown in row["goals"]:
+            lines.append(f"- {row['section']} / {row['case']}: {text}: {status} ({shown})")
+    return lines or ["- (no row of this run carries a target)"]
 
 
 def _mem_gib() -> float:
@@ -440,6 +455,10 @@ def markdown_report(
         f"{', '.join(str(x) for x in _loadavg())} at the end): read the ratios before the absolute numbers.",
         "",
         markdown_table(rows),
+        "",
+        "## Targets",
+        "",
+        *targets_summary(rows),
         "",
     ]
     if notes:

@@ -34,6 +34,7 @@ from benchmarks._harness import (  # noqa: E402
     markdown_table,
     run_cases,
     summarize,
+    targets_summary,
 )
 
 SECTIONS = ("hotpath", "ingest", "e2e", "query", "gather")
@@ -120,11 +121,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     out = args.out or (BENCH_DIR / "RESULTS.md" if sizes.mode == "full" else CACHE_DIR / f"RESULTS-{sizes.mode}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1, default=str))
+    # the rows as data too, for comparing runs (a copy always lands in the cache folder)
+    for path in filter(None, (args.json, CACHE_DIR / f"rows-{sizes.mode}.json")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows, indent=1, default=str))
     print()
     print(markdown_table(rows))
+    print("\n" + "\n".join(targets_summary(rows)))
     print(f"\n{len(rows)} rows in {elapsed / 60:.1f} min; written to {out}")
     return rows
 

@@ -104,3 +104,4 @@ def test_report_has_header_and_table(tiny_run: tuple[list[dict], str]) -> None:
     assert "cores" in report and "GiB memory" in report and "lightning " in report
     for row in rows:
         assert f"| {row['section']} | {row['case']} |" in report
+    assert "## Targets" in report and "- hotpath / MultiRankLogger DuckDB: <= 3 us/call: " in report
