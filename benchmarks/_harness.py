@@ -4,9 +4,9 @@ A section module (``bench_*.py``) describes its measurements as `Case` objects. 
 case names a function ``module:function`` that does one measurement and returns a
 dict with at least ``value``. The harness runs every case in a fresh Python process
 (so one peer's memory never pollutes another's peak RSS), ``rounds`` times, with the
-cases of a section interleaved round by round (A B C, A B C, ...) so that the
-machine's drift hits every peer alike. Inside one process the function may be called
-``inner`` times; every call is one sample.
+cases of a section interleaved round by round, in an order rotated each round
+(A B C, B C A, C A B, ...), so that the machine's drift hits every peer alike.
+Inside one process the function may be called ``inner`` times; every call is one sample.
 
 Ratios are computed per pair of samples taken at the same (round, inner) position
 (or, when the two cases take different numbers of samples per process, per round
@@ -184,7 +184,9 @@ def run_cases(
     max_rounds = max((c.rounds or sizes.rounds) for c in cases) if cases else 0
     runner = run_in_process if in_process else run_in_child
     for r in range(max_rounds):
-        for case in cases:
+        # rotate the order each round, so no case always runs first (or right after the same one)
+        shift = r % len(cases)
+        for case in [*cases[shift:], *cases[:shift]]:
             res = results[case.name]
             rounds = case.rounds or sizes.rounds
             if r >= rounds or res.error is not None:
@@ -449,7 +451,8 @@ def markdown_report(
            if in_process else
            "Every case ran in its own fresh process (peak RSS is that process's, or the largest rank's "
            "for DDP runs)."),
-        "The cases of a section ran interleaved round by round. Ratios are taken sample by sample",
+        "The cases of a section ran interleaved round by round, in an order rotated each round. Ratios are",
+        "taken sample by sample",
         "against the peer measured beside it in the same round, then summarised. This machine is",
         f"shared and noisy (load average {', '.join(str(x) for x in machine['load_at_start'])} at the start, "
         f"{', '.join(str(x) for x in _loadavg())} at the end): read the ratios before the absolute numbers.",
