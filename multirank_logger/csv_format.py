@@ -65,10 +65,33 @@ class LongRows:
             value=pc.fill_null(table.column("value").cast(pa.float64()), np.nan).to_numpy(),
             dtype=table.column("dtype").to_numpy().astype(np.int16, copy=False),
         )
+        return rows._in_call_order()
+
+    @classmethod
+    def from_rows(cls, rows: list[Any]) -> LongRows:
+        """Build from driver rows ``(seq, step, key, value, dtype)`` (any row order).
+
+        The path for stores that hand back Python rows (SQLite): pyarrow.array on them
+        would import pandas, ~0.3 s at the end of every training run.
+        """
+        index: dict[str, int] = {}
+        seq, step, key, value, dtype = zip(*rows) if rows else ((), (), (), (), ())
+        out = cls(
+            seq=np.array(seq, np.int64),
+            step=np.array(step, np.int64),
+            code=np.fromiter((index.setdefault(k, len(index)) for k in key), np.int32, len(key)),
+            keys=list(index),
+            value=np.array(value, np.float64),  # NULL (None) becomes NaN
+            dtype=np.array(dtype, np.int16),
+        )
+        return out._in_call_order()
+
+    def _in_call_order(self) -> LongRows:
+        seq = self.seq
         if len(seq) > 1 and not bool(np.all(seq[1:] >= seq[:-1])):
             # stable: the order of keys inside one call does not matter, but keep it anyway
-            rows = rows.take(np.argsort(seq, kind="stable"))
-        return rows
+            return self.take(np.argsort(seq, kind="stable"))
+        return self
 
     def take(self, index: np.ndarray) -> LongRows:
         return LongRows(

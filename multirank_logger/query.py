@@ -278,10 +278,14 @@ class StoreReader:
         stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype).where(
             metrics.c.run_id == ref.id, metrics.c.rank == rank
         )
-        table = self._fetch_arrow(stmt)
-        if table.num_rows == 0 and rank not in self.ranks(ref.id):
+        if self.store.backend.name == "duckdb":
+            rows = LongRows.from_arrow(self._fetch_arrow(stmt))
+        else:
+            with self._connect() as conn:
+                rows = LongRows.from_rows(conn.execute(stmt).fetchall())
+        if len(rows) == 0 and rank not in self.ranks(ref.id):
             raise LookupFailed("rank", str(rank), [str(r) for r in self.ranks(ref.id)])
-        return LongRows.from_arrow(table)
+        return rows
 
     def rank_frame(self, run: int | str | None = None, rank: int = 0) -> Any:
         """One rank's values in CSVLogger's layout: one row per log call, sorted columns with ``step``."""
