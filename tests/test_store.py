@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -194,24 +196,27 @@ def test_text_file_is_not_a_database_and_is_left_untouched(tmp_path: Path, suffi
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
+@contextlib.contextmanager
+def _duckdb_held(path: Path, read_only: bool = False) -> Iterator[int]:
+    """Another process holds the DuckDB file open while the block runs; yields its PID."""
+    code = f"import duckdb, sys; c = duckdb.connect({str(path)!r}, read_only={read_only}); print('ready', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        yield holder.pid
+    finally:
+        holder.communicate("", timeout=30)
+
+
 def test_duckdb_file_held_by_another_process_is_refused(tmp_path: Path) -> None:
     """A DuckDB file that another process holds open for writing gives its PID and what to do."""
     path = tmp_path / "runs.duckdb"
     Store(path).close()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(path)!r}); print('ready', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "ready"
+    with _duckdb_held(path) as holder_pid:
         with pytest.raises(StoreLocked) as info:
             Store(path)
-        assert f"(PID {holder.pid})" in str(info.value)
+        assert f"(PID {holder_pid})" in str(info.value)
         assert "wait for that process to finish, or log this run to another file" in str(info.value)
-    finally:
-        holder.communicate("", timeout=30)
     Store(path).close()  # usable again once the holder is gone
 
 
@@ -288,19 +293,10 @@ def test_writing_on_a_held_duckdb_file_raises_store_locked(tmp_path: Path) -> No
     """Holding a connection for a burst of writes meets a held file as StoreLocked, not a driver error."""
     path = tmp_path / "runs.duckdb"
     store = Store(path)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(path)!r}, read_only=True); print('ready', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "ready"
+    with _duckdb_held(path, read_only=True):
         with pytest.raises(StoreLocked):
             with store.writing():
                 pass
-    finally:
-        holder.communicate("", timeout=30)
     with store.writing():  # free again
         store.create_run("lightning_logs")
     store.close()
