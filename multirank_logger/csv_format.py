@@ -51,19 +51,22 @@ class LongRows:
 
     @classmethod
     def from_arrow(cls, table: Any) -> LongRows:
-        """Build from a pyarrow Table with columns seq, step, key, value, dtype (any row order)."""
+        """Build from a pyarrow Table with columns seq, step, key, value, dtype (any row order).
+
+        Columns are read straight from their Arrow buffers: pyarrow's own ``to_numpy``
+        imports pandas (~0.3 s), which would land in rank 0's finalize.
+        """
         import pyarrow as pa
         import pyarrow.compute as pc
 
         keys = pc.dictionary_encode(table.column("key")).combine_chunks()
-        seq = table.column("seq").to_numpy().astype(np.int64, copy=False)
         rows = cls(
-            seq=seq,
-            step=table.column("step").to_numpy().astype(np.int64, copy=False),
-            code=keys.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+            seq=_buffer_numpy(table.column("seq").cast(pa.int64()), np.int64),
+            step=_buffer_numpy(table.column("step").cast(pa.int64()), np.int64),
+            code=_buffer_numpy(keys.indices.cast(pa.int32()), np.int32),
             keys=keys.dictionary.to_pylist(),
-            value=pc.fill_null(table.column("value").cast(pa.float64()), np.nan).to_numpy(),
-            dtype=table.column("dtype").to_numpy().astype(np.int16, copy=False),
+            value=_buffer_numpy(table.column("value").cast(pa.float64()), np.float64, null=np.nan),
+            dtype=_buffer_numpy(table.column("dtype").cast(pa.int16()), np.int16),
         )
         return rows._in_call_order()
 
@@ -126,6 +129,22 @@ class LongRows:
         if len(negzero):
             out[negzero] = -0.0  # SQLite drops the sign; CSVLogger prints `-0.0`
         return out
+
+
+def _buffer_numpy(column: Any, dtype: Any, null: Any = None) -> np.ndarray:
+    """A fixed-width Arrow column as a NumPy array, read from its buffers; NULLs become `null`."""
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    n = len(array)
+    if n == 0:
+        return np.zeros(0, dtype)
+    validity, data = array.buffers()[:2]
+    out = np.frombuffer(data, dtype=dtype, count=n, offset=array.offset * np.dtype(dtype).itemsize).copy()
+    if array.null_count:
+        if null is None:
+            raise ValueError(f"unexpected NULLs in a {array.type} column")
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+        out[~bits[array.offset : array.offset + n].astype(bool)] = null
+    return out
 
 
 def _grids(rows: LongRows, columns: list[str], chunk_rows: int) -> Iterator[list[list[Any]]]:

@@ -408,12 +408,18 @@ class MultiRankLogger(Logger):
         store = self._store
         assert store is not None
         facts = rank_facts()
-        retry_while_locked(lambda: store.register_rank(identity.run_id, rank, **facts), self._timeout)
-        if transport == "gather":
-            for other in range(1, world):  # they cannot write: rank 0 keeps their rows
-                retry_while_locked(lambda: store.register_rank(identity.run_id, other), self._timeout)
+
+        def write() -> None:
+            with store.writing():  # one connection, one retry unit: every step is idempotent
+                store.register_rank(identity.run_id, rank, **facts)
+                if transport == "gather":
+                    for other in range(1, world):  # they cannot write: rank 0 keeps their rows
+                        store.register_rank(identity.run_id, other)
+                if rank == 0:
+                    store.update_run(identity.run_id, transport=transport, world_size=world)
+
+        retry_while_locked(write, self._timeout)
         if rank == 0:
-            retry_while_locked(lambda: store.update_run(identity.run_id, transport=transport, world_size=world), self._timeout)
             rank_zero_info(
                 f"MultiRankLogger: run {identity.name}/version_{identity.version} (id {identity.run_id}) in "
                 f"{self._db}, {world} rank(s), transport={transport} ({why})"

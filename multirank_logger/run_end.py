@@ -79,14 +79,21 @@ def record_end(
     """Write how the run ended for this rank and, on rank 0 in gather mode (``gather_world > 1``),
     for every other rank: the status it reported ("missing" when it did not) and its facts."""
     now = time.time() if now is None else now
-    retry_while_locked(lambda: store.update_rank(run_id, rank, status=status, ended_at=now), timeout)
-    if rank == 0:
-        for other in range(1, gather_world):
-            values = {**facts.get(other, {}), "status": others.get(other, "missing"), "ended_at": now}
-            retry_while_locked(lambda o=other, v=values: store.update_rank(run_id, o, **v), timeout)
-    if rank == 0 or status != "success":
-        # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
-        retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=now), timeout)
+
+    def write() -> None:
+        # one connection for all of it (a DuckDB file costs ~20 ms to open); each step is
+        # idempotent, so a busy store retries the whole block
+        with store.writing():
+            store.update_rank(run_id, rank, status=status, ended_at=now)
+            if rank == 0:
+                for other in range(1, gather_world):
+                    values = {**facts.get(other, {}), "status": others.get(other, "missing"), "ended_at": now}
+                    store.update_rank(run_id, other, **values)
+            if rank == 0 or status != "success":
+                # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
+                store.update_run(run_id, status=status, ended_at=now)
+
+    retry_while_locked(write, timeout)
 
 
 def final_status(status: str) -> str:
