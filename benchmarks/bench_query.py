@@ -37,10 +37,13 @@ _CHUNK_STEPS = 1_000
 
 
 def store_path(ranks: int, steps: int, keys: int, backend: str = "duckdb") -> Path:
+    import duckdb
+
     from multirank_logger.store import head_revision
 
     suffix = ".sqlite" if backend == "sqlite" else ".duckdb"
-    return CACHE_DIR / f"query-{ranks}x{steps}x{keys}-{head_revision()}{suffix}"
+    # keyed by the DuckDB version too: a file written by a newer DuckDB cannot be read by an older one
+    return CACHE_DIR / f"query-{ranks}x{steps}x{keys}-{head_revision()}-duckdb{duckdb.__version__}{suffix}"
 
 
 def build_store(ranks: int, steps: int, keys: int) -> Path:

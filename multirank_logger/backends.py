@@ -20,7 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
-from multirank_logger.errors import NotADatabase, StoreLocked, UnsupportedStore
+from multirank_logger.errors import NotADatabase, StoreError, StoreLocked, UnsupportedStore
 
 if TYPE_CHECKING:
     from multirank_logger.buffer import MetricBatch
@@ -176,6 +176,18 @@ class DuckDBBackend(Backend):
             return StoreLocked(str(self.path), holder.group(1).strip().rstrip(".") if holder else text)
         if "not a valid DuckDB database file" in text:
             return NotADatabase(str(self.path), "DuckDB", "no DuckDB header")
+        if "Corrupt database file" in text:
+            return NotADatabase(str(self.path), "DuckDB", "its header checksum does not match")
+        if "created with a newer version of DuckDB" in text:
+            import duckdb
+
+            found = re.search(r"version number (\d+)", text)
+            detail = f"storage version {found.group(1)}" if found else "a newer storage format"
+            return StoreError(
+                f"{self.path} was written by a newer DuckDB ({detail}) than the duckdb {duckdb.__version__} "
+                "installed here, which cannot read it. It was left untouched; open it where that newer "
+                "DuckDB is installed, or log to another file."
+            )
         return None
 
 

@@ -300,3 +300,36 @@ def test_writing_on_a_held_duckdb_file_raises_store_locked(tmp_path: Path) -> No
     with store.writing():  # free again
         store.create_run("lightning_logs")
     store.close()
+
+
+def test_duckdb_file_with_a_corrupt_header_is_refused_untouched(tmp_path: Path) -> None:
+    """A DuckDB file whose header does not check out is NotADatabase, byte for byte unchanged."""
+    path = tmp_path / "runs.duckdb"
+    Store(path).close()
+    content = bytearray(path.read_bytes())
+    assert content[8:12] == b"DUCK"
+    content[12:20] = (999).to_bytes(8, "little")  # the storage version, under the header checksum
+    path.write_bytes(bytes(content))
+    with pytest.raises(NotADatabase, match="is not a DuckDB database.*left untouched"):
+        Store(path)
+    assert path.read_bytes() == bytes(content)
+
+
+def test_duckdb_newer_storage_message_names_both_versions(tmp_path: Path) -> None:
+    """DuckDB's own words for a file from a newer DuckDB become one clear StoreError."""
+    import duckdb
+
+    from multirank_logger.backends import backend_for, resolve_url
+
+    # the text duckdb 1.5 gives for a file written by duckdb 2.0 (seen on this machine)
+    text = (
+        "IO Error: Trying to read a database file with version number 69, but we can only read "
+        "versions between 64 and 68.\nThe database file was created with a newer version of DuckDB."
+    )
+    path = tmp_path / "runs.duckdb"
+    ours = backend_for(resolve_url(path)).translate_error(Exception(text))
+    assert str(ours) == (
+        f"{path} was written by a newer DuckDB (storage version 69) than the duckdb {duckdb.__version__} "
+        "installed here, which cannot read it. It was left untouched; open it where that newer DuckDB is "
+        "installed, or log to another file."
+    )
