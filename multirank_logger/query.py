@@ -121,7 +121,9 @@ class StoreReader:
             if self.store.backend.name == "duckdb":
                 params = [compiled.params[name] for name in compiled.positiontup or ()]
                 raw = conn.connection.driver_connection
-                return raw.sql(str(compiled), params=params).to_arrow_table()
+                # execute(), not sql(): a relation with parameters ran ~100x slower here
+                # (duckdb 1.5: 4.2 s vs 0.05 s for one key of a 3.2M-row store)
+                return raw.execute(str(compiled), params).to_arrow_table()
             result = conn.execute(stmt)
             names = list(result.keys())
             data = result.fetchall()
