@@ -284,7 +284,11 @@ class StoreReader:
             rows = LongRows.from_arrow(self._fetch_arrow(stmt))
         else:
             with self._connect() as conn:
-                rows = LongRows.from_rows(conn.execute(stmt).fetchall())
+                # the driver's own cursor: SQLAlchemy's Row objects cost ~1 s per million rows
+                compiled = stmt.compile(dialect=conn.dialect)
+                params = [compiled.params[name] for name in compiled.positiontup or ()]
+                cursor = conn.connection.driver_connection.execute(str(compiled), params)
+                rows = LongRows.from_rows(cursor.fetchall())
         if len(rows) == 0 and rank not in self.ranks(ref.id):
             raise LookupFailed("rank", str(rank), [str(r) for r in self.ranks(ref.id)])
         return rows
