@@ -22,7 +22,8 @@ from typing import Any
 
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.spill import SpillWriter
-from multirank_logger.store import Store
+from multirank_logger.errors import StoreLocked
+from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
 
 __all__ = ["DirectSink", "GatherSink"]
@@ -180,18 +181,13 @@ class GatherSink(DirectSink):
         return done
 
     def _poll_until(self, deadline: float) -> bool:
-        """`poll`, retried while the store is busy (a reader holds a DuckDB file) up to `deadline`."""
-        while True:
-            try:
-                self.poll()
-                return True
-            except ChannelError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - StoreLocked, or the driver's own lock error
-                if time.monotonic() >= deadline:
-                    log.warning("multirank_logger: the store stayed busy until the deadline (%s)", exc)
-                    return False
-                time.sleep(_POLL_S)
+        """`poll`, retried while a reader holds the DuckDB file, up to `deadline`."""
+        try:
+            retry_while_locked(self.poll, max(deadline - time.monotonic(), 0.0))
+            return True
+        except StoreLocked as exc:
+            log.warning("multirank_logger: the store stayed busy until the deadline (%s)", exc)
+            return False
 
     def _held_rows(self) -> int:
         return sum(len(b) for b in self._own + self._inbox)
