@@ -58,6 +58,9 @@ class Backend:
     name = "generic"
     #: True when several processes may write the store at once.
     concurrent_writers = True
+    #: True when every transaction opens and closes the database (so that readers get in
+    #: between): a write costs ~20 ms whatever its size, and writers should write seldom.
+    opens_per_transaction = False
 
     def __init__(self, url: URL) -> None:
         self.url = url
@@ -149,6 +152,7 @@ def _switch_to_wal(cursor: Any) -> None:
 class DuckDBBackend(Backend):
     name = "duckdb"
     concurrent_writers = False
+    opens_per_transaction = True  # see create_engine
 
     @property
     def path(self) -> Path | None:

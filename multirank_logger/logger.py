@@ -7,13 +7,14 @@ ranks agree on one run is in identity.py; the storage is store.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
 from argparse import Namespace
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import count
 from typing import Any, TypeVar
 
@@ -26,10 +27,10 @@ from typing_extensions import override
 
 from multirank_logger.backends import backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
-from multirank_logger.errors import MultiRankLoggerError
+from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
-from multirank_logger.query import open_store
+from multirank_logger.query import StoreReader
 from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.spill import SpillWriter
@@ -260,28 +261,46 @@ class MultiRankLogger(Logger):
         timeout = self._timeout if status == "success" else min(self._timeout, _FAILED_TIMEOUT)
         if self._buffer.calls_pending and self._sink is None:
             self._safely(self._setup_sink)
-        self._writer.close(timeout)
+        self._writer.stop(timeout)  # from here on only this thread writes
         self._live = False
         forget_chained_sigterm()
         sink = self._sink
         if sink is None or self._identity is None:
+            self._writer.flush(timeout)
             self._end_unset_run(status)
             return
-        others = self._safely(lambda: sink.finish(status, timeout)) or {}
-        self._writer.flush(timeout)  # rows rank 0 drained while finishing are written by now
-        gather_world = self._sink_world if isinstance(sink, GatherSink) else 0
-        facts: dict[int, dict[str, Any]] = {}
-        if gather_world and self._rank == 0:
-            facts = self._safely(lambda: fetch_facts(sink.channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
-        sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
-        store, run_id = self._store, self._identity.run_id
-        if store is not None:  # None: a rank that only sends (rank 0 records its end)
-            end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
-            self._safely(lambda: record_end(store, run_id, **end, timeout=self._timeout))
-        if self._rank == 0 and status == "success" and self._export_csv:
-            self._safely(self._export_files)
+        store, run_id = self._store, self._identity.run_id  # store: None on a rank that only sends
+        with self._held(store, timeout):
+            self._writer.flush(timeout)
+            others = self._safely(lambda: sink.finish(status, timeout)) or {}
+            self._writer.flush(timeout)  # rows rank 0 drained while finishing are written by now
+            gather_world = self._sink_world if isinstance(sink, GatherSink) else 0
+            facts: dict[int, dict[str, Any]] = {}
+            if gather_world and self._rank == 0:
+                facts = self._safely(lambda: fetch_facts(sink.channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
+            sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
+            if store is not None:
+                end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
+                self._safely(lambda: record_end(store, run_id, **end, timeout=self._timeout))
+                if self._rank == 0 and status == "success" and self._export_csv:
+                    self._safely(self._export_files)
         self._phase += 1
         self._sink = None  # a later fit/test sets up again, on a fresh channel
+
+    @contextlib.contextmanager
+    def _held(self, store: Store | None, timeout: float) -> Iterator[None]:
+        """One connection for the end of the run, where each write would open the file again.
+
+        A DuckDB open costs ~20 ms and the end took five or more (last rows, the other ranks'
+        rows, the run's status, the export). Readers wait meanwhile: normally a fraction of a
+        second, at most the bounded wait for ranks that do not finish. If a reader holds the
+        file now, each step opens it on its own, with its own retries.
+        """
+        with contextlib.ExitStack() as stack:
+            if store is not None and store.backend.opens_per_transaction:
+                with contextlib.suppress(StoreLocked):
+                    retry_while_locked(lambda: stack.enter_context(store.writing()), min(timeout, 5.0))
+            yield
 
     def _end_unset_run(self, status: str) -> None:
         """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
@@ -297,8 +316,9 @@ class MultiRankLogger(Logger):
         if self._hparams_logged:
             save_hparams_to_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self._hparams)
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
-        with open_store(self._url_text, lock_timeout=self._timeout) as reader:
-            reader.export_csv(os.path.join(self.log_dir, self.NAME_METRICS_FILE), run=self.run_id, rank=0)
+        # (through this logger's store: no second engine, no second schema check)
+        reader = StoreReader(self._open_store(), lock_timeout=self._timeout)
+        reader.export_csv(os.path.join(self.log_dir, self.NAME_METRICS_FILE), run=self.run_id, rank=0)
 
     # -- identity and sink --------------------------------------------------------------------
 

@@ -97,7 +97,20 @@ class StoreReader:
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sa.Connection]:
-        """One short-lived connection; a DuckDB file locked by a flush is waited for."""
+        """One short-lived connection; a DuckDB file locked by a flush is waited for.
+
+        Inside the store's `writing()` (the logger exporting at the end of a run) the held
+        connection is used instead: a second one would open the DuckDB file again (~20 ms),
+        and a read-only one cannot be opened beside it in the same process.
+        """
+        held = self.store.held_connection
+        if held is not None:
+            if held.in_transaction():
+                yield held
+            else:
+                with held.begin():  # ends the transaction a SELECT starts, for the next writer
+                    yield held
+            return
 
         def connect() -> sa.Connection:
             try:

@@ -29,7 +29,7 @@ from multirank_logger.transport import ChannelError, RowChannel
 __all__ = ["DirectSink", "GatherSink"]
 
 log = logging.getLogger(__name__)
-_POLL_S = 0.05
+_POLL_S = 0.01
 
 
 class DirectSink:
@@ -46,6 +46,12 @@ class DirectSink:
         self.store = store
         self.run_id = run_id
         self._run_updates: dict[str, Any] = {}
+
+    @property
+    def writes_seldom(self) -> bool:
+        """True when each write opens the store (DuckDB): the writer then writes once per
+        flush interval instead of every N calls (see writer.BackgroundWriter)."""
+        return self.store.backend.opens_per_transaction
 
     def update_run(self, **values: Any) -> None:
         """Queue column updates for the run row; applied by the next `poll`."""
@@ -114,6 +120,11 @@ class GatherSink(DirectSink):
     @property
     def is_receiver(self) -> bool:
         return self.channel.rank == 0
+
+    @property
+    def writes_seldom(self) -> bool:
+        # a sender's write is a push to the TCPStore: cheap, and it keeps rank 0's lag short
+        return self.is_receiver and super().writes_seldom
 
     def write(self, batch: MetricBatch) -> None:
         if self.is_receiver:

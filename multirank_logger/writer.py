@@ -2,7 +2,10 @@
 
 The training thread only appends to a `RecordBuffer`. This thread wakes every
 ``flush_interval`` seconds, or sooner when `wake()` says enough calls are pending,
-drains the buffer into one `MetricBatch` and hands it to the sink. A batch the sink
+drains the buffer into one `MetricBatch` and hands it to the sink. A sink that writes
+seldom (each write opens a DuckDB file: ~20 ms of CPU the training competes for,
+whatever the batch's size) is written once per ``flush_interval``, and sooner only
+once `SELDOM_MAX_CALLS` calls are pending (memory stays bounded). A batch the sink
 refuses (a DuckDB file a reader holds open, a busy SQLite file past its timeout) is
 kept and retried on the next cycle: rows are never dropped.
 
@@ -32,12 +35,17 @@ log = logging.getLogger(__name__)
 EXIT_FLUSH_TIMEOUT = 20.0
 #: seconds between cycles once SIGTERM arrived
 _HURRY_INTERVAL = 0.1
+#: pending calls that wake a writer whose sink writes seldom (~10 MiB of 10-key calls)
+SELDOM_MAX_CALLS = 10_000
 #: consecutive failed cycles before the writer warns (a reader holding a DuckDB file is normal)
 _WARN_AFTER_FAILURES = 5
 
 
 class Sink(Protocol):
     """Where drained batches go (see sinks.py)."""
+
+    #: True when each write is costly whatever its size: write once per flush interval
+    writes_seldom: bool
 
     def write(self, batch: MetricBatch) -> None:
         """Store or ship one batch; raise to have it retried later."""
@@ -75,6 +83,7 @@ class BackgroundWriter:
         self._target = target
         self.flush_interval = flush_interval
         self.flush_every = max(1, int(flush_every))
+        self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
         self._name = name
         self._io_lock = threading.Lock()
         self._wake = threading.Event()
@@ -106,15 +115,11 @@ class BackgroundWriter:
 
     def maybe_wake(self) -> None:
         """Hot path (`save()`): wake the thread only when enough calls are pending."""
-        if self._buffer.calls_pending >= self.flush_every:
+        if self._buffer.calls_pending >= self._wake_at:
             self._wake.set()
 
-    def close(self, timeout: float = 30.0) -> bool:
-        """Stop the thread and flush everything left.
-
-        Returns:
-            True when the buffer and the retry list are empty afterwards.
-        """
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the thread (waiting up to `timeout` for its cycle); rows stay for `flush`."""
         self._stop = True
         self._wake.set()
         thread = self._thread
@@ -122,6 +127,14 @@ class BackgroundWriter:
             thread.join(timeout)
         self._thread = None
         _unregister(self)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Stop the thread and flush everything left.
+
+        Returns:
+            True when the buffer and the retry list are empty afterwards.
+        """
+        self.stop(timeout)
         return self.flush(timeout)
 
     # -- flushing ------------------------------------------------------------------------
@@ -165,6 +178,7 @@ class BackgroundWriter:
         if target is None:
             return  # identity not known yet: rows wait in the buffer
         sink, run_id, rank = target
+        self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
         if self._buffer.calls_pending:
             self._retry.append(self._buffer.drain(run_id, rank))
         try:

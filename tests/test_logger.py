@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import time
 from pathlib import Path
 
 import duckdb
@@ -13,6 +14,7 @@ from lightning.pytorch import Trainer
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import InvalidMetric, StoreNotWritable
+from multirank_logger.writer import SELDOM_MAX_CALLS
 from tests.logger_helpers import query
 
 
@@ -55,13 +57,39 @@ def test_log_metrics_writes_nothing_until_a_flush(db_path: Path) -> None:
     assert query(db_path, "SELECT status FROM runs") == [("success",)]
 
 
-def test_flush_every_n_calls_wakes_the_writer(db_path: Path) -> None:
-    """flush_logs_every_n_steps pending calls make save() wake the writer before the interval."""
-    logger = _logger(db_path, flush_logs_every_n_steps=2)
-    logger.log_metrics({"a": 1.0}, step=0)
-    logger.log_metrics({"a": 2.0}, step=1)
-    logger.save()
-    assert logger._writer._wake.is_set() or logger._writer.rows_written > 0
+def _rows_written_after(logger: MultiRankLogger, calls: range, wait_s: float, want: int | None = None) -> int:
+    """Log `calls` (one key each, Lightning's log_metrics + save), then give the writer `wait_s`."""
+    for step in calls:
+        logger.log_metrics({"a": float(step)}, step=step)
+        logger.save()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and logger._writer.rows_written != want:
+        time.sleep(0.02)
+    return logger._writer.rows_written
+
+
+def test_flush_every_n_calls_paces_by_backend(db_path: Path, backend: str) -> None:
+    """SQLite is written every flush_logs_every_n_steps calls; a DuckDB store, which each write
+    opens (~20 ms of CPU beside the training), only once per flush_interval after the first."""
+    logger = _logger(db_path, flush_logs_every_n_steps=4)
+    # the first 4 calls wake the writer on either backend (it learns the sink's pace then)
+    assert _rows_written_after(logger, range(4), 30, want=4) == 4
+    if backend == "sqlite":
+        assert _rows_written_after(logger, range(4, 8), 30, want=8) == 8
+    else:
+        # 40 more calls are far below SELDOM_MAX_CALLS: they wait for the interval (an hour)
+        assert _rows_written_after(logger, range(4, 44), 1.0) == 4
+    logger.finalize("success")
+    assert query(db_path, "SELECT COUNT(*) FROM metrics") == [(8 if backend == "sqlite" else 44,)]
+
+
+def test_a_slow_store_still_flushes_when_many_calls_are_pending(tmp_path: Path) -> None:
+    """A DuckDB writer that waits for its interval still writes once SELDOM_MAX_CALLS are pending."""
+    db = tmp_path / "runs.duckdb"
+    logger = _logger(db, flush_logs_every_n_steps=4)
+    _rows_written_after(logger, range(4), 30, want=4)
+    total = 4 + SELDOM_MAX_CALLS
+    assert _rows_written_after(logger, range(4, total), 30, want=total) == total
     logger.finalize("success")
 
 

@@ -8,6 +8,7 @@ import multiprocessing as mp
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -286,6 +287,38 @@ def test_duckdb_file_is_free_between_writes(tmp_path: Path) -> None:
         timeout=60,
     )
     assert reader.stdout.strip() == "3", reader.stderr
+    store.close()
+
+
+def test_a_held_connection_belongs_to_its_thread(db_path: Path) -> None:
+    """While one thread holds the store (writing()), another thread's write (a SIGTERM flush)
+    uses a connection of its own, and both writes land."""
+    store = Store(db_path)
+    run = store.create_run("lightning_logs")
+    buffer = RecordBuffer()
+    errors: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            assert store.held_connection is None
+            other = RecordBuffer()
+            other.append(0, {"from_thread": 1.0})
+            store.write(other.drain(run.id, 1))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    with store.writing():
+        held = store.held_connection
+        assert held is not None
+        buffer.append(0, {"from_main": 1.0})
+        store.write(buffer.drain(run.id, 0))
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(60)
+        assert store.held_connection is held
+    assert errors == []
+    assert store.held_connection is None
+    assert [(rank, key) for rank, _, key, _ in _read_back(store)] == [(0, "from_main"), (1, "from_thread")]
     store.close()
 
 
