@@ -77,6 +77,8 @@ class Sizes:
     query_steps: int
     query_keys: int
     query_rounds: int
+    memory_calls: int  # log calls of one long run (bench_memory)
+    memory_chunks: int  # RSS readings along it
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The benchmark suite: ``make bench`` (full), ``make bench-quick`` (sanity check, < 2 min).
 
-    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,ingest,e2e,query,gather]
+    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather]
                                        [--out FILE] [--json FILE] [--in-process]
 
-Sections: hotpath (log_metrics + save per call), ingest (rows/s into the store),
+Sections: hotpath (log_metrics + save per call), memory (RSS over a long run),
+ingest (rows/s into the store),
 e2e (2-rank DDP wall time), query (rank-0 export and per-rank table on a large store),
 gather (the transport's own benchmark, when benchmarks/bench_gather.py exists). Each
 figure is a median with min and max; each row names the peer it is divided by. The
@@ -37,7 +38,7 @@ from benchmarks._harness import (  # noqa: E402
     targets_summary,
 )
 
-SECTIONS = ("hotpath", "ingest", "e2e", "query", "gather")
+SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather")
 
 SIZES = {
     "full": Sizes(
@@ -46,6 +47,7 @@ SIZES = {
         ingest_rows=100_000, ingest_batches=5, ingest_small_batches=50,
         e2e_steps=1_000, e2e_metrics=5, e2e_rounds=4,
         query_ranks=8, query_steps=200_000, query_keys=10, query_rounds=3,
+        memory_calls=500_000, memory_chunks=10,
     ),
     "quick": Sizes(
         mode="quick", rounds=1, inner=2,
@@ -53,6 +55,7 @@ SIZES = {
         ingest_rows=100_000, ingest_batches=2, ingest_small_batches=10,
         e2e_steps=300, e2e_metrics=5, e2e_rounds=1,
         query_ranks=8, query_steps=10_000, query_keys=10, query_rounds=1,
+        memory_calls=50_000, memory_chunks=5,
     ),
     # for the smoke test: seconds, in process, numbers meaningless
     "tiny": Sizes(
@@ -61,6 +64,7 @@ SIZES = {
         ingest_rows=2_000, ingest_batches=2, ingest_small_batches=2,
         e2e_steps=10, e2e_metrics=5, e2e_rounds=1,
         query_ranks=2, query_steps=200, query_keys=10, query_rounds=1,
+        memory_calls=400, memory_chunks=2,
     ),
 }
 

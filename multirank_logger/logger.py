@@ -63,7 +63,9 @@ class MultiRankLogger(Logger):
         save_dir: where ``name/version_N`` lives; defaults to the db file's directory (the
             working directory for a server URL).
         prefix: a string put before every metric key (joined with ``"-"``).
-        flush_logs_every_n_steps: pending log calls that make the writer flush early.
+        flush_logs_every_n_steps: pending log calls that make the writer flush early (a DuckDB
+            store, which each write opens, is written once per ``flush_interval`` or at
+            ``writer.SELDOM_MAX_CALLS`` pending calls instead).
         flush_interval: seconds between two flushes of the background writer.
         transport: ``"direct"`` (every rank writes the store), ``"gather"`` (rank 0 writes,
             the others ship their rows to it) or ``"auto"`` (gather for DuckDB with several

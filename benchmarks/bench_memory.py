@@ -1,0 +1,113 @@
+"""Memory over a long run: does the process's resident memory stay flat while a logger logs?
+
+Each sample logs `calls` calls of 10 keys (``log_metrics`` + ``save``, as in the hot-path
+section) in `chunks` equal chunks. After each chunk it waits until the logger's writer has
+written what is pending (a training logs far slower than this loop, so its writer is
+never behind for long) and reads the process's current RSS. The figure is the growth
+from the end of the first chunk to the end of the last: a buffer that kept its rows, or
+a store that cached them, would grow with the calls (the calls' dicts alone take ~0.9 KiB
+each); a drained one stays flat. CSVLogger is shown beside it: it keeps each call's dict
+until its next save (every 100 calls), then writes and forgets it.
+
+The loggers run with ``flush_interval=0.5``, so that a DuckDB writer (which otherwise waits
+up to 5 s between writes) does not make each chunk wait; the buffer and the writer are the
+ones a default logger uses.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+from typing import Any
+
+from benchmarks._harness import Case, Goal, Sizes, Unavailable
+
+SECTION = "memory"
+_KINDS = {
+    "CSVLogger": "lightning.pytorch CSVLogger (reference)",
+    "MultiRankLogger SQLite": "transport=direct, 1 process",
+    "MultiRankLogger DuckDB": "transport=direct, 1 process",
+}
+#: growth that still counts as flat over the run (the calls' dicts alone would be hundreds of MiB)
+FLAT_MIB = 16.0
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux), not its peak."""
+    with open("/proc/self/statm") as fp:
+        return int(fp.read().split()[1]) * _PAGE / 2**20
+
+
+def _make_logger(kind: str, root: str) -> Any:
+    if kind == "CSVLogger":
+        from lightning.pytorch.loggers import CSVLogger
+
+        return CSVLogger(root, name="bench")
+    try:
+        from multirank_logger.logger import MultiRankLogger
+    except ImportError as exc:
+        raise Unavailable(f"multirank_logger.logger: {exc}") from exc
+    suffix = ".sqlite" if "SQLite" in kind else ".duckdb"
+    return MultiRankLogger(db=f"{root}/runs{suffix}", name="bench", save_dir=root, flush_interval=0.5)
+
+
+def _wait_written(logger: Any, timeout_s: float = 120.0) -> None:
+    writer = getattr(logger, "_writer", None)  # MultiRankLogger's BackgroundWriter; CSVLogger has none
+    deadline = time.monotonic() + timeout_s
+    while writer is not None and writer.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def measure(kind: str, calls: int, keys: int, chunks: int) -> dict[str, Any]:
+    """One sample: RSS growth (MiB) from the end of the first chunk to the end of the last."""
+    rng = random.Random(0)
+    names = [f"metric_{i}" for i in range(keys)]
+    rows = [tuple(rng.random() for _ in names) for _ in range(1000)]
+    per_chunk = max(1, calls // chunks)
+    samples: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-mem-") as root:
+        logger = _make_logger(kind, root)
+        _ = logger.experiment
+        log_metrics, save = logger.log_metrics, logger.save
+        step = 0
+        for _ in range(chunks):
+            for _ in range(per_chunk):
+                log_metrics(dict(zip(names, rows[step % 1000])), step)
+                save()
+                step += 1
+            _wait_written(logger)
+            samples.append(_rss_mib())
+        logger.finalize("success")
+    return {
+        "value": samples[-1] - samples[0],
+        "rss_first_chunk_mib": samples[0],
+        "rss_last_chunk_mib": samples[-1],
+        "rss_max_between_mib": max(samples),
+        "calls": step,
+    }
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    out = []
+    for kind, note in _KINDS.items():
+        goals: tuple[Goal, ...] = ()
+        if kind.startswith("MultiRankLogger"):
+            goals = (Goal("value", "<=", FLAT_MIB, f"<= {FLAT_MIB:.0f} MiB growth (flat)"),)
+        out.append(
+            Case(
+                SECTION,
+                kind,
+                "benchmarks.bench_memory:measure",
+                "MiB",
+                kwargs={"kind": kind, "calls": sizes.memory_calls, "keys": sizes.hot_keys, "chunks": sizes.memory_chunks},
+                goals=goals,
+                note=f"{note}; RSS growth from chunk 1 to chunk {sizes.memory_chunks} of "
+                f"{sizes.memory_calls:,} calls x {sizes.hot_keys} keys, the writer drained before each reading",
+                rounds=1,
+                inner=1,
+            )
+        )
+    return out
