@@ -45,7 +45,7 @@ SIZES = {
         mode="full", rounds=3, inner=2,
         hot_calls=50_000, hot_keys=10,
         ingest_rows=100_000, ingest_batches=5, ingest_small_batches=50,
-        e2e_steps=1_000, e2e_metrics=5, e2e_rounds=4,
+        e2e_steps=2_000, e2e_metrics=5, e2e_rounds=3,
         query_ranks=8, query_steps=200_000, query_keys=10, query_rounds=3,
         memory_calls=500_000, memory_chunks=10,
     ),
