@@ -8,8 +8,8 @@ ingest (rows/s into the store),
 e2e (2-rank DDP wall time), query (rank-0 export and per-rank table on a large store),
 gather (the transport's own benchmark, when benchmarks/bench_gather.py exists). Each
 figure is a median with min and max; each row names the peer it is divided by. The
-table is printed at the end and written to benchmarks/RESULTS.md (full mode) or
-benchmarks/.cache/RESULTS-<mode>.md.
+table is printed at the end and written to benchmarks/RESULTS.md (full mode, every
+section) or benchmarks/.cache/RESULTS-<mode>[-<sections>].md.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mode.add_argument("--quick", action="store_true", help="small sizes, one round: a sanity check under 2 min")
     mode.add_argument("--tiny", action="store_true", help="minimal sizes for the smoke test (numbers meaningless)")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
-    p.add_argument("--out", type=Path, help="markdown report (default: RESULTS.md for full mode)")
+    p.add_argument("--out", type=Path, help="markdown report (default: RESULTS.md for a full run of every section)")
     p.add_argument("--json", type=Path, help="also write the summarized rows as JSON")
     p.add_argument("--in-process", action="store_true", help="no fresh process per case (RSS then meaningless)")
     args = p.parse_args(argv)
@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     elapsed = time.perf_counter() - started
     report = markdown_report(rows, command=command, machine=machine, sizes=sizes,
                              elapsed_s=elapsed, notes=notes, in_process=args.in_process)
-    out = args.out or (BENCH_DIR / "RESULTS.md" if sizes.mode == "full" else CACHE_DIR / f"RESULTS-{sizes.mode}.md")
+    # only a full run of every section replaces the committed RESULTS.md
+    whole = sizes.mode == "full" and set(args.sections) == set(SECTIONS)
+    partial = "" if set(args.sections) == set(SECTIONS) else "-" + "-".join(args.sections)
+    out = args.out or (BENCH_DIR / "RESULTS.md" if whole else CACHE_DIR / f"RESULTS-{sizes.mode}{partial}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
     # the rows as data too, for comparing runs (a copy always lands in the cache folder)

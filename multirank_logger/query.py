@@ -39,6 +39,8 @@ __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
 # A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
 # wait this long for the lock before reporting StoreLocked.
 LOCK_TIMEOUT_S = 5.0
+#: rows per fetch from a driver that returns Python rows (SQLite): bounds the objects alive at once
+_FETCH_ROWS = 65_536
 _RUN_LABEL = re.compile(r"^(?P<name>.+)/(?:version_)?(?P<version>\d+)$")
 
 
@@ -301,7 +303,7 @@ class StoreReader:
                 compiled = stmt.compile(dialect=conn.dialect)
                 params = [compiled.params[name] for name in compiled.positiontup or ()]
                 cursor = conn.connection.driver_connection.execute(str(compiled), params)
-                rows = LongRows.from_rows(cursor.fetchall())
+                rows = LongRows.from_rows(iter(lambda: cursor.fetchmany(_FETCH_ROWS), []))
         if len(rows) == 0 and rank not in self.ranks(ref.id):
             raise LookupFailed("rank", str(rank), [str(r) for r in self.ranks(ref.id)])
         return rows

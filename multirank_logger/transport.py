@@ -249,7 +249,7 @@ class RowChannel:
             self._inflight.popleft()
 
     def _fail(self, reason: str) -> ChannelError:
-        self._failed = f"{reason}. Rows that did not reach rank 0 are spilled to a local file."
+        self._failed = reason  # the caller says what becomes of the rows (sinks.py spills them)
         undelivered = [batch for _, batch, _ in self._inflight]
         self._inflight.clear()
         return ChannelError(self._failed, undelivered)
