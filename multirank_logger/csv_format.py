@@ -51,7 +51,8 @@ class LongRows:
 
     @classmethod
     def from_arrow(cls, table: Any) -> LongRows:
-        """Build from a pyarrow Table with columns seq, step, key, value, dtype (any row order).
+        """Build from a pyarrow Table or RecordBatch with columns seq, step, key, value, dtype
+        (any row order).
 
         Columns are read straight from their Arrow buffers: pyarrow's own ``to_numpy``
         imports pandas (~0.3 s), which would land in rank 0's finalize.
@@ -59,7 +60,9 @@ class LongRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        keys = pc.dictionary_encode(table.column("key")).combine_chunks()
+        keys = pc.dictionary_encode(table.column("key"))
+        if hasattr(keys, "combine_chunks"):  # a Table's column is chunked; a RecordBatch's is not
+            keys = keys.combine_chunks()
         rows = cls(
             seq=_buffer_numpy(table.column("seq").cast(pa.int64()), np.int64),
             step=_buffer_numpy(table.column("step").cast(pa.int64()), np.int64),
@@ -97,6 +100,25 @@ class LongRows:
         else:
             seq, step, code, value, dtype = (np.zeros(0, k) for k in (np.int64, np.int64, np.int32, np.float64, np.int16))
         return cls(seq=seq, step=step, code=code, keys=list(index), value=value, dtype=dtype)._in_call_order()
+
+    @classmethod
+    def concat(cls, parts: Sequence[LongRows]) -> LongRows:
+        """One LongRows from several (e.g. one per fetched batch), keys merged, in call order."""
+        index: dict[str, int] = {}
+        codes = []
+        for part in parts:
+            remap = np.array([index.setdefault(k, len(index)) for k in part.keys], np.int32)
+            codes.append(remap[part.code] if len(part.code) else part.code)
+        if not parts:
+            return cls.from_rows([])
+        return cls(
+            seq=np.concatenate([p.seq for p in parts]),
+            step=np.concatenate([p.step for p in parts]),
+            code=np.concatenate(codes).astype(np.int32, copy=False),
+            keys=list(index),
+            value=np.concatenate([p.value for p in parts]),
+            dtype=np.concatenate([p.dtype for p in parts]),
+        )._in_call_order()
 
     def _in_call_order(self) -> LongRows:
         seq = self.seq

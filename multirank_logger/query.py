@@ -39,7 +39,7 @@ __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
 # A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
 # wait this long for the lock before reporting StoreLocked.
 LOCK_TIMEOUT_S = 5.0
-#: rows per fetch from a driver that returns Python rows (SQLite): bounds the objects alive at once
+#: rows per fetch when exporting: bounds what is alive at once besides the NumPy columns
 _FETCH_ROWS = 65_536
 _RUN_LABEL = re.compile(r"^(?P<name>.+)/(?:version_)?(?P<version>\d+)$")
 
@@ -144,6 +144,16 @@ class StoreReader:
             data = result.fetchall()
         columns = list(zip(*data)) if data else [[] for _ in names]
         return pa.table({name: pa.array(col) for name, col in zip(names, columns)})
+
+    def _duckdb_batches(self, stmt: sa.Select) -> Iterator[Any]:
+        """A SELECT's result as Arrow record batches of about `_FETCH_ROWS` rows (DuckDB only)."""
+        with self._connect() as conn:
+            compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+            params = [compiled.params[name] for name in compiled.positiontup or ()]
+            result = conn.connection.driver_connection.execute(str(compiled), params)
+            # to_arrow_reader in newer duckdb; fetch_record_batch in older ones (deprecated in 1.5)
+            to_reader = getattr(result, "to_arrow_reader", None) or result.fetch_record_batch
+            yield from to_reader(_FETCH_ROWS)
 
     def _scalars(self, stmt: sa.Select) -> list[Any]:
         with self._connect() as conn:
@@ -296,7 +306,8 @@ class StoreReader:
             metrics.c.run_id == ref.id, metrics.c.rank == rank
         )
         if self.store.backend.name == "duckdb":
-            rows = LongRows.from_arrow(self._fetch_arrow(stmt))
+            # a batch at a time: a long run's export holds NumPy columns, not a whole Arrow copy too
+            rows = LongRows.concat([LongRows.from_arrow(batch) for batch in self._duckdb_batches(stmt)])
         else:
             with self._connect() as conn:
                 # the driver's own cursor: SQLAlchemy's Row objects cost ~1 s per million rows
