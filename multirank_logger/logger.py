@@ -285,7 +285,7 @@ class MultiRankLogger(Logger):
                 end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
                 self._safely(lambda: record_end(store, run_id, **end, timeout=self._timeout))
                 if self._rank == 0 and status == "success" and self._export_csv:
-                    self._safely(self._export_files)
+                    self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
         self._phase += 1
         self._sink = None  # a later fit/test sets up again, on a fresh channel
 
@@ -310,7 +310,7 @@ class MultiRankLogger(Logger):
             store, run_id = self._store, self._identity.run_id
             self._safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
             if status == "success" and self._export_csv:
-                self._safely(self._export_files)
+                self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
 
     def _export_files(self) -> None:
         """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
@@ -456,12 +456,12 @@ class MultiRankLogger(Logger):
         outermost_sigterm()
         self._live = True
 
-    def _safely(self, fn: Callable[[], T]) -> T | None:
+    def _safely(self, fn: Callable[[], T], what: str = "finishing the run") -> T | None:
         # finalize must not raise over Lightning's own error (or turn a success into a crash)
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001
-            log.error("multirank_logger: %s: %s", type(exc).__name__, exc)
+            log.error("multirank_logger: %s failed: %s: %s", what, type(exc).__name__, exc)
             return None
 
 

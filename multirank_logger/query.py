@@ -308,13 +308,17 @@ class StoreReader:
         if self.store.backend.name == "duckdb":
             # a batch at a time: a long run's export holds NumPy columns, not a whole Arrow copy too
             rows = LongRows.concat([LongRows.from_arrow(batch) for batch in self._duckdb_batches(stmt)])
-        else:
+        elif self.store.backend.name == "sqlite":
             with self._connect() as conn:
                 # the driver's own cursor: SQLAlchemy's Row objects cost ~1 s per million rows
                 compiled = stmt.compile(dialect=conn.dialect)
                 params = [compiled.params[name] for name in compiled.positiontup or ()]
                 cursor = conn.connection.driver_connection.execute(str(compiled), params)
                 rows = LongRows.from_rows(iter(lambda: cursor.fetchmany(_FETCH_ROWS), []))
+        else:  # a server: its driver's own parameter style, so through SQLAlchemy
+            with self._connect() as conn:
+                result = conn.execute(stmt)
+                rows = LongRows.from_rows(iter(lambda: result.fetchmany(_FETCH_ROWS), []))
         if len(rows) == 0 and rank not in self.ranks(ref.id):
             raise LookupFailed("rank", str(rank), [str(r) for r in self.ranks(ref.id)])
         return rows

@@ -1,8 +1,9 @@
-"""Shared fixtures: real store files for each embedded backend, and free TCP ports."""
+"""Shared fixtures: real store files for each embedded backend, a real PostgreSQL server, free TCP ports."""
 
 from __future__ import annotations
 
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,27 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real PostgreSQL server for the session (pgserver: the server binaries in a wheel)."""
+    pgserver = pytest.importorskip("pgserver", reason="pgserver is not installed (pip install -e '.[test]')")
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    yield server
+    server.cleanup()
+
+
+def new_postgres_database(server) -> str:
+    """A URL to a new, empty database on `server` (the driver is left to resolve_url)."""
+    from sqlalchemy.engine import make_url
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    server.psql(f"CREATE DATABASE {name};")
+    return make_url(server.get_uri()).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A new, empty database on the session's server, for one test."""
+    return new_postgres_database(postgres_server)

@@ -1,4 +1,4 @@
-"""Real 2-rank DDP trainings over gloo on CPU, for SQLite (direct) and DuckDB (gather).
+"""Real 2-rank DDP trainings over gloo on CPU: SQLite (direct), DuckDB (gather), PostgreSQL (direct).
 
 One launch per backend (module scope) logs with CSVLogger first and MultiRankLogger second,
 with asymmetric logging (per-rank keys, rank_zero_only keys, a rank skipping a key); the
@@ -11,17 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import new_postgres_database
 from tests.logger_helpers import query, rank_reports, run_training
 
 STEPS = 6
-EXPECTED_TRANSPORT = {"sqlite": "direct", "duckdb": "gather"}
+EXPECTED_TRANSPORT = {"sqlite": "direct", "duckdb": "gather", "postgresql": "direct"}
 
 
-@pytest.fixture(scope="module", params=["sqlite", "duckdb"])
+@pytest.fixture(scope="module", params=["sqlite", "duckdb", "postgresql"])
 def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     backend = request.param
     root = tmp_path_factory.mktemp(f"ddp-{backend}")
-    db = root / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
+    if backend == "postgresql":  # a new database on the session's server (conftest.py)
+        db = new_postgres_database(request.getfixturevalue("postgres_server"))
+    else:
+        db = root / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
     proc = run_training(
         db, root, "--mode", "asym", "--steps", str(STEPS), "--csv-dir", str(root / "csv"),
         "--read-version", "--report", str(root / "report"),
