@@ -7,9 +7,11 @@ ranks agree on one run is in identity.py; the storage is store.py.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -133,6 +135,7 @@ class MultiRankLogger(Logger):
         self._hparams: dict[str, Any] = {}
         self._hparams_logged = False
         self._phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
+        self._finalized = False  # ever: a run never finalized is ended at exit after a crash
         self._init_runtime()
         self._check_store()
         self._writer.start()  # `_live` stays False: the first log call puts our SIGTERM hook on top
@@ -259,6 +262,7 @@ class MultiRankLogger(Logger):
 
         Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
         """
+        self._finalized = True
         status = final_status(status)
         timeout = self._timeout if status == "success" else min(self._timeout, _FAILED_TIMEOUT)
         if self._buffer.calls_pending and self._sink is None:
@@ -487,6 +491,24 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
+
+
+def _end_runs_never_finalized() -> None:
+    """At exit after an uncaught exception: a run this process allocated (rank 0) and never
+    finalized, because the script failed before or outside Lightning's loops, is recorded as
+    failed (interrupted for Ctrl-C) instead of staying "running". A normal exit leaves it."""
+    exc = getattr(sys, "last_value", None)  # set when the interpreter printed an uncaught exception
+    if exc is None or current_rank() != 0:
+        return
+    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    for logger in list(_LIVE):
+        if not logger._finalized and logger._identity is not None and logger._store is not None:
+            logger._end_unset_run(status)
+
+
+# registered at import, before any writer's exit flush: atexit runs last-in first-out, so the
+# rows are flushed before the run's status is written
+atexit.register(_end_runs_never_finalized)
 
 
 def _reset_after_fork() -> None:

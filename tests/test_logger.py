@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -173,3 +175,22 @@ def test_rows_wait_while_a_reader_holds_the_duckdb_file(tmp_path: Path) -> None:
         holder.close()
     logger.finalize("success")
     assert query(db, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (1, 2.0)]
+
+
+@pytest.mark.parametrize(
+    ("ending", "status"),
+    [("raise RuntimeError('before fit')", "failed"), ("raise KeyboardInterrupt", "interrupted"), ("pass", "running")],
+)
+def test_a_script_that_dies_before_finalize_ends_its_run(db_path: Path, ending: str, status: str) -> None:
+    """A crash outside Lightning's loops (no finalize) records the run as failed or interrupted,
+    its logged rows kept; a normal exit without finalize leaves it running, as it was."""
+    script = (
+        "from multirank_logger import MultiRankLogger\n"
+        f"logger = MultiRankLogger(db={str(db_path)!r}, flush_interval=3600)\n"
+        "logger.log_metrics({'a': 1.0}, step=0)\n"
+        f"{ending}\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode == 0) == (ending == "pass"), proc.stderr[-2000:]
+    assert query(db_path, "SELECT status FROM runs") == [(status,)]
+    assert query(db_path, "SELECT key, value FROM metrics") == [("a", 1.0)]
