@@ -501,9 +501,17 @@ def _end_runs_never_finalized() -> None:
     if exc is None or current_rank() != 0:
         return
     status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    now = time.time()
     for logger in list(_LIVE):
-        if not logger._finalized and logger._identity is not None and logger._store is not None:
-            logger._end_unset_run(status)
+        store, identity = logger._store, logger._identity
+        if logger._finalized or store is None or identity is None:
+            continue
+
+        def end(store: Store = store, run_id: int = identity.run_id) -> None:
+            # only a run still running: a ddp_spawn parent never finalizes, its workers did
+            store.update_run(run_id, where_status="running", status=status, ended_at=now)
+
+        logger._safely(lambda: retry_while_locked(end, 5), "recording the run's end at exit")
 
 
 # registered at import, before any writer's exit flush: atexit runs last-in first-out, so the

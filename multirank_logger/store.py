@@ -308,12 +308,16 @@ class Store:
             ).first()
         return None if row is None else RunRecord(row.id, name, version)
 
-    def update_run(self, run_id: int, **values: Any) -> None:
-        """Set columns of a run: status, ended_at, transport, world_size, hparams (a mapping)."""
+    def update_run(self, run_id: int, *, where_status: str | None = None, **values: Any) -> None:
+        """Set columns of a run: status, ended_at, transport, world_size, hparams (a mapping);
+        with `where_status`, only while the run's status is that one."""
         if "hparams" in values:
             values["hparams"] = _to_json(values["hparams"])
+        stmt = runs.update().where(runs.c.id == run_id)
+        if where_status is not None:
+            stmt = stmt.where(runs.c.status == where_status)
         with self.begin() as conn:
-            conn.execute(runs.update().where(runs.c.id == run_id).values(**values))
+            conn.execute(stmt.values(**values))
 
     def register_rank(self, run_id: int, rank: int, **facts: Any) -> None:
         """Record (or refresh) one rank's facts: local_rank, node_rank, host, pid, status."""

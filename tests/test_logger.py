@@ -194,3 +194,18 @@ def test_a_script_that_dies_before_finalize_ends_its_run(db_path: Path, ending: 
     assert (proc.returncode == 0) == (ending == "pass"), proc.stderr[-2000:]
     assert query(db_path, "SELECT status FROM runs") == [(status,)]
     assert query(db_path, "SELECT key, value FROM metrics") == [("a", 1.0)]
+
+
+def test_a_crash_after_a_finished_run_leaves_its_status(db_path: Path) -> None:
+    """The exit hook only ends runs still running: a run another process finished (a ddp_spawn
+    worker, while this parent never finalizes) keeps its status."""
+    script = (
+        "from multirank_logger import MultiRankLogger\n"
+        "from multirank_logger.store import Store\n"
+        f"logger = MultiRankLogger(db={str(db_path)!r}, flush_interval=3600)\n"
+        f"Store({str(db_path)!r}).update_run(logger.run_id, status='success')  # as a worker's finalize\n"
+        "raise RuntimeError('after fit')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "after fit" in proc.stderr
+    assert query(db_path, "SELECT status FROM runs") == [("success",)]
