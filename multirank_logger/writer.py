@@ -10,7 +10,7 @@ refuses (a DuckDB file a reader holds open, a busy SQLite file past its timeout)
 kept and retried on the next cycle: rows are never dropped.
 
 One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
-(`flush`, `close`, SIGTERM, atexit). The training thread never takes it.
+(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it.
 """
 
 from __future__ import annotations
@@ -127,15 +127,6 @@ class BackgroundWriter:
             thread.join(timeout)
         self._thread = None
         _unregister(self)
-
-    def close(self, timeout: float = 30.0) -> bool:
-        """Stop the thread and flush everything left.
-
-        Returns:
-            True when the buffer and the retry list are empty afterwards.
-        """
-        self.stop(timeout)
-        return self.flush(timeout)
 
     # -- flushing ------------------------------------------------------------------------
 
