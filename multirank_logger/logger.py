@@ -496,20 +496,27 @@ def _jsonable(value: Any) -> Any:
 def _end_runs_never_finalized() -> None:
     """At exit after an uncaught exception: a run this process allocated (rank 0) and never
     finalized, because the script failed before or outside Lightning's loops, is recorded as
-    failed (interrupted for Ctrl-C) instead of staying "running". A normal exit leaves it."""
+    failed (interrupted for Ctrl-C) instead of staying "running", and so is the rank's own row
+    on every rank that writes the store itself. A normal exit leaves both."""
     exc = getattr(sys, "last_value", None)  # set when the interpreter printed an uncaught exception
-    if exc is None or current_rank() != 0:
+    if exc is None:
         return
     status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     now = time.time()
+    rank = current_rank()
     for logger in list(_LIVE):
         store, identity = logger._store, logger._identity
         if logger._finalized or store is None or identity is None:
             continue
+        if rank != 0 and (logger._sink is None or isinstance(logger._sink, GatherSink)):
+            continue  # a sender's row is rank 0's to write, and the store may not be reachable here
 
         def end(store: Store = store, run_id: int = identity.run_id) -> None:
-            # only a run still running: a ddp_spawn parent never finalizes, its workers did
-            store.update_run(run_id, where_status="running", status=status, ended_at=now)
+            # only what is still running: a ddp_spawn parent never finalizes, its workers did
+            with store.writing():
+                store.update_rank(run_id, rank, where_status="running", status=status, ended_at=now)
+                if rank == 0:
+                    store.update_run(run_id, where_status="running", status=status, ended_at=now)
 
         logger._safely(lambda: retry_while_locked(end, 5), "recording the run's end at exit")
 

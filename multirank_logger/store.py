@@ -326,9 +326,13 @@ class Store:
             conn.execute(ranks.delete().where(ranks.c.run_id == run_id, ranks.c.rank == rank))
             conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), **facts))
 
-    def update_rank(self, run_id: int, rank: int, **values: Any) -> None:
+    def update_rank(self, run_id: int, rank: int, *, where_status: str | None = None, **values: Any) -> None:
+        """Set columns of one rank's row; with `where_status`, only while its status is that one."""
+        stmt = ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank)
+        if where_status is not None:
+            stmt = stmt.where(ranks.c.status == where_status)
         with self.begin() as conn:
-            conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(**values))
+            conn.execute(stmt.values(**values))
 
     # -- metrics -----------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -193,7 +194,32 @@ def test_a_script_that_dies_before_finalize_ends_its_run(db_path: Path, ending: 
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (proc.returncode == 0) == (ending == "pass"), proc.stderr[-2000:]
     assert query(db_path, "SELECT status FROM runs") == [(status,)]
+    assert query(db_path, "SELECT rank, status FROM ranks") == [(0, status)]
     assert query(db_path, "SELECT key, value FROM metrics") == [("a", 1.0)]
+
+
+def test_every_direct_rank_that_dies_before_finalize_ends_its_row(tmp_path: Path, port: int) -> None:
+    """Two ranks writing the store themselves crash after logging, outside Lightning's loops:
+    the run and both ranks' rows end as failed, each rank's rows kept."""
+    db = tmp_path / "runs.sqlite"
+    script = (
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "from multirank_logger import MultiRankLogger\n"
+        f"logger = MultiRankLogger(db={str(db)!r}, flush_interval=3600, transport='direct')\n"
+        "logger.log_metrics({'a': float(dist.get_rank())}, step=0)\n"
+        "raise RuntimeError('after logging')\n"
+    )
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+        env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True))
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert all("after logging" in err for err in errors), errors
+    assert query(db, "SELECT status, transport FROM runs") == [("failed", "direct")]
+    assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "failed"), (1, "failed")]
+    assert query(db, "SELECT rank, value FROM metrics ORDER BY rank") == [(0, 0.0), (1, 1.0)]
 
 
 def test_a_crash_after_a_finished_run_leaves_its_status(db_path: Path) -> None:
