@@ -1,4 +1,5 @@
-"""Brings benchmarks/bench_gather.py (the 4-rank gather benchmark, ``run(quick) -> dict``) into the table.
+"""Brings benchmarks/bench_gather.py (the 4-rank gather benchmark, ``run(quick, period_us) -> dict``)
+into the table: one row per loop (paced, saturated).
 
 Its dict belongs to that module: the row's figure is its ``logged_wall_s`` (the 4-rank
 run with the logger; the wall time of the whole ``run()`` if that key is missing), and
@@ -31,11 +32,11 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def measure(quick: bool) -> dict[str, Any]:
+def measure(quick: bool, period_us: float = 0.0) -> dict[str, Any]:
     from benchmarks.bench_gather import run
 
     t0 = time.perf_counter()
-    result = run(quick=quick)
+    result = run(quick=quick, period_us=period_us)
     seconds = time.perf_counter() - t0
     extras = {k: v for k, v in _flatten(dict(result or {})).items()
               if not (isinstance(v, float) and not math.isfinite(v))}
@@ -49,10 +50,20 @@ def measure(quick: bool) -> dict[str, Any]:
     return {"value": value, "run_s": seconds, "rss_mib": max(children, peak_rss_mib()), **extras}
 
 
+# name -> (step period in us, note): see bench_gather's docstring
+_LOOPS = {
+    "MultiRankLogger gather, 4 ranks, paced 1,000 calls/s (bench_gather)": (
+        1000.0, "each step 250 us of CPU, then the rank waits out a 1 ms period as for its accelerator"),
+    "MultiRankLogger gather, 4 ranks, saturated (bench_gather)": (
+        0.0, "steps back to back: 4 ranks keep both cores busy, so the logger's every cycle shows (worst case)"),
+}
+
+
 def cases(sizes: Sizes) -> list[Case]:
     return [
-        Case(SECTION, "MultiRankLogger gather, 4 ranks (bench_gather)", "benchmarks._gather_adapter:measure", "s",
-             {"quick": sizes.mode != "full"}, rounds=1, inner=1,
-             note="wall time with the logger; bench_gather's own figures (baseline, overhead) follow",
+        Case(SECTION, name, "benchmarks._gather_adapter:measure", "s",
+             {"quick": sizes.mode != "full", "period_us": period_us}, rounds=1, inner=1,
+             note=f"wall time with the logger; {note}; bench_gather's own figures (baseline, overhead) follow",
              timeout_s=600)
+        for name, (period_us, note) in _LOOPS.items()
     ]

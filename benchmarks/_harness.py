@@ -85,13 +85,14 @@ class Sizes:
 class Goal:
     """A target from the issues: ``metric op threshold``, metric being the value or the ratio."""
 
-    metric: str  # "value", "ratio" (to the row's peer), or "vs:<case>" (ratio to another case)
+    metric: str  # "value", "ratio" (to the row's peer), "vs:<case>" (ratio to another case),
+    # or "extra:<key>" (the median of one of the case's extras, in the row's unit)
     op: str  # "<=" or ">="
     threshold: float
     text: str
 
     def check(self, value: float | None, ratio: float | None) -> str:
-        x = value if self.metric == "value" else ratio
+        x = value if self.metric == "value" or self.metric.startswith("extra:") else ratio
         if x is None or not math.isfinite(x):
             return "n/a"
         ok = x <= self.threshold if self.op == "<=" else x >= self.threshold
@@ -287,6 +288,12 @@ def summarize(results: Sequence[Result]) -> list[dict[str, Any]]:
                 stats = _stats(_ratios(res, other)) if other is not None else None
                 versus = stats[0] if stats else None
                 g = Goal("ratio", g.op, g.threshold, g.text)
+            if g.metric.startswith("extra:"):
+                key = g.metric[len("extra:"):]
+                samples = [e[key] for e in res.extras if isinstance(e.get(key), (int, float))]
+                extra = statistics.median(samples) if samples else None
+                row["goals"].append((g.text, g.check(extra, None), f"{key}={_fmt(extra)} {case.unit}"))
+                continue
             if g.metric == "value":
                 shown = f"{_fmt(median)} {case.unit}"
             else:

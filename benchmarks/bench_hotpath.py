@@ -125,7 +125,8 @@ def cases(sizes: Sizes) -> list[Case]:
         if kind.startswith("MultiRankLogger"):
             goals = (
                 Goal("ratio", "<=", 1.0, "<= CSVLogger"),
-                Goal("value", "<=", 3.0, "<= 3 us/call"),
+                # DESIGN.md's aim for the call as the Trainer makes it: the training thread's time
+                Goal("extra:loop_us", "<=", 3.0, "<= 3 us/call in the training loop"),
             )
         out.append(
             Case(

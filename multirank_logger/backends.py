@@ -181,7 +181,13 @@ class DuckDBBackend(Backend):
 
         # NullPool: the file is open only inside a transaction, so that between two
         # flushes another process (a reader, `multirank-logger sql`) can open it.
-        return sa.create_engine(self.url, poolclass=NullPool, connect_args={"read_only": readonly})
+        connect_args: dict[str, Any] = {"read_only": readonly}
+        if not readonly:
+            # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
+            # rows then checkpointing gains nothing from them but CPU taken from the training
+            # (measured: -30% CPU per 20k-row flush, wall time the same)
+            connect_args["config"] = {"threads": 1}
+        return sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: MetricBatch) -> None:
         # DuckDB's executemany runs row by row (~1,400 rows/s); from Arrow it takes millions.

@@ -150,6 +150,21 @@ class BackgroundWriter:
             self._io_lock.release()
         return self.pending == 0
 
+    def report_unwritten(self) -> None:
+        """Say, as the process exits, what is lost with it: nothing is worse than a silent gap."""
+        calls, rows = self._buffer.calls_pending, sum(len(b) for b in self._retry)
+        if not (calls or rows):
+            return
+        error = self.last_error
+        why = f"{type(error).__name__}: {error}" if error is not None else (
+            "this rank never learnt its run: the process group never started (log after "
+            "torch.distributed is initialized, e.g. inside Trainer.fit)"
+        )
+        log.error(
+            "multirank_logger: exiting with %d log call(s) and %d row(s) not written (%s); they are lost.",
+            calls, rows, why,
+        )
+
     def _run(self) -> None:
         while not self._stop:
             self._wake.wait(self.flush_interval)
@@ -228,7 +243,8 @@ def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
     """Flush every live writer of this process (bounded per writer)."""
     for writer in list(_WRITERS):
         try:
-            writer.flush(timeout)
+            if not writer.flush(timeout):
+                writer.report_unwritten()
         except Exception:  # noqa: BLE001 - exiting: flush what can be flushed
             log.exception("multirank_logger: flush at exit failed")
 

@@ -107,4 +107,5 @@ def test_report_has_header_and_table(tiny_run: tuple[list[dict], str]) -> None:
     assert "cores" in report and "GiB memory" in report and "lightning " in report
     for row in rows:
         assert f"| {row['section']} | {row['case']} |" in report
-    assert "## Targets" in report and "- hotpath / MultiRankLogger DuckDB: <= 3 us/call: " in report
+    assert "## Targets" in report and "- hotpath / MultiRankLogger DuckDB: <= 3 us/call in the training loop: " in report
+    assert "(loop_us=" in report

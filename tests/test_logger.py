@@ -198,6 +198,22 @@ def test_a_script_that_dies_before_finalize_ends_its_run(db_path: Path, ending: 
     assert query(db_path, "SELECT key, value FROM metrics") == [("a", 1.0)]
 
 
+def test_rows_that_cannot_be_written_are_reported_at_exit(db_path: Path) -> None:
+    """A launched rank (WORLD_SIZE=2) that logs but never starts its process group cannot learn
+    its run: at exit it says how many calls are lost and why, instead of dropping them silently."""
+    script = (
+        "from multirank_logger import MultiRankLogger\n"
+        f"logger = MultiRankLogger(db={str(db_path)!r}, flush_interval=3600)\n"
+        "logger.log_metrics({'a': 1.0}, step=0)\n"
+        "logger.log_metrics({'a': 2.0}, step=1)\n"
+    )
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "exiting with 2 log call(s) and 0 row(s) not written" in proc.stderr
+    assert "process group never started" in proc.stderr
+
+
 def test_every_direct_rank_that_dies_before_finalize_ends_its_row(tmp_path: Path, port: int) -> None:
     """Two ranks writing the store themselves crash after logging, outside Lightning's loops:
     the run and both ranks' rows end as failed, each rank's rows kept."""
