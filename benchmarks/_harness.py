@@ -292,7 +292,7 @@ def summarize(results: Sequence[Result]) -> list[dict[str, Any]]:
                 key = g.metric[len("extra:"):]
                 samples = [e[key] for e in res.extras if isinstance(e.get(key), (int, float))]
                 extra = statistics.median(samples) if samples else None
-                row["goals"].append((g.text, g.check(extra, None), f"{key}={_fmt(extra)} {case.unit}"))
+                row["goals"].append((g.text, g.check(extra, None), f"{key}={_fmt(extra)}"))
                 continue
             if g.metric == "value":
                 shown = f"{_fmt(median)} {case.unit}"

@@ -71,6 +71,8 @@ class Backend:
     #: True when every transaction opens and closes the database (so that readers get in
     #: between): a write costs ~20 ms whatever its size, and writers should write seldom.
     opens_per_transaction = False
+    #: insert_metrics also takes a pyarrow.Table (DuckDB): rank 0 then keeps received rows as Arrow
+    inserts_arrow = False
 
     def __init__(self, url: URL) -> None:
         self.url = url
@@ -168,6 +170,7 @@ class DuckDBBackend(Backend):
     name = "duckdb"
     concurrent_writers = False
     opens_per_transaction = True  # see create_engine
+    inserts_arrow = True
 
     @property
     def path(self) -> Path | None:
@@ -193,7 +196,8 @@ class DuckDBBackend(Backend):
         # DuckDB's executemany runs row by row (~1,400 rows/s); from Arrow it takes millions.
         # duckdb_engine turns the "register" statement into DuckDBPyConnection.register.
         view = "_multirank_batch"
-        conn.exec_driver_sql("register", (view, batch.to_arrow()))
+        # a MetricBatch, or already a pyarrow.Table (`inserts_arrow`: rows rank 0 received)
+        conn.exec_driver_sql("register", (view, batch.to_arrow() if hasattr(batch, "to_arrow") else batch))
         cols = ", ".join(f'"{c.name}"' for c in table.columns)
         conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
         conn.connection.driver_connection.unregister(view)

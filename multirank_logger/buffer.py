@@ -17,7 +17,7 @@ from typing import Any
 from multirank_logger.errors import InvalidMetric
 from multirank_logger.schema import DTYPE_NAN, METRIC_COLUMNS, encode_value
 
-__all__ = ["MetricBatch", "RecordBuffer", "to_scalar"]
+__all__ = ["MetricBatch", "RecordBuffer", "metrics_table", "to_scalar"]
 
 _SCALARS = (float, int, bool)
 
@@ -61,39 +61,61 @@ class MetricBatch:
         and ~60 MiB), which would land in the writer thread in the middle of training.
         """
         import numpy as np
-        import pyarrow as pa
 
         n = len(self)
         index: dict[str, int] = {}
         codes = np.fromiter((-1 if k is None else index.setdefault(k, len(index)) for k in self.key), np.int32, n)
-        # a None key stays NULL, so the store's NOT NULL refuses the batch as a whole
-        key_valid = pa.py_buffer(np.packbits(codes >= 0, bitorder="little")) if n and codes.min() < 0 else None
-        names = [k.encode() for k in index]
-        offsets = np.zeros(len(names) + 1, np.int32)
-        np.cumsum([len(b) for b in names], out=offsets[1:])
-        dictionary = pa.Array.from_buffers(
-            pa.string(), len(names), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(names))]
-        )
         value = np.array(self.value, np.float64)  # None (a NaN) becomes nan here...
-        valid = None
-        if DTYPE_NAN in self.dtype:  # ...and NULL in the table, as the schema stores NaN
-            valid = pa.py_buffer(np.packbits(np.array(self.dtype) != DTYPE_NAN, bitorder="little"))
+        # ...and NULL in the table, as the schema stores NaN
+        valid = np.array(self.dtype) != DTYPE_NAN if DTYPE_NAN in self.dtype else None
+        return metrics_table(
+            run_id=np.array(self.run_id, np.int32),
+            rank=np.array(self.rank, np.int32),
+            seq=np.array(self.seq, np.int64),
+            step=np.array(self.step, np.int64),
+            codes=codes,
+            keys=list(index),
+            value=value,
+            valid=valid,
+            dtype=np.array(self.dtype, np.int16),
+            time=np.array(self.time, np.float64),
+        )
 
-        def numeric(kind: Any, values: list[Any], dtype: Any, validity: Any = None) -> Any:
-            data = values if isinstance(values, np.ndarray) else np.array(values, dtype)
-            return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(data)])
 
-        arrays = [
-            numeric(pa.int32(), self.run_id, np.int32),
-            numeric(pa.int32(), self.rank, np.int32),
-            numeric(pa.int64(), self.seq, np.int64),
-            numeric(pa.int64(), self.step, np.int64),
-            pa.DictionaryArray.from_arrays(numeric(pa.int32(), codes, np.int32, key_valid), dictionary),
-            numeric(pa.float64(), value, np.float64, valid),
-            numeric(pa.int16(), self.dtype, np.int16),
-            numeric(pa.float64(), self.time, np.float64),
-        ]
-        return pa.Table.from_arrays(arrays, names=list(METRIC_COLUMNS))
+def metrics_table(
+    *, run_id: Any, rank: Any, seq: Any, step: Any, codes: Any, keys: list[str], value: Any, valid: Any, dtype: Any, time: Any
+) -> Any:
+    """The `metrics` rows as a pyarrow.Table, from NumPy columns of the schema's widths
+    (int32 run_id, rank and codes; int64 seq, step; float64 value, time; int16 dtype).
+
+    ``codes`` index ``keys`` (a code of -1 is a NULL key: the store's NOT NULL then refuses
+    the batch as a whole); ``valid`` is False where the value is NULL (a NaN), or None.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(codes)
+    names = [k.encode() for k in keys]
+    offsets = np.zeros(len(names) + 1, np.int32)
+    np.cumsum([len(b) for b in names], out=offsets[1:])
+    dictionary = pa.Array.from_buffers(pa.string(), len(names), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(names))])
+    key_valid = codes >= 0 if n and codes.min() < 0 else None
+
+    def numeric(kind: Any, data: Any, validity: Any = None) -> Any:
+        bits = None if validity is None else pa.py_buffer(np.packbits(validity, bitorder="little"))
+        return pa.Array.from_buffers(kind, n, [bits, pa.py_buffer(np.ascontiguousarray(data))])
+
+    arrays = [
+        numeric(pa.int32(), run_id),
+        numeric(pa.int32(), rank),
+        numeric(pa.int64(), seq),
+        numeric(pa.int64(), step),
+        pa.DictionaryArray.from_arrays(numeric(pa.int32(), codes, key_valid), dictionary),
+        numeric(pa.float64(), value, valid),
+        numeric(pa.int16(), dtype),
+        numeric(pa.float64(), time),
+    ]
+    return pa.Table.from_arrays(arrays, names=list(METRIC_COLUMNS))
 
 
 def to_scalar(key: str, value: Any) -> bool | int | float:

@@ -25,6 +25,7 @@ from multirank_logger.spill import SpillWriter
 from multirank_logger.errors import StoreLocked
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
+from multirank_logger.wire import decode_batch, decode_table
 
 __all__ = ["DirectSink", "GatherSink"]
 
@@ -113,9 +114,12 @@ class GatherSink(DirectSink):
         #: batches neither delivered nor spilled (no spill writer, or the spill file failed)
         self.undelivered: list[MetricBatch] = []
         self._announced = False
-        # rank 0: batches owned by the sink and not written yet (kept across failures)
+        # rank 0: batches owned by the sink and not written yet (kept across failures); the
+        # other ranks' rows stay Arrow tables where the store inserts from Arrow (DuckDB): no
+        # Python object per row on rank 0, whose training thread waits on the GIL for those
         self._own: list[MetricBatch] = []
-        self._inbox: list[MetricBatch] = []
+        self._inbox: list[Any] = []
+        self._arrow = store is not None and store.backend.inserts_arrow
 
     @property
     def is_receiver(self) -> bool:
@@ -141,14 +145,27 @@ class GatherSink(DirectSink):
             return
         if not self._inbox:
             # receive() acknowledges the previous call's batches: they are written by now
-            self._inbox = self.channel.receive()
+            self._inbox = self._receive()
         if not (self._own or self._inbox or self._run_updates):
             return
         with self.store.writing():  # one connection for the run update and the rows
             super().poll()
             if self._own or self._inbox:
-                self.store.write(MetricBatch.concat(self._own + self._inbox))
+                self.store.write(self._merged())
         self._own, self._inbox = [], []
+
+    def _receive(self) -> list[Any]:
+        return self.channel.receive(decode_table if self._arrow else decode_batch)
+
+    def _merged(self) -> Any:
+        """Rank 0's own batches and the received ones, as one batch for one transaction."""
+        if not self._arrow:
+            return MetricBatch.concat(self._own + self._inbox)
+        import pyarrow as pa
+
+        tables = [b.to_arrow() for b in self._own] + self._inbox
+        # each table has its own key dictionary: unify them so the store reads one
+        return pa.concat_tables(tables).unify_dictionaries()
 
     def finish(self, status: str, timeout: float) -> dict[int, str]:
         """End of the run for this rank.
@@ -186,7 +203,7 @@ class GatherSink(DirectSink):
             time.sleep(_POLL_S)
         # one more receive acknowledges the last batches, so the senders stop waiting
         self._poll_until(deadline)
-        self._inbox.extend(self.channel.receive())
+        self._inbox.extend(self._receive())
         if not self._poll_until(deadline):
             log.error("multirank_logger: %d received rows are not stored: the store stayed busy", self._held_rows())
         return done

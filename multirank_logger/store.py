@@ -336,8 +336,11 @@ class Store:
 
     # -- metrics -----------------------------------------------------------------------
 
-    def write(self, batch: MetricBatch) -> int:
+    def write(self, batch: MetricBatch | Any) -> int:
         """Insert a batch of metric rows in one transaction, by the backend's fastest path.
+
+        `batch` is a MetricBatch, or a pyarrow.Table of the same columns where the backend
+        `inserts_arrow`.
 
         Returns:
             The number of rows written.

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -301,11 +302,15 @@ class RowChannel:
 
     # -- receiving (rank 0) ------------------------------------------------------------
 
-    def receive(self) -> list[MetricBatch]:
+    def receive(self, decode: Callable[[bytes], Any] = decode_batch) -> list[Any]:
         """Every batch the other ranks sent since the last call, in each rank's order. Never blocks.
 
         Calling again acknowledges what the previous call returned: call it once the previous
         batches are written (or at least owned by the writer).
+
+        Args:
+            decode: turns each payload into a batch: `decode_batch` (MetricBatch objects) or
+                `wire.decode_table` (pyarrow Tables, for a store that inserts from Arrow).
 
         Raises:
             ChannelError: when the store cannot be reached, or a payload is not a row batch.
@@ -329,7 +334,7 @@ class RowChannel:
                             break
                         self._taken[r] += 1
                         self._to_ack[r] += 1
-                        out.append(decode_batch(payload))
+                        out.append(decode(payload))
             except ChannelError:
                 raise
             except Exception as exc:

@@ -22,7 +22,7 @@ from multirank_logger.transport import (
     ChannelTimeout,
     RowChannel,
 )
-from multirank_logger.wire import decode_batch, encode_batch
+from multirank_logger.wire import decode_batch, decode_table, encode_batch
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,6 +48,22 @@ def test_encoding_round_trips_every_kind_of_value() -> None:
     batch = buf.drain(run_id=12, rank=3)
     back = decode_batch(encode_batch(batch))
     assert back == batch  # dtype included: it is what keeps NaN, int, bool and -0.0 apart
+
+
+def test_decoding_to_arrow_gives_the_table_the_batch_gives() -> None:
+    """decode_table (rank 0's path into DuckDB) reads the bytes into the same Arrow table that
+    the decoded MetricBatch builds: same types, same rows, NaN a NULL, keys dictionary-encoded."""
+    buf = RecordBuffer()
+    buf.append(3, {"nan": math.nan, "inf": math.inf, "int": 2**53, "bool": True, "zero": -0.0})
+    buf.append(4, {"clé é ü 🙂": 1.5, "nan": 0.25})
+    for batch in (buf.drain(run_id=12, rank=3), MetricBatch()):
+        payload = encode_batch(batch)
+        table, expected = decode_table(payload), decode_batch(payload).to_arrow()
+        assert table.schema == expected.schema
+        assert table.to_pylist() == expected.to_pylist()
+        assert table.column("value").null_count == expected.column("value").null_count
+    with pytest.raises(ValueError, match="truncated"):
+        decode_table(encode_batch(_batch(1, 10))[:-5])
 
 
 def test_encoding_of_an_empty_batch() -> None:
