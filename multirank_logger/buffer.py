@@ -12,14 +12,19 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from multirank_logger.errors import InvalidMetric
-from multirank_logger.schema import DTYPE_NAN, METRIC_COLUMNS, encode_value
+from multirank_logger.schema import DTYPE_BOOL, DTYPE_FLOAT, DTYPE_INT, DTYPE_NAN, DTYPE_NEG_ZERO, METRIC_COLUMNS, encode_value
 
-__all__ = ["MetricBatch", "RecordBuffer", "metrics_table", "to_scalar"]
+__all__ = ["MetricBatch", "RecordBuffer", "concat_batches", "metrics_table", "to_scalar"]
 
 _SCALARS = (float, int, bool)
+_DTYPE_OF_TYPE = {float: DTYPE_FLOAT, int: DTYPE_INT, bool: DTYPE_BOOL}
+# the fields of one buffered call: (seq, step, time, metrics)
+_SEQ, _STEP, _TIME, _METRICS = (itemgetter(i) for i in range(4))
 
 
 @dataclass
@@ -80,6 +85,18 @@ class MetricBatch:
             dtype=np.array(self.dtype, np.int16),
             time=np.array(self.time, np.float64),
         )
+
+
+def concat_batches(batches: list[Any]) -> Any:
+    """One batch from several: MetricBatch objects stay one; any Arrow table among them
+    makes the result one Arrow table (MetricBatch objects converted)."""
+    if all(isinstance(b, MetricBatch) for b in batches):
+        return MetricBatch.concat(batches)
+    import pyarrow as pa
+
+    tables = [b.to_arrow() if isinstance(b, MetricBatch) else b for b in batches]
+    # each table has its own key dictionary: unify them so a store reads one
+    return pa.concat_tables(tables).unify_dictionaries()
 
 
 def metrics_table(
@@ -173,6 +190,44 @@ class RecordBuffer:
     def calls_recorded(self) -> int:
         """Log calls recorded so far, drained or not."""
         return self._next_seq
+
+    def drain_arrow(self, run_id: int, rank: int) -> Any:
+        """Like ``drain(run_id, rank).to_arrow()``, without a Python object per row.
+
+        The path into a store that inserts from Arrow (DuckDB). The writer thread holds the
+        GIL while it drains, and the training thread waits for it: here every per-row step
+        is a C-level map or a NumPy operation (~0.1 us/row against ~0.5 for drain + to_arrow).
+        """
+        import numpy as np
+
+        popleft = self._calls.popleft
+        calls = [popleft() for _ in range(len(self._calls))]
+        metrics = list(map(_METRICS, calls))
+        counts = np.fromiter(map(len, metrics), np.int64, len(calls))
+        n = int(counts.sum())
+        keys = list(chain.from_iterable(metrics))
+        scalars = list(chain.from_iterable(map(dict.values, metrics)))
+        index = {key: code for code, key in enumerate(dict.fromkeys(keys))}
+        value = np.fromiter(scalars, np.float64, n)  # ints and bools as floats, as encode_value
+        dtype = np.fromiter(map(_DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
+        floats = dtype == DTYPE_FLOAT
+        nan = floats & (value != value)
+        negative_zero = floats & (value == 0.0) & np.signbit(value)
+        dtype[nan] = DTYPE_NAN
+        dtype[negative_zero] = DTYPE_NEG_ZERO
+        value[negative_zero] = 0.0  # the schema stores -0.0 as 0.0 + DTYPE_NEG_ZERO
+        return metrics_table(
+            run_id=np.full(n, run_id, np.int32),
+            rank=np.full(n, rank, np.int32),
+            seq=np.repeat(np.fromiter(map(_SEQ, calls), np.int64, len(calls)), counts),
+            step=np.repeat(np.fromiter(map(_STEP, calls), np.int64, len(calls)), counts),
+            codes=np.fromiter(map(index.__getitem__, keys), np.int32, n),
+            keys=list(index),
+            value=value,
+            valid=~nan if nan.any() else None,
+            dtype=dtype,
+            time=np.repeat(np.fromiter(map(_TIME, calls), np.float64, len(calls)), counts),
+        )
 
     def drain(self, run_id: int, rank: int) -> MetricBatch:
         """Remove every call recorded so far and return its rows as one batch."""

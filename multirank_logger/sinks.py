@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from multirank_logger.buffer import MetricBatch
+from multirank_logger.buffer import MetricBatch, concat_batches
 from multirank_logger.spill import SpillWriter
 from multirank_logger.errors import StoreLocked
 from multirank_logger.store import Store, retry_while_locked
@@ -54,11 +54,16 @@ class DirectSink:
         flush interval instead of every N calls (see writer.BackgroundWriter)."""
         return self.store.backend.opens_per_transaction
 
+    @property
+    def inserts_arrow(self) -> bool:
+        """True when `write` takes pyarrow Tables (DuckDB): the writer then drains to Arrow."""
+        return self.store.backend.inserts_arrow
+
     def update_run(self, **values: Any) -> None:
         """Queue column updates for the run row; applied by the next `poll`."""
         self._run_updates.update(values)
 
-    def write(self, batch: MetricBatch) -> None:
+    def write(self, batch: MetricBatch | Any) -> None:
         self.store.write(batch)
 
     def poll(self) -> None:
@@ -117,9 +122,8 @@ class GatherSink(DirectSink):
         # rank 0: batches owned by the sink and not written yet (kept across failures); the
         # other ranks' rows stay Arrow tables where the store inserts from Arrow (DuckDB): no
         # Python object per row on rank 0, whose training thread waits on the GIL for those
-        self._own: list[MetricBatch] = []
+        self._own: list[Any] = []  # MetricBatch objects, or Arrow tables (`inserts_arrow`)
         self._inbox: list[Any] = []
-        self._arrow = store is not None and store.backend.inserts_arrow
 
     @property
     def is_receiver(self) -> bool:
@@ -130,7 +134,12 @@ class GatherSink(DirectSink):
         # a sender's write is a push to the TCPStore: cheap, and it keeps rank 0's lag short
         return self.is_receiver and super().writes_seldom
 
-    def write(self, batch: MetricBatch) -> None:
+    @property
+    def inserts_arrow(self) -> bool:
+        # a sender encodes MetricBatch objects for the wire
+        return self.is_receiver and super().inserts_arrow
+
+    def write(self, batch: MetricBatch | Any) -> None:
         if self.is_receiver:
             self._own.append(batch)  # written by the poll that follows, with the others' rows
             return
@@ -155,17 +164,11 @@ class GatherSink(DirectSink):
         self._own, self._inbox = [], []
 
     def _receive(self) -> list[Any]:
-        return self.channel.receive(decode_table if self._arrow else decode_batch)
+        return self.channel.receive(decode_table if self.inserts_arrow else decode_batch)
 
     def _merged(self) -> Any:
         """Rank 0's own batches and the received ones, as one batch for one transaction."""
-        if not self._arrow:
-            return MetricBatch.concat(self._own + self._inbox)
-        import pyarrow as pa
-
-        tables = [b.to_arrow() for b in self._own] + self._inbox
-        # each table has its own key dictionary: unify them so the store reads one
-        return pa.concat_tables(tables).unify_dictionaries()
+        return concat_batches(self._own + self._inbox)
 
     def finish(self, status: str, timeout: float) -> dict[int, str]:
         """End of the run for this rank.

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
-from multirank_logger.buffer import MetricBatch, RecordBuffer
+from multirank_logger.buffer import MetricBatch, RecordBuffer, concat_batches
 
 __all__ = ["BackgroundWriter", "Sink", "Target"]
 
@@ -46,8 +46,10 @@ class Sink(Protocol):
 
     #: True when each write is costly whatever its size: write once per flush interval
     writes_seldom: bool
+    #: True when `write` takes a pyarrow Table (RecordBuffer.drain_arrow), else a MetricBatch
+    inserts_arrow: bool
 
-    def write(self, batch: MetricBatch) -> None:
+    def write(self, batch: MetricBatch | Any) -> None:
         """Store or ship one batch; raise to have it retried later."""
 
     def poll(self) -> None:
@@ -186,7 +188,8 @@ class BackgroundWriter:
         sink, run_id, rank = target
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
         if self._buffer.calls_pending:
-            self._retry.append(self._buffer.drain(run_id, rank))
+            drain = self._buffer.drain_arrow if sink.inserts_arrow else self._buffer.drain
+            self._retry.append(drain(run_id, rank))
         try:
             while self._retry:
                 batch = self._retry[0]
@@ -199,14 +202,14 @@ class BackgroundWriter:
             self._note_failure(exc)
             return
         if len(self._retry) > 1:  # merge what piled up so the next write is one transaction
-            self._retry = [MetricBatch.concat(self._retry)]
+            self._retry = [concat_batches(self._retry)]
         self._failures = 0
 
     def _note_failure(self, exc: BaseException) -> None:
         self.last_error = exc
         self._failures += 1
         if len(self._retry) > 1:
-            self._retry = [MetricBatch.concat(self._retry)]
+            self._retry = [concat_batches(self._retry)]
         if self._failures == _WARN_AFTER_FAILURES:
             log.warning(
                 "multirank_logger: %d flushes in a row failed (%s: %s); %d rows are kept and retried.",

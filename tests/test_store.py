@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import multiprocessing as mp
 import subprocess
@@ -66,6 +67,26 @@ def test_values_round_trip_exactly(db_path: Path) -> None:
         assert _same(back[key], value), (key, back[key], value)
     assert math.copysign(1, back["neg_zero"]) == -1
     store.close()
+
+
+def test_drain_to_arrow_gives_the_rows_drain_gives() -> None:
+    """drain_arrow (the writer's path into DuckDB) builds, without Python rows, the table
+    that drain().to_arrow() builds: every kind of value, uneven calls, repeated and new keys."""
+    calls = [
+        (0, {"nan": math.nan, "neg_zero": -0.0, "zero": 0.0, "pinf": math.inf, "big_int": 2**70}),
+        (0, {}),
+        (5, {"true": True, "false": False, "neg_int": -7, "zero_int": 0, "nan": 0.25}),
+        (3, {TRICKY_KEYS[1]: 1 / 3, TRICKY_KEYS[2]: 5e-324, "": -1.5}),
+    ]
+    one = RecordBuffer()
+    for step, logged in calls:
+        one.append(step, logged)
+    two = copy.deepcopy(one)  # the same calls, times included
+    expected, table = one.drain(run_id=4, rank=2).to_arrow(), two.drain_arrow(run_id=4, rank=2)
+    assert table.schema == expected.schema
+    assert [repr(row) for row in table.to_pylist()] == [repr(row) for row in expected.to_pylist()]
+    assert table.column("value").null_count == 1  # the NaN
+    assert two.calls_pending == 0 and len(two.drain_arrow(4, 2)) == 0
 
 
 def test_nan_is_null_with_its_own_dtype(db_path: Path) -> None:
