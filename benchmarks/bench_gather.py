@@ -13,13 +13,18 @@ loop with no logger (``logger=False``). Two loops:
   per rank, the rate the issue names. The logger's work in the training thread still adds
   to every step; its background threads run while the rank waits.
 
+Both build the step's metrics dict in the baseline too, and collect garbage before the timed
+loop (see `_rank`). The logger runs with its default flush settings. Reported:
+
 - ``overhead_pct``: median wall time of the logged loop against the baseline's;
+- ``logged_wall_s_by_rank``: which rank sets the wall time (rank 0 also writes every row);
 - ``calls_per_s``: each rank's achieved log-call rate;
 - ``lag_s``: rank 0's writer lag at the end, from the last log call of every rank until
   every row of every rank is in the store (``finalize("success")`` on rank 0);
 - ``rows``: rows in the store for the run (expected: 4 ranks x calls x 10).
 
-Usage: python benchmarks/bench_gather.py [--quick]   (or `run(quick)` from benchmarks/run.py)
+Usage: python benchmarks/bench_gather.py [--quick] [--period-us 1000]
+       (or `run(quick, period_us)` from benchmarks/run.py, one row per loop)
 """
 
 from __future__ import annotations
