@@ -8,6 +8,7 @@ and the writer thread share the buffer without a lock.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +23,8 @@ from multirank_logger.schema import DTYPE_BOOL, DTYPE_FLOAT, DTYPE_INT, DTYPE_NA
 __all__ = ["MetricBatch", "RecordBuffer", "concat_batches", "metrics_table", "to_scalar"]
 
 _SCALARS = (float, int, bool)
+#: the largest int stored (as the float64 every value column holds); past it float() overflows
+_INT_LIMIT = int(sys.float_info.max)
 _DTYPE_OF_TYPE = {float: DTYPE_FLOAT, int: DTYPE_INT, bool: DTYPE_BOOL}
 # the fields of one buffered call: (seq, step, time, metrics)
 _SEQ, _STEP, _TIME, _METRICS = (itemgetter(i) for i in range(4))
@@ -142,6 +145,8 @@ def to_scalar(key: str, value: Any) -> bool | int | float:
         InvalidMetric: for anything that is not one number (a list, a 2-element tensor, a string).
     """
     if type(value) in _SCALARS:
+        if type(value) is int and not -_INT_LIMIT <= value <= _INT_LIMIT:
+            raise InvalidMetric(key, value)  # float(value) would fail in the writer thread
         return value
     numel = getattr(value, "numel", None) or getattr(value, "size", None)
     count = numel() if callable(numel) else numel
@@ -173,9 +178,12 @@ class RecordBuffer:
             InvalidMetric: if a value is not a single number; nothing is recorded then.
         """
         for value in metrics.values():
-            if type(value) not in _SCALARS:
-                metrics = {k: to_scalar(k, v) for k, v in metrics.items()}
-                break
+            kind = type(value)
+            # as cheap per value as a membership test; an int must also fit a float64
+            if kind is float or kind is bool or (kind is int and -_INT_LIMIT <= value <= _INT_LIMIT):
+                continue
+            metrics = {k: to_scalar(k, v) for k, v in metrics.items()}
+            break
         else:
             metrics = dict(metrics)  # the caller may reuse its dict
         self._calls.append((self._next_seq, step, time.time(), metrics))

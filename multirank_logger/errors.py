@@ -125,6 +125,12 @@ class QueryFailed(MultiRankLoggerError):
 class InvalidMetric(MultiRankLoggerError, ValueError):
     def __init__(self, key: str, value: object) -> None:
         self.key = key
+        if type(value) is int:  # a number, but past what a float64 column holds
+            super().__init__(
+                f"Metric {key!r} is an int of {value.bit_length()} bits, too large for the store's "
+                "64-bit float values (about 1.8e308 at most). Log it scaled, or as a float ratio."
+            )
+            return
         shown = type(value).__name__
         shape = getattr(value, "shape", None)
         if shape is not None:
