@@ -26,6 +26,8 @@ from multirank_logger.schema import DTYPE_BOOL, DTYPE_INT, DTYPE_NEG_ZERO
 __all__ = ["STEP_COLUMN", "LongRows", "to_frame", "write_csv"]
 
 STEP_COLUMN = "step"
+# |int| from which NumPy's int64 overflows: such an int goes through a Python int
+_INT64_BOUND = 2.0**63
 # rows per grid: bounds the Python objects alive at once (~11 columns x 64k rows)
 _CHUNK_ROWS = 65_536
 # the columns of a driver row (seq, step, key, value, dtype), for LongRows.from_rows
@@ -156,7 +158,9 @@ class LongRows:
         out = value.astype(object)  # Python floats; NaN (NULL) prints as `nan` like math.nan
         ints = np.flatnonzero(dtype == DTYPE_INT)
         if len(ints):
-            out[ints] = value[ints].astype(np.int64).astype(object)
+            wide = np.abs(value[ints]) >= _INT64_BOUND  # past int64: through Python's own int
+            out[ints[~wide]] = value[ints[~wide]].astype(np.int64).astype(object)
+            out[ints[wide]] = [int(v) for v in value[ints[wide]].tolist()]
         bools = np.flatnonzero(dtype == DTYPE_BOOL)
         if len(bools):
             out[bools] = (value[bools] != 0).astype(object)
@@ -237,7 +241,7 @@ def to_frame(rows: LongRows) -> Any:
         kinds = set(np.unique(rows.dtype[mask]).tolist())
         col = np.full(len(starts), np.nan)
         col[row_of[mask]] = np.where(rows.dtype[mask] == DTYPE_NEG_ZERO, -0.0, rows.value[mask])
-        if kinds == {DTYPE_INT}:
+        if kinds == {DTYPE_INT} and not (np.abs(col[row_of[mask]]) >= _INT64_BOUND).any():
             data[name] = pd.array(col, dtype="Float64").astype("Int64")
         elif kinds == {DTYPE_BOOL}:
             data[name] = pd.array(col, dtype="Float64").astype("boolean")

@@ -71,11 +71,13 @@ def _store_calls(
     run = store.create_run(name, world_size=len(per_rank))
     for rank, calls in per_rank.items():
         buffer = RecordBuffer()
+        # as the writer thread drains: to Arrow for a store that inserts Arrow (DuckDB)
+        drain = buffer.drain_arrow if store.backend.inserts_arrow else buffer.drain
         for i, (metrics, step) in enumerate(calls):
             buffer.append(step, _prefixed(metrics, prefix))
             if i % 17 == 0:  # several flushes, as the writer thread does
-                store.write(buffer.drain(run.id, rank))
-        store.write(buffer.drain(run.id, rank))
+                store.write(drain(run.id, rank))
+        store.write(drain(run.id, rank))
     store.close()
     return run.id
 
@@ -105,6 +107,19 @@ def test_rank0_export_is_csvloggers_file(db_path: Path, tmp_path: Path, prefix: 
     with open_store(db_path) as reader:
         assert reader.export_csv(out) == len(_calls(0))
     assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(0), prefix=prefix)
+
+
+def test_ints_past_int64_export_as_csvlogger_prints_them(db_path: Path, tmp_path: Path) -> None:
+    """An int too wide for int64 (stored as the float64 it is exactly) prints as the int, and
+    the rank frame keeps such a column as floats instead of overflowing an Int64 column."""
+    calls: list[Call] = [({"samples": 2**70, "n": 3}, 0), ({"samples": -(2**1000), "n": 4}, 1), ({"n": 5}, 2)]
+    _store_calls(db_path, {0: calls})
+    out = tmp_path / "metrics.csv"
+    with open_store(db_path) as reader:
+        reader.export_csv(out)
+        frame = reader.rank_frame()
+    assert out.read_bytes() == _csvlogger_file(tmp_path, calls)
+    assert str(frame["n"].dtype) == "Int64" and frame["samples"].tolist()[:2] == [2.0**70, -(2.0**1000)]
 
 
 def test_other_rank_export_has_its_own_values(two_ranks: Path, tmp_path: Path) -> None:
