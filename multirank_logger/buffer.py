@@ -230,7 +230,7 @@ class RecordBuffer:
             seq=np.repeat(np.fromiter(map(_SEQ, calls), np.int64, len(calls)), counts),
             step=np.repeat(np.fromiter(map(_STEP, calls), np.int64, len(calls)), counts),
             codes=np.fromiter(map(index.__getitem__, keys), np.int32, n),
-            keys=list(index),
+            keys=[key if type(key) is str else str(key) for key in index],  # as drain does
             value=value,
             valid=~nan if nan.any() else None,
             dtype=dtype,
@@ -247,7 +247,7 @@ class RecordBuffer:
                 value, dtype = encode_value(scalar)
                 batch.seq.append(seq)
                 batch.step.append(step)
-                batch.key.append(key)
+                batch.key.append(key if type(key) is str else str(key))  # Fabric's log_dict takes any key
                 batch.value.append(value)
                 batch.dtype.append(dtype)
                 batch.time.append(t)

@@ -189,7 +189,13 @@ class BackgroundWriter:
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
         if self._buffer.calls_pending:
             drain = self._buffer.drain_arrow if sink.inserts_arrow else self._buffer.drain
-            self._retry.append(drain(run_id, rank))
+            try:
+                self._retry.append(drain(run_id, rank))
+            except Exception as exc:  # noqa: BLE001 - the thread must live on for the next calls
+                # unreachable for what append accepts; were it reached, say so now, not at exit
+                log.error("multirank_logger: log calls could not be encoded and are dropped: %s: %s", type(exc).__name__, exc)
+                self._note_failure(exc)
+                return
         try:
             while self._retry:
                 batch = self._retry[0]

@@ -134,6 +134,44 @@ def test_non_scalar_value_names_the_key_and_keeps_earlier_rows(db_path: Path) ->
     assert query(db_path, "SELECT key, step, value FROM metrics ORDER BY step") == [("ok", 0, 1.0), ("big", 4, 2.0**1000)]
 
 
+def test_a_key_that_is_not_a_string_is_stored_as_its_str(db_path: Path) -> None:
+    """Fabric's log_dict passes any key through: an int key is stored as its str, not a crash
+    of the writer (which lost every row with it)."""
+    logger = _logger(db_path)
+    logger.log_metrics({1: 1.0, "a": 2.0}, step=0)
+    logger.log_metrics({"1": 3.0}, step=1)
+    logger.finalize("success")
+    assert query(db_path, "SELECT key, step, value FROM metrics ORDER BY step, key") == [
+        ("1", 0, 1.0), ("a", 0, 2.0), ("1", 1, 3.0)
+    ]
+
+
+def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """Fault injection: one drain raises. The writer says so at once and keeps working: later
+    calls are written, finalize succeeds."""
+    logger = _logger(db_path)
+    buffer = logger._buffer
+    real = {name: getattr(buffer, name) for name in ("drain", "drain_arrow")}
+
+    def broken(run_id: int, rank: int) -> None:
+        for name, fn in real.items():
+            monkeypatch.setattr(buffer, name, fn)
+        fn(run_id, rank)  # the calls leave the buffer, as in a real failure
+        raise RuntimeError("cannot encode")
+
+    logger.log_metrics({"a": 1.0}, step=0)
+    assert logger._writer.flush(5)  # sets the sink up, writes step 0
+    for name in real:
+        monkeypatch.setattr(buffer, name, broken)
+    logger.log_metrics({"a": 2.0}, step=1)
+    logger._writer.flush(5)
+    assert "could not be encoded and are dropped: RuntimeError: cannot encode" in caplog.text
+    logger.log_metrics({"a": 3.0}, step=2)
+    logger.finalize("success")
+    assert query(db_path, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (2, 3.0)]
+    assert query(db_path, "SELECT status FROM runs") == [("success",)]
+
+
 def test_unwritable_db_path_fails_at_construction(tmp_path: Path, backend: str) -> None:
     """A db whose directory cannot be created fails in the constructor, naming the path."""
     blocker = tmp_path / "not_a_dir"
