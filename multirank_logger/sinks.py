@@ -160,15 +160,11 @@ class GatherSink(DirectSink):
         with self.store.writing():  # one connection for the run update and the rows
             super().poll()
             if self._own or self._inbox:
-                self.store.write(self._merged())
+                self.store.write(concat_batches(self._own + self._inbox))  # one transaction
         self._own, self._inbox = [], []
 
     def _receive(self) -> list[Any]:
         return self.channel.receive(decode_table if self.inserts_arrow else decode_batch)
-
-    def _merged(self) -> Any:
-        """Rank 0's own batches and the received ones, as one batch for one transaction."""
-        return concat_batches(self._own + self._inbox)
 
     def finish(self, status: str, timeout: float) -> dict[int, str]:
         """End of the run for this rank.
