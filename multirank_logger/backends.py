@@ -13,7 +13,7 @@ import re
 import sqlite3
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from alembic.ddl.impl import DefaultImpl
@@ -21,10 +21,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
+from multirank_logger.buffer import MetricBatch, as_arrow
 from multirank_logger.errors import NotADatabase, StoreError, StoreLocked, UnsupportedStore
-
-if TYPE_CHECKING:
-    from multirank_logger.buffer import MetricBatch
 
 __all__ = ["SUFFIXES", "Backend", "backend_for", "resolve_url"]
 
@@ -196,8 +194,8 @@ class DuckDBBackend(Backend):
         # DuckDB's executemany runs row by row (~1,400 rows/s); from Arrow it takes millions.
         # duckdb_engine turns the "register" statement into DuckDBPyConnection.register.
         view = "_multirank_batch"
-        # a MetricBatch, or already a pyarrow.Table (`inserts_arrow`: rows rank 0 received)
-        conn.exec_driver_sql("register", (view, batch.to_arrow() if hasattr(batch, "to_arrow") else batch))
+        # a MetricBatch, or already a pyarrow.Table (`inserts_arrow`)
+        conn.exec_driver_sql("register", (view, as_arrow(batch)))
         cols = ", ".join(f'"{c.name}"' for c in table.columns)
         conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
         conn.connection.driver_connection.unregister(view)

@@ -18,14 +18,13 @@ from operator import itemgetter
 from typing import Any
 
 from multirank_logger.errors import InvalidMetric
-from multirank_logger.schema import DTYPE_BOOL, DTYPE_FLOAT, DTYPE_INT, DTYPE_NAN, DTYPE_NEG_ZERO, METRIC_COLUMNS, encode_value
+from multirank_logger.schema import DTYPE_FLOAT, DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, METRIC_COLUMNS, encode_value
 
-__all__ = ["MetricBatch", "RecordBuffer", "concat_batches", "metrics_table", "to_scalar"]
+__all__ = ["MetricBatch", "RecordBuffer", "as_arrow", "concat_batches", "metrics_table", "to_scalar"]
 
 _SCALARS = (float, int, bool)
 #: the largest int stored (as the float64 every value column holds); past it float() overflows
 _INT_LIMIT = int(sys.float_info.max)
-_DTYPE_OF_TYPE = {float: DTYPE_FLOAT, int: DTYPE_INT, bool: DTYPE_BOOL}
 # the fields of one buffered call: (seq, step, time, metrics)
 _SEQ, _STEP, _TIME, _METRICS = (itemgetter(i) for i in range(4))
 
@@ -90,6 +89,11 @@ class MetricBatch:
         )
 
 
+def as_arrow(batch: MetricBatch | Any) -> Any:
+    """A batch as a pyarrow.Table: a MetricBatch converted, a Table (drain_arrow, decode_table) as is."""
+    return batch.to_arrow() if isinstance(batch, MetricBatch) else batch
+
+
 def concat_batches(batches: list[Any]) -> Any:
     """One batch from several: MetricBatch objects stay one; any Arrow table among them
     makes the result one Arrow table (MetricBatch objects converted)."""
@@ -97,9 +101,8 @@ def concat_batches(batches: list[Any]) -> Any:
         return MetricBatch.concat(batches)
     import pyarrow as pa
 
-    tables = [b.to_arrow() if isinstance(b, MetricBatch) else b for b in batches]
     # each table has its own key dictionary: unify them so a store reads one
-    return pa.concat_tables(tables).unify_dictionaries()
+    return pa.concat_tables([as_arrow(b) for b in batches]).unify_dictionaries()
 
 
 def metrics_table(
@@ -217,7 +220,7 @@ class RecordBuffer:
         scalars = list(chain.from_iterable(map(dict.values, metrics)))
         index = {key: code for code, key in enumerate(dict.fromkeys(keys))}
         value = np.fromiter(scalars, np.float64, n)  # ints and bools as floats, as encode_value
-        dtype = np.fromiter(map(_DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
+        dtype = np.fromiter(map(DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
         floats = dtype == DTYPE_FLOAT
         nan = floats & (value != value)
         negative_zero = floats & (value == 0.0) & np.signbit(value)

@@ -25,6 +25,7 @@ __all__ = [
     "DTYPE_INT",
     "DTYPE_NAN",
     "DTYPE_NEG_ZERO",
+    "DTYPE_OF_TYPE",
     "METRIC_COLUMNS",
     "RUN_STATUSES",
     "decode_value",
@@ -42,6 +43,9 @@ DTYPE_INT = 1
 DTYPE_BOOL = 2
 DTYPE_NAN = 3  # value is NULL: SQLite cannot store NaN
 DTYPE_NEG_ZERO = 4  # value is 0.0: SQLite drops the sign of -0.0, CSVLogger prints it
+
+#: the code of each logged Python type; a float's code is refined for NaN and -0.0 (encode_value)
+DTYPE_OF_TYPE = {float: DTYPE_FLOAT, int: DTYPE_INT, bool: DTYPE_BOOL}
 
 RUN_STATUSES = ("running", "success", "failed", "interrupted")
 
@@ -132,10 +136,8 @@ def encode_value(value: bool | int | float) -> tuple[float | None, int]:
         if value == 0.0 and math.copysign(1.0, value) < 0:
             return 0.0, DTYPE_NEG_ZERO
         return (None, DTYPE_NAN) if value != value else (value, DTYPE_FLOAT)
-    if kind is int:
-        return float(value), DTYPE_INT
-    if kind is bool:
-        return float(value), DTYPE_BOOL
+    if kind in DTYPE_OF_TYPE:
+        return float(value), DTYPE_OF_TYPE[kind]
     raise TypeError(f"cannot store a {kind.__name__}; expected bool, int or float")
 
 
