@@ -54,6 +54,15 @@ class MetricBatch:
         for f in fields(self):
             getattr(self, f.name).extend(getattr(other, f.name))
 
+    def last_value_per_key(self) -> MetricBatch:
+        """This batch with one row per (seq, key), the last: two keys of one call that print
+        alike (``1`` and ``"1"``) are one column, and a store keyed by (seq, key) takes one."""
+        last = {row: i for i, row in enumerate(zip(self.seq, self.key))}
+        if len(last) == len(self):
+            return self
+        keep = sorted(last.values())
+        return MetricBatch(**{f.name: [getattr(self, f.name)[i] for i in keep] for f in fields(self)})
+
     @classmethod
     def concat(cls, batches: Iterable[MetricBatch]) -> MetricBatch:
         out = cls()
@@ -214,11 +223,17 @@ class RecordBuffer:
         popleft = self._calls.popleft
         calls = [popleft() for _ in range(len(self._calls))]
         metrics = list(map(_METRICS, calls))
+        keys = list(chain.from_iterable(metrics))
+        index = {key: code for code, key in enumerate(dict.fromkeys(keys))}
+        if not all(type(key) is str for key in index):  # once per distinct key, not per row
+            # Fabric's log_dict takes any key: it is stored as its str, and of two keys of one
+            # call that print alike (1 and "1") the later wins, as drain does
+            metrics = [{str(key): value for key, value in m.items()} for m in metrics]
+            keys = list(chain.from_iterable(metrics))
+            index = {key: code for code, key in enumerate(dict.fromkeys(keys))}
         counts = np.fromiter(map(len, metrics), np.int64, len(calls))
         n = int(counts.sum())
-        keys = list(chain.from_iterable(metrics))
         scalars = list(chain.from_iterable(map(dict.values, metrics)))
-        index = {key: code for code, key in enumerate(dict.fromkeys(keys))}
         value = np.fromiter(scalars, np.float64, n)  # ints and bools as floats, as encode_value
         dtype = np.fromiter(map(DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
         floats = dtype == DTYPE_FLOAT
@@ -233,7 +248,7 @@ class RecordBuffer:
             seq=np.repeat(np.fromiter(map(_SEQ, calls), np.int64, len(calls)), counts),
             step=np.repeat(np.fromiter(map(_STEP, calls), np.int64, len(calls)), counts),
             codes=np.fromiter(map(index.__getitem__, keys), np.int32, n),
-            keys=[key if type(key) is str else str(key) for key in index],  # as drain does
+            keys=list(index),
             value=value,
             valid=~nan if nan.any() else None,
             dtype=dtype,
@@ -244,17 +259,21 @@ class RecordBuffer:
         """Remove every call recorded so far and return its rows as one batch."""
         batch = MetricBatch()
         popleft = self._calls.popleft
+        renamed = False
         for _ in range(len(self._calls)):
             seq, step, t, metrics = popleft()
             for key, scalar in metrics.items():
+                if type(key) is not str:  # Fabric's log_dict takes any key: stored as its str
+                    key = str(key)
+                    renamed = True
                 value, dtype = encode_value(scalar)
                 batch.seq.append(seq)
                 batch.step.append(step)
-                batch.key.append(key if type(key) is str else str(key))  # Fabric's log_dict takes any key
+                batch.key.append(key)
                 batch.value.append(value)
                 batch.dtype.append(dtype)
                 batch.time.append(t)
         n = len(batch)
         batch.run_id = [run_id] * n
         batch.rank = [rank] * n
-        return batch
+        return batch.last_value_per_key() if renamed else batch

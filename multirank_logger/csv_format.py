@@ -14,7 +14,7 @@ per chunk, instead of building a dict per log call as CSVLogger does.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import IO, Any
@@ -32,6 +32,8 @@ _INT64_BOUND = 2.0**63
 _CHUNK_ROWS = 65_536
 # the columns of a driver row (seq, step, key, value, dtype), for LongRows.from_rows
 _SEQ, _STEP, _KEY, _VALUE, _DTYPE = (itemgetter(i) for i in range(5))
+# the NumPy types of seq, step, value, dtype
+_ROW_TYPES = (np.int64, np.int64, np.float64, np.int16)
 
 
 @dataclass
@@ -79,9 +81,10 @@ class LongRows:
         return rows._in_call_order()
 
     @classmethod
-    def from_rows(cls, chunks: Iterable[Sequence[Any]]) -> LongRows:
+    def from_rows(cls, chunks: Iterable[Sequence[Any]], key: str | None = None) -> LongRows:
         """Build from driver rows ``(seq, step, key, value, dtype)`` (any row order), given a
-        chunk at a time (e.g. ``cursor.fetchmany``).
+        chunk at a time (e.g. ``cursor.fetchmany``); or, given ``key``, from rows
+        ``(seq, step, value, dtype)`` that all hold that key.
 
         The path for stores that hand back Python rows (SQLite): each chunk becomes NumPy
         columns before the next is fetched, so a long run's export holds ~30 bytes per row,
@@ -92,15 +95,14 @@ class LongRows:
         for chunk in chunks:
             if not chunk:
                 continue
-            # one column at a time: zip(*chunk) over a 64k-row chunk costs ~3x as much
-            n = len(chunk)
-            parts.append((
-                np.fromiter(map(_SEQ, chunk), np.int64, n),
-                np.fromiter(map(_STEP, chunk), np.int64, n),
-                np.fromiter((index.setdefault(k, len(index)) for k in map(_KEY, chunk)), np.int32, n),
-                np.array(list(map(_VALUE, chunk)), np.float64),  # NULL (None) becomes NaN
-                np.fromiter(map(_DTYPE, chunk), np.int16, n),
-            ))
+            if key is None:
+                seq, step, value, dtype = row_columns(chunk, _ROW_TYPES, (_SEQ, _STEP, _VALUE, _DTYPE))
+                code = np.fromiter((index.setdefault(k, len(index)) for k in map(_KEY, chunk)), np.int32, len(chunk))
+            else:
+                seq, step, value, dtype = row_columns(chunk, _ROW_TYPES)
+                code = np.zeros(len(chunk), np.int32)
+                index[key] = 0
+            parts.append((seq, step, code, value, dtype))
         if parts:
             seq, step, code, value, dtype = (np.concatenate(col) for col in zip(*parts))
         else:
@@ -168,6 +170,22 @@ class LongRows:
         if len(negzero):
             out[negzero] = -0.0  # SQLite drops the sign; CSVLogger prints `-0.0`
         return out
+
+
+def row_columns(
+    chunk: Sequence[Sequence[Any]], types: Sequence[Any], fields: Sequence[Callable[[Any], Any]] | None = None
+) -> list[np.ndarray]:
+    """Columns of driver rows as NumPy arrays of `types` (field i of each row, or `fields[i]`).
+
+    One column at a time through C-level maps: ``zip(*chunk)`` over a 64k-row chunk costs
+    ~3x as much. A NULL (None) in a float64 column becomes NaN.
+    """
+    n = len(chunk)
+    fields = fields or [itemgetter(i) for i in range(len(types))]
+    return [
+        np.array(list(map(get, chunk)), kind) if kind is np.float64 else np.fromiter(map(get, chunk), kind, n)
+        for get, kind in zip(fields, types)
+    ]
 
 
 def _buffer_numpy(column: Any, dtype: Any, null: Any = None) -> np.ndarray:

@@ -208,6 +208,10 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
     )
 
 
+# at most this many keys are named in the query above (SQLite allows 32,766 parameters)
+_KEYS_IN_QUERY = 1_000
+
+
 def _without_stored_rows(conn: sa.Connection, batch: MetricBatch, run_id: int) -> MetricBatch:
     """`batch` minus the rows whose (rank, seq, key) the run already holds."""
     lo, hi = min(batch.seq), max(batch.seq)
@@ -216,6 +220,11 @@ def _without_stored_rows(conn: sa.Connection, batch: MetricBatch, run_id: int) -
         metrics.c.rank.in_(sorted(set(batch.rank))),
         metrics.c.seq.between(lo, hi),
     )
+    keys = set(batch.key)
+    if len(keys) <= _KEYS_IN_QUERY:
+        # SQLite's metrics is keyed (run_id, key, rank, seq): naming the keys makes this a few
+        # range seeks instead of a scan of the whole run
+        query = query.where(metrics.c.key.in_(sorted(keys)))
     stored = {tuple(row) for row in conn.execute(query)}
     if not stored:
         return batch

@@ -146,6 +146,19 @@ def test_a_key_that_is_not_a_string_is_stored_as_its_str(db_path: Path) -> None:
     ]
 
 
+def test_two_keys_of_one_call_that_print_alike_keep_the_later_value(db_path: Path) -> None:
+    """{1: a, "1": b} names one column "1": b is stored (as a dict {"1": a, "1": b} would keep),
+    and the batch around it is written whole (SQLite's key (run, key, rank, seq) takes one row)."""
+    logger = _logger(db_path)
+    logger.log_metrics({"b": 0.5}, step=0)
+    logger.log_metrics({1: 1.0, "1": 2.0, "b": 3.0}, step=1)
+    logger.log_metrics({"b": 4.0}, step=2)
+    logger.finalize("success")
+    assert query(db_path, "SELECT key, step, value FROM metrics ORDER BY step, key") == [
+        ("b", 0, 0.5), ("1", 1, 2.0), ("b", 1, 3.0), ("b", 2, 4.0)
+    ]
+
+
 def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     """Fault injection: one drain raises. The writer says so at once and keeps working: later
     calls are written, finalize succeeds."""

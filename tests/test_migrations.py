@@ -21,6 +21,18 @@ from multirank_logger.store import Store, _script, head_revision
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _created_on(item: object, dialect: str) -> bool:
+    """Whether schema.py creates this index or constraint on `dialect` (its ``ddl_if``).
+
+    Alembic's compare does not read ``ddl_if``; SQLAlchemy keeps it in ``_ddl_if``.
+    """
+    condition = getattr(item, "_ddl_if", None)
+    if condition is None or condition.dialect is None:
+        return True
+    wanted = condition.dialect
+    return dialect == wanted if isinstance(wanted, str) else dialect in wanted
+
+
 def _revisions_base_first() -> list[str]:
     return [rev.revision for rev in reversed(list(_script().walk_revisions()))]
 
@@ -56,7 +68,15 @@ def test_schema_at_head_equals_metadata_sqlite(tmp_path: Path) -> None:
     """On SQLite, upgrading to head gives exactly the tables, columns and indexes of schema.py."""
     store = Store(tmp_path / "runs.sqlite")
     with store.begin() as conn:
-        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        ctx = MigrationContext.configure(
+            conn,
+            opts={
+                "compare_type": True,
+                # indexes schema.py makes on other backends only
+                "include_object": lambda obj, name, kind, reflected, compare_to: reflected
+                or _created_on(obj, "sqlite"),
+            },
+        )
         diff = compare_metadata(ctx, metadata)
     store.close()
     assert diff == []
@@ -95,7 +115,7 @@ def test_schema_at_head_equals_metadata_duckdb(tmp_path: Path) -> None:
     for table in metadata.tables.values():
         for constraint in table.constraints:
             kind = {sa.PrimaryKeyConstraint: "PRIMARY KEY", sa.UniqueConstraint: "UNIQUE"}.get(type(constraint))
-            if kind and constraint.columns:
+            if kind and constraint.columns and _created_on(constraint, "duckdb"):
                 expected_keys.add((table.name, kind, tuple(c.name for c in constraint.columns)))
     assert {(t, k, tuple(cols)) for t, k, cols in keys} == expected_keys
 
@@ -155,3 +175,63 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     assert "multirank_logger/migrations/env.py" in names
     for script in (REPO / "migrations" / "versions").glob("*.py"):
         assert f"multirank_logger/migrations/versions/{script.name}" in names
+
+
+def test_sqlite_metrics_is_clustered_on_its_key(tmp_path: Path) -> None:
+    """On SQLite, head's metrics is a WITHOUT ROWID table keyed (run_id, key, rank, seq), no other index."""
+    store = Store(tmp_path / "runs.sqlite")
+    with store.begin() as conn:
+        ddl = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name = 'metrics'").scalar_one()
+        inspector = sa.inspect(conn)
+        key = inspector.get_pk_constraint("metrics")["constrained_columns"]
+        indexes = inspector.get_indexes("metrics")
+    store.close()
+    assert ddl.rstrip().endswith("WITHOUT ROWID")
+    assert key == ["run_id", "key", "rank", "seq"]
+    assert indexes == []
+
+
+# rows as the 0002 schema holds them: (run_id, rank, seq, step, key, value, dtype, time)
+_OLD_ROWS = [
+    (1, rank, seq, seq * 10, key, None if value != value else value, 3 if value != value else 0, 1.7e9 + seq)
+    for rank in (1, 0)
+    for seq in range(3)
+    for key, value in (("loss", 0.5 + seq + rank), ("épsilon 'q'", float("nan")), ("acc", 1.0 / (seq + 1)))
+] + [(2, 0, 0, 0, "loss", 7.0, 1, 1.8e9)]
+
+
+def _all_rows(store: Store) -> list[tuple]:
+    with store.begin() as conn:
+        rows = conn.exec_driver_sql("SELECT run_id, rank, seq, step, key, value, dtype, time FROM metrics").all()
+    return sorted((tuple(r) for r in rows), key=repr)
+
+
+def test_sqlite_rows_survive_the_clustering_migration_both_ways(tmp_path: Path) -> None:
+    """0002 -> 0003 -> 0002 on SQLite keeps every row as it was, and restores the old indexes."""
+    store = Store.for_upgrade(tmp_path / "runs.sqlite")
+    store.upgrade("0002")
+    with store.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _OLD_ROWS)
+    expected = sorted((tuple(r) for r in _OLD_ROWS), key=repr)
+    store.upgrade("0003")
+    assert _all_rows(store) == expected
+    store.downgrade("0002")
+    assert _all_rows(store) == expected
+    with store.begin() as conn:
+        names = {ix["name"] for ix in sa.inspect(conn).get_indexes("metrics")}
+    store.close()
+    assert names == {"ix_metrics_run_rank_step", "ix_metrics_run_key"}
+
+
+def test_sqlite_upgrade_refuses_two_values_of_one_key_in_one_call(tmp_path: Path) -> None:
+    """Rows the new key cannot hold stop the upgrade with what to delete; the store stays at 0002, whole."""
+    store = Store.for_upgrade(tmp_path / "runs.sqlite")
+    store.upgrade("0002")
+    duplicate = [(1, 0, 5, 5, "1", 1.0, 1, 1.7e9), (1, 0, 5, 5, "1", 2.0, 0, 1.7e9)]
+    with store.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?)", duplicate)
+    with pytest.raises(RuntimeError, match=r"run 1 holds 2 values for key '1' in one log call \(rank 0, seq 5\)"):
+        store.upgrade("0003")
+    assert store.current_revision() == "0002"
+    assert _all_rows(store) == sorted(duplicate, key=repr)
+    store.close()

@@ -132,6 +132,20 @@ def test_other_rank_export_has_its_own_values(two_ranks: Path, tmp_path: Path) -
     assert out.read_bytes() != _csvlogger_file(tmp_path / "r0", _calls(0))
 
 
+def test_each_rank_export_has_only_the_keys_that_rank_logged(db_path: Path, tmp_path: Path) -> None:
+    """A key only rank 1 logged is no column of rank 0's file, and the other way round."""
+    calls = {
+        0: [({"loss": 1.0, "zero_only": 7}, 0), ({"loss": 0.5}, 1)],
+        1: [({"loss": 2.0}, 0), ({"loss": 1.5, "one_only": True}, 1)],
+    }
+    _store_calls(db_path, calls)
+    with open_store(db_path) as reader:
+        for rank in (0, 1):
+            out = tmp_path / f"rank{rank}.csv"
+            reader.export_csv(out, rank=rank)
+            assert out.read_bytes() == _csvlogger_file(tmp_path / str(rank), calls[rank])
+
+
 def test_logged_key_named_step_is_overridden_by_the_step(db_path: Path, tmp_path: Path) -> None:
     """CSVLogger sets row['step'] from the step argument, over a logged 'step' key: so do we."""
     calls: list[Call] = [({"step": 99.0, "a": 1}, 0), ({"a": 2}, 1)]
