@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from multirank_logger.buffer import MetricBatch, RecordBuffer
 from multirank_logger.errors import InvalidMetric, NotADatabase, StoreLocked, StoreNotWritable, UnsupportedStore
-from multirank_logger.schema import DTYPE_NAN, decode_value, metrics, runs
+from multirank_logger.schema import DTYPE_NAN, decode_value, encode_value, metrics, runs
 from multirank_logger.store import Store, head_revision
 
 TRICKY_KEYS = ["a'b", 'x"; DROP TABLE metrics; --', "späce ключ 指标", "with,comma", "tab\tand\nnewline", ""]
@@ -69,15 +69,36 @@ def test_values_round_trip_exactly(db_path: Path) -> None:
     store.close()
 
 
-def test_drain_to_arrow_gives_the_rows_drain_gives() -> None:
-    """drain_arrow (the writer's path into DuckDB) builds, without Python rows, the table
-    that drain().to_arrow() builds: every kind of value, uneven calls, repeated and new keys."""
-    calls = [
-        (0, {"nan": math.nan, "neg_zero": -0.0, "zero": 0.0, "pinf": math.inf, "big_int": 2**70}),
-        (0, {}),
-        (5, {"true": True, "false": False, "neg_int": -7, "zero_int": 0, "nan": 0.25}),
-        (3, {TRICKY_KEYS[1]: 1 / 3, TRICKY_KEYS[2]: 5e-324, "": -1.5}),
+# every kind of value, uneven calls, repeated and new keys, a non-str key
+_DRAIN_CALLS = [
+    (0, {"nan": math.nan, "neg_zero": -0.0, "zero": 0.0, "pinf": math.inf, "big_int": 2**70}),
+    (0, {}),
+    (5, {"true": True, "false": False, "neg_int": -7, "zero_int": 0, "nan": 0.25, 7: 1.5}),
+    (3, {TRICKY_KEYS[1]: 1 / 3, TRICKY_KEYS[2]: 5e-324, "": -1.5}),
+]
+
+
+def test_drain_rows_are_each_logged_value_encoded() -> None:
+    """drain() gives, in call order, one row per logged value: encode_value's (value, dtype),
+    the call's seq, step and time, the key as its str."""
+    buffer = RecordBuffer()
+    for step, logged in _DRAIN_CALLS:
+        buffer.append(step, logged)
+    times = [call[2] for call in buffer._calls]
+    batch = buffer.drain(run_id=4, rank=2)
+    expected = [
+        (4, 2, seq, step, str(key), *encode_value(value), times[seq])
+        for seq, (step, logged) in enumerate(_DRAIN_CALLS)
+        for key, value in logged.items()
     ]
+    rows = list(zip(*batch.columns()))
+    assert [repr(row) for row in rows] == [repr(row) for row in expected]
+    assert buffer.calls_pending == 0 and len(buffer.drain(4, 2)) == 0
+
+
+def test_drain_to_arrow_gives_the_rows_drain_gives() -> None:
+    """drain_arrow (the writer's path into DuckDB) builds the table that drain().to_arrow() builds."""
+    calls = _DRAIN_CALLS
     one = RecordBuffer()
     for step, logged in calls:
         one.append(step, logged)
