@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import open_store
+from multirank_logger.csv_format import write_csv
 from multirank_logger.buffer import RecordBuffer
 from multirank_logger.errors import LookupFailed, QueryFailed, ReadOnlyViolation, StoreLocked
 from multirank_logger.store import Store
@@ -107,6 +109,18 @@ def test_rank0_export_is_csvloggers_file(db_path: Path, tmp_path: Path, prefix: 
     with open_store(db_path) as reader:
         assert reader.export_csv(out) == len(_calls(0))
     assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(0), prefix=prefix)
+
+
+def test_export_written_in_many_grids_is_the_same_file(db_path: Path, tmp_path: Path) -> None:
+    """A file written a few CSV rows at a time (as a long run's is) equals CSVLogger's: no row
+    lost or doubled at a chunk's edge, late keys and the rows at one step included."""
+    _store_calls(db_path, {0: _calls(0)})
+    with open_store(db_path) as reader:
+        rows = reader._rank_rows(reader.resolve_run(None), 0)
+    for chunk_rows in (1, 7, 64):
+        out = io.StringIO(newline="")
+        assert write_csv(out, rows, chunk_rows=chunk_rows) == len(_calls(0))
+        assert out.getvalue().encode() == _csvlogger_file(tmp_path / str(chunk_rows), _calls(0))
 
 
 def test_ints_past_int64_export_as_csvlogger_prints_them(db_path: Path, tmp_path: Path) -> None:
