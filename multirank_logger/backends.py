@@ -7,11 +7,13 @@ schema creation between processes, and how to turn its driver's errors into ours
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,10 +134,13 @@ class SQLiteBackend(Backend):
         return engine
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: MetricBatch) -> None:
-        # the driver's executemany on positional tuples: ~0.9x of raw sqlite3 (benchmarks/ingest)
+        # the driver's own executemany on positional tuples (benchmarks/ingest: ~0.9x of raw
+        # sqlite3), fed lazily: a list of a big flush's row tuples, all alive at once, kept
+        # the cyclic collector running full passes over the process's heap
         columns = [c.name for c in table.columns]
         sql = str(table.insert().compile(dialect=conn.dialect, column_keys=columns))
-        conn.exec_driver_sql(sql, list(zip(*batch.columns(columns))))
+        with _raised_as_sqlalchemy_would(conn, sql):
+            conn.connection.driver_connection.executemany(sql, zip(*batch.columns(columns)))
 
     def translate_error(self, exc: Exception) -> Exception | None:
         text = str(getattr(exc, "orig", exc))
@@ -145,6 +150,17 @@ class SQLiteBackend(Backend):
             hint = "It stayed locked past the busy timeout: look for a process stuck in a write."
             return StoreLocked(str(self.path), f"still locked after {SQLITE_BUSY_TIMEOUT_MS // 1000} s", hint)
         return None
+
+
+@contextlib.contextmanager
+def _raised_as_sqlalchemy_would(conn: sa.Connection, sql: str) -> Iterator[None]:
+    """A driver error met on the driver's own cursor, raised as SQLAlchemy's DBAPIError, as
+    for every other statement (the store translates those: a locked file, not a database)."""
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    try:
+        yield
+    except dbapi_error as exc:
+        raise sa.exc.DBAPIError.instance(sql, None, exc, dbapi_error) from exc
 
 
 def _switch_to_wal(cursor: Any) -> None:
@@ -237,13 +253,9 @@ class PostgreSQLBackend(Backend):
         # psycopg 3: COPY streams the rows in one statement, the server's own bulk path
         columns = [c.name for c in table.columns]
         sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
-        dbapi_error = conn.dialect.loaded_dbapi.Error
-        try:
-            with cursor.copy(sql) as copy:
-                for row in zip(*batch.columns(columns)):
-                    copy.write_row(row)
-        except dbapi_error as exc:  # as SQLAlchemy would have raised it, like every other backend
-            raise sa.exc.DBAPIError.instance(sql, None, exc, dbapi_error) from exc
+        with _raised_as_sqlalchemy_would(conn, sql), cursor.copy(sql) as copy:
+            for row in zip(*batch.columns(columns)):
+                copy.write_row(row)
 
     def lock_for_migration(self, conn: sa.Connection) -> None:
         # a transaction-scoped advisory lock: released at commit, even if the process dies

@@ -408,3 +408,17 @@ def test_duckdb_newer_storage_message_names_both_versions(tmp_path: Path) -> Non
         "installed here, which cannot read it. It was left untouched; open it where that newer DuckDB is "
         "installed, or log to another file."
     )
+
+
+def test_a_batch_sqlite_refuses_is_a_sqlalchemy_error_and_writes_nothing(tmp_path: Path) -> None:
+    """The SQLite insert runs on the driver's own cursor: its errors still come as SQLAlchemy's
+    (which the store translates), and the batch's transaction is rolled back whole."""
+    store = Store(tmp_path / "runs.sqlite")
+    run = store.create_run("lightning_logs")
+    n = 3  # "loss" twice in one call (seq 0): the primary key refuses the second
+    batch = MetricBatch(run_id=[run.id] * n, rank=[0] * n, seq=[0] * n, step=[0] * n, key=["first", "loss", "loss"],
+                        value=[1.0, 2.0, 3.0], dtype=[0] * n, time=[0.0] * n)
+    with pytest.raises(sa.exc.IntegrityError):
+        store.write(batch)
+    assert _read_back(store) == []
+    store.close()
