@@ -231,6 +231,20 @@ def test_per_rank_keeps_a_ranks_later_call_at_one_step(db_path: Path) -> None:
     assert open_store(db_path).per_rank("a")[0].tolist() == [2.0, 3.0]
 
 
+def test_per_rank_sorts_steps_that_went_back(db_path: Path) -> None:
+    """Steps out of call order (a resumed loop, validation at an earlier step) come out by step,
+    the later call still winning at a step logged twice."""
+    calls = {
+        0: [({"a": 1.0}, 5), ({"a": 2.0}, 3), ({"a": 3.0}, 5), ({"a": 4.0}, 4)],
+        1: [({"a": 10.0}, 3), ({"a": 11.0}, 3)],
+    }
+    _store_calls(db_path, calls)
+    table = open_store(db_path).per_rank("a")
+    assert table.index.tolist() == [3, 4, 5]
+    assert table[0].tolist() == [2.0, 4.0, 3.0]
+    assert table[1].fillna(-1).tolist() == [11.0, -1, -1]
+
+
 def test_keys_with_quotes_and_sql_are_bound_not_spliced(two_ranks: Path) -> None:
     """A key holding quotes and SQL is matched verbatim, and the store is intact afterwards."""
     reader = open_store(two_ranks)
