@@ -33,6 +33,10 @@ SECTION = "e2e"
 SCRIPT = BENCH_DIR / "_e2e_train.py"
 VARIANTS = {
     "logger=False": "no logger: the peer",
+    "no-op Logger (Lightning's floor)": (
+        "a logger whose methods do nothing: what Lightning itself spends per step once any logger is "
+        "attached (it gathers and converts the logged values for it)"
+    ),
     "control: rank 0 busy 0.2 ms/step": (
         "a logger that stores nothing and spins 0.2 ms per call on rank 0, as a rank-0-only logger works: "
         "here a slower rank 0 makes the fit faster (an all-reduce both ranks reach together costs more than "

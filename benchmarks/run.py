@@ -47,7 +47,7 @@ SIZES = {
         ingest_rows=100_000, ingest_batches=5, ingest_small_batches=50,
         e2e_steps=2_000, e2e_metrics=5, e2e_rounds=3,
         query_ranks=8, query_steps=200_000, query_keys=10, query_rounds=3,
-        memory_calls=500_000, memory_chunks=10,
+        memory_calls=1_000_000, memory_chunks=20,
     ),
     "quick": Sizes(
         mode="quick", rounds=1, inner=2,

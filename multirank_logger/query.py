@@ -322,8 +322,8 @@ class StoreReader:
 
     def _rank_rows(self, ref: RunRef, rank: int) -> LongRows:
         where = (metrics.c.run_id == ref.id, metrics.c.rank == rank)
+        stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype).where(*where)
         if self.store.backend.name == "duckdb":
-            stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype).where(*where)
             # a batch at a time: a long run's export holds NumPy columns, not a whole Arrow copy too
             rows = LongRows.concat([LongRows.from_arrow(batch) for batch in self._duckdb_batches(stmt)])
         elif self.store.backend.name == "sqlite":
@@ -336,7 +336,6 @@ class StoreReader:
                     for key in self._run_keys(conn, ref)
                 ])
         else:
-            stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype).where(*where)
             with self._connect() as conn:
                 rows = LongRows.from_rows(_row_chunks(conn, stmt))
         if len(rows) == 0 and rank not in self.ranks(ref.id):

@@ -46,7 +46,7 @@ EXPECTED = {
         "RecordBuffer.drain (component)",
     ],
     "memory": ["CSVLogger", "MultiRankLogger SQLite", "MultiRankLogger DuckDB"],
-    "e2e": ["logger=False", "control: rank 0 busy 0.2 ms/step", "control: every rank busy 0.2 ms/step", "CSVLogger", "TensorBoardLogger", "MultiRankLogger direct", "MultiRankLogger gather"],
+    "e2e": ["logger=False", "no-op Logger (Lightning's floor)", "control: rank 0 busy 0.2 ms/step", "control: every rank busy 0.2 ms/step", "CSVLogger", "TensorBoardLogger", "MultiRankLogger direct", "MultiRankLogger gather"],
     "query": [
         "CSVLogger one save()",
         "CSVLogger per step",

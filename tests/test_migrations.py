@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import zipfile
@@ -193,7 +194,7 @@ def test_sqlite_metrics_is_clustered_on_its_key(tmp_path: Path) -> None:
 
 # rows as the 0002 schema holds them: (run_id, rank, seq, step, key, value, dtype, time)
 _OLD_ROWS = [
-    (1, rank, seq, seq * 10, key, None if value != value else value, 3 if value != value else 0, 1.7e9 + seq)
+    (1, rank, seq, seq * 10, key, None if math.isnan(value) else value, 3 if math.isnan(value) else 0, 1.7e9 + seq)
     for rank in (1, 0)
     for seq in range(3)
     for key, value in (("loss", 0.5 + seq + rank), ("épsilon 'q'", float("nan")), ("acc", 1.0 / (seq + 1)))

@@ -16,8 +16,8 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import open_store
-from multirank_logger.csv_format import write_csv
 from multirank_logger.buffer import RecordBuffer
+from multirank_logger.csv_format import write_csv
 from multirank_logger.errors import LookupFailed, QueryFailed, ReadOnlyViolation, StoreLocked
 from multirank_logger.store import Store
 
