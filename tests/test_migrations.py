@@ -15,7 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from click.testing import CliRunner
 
 from multirank_logger.cli import main
-from multirank_logger.errors import SchemaOutdated, SchemaTooNew
+from multirank_logger.errors import SchemaOutdated, SchemaTooNew, StoreError
 from multirank_logger.schema import metadata
 from multirank_logger.store import Store, _script, head_revision
 
@@ -231,8 +231,11 @@ def test_sqlite_upgrade_refuses_two_values_of_one_key_in_one_call(tmp_path: Path
     duplicate = [(1, 0, 5, 5, "1", 1.0, 1, 1.7e9), (1, 0, 5, 5, "1", 2.0, 0, 1.7e9)]
     with store.begin() as conn:
         conn.exec_driver_sql("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?)", duplicate)
-    with pytest.raises(RuntimeError, match=r"run 1 holds 2 values for key '1' in one log call \(rank 0, seq 5\)"):
+    with pytest.raises(StoreError, match=r"run 1 holds 2 values for key '1' in one log call \(rank 0, seq 5\)"):
         store.upgrade("0003")
+    # the command says it in one line
+    result = CliRunner().invoke(main, ["db", "upgrade", str(tmp_path / "runs.sqlite")])
+    assert result.exit_code == 1 and result.output.startswith("Error: Cannot upgrade: run 1 holds 2 values")
     assert store.current_revision() == "0002"
     assert _all_rows(store) == sorted(duplicate, key=repr)
     store.close()

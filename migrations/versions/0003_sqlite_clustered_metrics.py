@@ -21,6 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from multirank_logger.errors import StoreError
+
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
@@ -48,7 +50,7 @@ def _refuse_duplicates(bind: sa.Connection) -> None:
     ).first()
     if row is not None:
         run_id, rank, seq, key, n = row
-        raise RuntimeError(
+        raise StoreError(
             f"Cannot upgrade: run {run_id} holds {n} values for key {key!r} in one log call (rank {rank}, "
             f"seq {seq}). Delete all but one (SELECT rowid, * FROM metrics WHERE run_id = {run_id} AND "
             f"rank = {rank} AND seq = {seq}), then upgrade again."
