@@ -6,7 +6,9 @@ group), then the measured fit. The figure is rank 0's wall time of the measured
 ``trainer.fit``: logger set-up, every step (``log_every_n_steps=1``), ``finalize``.
 Peak RSS is the larger of the two ranks'. Overheads are ratios to ``logger=False``
 measured in the same round, for the wall time and for the CPU seconds both ranks
-spent in the fit (``cpu_s``, less disturbed by other load on a shared machine).
+spent in the fit (``cpu_s``, less disturbed by other load on a shared machine), and
+for the steady part of the loop (``steady_s``: after step 10, past a logger's one-time
+start in the first step).
 
 ``E2E_PIN=1`` pins each rank to one core of its own (``os.sched_setaffinity``): a check
 that an effect is not two ranks competing for cores. The committed figures are unpinned,
@@ -92,6 +94,8 @@ def launch(variants: list[str], steps: int, metrics: int, timeout_s: float = 600
         out[r0["variant"]] = {
             "value": r0["fit_s"],
             "loop_s": r0["loop_s"],
+            # the loop after its first steps, where a logger starts: the per-step cost alone
+            "steady_s": r0["steady_s"],
             # set-up (store, identity) and finalize (flush, export): fit time outside the loop
             "outside_loop_s": r0["fit_s"] - r0["loop_s"],
             # CPU seconds of both ranks in the fit: steadier than wall time on a shared machine
@@ -147,7 +151,7 @@ def cases(sizes: Sizes) -> list[Case]:
                 + ("; all variants in one launch" if together else ""),
                 rounds=sizes.e2e_rounds,
                 inner=1,
-                extra_ratios=("cpu_s",),
+                extra_ratios=("cpu_s", "steady_s"),
             )
         )
     return out
