@@ -203,6 +203,17 @@ def test_run_is_chosen_by_id_label_or_name(db_path: Path) -> None:
     assert reader.resolve_run("lightning_logs").id == 2
 
 
+def test_keys_are_each_runs_own_any_rank(db_path: Path) -> None:
+    """keys(run) lists every key the run's ranks logged, and none of another run's
+    (SQLite skips along its key from one key to the next, within the run)."""
+    first = {0: [({"a": 1.0, ODD_KEYS[1]: 2.0}, 0)], 1: [({"only_rank1": 3.0}, 0)]}
+    second = {0: [({"b": 1.0, ODD_KEYS[2]: 2.0, "": 0.5}, 0)]}
+    one, two = _store_calls(db_path, first), _store_calls(db_path, second)
+    reader = open_store(db_path)
+    assert reader.keys(one) == sorted(["a", ODD_KEYS[1], "only_rank1"])
+    assert reader.keys(two) == sorted(["b", ODD_KEYS[2], ""])
+
+
 def test_unknown_run_lists_the_runs(two_ranks: Path) -> None:
     expected = r"No run 'nope/version_3' in this store\. Available: lightning_logs/version_0 \(id 1\)"
     with pytest.raises(LookupFailed, match=expected):
