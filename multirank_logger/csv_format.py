@@ -9,6 +9,9 @@ bytes match by construction rather than by imitating the formatting.
 
 Speed: the rows are placed into a 2-D object grid with one NumPy fancy assignment
 per chunk, instead of building a dict per log call as CSVLogger does.
+
+Memory: a rank's rows come as a stream of pieces, each holding whole calls, so a long
+run's export holds a few fetches at once, not every row the rank logged.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 from multirank_logger.schema import DTYPE_BOOL, DTYPE_INT, DTYPE_NEG_ZERO
 
-__all__ = ["STEP_COLUMN", "LongRows", "to_frame", "write_csv"]
+__all__ = ["STEP_COLUMN", "LongRows", "csv_columns", "in_call_order", "to_frame", "whole_calls", "write_csv"]
 
 STEP_COLUMN = "step"
 # |int| from which NumPy's int64 overflows: such an int goes through a Python int
@@ -112,6 +115,10 @@ class LongRows:
         return cls(seq=seq, step=step, code=code, keys=list(index), value=value, dtype=dtype)._in_call_order()
 
     @classmethod
+    def empty(cls) -> LongRows:
+        return cls.from_rows([])
+
+    @classmethod
     def concat(cls, parts: Sequence[LongRows]) -> LongRows:
         """One LongRows from several (e.g. one per fetched batch), keys merged, in call order."""
         index: dict[str, int] = {}
@@ -146,8 +153,13 @@ class LongRows:
         return len(self.seq)
 
     def columns(self) -> list[str]:
-        """CSVLogger's header: the sorted union of the keys, ``step`` among them."""
-        return sorted(set(self.keys) | {STEP_COLUMN})
+        """CSVLogger's header for these rows (see `csv_columns`)."""
+        return csv_columns(self.keys)
+
+    def split(self, at: int) -> tuple[LongRows, LongRows]:
+        """Rows ``[:at]`` and ``[at:]`` (views, not copies)."""
+        head, tail = slice(0, at), slice(at, None)
+        return self.take(head), self.take(tail)  # type: ignore[arg-type]
 
     def call_starts(self) -> np.ndarray:
         """Index of the first row of each log call (one CSV row per call)."""
@@ -172,6 +184,59 @@ class LongRows:
         if len(negzero):
             out[negzero] = -0.0  # SQLite drops the sign; CSVLogger prints `-0.0`
         return out
+
+
+def csv_columns(keys: Iterable[str]) -> list[str]:
+    """CSVLogger's header: the sorted union of the keys, ``step`` among them."""
+    return sorted(set(keys) | {STEP_COLUMN})
+
+
+def in_call_order(streams: Iterable[Iterator[LongRows]]) -> Iterator[LongRows]:
+    """Merge streams that are each in call order (e.g. one per key) into pieces of whole
+    calls, in call order.
+
+    Each round cuts every buffered stream at the *frontier*, the smallest last ``seq``
+    among the streams not yet finished: no row of a later fetch can come before it. The
+    stream that set it is used up, so every round moves on by at least one fetch, and at
+    most one fetch per stream is held at once. A stream must not repeat a ``seq`` across
+    its pieces (one key logs once per call).
+    """
+    # [rest of the stream, or None once it is finished; its rows not yet yielded]
+    buffered = [[iter(stream), LongRows.empty()] for stream in streams]
+    while True:
+        for slot in buffered:
+            while slot[0] is not None and not len(slot[1]):
+                slot[1] = next(slot[0], None)
+                if slot[1] is None:
+                    slot[0], slot[1] = None, LongRows.empty()
+        buffered = [slot for slot in buffered if slot[0] is not None or len(slot[1])]
+        if not buffered:
+            return
+        open_ends = [int(rows.seq[-1]) for rest, rows in buffered if rest is not None]
+        taken = []
+        for slot in buffered:
+            rows = slot[1]
+            cut = len(rows) if not open_ends else int(np.searchsorted(rows.seq, min(open_ends), side="right"))
+            if cut:
+                head, slot[1] = rows.split(cut)
+                taken.append(head)
+        yield LongRows.concat(taken)
+
+
+def whole_calls(parts: Iterable[LongRows]) -> Iterator[LongRows]:
+    """Re-cut pieces of a stream in call order (e.g. fetched batches) so that no call is
+    split across two: the rows of each piece's last call wait for the next piece."""
+    carry = LongRows.empty()
+    for part in parts:
+        if len(carry):
+            part = LongRows.concat([carry, part])
+        if not len(part):
+            continue
+        done, carry = part.split(int(np.searchsorted(part.seq, part.seq[-1], side="left")))
+        if len(done):
+            yield done
+    if len(carry):
+        yield carry
 
 
 def row_columns(
@@ -224,20 +289,23 @@ def _grids(rows: LongRows, columns: list[str], chunk_rows: int) -> Iterator[list
         yield grid.tolist()
 
 
-def write_csv(fp: IO[str], rows: LongRows, chunk_rows: int = _CHUNK_ROWS) -> int:
-    """Write ``rows`` to ``fp`` (a text file opened with ``newline=""``) in metrics.csv layout.
+def write_csv(fp: IO[str], keys: Iterable[str], pieces: Iterable[LongRows], chunk_rows: int = _CHUNK_ROWS) -> int:
+    """Write one rank's rows to ``fp`` (a text file opened with ``newline=""``) in metrics.csv
+    layout: the header from ``keys`` (every key of the rows), then ``pieces`` in call order,
+    each holding whole calls (`in_call_order`, `whole_calls`).
 
     Returns:
         The number of data rows written (log calls).
     """
-    columns = rows.columns()
+    columns = csv_columns(keys)
     # the same dialect csv.DictWriter uses (excel: QUOTE_MINIMAL, "\r\n")
     writer = csv.writer(fp)
     writer.writerow(columns)
     written = 0
-    for grid in _grids(rows, columns, chunk_rows):
-        writer.writerows(grid)
-        written += len(grid)
+    for rows in pieces:
+        for grid in _grids(rows, columns, chunk_rows):
+            writer.writerows(grid)
+            written += len(grid)
     return written
 
 

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import tempfile
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from multirank_logger.csv_format import LongRows, row_columns, to_frame, write_csv
+from multirank_logger.csv_format import LongRows, in_call_order, row_columns, to_frame, whole_calls, write_csv
 from multirank_logger.errors import LookupFailed
 from multirank_logger.readonly_sql import run_readonly
 from multirank_logger.schema import DTYPE_NEG_ZERO, metrics, ranks, runs
@@ -39,8 +40,12 @@ __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
 # A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
 # wait this long for the lock before reporting StoreLocked.
 LOCK_TIMEOUT_S = 5.0
-#: rows per fetch when exporting: bounds what is alive at once besides the NumPy columns
+#: rows per fetch: bounds what is alive at once while exporting
 _FETCH_ROWS = 65_536
+# rows per fetch of one key's stream at least, however many keys a run has
+_MIN_KEY_FETCH_ROWS = 1_024
+# rows DuckDB sorts at once for an export (see _duckdb_windows)
+_SORT_WINDOW_ROWS = 524_288
 # the NumPy types of per_rank's columns: rank, seq, step, value, dtype
 _PER_RANK_TYPES = (np.int64, np.int64, np.int64, np.float64, np.int16)
 # a run's distinct keys on SQLite, by skipping from one key to the next along the primary key
@@ -150,14 +155,6 @@ class StoreReader:
         columns = list(zip(*data)) if data else [[] for _ in names]
         return pa.table({name: pa.array(col) for name, col in zip(names, columns)})
 
-    def _duckdb_batches(self, stmt: sa.Select) -> Iterator[Any]:
-        """A SELECT's result as Arrow record batches of about `_FETCH_ROWS` rows (DuckDB only)."""
-        with self._connect() as conn:
-            result = _duckdb_execute(conn, stmt)
-            # to_arrow_reader in newer duckdb; fetch_record_batch in older ones (deprecated in 1.5)
-            to_reader = getattr(result, "to_arrow_reader", None) or result.fetch_record_batch
-            yield from to_reader(_FETCH_ROWS)
-
     def _scalars(self, stmt: sa.Select) -> list[Any]:
         with self._connect() as conn:
             return list(conn.execute(stmt).scalars())
@@ -248,8 +245,8 @@ class StoreReader:
     def ranks(self, run: int | str | None = None) -> list[int]:
         """The ranks of a run: 0..world_size-1, plus any other rank registered or logging."""
         ref = self.resolve_run(run)
-        registered = self._scalars(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id))
-        return sorted(set(range(ref.world_size)) | set(registered))
+        with self._connect() as conn:
+            return _run_ranks(conn, ref)
 
     def _check_keys(self, ref: RunRef, wanted: Iterable[str]) -> None:
         wanted = list(wanted)
@@ -320,27 +317,55 @@ class StoreReader:
         """One key per rank, with how far the ranks spread and which rank stands out."""
         return RankSpread.of(key, self.resolve_run(run), self.per_rank(key, run))
 
-    def _rank_rows(self, ref: RunRef, rank: int) -> LongRows:
+    @contextlib.contextmanager
+    def _rank_pieces(self, ref: RunRef, rank: int) -> Iterator[tuple[list[str], Iterator[LongRows]]]:
+        """One rank's keys, and its rows as pieces of whole calls in call order, read while
+        the connection stays open: a long run's export holds a few fetches, not every row.
+
+        Raises:
+            LookupFailed: for a rank the run does not have.
+        """
         where = (metrics.c.run_id == ref.id, metrics.c.rank == rank)
-        stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype).where(*where)
-        if self.store.backend.name == "duckdb":
-            # a batch at a time: a long run's export holds NumPy columns, not a whole Arrow copy too
-            rows = LongRows.concat([LongRows.from_arrow(batch) for batch in self._duckdb_batches(stmt)])
-        elif self.store.backend.name == "sqlite":
-            # metrics is keyed (run_id, key, rank, seq) there: one range read per key, and the
-            # key comes from the loop instead of a str per row (~0.6 against ~1.1 us/row)
-            by_key = sa.select(metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype).where(*where)
-            with self._connect() as conn:
-                rows = LongRows.concat([
-                    LongRows.from_rows(_row_chunks(conn, by_key.where(metrics.c.key == key)), key=key)
-                    for key in self._run_keys(conn, ref)
-                ])
-        else:
-            with self._connect() as conn:
-                rows = LongRows.from_rows(_row_chunks(conn, stmt))
-        if len(rows) == 0 and rank not in self.ranks(ref.id):
-            raise LookupFailed("rank", str(rank), [str(r) for r in self.ranks(ref.id)])
-        return rows
+        with self._connect() as conn:
+            if self.store.backend.name == "sqlite":
+                keys, pieces = self._sqlite_rank_pieces(conn, ref, where)
+            else:
+                keys = list(conn.execute(sa.select(metrics.c.key).where(*where).distinct()).scalars())
+                # in call order from the store, streamed: a server through its own cursor
+                # (stream_results), DuckDB a window of calls at a time (_duckdb_windows)
+                stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype)
+                stmt = stmt.where(*where).order_by(metrics.c.seq)
+                if self.store.backend.name == "duckdb":
+                    parts = map(LongRows.from_arrow, _duckdb_windows(conn, stmt, where))
+                else:
+                    parts = (LongRows.from_rows([chunk]) for chunk in _row_chunks(conn, stmt))
+                pieces = whole_calls(parts)
+            if not keys and rank not in (known := _run_ranks(conn, ref)):
+                raise LookupFailed("rank", str(rank), [str(r) for r in known])
+            yield keys, pieces
+
+    def _sqlite_rank_pieces(
+        self, conn: sa.Connection, ref: RunRef, where: tuple[Any, ...]
+    ) -> tuple[list[str], Iterator[LongRows]]:
+        """SQLite's metrics is keyed (run_id, key, rank, seq): one range read per key, each in
+        call order, merged by `in_call_order`. The key comes from the loop instead of a str
+        per row (~0.6 against ~1.1 us/row)."""
+        by_key = sa.select(metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype).where(*where)
+        run_keys = self._run_keys(conn, ref)
+        # the fetches held at once stay about _FETCH_ROWS rows together
+        fetch_rows = max(_MIN_KEY_FETCH_ROWS, _FETCH_ROWS // max(len(run_keys), 1))
+        streams = {}
+        for key in run_keys:
+            chunks = _row_chunks(conn, by_key.where(metrics.c.key == key), fetch_rows)
+            first = next(chunks, None)
+            if first:  # a key only other ranks logged is no column of this rank's file
+                streams[key] = _key_pieces(key, itertools.chain([first], chunks))
+        return list(streams), in_call_order(streams.values())
+
+    def _rank_rows(self, ref: RunRef, rank: int) -> LongRows:
+        """One rank's rows, all at once (for a DataFrame, which holds them all anyway)."""
+        with self._rank_pieces(ref, rank) as (_, pieces):
+            return LongRows.concat(list(pieces))
 
     def rank_frame(self, run: int | str | None = None, rank: int = 0) -> Any:
         """One rank's values in CSVLogger's layout: one row per log call, sorted columns with ``step``."""
@@ -350,7 +375,9 @@ class StoreReader:
         """Write one rank's values to ``path`` exactly as CSVLogger writes ``metrics.csv``.
 
         The file is replaced atomically. A rank that logged nothing gets no file, as
-        CSVLogger writes none.
+        CSVLogger writes none. The rows stream from the store into the file; on DuckDB the
+        file stays open for reading until the export is written (a training run that flushes
+        into it meanwhile waits, or spills its rows and writes them later).
 
         Returns:
             The number of rows (log calls) written.
@@ -358,27 +385,27 @@ class StoreReader:
         Raises:
             LookupFailed: for an unknown run or rank.
         """
-        rows = self._rank_rows(self.resolve_run(run), rank)
-        if len(rows) == 0:
-            return 0
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)  # as CSVLogger makes its log_dir
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            # newline="": the csv module writes its own "\r\n", as in CSVLogger's open()
-            with os.fdopen(fd, "w", newline="", encoding="utf-8") as fp:
-                count = write_csv(fp, rows)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        with self._rank_pieces(self.resolve_run(run), rank) as (keys, pieces):
+            if not keys:
+                return 0
+            path.parent.mkdir(parents=True, exist_ok=True)  # as CSVLogger makes its log_dir
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                # newline="": the csv module writes its own "\r\n", as in CSVLogger's open()
+                with os.fdopen(fd, "w", newline="", encoding="utf-8") as fp:
+                    count = write_csv(fp, keys, pieces)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         return count
 
     def write_csv(self, fp: Any, run: int | str | None = None, rank: int = 0) -> int:
         """Like ``export_csv``, onto an open text file (``newline=""``), e.g. stdout."""
-        rows = self._rank_rows(self.resolve_run(run), rank)
-        return write_csv(fp, rows) if len(rows) else 0
+        with self._rank_pieces(self.resolve_run(run), rank) as (keys, pieces):
+            return write_csv(fp, keys, pieces) if keys else 0
 
     def sql(self, query: str) -> Any:
         """Run one read-only query and return its result as a DataFrame.
@@ -450,16 +477,62 @@ class RankSpread:
         )  # fmt: skip
 
 
-def _row_chunks(conn: sa.Connection, stmt: sa.Select) -> Iterator[list[Any]]:
-    """A SELECT's rows as driver tuples, `_FETCH_ROWS` at a time (SQLite and servers)."""
+def _row_chunks(conn: sa.Connection, stmt: sa.Select, rows: int = 0) -> Iterator[list[Any]]:
+    """A SELECT's rows as driver tuples, `rows` (default `_FETCH_ROWS`) at a time (SQLite and
+    servers); no empty chunk."""
+    rows = rows or _FETCH_ROWS
     if conn.dialect.name == "sqlite":
         # the driver's own cursor: SQLAlchemy's Row objects cost ~1 s per million rows
         compiled = stmt.compile(dialect=conn.dialect)
         params = [compiled.params[name] for name in compiled.positiontup or ()]
         fetch = conn.connection.driver_connection.execute(str(compiled), params).fetchmany
     else:  # a server: its driver's own parameter style, so through SQLAlchemy
-        fetch = conn.execute(stmt).fetchmany
-    yield from iter(lambda: fetch(_FETCH_ROWS), [])
+        fetch = conn.execution_options(stream_results=True).execute(stmt).fetchmany
+    while True:
+        chunk = fetch(rows)
+        if chunk:
+            yield chunk
+        if len(chunk) < rows:  # the last: no second round trip to learn that
+            return
+
+
+def _duckdb_batches(conn: sa.Connection, stmt: sa.Select) -> Iterator[Any]:
+    """A SELECT's result as Arrow record batches of about `_FETCH_ROWS` rows (DuckDB only)."""
+    result = _duckdb_execute(conn, stmt)
+    # to_arrow_reader in newer duckdb; fetch_record_batch in older ones (deprecated in 1.5)
+    to_reader = getattr(result, "to_arrow_reader", None) or result.fetch_record_batch
+    yield from to_reader(_FETCH_ROWS)
+
+
+def _duckdb_windows(conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]) -> Iterator[Any]:
+    """`stmt` (ordered by seq) as Arrow batches, sorted a window of seq at a time.
+
+    One ORDER BY over a rank's rows sorts them all before the first comes back (~57 bytes a
+    row: 280 MiB for 5M). A window of about `_SORT_WINDOW_ROWS` rows holds that many, and
+    costs a scan of only the row groups its seq range overlaps (DuckDB's min/max per row
+    group skips the rest, as a rank's seq rises with the file). The window is sized from
+    the rank's mean rows per call: a stretch of calls with many more keys makes it larger.
+    """
+    low, high, count = conn.execute(
+        sa.select(sa.func.min(metrics.c.seq), sa.func.max(metrics.c.seq), sa.func.count()).where(*where)
+    ).one()
+    if not count:
+        return
+    calls_per_window = max(1, _SORT_WINDOW_ROWS * (high - low + 1) // count)
+    for start in range(low, high + 1, calls_per_window):
+        window = stmt.where(metrics.c.seq >= start, metrics.c.seq < start + calls_per_window)
+        yield from _duckdb_batches(conn, window)
+
+
+def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
+    registered = conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id)).scalars()
+    return sorted(set(range(ref.world_size)) | set(registered))
+
+
+def _key_pieces(key: str, chunks: Iterable[list[Any]]) -> Iterator[LongRows]:
+    """Driver rows (seq, step, value, dtype) of one key as LongRows, a fetch at a time."""
+    for chunk in chunks:
+        yield LongRows.from_rows([chunk], key=key)
 
 
 def _duckdb_execute(conn: sa.Connection, stmt: sa.Select) -> Any:
