@@ -86,10 +86,9 @@ class LongRows:
         return rows._in_call_order()
 
     @classmethod
-    def from_rows(cls, chunks: Iterable[Sequence[Any]], key: str | None = None) -> LongRows:
+    def from_rows(cls, chunks: Iterable[Sequence[Any]]) -> LongRows:
         """Build from driver rows ``(seq, step, key, value, dtype)`` (any row order), given a
-        chunk at a time (e.g. ``cursor.fetchmany``); or, given ``key``, from rows
-        ``(seq, step, value, dtype)`` that all hold that key.
+        chunk at a time (e.g. ``cursor.fetchmany``).
 
         The path for stores that hand back Python rows (SQLite): each chunk becomes NumPy
         columns before the next is fetched, so a long run's export holds ~30 bytes per row,
@@ -100,13 +99,8 @@ class LongRows:
         for chunk in chunks:
             if not chunk:
                 continue
-            if key is None:
-                seq, step, value, dtype = row_columns(chunk, _ROW_TYPES, (_SEQ, _STEP, _VALUE, _DTYPE))
-                code = np.fromiter((index.setdefault(k, len(index)) for k in map(_KEY, chunk)), np.int32, len(chunk))
-            else:
-                seq, step, value, dtype = row_columns(chunk, _ROW_TYPES)
-                code = np.zeros(len(chunk), np.int32)
-                index[key] = 0
+            seq, step, value, dtype = row_columns(chunk, _ROW_TYPES, (_SEQ, _STEP, _VALUE, _DTYPE))
+            code = np.fromiter((index.setdefault(k, len(index)) for k in map(_KEY, chunk)), np.int32, len(chunk))
             parts.append((seq, step, code, value, dtype))
         if parts:
             seq, step, code, value, dtype = (np.concatenate(col) for col in zip(*parts))
