@@ -497,7 +497,9 @@ def _end_runs_never_finalized() -> None:
     """At exit after an uncaught exception: a run this process allocated (rank 0) and never
     finalized, because the script failed before or outside Lightning's loops, is recorded as
     failed (interrupted for Ctrl-C) instead of staying "running", and so is the rank's own row
-    on every rank that writes the store itself. A normal exit leaves both."""
+    on every rank that writes the store itself. In gather mode rank 0 writes the other ranks'
+    rows: those still running become "missing" (their end never reached rank 0), as `finalize`
+    records them. A normal exit leaves all of it."""
     exc = getattr(sys, "last_value", None)  # set when the interpreter printed an uncaught exception
     if exc is None:
         return
@@ -511,10 +513,14 @@ def _end_runs_never_finalized() -> None:
         if rank != 0 and (logger._sink is None or isinstance(logger._sink, GatherSink)):
             continue  # a sender's row is rank 0's to write, and the store may not be reachable here
 
-        def end(store: Store = store, run_id: int = identity.run_id) -> None:
+        senders = range(1, logger._sink_world) if isinstance(logger._sink, GatherSink) else range(0)
+
+        def end(store: Store = store, run_id: int = identity.run_id, senders: range = senders) -> None:
             # only what is still running: a ddp_spawn parent never finalizes, its workers did
             with store.writing():
                 store.update_rank(run_id, rank, where_status="running", status=status, ended_at=now)
+                for other in senders:
+                    store.update_rank(run_id, other, where_status="running", status="missing", ended_at=now)
                 if rank == 0:
                     store.update_run(run_id, where_status="running", status=status, ended_at=now)
 

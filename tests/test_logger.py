@@ -293,6 +293,33 @@ def test_every_direct_rank_that_dies_before_finalize_ends_its_row(tmp_path: Path
     assert query(db, "SELECT rank, value FROM metrics ORDER BY rank") == [(0, 0.0), (1, 1.0)]
 
 
+def test_a_gather_run_that_dies_before_finalize_ends_every_ranks_row(tmp_path: Path, port: int) -> None:
+    """Gather mode, both ranks crash after logging, outside Lightning's loops: rank 0 writes
+    every row, so at exit it ends the run and its own row as failed, and rank 1's, which it
+    never heard end from, as missing (none stays "running"). Rank 0's rows are kept."""
+    db = tmp_path / "runs.duckdb"
+    script = (
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "from multirank_logger import MultiRankLogger\n"
+        f"logger = MultiRankLogger(db={str(db)!r}, flush_interval=3600, transport='gather')\n"
+        "logger.log_metrics({'a': float(dist.get_rank())}, step=0)\n"
+        "_ = logger.experiment  # the sink is set up, as Lightning does before the first step\n"
+        "dist.barrier()\n"
+        "raise RuntimeError('after logging')\n"
+    )
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+        env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True))
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert all("after logging" in err for err in errors), errors
+    assert query(db, "SELECT status, transport FROM runs") == [("failed", "gather")]
+    assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "failed"), (1, "missing")]
+    assert (0, 0.0) in query(db, "SELECT rank, value FROM metrics ORDER BY rank")
+
+
 def test_a_crash_after_a_finished_run_leaves_its_status(db_path: Path) -> None:
     """The exit hook only ends runs still running: a run another process finished (a ddp_spawn
     worker, while this parent never finalizes) keeps its status."""
