@@ -382,7 +382,7 @@ class StoreReader:
         The file is replaced atomically. A rank that logged nothing gets no file, as
         CSVLogger writes none. The rows stream from the store into the file; on DuckDB the
         file stays open for reading until the export is written (a training run that flushes
-        into it meanwhile waits, or spills its rows and writes them later).
+        into it meanwhile keeps its rows, and writes them at its next flush).
 
         Returns:
             The number of rows (log calls) written.
@@ -492,7 +492,7 @@ def _row_chunks(conn: sa.Connection, stmt: sa.Select, rows: int = 0) -> Iterator
         params = [compiled.params[name] for name in compiled.positiontup or ()]
         fetch = conn.connection.driver_connection.execute(str(compiled), params).fetchmany
     else:  # a server: its driver's own parameter style, so through SQLAlchemy
-        fetch = conn.execution_options(stream_results=True).execute(stmt).fetchmany
+        fetch = conn.execute(stmt, execution_options={"stream_results": True}).fetchmany
     while True:
         chunk = fetch(rows)
         if chunk:

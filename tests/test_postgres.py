@@ -114,3 +114,11 @@ def test_cli_sql_answers(cli_store: str) -> None:
 
 def test_cli_sql_write_is_refused_and_changes_nothing(cli_store: str) -> None:
     test_cli.test_sql_write_is_refused_and_changes_nothing(cli_store)
+
+
+@pytest.mark.parametrize("fetch_rows", [1, 5])
+def test_export_streamed_a_few_rows_at_a_time_is_the_same_file(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fetch_rows: int
+) -> None:
+    """A server's rows stream through its own cursor, re-cut at call edges."""
+    test_query.test_export_streamed_a_few_rows_at_a_time_is_the_same_file(postgres_url, tmp_path, monkeypatch, fetch_rows)  # type: ignore[arg-type]
