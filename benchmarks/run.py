@@ -15,6 +15,7 @@ section) or benchmarks/.cache/RESULTS-<mode>[-<sections>].md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import shlex
@@ -86,7 +87,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="markdown report (default: RESULTS.md for a full run of every section)")
     p.add_argument("--json", type=Path, help="also write the summarized rows as JSON")
     p.add_argument("--in-process", action="store_true", help="no fresh process per case (RSS then meaningless)")
+    p.add_argument("--size", action="append", default=[], metavar="FIELD=N",
+                   help="override one size, e.g. --size e2e_steps=6000 (a longer e2e resolves a 3%% overhead)")
     args = p.parse_args(argv)
+    args.size_overrides = {}
+    for item in args.size:
+        field, _, value = item.partition("=")
+        if field not in Sizes.__dataclass_fields__ or field == "mode" or not value.isdigit():
+            p.error(f"--size {item!r}: expected FIELD=N, FIELD one of {sorted(set(Sizes.__dataclass_fields__) - {'mode'})}")
+        args.size_overrides[field] = int(value)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
@@ -97,6 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     sizes = SIZES["quick" if args.quick else "tiny" if args.tiny else "full"]
+    sizes = dataclasses.replace(sizes, **args.size_overrides)
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["python benchmarks/run.py", *(shlex.quote(a) for a in given)])
     if sizes.mode == "full" and not given:
@@ -123,7 +133,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     report = markdown_report(rows, command=command, machine=machine, sizes=sizes,
                              elapsed_s=elapsed, notes=notes, in_process=args.in_process)
     # only a full run of every section replaces the committed RESULTS.md
-    whole = sizes.mode == "full" and set(args.sections) == set(SECTIONS)
+    whole = sizes.mode == "full" and set(args.sections) == set(SECTIONS) and not args.size_overrides
     partial = "" if set(args.sections) == set(SECTIONS) else "-" + "-".join(args.sections)
     out = args.out or (BENCH_DIR / "RESULTS.md" if whole else CACHE_DIR / f"RESULTS-{sizes.mode}{partial}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
