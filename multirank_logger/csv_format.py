@@ -35,6 +35,8 @@ _INT64_BOUND = 2.0**63
 # lists alive at once. 64k of them kept the cyclic collector running full passes (over
 # torch's heap too) through the export: 0.55-0.61 s against 0.39 s for 50k rows x 10 keys.
 _CHUNK_ROWS = 2_048
+# how csv.writer's excel dialect separates fields and ends lines, as in CSVLogger's file
+_FIELD_SEPARATOR, _LINE_END = ",", "\r\n"
 # the columns of a driver row (seq, step, key, value, dtype), for LongRows.from_rows
 _SEQ, _STEP, _KEY, _VALUE, _DTYPE = (itemgetter(i) for i in range(5))
 # the NumPy types of seq, step, value, dtype
@@ -90,9 +92,9 @@ class LongRows:
         """Build from driver rows ``(seq, step, key, value, dtype)`` (any row order), given a
         chunk at a time (e.g. ``cursor.fetchmany``).
 
-        The path for stores that hand back Python rows (SQLite): each chunk becomes NumPy
-        columns before the next is fetched, so a long run's export holds ~30 bytes per row,
-        not five Python objects (~300 bytes). pyarrow.array on the rows would import pandas.
+        The path for stores that hand back Python rows (a server's): each chunk becomes
+        NumPy columns before the next is fetched, ~30 bytes per row instead of five Python
+        objects (~300 bytes). pyarrow.array on the rows would import pandas.
         """
         index: dict[str, int] = {}
         parts = []
@@ -292,13 +294,19 @@ def write_csv(fp: IO[str], keys: Iterable[str], pieces: Iterable[LongRows], chun
         The number of data rows written (log calls).
     """
     columns = csv_columns(keys)
-    # the same dialect csv.DictWriter uses (excel: QUOTE_MINIMAL, "\r\n")
-    writer = csv.writer(fp)
-    writer.writerow(columns)
+    # the header through the dialect csv.DictWriter uses (excel: QUOTE_MINIMAL, "\r\n"): a
+    # key may hold a comma or a quote
+    csv.writer(fp).writerow(columns)
+    join = _FIELD_SEPARATOR.join
     written = 0
     for rows in pieces:
         for grid in _grids(rows, columns, chunk_rows):
-            writer.writerows(grid)
+            # Every field of a data row is an int, a float, a bool or '' (missing): csv.writer
+            # would write each as its str() (repr() for a float: the same text), and quote
+            # none, as none holds a comma, a quote or a line end. Joined here, ~180 ns a field
+            # less than csv.writer's own per-field checks. The step keeps a row from being one
+            # empty field, which csv.writer would write as "".
+            fp.write("".join([join(map(str, row)) + _LINE_END for row in grid]))
             written += len(grid)
     return written
 
