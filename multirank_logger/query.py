@@ -330,6 +330,12 @@ class StoreReader:
         """
         where = (metrics.c.run_id == ref.id, metrics.c.rank == rank)
         with self._connect() as conn:
+            if self.store.backend.name not in ("sqlite", "duckdb") and not conn.in_transaction():
+                # one snapshot for the keys and the rows, though the run may still be writing:
+                # a key first logged between the two reads would miss the header. (SQLite's
+                # reader holds one BEGIN from its first read; no one writes a DuckDB file that
+                # a reader holds.)
+                conn.execution_options(isolation_level="REPEATABLE READ")
             if self.store.backend.name == "sqlite":
                 keys, pieces = self._sqlite_rank_pieces(conn, ref, where)
             else:

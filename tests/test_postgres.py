@@ -122,3 +122,10 @@ def test_export_streamed_a_few_rows_at_a_time_is_the_same_file(
 ) -> None:
     """A server's rows stream through its own cursor, re-cut at call edges."""
     test_query.test_export_streamed_a_few_rows_at_a_time_is_the_same_file(postgres_url, tmp_path, monkeypatch, fetch_rows)  # type: ignore[arg-type]
+
+
+def test_export_reads_one_state_of_a_store_still_written(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's export reads the keys and the rows in one snapshot (REPEATABLE READ)."""
+    test_query.test_export_reads_one_state_of_a_store_still_written(postgres_url, tmp_path, monkeypatch)  # type: ignore[arg-type]

@@ -142,6 +142,39 @@ def test_export_streamed_a_few_rows_at_a_time_is_the_same_file(
     assert len(frame) == len(_calls(0))
 
 
+def test_export_reads_one_state_of_a_store_still_written(db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run still writing while its export streams: a call (with a key new to the run)
+    committed between the export's first read and its row reads is not in the file, neither
+    in part nor as a key its header lacks: the file is the store as the export found it."""
+    import sqlalchemy as sa
+
+    from multirank_logger import query
+    from multirank_logger.schema import metrics
+
+    if str(db_path).endswith(".duckdb"):
+        pytest.skip("no one can write a DuckDB file while a reader holds it")
+    run_id = _store_calls(db_path, {0: _calls(0)})
+    writer = Store(db_path)
+    read_rows = query._row_chunks
+
+    def commit_then_read(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(commit_then_read, "done", False):  # once: a later call of the run
+            commit_then_read.done = True  # type: ignore[attr-defined]
+            new = [{"run_id": run_id, "rank": 0, "seq": 10_000, "step": 10_000, "key": k, "value": 1.0, "dtype": 0,
+                    "time": 0.0} for k in ("train_loss", "zz_new_key")]
+            with writer.engine.begin() as conn:
+                conn.execute(sa.insert(metrics), new)
+        return read_rows(*args, **kwargs)
+
+    monkeypatch.setattr(query, "_row_chunks", commit_then_read)
+    out = tmp_path / "metrics.csv"
+    with open_store(db_path) as reader:
+        assert reader.export_csv(out) == len(_calls(0))
+    assert getattr(commit_then_read, "done", False)  # the write did land mid-export
+    writer.close()
+    assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(0))
+
+
 def test_ints_past_int64_export_as_csvlogger_prints_them(db_path: Path, tmp_path: Path) -> None:
     """An int too wide for int64 (stored as the float64 it is exactly) prints as the int, and
     the rank frame keeps such a column as floats instead of overflowing an Int64 column."""
