@@ -47,6 +47,17 @@ _MIN_KEY_FETCH_ROWS = 1_024
 # dtype codes are below this, so seq * _DTYPE_SPAN + dtype carries both (seq < 2**59: a call counter)
 _DTYPE_SPAN = 8
 assert max(DTYPE_OF_TYPE.values()) < _DTYPE_SPAN and max(DTYPE_NAN, DTYPE_NEG_ZERO) < _DTYPE_SPAN
+# on SQLite, seq and dtype come packed in one int: each column fetched costs ~0.1 us/row
+_SEQ_DTYPE = (metrics.c.seq * _DTYPE_SPAN + metrics.c.dtype).label("seq_dtype")
+# the ranks that logged one key of a run on SQLite, skipping along the primary key
+_SQLITE_KEY_RANKS = sa.text(
+    "WITH RECURSIVE r(rank) AS ("
+    " SELECT min(rank) FROM metrics WHERE run_id = :run AND key = :key"
+    " UNION ALL"
+    " SELECT (SELECT min(rank) FROM metrics WHERE run_id = :run AND key = :key AND rank > r.rank)"
+    " FROM r WHERE r.rank IS NOT NULL"
+    ") SELECT rank FROM r WHERE rank IS NOT NULL"
+)
 # rows DuckDB sorts at once for an export (see _duckdb_windows)
 _SORT_WINDOW_ROWS = 524_288
 # the NumPy types of per_rank's columns: rank, seq, step, value, dtype
@@ -308,6 +319,19 @@ class StoreReader:
         if self.store.backend.name == "duckdb":
             table = self._fetch_arrow(stmt)
             columns = [_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")]
+        elif self.store.backend.name == "sqlite":
+            # one range read per rank along the key (run_id, key, rank, seq): the rank comes
+            # from the loop, seq and dtype as one int, as in the export
+            by_rank = sa.select(_SEQ_DTYPE, metrics.c.step, metrics.c.value).where(
+                metrics.c.run_id == ref.id, metrics.c.key == key
+            )
+            parts = []
+            with self._connect() as conn:
+                for rank in conn.execute(_SQLITE_KEY_RANKS, {"run": ref.id, "key": key}).scalars():
+                    for chunk in _row_chunks(conn, by_rank.where(metrics.c.rank == rank)):
+                        seq, step, value, dtype = _packed_columns(chunk)
+                        parts.append((np.full(len(seq), rank, np.int64), seq, step, value, dtype))
+            columns = [np.concatenate(col) for col in zip(*parts)] if parts else [np.zeros(0, t) for t in _PER_RANK_TYPES]
         else:
             with self._connect() as conn:
                 parts = [row_columns(chunk, _PER_RANK_TYPES) for chunk in _row_chunks(conn, stmt)]
@@ -359,9 +383,7 @@ class StoreReader:
         """SQLite's metrics is keyed (run_id, key, rank, seq): one range read per key, each in
         call order, merged by `in_call_order`. The key comes from the loop instead of a str
         per row, seq and dtype as one int (~0.5 against ~1.1 us/row for every column)."""
-        # seq and dtype come packed in one int: each column fetched costs ~0.1 us/row
-        seq_dtype = metrics.c.seq * _DTYPE_SPAN + metrics.c.dtype
-        by_key = sa.select(seq_dtype, metrics.c.step, metrics.c.value).where(*where)
+        by_key = sa.select(_SEQ_DTYPE, metrics.c.step, metrics.c.value).where(*where)
         run_keys = self._run_keys(conn, ref)
         # the fetches held at once stay about _FETCH_ROWS rows together
         fetch_rows = max(_MIN_KEY_FETCH_ROWS, _FETCH_ROWS // max(len(run_keys), 1))
@@ -541,11 +563,17 @@ def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
 
 
 def _key_pieces(key: str, chunks: Iterable[list[Any]]) -> Iterator[LongRows]:
-    """Driver rows (seq * _DTYPE_SPAN + dtype, step, value) of one key as LongRows, a fetch at a time."""
+    """Driver rows (_SEQ_DTYPE, step, value) of one key as LongRows, a fetch at a time."""
     for chunk in chunks:
-        seq_dtype, step, value = row_columns(chunk, (np.int64, np.int64, np.float64))
-        seq, dtype = np.divmod(seq_dtype, _DTYPE_SPAN)
-        yield LongRows(seq, step, np.zeros(len(chunk), np.int32), [key], value, dtype.astype(np.int16))
+        seq, step, value, dtype = _packed_columns(chunk)
+        yield LongRows(seq, step, np.zeros(len(chunk), np.int32), [key], value, dtype)
+
+
+def _packed_columns(chunk: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """seq, step, value, dtype of driver rows (_SEQ_DTYPE, step, value)."""
+    seq_dtype, step, value = row_columns(chunk, (np.int64, np.int64, np.float64))
+    seq, dtype = np.divmod(seq_dtype, _DTYPE_SPAN)
+    return seq, step, value, dtype.astype(np.int16)
 
 
 def _duckdb_execute(conn: sa.Connection, stmt: sa.Select) -> Any:

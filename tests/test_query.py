@@ -289,6 +289,19 @@ def test_per_rank_is_step_by_rank(two_ranks: Path) -> None:
     assert table.loc[7].tolist() == [7.0, 1007.0]
 
 
+def test_per_rank_has_the_ranks_that_logged_the_key_in_that_run(db_path: Path) -> None:
+    """A key some ranks never logged: a column for each rank that did, in this run only, each
+    with its own values and -0.0 and NaN kept."""
+    _store_calls(db_path, {0: [({"a": 1.0}, 0), ({"a": -0.0}, 1)], 1: [({"b": 5.0}, 0)],
+                           2: [({"a": 3.0, "b": 1.0}, 0), ({"a": math.nan}, 1)], 3: [({"a": 4.0}, 1)]})
+    _store_calls(db_path, {0: [({"b": 9.0}, 0)], 1: [({"a": 7.0}, 0)]}, name="other")
+    table = open_store(db_path).per_rank("a", run="lightning_logs")
+    assert list(table.columns) == [0, 2, 3] and list(table.index) == [0, 1]
+    assert table[0].tolist() == [1.0, 0.0] and math.copysign(1, table.loc[1, 0]) == -1
+    assert table[2].tolist()[0] == 3.0 and math.isnan(table.loc[1, 2])
+    assert math.isnan(table.loc[0, 3]) and table.loc[1, 3] == 4.0
+
+
 def test_per_rank_keeps_a_ranks_later_call_at_one_step(db_path: Path) -> None:
     _store_calls(db_path, {0: [({"a": 1.0}, 0), ({"a": 2.0}, 0), ({"a": 3.0}, 1)]})
     assert open_store(db_path).per_rank("a")[0].tolist() == [2.0, 3.0]
