@@ -269,16 +269,16 @@ def test_rows_that_cannot_be_written_are_reported_at_exit(db_path: Path) -> None
     assert "process group never started" in proc.stderr
 
 
-def test_every_direct_rank_that_dies_before_finalize_ends_its_row(tmp_path: Path, port: int) -> None:
-    """Two ranks writing the store themselves crash after logging, outside Lightning's loops:
-    the run and both ranks' rows end as failed, each rank's rows kept."""
-    db = tmp_path / "runs.sqlite"
+def _two_ranks_crash_after_logging(db: Path, port: int, transport: str, before_crash: str = "") -> None:
+    """Two ranks (a gloo group, no Lightning) log one value each, run `before_crash`, then
+    raise outside any Lightning loop; both must die with that error."""
     script = (
         "import torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
         "from multirank_logger import MultiRankLogger\n"
-        f"logger = MultiRankLogger(db={str(db)!r}, flush_interval=3600, transport='direct')\n"
+        f"logger = MultiRankLogger(db={str(db)!r}, flush_interval=3600, transport={transport!r})\n"
         "logger.log_metrics({'a': float(dist.get_rank())}, step=0)\n"
+        f"{before_crash}"
         "raise RuntimeError('after logging')\n"
     )
     procs = []
@@ -288,6 +288,13 @@ def test_every_direct_rank_that_dies_before_finalize_ends_its_row(tmp_path: Path
         procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True))
     errors = [proc.communicate(timeout=120)[1] for proc in procs]
     assert all("after logging" in err for err in errors), errors
+
+
+def test_every_direct_rank_that_dies_before_finalize_ends_its_row(tmp_path: Path, port: int) -> None:
+    """Two ranks writing the store themselves crash after logging, outside Lightning's loops:
+    the run and both ranks' rows end as failed, each rank's rows kept."""
+    db = tmp_path / "runs.sqlite"
+    _two_ranks_crash_after_logging(db, port, "direct")
     assert query(db, "SELECT status, transport FROM runs") == [("failed", "direct")]
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "failed"), (1, "failed")]
     assert query(db, "SELECT rank, value FROM metrics ORDER BY rank") == [(0, 0.0), (1, 1.0)]
@@ -298,23 +305,8 @@ def test_a_gather_run_that_dies_before_finalize_ends_every_ranks_row(tmp_path: P
     every row, so at exit it ends the run and its own row as failed, and rank 1's, which it
     never heard end from, as missing (none stays "running"). Rank 0's rows are kept."""
     db = tmp_path / "runs.duckdb"
-    script = (
-        "import torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "from multirank_logger import MultiRankLogger\n"
-        f"logger = MultiRankLogger(db={str(db)!r}, flush_interval=3600, transport='gather')\n"
-        "logger.log_metrics({'a': float(dist.get_rank())}, step=0)\n"
-        "_ = logger.experiment  # the sink is set up, as Lightning does before the first step\n"
-        "dist.barrier()\n"
-        "raise RuntimeError('after logging')\n"
-    )
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
-        env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True))
-    errors = [proc.communicate(timeout=120)[1] for proc in procs]
-    assert all("after logging" in err for err in errors), errors
+    # the sink set up, as Lightning does before the first step; both ranks past that
+    _two_ranks_crash_after_logging(db, port, "gather", before_crash="_ = logger.experiment\ndist.barrier()\n")
     assert query(db, "SELECT status, transport FROM runs") == [("failed", "gather")]
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "failed"), (1, "missing")]
     assert (0, 0.0) in query(db, "SELECT rank, value FROM metrics ORDER BY rank")
