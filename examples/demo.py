@@ -11,10 +11,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, TensorDataset
 
 from multirank_logger import MultiRankLogger
+from multirank_logger.errors import SchemaOutdated
 from multirank_logger.query import open_store
+from multirank_logger.store import Store
 
 DB = Path("demo_runs") / "runs.duckdb"
 
@@ -42,7 +45,22 @@ class Regression(LightningModule):
         return DataLoader(TensorDataset(x, y), batch_size=16)
 
 
+@rank_zero_only  # the launcher re-runs this script for rank 1, while rank 0 may hold the file
+def _upgrade_if_outdated() -> None:
+    """This demo's own store, kept from an earlier version's demo: bring its schema up, as
+    `multirank-logger db upgrade` would (a store of yours: back it up first)."""
+    try:
+        Store(DB, readonly=True).close()
+    except SchemaOutdated as exc:
+        store = Store.for_upgrade(DB)
+        store.upgrade()
+        store.close()
+        print(f"Upgraded the demo's store {DB} from schema {exc.found} to {exc.head}.")
+
+
 def main() -> None:
+    if DB.exists():
+        _upgrade_if_outdated()
     logger = MultiRankLogger(db=str(DB), name="demo")
     trainer = Trainer(
         accelerator="cpu",
