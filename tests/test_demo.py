@@ -1,0 +1,53 @@
+"""`make demo`, the main job: examples/demo.py trains 2 ranks over gloo on CPU into a DuckDB
+store and prints the runs and a per-rank view. Run here as `make demo` runs it, in a
+scratch working directory, once on a fresh store and once on a store an older version left.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multirank_logger.store import Store, head_revision
+from tests.conftest import free_port
+
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+
+
+def _run_demo(cwd: Path) -> str:
+    env = {**os.environ, "MASTER_PORT": str(free_port())}
+    for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, str(DEMO)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("older_store", [False, True], ids=["fresh", "store-at-0002"])
+def test_demo_trains_two_ranks_and_shows_them(tmp_path: Path, older_store: bool) -> None:
+    """The demo prints the run and train_loss per rank (a column for each rank, rank 1's values
+    its own), and writes CSVLogger's files; a store an older demo left is upgraded first,
+    its runs kept."""
+    db = tmp_path / "demo_runs" / "runs.duckdb"
+    if older_store:
+        _run_demo(tmp_path)
+        store = Store.for_upgrade(db)
+        store.downgrade("0002")
+        store.close()
+    out = _run_demo(tmp_path)
+    version = 1 if older_store else 0
+    assert ("Upgraded the demo's store" in out) == older_store
+    assert f"demo/version_{version}" in out and "success" in out
+    table = out.split("(step x rank)\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert table[0].split() == ["rank", "0", "1"] and table[1].split() == ["step"]
+    rows = [line.split() for line in table[2:]]
+    assert len(rows) == 8 and all(len(row) == 3 for row in rows)
+    assert any(row[1] != row[2] for row in rows)  # each rank's own shard: its own loss
+    assert (tmp_path / "demo_runs" / "demo" / f"version_{version}" / "metrics.csv").is_file()
+    reader = Store(db, readonly=True)
+    assert reader.current_revision() == head_revision()
+    reader.close()
