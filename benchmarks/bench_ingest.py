@@ -23,7 +23,9 @@ import contextlib
 import random
 import sqlite3
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,20 +76,48 @@ def _result(rows: int, seconds: float, **extra: Any) -> dict[str, Any]:
     return {"value": rows / seconds, "seconds": seconds, **extra}
 
 
-def store_write(backend: str, batches: int, rows: int, held: bool = False) -> dict[str, Any]:
+def _timed(write: Callable[[], Any], busy: bool) -> float:
+    """Seconds `write` takes; with `busy`, in a thread while this one spins in Python, as the
+    logger's writer thread runs beside a training loop busy in Python."""
+    if not busy:
+        t0 = time.perf_counter()
+        write()
+        return time.perf_counter() - t0
+    took: list[float] = []
+
+    def timed() -> None:
+        t0 = time.perf_counter()
+        write()
+        took.append(time.perf_counter() - t0)
+
+    thread = threading.Thread(target=timed)
+    thread.start()
+    spins = 0
+    while thread.is_alive():
+        spins += 1  # pure Python: gives the GIL up only when the interpreter makes it
+    thread.join()
+    return took[0]
+
+
+def store_write(backend: str, batches: int, rows: int, held: bool = False, busy: bool = False) -> dict[str, Any]:
     """The project's write path: Store.write(MetricBatch), one call per batch.
 
-    With `held`, inside ``Store.writing()`` (one connection across the batches).
+    With `held`, inside ``Store.writing()`` (one connection across the batches); with `busy`,
+    beside a thread busy in Python (`_timed`).
     """
     data = make_batches(batches, rows)
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
         store, _ = _new_store(root, ".sqlite" if backend == "sqlite" else ".duckdb")
         held_ctx = store.writing() if held else contextlib.nullcontext()
         store.write(make_batches(1, 1_000, rank=1)[0])  # warm-up: first-use imports and caches
-        t0 = time.perf_counter()
-        with held_ctx:
-            written = sum(store.write(b) for b in data)
-        seconds = time.perf_counter() - t0
+        written = 0
+
+        def write() -> None:
+            nonlocal written
+            with held_ctx:
+                written = sum(store.write(b) for b in data)
+
+        seconds = _timed(write, busy)
         store.close()
     extra: dict[str, Any] = {}
     if backend == "duckdb":
@@ -98,8 +128,8 @@ def store_write(backend: str, batches: int, rows: int, held: bool = False) -> di
     return _result(written, seconds, **extra)
 
 
-def raw_sqlite(batches: int, rows: int) -> dict[str, Any]:
-    """sqlite3 executemany of prebuilt tuples, one transaction per batch."""
+def raw_sqlite(batches: int, rows: int, busy: bool = False) -> dict[str, Any]:
+    """sqlite3 executemany of prebuilt tuples, one transaction per batch (with `busy`: `_timed`)."""
     from multirank_logger.schema import METRIC_COLUMNS
 
     data = [list(zip(*b.columns(METRIC_COLUMNS))) for b in make_batches(batches, rows)]
@@ -107,18 +137,20 @@ def raw_sqlite(batches: int, rows: int) -> dict[str, Any]:
         store, _ = _new_store(root, ".sqlite")
         path = store.backend.path
         store.close()
-        con = sqlite3.connect(path, isolation_level=None)
+        con = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         con.execute("PRAGMA journal_mode = WAL")
         con.execute("PRAGMA synchronous = NORMAL")
         cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
         sql = f"INSERT INTO metrics ({cols}) VALUES ({', '.join('?' * len(METRIC_COLUMNS))})"
         con.executemany(sql, list(zip(*make_batches(1, 1_000, rank=1)[0].columns(METRIC_COLUMNS))))  # warm-up
-        t0 = time.perf_counter()
-        for tuples in data:
-            con.execute("BEGIN IMMEDIATE")
-            con.executemany(sql, tuples)
-            con.execute("COMMIT")
-        seconds = time.perf_counter() - t0
+
+        def write() -> None:
+            for tuples in data:
+                con.execute("BEGIN IMMEDIATE")
+                con.executemany(sql, tuples)
+                con.execute("COMMIT")
+
+        seconds = _timed(write, busy)
         con.close()
     return _result(batches * len(data[0]), seconds)
 
@@ -201,5 +233,16 @@ def cases(sizes: Sizes) -> list[Case]:
              note=f"{small_shape}; the file opened per batch, as the logger's flush does"),
         Case(SECTION, "RecordBuffer.drain (component)", "benchmarks.bench_ingest:buffer_drain", "rows/s", kw,
              note="log calls -> MetricBatch, before any write"),
+    ]
+    # the writer thread beside a training loop busy in Python: a driver that gives the GIL up
+    # per row waits a switch interval (5 ms) for each; small, as executemany takes minutes
+    busy = {"batches": 2, "rows": min(sizes.ingest_rows, 10_000), "busy": True}
+    busy_shape = f"2 x {busy['rows']:,}-row batches, written by a thread while the main thread spins in Python"
+    out += [
+        Case(SECTION, "raw sqlite3 executemany, beside a busy thread", "benchmarks.bench_ingest:raw_sqlite",
+             "rows/s", busy, note=f"{busy_shape}; one statement per row"),
+        Case(SECTION, "Store.write SQLite, beside a busy thread", "benchmarks.bench_ingest:store_write", "rows/s",
+             {"backend": "sqlite", **busy}, peer="raw sqlite3 executemany, beside a busy thread",
+             note=f"{busy_shape}; up to 1,024 rows per statement"),
     ]
     return out

@@ -44,6 +44,8 @@ EXPECTED = {
         "raw DuckDB from Arrow, 1k-row batches",
         "Store.write DuckDB, 1k-row batches",
         "RecordBuffer.drain (component)",
+        "raw sqlite3 executemany, beside a busy thread",
+        "Store.write SQLite, beside a busy thread",
     ],
     "memory": ["CSVLogger", "MultiRankLogger SQLite", "MultiRankLogger DuckDB"],
     "e2e": ["logger=False", "no-op Logger (Lightning's floor)", "control: rank 0 busy 0.2 ms/step", "control: every rank busy 0.2 ms/step", "CSVLogger", "TensorBoardLogger", "MultiRankLogger direct", "MultiRankLogger gather"],
