@@ -6,6 +6,7 @@ import contextlib
 import copy
 import math
 import multiprocessing as mp
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -421,4 +422,27 @@ def test_a_batch_sqlite_refuses_is_a_sqlalchemy_error_and_writes_nothing(tmp_pat
     with pytest.raises(sa.exc.IntegrityError):
         store.write(batch)
     assert _read_back(store) == []
+    store.close()
+
+
+@pytest.mark.parametrize("variable_limit", [None, 999], ids=["default-limit", "limit-999"])
+def test_sqlite_takes_batches_of_any_size_whole(tmp_path: Path, variable_limit: int | None) -> None:
+    """SQLite rows go in many per INSERT statement (full statements, then one per set bit of
+    the rest): every batch size lands whole, each row once and in place, also where the SQLite
+    library takes at most 999 parameters a statement (as before 3.32)."""
+    store = Store(tmp_path / "runs.sqlite")
+    run = store.create_run("lightning_logs")
+    first = 0
+    with store.writing():
+        if variable_limit is not None:
+            driver = store.held_connection.connection.driver_connection  # type: ignore[union-attr]
+            if not hasattr(driver, "setlimit"):
+                pytest.skip("sqlite3.Connection.setlimit needs Python 3.11")
+            driver.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, variable_limit)
+        for n in (1, 5, 63, 64, 127, 1023, 1024, 1025, 3000):
+            seqs = list(range(first, first + n))
+            store.write(MetricBatch(run_id=[run.id] * n, rank=[0] * n, seq=seqs, step=seqs, key=["k"] * n,
+                                    value=[float(s) for s in seqs], dtype=[0] * n, time=[0.0] * n))
+            first += n
+    assert _read_back(store) == [(0, s, "k", float(s)) for s in range(first)]
     store.close()
