@@ -331,11 +331,10 @@ class StoreReader:
                     for chunk in _row_chunks(conn, by_rank.where(metrics.c.rank == rank)):
                         seq, step, value, dtype = _packed_columns(chunk)
                         parts.append((np.full(len(seq), rank, np.int64), seq, step, value, dtype))
-            columns = [np.concatenate(col) for col in zip(*parts)] if parts else [np.zeros(0, t) for t in _PER_RANK_TYPES]
+            columns = _per_rank_columns(parts)
         else:
             with self._connect() as conn:
-                parts = [row_columns(chunk, _PER_RANK_TYPES) for chunk in _row_chunks(conn, stmt)]
-            columns = [np.concatenate(col) for col in zip(*parts)] if parts else [np.zeros(0, t) for t in _PER_RANK_TYPES]
+                columns = _per_rank_columns([row_columns(chunk, _PER_RANK_TYPES) for chunk in _row_chunks(conn, stmt)])
         if len(columns[0]) == 0:
             self._check_keys(ref, [key])
         return _pivot_step_rank(*columns)
@@ -555,6 +554,11 @@ def _duckdb_windows(conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]
     for start in range(low, high + 1, calls_per_window):
         window = stmt.where(metrics.c.seq >= start, metrics.c.seq < start + calls_per_window)
         yield from _duckdb_batches(conn, window)
+
+
+def _per_rank_columns(parts: list[Any]) -> list[np.ndarray]:
+    """per_rank's columns (rank, seq, step, value, dtype), one part per fetch, joined."""
+    return [np.concatenate(col) for col in zip(*parts)] if parts else [np.zeros(0, t) for t in _PER_RANK_TYPES]
 
 
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
