@@ -191,31 +191,30 @@ def in_call_order(streams: Iterable[Iterator[LongRows]]) -> Iterator[LongRows]:
     """Merge streams that are each in call order (e.g. one per key) into pieces of whole
     calls, in call order.
 
-    Each round cuts every buffered stream at the *frontier*, the smallest last ``seq``
-    among the streams not yet finished: no row of a later fetch can come before it. The
-    stream that set it is used up, so every round moves on by at least one fetch, and at
-    most one fetch per stream is held at once. A stream must not repeat a ``seq`` across
-    its pieces (one key logs once per call).
+    Each round cuts every stream's held rows at the *frontier*, the smallest last ``seq``
+    among them: no row of a later fetch can come before it. The stream that set it is used
+    up, so every round moves on by at least one fetch, and at most one fetch per stream is
+    held at once. A stream is only refilled once used up, so a finished one holds nothing
+    and is dropped. A stream must not repeat a ``seq`` across its pieces (one key logs once
+    per call).
     """
-    # [rest of the stream, or None once it is finished; its rows not yet yielded]
-    buffered = [[iter(stream), LongRows.empty()] for stream in streams]
+    live = [(iter(stream), LongRows.empty()) for stream in streams]  # (the rest, rows held)
     while True:
-        for slot in buffered:
-            while slot[0] is not None and not len(slot[1]):
-                slot[1] = next(slot[0], None)
-                if slot[1] is None:
-                    slot[0], slot[1] = None, LongRows.empty()
-        buffered = [slot for slot in buffered if slot[0] is not None or len(slot[1])]
-        if not buffered:
+        refilled = []
+        for rest, rows in live:
+            while rows is not None and not len(rows):
+                rows = next(rest, None)
+            if rows is not None:
+                refilled.append((rest, rows))
+        if not refilled:
             return
-        open_ends = [int(rows.seq[-1]) for rest, rows in buffered if rest is not None]
-        taken = []
-        for slot in buffered:
-            rows = slot[1]
-            cut = len(rows) if not open_ends else int(np.searchsorted(rows.seq, min(open_ends), side="right"))
-            if cut:
-                head, slot[1] = rows.split(cut)
+        frontier = min(int(rows.seq[-1]) for _, rows in refilled)
+        taken, live = [], []
+        for rest, rows in refilled:
+            head, tail = rows.split(int(np.searchsorted(rows.seq, frontier, side="right")))
+            if len(head):
                 taken.append(head)
+            live.append((rest, tail))
         yield LongRows.concat(taken)
 
 
