@@ -94,6 +94,13 @@ class Backend:
         columns = [c.name for c in table.columns]
         conn.execute(table.insert(), [dict(zip(columns, row)) for row in zip(*batch.columns(columns))])
 
+    def insert_rows(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> int:
+        """Insert a few rows of any table given as dicts (the side tables); returns how many."""
+        if rows:
+            columns = [c.name for c in table.columns]
+            conn.execute(table.insert(), [{c: row.get(c) for c in columns} for row in rows])
+        return len(rows)
+
     def lock_for_migration(self, conn: sa.Connection) -> None:
         """Serialize schema creation between processes, on `conn`'s open transaction."""
 
@@ -260,6 +267,21 @@ class DuckDBBackend(Backend):
         cols = ", ".join(f'"{c.name}"' for c in table.columns)
         conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
         conn.connection.driver_connection.unregister(view)
+
+    def insert_rows(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> int:
+        # executemany runs row by row here (~1,400 rows/s): go through Arrow as the metrics do
+        import pyarrow as pa
+
+        if not rows:
+            return 0
+        columns = [c.name for c in table.columns]
+        view = f"_multirank_{table.name}"
+        data = pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows])
+        conn.exec_driver_sql("register", (view, data))
+        cols = ", ".join(f'"{c}"' for c in columns)
+        conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
+        conn.connection.driver_connection.unregister(view)
+        return len(rows)
 
     def translate_error(self, exc: Exception) -> Exception | None:
         text = str(getattr(exc, "orig", exc))

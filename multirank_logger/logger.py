@@ -29,6 +29,7 @@ from typing_extensions import override
 
 from multirank_logger.backends import backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
+from multirank_logger.side_records import SideRecords
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
@@ -143,6 +144,7 @@ class MultiRankLogger(Logger):
     def _init_runtime(self) -> None:
         """State that lives in one process only (rebuilt after unpickling)."""
         self._buffer = RecordBuffer()
+        self._side = SideRecords()
         self._unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
         self._lock = threading.RLock()  # identity and sink set-up; never taken by log_metrics/save
         self._store: Store | None = None
@@ -153,7 +155,7 @@ class MultiRankLogger(Logger):
         self._transport: str | None = None
         self._live = False
         self._writer = BackgroundWriter(
-            self._buffer, self._target, flush_interval=self._flush_interval, flush_every=self._flush_every
+            self._buffer, self._target, flush_interval=self._flush_interval, flush_every=self._flush_every, side=self._side
         )
         _LIVE.add(self)
 
@@ -161,7 +163,7 @@ class MultiRankLogger(Logger):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_buffer", "_lock", "_store", "_sink", "_writer", "_spill"):
+        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill"):
             del state[key]  # engines, threads and sockets stay in this process
         state["_published"] = False  # the new process's rank 0 publishes into its own launch
         return state
@@ -236,6 +238,17 @@ class MultiRankLogger(Logger):
         self._unsaved += 1
         if (step + 1) % self._flush_every == 0:
             self._unsaved = 0  # where CSVLogger saves, and so restarts its count
+        if not self._live:
+            self._start()
+
+    def record(self, table: str, **values: Any) -> None:
+        """Keep one row for a side table (``decisions``, ``logs``, ``step_timing``: see schema.py)
+        from this rank; the writer stores it with the metrics. Appends to memory only.
+
+        Raises:
+            KeyError: for a table or column the schema does not have.
+        """
+        self._side.add(table, values)
         if not self._live:
             self._start()
 

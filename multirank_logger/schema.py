@@ -27,6 +27,12 @@ __all__ = [
     "DTYPE_OF_TYPE",
     "METRIC_COLUMNS",
     "RUN_STATUSES",
+    "SEQ_ATTEMPT_SHIFT",
+    "SIDE_TABLES",
+    "attempts",
+    "decisions",
+    "logs",
+    "step_timing",
     "decode_value",
     "encode_value",
     "imports",
@@ -46,7 +52,13 @@ DTYPE_NEG_ZERO = 4  # value is 0.0: SQLite drops the sign of -0.0, CSVLogger pri
 #: the code of each logged Python type; a float's code is refined for NaN and -0.0 (encode_value)
 DTYPE_OF_TYPE = {float: DTYPE_FLOAT, int: DTYPE_INT, bool: DTYPE_BOOL}
 
-RUN_STATUSES = ("running", "success", "failed", "interrupted")
+#: ``incomplete``: the run ended, but values went to spill files or were lost (runs.values_*);
+#: importing the spill files completes it
+RUN_STATUSES = ("running", "success", "failed", "interrupted", "incomplete")
+
+#: a row's ``seq`` is ``(attempt << SEQ_ATTEMPT_SHIFT) + the rank's call counter in that launch``:
+#: every launch of a run (ddp_spawn phases, resume after preemption) numbers its calls apart
+SEQ_ATTEMPT_SHIFT = 40
 
 metadata = sa.MetaData()
 
@@ -62,7 +74,26 @@ runs = sa.Table(
     sa.Column("started_at", sa.Float(53), nullable=False, comment="unix time the run was registered"),
     sa.Column("ended_at", sa.Float(53), nullable=True, comment="unix time rank 0 finalized the run"),
     sa.Column("hparams", sa.Text, nullable=True, comment="hyperparameters as JSON text"),
+    sa.Column("version_name", sa.String(255), nullable=True, comment="directory of a named version; NULL: version_N"),
+    sa.Column("run_key", sa.String(255), nullable=True, comment="caller's key to resume the run by (a job id)"),
+    sa.Column("values_spilled", sa.BigInteger, nullable=True, comment="values written to spill files instead of the store"),
+    sa.Column("values_lost", sa.BigInteger, nullable=True, comment="values that reached neither the store nor a spill file"),
     sa.UniqueConstraint("name", "version", name="uq_runs_name_version"),
+)
+
+# One row per launch of a run: the first, each ddp_spawn phase, each resume after preemption.
+attempts = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False, comment="0 for the first launch; the high bits of its rows' seq"),
+    sa.Column("world_size", sa.Integer, nullable=False, comment="number of ranks in this launch"),
+    sa.Column("status", sa.String(16), nullable=False, comment="how this launch ended (runs.status values)"),
+    sa.Column("started_at", sa.Float(53), nullable=False),
+    sa.Column("ended_at", sa.Float(53), nullable=True),
+    sa.Column("host", sa.String(255), nullable=True, comment="rank 0's host"),
+    sa.Column("job_id", sa.String(255), nullable=True, comment="the scheduler's job id, when one is set"),
+    sa.PrimaryKeyConstraint("run_id", "attempt", name="pk_attempts"),
 )
 
 ranks = sa.Table(
@@ -104,6 +135,9 @@ metrics = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "key", "rank", "seq", name="pk_metrics").ddl_if(dialect="sqlite"),
     sqlite_with_rowid=False,
 )
+sa.Index("uq_metrics_row", metrics.c.run_id, metrics.c.rank, metrics.c.seq, metrics.c.key, unique=True).ddl_if(
+    dialect=("duckdb", "postgresql")
+)
 sa.Index("ix_metrics_run_rank_step", metrics.c.run_id, metrics.c.rank, metrics.c.step).ddl_if(dialect="postgresql")
 sa.Index("ix_metrics_run_key", metrics.c.run_id, metrics.c.key).ddl_if(dialect="postgresql")
 
@@ -125,6 +159,73 @@ imports = sa.Table(
     sa.Column("imported_at", sa.Float(53), nullable=False, comment="unix time of the import"),
     sa.PrimaryKeyConstraint("spill_id", "first_frame", name="pk_imports"),
 )
+
+
+# -- side tables: what each rank saw beyond its metrics. `seq` numbers a rank's records (with
+# the attempt in its high bits, as in metrics); rows reach the store as metrics rows do.
+
+# A ModelCheckpoint / EarlyStopping decision, one row per (decision, rank): the rank's own
+# monitored value and vote, and what the reduced decision was (decisions.py).
+decisions = sa.Table(
+    "decisions",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False, comment="the decision's number: the same on every rank"),
+    sa.Column("step", sa.BigInteger, nullable=False, comment="trainer.global_step"),
+    sa.Column("epoch", sa.Integer, nullable=True),
+    sa.Column("callback", sa.String(255), nullable=False, comment="ModelCheckpoint | EarlyStopping (class name)"),
+    sa.Column("monitor", sa.String(255), nullable=True),
+    sa.Column("mode", sa.String(16), nullable=True, comment="min | max"),
+    sa.Column("value", sa.Float(53), nullable=True, comment="this rank's own monitored value"),
+    sa.Column("vote", sa.Boolean, nullable=True, comment="this rank alone would save / stop"),
+    sa.Column("decision", sa.Boolean, nullable=True, comment="what the ranks decided together"),
+    sa.Column("path", sa.Text, nullable=True, comment="the checkpoint saved, if any"),
+    sa.Column("best", sa.Float(53), nullable=True, comment="the callback's best score after the decision"),
+    sa.Column("time", sa.Float(53), nullable=False),
+    sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_decisions"),
+)
+
+# Every rank's Python logging records and warnings during the run (log_capture.py).
+logs = sa.Table(
+    "logs",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False, comment="the rank's record counter"),
+    sa.Column("time", sa.Float(53), nullable=False),
+    sa.Column("level", sa.String(16), nullable=False, comment="DEBUG | INFO | WARNING | ERROR | CRITICAL"),
+    sa.Column("levelno", sa.Integer, nullable=False),
+    sa.Column("logger", sa.String(255), nullable=False, comment="the logging.Logger's name; 'py.warnings' for warnings"),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_logs"),
+)
+
+# Where each rank's training steps went (step_timer.py): waiting for data, forward, the rest
+# (backward, optimizer, DDP's all-reduce), and its memory and batch size.
+step_timing = sa.Table(
+    "step_timing",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False, comment="the rank's record counter"),
+    sa.Column("step", sa.BigInteger, nullable=False, comment="trainer.global_step when the batch started"),
+    sa.Column("epoch", sa.Integer, nullable=True),
+    sa.Column("batch_idx", sa.BigInteger, nullable=True),
+    sa.Column("data_s", sa.Float(53), nullable=True, comment="end of the previous batch to the start of this one"),
+    sa.Column("forward_s", sa.Float(53), nullable=True),
+    sa.Column("rest_s", sa.Float(53), nullable=True, comment="backward, optimizer and DDP communication"),
+    sa.Column("batch_size", sa.BigInteger, nullable=True),
+    sa.Column("mem_allocated_peak", sa.BigInteger, nullable=True, comment="CUDA: peak allocated bytes since the last step"),
+    sa.Column("mem_reserved_peak", sa.BigInteger, nullable=True, comment="CUDA: peak reserved bytes since the last step"),
+    sa.Column("alloc_retries", sa.BigInteger, nullable=True, comment="CUDA: the allocator's retries so far"),
+    sa.Column("rss", sa.BigInteger, nullable=True, comment="CPU: the process's resident set, bytes"),
+    sa.Column("time", sa.Float(53), nullable=False),
+    sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_step_timing"),
+)
+
+#: the side tables by name: what `MultiRankLogger.record(table, ...)` accepts
+SIDE_TABLES = {t.name: t for t in (decisions, logs, step_timing)}
 
 
 def encode_value(value: bool | int | float) -> tuple[float | None, int]:

@@ -25,6 +25,7 @@ from multirank_logger.spill import SpillWriter
 from multirank_logger.errors import StoreLocked
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
+from multirank_logger.side_records import decode_side, encode_side
 from multirank_logger.wire import decode_batch, decode_table
 
 __all__ = ["DirectSink", "GatherSink"]
@@ -65,6 +66,10 @@ class DirectSink:
 
     def write(self, batch: MetricBatch | Any) -> None:
         self.store.write(batch)
+
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        """Side-table rows (decisions, logs, step timing); raise to have them retried."""
+        self.store.write_side(tables)
 
     def poll(self) -> None:
         if self._run_updates:
@@ -124,6 +129,9 @@ class GatherSink(DirectSink):
         # Python object per row on rank 0, whose training thread waits on the GIL for those
         self._own: list[Any] = []  # MetricBatch objects, or Arrow tables (`inserts_arrow`)
         self._inbox: list[Any] = []
+        self._side: list[dict[str, list[dict[str, Any]]]] = []  # rank 0: side rows not written yet
+        #: side rows a sender could not deliver (rank 0 gone): counted in its final message
+        self.side_undelivered = 0
 
     @property
     def is_receiver(self) -> bool:
@@ -149,19 +157,35 @@ class GatherSink(DirectSink):
             # rank 0 is gone: the writer must not retry into a dead channel forever
             self._spill(exc, exc.undelivered)
 
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        if self.is_receiver:
+            self._side.append(tables)  # written by the poll that follows
+            return
+        try:
+            self.channel.send_side(encode_side(tables))
+        except ChannelError as exc:
+            rows = sum(map(len, tables.values()))
+            self.side_undelivered += rows
+            log.error("multirank_logger: rank %d lost %d side-table row(s) (decisions, logs, timing): %s",
+                      self.channel.rank, rows, exc)
+
     def poll(self) -> None:
         if not self.is_receiver:
             return
         if not self._inbox:
             # receive() acknowledges the previous call's batches: they are written by now
             self._inbox = self._receive()
-        if not (self._own or self._inbox or self._run_updates):
+        self._side.extend(decode_side(payload) for payload in self.channel.receive_side())
+        if not (self._own or self._inbox or self._run_updates or self._side):
             return
         with self.store.writing():  # one connection for the run update and the rows
             super().poll()
             if self._own or self._inbox:
                 self.store.write(concat_batches(self._own + self._inbox))  # one transaction
-        self._own, self._inbox = [], []
+            self._own, self._inbox = [], []
+            while self._side:
+                self.store.write_side(self._side[0])
+                self._side.pop(0)
 
     def _receive(self) -> list[Any]:
         return self.channel.receive(decode_table if self.inserts_arrow else decode_batch)

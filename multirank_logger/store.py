@@ -37,7 +37,7 @@ from multirank_logger.errors import (
     StoreLocked,
     StoreNotWritable,
 )
-from multirank_logger.schema import metrics, ranks, runs
+from multirank_logger.schema import SIDE_TABLES, metrics, ranks, runs
 
 __all__ = ["RunRecord", "Store", "head_revision", "migrations_dir", "retry_while_locked"]
 
@@ -350,6 +350,33 @@ class Store:
         with self.begin() as conn:
             self.backend.insert_metrics(conn, metrics, batch)
         return len(batch)
+
+    def write_side(self, tables: Mapping[str, list[dict[str, Any]]]) -> int:
+        """Insert side-table rows (`schema.SIDE_TABLES`: decisions, logs, step_timing) in one
+        transaction. Rows already stored (same run, rank and seq: a batch retried after its
+        commit was not seen) are skipped.
+
+        Returns:
+            The number of rows written.
+        """
+        written = 0
+        with self.begin() as conn:
+            for name, rows in tables.items():
+                if rows:
+                    written += self.backend.insert_rows(conn, SIDE_TABLES[name], _unseen(conn, SIDE_TABLES[name], rows))
+        return written
+
+
+def _unseen(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` minus those whose (run_id, rank, seq) `table` holds already."""
+    run_ids = {row["run_id"] for row in rows}
+    ranks_ = {row["rank"] for row in rows}
+    lo, hi = min(row["seq"] for row in rows), max(row["seq"] for row in rows)
+    query = sa.select(table.c.run_id, table.c.rank, table.c.seq).where(
+        table.c.run_id.in_(sorted(run_ids)), table.c.rank.in_(sorted(ranks_)), table.c.seq.between(lo, hi)
+    )
+    stored = {tuple(row) for row in conn.execute(query)}
+    return [row for row in rows if (row["run_id"], row["rank"], row["seq"]) not in stored] if stored else rows
 
 
 def retry_while_locked(fn: Callable[[], T], timeout: float) -> T:

@@ -341,6 +341,48 @@ class RowChannel:
                 raise ChannelError(f"Rank 0 cannot read rows from the TCPStore: {exc}") from exc
         return out
 
+    # -- side-table rows (decisions, logs, step timing) --------------------------------------
+    # A queue of their own, without the acknowledgements the metrics get: they are few, and a
+    # sender whose rank 0 is gone says how many it could not deliver (sinks.py).
+
+    def send_side(self, payload: bytes) -> None:
+        """Queue one encoded set of side rows (`side_records.encode_side`) for rank 0.
+
+        Raises:
+            ChannelError: when rank 0's store cannot be reached.
+        """
+        if self.rank == 0:
+            raise ValueError("rank 0 writes its own side rows; RowChannel.send_side is for the other ranks")
+        with self._lock:
+            if self._failed is not None:
+                raise ChannelError(self._failed)
+            try:
+                self._client().queue_push(f"side/{self.rank}", payload)
+            except Exception as exc:
+                raise ChannelError(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+
+    def receive_side(self) -> list[bytes]:
+        """Rank 0: every side payload the other ranks queued since the last call. Never blocks."""
+        self._require_rank0("receive_side")
+        if self.world_size < 2:
+            return []
+        import torch.distributed as dist
+
+        out: list[bytes] = []
+        with self._lock:
+            try:
+                store = self._client()
+                for r in range(1, self.world_size):
+                    queue = f"side/{r}"
+                    for _ in range(store.queue_len(queue)):
+                        try:
+                            out.append(bytes(store.queue_pop(queue, False)))
+                        except dist.QueueEmptyError:
+                            break
+            except Exception as exc:
+                raise ChannelError(f"Rank 0 cannot read side rows from the TCPStore: {exc}") from exc
+        return out
+
     def _send_acks(self, store: Any) -> None:
         for r, n in self._to_ack.items():
             if n:

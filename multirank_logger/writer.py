@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from multirank_logger.buffer import MetricBatch, RecordBuffer, concat_batches
+from multirank_logger.side_records import SideRecords
 
 __all__ = ["BackgroundWriter", "Sink", "Target"]
 
@@ -51,6 +52,9 @@ class Sink(Protocol):
 
     def write(self, batch: MetricBatch | Any) -> None:
         """Store or ship one batch; raise to have it retried later."""
+
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        """Store or ship side-table rows (decisions, logs, step timing); raise to retry."""
 
     def poll(self) -> None:
         """Periodic work besides this rank's own batches (rank 0 draining other ranks)."""
@@ -79,9 +83,12 @@ class BackgroundWriter:
         *,
         flush_interval: float,
         flush_every: int,
+        side: SideRecords | None = None,
         name: str = "multirank-writer",
     ) -> None:
         self._buffer = buffer
+        self._side = side if side is not None else SideRecords()
+        self._side_retry: list[dict[str, list[dict[str, Any]]]] = []
         self._target = target
         self.flush_interval = flush_interval
         self.flush_every = max(1, int(flush_every))
@@ -196,6 +203,8 @@ class BackgroundWriter:
                 log.error("multirank_logger: log calls could not be encoded and are dropped: %s: %s", type(exc).__name__, exc)
                 self._note_failure(exc)
                 return
+        if len(self._side):
+            self._side_retry.append(self._side.drain(run_id, rank))
         try:
             while self._retry:
                 batch = self._retry[0]
@@ -203,6 +212,9 @@ class BackgroundWriter:
                     sink.write(batch)
                     self.rows_written += len(batch)
                 self._retry.pop(0)
+            while self._side_retry:
+                sink.write_side(self._side_retry[0])
+                self._side_retry.pop(0)
             sink.poll()
         except BaseException as exc:  # noqa: BLE001
             self._note_failure(exc)
