@@ -53,6 +53,15 @@ def new_postgres_database(server) -> str:
     return make_url(server.get_uri()).set(database=name).render_as_string(hide_password=False)
 
 
+@pytest.fixture(params=["duckdb", "sqlite", "postgresql"])
+def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new store of each backend in turn: a file path (DuckDB, SQLite), or a URL to a new
+    database on the session's PostgreSQL server (skipped where pgserver is not installed)."""
+    if request.param == "postgresql":
+        return new_postgres_database(request.getfixturevalue("postgres_server"))
+    return str(tmp_path / f"runs{BACKEND_SUFFIXES[request.param]}")
+
+
 @pytest.fixture
 def postgres_url(postgres_server) -> str:
     """A new, empty database on the session's server, for one test."""

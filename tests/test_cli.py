@@ -25,13 +25,13 @@ def _invoke(*args: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def store(db_path: Path) -> Path:
-    """Two ranks of _calls, the run finished after 75 s."""
-    run_id = _store_calls(db_path, {0: _calls(0), 1: _calls(1)})
-    writer = Store(db_path)
+def store(any_db: str) -> str:
+    """Two ranks of _calls, the run finished after 75 s (on each backend, the server too)."""
+    run_id = _store_calls(any_db, {0: _calls(0), 1: _calls(1)})
+    writer = Store(any_db)
     writer.update_run(run_id, status="success", started_at=T0, ended_at=T0 + 75)
     writer.close()
-    return db_path
+    return any_db
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def spread_store(db_path: Path) -> Path:
     return db_path
 
 
-def test_runs_prints_one_line_per_run(store: Path) -> None:
+def test_runs_prints_one_line_per_run(store: str) -> None:
     code, out = _invoke("runs", str(store))
     assert code == 0
     assert out.splitlines() == [
@@ -62,21 +62,21 @@ def test_runs_on_a_store_without_runs(db_path: Path) -> None:
     assert _invoke("runs", str(db_path)) == (0, f"No runs in {db_path}.\n")
 
 
-def test_export_writes_rank0_csv_to_stdout(store: Path, tmp_path: Path) -> None:
+def test_export_writes_rank0_csv_to_stdout(store: str, tmp_path: Path) -> None:
     """Without -o the bytes go to stdout, \\r\\n included: CSVLogger's file exactly."""
     result = CliRunner().invoke(main, ["export", str(store)])
     assert result.exit_code == 0
     assert result.stdout_bytes == _csvlogger_file(tmp_path, _calls(0))
 
 
-def test_export_rank_to_a_file(store: Path, tmp_path: Path) -> None:
+def test_export_rank_to_a_file(store: str, tmp_path: Path) -> None:
     out = tmp_path / "rank1.csv"
     code, text = _invoke("export", str(store), "--rank", "1", "--run", "lightning_logs/version_0", "-o", str(out))
     assert (code, text) == (0, f"Wrote {len(_calls(1))} rows of rank 1 (lightning_logs/version_0) to {out}\n")
     assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(1))
 
 
-def test_export_all_ranks_writes_one_file_per_rank(store: Path, tmp_path: Path) -> None:
+def test_export_all_ranks_writes_one_file_per_rank(store: str, tmp_path: Path) -> None:
     out = tmp_path / "per_rank"
     code, text = _invoke("export", str(store), "--all-ranks", "-o", str(out))
     assert code == 0
@@ -89,13 +89,13 @@ def test_export_all_ranks_writes_one_file_per_rank(store: Path, tmp_path: Path) 
         assert (out / f"metrics_rank_{rank}.csv").read_bytes() == expected
 
 
-def test_export_all_ranks_needs_a_directory(store: Path) -> None:
+def test_export_all_ranks_needs_a_directory(store: str) -> None:
     code, text = _invoke("export", str(store), "--all-ranks")
     assert code == 2
     assert text.splitlines()[-1] == "Error: --all-ranks writes one file per rank: pass -o DIR."
 
 
-def test_export_unknown_run_lists_the_runs(store: Path) -> None:
+def test_export_unknown_run_lists_the_runs(store: str) -> None:
     code, text = _invoke("export", str(store), "--run", "lightning_logs/version_7")
     assert (code, text) == (
         1,
@@ -123,7 +123,7 @@ def test_ranks_csv_is_the_whole_table(spread_store: Path) -> None:
     assert lines[0] == "step,0,1,2" and lines[1] == "0,0.0,0.01,0.5" and len(lines) == 13
 
 
-def test_ranks_unknown_key_lists_the_keys(store: Path) -> None:
+def test_ranks_unknown_key_lists_the_keys(store: str) -> None:
     code, text = _invoke("ranks", str(store), "no_such_key")
     assert code == 1
     assert text.startswith("Error: No key 'no_such_key' in this store. Available: ")
@@ -138,12 +138,12 @@ def test_ranks_unknown_key_lists_the_keys(store: Path) -> None:
         ("json", '[{"rank":0,"n":3},{"rank":1,"n":3}]\n'),
     ],
 )
-def test_sql_formats(store: Path, fmt: str, expected: str) -> None:
+def test_sql_formats(store: str, fmt: str, expected: str) -> None:
     query = "SELECT rank, count(*) AS n FROM metrics WHERE key = 'val_loss' GROUP BY rank ORDER BY rank"
     assert _invoke("sql", str(store), query, "--format", fmt) == (0, expected)
 
 
-def test_sql_write_is_refused_and_changes_nothing(store: Path) -> None:
+def test_sql_write_is_refused_and_changes_nothing(store: str) -> None:
     count = "SELECT count(*) AS n FROM metrics"
     before = open_store(store).sql(count)["n"].tolist()
     code, text = _invoke("sql", str(store), "DELETE FROM metrics WHERE rank = 1")
@@ -155,15 +155,15 @@ def test_sql_write_is_refused_and_changes_nothing(store: Path) -> None:
     assert open_store(store).sql(count)["n"].tolist() == before
 
 
-def test_sql_error_shows_the_engines_message_without_traceback(store: Path) -> None:
+def test_sql_error_shows_the_engines_message_without_traceback(store: str) -> None:
     code, text = _invoke("sql", str(store), "SELEC 1")
-    engine = "DuckDB" if store.suffix == ".duckdb" else "SQLite"
+    engine = {".duckdb": "DuckDB", ".sqlite": "SQLite"}.get(Path(store).suffix, "postgresql")
     assert code == 1
     assert text.startswith(f"Error: {engine} rejected the query: ") and "syntax error" in text
     assert "Traceback" not in text
 
 
-def test_console_script_entry_point(store: Path) -> None:
+def test_console_script_entry_point(store: str) -> None:
     """The installed `multirank-logger` script runs every command group end to end."""
     script = shutil.which("multirank-logger", path=str(Path(sys.executable).parent))
     assert script is not None
@@ -181,7 +181,7 @@ def test_console_script_entry_point(store: Path) -> None:
     assert exported.returncode == 0 and exported.stdout.startswith(b"epoch,")
 
 
-def test_ranks_says_when_no_rank_stands_out(store: Path) -> None:
+def test_ranks_says_when_no_rank_stands_out(store: str) -> None:
     """Ranks that agree everywhere: no rank is singled out."""
     code, text = _invoke("ranks", str(store), "epoch")
     assert code == 0

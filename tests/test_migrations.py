@@ -50,9 +50,9 @@ def test_new_store_is_created_at_head(db_path: Path) -> None:
     store.close()
 
 
-def test_walk_every_revision_up_and_down(db_path: Path) -> None:
+def test_walk_every_revision_up_and_down(any_db: str) -> None:
     """Each revision upgrades and downgrades one step at a time on SQLite and DuckDB."""
-    store = Store.for_upgrade(db_path)
+    store = Store.for_upgrade(any_db)
     revisions = _revisions_base_first()
     for rev in revisions:
         store.upgrade(rev)

@@ -125,7 +125,7 @@ def test_export_written_in_many_grids_is_the_same_file(db_path: Path, tmp_path: 
 
 @pytest.mark.parametrize("fetch_rows", [1, 2, 5, 64])
 def test_export_streamed_a_few_rows_at_a_time_is_the_same_file(
-    db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fetch_rows: int
+    any_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fetch_rows: int
 ) -> None:
     """The export streams from the store a fetch at a time (merged across keys on SQLite,
     re-cut at call edges on DuckDB): with fetches of a few rows, every call still lands whole,
@@ -133,16 +133,16 @@ def test_export_streamed_a_few_rows_at_a_time_is_the_same_file(
     monkeypatch.setattr("multirank_logger.query._FETCH_ROWS", fetch_rows)
     monkeypatch.setattr("multirank_logger.query._MIN_KEY_FETCH_ROWS", fetch_rows)
     monkeypatch.setattr("multirank_logger.query._SORT_WINDOW_ROWS", 3 * fetch_rows)
-    _store_calls(db_path, {0: _calls(0), 1: _calls(1)})
+    _store_calls(any_db, {0: _calls(0), 1: _calls(1)})
     out = tmp_path / "metrics.csv"
-    with open_store(db_path) as reader:
+    with open_store(any_db) as reader:
         assert reader.export_csv(out) == len(_calls(0))
         frame = reader.rank_frame()
     assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(0))
     assert len(frame) == len(_calls(0))
 
 
-def test_export_reads_one_state_of_a_store_still_written(db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_reads_one_state_of_a_store_still_written(any_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run still writing while its export streams: a call (with a key new to the run)
     committed between the export's first read and its row reads is not in the file, neither
     in part nor as a key its header lacks: the file is the store as the export found it."""
@@ -151,10 +151,10 @@ def test_export_reads_one_state_of_a_store_still_written(db_path: Path, tmp_path
     from multirank_logger import query
     from multirank_logger.schema import metrics
 
-    if str(db_path).endswith(".duckdb"):
+    if str(any_db).endswith(".duckdb"):
         pytest.skip("no one can write a DuckDB file while a reader holds it")
-    run_id = _store_calls(db_path, {0: _calls(0)})
-    writer = Store(db_path)
+    run_id = _store_calls(any_db, {0: _calls(0)})
+    writer = Store(any_db)
     read_rows = query._row_chunks
 
     def commit_then_read(*args: Any, **kwargs: Any) -> Any:
@@ -168,7 +168,7 @@ def test_export_reads_one_state_of_a_store_still_written(db_path: Path, tmp_path
 
     monkeypatch.setattr(query, "_row_chunks", commit_then_read)
     out = tmp_path / "metrics.csv"
-    with open_store(db_path) as reader:
+    with open_store(any_db) as reader:
         assert reader.export_csv(out) == len(_calls(0))
     assert getattr(commit_then_read, "done", False)  # the write did land mid-export
     writer.close()

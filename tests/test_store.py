@@ -41,7 +41,7 @@ def _same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def test_values_round_trip_exactly(db_path: Path) -> None:
+def test_values_round_trip_exactly(any_db: str) -> None:
     """NaN, +/-inf, ints, bools and full-precision floats come back as the same Python scalars."""
     logged = {
         "nan": math.nan,
@@ -57,7 +57,7 @@ def test_values_round_trip_exactly(db_path: Path) -> None:
         "loss": 0.6931471824645996,
         "neg_zero": -0.0,
     }
-    store = Store(db_path)
+    store = Store(any_db)
     run = store.create_run("lightning_logs")
     buffer = RecordBuffer()
     buffer.append(0, logged)
@@ -124,9 +124,9 @@ def test_nan_is_null_with_its_own_dtype(db_path: Path) -> None:
     store.close()
 
 
-def test_tricky_key_names_are_stored_verbatim(db_path: Path) -> None:
+def test_tricky_key_names_are_stored_verbatim(any_db: str) -> None:
     """Quotes, SQL, unicode, commas and control characters in keys are kept as given."""
-    store = Store(db_path)
+    store = Store(any_db)
     run = store.create_run("lightning_logs")
     buffer = RecordBuffer()
     buffer.append(0, {key: float(i) for i, key in enumerate(TRICKY_KEYS)})
@@ -170,9 +170,9 @@ def test_non_scalar_value_is_refused_and_nothing_is_lost() -> None:
     assert batch.dtype == [0, 0, 1]
 
 
-def test_bulk_write_is_one_transaction(db_path: Path) -> None:
+def test_bulk_write_is_one_transaction(any_db: str) -> None:
     """A batch that fails part-way leaves none of its rows behind."""
-    store = Store(db_path)
+    store = Store(any_db)
     run = store.create_run("lightning_logs")
     good = RecordBuffer()
     for step in range(1000):
