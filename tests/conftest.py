@@ -10,6 +10,22 @@ import pytest
 
 BACKEND_SUFFIXES = {"sqlite": ".sqlite", "duckdb": ".duckdb"}
 
+#: modules whose every test launches real multi-process trainings, or the benchmarks: marked
+#: `slow`, so `make test-fast` (pytest -m "not slow") runs the rest in a fraction of the time.
+#: A test elsewhere that launches processes says so itself with @pytest.mark.slow.
+SLOW_MODULES = frozenset(
+    {
+        "test_benchmarks_smoke", "test_demo", "test_launchers", "test_logger_cli_launch", "test_logger_ddp",
+        "test_logger_many_ranks", "test_logger_signals", "test_shared_nothing",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(params=sorted(BACKEND_SUFFIXES))
 def backend(request: pytest.FixtureRequest) -> str:
