@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-from multirank_logger.query import open_store  # noqa: E402
-from multirank_logger.store import Store  # noqa: E402
+from multirank_logger._version import __version__
+from multirank_logger.query import open_store
+from multirank_logger.store import Store
 
 if TYPE_CHECKING:
     from multirank_logger.logger import MultiRankLogger

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from multirank_logger import __version__
+from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.store import Store, head_revision
 

@@ -27,7 +27,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL
 
-from multirank_logger import __version__
+from multirank_logger._version import __version__
 from multirank_logger.backends import Backend, backend_for, resolve_url
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import (
