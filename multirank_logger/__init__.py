@@ -10,8 +10,9 @@ from multirank_logger.store import Store
 
 if TYPE_CHECKING:
     from multirank_logger.logger import MultiRankLogger
+    from multirank_logger.step_timer import StepTimer
 
-__all__ = ["MultiRankLogger", "Store", "__version__", "open_store"]
+__all__ = ["MultiRankLogger", "StepTimer", "Store", "__version__", "open_store"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from multirank_logger.logger import MultiRankLogger
 
         return MultiRankLogger
+    if name == "StepTimer":
+        from multirank_logger.step_timer import StepTimer
+
+        return StepTimer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
