@@ -245,3 +245,48 @@ def sql_cmd(db_path: str, query: str, fmt: str) -> None:
         click.echo("(no result)")
     else:
         click.echo(_frame_text(df, index=False))
+
+
+# -- which rank is the problem: report and plot (findings.py, report.py, plots.py) -------------
+
+
+@main.command("report")
+@click.argument("db_path", metavar="DB")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Also write the report, with per-rank plots, to this HTML file (needs matplotlib).")  # fmt: skip
+@_friendly_errors
+def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> None:
+    """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
+    import json
+
+    from multirank_logger.report import findings_text, write_html
+
+    with open_store(db_path) as reader:
+        found = reader.report(run)
+        if output:
+            write_html(reader, found, output)
+    click.echo(json.dumps(found.to_dict(), indent=2) if fmt == "json" else findings_text(found))
+    if output:
+        click.echo(f"Wrote {output}", err=fmt == "json")
+
+
+@main.command("plot")
+@click.argument("db_path", metavar="DB")
+@click.argument("key")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="PNG file (default: KEY.png).")
+@_friendly_errors
+def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> None:
+    """Plot KEY against step, one line per rank (many ranks: their range, the outliers on top)."""
+    from multirank_logger.findings import departures
+    from multirank_logger.plots import figure_png, plot_key
+
+    with open_store(db_path) as reader:
+        ref = reader.resolve_run(run)
+        table = reader.per_rank(key, ref.id)
+    outliers = [item["rank"] for item in departures(table)] if table.shape[1] >= 3 else []
+    path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
+    path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}")))
+    click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))

@@ -13,7 +13,8 @@ MultiRankLoggerError
  │    └── ReadOnlyViolation      a write statement sent through the read-only query path
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
- └── InvalidMetric               a logged value that is not a scalar
+ ├── InvalidMetric               a logged value that is not a scalar
+ └── MissingExtra                an optional dependency (an extra) is not installed
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 __all__ = [
     "InvalidMetric",
     "LookupFailed",
+    "MissingExtra",
     "MultiRankLoggerError",
     "NotADatabase",
     "QueryFailed",
@@ -138,4 +140,13 @@ class InvalidMetric(MultiRankLoggerError, ValueError):
         super().__init__(
             f"Metric {key!r} is a {shown}; loggers store one number per key. "
             "Log a scalar (a Python number or a one-element tensor), e.g. reduce it with .mean()."
+        )
+
+
+class MissingExtra(MultiRankLoggerError, ImportError):
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        self.package = package
+        super().__init__(
+            f"{feature} need {package}, which is not installed. "
+            f"Install it with: pip install 'multirank-logger[{extra}]' (or pip install {package})"
         )

@@ -1,0 +1,89 @@
+"""Plots of one key against step, per rank (matplotlib: the optional ``[plot]`` extra).
+
+Up to ``MAX_LINES`` ranks: one line per rank. More: the band of the ranks' range (min to max at
+each step) and their median, with the given outlier ranks drawn on top; outlier ranks are
+labelled either way. Figures are built with ``matplotlib.figure.Figure`` directly (no pyplot,
+no global backend state), so this works in any process, headless.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from typing import Any
+
+from multirank_logger.errors import MissingExtra
+
+__all__ = ["MAX_LINES", "SIZE_PX", "figure_png", "plot_key"]
+
+#: ranks drawn one line each; past this, a band with the outliers on top
+MAX_LINES = 8
+#: the image's size in pixels (width, height), at DPI dots per inch
+SIZE_PX = (960, 480)
+DPI = 100
+
+
+def _figure_class() -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MissingExtra("Plots", "matplotlib", "plot") from None
+    return Figure
+
+
+def plot_key(table: Any, key: str, outliers: Iterable[int] = (), title: str | None = None) -> Any:
+    """A figure of ``table`` (step x rank, as ``StoreReader.per_rank`` returns) against step.
+
+    Args:
+        table: one key per rank: index step, one column per rank.
+        key: the key's name (the y label).
+        outliers: ranks to draw on top and label (with many ranks, the only ranks drawn as lines).
+        title: the figure's title (default: the key).
+
+    Raises:
+        MissingExtra: when matplotlib is not installed.
+    """
+    import numpy as np
+
+    figure = _figure_class()(figsize=(SIZE_PX[0] / DPI, SIZE_PX[1] / DPI), dpi=DPI)
+    ax = figure.add_subplot()
+    steps = table.index.to_numpy()
+    outliers = [r for r in outliers if r in table.columns]
+    values = table.to_numpy(dtype=float, copy=True)
+    values[~np.isfinite(values)] = np.nan  # NaN/inf have no place on the axis: a gap
+    if len(table.columns) <= MAX_LINES:
+        for col, rank in enumerate(table.columns):
+            is_out = rank in outliers
+            ax.plot(steps, values[:, col], label=f"rank {rank}" + (" (outlier)" if is_out else ""),
+                    linewidth=2.2 if is_out else 1.2, zorder=3 if is_out else 2)  # fmt: skip
+    else:
+        others = [col for col, rank in enumerate(table.columns) if rank not in outliers]
+        with np.errstate(all="ignore"):
+            low, high = np.nanmin(values[:, others], axis=1), np.nanmax(values[:, others], axis=1)
+            middle = np.nanmedian(values[:, others], axis=1)
+        ax.fill_between(steps, low, high, color="tab:blue", alpha=0.25, label=f"range of {len(others)} ranks")
+        ax.plot(steps, middle, color="tab:blue", linewidth=1.2, label="their median")
+        for rank in outliers:
+            ax.plot(steps, values[:, list(table.columns).index(rank)], linewidth=2.2, label=f"rank {rank} (outlier)")
+    for line in ax.lines:  # label the outliers at their last point, not only in the legend
+        label = str(line.get_label())
+        if label.endswith("(outlier)"):
+            xs, ys = line.get_xdata(), line.get_ydata()
+            finite = np.flatnonzero(np.isfinite(ys))
+            if len(finite):
+                ax.annotate(label.removesuffix(" (outlier)"), (xs[finite[-1]], ys[finite[-1]]),
+                            xytext=(4, 0), textcoords="offset points", color=line.get_color(), fontweight="bold")  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(title or key)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def figure_png(figure: Any) -> bytes:
+    """The figure as PNG bytes, ``SIZE_PX`` pixels."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
