@@ -31,7 +31,9 @@ def _figure_class() -> Any:
     return Figure
 
 
-def plot_key(table: Any, key: str, outliers: Iterable[int] = (), title: str | None = None) -> Any:
+def plot_key(
+    table: Any, key: str, outliers: Iterable[int] = (), title: str | None = None, non_finite: dict[int, int] | None = None
+) -> Any:
     """A figure of ``table`` (step x rank, as ``StoreReader.per_rank`` returns) against step.
 
     Args:
@@ -39,6 +41,7 @@ def plot_key(table: Any, key: str, outliers: Iterable[int] = (), title: str | No
         key: the key's name (the y label).
         outliers: ranks to draw on top and label (with many ranks, the only ranks drawn as lines).
         title: the figure's title (default: the key).
+        non_finite: rank -> its first step with NaN/inf, marked with an x where its line ends.
 
     Raises:
         MissingExtra: when matplotlib is not installed.
@@ -73,6 +76,14 @@ def plot_key(table: Any, key: str, outliers: Iterable[int] = (), title: str | No
             if len(finite):
                 ax.annotate(label.removesuffix(" (outlier)"), (xs[finite[-1]], ys[finite[-1]]),
                             xytext=(4, 0), textcoords="offset points", color=line.get_color(), fontweight="bold")  # fmt: skip
+    for rank, step in (non_finite or {}).items():
+        before = table.index < step
+        ends = values[before, list(table.columns).index(rank)] if rank in table.columns else np.zeros(0)
+        finite = ends[np.isfinite(ends)]
+        y = finite[-1] if len(finite) else float(np.nanmedian(values)) if np.isfinite(values).any() else 0.0
+        ax.scatter([step], [y], marker="x", s=80, color="red", zorder=4)
+        ax.annotate(f"rank {rank}: NaN/inf from step {step}", (step, y), xytext=(6, -12), textcoords="offset points",
+                    color="red")  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel(key)
     ax.set_title(title or key)

@@ -109,7 +109,9 @@ def write_html(reader: Any, f: Findings, path: str | os.PathLike[str]) -> list[s
     figures = []
     for key in keys:
         outliers = sorted({o["rank"] for o in f.outliers if o["key"] == key})
-        png = figure_png(plot_key(reader.per_rank(key, f.run_id), key, outliers, title=f"{key} per rank"))
+        bad = {n["rank"]: n["first_step"] for n in f.non_finite if n["key"] == key}
+        table = reader.per_rank(key, f.run_id)
+        png = figure_png(plot_key(table, key, outliers, title=f"{key} per rank", non_finite=bad))
         figures.append(
             f'<figure><img alt="{html.escape(key)} per rank" src="data:image/png;base64,'
             f'{base64.b64encode(png).decode()}"></figure>'
