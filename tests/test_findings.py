@@ -1,0 +1,115 @@
+"""The robust departure test behind outlier ranks and stragglers, and the plots, on step x rank tables.
+
+The DDP runs in test_report_ddp.py check the whole report; here the detection meets many
+noisy runs (seeded), so a false alarm on the normal spread of shards would show.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from multirank_logger.findings import departures
+
+pytest.importorskip("matplotlib", reason="the plot tests need matplotlib (pip install -e '.[test]')")
+
+
+def _table(values: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame(values, index=pd.Index(np.arange(len(values)), name="step"), columns=range(values.shape[1]))
+
+
+def _noisy(seed: int, ranks: int, steps: int = 200) -> np.ndarray:
+    """A decaying loss per rank with each shard's own noise and a per-shard offset."""
+    rng = np.random.default_rng(seed)
+    trend = 2.0 * np.exp(-np.arange(steps) / 60)[:, None] + 0.3
+    return trend * (1 + 0.05 * rng.standard_normal(ranks)) + 0.2 * trend * rng.standard_normal((steps, ranks))
+
+
+@pytest.mark.parametrize("ranks", [3, 4, 8, 32])
+def test_no_departure_in_normal_shard_noise(ranks: int) -> None:
+    """50 seeded runs of noisy, decaying losses (each shard its own noise and offset): no finding."""
+    found = [(seed, departures(_table(_noisy(seed, ranks)))) for seed in range(50)]
+    assert [f for f in found if f[1]] == []
+
+
+@pytest.mark.parametrize("ranks", [3, 8, 32])
+def test_runaway_rank_found_from_its_first_step(ranks: int) -> None:
+    """One rank at 20x from step 120: found, from step 120, about 20x the median."""
+    values = _noisy(1, ranks)
+    values[120:, ranks - 1] *= 20
+    (item,) = departures(_table(values))
+    assert item["rank"] == ranks - 1 and item["first_step"] == 120 and item["last_step"] == 199
+    assert 10 < item["ratio"] < 30
+
+
+def test_small_persistent_shift_found() -> None:
+    """A rank shifted by several widths of the shards' noise from step 50 (less than its value) is found."""
+    values = _noisy(2, 8)
+    shifted = values.copy()
+    shifted[50:, 3] += 15 * 0.2 * 0.3 * 1.5  # well past the noise, a fraction of the value
+    assert [i["rank"] for i in departures(_table(shifted))] == [3]
+
+
+def test_spikes_are_not_persistent() -> None:
+    """Single-step spikes on one rank (every 10th step) are not a persistent departure."""
+    values = _noisy(3, 4)
+    values[::10, 2] *= 50
+    assert departures(_table(values)) == []
+
+
+def test_higher_only_ignores_faster_ranks() -> None:
+    """For timings, a rank far *below* the others (a fast rank) is no straggler."""
+    values = np.full((60, 4), 0.010) + 0.0005 * np.random.default_rng(0).standard_normal((60, 4))
+    values[:, 0] = 0.0001
+    assert departures(_table(values), higher_only=True) == []
+    assert [i["rank"] for i in departures(_table(values))] == [0]
+
+
+def test_two_ranks_and_identical_ranks_give_nothing() -> None:
+    """Fewer than 3 ranks at a step, or ranks equal at every step (synced values): no departure."""
+    assert departures(_table(_noisy(0, 2))) == []
+    assert departures(_table(np.tile(np.arange(100.0)[:, None], (1, 5)))) == []
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_one_line_per_rank() -> None:
+    """Up to MAX_LINES ranks: one line per rank, the outlier labelled; the PNG has SIZE_PX pixels."""
+    from multirank_logger.plots import SIZE_PX, figure_png, plot_key
+
+    figure = plot_key(_table(_noisy(0, 4)), "train_loss", outliers=[2])
+    (ax,) = figure.axes
+    assert [line.get_label() for line in ax.lines] == ["rank 0", "rank 1", "rank 2 (outlier)", "rank 3"]
+    assert [t.get_text() for t in ax.texts] == ["rank 2"]
+    assert _png_size(figure_png(figure)) == SIZE_PX
+
+
+def test_plot_many_ranks_as_a_band() -> None:
+    """Past MAX_LINES ranks: the others' range as a band and their median, the outliers drawn on top."""
+    from multirank_logger.plots import MAX_LINES, plot_key
+
+    figure = plot_key(_table(_noisy(0, MAX_LINES * 4)), "train_loss", outliers=[5, 17])
+    (ax,) = figure.axes
+    assert [line.get_label() for line in ax.lines] == ["their median", "rank 5 (outlier)", "rank 17 (outlier)"]
+    assert len(ax.collections) == 1 and "range of 30 ranks" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_missing_matplotlib_says_how_to_install() -> None:
+    """Without matplotlib, a plot fails with MissingExtra naming the extra to install."""
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "import pandas as pd\n"
+        "from multirank_logger.plots import plot_key\n"
+        "try:\n    plot_key(pd.DataFrame({0: [1.0]}), 'k')\n"
+        "except ImportError as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("MissingExtra Plots need matplotlib") and "pip install 'multirank-logger[plot]'" in out

@@ -1,0 +1,141 @@
+"""`multirank-logger report` on real 3-rank DDP runs over gloo on CPU, with StepTimer.
+
+One store, two launches of tests/report_train.py on the same model: `faulty` (rank 1's data
+loader sleeps 30 ms per batch, rank 2's train_loss is 20x from step 20, rank 2 logs NaN for
+weight_norm from step 25) and `clean` (nothing injected).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger import open_store
+from multirank_logger.cli import main
+from tests.logger_helpers import query, train_env
+
+pytestmark = pytest.mark.slow
+
+TRAIN = Path(__file__).with_name("report_train.py")
+STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report")
+    db = root / "runs.sqlite"
+    for name, extra in (("faulty", ["--faults"]), ("clean", [])):
+        cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), "--name", name,
+               "--steps", str(STEPS), *extra]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=root, env=train_env(), capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return db
+
+
+def test_step_timer_records_every_rank_and_step(db: Path) -> None:
+    """StepTimer stored one row per rank and step: the step's parts, the batch size, the RSS."""
+    rows = query(db, "SELECT rank, COUNT(DISTINCT step), MIN(forward_s), MIN(rest_s), MIN(batch_size), MAX(batch_size), "
+                     "MIN(rss), COUNT(data_s) FROM step_timing WHERE run_id = 1 GROUP BY rank ORDER BY rank")  # fmt: skip
+    assert [r[0] for r in rows] == [0, 1, 2]
+    for _, steps, forward, rest, bs_min, bs_max, rss, data in rows:
+        assert steps == STEPS and forward > 0 and rest > 0 and bs_min == bs_max == 8
+        assert rss > 50 * 2**20 and data == STEPS - 1  # the first batch has no previous one to wait from
+
+
+def test_report_names_the_faulty_ranks(db: Path) -> None:
+    """Rank 1 the data straggler, rank 2 the train_loss outlier from step 20, rank 2's first NaN at 25."""
+    with open_store(db) as reader:
+        found = reader.report(run="faulty")
+    assert [(s["rank"], s["phase"]) for s in found.stragglers] == [(1, "data")]
+    assert found.stragglers[0]["first_step"] <= 3 and 0.020 < found.stragglers[0]["excess_s"] < 0.060
+    assert [(o["rank"], o["key"]) for o in found.outliers] == [(2, "train_loss")]
+    assert 19 <= found.outliers[0]["first_step"] <= 21 and found.outliers[0]["last_step"] == STEPS - 1
+    assert found.outliers[0]["ratio"] > 5
+    assert [(n["rank"], n["key"], n["first_step"], n["nan"]) for n in found.non_finite] == [
+        (2, "weight_norm", 25, STEPS - 25)
+    ]
+    assert [r["status"] for r in found.ranks] == ["success"] * 3 and all(r["steps"] == STEPS for r in found.ranks)
+
+
+def test_clean_run_reports_nothing(db: Path) -> None:
+    """The same model with no fault injected: no straggler, no outlier, no NaN, no memory finding."""
+    with open_store(db) as reader:
+        found = reader.report(run="clean")
+    assert found.stragglers == [] and found.outliers == [] and found.non_finite == [] and found.memory == []
+    assert not found.problems and len(found.timing) == 3
+
+
+def test_report_json_lists(db: Path) -> None:
+    """--format json: top-level stragglers, outliers, non_finite, each item with rank (key, first_step)."""
+    result = CliRunner().invoke(main, ["report", str(db), "--run", "faulty", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert [s["rank"] for s in data["stragglers"]] == [1]
+    assert [(o["rank"], o["key"]) for o in data["outliers"]] == [(2, "train_loss")]
+    assert [(n["rank"], n["key"], n["first_step"]) for n in data["non_finite"]] == [(2, "weight_norm", 25)]
+
+
+def test_report_text(db: Path) -> None:
+    """The terminal report says which rank, from which step; the clean run says nothing stands out."""
+    result = CliRunner().invoke(main, ["report", str(db), "--run", "faulty"])
+    assert result.exit_code == 0, result.output
+    assert "rank 1: data" in result.output and "train_loss: rank 2 departs" in result.output
+    assert "weight_norm: rank 2 first at step 25" in result.output
+    clean = CliRunner().invoke(main, ["report", str(db), "--run", "clean"])
+    assert clean.exit_code == 0 and "Nothing stands out." in clean.output
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_command_writes_png(db: Path, tmp_path: Path) -> None:
+    """`plot DB KEY -o FILE`: a PNG of the documented size, naming the outlier rank."""
+    from multirank_logger.plots import SIZE_PX
+
+    out = tmp_path / "loss.png"
+    result = CliRunner().invoke(main, ["plot", str(db), "train_loss", "--run", "faulty", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "outlier ranks: 2" in result.output
+    assert _png_size(out.read_bytes()) == SIZE_PX
+
+
+def _browser() -> str | None:
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+def test_html_report_renders_in_headless_chromium(db: Path, tmp_path: Path) -> None:
+    """report -o FILE: one self-contained page (no http URL), rendered by a real headless Chromium
+    with its plots: the screenshot is not blank and holds the plots' coloured lines."""
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium); CI installs it (.ci/run)")
+    import numpy as np
+    from PIL import Image
+
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["report", str(db), "--run", "faulty", "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text and text.count("data:image/png;base64,") == 2
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
+         "--window-size=1100,1600", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shot.is_file(), proc.stderr[-3000:]
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1100, 1600)
+    pixels = np.asarray(image, dtype=np.int32)
+    dark = int((pixels.sum(axis=2) < 300).sum())  # text, axes
+    coloured = int((pixels.max(axis=2) - pixels.min(axis=2) > 80).sum())  # the ranks' lines
+    assert dark > 0.005 * 1100 * 1600 and coloured > 500, (dark, coloured)
