@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, TensorDataset
 
-from multirank_logger import MultiRankLogger
+from multirank_logger import MultiRankLogger, StepTimer
 from multirank_logger.errors import SchemaOutdated
 from multirank_logger.query import open_store
 from multirank_logger.store import Store
@@ -69,6 +69,7 @@ def main() -> None:
         max_epochs=1,
         log_every_n_steps=2,
         logger=logger,
+        callbacks=[StepTimer()],  # each rank's data wait, forward and the rest per step: the report's stragglers
         enable_progress_bar=False,
         enable_model_summary=False,
     )
@@ -83,6 +84,23 @@ def main() -> None:
         print(store.per_rank("train_loss", run=logger.run_id).to_string())
     print(f"\nCSVLogger's files for this run: {logger.log_dir}/metrics.csv, hparams.yaml")
     print(f'Query it yourself: multirank-logger sql {DB} "SELECT rank, step, value FROM metrics WHERE key = \'train_loss\'"')
+    _report(logger.run_id)
+
+
+def _report(run_id: int) -> None:
+    """This run's report (which rank is the problem), as report.html next to the store."""
+    from multirank_logger.errors import MissingExtra
+    from multirank_logger.report import write_html
+
+    page = DB.parent / "report.html"
+    with open_store(str(DB)) as store:
+        try:
+            write_html(store, store.report(run=run_id), page)
+        except MissingExtra as exc:  # the plots' extra: the terminal report still works
+            print(f"\nNo {page}: {exc}")
+        else:
+            print(f"\nThis run's report: {page.resolve()}")
+    print(f"In the terminal: multirank-logger report {DB} --run {run_id}")
 
 
 if __name__ == "__main__":
