@@ -284,7 +284,7 @@ def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
         if len({v for v in votes.values() if v is not None}) < 2:
             continue
         first = group.iloc[0]
-        decision = None if first["decision"] is None or first["decision"] != first["decision"] else bool(first["decision"])
+        decision = None if _float(first["decision"]) is None else bool(first["decision"])
         out.append(
             {"seq": int(seq), "step": int(first["step"]), "callback": first["callback"], "monitor": first["monitor"],
              "decision": decision, "votes": votes,

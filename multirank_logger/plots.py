@@ -32,7 +32,11 @@ def _figure_class() -> Any:
 
 
 def plot_key(
-    table: Any, key: str, outliers: Iterable[int] = (), title: str | None = None, non_finite: dict[int, int] | None = None
+    table: Any,
+    key: str,
+    outliers: Iterable[int] = (),
+    title: str | None = None,
+    non_finite: dict[int, int] | None = None,
 ) -> Any:
     """A figure of ``table`` (step x rank, as ``StoreReader.per_rank`` returns) against step.
 
@@ -74,8 +78,8 @@ def plot_key(
             xs, ys = line.get_xdata(), line.get_ydata()
             finite = np.flatnonzero(np.isfinite(ys))
             if len(finite):
-                ax.annotate(label.removesuffix(" (outlier)"), (xs[finite[-1]], ys[finite[-1]]),
-                            xytext=(4, 0), textcoords="offset points", color=line.get_color(), fontweight="bold")  # fmt: skip
+                ax.annotate(label.removesuffix(" (outlier)"), (xs[finite[-1]], ys[finite[-1]]), xytext=(4, 0),
+                            textcoords="offset points", color=line.get_color(), fontweight="bold")  # fmt: skip
     for rank, step in (non_finite or {}).items():
         before = table.index < step
         ends = values[before, list(table.columns).index(rank)] if rank in table.columns else np.zeros(0)

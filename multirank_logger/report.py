@@ -56,12 +56,14 @@ def _lines(f: Findings) -> list[tuple[str, list[str]]]:
         for o in f.outliers
     ]
     non_finite = [
-        f"{n['key']}: rank {n['rank']} first at step {n['first_step']}, {n['count']} values ({n['nan']} NaN, {n['inf']} inf)"
+        f"{n['key']}: rank {n['rank']} first at step {n['first_step']}, {n['count']} values "
+        f"({n['nan']} NaN, {n['inf']} inf)"
         for n in f.non_finite
     ]
     memory = [
         f"rank {m['rank']}: peak {m['measure']} {_num(m['peak_bytes'], 'B')}, other ranks' median "
-        f"{_num(m['others_median_bytes'], 'B')}" + (f", {m['alloc_retries']} allocator retries" if m["alloc_retries"] else "")
+        f"{_num(m['others_median_bytes'], 'B')}"
+        + (f", {m['alloc_retries']} allocator retries" if m["alloc_retries"] else "")
         for m in f.memory
     ]
     decisions = [
@@ -73,7 +75,8 @@ def _lines(f: Findings) -> list[tuple[str, list[str]]]:
     sections = [("Ranks", ranks), ("Step timing", timing), ("Stragglers", stragglers), ("Outlier ranks", outliers),
                 ("Non-finite values", non_finite), ("Memory", memory), ("Decisions the ranks disagreed on", decisions),
                 ("Warnings and errors", logs)]  # fmt: skip
-    return [(title, lines) for title, lines in sections if lines or title in ("Stragglers", "Outlier ranks", "Non-finite values")]
+    always = ("Stragglers", "Outlier ranks", "Non-finite values")  # "none" is an answer there
+    return [(title, lines) for title, lines in sections if lines or title in always]
 
 
 def findings_text(f: Findings) -> str:

@@ -18,7 +18,7 @@ On CUDA, forward and rest are the GPU's own times (CUDA events, read once they h
 completed, so no step ever waits for the GPU); data is the host's time. With them: peak
 allocated and reserved bytes since the previous step and the allocator's retries (one
 ``torch.cuda.memory_stats`` call), and everywhere the process's resident set (one read
-of ``/proc/self/statm``), and the batch size Lightning would infer.
+of ``/proc/self/statm``), and the batch size (the leading size of its first tensor).
 
 Example::
 
@@ -32,11 +32,11 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
 __all__ = ["StepTimer"]
@@ -188,9 +188,14 @@ def _cuda_memory(device: torch.device) -> dict[str, int]:
 
 
 def _batch_size(batch: Any) -> int | None:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "ambiguous collection": the first tensor's size is fine here
-            return int(extract_batch_size(batch))
-    except Exception:  # noqa: BLE001 - a batch with no tensor in it: no size to record
-        return None
+    """The leading size of the batch's first tensor, as Lightning infers a batch size (which
+    costs ~20 us a call through ``extract_batch_size``; this ~1 us)."""
+    while True:
+        if isinstance(batch, torch.Tensor):
+            return int(batch.shape[0]) if batch.ndim else 1
+        if isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        elif isinstance(batch, Mapping) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return None  # no tensor first in the batch: no size to record

@@ -41,8 +41,11 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_step_timer_records_every_rank_and_step(db: Path) -> None:
     """StepTimer stored one row per rank and step: the step's parts, the batch size, the RSS."""
-    rows = query(db, "SELECT rank, COUNT(DISTINCT step), MIN(forward_s), MIN(rest_s), MIN(batch_size), MAX(batch_size), "
-                     "MIN(rss), COUNT(data_s) FROM step_timing WHERE run_id = 1 GROUP BY rank ORDER BY rank")  # fmt: skip
+    rows = query(
+        db,
+        "SELECT rank, COUNT(DISTINCT step), MIN(forward_s), MIN(rest_s), MIN(batch_size), MAX(batch_size), "
+        "MIN(rss), COUNT(data_s) FROM step_timing WHERE run_id = 1 GROUP BY rank ORDER BY rank",
+    )
     assert [r[0] for r in rows] == [0, 1, 2]
     for _, steps, forward, rest, bs_min, bs_max, rss, data in rows:
         assert steps == STEPS and forward > 0 and rest > 0 and bs_min == bs_max == 8
