@@ -1,6 +1,6 @@
 """What StepTimer costs per training step: its hooks alone, and a whole fit with and without it.
 
-    .venv/bin/python benchmarks/step_timer_cost.py [--steps 1500] [--rounds 5]
+    .venv/bin/python benchmarks/step_timer_cost.py [--steps 1500] [--rounds 5] [--accelerator cuda]
 
 Two figures, one process on CPU (the callback's cost is per rank, whatever the world size):
 
@@ -10,6 +10,10 @@ Two figures, one process on CPU (the callback's cost is per rank, whatever the w
 - fit: the steady training loop (after step 50) of a small model logging 5 keys per step,
   with and without StepTimer, rounds interleaved (A B A B ...); the ratio of the medians,
   and the rounds' own spread without it, to tell a cost from noise.
+
+With ``--accelerator cuda`` the fits train on the GPU (StepTimer then times forward and rest with
+CUDA events and records the allocator's peaks and retries); the last timed fit's step_timing
+rows are summarized at the end either way, as a check of what was recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torch.utils.data import DataLoader, TensorDataset
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from multirank_logger import MultiRankLogger, StepTimer  # noqa: E402
+from multirank_logger import MultiRankLogger, StepTimer, open_store  # noqa: E402
 
 STEADY_FROM = 50
 
@@ -61,11 +65,11 @@ class _Steady(pl.Callback):
         self.seconds = time.perf_counter() - self.start
 
 
-def _fit(folder: Path, steps: int, timed: bool) -> float:
+def _fit(folder: Path, steps: int, timed: bool, accelerator: str = "cpu") -> float:
     data = TensorDataset(torch.randn(steps * 16, 32), torch.randn(steps * 16, 1))
     steady = _Steady()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, log_every_n_steps=1, enable_progress_bar=False,
+        accelerator=accelerator, devices=1, max_steps=steps, log_every_n_steps=1, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False,
         logger=MultiRankLogger(db=str(folder / "runs.sqlite"), save_dir=str(folder)),
         callbacks=[steady, StepTimer()] if timed else [steady],
@@ -99,6 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--accelerator", default="cpu")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -107,7 +112,14 @@ def main() -> None:
         times: dict[bool, list[float]] = {False: [], True: []}
         for r in range(args.rounds):
             for timed in (False, True):
-                times[timed].append(_fit(Path(tmp) / f"f{r}{int(timed)}", args.steps, timed))
+                times[timed].append(_fit(Path(tmp) / f"f{r}{int(timed)}", args.steps, timed, args.accelerator))
+        with open_store(str(Path(tmp) / f"f{args.rounds - 1}1" / "runs.sqlite")) as store:
+            recorded = store.sql(
+                "SELECT COUNT(*) AS rows, AVG(data_s) AS data_s, AVG(forward_s) AS forward_s, "
+                "AVG(rest_s) AS rest_s, MAX(batch_size) AS batch, MAX(mem_allocated_peak) AS alloc_peak, "
+                "MAX(mem_reserved_peak) AS reserved_peak, MAX(alloc_retries) AS retries, MAX(rss) AS rss "
+                "FROM step_timing"
+            )
     without, with_ = statistics.median(times[False]), statistics.median(times[True])
     spread = (max(times[False]) - min(times[False])) / without
     print(f"StepTimer hooks alone: {statistics.median(hooks):.1f} us/step (median of {args.rounds} rounds "
@@ -115,6 +127,7 @@ def main() -> None:
     print(f"steady fit, {args.steps} steps x {args.rounds} rounds: without {without * 1e3:.3f} ms/step, "
           f"with {with_ * 1e3:.3f} ms/step: ratio {with_ / without:.3f} "
           f"(the rounds without it spread {spread:.1%} of their median)")
+    print(f"step_timing of the last timed fit ({args.accelerator}):\n{recorded.to_string(index=False)}")
 
 
 if __name__ == "__main__":
