@@ -113,3 +113,68 @@ def test_missing_matplotlib_says_how_to_install() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("MissingExtra Plots need matplotlib") and "pip install 'multirank-logger[plot]'" in out
+
+
+@pytest.fixture
+def side_store(any_db):
+    """A real store (each backend) holding one 3-rank run: decisions the ranks split on, warnings
+    and an error, step timing where rank 0's RSS is twice the others', and metrics with a NaN,
+    an inf and a -inf."""
+    import time
+
+    import sqlalchemy as sa
+
+    from multirank_logger.schema import decisions, encode_value, logs, metrics, ranks, runs, step_timing
+    from multirank_logger.store import Store
+
+    now = time.time()
+    store = Store(any_db)
+    with store.begin() as conn:
+        conn.execute(sa.insert(runs), [{"id": 1, "name": "side", "version": 0, "status": "success", "world_size": 3,
+                                        "started_at": now}])  # fmt: skip
+        conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success",
+                                         "started_at": now, "ended_at": now + 5} for r in range(3)])  # fmt: skip
+        conn.execute(sa.insert(decisions), [
+            {"run_id": 1, "rank": r, "seq": seq, "step": 10 * (seq + 1), "callback": "ModelCheckpoint",
+             "monitor": "val_loss", "value": 1.0 + r, "vote": vote, "decision": False, "time": now}
+            for seq, votes in enumerate([(True, True, True), (True, False, False)]) for r, vote in enumerate(votes)
+        ])  # fmt: skip
+        conn.execute(sa.insert(logs), [
+            {"run_id": 1, "rank": r, "seq": s, "time": now + s, "level": level, "levelno": no, "logger": "train",
+             "message": msg}
+            for r in range(3) for s, (level, no, msg) in enumerate([("INFO", 20, "epoch done"),
+                                                                    ("WARNING", 30, "slow batch")])
+        ] + [{"run_id": 1, "rank": 2, "seq": 9, "time": now + 9, "level": "ERROR", "levelno": 40,
+              "logger": "train", "message": "CUDA error"}])  # fmt: skip
+        conn.execute(sa.insert(step_timing), [
+            {"run_id": 1, "rank": r, "seq": s, "step": s, "data_s": 0.001, "forward_s": 0.01, "rest_s": 0.01,
+             "batch_size": 8, "rss": (2 if r == 0 else 1) * 400 * 2**20, "time": now + s}
+            for r in range(3) for s in range(20)
+        ])  # fmt: skip
+        conn.execute(sa.insert(metrics), [
+            {"run_id": 1, "rank": r, "seq": s, "step": s, "key": key, "value": v, "dtype": dtype, "time": now}
+            for r in range(3) for s in range(20)
+            for key, x in (("loss", float("nan") if (r, s) in ((1, 7), (1, 9)) else 1.0),
+                           ("grad", float("inf") if (r, s) == (2, 3) else float("-inf") if (r, s) == (2, 5) else 0.5))
+            for v, dtype in [encode_value(x)]
+        ])  # fmt: skip
+    store.close()
+    return any_db
+
+
+def test_report_reads_decisions_logs_and_memory(side_store) -> None:
+    """From the side tables: the decision the ranks split on (and only it), warnings and errors
+    once per message with their ranks (the error first), rank 0's memory, NaN and +-inf per key and rank."""
+    from multirank_logger import open_store
+
+    with open_store(side_store) as reader:
+        found = reader.report()
+    assert [(d["step"], d["votes"], d["ranks"]) for d in found.decisions] == [(20, {0: True, 1: False, 2: False}, [0])]
+    assert [(m["level"], m["message"], m["ranks"], m["count"]) for m in found.log_messages] == [
+        ("ERROR", "CUDA error", [2], 1), ("WARNING", "slow batch", [0, 1, 2], 3)
+    ]
+    assert [(m["rank"], m["measure"], m["ratio"]) for m in found.memory] == [(0, "rss", 2.0)]
+    assert [(n["key"], n["rank"], n["first_step"], n["nan"], n["inf"]) for n in found.non_finite] == [
+        ("grad", 2, 3, 0, 2), ("loss", 1, 7, 2, 0)
+    ]
+    assert found.stragglers == [] and found.outliers == [] and found.problems
