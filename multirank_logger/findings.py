@@ -222,7 +222,7 @@ def _timing(timing: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     stragglers = []
     for phase in ("data_s", "forward_s"):
         # steps with gradient accumulation share a global_step: a step's time is their sum
-        table = timing.pivot_table(index="step", columns="rank", values=phase, aggfunc="sum")
+        table = timing.dropna(subset=[phase]).pivot_table(index="step", columns="rank", values=phase, aggfunc="sum")
         for item in departures(table, higher_only=True):
             share = item["excess"] / step_time if step_time > 0 else math.nan
             if not share >= STRAGGLER_MIN_SHARE:

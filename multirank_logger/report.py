@@ -109,16 +109,22 @@ def write_html(reader: Any, f: Findings, path: str | os.PathLike[str]) -> list[s
     from multirank_logger.plots import figure_png, plot_key
 
     keys = _plot_keys(reader, f)
-    figures = []
+    pngs = []
+    for phase in dict.fromkeys(s["phase"] for s in f.stragglers):  # where the stragglers lose their time
+        timing = reader.sql(f"SELECT step, rank, {phase}_s AS t FROM step_timing WHERE run_id = {f.run_id}")
+        table = timing.dropna().pivot_table(index="step", columns="rank", values="t", aggfunc="sum") * 1e3
+        slow = sorted({s["rank"] for s in f.stragglers if s["phase"] == phase})
+        figure = plot_key(table, f"{phase} (ms)", slow, f"{phase} (ms) per rank")
+        pngs.append((f"{phase} per rank", figure_png(figure)))
     for key in keys:
         outliers = sorted({o["rank"] for o in f.outliers if o["key"] == key})
         bad = {n["rank"]: n["first_step"] for n in f.non_finite if n["key"] == key}
         table = reader.per_rank(key, f.run_id)
-        png = figure_png(plot_key(table, key, outliers, title=f"{key} per rank", non_finite=bad))
-        figures.append(
-            f'<figure><img alt="{html.escape(key)} per rank" src="data:image/png;base64,'
-            f'{base64.b64encode(png).decode()}"></figure>'
-        )
+        pngs.append((f"{key} per rank", figure_png(plot_key(table, key, outliers, f"{key} per rank", non_finite=bad))))
+    figures = [
+        f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}"></figure>'
+        for alt, png in pngs
+    ]
     body = [f"<h1>Report for {html.escape(f.run)}</h1>",
             f"<p>run {f.run_id}, {f.world_size} ranks. "
             + ("Findings below." if f.problems else "Nothing stands out.") + "</p>"]  # fmt: skip

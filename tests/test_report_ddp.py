@@ -116,8 +116,9 @@ def _browser() -> str | None:
 
 
 def test_html_report_renders_in_headless_chromium(db: Path, tmp_path: Path) -> None:
-    """report -o FILE: one self-contained page (no http URL), rendered by a real headless Chromium
-    with its plots: the screenshot is not blank and holds the plots' coloured lines."""
+    """report -o FILE: one self-contained page (no http URL; plots of the straggler's data wait, the
+    outlier's key and the NaN's key), rendered by a real headless Chromium with its plots: the
+    screenshot is not blank and holds the plots' coloured lines."""
     browser = _browser()
     if browser is None:
         pytest.skip("no chromium on PATH (apt-get install chromium); CI installs it (.ci/run)")
@@ -128,17 +129,17 @@ def test_html_report_renders_in_headless_chromium(db: Path, tmp_path: Path) -> N
     result = CliRunner().invoke(main, ["report", str(db), "--run", "faulty", "-o", str(page)])
     assert result.exit_code == 0, result.output
     text = page.read_text()
-    assert "http://" not in text and "https://" not in text and text.count("data:image/png;base64,") == 2
+    assert "http://" not in text and "https://" not in text and text.count("data:image/png;base64,") == 3
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-         "--window-size=1100,1600", page.as_uri()],
+         "--window-size=1100,2400", page.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert shot.is_file(), proc.stderr[-3000:]
     image = Image.open(shot).convert("RGB")
-    assert image.size == (1100, 1600)
+    assert image.size == (1100, 2400)
     pixels = np.asarray(image, dtype=np.int32)
     dark = int((pixels.sum(axis=2) < 300).sum())  # text, axes
     coloured = int((pixels.max(axis=2) - pixels.min(axis=2) > 80).sum())  # the ranks' lines
-    assert dark > 0.005 * 1100 * 1600 and coloured > 500, (dark, coloured)
+    assert dark > 0.005 * 1100 * 2400 and coloured > 500, (dark, coloured)
