@@ -13,7 +13,8 @@ MultiRankLoggerError
  │    └── ReadOnlyViolation      a write statement sent through the read-only query path
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
- └── InvalidMetric               a logged value that is not a scalar
+ ├── InvalidMetric               a logged value that is not a scalar
+ └── NoMultiRankLogger           DecisionAudit in a Trainer that logs to no MultiRankLogger
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "InvalidMetric",
     "LookupFailed",
     "MultiRankLoggerError",
+    "NoMultiRankLogger",
     "NotADatabase",
     "QueryFailed",
     "ReadOnlyViolation",
@@ -138,4 +140,13 @@ class InvalidMetric(MultiRankLoggerError, ValueError):
         super().__init__(
             f"Metric {key!r} is a {shown}; loggers store one number per key. "
             "Log a scalar (a Python number or a one-element tensor), e.g. reduce it with .mean()."
+        )
+
+
+class NoMultiRankLogger(MultiRankLoggerError):
+    def __init__(self, loggers: Iterable[str]) -> None:
+        found = ", ".join(loggers) or "none"
+        super().__init__(
+            f"DecisionAudit records into the Trainer's MultiRankLogger, and this Trainer has none (loggers: {found}). "
+            "Add one: Trainer(logger=MultiRankLogger(db=...), callbacks=[..., DecisionAudit()])."
         )

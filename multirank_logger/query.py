@@ -33,6 +33,7 @@ from multirank_logger.csv_format import LongRows, in_call_order, row_columns, to
 from multirank_logger.errors import LookupFailed
 from multirank_logger.readonly_sql import run_readonly
 from multirank_logger.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics, ranks, runs
+from multirank_logger.side_query import SideTablesReader
 from multirank_logger.store import Store, retry_while_locked
 
 __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
@@ -101,7 +102,7 @@ class RunRef:
         return f"{self.name}/version_{self.version}"
 
 
-class StoreReader:
+class StoreReader(SideTablesReader):
     """Read-only views of one store, as pandas DataFrames.
 
     ``run`` arguments take a run id (``3``, ``"3"``), a label (``"lightning_logs/version_3"``,
