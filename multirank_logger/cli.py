@@ -245,3 +245,66 @@ def sql_cmd(db_path: str, query: str, fmt: str) -> None:
         click.echo("(no result)")
     else:
         click.echo(_frame_text(df, index=False))
+
+
+# -- decisions and logs: the side tables (side_query.py) -------------------------------------
+
+from multirank_logger.side_query import disagreements, format_ranks, group_alike  # noqa: E402
+
+_DECIDED = {"ModelCheckpoint": ("saved", "not saved"), "EarlyStopping": ("stop", "continue")}
+
+
+@main.command("decisions")
+@click.argument("db_path", metavar="DB")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@_friendly_errors
+def decisions_cmd(db_path: str, run: str | None) -> None:
+    """Checkpoint and early-stopping decisions (DecisionAudit) with every rank's value and vote."""
+    with open_store(db_path) as reader:
+        ref = reader.resolve_run(run)
+        df = reader.decisions(ref.id)
+    if df.empty:
+        click.echo(f"No decisions in {ref.label}: add multirank_logger.DecisionAudit() to the Trainer's callbacks.")
+        return
+    split = set(disagreements(df))
+    rows = []
+    for seq, d in df.groupby("seq", sort=True):
+        first = d.iloc[0]
+        done, not_done = _DECIDED.get(first["callback"], ("yes", "no"))
+        row = {"": "!" if seq in split else "", "step": first["step"], "epoch": first["epoch"],
+               "callback": f"{first['callback']}({first['monitor']}, {first['mode']})",
+               "decision": done if first["decision"] else not_done}  # fmt: skip
+        for r in d.itertuples():
+            row[f"rank {r.rank}"] = f"{r.value:g} {'yes' if r.vote else 'no'}"
+        row["best"] = f"{first['best']:g}" if first["best"] == first["best"] else "-"
+        row["path"] = first["path"] or ""
+        rows.append(row)
+    import pandas as pd
+
+    click.echo(f"{ref.label} (run {ref.id}): {len(rows)} decisions, {len(split)} where the ranks voted differently (!)")
+    click.echo(_frame_text(pd.DataFrame(rows).fillna("-"), index=False))
+    click.echo("rank K: that rank's own value and vote (yes: it alone would save / stop); best and path: rank 0's.")
+
+
+@main.command("logs")
+@click.argument("db_path", metavar="DB")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@click.option("--rank", type=int, default=None, help="Only this rank's records.")
+@click.option("--level", default=None, help="Only records at or above this level (INFO, WARNING...).")
+@_friendly_errors
+def logs_cmd(db_path: str, run: str | None, rank: int | None, level: str | None) -> None:
+    """Every rank's log records and warnings; one logged alike by several ranks is printed once."""
+    with open_store(db_path) as reader:
+        ref = reader.resolve_run(run)
+        try:
+            records = reader.logs(ref.id, rank=rank, level=level)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--level") from exc
+    if records.empty:
+        click.echo(f"No log records in {ref.label} for this selection (capture_logs=False, or nothing logged).")
+        return
+    import datetime
+
+    for g in group_alike(records).itertuples():
+        when = datetime.datetime.fromtimestamp(g.time, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        click.echo(f"{when} {g.level:<8} [{format_ranks(g.ranks)}] {g.logger}: {g.message}")
