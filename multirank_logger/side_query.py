@@ -118,7 +118,7 @@ def group_alike(records: Any) -> Any:
 
 def format_ranks(ranks: Iterable[int]) -> str:
     """``[0, 1, 2, 3, 5]`` as ``"ranks 0-3,5"``; one rank as ``"rank 2"``."""
-    ordered = sorted(set(int(r) for r in ranks))
+    ordered = sorted({int(r) for r in ranks})
     if len(ordered) == 1:
         return f"rank {ordered[0]}"
     spans: list[str] = []

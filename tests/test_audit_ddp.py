@@ -56,7 +56,9 @@ def test_refused_checkpoint_shows_each_ranks_vote(launch: dict) -> None:
         0: (3.0, True, False),
         1: (4.5, False, False),
     }
-    assert all(pd.isna(row["path"]) and row["monitor"] == "val_score" and row["mode"] == "min" for row in epoch2.values())
+    assert all(
+        pd.isna(row["path"]) and row["monitor"] == "val_score" and row["mode"] == "min" for row in epoch2.values()
+    )
     assert {r: row["best"] for r, row in epoch2.items()} == {0: 4.0, 1: 4.0}  # each rank's best is still epoch 1's
 
 

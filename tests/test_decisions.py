@@ -47,7 +47,9 @@ def test_single_process_decisions_and_wrappers_removed(tmp_path: Path) -> None:
     db = tmp_path / "runs.sqlite"
     checkpoint = ModelCheckpoint(monitor="score", mode="min", save_top_k=1)
     stopping = EarlyStopping(monitor="score", mode="min", patience=5)
-    trainer = _trainer(tmp_path, MultiRankLogger(db=str(db), save_dir=str(tmp_path)), checkpoint, stopping, DecisionAudit())
+    trainer = _trainer(
+        tmp_path, MultiRankLogger(db=str(db), save_dir=str(tmp_path)), checkpoint, stopping, DecisionAudit()
+    )
     trainer.fit(_Model())
     with open_store(db) as reader:
         df = reader.decisions()
@@ -86,7 +88,10 @@ def test_run_without_side_rows_reads_empty(tmp_path: Path) -> None:
         "No decisions in lightning_logs/version_0: add multirank_logger.DecisionAudit() to the Trainer's callbacks.\n"
     )
     result = CliRunner().invoke(cli, ["logs", str(db)])
-    assert result.output == "No log records in lightning_logs/version_0 for this selection (capture_logs=False, or nothing logged).\n"
+    assert (
+        result.output
+        == "No log records in lightning_logs/version_0 for this selection (capture_logs=False, or nothing logged).\n"
+    )
 
 
 def test_group_alike_pairs_the_nth_repeat_of_each_rank() -> None:
@@ -98,8 +103,13 @@ def test_group_alike_pairs_the_nth_repeat_of_each_rank() -> None:
     df = pd.DataFrame(rows, columns=["rank", "time", "level", "levelno", "logger", "message"])
     grouped = group_alike(df)
     assert [(g.message, g.ranks, g.time) for g in grouped.itertuples()] == [
-        ("hi", [0, 1, 2], 1.0), ("hi", [0, 2], 2.0), ("own", [1], 3.0)
+        ("hi", [0, 1, 2], 1.0),
+        ("hi", [0, 2], 2.0),
+        ("own", [1], 3.0),
     ]
     assert [format_ranks(g) for g in ([0, 1, 2, 3, 4, 5, 6, 7], [0, 2], [1, 2, 3, 6], [4])] == [
-        "ranks 0-7", "ranks 0,2", "ranks 1-3,6", "rank 4"
+        "ranks 0-7",
+        "ranks 0,2",
+        "ranks 1-3,6",
+        "rank 4",
     ]

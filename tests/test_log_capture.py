@@ -29,7 +29,7 @@ def _stored(db: Path) -> list[tuple[str, str, str]]:
 
 def _logger(tmp_path: Path, **kwargs) -> MultiRankLogger:
     logger = MultiRankLogger(db=str(tmp_path / "runs.sqlite"), save_dir=str(tmp_path), flush_interval=0.1, **kwargs)
-    logger.experiment  # what Lightning does at setup: the run and its sink
+    _ = logger.experiment  # what Lightning does at setup: the run and its sink
     return logger
 
 
@@ -170,7 +170,7 @@ def test_console_on_rank_1_hides_info_and_tags_warnings(console_logger, capsys, 
     assert "banner" not in err
     assert "[rank 1] WARNING console_test: careful\n" in err and "[rank 1] ERROR console_test: broken\n" in err
     assert ": UserWarning: a warning" in err and err.count("[rank 1] ") == 3
-    assert [line for line in err.splitlines() if "UserWarning" in line][0].startswith(f"[rank 1] {__file__}:")
+    assert next(line for line in err.splitlines() if "UserWarning" in line).startswith(f"[rank 1] {__file__}:")
     _print_all(named)  # removed: as before
     err = capsys.readouterr().err
     assert "INFO console_test: banner" in err and "[rank" not in err

@@ -39,14 +39,16 @@ def _case_sizes(rank: int, world: int) -> list[dict[str, Any]]:
         x = _rows(rank, sizes[rank])
         out = all_gather(x)
         torch.cat(out).sum().backward()
-        seen.append({
-            "sizes": sizes,
-            "shapes": [list(t.shape) for t in out],
-            "values_ok": all(torch.equal(t, _rows(r, sizes[r]).detach()) for r, t in enumerate(out)),
-            "own_is_input": out[rank] is x,
-            "others_have_graph": any(t.requires_grad for r, t in enumerate(out) if r != rank),
-            "grad": x.grad.tolist(),
-        })
+        seen.append(
+            {
+                "sizes": sizes,
+                "shapes": [list(t.shape) for t in out],
+                "values_ok": all(torch.equal(t, _rows(r, sizes[r]).detach()) for r, t in enumerate(out)),
+                "own_is_input": out[rank] is x,
+                "others_have_graph": any(t.requires_grad for r, t in enumerate(out) if r != rank),
+                "grad": x.grad.tolist(),
+            }
+        )
     return seen
 
 
@@ -153,7 +155,7 @@ def gathered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_uneven_first_dimension_sizes_zero_one_several(gathered: tuple[int, list]) -> None:
     """Every rank gets every rank's rows with that rank's own size (0, 1, 4), values intact."""
-    world, seen = gathered
+    _world, seen = gathered
     for rank, s in enumerate(seen):
         for case in s["sizes"]:
             assert case["shapes"] == [[n, 2] for n in case["sizes"]], (rank, case)
@@ -162,7 +164,7 @@ def test_uneven_first_dimension_sizes_zero_one_several(gathered: tuple[int, list
 
 def test_backward_reaches_own_slice_only(gathered: tuple[int, list]) -> None:
     """The own entry is the input itself: a sum of everything gives it ones; others carry no graph."""
-    world, seen = gathered
+    _world, seen = gathered
     for rank, s in enumerate(seen):
         for case in s["sizes"]:
             assert case["own_is_input"] and not case["others_have_graph"], (rank, case)
@@ -204,7 +206,9 @@ def test_dtype_or_ndim_mismatch_is_a_clear_error_on_every_rank(gathered: tuple[i
             f"all_gather: the ranks passed different dtypes (rank 0: float32, {others}). "
             "Cast the tensor to one dtype on every rank."
         )
-        assert e["ndim"].startswith("all_gather: the ranks passed tensors with different numbers of dimensions (rank 0: 1, rank 1: 2")
+        assert e["ndim"].startswith(
+            "all_gather: the ranks passed tensors with different numbers of dimensions (rank 0: 1, rank 1: 2"
+        )
         assert e["after"] == str([[r] for r in range(world)])
 
 
