@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing as mp
 import os
 import traceback
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from multirank_logger.tensor_gather import GatherMismatch, all_gather
-from tests.conftest import free_port
+from tests.conftest import spawn_ranks
 
 pytestmark = pytest.mark.timeout(180)
 _JOIN_S = 120
@@ -129,18 +128,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def _run(world: int, tmp_path: Path) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(tmp_path))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(_JOIN_S)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    assert [p.exitcode for p in procs] == [0] * world
+    assert spawn_ranks(_rank_main, world, str(tmp_path), join_s=_JOIN_S) == [0] * world
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for r, s in enumerate(seen):
         assert "crash" not in s, f"rank {r}:\n{s['crash']}"
