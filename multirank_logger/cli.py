@@ -266,6 +266,8 @@ def decisions_cmd(db_path: str, run: str | None) -> None:
     if df.empty:
         click.echo(f"No decisions in {ref.label}: add multirank_logger.DecisionAudit() to the Trainer's callbacks.")
         return
+    import pandas as pd
+
     split = set(disagreements(df))
     rows = []
     for seq, d in df.groupby("seq", sort=True):
@@ -274,13 +276,11 @@ def decisions_cmd(db_path: str, run: str | None) -> None:
         row = {"": "!" if seq in split else "", "step": first["step"], "epoch": first["epoch"],
                "callback": f"{first['callback']}({first['monitor']}, {first['mode']})",
                "decision": done if first["decision"] else not_done}  # fmt: skip
-        for r in d.itertuples():
-            row[f"rank {r.rank}"] = f"{r.value:g} {'yes' if r.vote else 'no'}"
+        for r in d.itertuples():  # a vote is NULL only in rows written by hand
+            row[f"rank {r.rank}"] = f"{r.value:g} {'-' if pd.isna(r.vote) else 'yes' if r.vote else 'no'}"
         row["best"] = f"{first['best']:g}" if first["best"] == first["best"] else "-"
         row["path"] = first["path"] or ""
         rows.append(row)
-    import pandas as pd
-
     click.echo(f"{ref.label} (run {ref.id}): {len(rows)} decisions, {len(split)} where the ranks voted differently (!)")
     click.echo(_frame_text(pd.DataFrame(rows).fillna("-"), index=False))
     click.echo("rank K: that rank's own value and vote (yes: it alone would save / stop); best and path: rank 0's.")
