@@ -290,3 +290,64 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
     path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}")))
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
+# -- decisions and logs: the side tables (side_query.py) -------------------------------------
+
+from multirank_logger.side_query import disagreements, format_ranks, group_alike  # noqa: E402
+
+_DECIDED = {"ModelCheckpoint": ("saved", "not saved"), "EarlyStopping": ("stop", "continue")}
+
+
+@main.command("decisions")
+@click.argument("db_path", metavar="DB")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@_friendly_errors
+def decisions_cmd(db_path: str, run: str | None) -> None:
+    """Checkpoint and early-stopping decisions (DecisionAudit) with every rank's value and vote."""
+    with open_store(db_path) as reader:
+        ref = reader.resolve_run(run)
+        df = reader.decisions(ref.id)
+    if df.empty:
+        click.echo(f"No decisions in {ref.label}: add multirank_logger.DecisionAudit() to the Trainer's callbacks.")
+        return
+    import pandas as pd
+
+    split = set(disagreements(df))
+    rows = []
+    for seq, d in df.groupby("seq", sort=True):
+        first = d.iloc[0]
+        done, not_done = _DECIDED.get(first["callback"], ("yes", "no"))
+        row = {"": "!" if seq in split else "", "step": first["step"], "epoch": first["epoch"],
+               "callback": f"{first['callback']}({first['monitor']}, {first['mode']})",
+               "decision": done if first["decision"] else not_done}  # fmt: skip
+        for r in d.itertuples():  # a vote is NULL only in rows written by hand
+            row[f"rank {r.rank}"] = f"{r.value:g} {'-' if pd.isna(r.vote) else 'yes' if r.vote else 'no'}"
+        row["best"] = f"{first['best']:g}" if first["best"] == first["best"] else "-"
+        row["path"] = first["path"] or ""
+        rows.append(row)
+    click.echo(f"{ref.label} (run {ref.id}): {len(rows)} decisions, {len(split)} where the ranks voted differently (!)")
+    click.echo(_frame_text(pd.DataFrame(rows).fillna("-"), index=False))
+    click.echo("rank K: that rank's own value and vote (yes: it alone would save / stop); best and path: rank 0's.")
+
+
+@main.command("logs")
+@click.argument("db_path", metavar="DB")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@click.option("--rank", type=int, default=None, help="Only this rank's records.")
+@click.option("--level", default=None, help="Only records at or above this level (INFO, WARNING...).")
+@_friendly_errors
+def logs_cmd(db_path: str, run: str | None, rank: int | None, level: str | None) -> None:
+    """Every rank's log records and warnings; one logged alike by several ranks is printed once."""
+    with open_store(db_path) as reader:
+        ref = reader.resolve_run(run)
+        try:
+            records = reader.logs(ref.id, rank=rank, level=level)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--level") from exc
+    if records.empty:
+        click.echo(f"No log records in {ref.label} for this selection (capture_logs=False, or nothing logged).")
+        return
+    import datetime
+
+    for g in group_alike(records).itertuples():
+        when = datetime.datetime.fromtimestamp(g.time, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        click.echo(f"{when} {g.level:<8} [{format_ranks(g.ranks)}] {g.logger}: {g.message}")

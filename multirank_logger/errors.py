@@ -14,7 +14,8 @@ MultiRankLoggerError
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
  ├── InvalidMetric               a logged value that is not a scalar
- └── MissingExtra                an optional dependency (an extra) is not installed
+ ├── MissingExtra                an optional dependency (an extra) is not installed
+ └── NoMultiRankLogger           DecisionAudit in a Trainer that logs to no MultiRankLogger
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "LookupFailed",
     "MissingExtra",
     "MultiRankLoggerError",
+    "NoMultiRankLogger",
     "NotADatabase",
     "QueryFailed",
     "ReadOnlyViolation",
@@ -149,4 +151,10 @@ class MissingExtra(MultiRankLoggerError, ImportError):
         super().__init__(
             f"{feature} need {package}, which is not installed. "
             f"Install it with: pip install 'multirank-logger[{extra}]' (or pip install {package})"
+class NoMultiRankLogger(MultiRankLoggerError):
+    def __init__(self, loggers: Iterable[str]) -> None:
+        found = ", ".join(loggers) or "none"
+        super().__init__(
+            f"DecisionAudit records into the Trainer's MultiRankLogger, and this Trainer has none (loggers: {found}). "
+            "Add one: Trainer(logger=MultiRankLogger(db=...), callbacks=[..., DecisionAudit()])."
         )

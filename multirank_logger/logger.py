@@ -32,6 +32,7 @@ from multirank_logger.buffer import RecordBuffer
 from multirank_logger.side_records import SideRecords
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
+from multirank_logger.log_capture import LogCapture, capture_level
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
 from multirank_logger.query import StoreReader
 from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
@@ -79,6 +80,11 @@ class MultiRankLogger(Logger):
         spill_dir: where a rank that cannot deliver its rows to rank 0 (gather transport, rank 0
             gone) writes them, for ``multirank-logger import``; defaults to the db file's
             directory (the working directory for a server URL), as seen by that rank.
+        capture_logs: keep every rank's `logging` records at or above this level (a name or
+            number; ``True`` is INFO) and its `warnings` in the store's ``logs`` table, from
+            construction to `finalize`; ``False`` or ``None`` keeps none. On by default: a
+            record costs an append in memory, off the metrics path, and the console shows
+            what it showed before (see log_capture.py).
 
     Raises:
         StoreError: when the store cannot be written (checked at construction).
@@ -109,6 +115,7 @@ class MultiRankLogger(Logger):
         export_csv: bool = True,
         timeout: float = 60.0,
         spill_dir: str | os.PathLike[str] | None = None,
+        capture_logs: bool | int | str | None = "INFO",
     ) -> None:
         super().__init__()
         if transport not in TRANSPORTS:
@@ -137,9 +144,11 @@ class MultiRankLogger(Logger):
         self._hparams_logged = False
         self._phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
         self._finalized = False  # ever: a run never finalized is ended at exit after a crash
+        self._capture_level = capture_level(capture_logs)
         self._init_runtime()
         self._check_store()
         self._writer.start()  # `_live` stays False: the first log call puts our SIGTERM hook on top
+        self._capture_logs(True)
 
     def _init_runtime(self) -> None:
         """State that lives in one process only (rebuilt after unpickling)."""
@@ -157,13 +166,15 @@ class MultiRankLogger(Logger):
         self._writer = BackgroundWriter(
             self._buffer, self._target, flush_interval=self._flush_interval, flush_every=self._flush_every, side=self._side
         )
+        # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
+        self._capture = None if self._capture_level is None else LogCapture(self._side.add, self._capture_level)
         _LIVE.add(self)
 
     # -- pickling (ddp_spawn) ---------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill"):
+        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill", "_capture"):
             del state[key]  # engines, threads and sockets stay in this process
         state["_published"] = False  # the new process's rank 0 publishes into its own launch
         return state
@@ -222,6 +233,7 @@ class MultiRankLogger(Logger):
         self._setup_sink()
         if not self._writer.running:
             self._writer.start()
+        self._capture_logs(True)  # again for a later phase (fit, then test), and in ddp_spawn workers
         assert self._identity is not None
         return self._identity
 
@@ -276,6 +288,7 @@ class MultiRankLogger(Logger):
         Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
         """
         self._finalized = True
+        self._capture_logs(False)  # what it kept is flushed below
         status = final_status(status)
         timeout = self._timeout if status == "success" else min(self._timeout, _FAILED_TIMEOUT)
         if self._buffer.calls_pending and self._sink is None:
@@ -472,6 +485,10 @@ class MultiRankLogger(Logger):
         # preemption flushes before Lightning's handler runs its broadcast
         outermost_sigterm()
         self._live = True
+
+    def _capture_logs(self, on: bool) -> None:
+        if self._capture is not None:
+            self._capture.install() if on else self._capture.remove()
 
     def _safely(self, fn: Callable[[], T], what: str = "finishing the run") -> T | None:
         # finalize must not raise over Lightning's own error (or turn a success into a crash)

@@ -34,6 +34,7 @@ from multirank_logger.errors import LookupFailed
 from multirank_logger.findings import FindingsMixin
 from multirank_logger.readonly_sql import run_readonly
 from multirank_logger.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics, ranks, runs
+from multirank_logger.side_query import SideTablesReader
 from multirank_logger.store import Store, retry_while_locked
 
 __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
@@ -102,7 +103,7 @@ class RunRef:
         return f"{self.name}/version_{self.version}"
 
 
-class StoreReader(FindingsMixin):  # report(run=...): the run's findings (findings.py)
+class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_query.py), report (findings.py)
     """Read-only views of one store, as pandas DataFrames.
 
     ``run`` arguments take a run id (``3``, ``"3"``), a label (``"lightning_logs/version_3"``,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,8 +18,8 @@ BACKEND_SUFFIXES = {"sqlite": ".sqlite", "duckdb": ".duckdb"}
 #: A test elsewhere that launches processes says so itself with @pytest.mark.slow.
 SLOW_MODULES = frozenset(
     {
-        "test_benchmarks_smoke", "test_demo", "test_launchers", "test_logger_cli_launch", "test_logger_ddp",
-        "test_logger_many_ranks", "test_logger_signals", "test_shared_nothing",
+        "test_audit_ddp", "test_benchmarks_smoke", "test_demo", "test_launchers", "test_logger_cli_launch",
+        "test_logger_ddp", "test_logger_many_ranks", "test_logger_signals", "test_shared_nothing", "test_tensor_gather",
     }
 )
 
@@ -49,6 +52,23 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+def spawn_ranks(target: Callable[..., None], world_size: int, *args: Any, join_s: float = 90) -> list[int]:
+    """Run `target(rank, world_size, port, *args)` in `world_size` spawned processes (a free
+    port for their gloo rendezvous); each gets `join_s` to end, then is killed. Their exit codes."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world_size, port, *args)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(join_s)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    return [p.exitcode for p in procs]
 
 
 @pytest.fixture(scope="session")

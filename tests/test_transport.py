@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -23,10 +22,9 @@ from multirank_logger.transport import (
     RowChannel,
 )
 from multirank_logger.wire import decode_batch, decode_table, encode_batch
-from tests.conftest import free_port
+from tests.conftest import free_port, spawn_ranks
 
 pytestmark = pytest.mark.timeout(120)
-_JOIN_S = 90
 
 
 def _batch(rank: int, calls: int, first_seq: int = 0, keys: tuple[str, ...] = ("loss", "acc")) -> MetricBatch:
@@ -185,25 +183,10 @@ def _test_ranks_ship_to_rank0(rank: int, world_size: int, port: int, out: str) -
     dist.destroy_process_group()
 
 
-def _run_ranks(target, world_size: int, *args) -> list[int]:
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world_size, port, *args)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(_JOIN_S)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    return [p.exitcode for p in procs]
-
-
 def test_gloo_ranks_ship_rows_to_rank0_in_order(tmp_path: Path) -> None:
     """3 gloo ranks: rank 1's small and chunked big batches arrive whole and in order; silent rank 2 finishes."""
     out = tmp_path / "rank0.json"
-    assert _run_ranks(_test_ranks_ship_to_rank0, 3, str(out)) == [0, 0, 0]
+    assert spawn_ranks(_test_ranks_ship_to_rank0, 3, str(out)) == [0, 0, 0]
     result = json.loads(out.read_text())
     expected = [s for s in range(150) for _ in "ab"] + [s for s in range(150, 150 + CHUNK_ROWS) for _ in "abc"]
     assert result["got"]["1"] == expected
@@ -246,7 +229,7 @@ def _test_rank0_dies(rank: int, world_size: int, port: int, out: str) -> None:
 def test_send_fails_fast_when_rank0_is_gone(tmp_path: Path) -> None:
     """SIGKILL rank 0 (and its TCPStore): the sender's next sends fail and hand back every unacknowledged row."""
     out = tmp_path / "rank1.json"
-    codes = _run_ranks(_test_rank0_dies, 2, str(out))
+    codes = spawn_ranks(_test_rank0_dies, 2, str(out))
     assert codes == [-signal.SIGKILL, 0]
     result = json.loads(out.read_text())
     assert result["failed_after_s"] is not None
