@@ -151,6 +151,9 @@ class MissingExtra(MultiRankLoggerError, ImportError):
         super().__init__(
             f"{feature} need {package}, which is not installed. "
             f"Install it with: pip install 'multirank-logger[{extra}]' (or pip install {package})"
+        )
+
+
 class NoMultiRankLogger(MultiRankLoggerError):
     def __init__(self, loggers: Iterable[str]) -> None:
         found = ", ".join(loggers) or "none"
