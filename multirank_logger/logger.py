@@ -39,6 +39,7 @@ from multirank_logger.side_records import SideRecords
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.spill import SpillWriter
 from multirank_logger.store import Store, _check_writable, retry_while_locked
+from multirank_logger.torch_floor import require_store_queues
 from multirank_logger.transport import RowChannel
 from multirank_logger.writer import BackgroundWriter
 
@@ -112,6 +113,7 @@ class MultiRankLogger(Logger):
         spill_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
+        require_store_queues()  # a clear error now, not an AttributeError in the writer thread
         if transport not in TRANSPORTS:
             raise InvalidTransport(transport)
         if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
