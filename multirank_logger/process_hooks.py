@@ -13,8 +13,9 @@ SIGTERM (a scheduler's preemption) goes through two doors:
 - our Python handler (`_on_sigterm`), outermost on the main thread: it does no I/O. It
   wakes the watcher (when the wakeup fd is not ours), waits a bounded time for the
   watcher's flush, then chains to the handler that was there before it, once per process.
-  It never waits while the main thread is inside a logger's set-up (`guard_setup`): the
-  flush would need the set-up's lock, which the interrupted frame holds.
+  It waits only a moment while the main thread is inside a logger's set-up (`guard_setup`):
+  the flush may need the set-up's lock, which the interrupted frame holds, so the handler
+  must return for the set-up to finish; it never runs set-up code itself (no re-entry).
 
 Lightning's SIGTERM handler broadcasts from inside the signal handler. When every process
 of a job is signalled (a scheduler's ``kill -TERM -PGID``), each rank's handler runs at
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 EXIT_FLUSH_TIMEOUT = 20.0
 #: how long the SIGTERM handler waits for the watcher's flush before chaining anyway
 HANDLER_WAIT_S = 30.0
+#: the same while the interrupted frame is inside a set-up (the flush may need its lock)
+SETUP_WAIT_S = 1.0
 #: seconds between a writer's cycles once SIGTERM arrived
 _HURRY_INTERVAL = 0.1
 
@@ -256,8 +259,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         return
     _state.chained = True
     _wake_watcher()
-    if _WRITERS and not _setup_in_progress():
-        _state.flushed.wait(HANDLER_WAIT_S)
+    if _WRITERS:
+        _state.flushed.wait(SETUP_WAIT_S if _setup_in_progress() else HANDLER_WAIT_S)
     _chain(_state.previous, signum, frame)
 
 
