@@ -323,7 +323,9 @@ def _reset_in_child() -> None:
     global _state
     old = _state
     _state = _State()
+    _state.atexit_registered = old.atexit_registered  # atexit callbacks survive a fork
     _WRITERS.clear()  # the parent's: flushing them here would write the parent's rows twice
+    _SETUP_LOCKS.clear()  # the parent's, possibly held forever; the child's loggers register anew
     sigterm_received.clear()
     if old.wakeup_fd_ours and threading.current_thread() is threading.main_thread():
         try:
