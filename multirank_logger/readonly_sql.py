@@ -35,9 +35,16 @@ __all__ = ["run_readonly"]
 # SELECT). Not PRAGMA or CALL: both run functions that change settings or files
 # (CALL checkpoint, PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
 _DUCKDB_READS = {"SELECT", "EXPLAIN"}
-# PostgreSQL: the first keyword of a statement that can only read (WITH ... DELETE is stopped
-# by the read-only transaction; COPY, DO, CALL, SET, LISTEN... never reach the server)
-_POSTGRES_READS = {"select", "with", "values", "table", "explain", "show"}
+# PostgreSQL: the first keywords of every statement that is not a read (SELECT, WITH, VALUES,
+# TABLE, EXPLAIN, SHOW): these never reach the server. WITH ... DELETE is stopped by the
+# read-only transaction; a word that starts no statement (a typo) gets the server's syntax error.
+_POSTGRES_NOT_READS = {
+    "abort", "alter", "analyze", "analyse", "begin", "call", "checkpoint", "close", "cluster", "comment",
+    "commit", "copy", "create", "deallocate", "declare", "delete", "discard", "do", "drop", "end", "execute",
+    "fetch", "grant", "import", "insert", "listen", "load", "lock", "merge", "move", "notify", "prepare",
+    "reassign", "refresh", "reindex", "release", "reset", "revoke", "rollback", "savepoint", "security", "set",
+    "start", "truncate", "unlisten", "update", "vacuum",
+}  # fmt: skip
 # SQLSTATEs of a refused write: read_only_sql_transaction, insufficient_privilege (what the
 # reading role may not do), active_sql_transaction (a SET TRANSACTION too late)
 _POSTGRES_REFUSALS = {"25006", "42501", "25001"}
@@ -148,7 +155,7 @@ def _postgres(conn: sa.Connection, query: str, timeout: float = STATEMENT_TIMEOU
     import pandas as pd
     import psycopg
 
-    if _first_keyword(query) not in _POSTGRES_READS:
+    if _first_keyword(query) in _POSTGRES_NOT_READS:
         raise ReadOnlyViolation(query)
     raw = conn.connection.driver_connection
     if not hasattr(raw, "pgconn"):  # psycopg2 and others send "a; b" as one string
@@ -175,6 +182,6 @@ def _postgres(conn: sa.Connection, query: str, timeout: float = STATEMENT_TIMEOU
     except psycopg.Error as exc:
         if exc.sqlstate in _POSTGRES_REFUSALS or "multiple commands" in str(exc):
             raise ReadOnlyViolation(query) from None
-        raise QueryFailed("PostgreSQL", str(exc)) from None
+        raise QueryFailed(conn.dialect.name, str(exc)) from None  # "postgresql", as before
     finally:
         raw.rollback()  # whatever ran, nothing of it stays
