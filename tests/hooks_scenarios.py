@@ -108,8 +108,26 @@ def sigterm_in_setup(db: str, marker: str) -> None:
     print(json.dumps({"chained": chained, "released_by": released_by, "rows": rows}))
 
 
+def release(db: str) -> None:
+    """The handler from before ours is back after finalize, once no writer runs."""
+    from multirank_logger import process_hooks
+
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGTERM, mine)
+    logger = MultiRankLogger(db=db, flush_interval=3600)
+    logger.log_metrics({"a": 1.0}, step=0)
+    during = signal.getsignal(signal.SIGTERM) is process_hooks._on_sigterm
+    logger.finalize("success")
+    after = signal.getsignal(signal.SIGTERM) is mine
+    print(json.dumps({"ours_during_the_run": during, "previous_back_after_finalize": after}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "fork":
         fork(sys.argv[2])
+    elif sys.argv[1] == "release":
+        release(sys.argv[2])
     else:
         sigterm_in_setup(sys.argv[2], sys.argv[3])

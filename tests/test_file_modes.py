@@ -12,6 +12,8 @@ import pytest
 
 from tests.logger_helpers import train_env
 
+pytestmark = pytest.mark.slow  # each test starts a process that imports Lightning
+
 # one process, one rank: MultiRankLogger and CSVLogger log the same calls, then a spill file
 _SCRIPT = r"""
 import json, os, sys

@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.logger_helpers import train_env
 
 SCENARIOS = Path(__file__).with_name("hooks_scenarios.py")
+
+pytestmark = pytest.mark.slow  # each test starts a process
 
 
 def _run(*args: str) -> dict:
@@ -40,3 +44,9 @@ def test_sigterm_during_setup_chains_without_waiting_for_the_setup(tmp_path: Pat
     assert out["chained"] == [15], out  # passed on once
     assert out["released_by"] == "marker", out  # the chain ran while the set-up was still waiting
     assert out["rows"] == 10, out
+
+
+def test_finalize_puts_the_previous_sigterm_handler_back(tmp_path: Path) -> None:
+    """Our handler is outermost while the run logs, and the one from before is back after finalize."""
+    out = _run("release", str(tmp_path / "runs.sqlite"))
+    assert out == {"ours_during_the_run": True, "previous_back_after_finalize": True}
