@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import train_env
+from tests.logger_helpers import query, run_training, train_env
 
 SCENARIOS = Path(__file__).with_name("hooks_scenarios.py")
 
@@ -50,3 +50,17 @@ def test_finalize_puts_the_previous_sigterm_handler_back(tmp_path: Path) -> None
     """Our handler is outermost while the run logs, and the one from before is back after finalize."""
     out = _run("release", str(tmp_path / "runs.sqlite"))
     assert out == {"ours_during_the_run": True, "previous_back_after_finalize": True}
+
+
+@pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
+def test_ddp_notebook_forks_ranks_that_log_every_row_once(tmp_path: Path, suffix: str) -> None:
+    """strategy="ddp_notebook" forks the ranks from a parent whose logger already allocated the run
+    and started its writer: each rank stores its own rows once, and the run ends as success."""
+    db = tmp_path / f"runs{suffix}"
+    run_training(db, tmp_path, "--strategy", "ddp_notebook", "--steps", "6", timeout=240)
+    rows = query(
+        db,
+        "SELECT rank, count(*), count(DISTINCT seq) FROM metrics WHERE key = 'rank_value' GROUP BY rank ORDER BY rank",
+    )
+    assert rows == [(0, 6, 6), (1, 6, 6)]
+    assert query(db, "SELECT status FROM runs") == [("success",)]
