@@ -107,6 +107,9 @@ _state = _State()
 def register(writer: Flushable) -> None:
     """A writer's thread started: flush it on SIGTERM and at exit."""
     _WRITERS.add(writer)
+    io_lock = getattr(writer, "_io_lock", None)
+    if io_lock is not None:  # SIGTERM inside `finalize`'s flush: the watcher's flush needs this lock
+        guard_setup(io_lock)
     if not _state.atexit_registered:
         _state.atexit_registered = True
         atexit.register(flush_all)
@@ -119,8 +122,9 @@ def unregister(writer: Flushable) -> None:
 
 
 def guard_setup(lock: Any) -> None:
-    """Register a set-up lock (an RLock): while this thread holds it, the SIGTERM handler
-    must not wait for a flush that needs it (the interrupted frame would never release it)."""
+    """Register a lock (an RLock) that a flush needs: a logger's set-up lock, a writer's I/O lock.
+    While the interrupted thread holds one, the SIGTERM handler must not wait for the watcher's
+    flush, which would wait for the lock the interrupted frame holds (until the bound)."""
     _SETUP_LOCKS.add(lock)
 
 

@@ -86,7 +86,7 @@ class BackgroundWriter:
         self.flush_every = max(1, int(flush_every))
         self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
         self._name = name
-        self._io_lock = threading.Lock()
+        self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
         self._wake = threading.Event()
         self._stop = False
         self._retry: list[MetricBatch] = []
