@@ -27,20 +27,22 @@ from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
+from multirank_logger import process_hooks
 from multirank_logger.backends import backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
-from multirank_logger.side_records import SideRecords
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
 from multirank_logger.log_capture import LogCapture, capture_level
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
 from multirank_logger.query import StoreReader
 from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
+from multirank_logger.side_records import SideRecords
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.spill import SpillWriter
 from multirank_logger.store import Store, _check_writable, retry_while_locked
+from multirank_logger.torch_floor import require_store_queues
 from multirank_logger.transport import RowChannel
-from multirank_logger.writer import BackgroundWriter, forget_chained_sigterm, outermost_sigterm
+from multirank_logger.writer import BackgroundWriter
 
 __all__ = ["MultiRankLogger"]
 
@@ -118,6 +120,7 @@ class MultiRankLogger(Logger):
         capture_logs: bool | int | str | None = "INFO",
     ) -> None:
         super().__init__()
+        require_store_queues()  # a clear error now, not an AttributeError in the writer thread
         if transport not in TRANSPORTS:
             raise InvalidTransport(transport)
         if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
@@ -156,6 +159,7 @@ class MultiRankLogger(Logger):
         self._side = SideRecords()
         self._unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
         self._lock = threading.RLock()  # identity and sink set-up; never taken by log_metrics/save
+        process_hooks.guard_setup(self._lock)  # a SIGTERM inside a set-up must not wait for it
         self._store: Store | None = None
         self._sink: DirectSink | None = None
         self._sink_world = 0
@@ -295,7 +299,7 @@ class MultiRankLogger(Logger):
             self._safely(self._setup_sink)
         self._writer.stop(timeout)  # from here on only this thread writes
         self._live = False
-        forget_chained_sigterm()
+        process_hooks.release_sigterm()  # the handler from before ours, once no writer needs it
         sink = self._sink
         if sink is None or self._identity is None:
             self._writer.flush(timeout)
@@ -483,7 +487,7 @@ class MultiRankLogger(Logger):
             self._writer.start()
         # by the first log call Lightning has installed its SIGTERM handler: wrap it, so that a
         # preemption flushes before Lightning's handler runs its broadcast
-        outermost_sigterm()
+        process_hooks.outermost_sigterm()
         self._live = True
 
     def _capture_logs(self, on: bool) -> None:
@@ -562,11 +566,20 @@ def _end_runs_never_finalized() -> None:
 atexit.register(_end_runs_never_finalized)
 
 
+_FORK_ORPHANS: list[Any] = []  # the parent's engines and threads' state, never touched in a child
+
+
 def _reset_after_fork() -> None:
-    # a forked child (ddp_notebook) has no writer thread even though the parent had one
+    """In a forked child (ddp_notebook): each logger keeps its run but none of the parent's
+    runtime. The parent's store connection (a DuckDB instance, a PostgreSQL socket) must not
+    be used or even closed here (closing sends a goodbye on the parent's socket, or checkpoints
+    the parent's DuckDB file); its locks may be held by threads that do not exist here; its
+    buffered rows are the parent's to write. They are kept unreachable, never collected."""
     for logger in list(_LIVE):
-        logger._live = False
+        old = (logger._buffer, logger._side, logger._lock, logger._store, logger._sink, logger._writer, logger._spill)
+        _FORK_ORPHANS.append(old)
+        logger._init_runtime()
+        logger._buffer._next_seq = old[0]._next_seq  # the child never reuses the parent's seq
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
+process_hooks.after_fork_in_child(_reset_after_fork)

@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
+from multirank_logger.atomic_file import replace_atomically
 from multirank_logger.csv_format import LongRows, in_call_order, row_columns, to_frame, whole_calls, write_csv
 from multirank_logger.errors import LookupFailed
 from multirank_logger.findings import FindingsMixin
@@ -424,16 +424,9 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             if not keys:
                 return 0
             path.parent.mkdir(parents=True, exist_ok=True)  # as CSVLogger makes its log_dir
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            try:
-                # newline="": the csv module writes its own "\r\n", as in CSVLogger's open()
-                with os.fdopen(fd, "w", newline="", encoding="utf-8") as fp:
-                    count = write_csv(fp, keys, pieces)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            # newline="": the csv module writes its own "\r\n", as in CSVLogger's open()
+            with replace_atomically(path, newline="") as fp:
+                count = write_csv(fp, keys, pieces)
         return count
 
     def write_csv(self, fp: Any, run: int | str | None = None, rank: int = 0) -> int:

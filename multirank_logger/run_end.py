@@ -17,10 +17,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-
+from multirank_logger.process_hooks import sigterm_received
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
-from multirank_logger.writer import sigterm_received
 
 __all__ = ["fetch_facts", "final_status", "publish_facts", "rank_facts", "record_end"]
 

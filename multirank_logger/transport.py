@@ -32,6 +32,7 @@ from typing import Any
 
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import MultiRankLoggerError
+from multirank_logger.torch_floor import require_store_queues
 from multirank_logger.wire import decode_batch, encode_batch
 
 __all__ = ["ChannelError", "ChannelTimeout", "RowChannel"]
@@ -102,6 +103,7 @@ class RowChannel:
         port: int | None = None,
         timeout: float = 30.0,
     ) -> None:
+        require_store_queues()
         self.namespace = namespace
         self.rank = rank
         self.world_size = world_size

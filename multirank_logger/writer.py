@@ -15,16 +15,12 @@ One lock (``_io_lock``) serializes the cycles of the thread and of explicit flus
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
-import signal
 import threading
-import weakref
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, Protocol
 
+from multirank_logger import process_hooks
 from multirank_logger.buffer import MetricBatch, RecordBuffer, concat_batches
 from multirank_logger.side_records import SideRecords
 
@@ -32,10 +28,6 @@ __all__ = ["BackgroundWriter", "Sink", "Target"]
 
 log = logging.getLogger(__name__)
 
-#: how long SIGTERM and atexit may spend flushing each writer
-EXIT_FLUSH_TIMEOUT = 20.0
-#: seconds between cycles once SIGTERM arrived
-_HURRY_INTERVAL = 0.1
 #: pending calls that wake a writer whose sink writes seldom (~10 MiB of 10-key calls)
 SELDOM_MAX_CALLS = 10_000
 #: consecutive failed cycles before the writer warns (a reader holding a DuckDB file is normal)
@@ -94,7 +86,7 @@ class BackgroundWriter:
         self.flush_every = max(1, int(flush_every))
         self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
         self._name = name
-        self._io_lock = threading.Lock()
+        self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
         self._wake = threading.Event()
         self._stop = False
         self._retry: list[MetricBatch] = []
@@ -112,7 +104,7 @@ class BackgroundWriter:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
-        _register(self)
+        process_hooks.register(self)  # SIGTERM and exit flush this writer while it runs
 
     @property
     def running(self) -> bool:
@@ -135,7 +127,7 @@ class BackgroundWriter:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         self._thread = None
-        _unregister(self)
+        process_hooks.unregister(self)
 
     # -- flushing ------------------------------------------------------------------------
 
@@ -236,146 +228,3 @@ class BackgroundWriter:
                 exc,
                 self.pending,
             )
-
-
-# -- exit hooks: flush every live writer on SIGTERM and at interpreter exit ---------------
-
-_WRITERS: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
-_HOOKS_INSTALLED = False
-_UNSET: Any = object()
-_previous_sigterm: Any = signal.SIG_DFL
-_base_sigterm: Any = _UNSET
-_SIGTERM_FLUSH = threading.Lock()  # taken once, by the first path that flushes for SIGTERM
-_CHAINED = False  # the Python handler passed SIGTERM on already
-#: set when this process received SIGTERM (the logger reports the run as interrupted)
-sigterm_received = threading.Event()
-
-
-def _register(writer: BackgroundWriter) -> None:
-    _WRITERS.add(writer)
-    _install_hooks()
-
-
-def _unregister(writer: BackgroundWriter) -> None:
-    _WRITERS.discard(writer)
-
-
-def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
-    """Flush every live writer of this process (bounded per writer)."""
-    for writer in list(_WRITERS):
-        try:
-            if not writer.flush(timeout):
-                writer.report_unwritten()
-        except Exception:  # noqa: BLE001 - exiting: flush what can be flushed
-            log.exception("multirank_logger: flush at exit failed")
-
-
-def _install_hooks() -> None:
-    global _HOOKS_INSTALLED
-    if _HOOKS_INSTALLED:
-        return
-    _HOOKS_INSTALLED = True
-    atexit.register(flush_all)
-    outermost_sigterm()
-    _watch_signals()
-
-
-def outermost_sigterm() -> None:
-    """Make our SIGTERM handler the outermost one, chaining to whatever was there.
-
-    Lightning's handler (installed when fit starts) broadcasts from inside the signal handler:
-    ours must flush before that, and must pass one preemption on to it only once (see
-    `_on_sigterm`). Call from the main thread; elsewhere this does nothing.
-    """
-    global _previous_sigterm, _base_sigterm
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be set from the main thread
-    try:
-        current = signal.getsignal(signal.SIGTERM)
-        if current is _on_sigterm:
-            return
-        if _base_sigterm is _UNSET:
-            _base_sigterm = current
-        _previous_sigterm = current
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):  # embedded interpreters, restricted environments
-        pass
-
-
-def forget_chained_sigterm() -> None:
-    """At the end of a fit: Lightning's handler is gone, chain to the one from before ours again."""
-    global _previous_sigterm
-    if _base_sigterm is not _UNSET:
-        _previous_sigterm = _base_sigterm
-
-
-def _flush_for_sigterm() -> None:
-    """Once per process: flush every writer, then keep their threads draining."""
-    sigterm_received.set()
-    if not _SIGTERM_FLUSH.acquire(blocking=False):
-        return  # done, or being done by the other path (watcher thread or handler)
-    flush_all()
-    for writer in list(_WRITERS):
-        # the process may now hang in Lightning's handler (its broadcast races the other ranks'
-        # collectives) until the scheduler's SIGKILL: keep the threads draining meanwhile (rank 0
-        # takes in the rows the other ranks just shipped)
-        writer.flush_interval = min(writer.flush_interval, _HURRY_INTERVAL)
-        writer.wake()
-
-
-def _watch_signals() -> None:
-    """Install a wakeup fd: SIGTERM then flushes from a thread, even while the main thread is
-    blocked in a collective (a Python handler only runs once the main thread leaves C code,
-    and the peer it waits for may be waiting for us)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    try:
-        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    except (ValueError, OSError):
-        os.close(read_fd)
-        os.close(write_fd)
-        return
-    if previous != -1:  # someone else (an asyncio loop) owns the wakeup fd: leave it to them
-        signal.set_wakeup_fd(previous)
-        os.close(read_fd)
-        os.close(write_fd)
-        return
-
-    def watch() -> None:
-        while True:
-            try:
-                data = os.read(read_fd, 512)
-            except OSError:
-                return
-            if not data:
-                return
-            if signal.SIGTERM in data:
-                _flush_for_sigterm()
-
-    threading.Thread(target=watch, name="multirank-sigterm-watch", daemon=True).start()
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """Flush, then let SIGTERM do what it would have done without us: once per process.
-
-    A scheduler signals every process of the job, and Lightning's launcher forwards the signal
-    to its children, so one preemption arrives twice in ranks > 0. Lightning's handler runs a
-    broadcast per signal: passing both on leaves that rank a broadcast ahead of rank 0 and the
-    job hangs. One preemption, one flush, one broadcast.
-    """
-    global _CHAINED
-    if _CHAINED:
-        return
-    _CHAINED = True
-    _flush_for_sigterm()
-    previous = _previous_sigterm
-    if callable(previous):
-        previous(signum, frame)
-        return
-    if previous == signal.SIG_IGN:
-        return
-    # default action: terminate, as if we had never been installed
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.raise_signal(signal.SIGTERM)

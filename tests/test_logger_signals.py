@@ -3,11 +3,14 @@
 The writer's interval is an hour, so the rows can only reach the store through the flush
 that SIGTERM triggers (and the finalize("failed") that follows).
 
-Lightning's own SIGTERM handler broadcasts from inside the signal handler, which races the
-collective the other rank may be in: the job then exits within seconds, or hangs until the
-scheduler's SIGKILL (seen with CSVLogger too, see DESIGN.md). Our handler runs first and
-flushes, so the rows must be in the store either way; the run's status can only be recorded
-when the job got to exit by itself.
+Lightning's own SIGTERM handler broadcasts from inside the signal handler, which pairs with
+whatever collective the other rank is in: the job hung until SIGKILL in 3 of 7 launches looped
+here under load (issue 13 item 5). Our handler is outermost and chains to Lightning's without
+that broadcast (process_hooks.py; Lightning's loop broadcasts the flag at every batch from a
+safe point), so the job must now end by itself, every time: the test is repeated
+(MULTIRANK_SIGTERM_REPEATS, default 5) because one launch proves little about a race.
+Measured locally before the fix: 3 hangs in 7 launches (DuckDB); after: 0 in 20 (DuckDB) and
+0 in 12 (SQLite), 2 cores shared with other test runs.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import pytest
 from tests.logger_helpers import query, train_cmd, train_env
 
 SEEN_STEPS = 3
-GRACE_S = 15  # a scheduler's grace period between SIGTERM and SIGKILL
+GRACE_S = 60  # a scheduler's grace period between SIGTERM and SIGKILL (generous: CI is slow, a hang is forever)
+REPEATS = int(os.environ.get("MULTIRANK_SIGTERM_REPEATS", "5"))
 
 
 def _wait_for_steps(proc: subprocess.Popen[str], steps: int, timeout: float) -> str:
@@ -46,9 +50,10 @@ def _wait_for_steps(proc: subprocess.Popen[str], steps: int, timeout: float) -> 
     raise AssertionError("the launch did not reach the steps in time:\n" + "".join(out)[-3000:])
 
 
+@pytest.mark.parametrize("attempt", range(REPEATS))
 @pytest.mark.parametrize("backend", ["sqlite", "duckdb"])
-def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, backend: str) -> None:
-    """kill -TERM -PGID: every rank's rows up to the signal are in the store; the run is interrupted."""
+def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, backend: str, attempt: int) -> None:
+    """kill -TERM -PGID: the job ends by itself; every rank's rows up to the signal are stored; interrupted."""
     db = tmp_path / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
     cmd = train_cmd(db, tmp_path, "--steps", "400", "--sleep", "0.1", "--flush-interval", "3600")
     proc = subprocess.Popen(
@@ -69,8 +74,8 @@ def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, backend
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    assert exited, f"the job hung after SIGTERM (killed after {GRACE_S} s):\n{rest[-3000:]}"
     counts = dict(query(db, "SELECT rank, COUNT(*) FROM metrics WHERE key = 'rank_value' GROUP BY rank"))
     # a rank that printed step S had its steps 0..S-1 through log_metrics before the signal
     assert counts.get(0, 0) >= SEEN_STEPS and counts.get(1, 0) >= SEEN_STEPS, (counts, rest[-3000:])
-    if exited:
-        assert query(db, "SELECT status FROM runs") == [("interrupted",)], rest[-3000:]
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)], rest[-3000:]

@@ -1,0 +1,34 @@
+"""The oldest torch this package runs on, and a clear error below it.
+
+The gather channel (transport.RowChannel) uses the TCPStore's queues, ``queue_push``,
+``queue_pop`` and ``queue_len``. They came with pytorch/pytorch#150969 ("c10d/Store: add
+queues", April 2025, after the 2.7 branch cut), so the first release that has them is torch
+2.8. Below it every multi-rank run would fail at its first flush with an AttributeError from
+inside the writer thread; we check once, where the logger and the channel are built.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TORCH_FLOOR", "TorchTooOld", "require_store_queues"]
+
+TORCH_FLOOR = "2.8"
+_QUEUE_CALLS = ("queue_push", "queue_pop", "queue_len")
+
+
+class TorchTooOld(ImportError):
+    def __init__(self, found: str, missing: list[str]) -> None:
+        super().__init__(
+            f"multirank_logger needs torch>={TORCH_FLOOR}: its rank-to-rank channel uses the TCPStore "
+            f"queues ({', '.join(missing)} missing in torch {found}). Upgrade: pip install 'torch>={TORCH_FLOOR}'"
+        )
+
+
+def require_store_queues() -> None:
+    """Raise `TorchTooOld` when the installed torch's Store lacks the queue calls."""
+    import torch
+    import torch.distributed as dist
+
+    store = getattr(dist, "Store", None)
+    missing = [name for name in _QUEUE_CALLS if not hasattr(store, name)]
+    if missing:
+        raise TorchTooOld(torch.__version__, missing)
