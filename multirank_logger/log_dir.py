@@ -9,13 +9,16 @@ a store on a remote filesystem is refused with a message that says what to pass 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
+from multirank_logger.backends import SUFFIXES
 from multirank_logger.errors import RemoteStore
 
 if TYPE_CHECKING:
@@ -45,10 +48,24 @@ def check_store_is_local(db: str | None, save_dir: str | os.PathLike[str] | None
         save_dir = os.fspath(save_dir)
         if is_remote(save_dir):
             raise RemoteStore(os.path.join(save_dir, DEFAULT_DB_NAME), get_protocol(save_dir), save_dir)
+        if _names_a_store(save_dir) and not os.path.isdir(save_dir):
+            # db was the first parameter before CSVLogger's order was taken: say so, rather
+            # than make a directory named like the store
+            raise TypeError(
+                f"save_dir={save_dir!r} names a store, not a directory: db is a keyword now, as in "
+                f"MultiRankLogger(db={save_dir!r}) (save_dir is then its directory) or "
+                f"MultiRankLogger('logs', db={save_dir!r})."
+            )
         return save_dir
     if is_remote(db):
         raise RemoteStore(db, get_protocol(db))
     return db
+
+
+def _names_a_store(path: str) -> bool:
+    if re.match(r"^(sqlite|duckdb|postgresql)[a-z0-9+]*://", path):
+        return True
+    return Path(path).suffix.lower() in SUFFIXES
 
 
 class LogDir:
