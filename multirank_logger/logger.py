@@ -150,6 +150,8 @@ class MultiRankLogger(Logger):
         self._timeout = float(timeout)
         self._spill_dir = os.fspath(spill_dir) if spill_dir is not None else default_dir
         self._board = IdentityBoard(next(_INSTANCES), self._timeout)
+        # a logger dropped without finalize leaves no variable behind (it is for its own launch)
+        weakref.finalize(self, os.environ.pop, self._board.env_var, None)
         self._identity: RunIdentity | None = None
         self._published = False
         self._hparams: dict[str, Any] = {}
