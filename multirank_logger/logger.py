@@ -60,7 +60,7 @@ class MultiRankLogger(Logger):
     r"""Record every rank's own metrics from Lightning (or Fabric) into one SQL store.
 
     Laid out like `CSVLogger` (``save_dir/name/version_N``), so checkpoints land where they
-    would with it; at the end of a successful run rank 0 also writes the ``metrics.csv`` and
+    would with it; rank 0 also writes the ``metrics.csv`` (as the run goes, live_csv.py) and
     ``hparams.yaml`` that `CSVLogger` would have written.
 
     The first five parameters are CSVLogger's, in its order: ``CSVLogger("logs")`` becomes
