@@ -135,8 +135,11 @@ def ranks_writing_one_file(backend: str, writers: int, batches: int = 50) -> dic
     claimed = sum(r[1] for r in results)
     errors = sorted({r[2] for r in results if r[2]})
     return {
-        "rows": stored, "claimed": claimed, "of": writers * batches * 1000,
-        "rows_per_s": stored / elapsed, "errors": "; ".join(errors) or "none",
+        "rows": stored,
+        "claimed": claimed,
+        "of": writers * batches * 1000,
+        "rows_per_s": stored / elapsed,
+        "errors": "; ".join(errors) or "none",
     }
 
 
@@ -145,14 +148,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--writers", type=int, default=2)
     args = parser.parse_args()
-    print("| store | reads during training | failed | read median ms | p99 ms | max ms |"
-          f" {args.writers} ranks writing one file: rows stored | rows/s | errors |")
+    print(
+        "| store | reads during training | failed | read median ms | p99 ms | max ms |"
+        f" {args.writers} ranks writing one file: rows stored | rows/s | errors |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for backend in ("sqlite", "duckdb"):
         r = readers_during_training(backend, args.seconds)
         w = ranks_writing_one_file(backend, args.writers)
         print(
-            f"| {backend} | {r['reads']} | {r['failed']} | {r['median_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} |"
+            f"| {backend} | {r['reads']} | {r['failed']} | {r['median_ms']:.1f} | {r['p99_ms']:.1f}"
+            f" | {r['max_ms']:.1f} |"
             f" {w['rows']:,} of {w['of']:,} ({w['claimed']:,} claimed) | {w['rows_per_s']:,.0f} | {w['errors']} |",
             flush=True,
         )

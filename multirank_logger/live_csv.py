@@ -85,7 +85,9 @@ class LiveCsv:
             rows = long_rows(batch)
         except Exception as exc:  # noqa: BLE001 - the writer must go on storing rows
             self.complete = False
-            log.error("multirank_logger: %s misses rows that could not be read: %s: %s", self.path, type(exc).__name__, exc)
+            log.error(
+                "multirank_logger: %s misses rows that could not be read: %s: %s", self.path, type(exc).__name__, exc
+            )
             return
         if len(rows):
             self._pending.append(rows)
@@ -111,7 +113,9 @@ class LiveCsv:
                 self._warned = True
                 log.warning(
                     "multirank_logger: cannot write %s (%s: %s); its rows are kept and written with the next ones",
-                    self.path, type(exc).__name__, exc,
+                    self.path,
+                    type(exc).__name__,
+                    exc,
                 )
             self._pending = [rows]
             return False

@@ -177,6 +177,7 @@ class MultiRankLogger(Logger):
         self._transport: str | None = None
         self._live = False
         self._live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
+        self._csv_gaps = 0  # batches the live file missed
         self._writer = BackgroundWriter(
             self._buffer,
             self._target,
@@ -375,7 +376,7 @@ class MultiRankLogger(Logger):
         if self._hparams_logged:
             self._write_hparams()
         live = self._live_csv
-        if live is not None and live.complete and live.write_pending():
+        if live is not None and live.complete and not self._csv_gaps and live.write_pending():
             return  # the file written as the run went holds every row of rank 0 (live_csv.py)
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
         # (through this logger's store: no second engine, no second schema check)
@@ -391,9 +392,11 @@ class MultiRankLogger(Logger):
         if rank != 0 or not self._export_csv:
             return
         if self._live_csv is None:
-            self._live_csv = self._safely(lambda: LiveCsv(os.path.join(self.log_dir, self.NAME_METRICS_FILE)), "opening metrics.csv")
-            if self._live_csv is None:
+            path = self._safely(lambda: os.path.join(self.log_dir, self.NAME_METRICS_FILE), "opening metrics.csv")
+            if path is None:
+                self._csv_gaps += 1  # the file would miss these rows: the end exports from the store
                 return
+            self._live_csv = LiveCsv(path)
         self._live_csv.add(batch)
 
     def _flush_now(self) -> None:

@@ -128,8 +128,13 @@ def test_log_metrics(tmp_path: Path, db_path: Path, step_idx: int | None) -> Non
 def test_log_hyperparams(tmp_path: Path, db_path: Path) -> None:
     """hparams.yaml is written when they are logged, CSVLogger's bytes (test_csv.py::test_log_hyperparams)."""
     hparams = {
-        "float": 0.3, "int": 1, "string": "abc", "bool": True,
-        "dict": {"a": {"b": "c"}}, "list": [1, 2, 3], "layer": torch.nn.BatchNorm1d,
+        "float": 0.3,
+        "int": 1,
+        "string": "abc",
+        "bool": True,
+        "dict": {"a": {"b": "c"}},
+        "list": [1, 2, 3],
+        "layer": torch.nn.BatchNorm1d,
     }
     ours, theirs = _pair(tmp_path, db_path)
     ours.log_hyperparams(hparams)
@@ -223,7 +228,9 @@ def test_csv_logger_remotefs(db_path: Path, tmp_path: Path, monkeypatch: pytest.
 def test_remote_db_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A db on a remote filesystem, or a remote save_dir with no db, says what to pass instead."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(RemoteStore, match=r"db='s3://bucket/runs.sqlite' is on a remote filesystem \(s3\).*db='runs.sqlite'"):
+    with pytest.raises(
+        RemoteStore, match=r"db='s3://bucket/runs.sqlite' is on a remote filesystem \(s3\).*db='runs.sqlite'"
+    ):
         MultiRankLogger("logs", db="s3://bucket/runs.sqlite")
     with pytest.raises(RemoteStore, match=r"save_dir='memory://x' is on a remote filesystem.*pass db="):
         MultiRankLogger("memory://x")
@@ -298,18 +305,25 @@ def test_unfinalized_logger_at_exit_leaves_the_file_and_no_logging_error(tmp_pat
     """A pytest run whose test never finalizes its logger: metrics.csv is written at exit, and
     nothing is logged onto pytest's closed streams ("--- Logging error ---")."""
     test = tmp_path / "test_leftover.py"
-    test.write_text(textwrap.dedent(f"""
+    test.write_text(
+        textwrap.dedent(f"""
         from multirank_logger import MultiRankLogger
 
         def test_unfinalized():
             logger = MultiRankLogger({str(tmp_path / "logs")!r}, flush_interval=3600)
             logger.log_metrics({{"a": 1.0}}, step=0)
-    """))
+    """)
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", ENV_PREFIX))}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Logging error" not in proc.stdout + proc.stderr

@@ -24,9 +24,24 @@ LATE_KEY_FROM = 10
 
 def _launch(tmp_path: Path, backend: str, *extra: str) -> subprocess.CompletedProcess[str]:
     db = tmp_path / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
-    cmd = [sys.executable, str(SCRIPT), "--db", str(db), "--save-dir", str(tmp_path), "--csv-dir", str(tmp_path / "csv")]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--db",
+        str(db),
+        "--save-dir",
+        str(tmp_path),
+        "--csv-dir",
+        str(tmp_path / "csv"),
+    ]
     return subprocess.run(
-        [*cmd, "--steps", str(STEPS), *extra], cwd=tmp_path, env=train_env(), check=False, capture_output=True, text=True, timeout=240
+        [*cmd, "--steps", str(STEPS), *extra],
+        cwd=tmp_path,
+        env=train_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
 
 
