@@ -27,7 +27,6 @@ from typing import Any
 import fsspec
 import pytest
 import torch
-from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.pytorch.core.saving import load_hparams_from_yaml
 from lightning.pytorch.loggers import CSVLogger
 
@@ -330,7 +329,7 @@ def test_unfinalized_logger_at_exit_leaves_the_file_and_no_logging_error(tmp_pat
     assert (tmp_path / "logs" / "lightning_logs" / "version_0" / "metrics.csv").read_bytes() == b"a,step\r\n1.0,0\r\n"
 
 
-# -- experiment ---------------------------------------------------------------------------------
+# -- experiment (on other ranks: the do-nothing one, seen in tests/test_dropin_ddp.py) -------------
 
 
 def test_experiment_is_csvloggers_on_rank_0(tmp_path: Path, db_path: Path) -> None:
@@ -346,21 +345,6 @@ def test_experiment_is_csvloggers_on_rank_0(tmp_path: Path, db_path: Path) -> No
     assert load_hparams_from_yaml(os.path.join(logger.log_dir, "hparams.yaml")) == {"lr": 0.5}
     assert exp.run_id == logger.run_id == 1 and exp.version == 0
     logger.finalize("success")
-
-
-def test_experiment_on_other_ranks_does_nothing(tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off rank 0, experiment is Lightning's do-nothing experiment, as CSVLogger's there."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    logger = MultiRankLogger(tmp_path, db=db_path, version=0, flush_interval=3600)
-    monkeypatch.setattr(rank_zero_only, "rank", 1)
-    monkeypatch.setattr(logger, "_setup_sink", lambda: None)  # no process group here to learn the run from
-    exp = logger.experiment
-    assert isinstance(exp, _DummyExperiment)
-    exp.log_metrics({"x": 1})
-    exp.save()
-    assert not os.path.exists(os.path.join(logger.log_dir, "metrics.csv"))
-    logger._writer.stop()
 
 
 # -- leftovers ------------------------------------------------------------------------------------
