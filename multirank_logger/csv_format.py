@@ -26,7 +26,10 @@ import numpy as np
 
 from multirank_logger.schema import DTYPE_BOOL, DTYPE_INT, DTYPE_NEG_ZERO
 
-__all__ = ["STEP_COLUMN", "LongRows", "csv_columns", "in_call_order", "to_frame", "whole_calls", "write_csv"]
+__all__ = [
+    "STEP_COLUMN", "LongRows", "csv_columns", "in_call_order", "to_frame", "whole_calls", "write_csv", "write_header",
+    "write_rows",
+]
 
 STEP_COLUMN = "step"
 # |int| from which NumPy's int64 overflows: such an int goes through a Python int
@@ -293,9 +296,20 @@ def write_csv(fp: IO[str], keys: Iterable[str], pieces: Iterable[LongRows], chun
         The number of data rows written (log calls).
     """
     columns = csv_columns(keys)
-    # the header through the dialect csv.DictWriter uses (excel: QUOTE_MINIMAL, "\r\n"): a
-    # key may hold a comma or a quote
+    write_header(fp, columns)
+    return write_rows(fp, columns, pieces, chunk_rows)
+
+
+def write_header(fp: IO[str], columns: Sequence[str]) -> None:
+    """CSVLogger's header line for `columns` (see `csv_columns`)."""
+    # through the dialect csv.DictWriter uses (excel: QUOTE_MINIMAL, "\r\n"): a key may hold
+    # a comma or a quote
     csv.writer(fp).writerow(columns)
+
+
+def write_rows(fp: IO[str], columns: list[str], pieces: Iterable[LongRows], chunk_rows: int = _CHUNK_ROWS) -> int:
+    """The data rows of `pieces` (whole calls, in call order) under an existing header of
+    `columns`, which must hold every key of the rows. Returns the rows written."""
     join = _FIELD_SEPARATOR.join
     written = 0
     for rows in pieces:

@@ -5,6 +5,7 @@ Every message says what was found, what was expected, and what to do next.
 MultiRankLoggerError
  ├── StoreError                  the store cannot be used as it is
  │    ├── UnsupportedStore       a db path or URL of a kind we do not write
+ │    │    └── RemoteStore       a db on a remote filesystem (s3://, memory://...)
  │    ├── StoreNotWritable       the db's directory cannot be written
  │    ├── NotADatabase           the file exists but is not a database of its kind
  │    ├── StoreLocked            another process holds a DuckDB file open for writing
@@ -31,6 +32,7 @@ __all__ = [
     "NotADatabase",
     "QueryFailed",
     "ReadOnlyViolation",
+    "RemoteStore",
     "SchemaOutdated",
     "SchemaTooNew",
     "StoreError",
@@ -55,6 +57,19 @@ class UnsupportedStore(StoreError):
             f"Cannot tell which database {db!r} is. Use a path ending in one of "
             f"{', '.join(choices)}, or a SQLAlchemy URL (sqlite:///..., duckdb:///..., "
             "postgresql+psycopg://...)."
+        )
+
+
+class RemoteStore(UnsupportedStore):
+    def __init__(self, db: str, protocol: str, save_dir: str | None = None) -> None:
+        self.db = db
+        where = f"save_dir={save_dir!r} is on a remote filesystem ({protocol}), so the default store inside it " \
+            "cannot be used" if save_dir is not None else f"db={db!r} is on a remote filesystem ({protocol})"
+        StoreError.__init__(
+            self,
+            f"{where}: the store is a local file or a database server. Keep save_dir remote (metrics.csv, "
+            "hparams.yaml and checkpoints go there through fsspec) and pass db= a local path, e.g. "
+            "db='runs.sqlite', or a postgresql:// URL.",
         )
 
 

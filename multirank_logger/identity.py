@@ -99,6 +99,7 @@ class IdentityBoard:
         #: the RowChannel namespace of this logger in this launch (rows travel under it too)
         self.namespace = f"logger{instance}-restart{restart}"
         self._channel: RowChannel | None = None
+        self._withdrawn = False
 
     @property
     def env_var(self) -> str:
@@ -122,12 +123,19 @@ class IdentityBoard:
         Returns:
             True when it reached the TCPStore.
         """
-        os.environ[self.env_var] = identity.to_json()
+        if not self._withdrawn:
+            os.environ[self.env_var] = identity.to_json()
         channel = self.channel(0, current_world_size())
         if channel is None:
             return False
         channel.publish("identity", identity.to_json().encode())
         return True
+
+    def withdraw(self) -> None:
+        """Rank 0, once its launch is over: remove the variable `publish` set (leave no environment
+        behind), for good: every process of the launch has started by then."""
+        self._withdrawn = True
+        os.environ.pop(self.env_var, None)
 
     def from_env(self, db: str) -> RunIdentity | None:
         """Ranks > 0: the identity rank 0 set before launching this process, if it is for `db`."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from itertools import count
 from typing import Any, TypeVar
 
+from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.fabric.utilities.logger import _add_prefix, _convert_params
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger
@@ -30,6 +31,10 @@ from typing_extensions import override
 from multirank_logger import process_hooks
 from multirank_logger.backends import backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
+from multirank_logger.exit_logging import quiet_logging_errors
+from multirank_logger.experiment import RunExperiment
+from multirank_logger.live_csv import LiveCsv
+from multirank_logger.log_dir import DEFAULT_DB_NAME, LogDir, check_store_is_local
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
 from multirank_logger.log_capture import LogCapture, capture_level
@@ -58,26 +63,33 @@ class MultiRankLogger(Logger):
     r"""Record every rank's own metrics from Lightning (or Fabric) into one SQL store.
 
     Laid out like `CSVLogger` (``save_dir/name/version_N``), so checkpoints land where they
-    would with it; at the end of a successful run rank 0 also writes the ``metrics.csv`` and
+    would with it; rank 0 also writes the ``metrics.csv`` (as the run goes, live_csv.py) and
     ``hparams.yaml`` that `CSVLogger` would have written.
 
+    The first five parameters are CSVLogger's, in its order: ``CSVLogger("logs")`` becomes
+    ``MultiRankLogger("logs")``.
+
     Args:
-        db: the store: a path ending in ``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``, or a
-            SQLAlchemy URL. Created at the current schema when missing.
+        save_dir: where ``name/version_N`` lives (local, or any fsspec URL such as ``s3://...``,
+            as with CSVLogger); defaults to the db file's directory (the working directory for a
+            server URL).
         name: experiment name; ``None`` means ``""``, as in CSVLogger.
         version: version number within `name`; ``None`` takes the next free one in the store.
-        save_dir: where ``name/version_N`` lives; defaults to the db file's directory (the
-            working directory for a server URL).
         prefix: a string put before every metric key (joined with ``"-"``).
-        flush_logs_every_n_steps: pending log calls that make the writer flush early (a DuckDB
-            store, which each write opens, is written once per ``flush_interval`` or at
-            ``writer.SELDOM_MAX_CALLS`` pending calls instead).
+        flush_logs_every_n_steps: pending log calls that make the writer flush early (and write
+            rank 0's ``metrics.csv``, as CSVLogger does every that many steps); a DuckDB store,
+            which each write opens, is written once per ``flush_interval`` or at
+            ``writer.SELDOM_MAX_CALLS`` pending calls instead.
+        db: the store: a path ending in ``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``, or a
+            SQLAlchemy URL. Created at the current schema when missing. Defaults to
+            ``save_dir/runs.sqlite``: SQLite never blocks a reader and lets every rank of a node
+            write (see the README). A local file or a server: never a remote filesystem.
         flush_interval: seconds between two flushes of the background writer.
         transport: ``"direct"`` (every rank writes the store), ``"gather"`` (rank 0 writes,
             the others ship their rows to it) or ``"auto"`` (gather for DuckDB with several
             ranks, direct otherwise).
-        export_csv: write ``metrics.csv`` and ``hparams.yaml`` into `log_dir` at the end of a
-            successful run.
+        export_csv: rank 0 writes ``metrics.csv`` into `log_dir` as the run goes (and leaves it
+            after a failure) and ``hparams.yaml`` when hyperparameters are logged, as CSVLogger does.
         timeout: the longest any wait on another rank or on a busy store lasts, in seconds.
         spill_dir: where a rank that cannot deliver its rows to rank 0 (gather transport, rank 0
             gone) writes them, for ``multirank-logger import``; defaults to the db file's
@@ -89,14 +101,15 @@ class MultiRankLogger(Logger):
             what it showed before (see log_capture.py).
 
     Raises:
-        StoreError: when the store cannot be written (checked at construction).
+        StoreError: when the store cannot be written (checked at construction); RemoteStore for
+            a db on a remote filesystem.
 
     Example::
 
         from lightning.pytorch import Trainer
         from multirank_logger import MultiRankLogger
 
-        logger = MultiRankLogger(db="runs.duckdb", name="my_model")
+        logger = MultiRankLogger("logs", name="my_model")  # the store: logs/runs.sqlite
         trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=logger)
     """
 
@@ -106,12 +119,13 @@ class MultiRankLogger(Logger):
 
     def __init__(
         self,
-        db: str = "runs.duckdb",
+        save_dir: str | os.PathLike[str] | None = None,
         name: str | None = "lightning_logs",
         version: int | None = None,
-        save_dir: str | None = None,
         prefix: str = "",
         flush_logs_every_n_steps: int = 100,
+        *,
+        db: str | os.PathLike[str] | None = None,
         flush_interval: float = 5.0,
         transport: str = "auto",
         export_csv: bool = True,
@@ -125,7 +139,11 @@ class MultiRankLogger(Logger):
             raise InvalidTransport(transport)
         if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
             raise ValueError(f"version={version!r}; expected a non-negative int, or None for the next free one")
-        self._db = os.fspath(db)
+        if db is None:
+            if save_dir is None:
+                raise TypeError("MultiRankLogger needs save_dir (as CSVLogger does), or db=, or both")
+            db = os.path.join(check_store_is_local(None, save_dir), DEFAULT_DB_NAME)
+        self._db = check_store_is_local(os.fspath(db))
         self._url = resolve_url(self._db)
         self._url_text = self._url.render_as_string(hide_password=False)
         self._name = name or ""
@@ -133,6 +151,7 @@ class MultiRankLogger(Logger):
         path = backend_for(self._url).path
         default_dir = str(path.parent) if path is not None else os.getcwd()
         self._save_dir = os.fspath(save_dir) if save_dir is not None else default_dir
+        self._files = LogDir(self._save_dir)
         self._prefix = prefix
         self._flush_every = max(1, int(flush_logs_every_n_steps))
         self._flush_interval = float(flush_interval)
@@ -141,6 +160,8 @@ class MultiRankLogger(Logger):
         self._timeout = float(timeout)
         self._spill_dir = os.fspath(spill_dir) if spill_dir is not None else default_dir
         self._board = IdentityBoard(next(_INSTANCES), self._timeout)
+        # a logger dropped without finalize leaves no variable behind (it is for its own launch)
+        weakref.finalize(self, os.environ.pop, self._board.env_var, None)
         self._identity: RunIdentity | None = None
         self._published = False
         self._hparams: dict[str, Any] = {}
@@ -150,8 +171,9 @@ class MultiRankLogger(Logger):
         self._capture_level = capture_level(capture_logs)
         self._init_runtime()
         self._check_store()
-        self._writer.start()  # `_live` stays False: the first log call puts our SIGTERM hook on top
         self._capture_logs(True)
+        # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
+        # built and never used leaves nothing running
 
     def _init_runtime(self) -> None:
         """State that lives in one process only (rebuilt after unpickling)."""
@@ -167,8 +189,15 @@ class MultiRankLogger(Logger):
         self._rank = 0
         self._transport: str | None = None
         self._live = False
+        self._live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
+        self._csv_gaps = 0  # batches the live file missed
         self._writer = BackgroundWriter(
-            self._buffer, self._target, flush_interval=self._flush_interval, flush_every=self._flush_every, side=self._side
+            self._buffer,
+            self._target,
+            flush_interval=self._flush_interval,
+            flush_every=self._flush_every,
+            side=self._side,
+            tap=self._tap_csv,
         )
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         self._capture = None if self._capture_level is None else LogCapture(self._side.add, self._capture_level)
@@ -178,7 +207,7 @@ class MultiRankLogger(Logger):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill", "_capture"):
+        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill", "_capture", "_live_csv"):
             del state[key]  # engines, threads and sockets stay in this process
         state["_published"] = False  # the new process's rank 0 publishes into its own launch
         return state
@@ -231,15 +260,18 @@ class MultiRankLogger(Logger):
         return self._transport
 
     @property
-    def experiment(self) -> RunIdentity:
-        """The run's identity. Lightning reads this on every rank once the process group is up:
-        the moment each rank learns the run and sets up its sink. Bounded waits, no collective."""
+    def experiment(self) -> RunExperiment | _DummyExperiment:
+        """CSVLogger's experiment for user code: on rank 0 a `RunExperiment` (``log_metrics``,
+        ``log_hparams``, ``save``, ``metrics_file_path``), elsewhere a do-nothing one.
+
+        Lightning reads this on every rank once the process group is up: the moment each rank
+        learns the run and sets up its sink. Bounded waits, no collective.
+        """
         self._setup_sink()
         if not self._writer.running:
             self._writer.start()
         self._capture_logs(True)  # again for a later phase (fit, then test), and in ddp_spawn workers
-        assert self._identity is not None
-        return self._identity
+        return RunExperiment(self) if current_rank() == 0 else _DummyExperiment()
 
     # -- the hot path ------------------------------------------------------------------------
 
@@ -248,6 +280,10 @@ class MultiRankLogger(Logger):
         # Runs every logging step on every rank: no I/O, no SQL, no collective, no lock.
         if self._prefix:
             metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+        self._record_call(metrics, step)
+
+    def _record_call(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        """One log call into the buffer (`log_metrics`, and the experiment's, which has no prefix)."""
         if step is None:
             step = self._unsaved
         self._buffer.append(step, metrics)
@@ -275,13 +311,16 @@ class MultiRankLogger(Logger):
         self._writer.maybe_wake()
 
     @override
-    def log_hyperparams(self, params: dict[str, Any] | Namespace | None, *args: Any, **kwargs: Any) -> None:
-        """Keep the hyperparameters (for hparams.yaml) and store them with the run (rank 0)."""
+    def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:
+        """Keep the hyperparameters and store them with the run; rank 0 writes hparams.yaml now,
+        as CSVLogger does."""
         with self._lock:
             self._hparams.update(_convert_params(params))
             self._hparams_logged = True
             if self._sink is not None and self._rank == 0:
                 self._sink.update_run(hparams=_jsonable(self._hparams))
+        if self._export_csv and current_rank() == 0:
+            self._safely(self._write_hparams, "writing hparams.yaml")
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -304,6 +343,7 @@ class MultiRankLogger(Logger):
         if sink is None or self._identity is None:
             self._writer.flush(timeout)
             self._end_unset_run(status)
+            self._board.withdraw()
             return
         store, run_id = self._store, self._identity.run_id  # store: None on a rank that only sends
         with self._held(store, timeout):
@@ -322,6 +362,7 @@ class MultiRankLogger(Logger):
                     self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
         self._phase += 1
         self._sink = None  # a later fit/test sets up again, on a fresh channel
+        self._board.withdraw()  # the launch is over: leave no variable behind in this process
 
     @contextlib.contextmanager
     def _held(self, store: Store | None, timeout: float) -> Iterator[None]:
@@ -348,13 +389,39 @@ class MultiRankLogger(Logger):
 
     def _export_files(self) -> None:
         """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
-        os.makedirs(self.log_dir, exist_ok=True)
+        self._files.makedirs(self.log_dir)
         if self._hparams_logged:
-            save_hparams_to_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self._hparams)
+            self._write_hparams()
+        live = self._live_csv
+        if live is not None and live.complete and not self._csv_gaps and live.write_pending():
+            return  # the file written as the run went holds every row of rank 0 (live_csv.py)
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
         # (through this logger's store: no second engine, no second schema check)
         reader = StoreReader(self._open_store(), lock_timeout=self._timeout)
-        reader.export_csv(os.path.join(self.log_dir, self.NAME_METRICS_FILE), run=self.run_id, rank=0)
+        self._files.export_csv(reader, os.path.join(self.log_dir, self.NAME_METRICS_FILE), run=self.run_id, rank=0)
+
+    def _write_hparams(self) -> None:
+        self._files.makedirs(self.log_dir)
+        save_hparams_to_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self._hparams)  # through fsspec
+
+    def _tap_csv(self, batch: Any, rank: int) -> None:
+        """Writer thread, each drained batch: rank 0's metrics.csv grows as CSVLogger's does."""
+        if rank != 0 or not self._export_csv:
+            return
+        if self._live_csv is None:
+            path = self._safely(lambda: os.path.join(self.log_dir, self.NAME_METRICS_FILE), "opening metrics.csv")
+            if path is None:
+                self._csv_gaps += 1  # the file would miss these rows: the end exports from the store
+                return
+            self._live_csv = LiveCsv(path)
+        self._live_csv.add(batch)
+
+    def _flush_now(self) -> None:
+        """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
+        if self._buffer.calls_pending and self._sink is None:
+            self._setup_sink()
+        self._unsaved = 0  # as CSVLogger's save empties its unsaved rows
+        self._writer.flush(self._timeout)
 
     # -- identity and sink --------------------------------------------------------------------
 
@@ -563,7 +630,7 @@ def _end_runs_never_finalized() -> None:
 
 # registered at import, before any writer's exit flush: atexit runs last-in first-out, so the
 # rows are flushed before the run's status is written
-atexit.register(_end_runs_never_finalized)
+atexit.register(quiet_logging_errors(_end_runs_never_finalized))
 
 
 _FORK_ORPHANS: list[Any] = []  # the parent's engines and threads' state, never touched in a child

@@ -40,6 +40,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
+from multirank_logger.exit_logging import quiet_logging_errors
+
 __all__ = [
     "EXIT_FLUSH_TIMEOUT",
     "flush_all",
@@ -112,7 +114,7 @@ def register(writer: Flushable) -> None:
         guard_setup(io_lock)
     if not _state.atexit_registered:
         _state.atexit_registered = True
-        atexit.register(flush_all)
+        atexit.register(quiet_logging_errors(flush_all))  # the streams may be closed by then
     outermost_sigterm()
     _start_watcher()
 

@@ -65,6 +65,7 @@ class BackgroundWriter:
             identity is known, None before (rows then wait in the buffer).
         flush_interval: seconds between two cycles.
         flush_every: pending log calls that make `wake()` start a cycle early.
+        tap: called with each batch as it is drained, and the rank (rank 0's live metrics.csv).
         name: the thread's name, for debugging.
     """
 
@@ -76,9 +77,11 @@ class BackgroundWriter:
         flush_interval: float,
         flush_every: int,
         side: SideRecords | None = None,
+        tap: Callable[[Any, int], None] | None = None,
         name: str = "multirank-writer",
     ) -> None:
         self._buffer = buffer
+        self._tap = tap  # sees each drained batch once, with the rank (live_csv.LiveCsv)
         self._side = side if side is not None else SideRecords()
         self._side_retry: list[dict[str, list[dict[str, Any]]]] = []
         self._target = target
@@ -195,6 +198,8 @@ class BackgroundWriter:
                 log.error("multirank_logger: log calls could not be encoded and are dropped: %s: %s", type(exc).__name__, exc)
                 self._note_failure(exc)
                 return
+            if self._tap is not None:
+                self._tap(self._retry[-1], rank)  # never raises; before the store, which may refuse it
         if len(self._side):
             self._side_retry.append(self._side.drain(run_id, rank))
         try:

@@ -1,0 +1,151 @@
+"""Rank 0's ``metrics.csv`` written as training goes, as CSVLogger writes it.
+
+CSVLogger appends its unsaved rows every ``flush_logs_every_n_steps`` and rewrites the
+file with a wider header when a new key appears; people tail the file, plot it from a
+notebook while the run trains, and keep it after a crash. `LiveCsv` does the same from
+the background writer thread: the writer hands it each batch of rank 0's own rows as it
+drains them (`BackgroundWriter`'s ``tap``), before they go to the store.
+
+It never reads the store: appending needs only the batch, and a new key rewrites the file
+from the file itself (its rows are rank 0's rows so far, and a data field is a number or
+empty, so a line is split on commas). So the file does not depend on the transport, on a
+reader holding a DuckDB file, or on how far rank 0 is behind in storing the other ranks'
+rows. Files go through fsspec (`get_filesystem`), as CSVLogger's do: ``save_dir`` may be
+``memory://``, ``s3://``... The bytes come from `csv_format`, the code that rebuilds the
+file from the store, so the file at the end is CSVLogger's byte for byte.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+from lightning.fabric.utilities.cloud_io import get_filesystem
+
+from multirank_logger.buffer import MetricBatch
+from multirank_logger.csv_format import LongRows, csv_columns, write_header, write_rows
+
+__all__ = ["LiveCsv", "long_rows"]
+
+log = logging.getLogger(__name__)
+_LINE_END = "\r\n"
+
+
+def long_rows(batch: MetricBatch | Any) -> LongRows:
+    """A drained batch (a MetricBatch, or the Arrow table `RecordBuffer.drain_arrow` gives) as
+    LongRows in call order."""
+    if not isinstance(batch, MetricBatch):
+        return LongRows.from_arrow(batch)
+    index: dict[str, int] = {}
+    n = len(batch)
+    return LongRows(
+        seq=np.array(batch.seq, np.int64),
+        step=np.array(batch.step, np.int64),
+        code=np.fromiter((index.setdefault(k, len(index)) for k in batch.key), np.int32, n),
+        keys=list(index),
+        value=np.array(batch.value, np.float64),  # None (a NaN) becomes nan, as the store reads back
+        dtype=np.array(batch.dtype, np.int16),
+    )
+
+
+class LiveCsv:
+    """One metrics.csv, extended by every batch of rank 0's rows the writer drains.
+
+    Called from the writer's cycles only (one at a time): no lock of its own. A batch that
+    cannot be written (a full disk, a remote store down) is kept and written with the next
+    one; nothing is dropped while the process lives.
+
+    Args:
+        path: the file, local or any fsspec URL (``memory://...``, ``s3://...``).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fs = get_filesystem(path)
+        self._columns: list[str] = []  # the header in the file; empty until the first write
+        self._pending: list[LongRows] = []
+        self._warned = False
+        #: False once a batch could not even be read (a bug): the file then misses rows for good
+        self.complete = True
+        #: data rows (log calls) in the file
+        self.rows = 0
+
+    @property
+    def pending(self) -> int:
+        """Log calls kept for the next write (the last write failed)."""
+        return sum(len(rows.call_starts()) for rows in self._pending)
+
+    def add(self, batch: MetricBatch | Any) -> None:
+        """Write one drained batch of rank 0's rows (called by the writer thread). Never raises."""
+        try:
+            rows = long_rows(batch)
+        except Exception as exc:  # noqa: BLE001 - the writer must go on storing rows
+            self.complete = False
+            log.error(
+                "multirank_logger: %s misses rows that could not be read: %s: %s", self.path, type(exc).__name__, exc
+            )
+            return
+        if len(rows):
+            self._pending.append(rows)
+        self.write_pending()
+
+    def write_pending(self) -> bool:
+        """Write what is kept; True when nothing is left. Never raises."""
+        if not self._pending:
+            return True
+        rows = self._pending[0] if len(self._pending) == 1 else LongRows.concat(self._pending)
+        columns = csv_columns([*self._columns, *rows.keys])
+        try:
+            if not self._columns:
+                self._start(columns, rows)
+            else:
+                if columns != self._columns:
+                    # CSVLogger's rule: a new key (header) rewrites the file
+                    self._rewrite(columns)
+                with self._fs.open(self.path, "a", newline="") as fp:
+                    self.rows += write_rows(fp, columns, [rows])
+        except Exception as exc:  # noqa: BLE001 - kept for the next batch; the store has the rows anyway
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "multirank_logger: cannot write %s (%s: %s); its rows are kept and written with the next ones",
+                    self.path,
+                    type(exc).__name__,
+                    exc,
+                )
+            self._pending = [rows]
+            return False
+        self._pending = []
+        self._warned = False
+        return True
+
+    def _start(self, columns: list[str], rows: LongRows) -> None:
+        """The first write of this run: a fresh file, replacing one a former run left."""
+        self._fs.makedirs(posixpath.dirname(self.path) or ".", exist_ok=True)
+        with self._fs.open(self.path, "w", newline="") as fp:
+            write_header(fp, columns)
+            self.rows = write_rows(fp, columns, [rows])
+        self._columns = columns
+
+    def _rewrite(self, columns: list[str]) -> None:
+        """The file under the wider header `columns`: each line's fields moved to their new
+        columns, empty in the new ones. Written aside and moved over the file, so that a
+        reader sees the old file or the new one, never half of one."""
+        old = self._columns
+        where = {name: i for i, name in enumerate(old)}
+        # one more field, always empty, for the columns the old lines do not have
+        pick = itemgetter(*[where.get(name, len(old)) for name in columns])
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with self._fs.open(self.path, "r", newline="") as src, self._fs.open(tmp, "w", newline="") as dst:
+            src.readline()  # the old header: known, and it may hold quoted keys
+            write_header(dst, columns)
+            for line in src:
+                fields = line[: -len(_LINE_END)].split(",")
+                fields.append("")
+                dst.write(",".join(pick(fields)) + _LINE_END)
+        self._fs.mv(tmp, self.path)
+        self._columns = columns

@@ -1,0 +1,387 @@
+"""MultiRankLogger where CSVLogger was: Lightning's own CSVLogger tests, ported, on SQLite and DuckDB.
+
+Ported from lightning's tests/tests_pytorch/loggers/test_csv.py and
+tests/tests_fabric/loggers/test_csv.py, with MultiRankLogger in CSVLogger's place and,
+wherever a file is checked, Lightning's real CSVLogger fed the same calls beside it.
+One difference is by design: the logger's own ``save()`` stays a counter check (the
+Trainer calls it every step), so the tests that read the file right after ``save()`` call
+``logger.experiment.save()``, which writes the file before it returns, as CSVLogger's does.
+Versioning (existing version_N directories, named versions) is issue 15's items 1-2: tested
+with them.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import torch
+from lightning.pytorch.core.saving import load_hparams_from_yaml
+from lightning.pytorch.loggers import CSVLogger
+
+from multirank_logger import MultiRankLogger
+from multirank_logger.errors import RemoteStore
+from multirank_logger.experiment import RunExperiment
+from multirank_logger.identity import ENV_PREFIX
+from multirank_logger.live_csv import LiveCsv
+from tests.logger_helpers import query
+from tests.test_query import _calls
+
+METRICS = {"float": 0.3, "int": 1, "FloatTensor": torch.tensor(0.1), "IntTensor": torch.tensor(1)}
+
+
+def _pair(save_dir: Path, db: Path, **kwargs: Any) -> tuple[MultiRankLogger, CSVLogger]:
+    """Ours (store `db`) and Lightning's CSVLogger, each in its own save_dir, same arguments."""
+    kwargs.setdefault("flush_logs_every_n_steps", 100)
+    ours = MultiRankLogger(save_dir / "ours", db=db, flush_interval=3600, **kwargs)
+    return ours, CSVLogger(save_dir / "theirs", **kwargs)
+
+
+def _both(loggers: tuple[MultiRankLogger, CSVLogger], metrics: dict[str, Any], step: int | None = None) -> None:
+    for logger in loggers:
+        logger.log_metrics(dict(metrics), step)
+        logger.save()  # as the Trainer calls it
+
+
+def _file(logger: MultiRankLogger | CSVLogger) -> bytes:
+    return Path(logger.experiment.metrics_file_path).read_bytes()
+
+
+# -- the signature ------------------------------------------------------------------------------
+
+
+def test_csvloggers_positional_order(tmp_path: Path) -> None:
+    """MultiRankLogger(save_dir, name, version, prefix, flush_logs_every_n_steps), as CSVLogger,
+    with the store in save_dir (SQLite) when no db is given."""
+    logger = MultiRankLogger(tmp_path, "exp", 3, "pre", 7)
+    assert (logger.save_dir, logger.name, logger.version) == (str(tmp_path), "exp", 3)
+    assert logger.log_dir == str(tmp_path / "exp" / "version_3")
+    assert logger._prefix == "pre" and logger._flush_every == 7
+    assert (tmp_path / "runs.sqlite").is_file() and logger._url.get_backend_name() == "sqlite"
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.finalize("success")
+    assert (tmp_path / "exp" / "version_3" / "metrics.csv").read_bytes() == b"pre-a,step\r\n1.0,0\r\n"
+    assert query(tmp_path / "runs.sqlite", "SELECT name, version, status FROM runs") == [("exp", 3, "success")]
+
+
+def test_db_keyword_alone_keeps_save_dir_beside_it(db_path: Path) -> None:
+    """MultiRankLogger(db=...) works as before: save_dir is the db file's directory."""
+    logger = MultiRankLogger(db=db_path)
+    assert logger.save_dir == str(db_path.parent)
+    assert db_path.is_file()
+    logger.finalize("success")
+
+
+def test_store_passed_where_save_dir_goes_says_db_is_a_keyword(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old positional form MultiRankLogger('runs.duckdb') is refused, showing both new forms,
+    and makes no directory named like the store."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=r"db is a keyword now, as in MultiRankLogger\(db='runs.duckdb'\)"):
+        MultiRankLogger("runs.duckdb")
+    assert os.listdir(tmp_path) == []
+
+
+def test_no_save_dir_and_no_db_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match="needs save_dir"):
+        MultiRankLogger()
+
+
+# -- Lightning's CSVLogger tests, ported ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["", None])
+def test_no_name(tmp_path: Path, db_path: Path, name: str | None) -> None:
+    """None or empty name: versions go straight under save_dir (test_csv.py::test_no_name)."""
+    logger = MultiRankLogger(tmp_path, name=name, db=db_path)
+    logger.log_metrics({"a": 1})
+    logger.experiment.save()
+    assert os.path.normpath(logger.root_dir) == str(tmp_path)
+    assert os.listdir(tmp_path / "version_0") == ["metrics.csv"]
+    logger.finalize("success")
+
+
+@pytest.mark.parametrize("step_idx", [10, None])
+def test_log_metrics(tmp_path: Path, db_path: Path, step_idx: int | None) -> None:
+    """One call, tensors included: a header and one row, CSVLogger's bytes (test_csv.py::test_log_metrics)."""
+    ours, theirs = _pair(tmp_path, db_path)
+    _both((ours, theirs), METRICS, step_idx)
+    ours.experiment.save()
+    theirs.save()
+    lines = _file(ours).decode().splitlines()
+    assert len(lines) == 2 and all(n in lines[0] for n in METRICS)
+    assert _file(ours) == _file(theirs)
+    ours.finalize("success")
+
+
+def test_log_hyperparams(tmp_path: Path, db_path: Path) -> None:
+    """hparams.yaml is written when they are logged, CSVLogger's bytes (test_csv.py::test_log_hyperparams)."""
+    hparams = {
+        "float": 0.3,
+        "int": 1,
+        "string": "abc",
+        "bool": True,
+        "dict": {"a": {"b": "c"}},
+        "list": [1, 2, 3],
+        "layer": torch.nn.BatchNorm1d,
+    }
+    ours, theirs = _pair(tmp_path, db_path)
+    ours.log_hyperparams(hparams)
+    theirs.log_hyperparams(hparams)
+    path = Path(ours.log_dir) / "hparams.yaml"
+    assert all(n in load_hparams_from_yaml(str(path)) for n in hparams)  # before any finalize
+    assert path.read_bytes() == (Path(theirs.log_dir) / "hparams.yaml").read_bytes()
+    ours.finalize("success")
+    assert path.read_bytes() == (Path(theirs.log_dir) / "hparams.yaml").read_bytes()
+
+
+def test_log_hyperparams_without_argument(tmp_path: Path, db_path: Path) -> None:
+    """log_hyperparams() takes no argument, as CSVLogger's (params=None): an empty hparams.yaml."""
+    ours, theirs = _pair(tmp_path, db_path)
+    ours.log_hyperparams()
+    theirs.log_hyperparams()
+    assert (Path(ours.log_dir) / "hparams.yaml").read_bytes() == (Path(theirs.log_dir) / "hparams.yaml").read_bytes()
+    ours.finalize("success")
+
+
+def test_metrics_reset_after_save(tmp_path: Path, db_path: Path) -> None:
+    """experiment.metrics holds the calls not written yet (test_csv.py::test_metrics_reset_after_save)."""
+    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
+    logger.log_metrics({"test": 1}, step=0)
+    assert logger.experiment.metrics == [{"test": 1, "step": 0}]
+    logger.experiment.save()
+    assert logger.experiment.metrics == []
+    logger.finalize("success")
+
+
+def test_automatic_step_tracking(tmp_path: Path, db_path: Path) -> None:
+    """Without a step, each call takes the count of unsaved calls, as CSVLogger (fabric test_csv.py)."""
+    ours, theirs = _pair(tmp_path, db_path, flush_logs_every_n_steps=3)
+    for _ in range(7):
+        _both((ours, theirs), {"test": 0.1})
+    ours.experiment.log_metrics({"direct": 1})
+    theirs.experiment.log_metrics({"direct": 1})
+    ours.experiment.save()
+    theirs.save()
+    assert _file(ours) == _file(theirs)
+    ours.finalize("success")
+
+
+def test_append_columns(tmp_path: Path, db_path: Path) -> None:
+    """A new key rewrites the file with the wider header; a key that goes away stays a column
+    (test_csv.py::test_append_columns), byte for byte CSVLogger's after each step."""
+    ours, theirs = _pair(tmp_path, db_path, flush_logs_every_n_steps=1)
+    for metrics in ({"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, {"a": 1, "c": 3}):
+        _both((ours, theirs), metrics)
+        ours.experiment.save()
+        assert _file(ours) == _file(theirs)
+    assert _file(ours).split(b"\r\n")[0] == b"a,b,c,step"
+    ours.finalize("success")
+
+
+def test_log_metrics_column_order_sorted(tmp_path: Path, db_path: Path) -> None:
+    """Columns are sorted by name, step among them (fabric test_csv.py::test_log_metrics_column_order_sorted)."""
+    ours, theirs = _pair(tmp_path, db_path)
+    for key, value in (("c", 0.1), ("c", 0.2), ("b", 0.3), ("a", 0.4)):
+        _both((ours, theirs), {key: value})
+    ours.experiment.save()
+    theirs.save()
+    _both((ours, theirs), {"d": 0.5})
+    ours.experiment.save()
+    theirs.save()
+    assert _file(ours).split(b"\r\n")[0] == b"a,b,c,d,step"
+    assert _file(ours) == _file(theirs)
+    ours.finalize("success")
+
+
+def test_csv_logger_remotefs(db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A memory:// save_dir gets metrics.csv and hparams.yaml through fsspec, and no local
+    'memory:' directory appears (test_csv.py::test_csv_logger_remotefs)."""
+    monkeypatch.chdir(tmp_path)
+    root = f"memory://{tmp_path.name}-remotefs"
+    logger = MultiRankLogger(root, db=db_path, flush_interval=3600)
+    fs, _ = fsspec.core.url_to_fs(root)
+    exp = logger.experiment
+    exp.log_metrics({"loss": 0.1})
+    exp.save()
+    logger.log_hyperparams({"lr": 0.1})
+    metrics_file = os.path.join(logger.log_dir, "metrics.csv")
+    assert fs.isfile(metrics_file) and fs.cat(metrics_file) == b"loss,step\r\n0.1,0\r\n"
+    logger.log_metrics({"acc": 1.0}, step=1)  # a new key: the remote file is rewritten
+    logger.finalize("success")
+    assert fs.cat(metrics_file) == b"acc,loss,step\r\n,0.1,0\r\n1.0,,1\r\n"
+    assert fs.isfile(os.path.join(logger.log_dir, "hparams.yaml"))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("memory")]  # nothing named memory: here
+
+
+def test_remote_db_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A db on a remote filesystem, or a remote save_dir with no db, says what to pass instead."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        RemoteStore, match=r"db='s3://bucket/runs.sqlite' is on a remote filesystem \(s3\).*db='runs.sqlite'"
+    ):
+        MultiRankLogger("logs", db="s3://bucket/runs.sqlite")
+    with pytest.raises(RemoteStore, match=r"save_dir='memory://x' is on a remote filesystem.*pass db="):
+        MultiRankLogger("memory://x")
+    assert os.listdir(tmp_path) == []
+
+
+# -- metrics.csv as the run goes ------------------------------------------------------------------
+
+
+def test_live_file_is_csvloggers_through_rewrites(tmp_path: Path, db_path: Path) -> None:
+    """Saved at random points through a run whose keys arrive late (quoted keys, NaN, inf, -0.0,
+    ints, bools), the file is CSVLogger's byte for byte at every save, before any finalize."""
+    ours, theirs = _pair(tmp_path, db_path, flush_logs_every_n_steps=1000)
+    rng = random.Random(15)
+    for metrics, step in _calls(0):
+        _both((ours, theirs), metrics, step)
+        if rng.random() < 0.15:
+            ours.experiment.save()
+            theirs.save()
+            assert _file(ours) == _file(theirs)
+    ours.finalize("success")
+    theirs.finalize("success")
+    assert _file(ours) == _file(theirs)
+
+
+def test_written_every_n_steps_by_the_writer(tmp_path: Path) -> None:
+    """With SQLite, flush_logs_every_n_steps calls (log_metrics + save, as the Trainer calls them)
+    get metrics.csv written by the writer thread, without a flush interval passing."""
+    logger = MultiRankLogger(tmp_path, flush_logs_every_n_steps=4, flush_interval=3600)
+    for step in range(4):
+        logger.log_metrics({"a": float(step)}, step=step)
+        logger.save()
+    path = Path(logger.log_dir) / "metrics.csv"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (path.exists() and path.read_bytes().count(b"\r\n") == 5):
+        time.sleep(0.02)
+    assert path.read_bytes() == b"a,step\r\n0.0,0\r\n1.0,1\r\n2.0,2\r\n3.0,3\r\n"
+    logger.finalize("success")
+
+
+def test_left_in_place_after_a_failed_run(tmp_path: Path, db_path: Path) -> None:
+    """finalize("failed") leaves every row logged in metrics.csv, as CSVLogger's save() there does."""
+    ours, theirs = _pair(tmp_path, db_path)
+    for metrics, step in _calls(0, steps=30):
+        _both((ours, theirs), metrics, step)
+    ours.finalize("failed")
+    theirs.finalize("failed")
+    assert _file(ours) == _file(theirs)
+    assert query(db_path, "SELECT status FROM runs") == [("failed",)]
+
+
+def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> None:
+    """A write that fails (here: the directory is a file for a while) loses nothing: the rows go
+    out with the next batch."""
+    from multirank_logger.buffer import RecordBuffer
+
+    blocker = tmp_path / "dir"
+    blocker.write_text("not a directory")
+    live = LiveCsv(str(blocker / "metrics.csv"))
+    buffer = RecordBuffer()
+    buffer.append(0, {"a": 1})
+    live.add(buffer.drain(1, 0))
+    assert live.pending == 1
+    blocker.unlink()
+    buffer.append(1, {"b": 2.5})
+    live.add(buffer.drain(1, 0))
+    assert live.pending == 0
+    assert (blocker / "metrics.csv").read_bytes() == b"a,b,step\r\n1,,0\r\n,2.5,1\r\n"
+
+
+def test_unfinalized_logger_at_exit_leaves_the_file_and_no_logging_error(tmp_path: Path) -> None:
+    """A pytest run whose test never finalizes its logger: metrics.csv is written at exit, and
+    nothing is logged onto pytest's closed streams ("--- Logging error ---")."""
+    test = tmp_path / "test_leftover.py"
+    test.write_text(
+        textwrap.dedent(f"""
+        from multirank_logger import MultiRankLogger
+
+        def test_unfinalized():
+            logger = MultiRankLogger({str(tmp_path / "logs")!r}, flush_interval=3600)
+            logger.log_metrics({{"a": 1.0}}, step=0)
+    """)
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", ENV_PREFIX))}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Logging error" not in proc.stdout + proc.stderr
+    assert (tmp_path / "logs" / "lightning_logs" / "version_0" / "metrics.csv").read_bytes() == b"a,step\r\n1.0,0\r\n"
+
+
+# -- experiment (on other ranks: the do-nothing one, seen in tests/test_dropin_ddp.py) -------------
+
+
+def test_experiment_is_csvloggers_on_rank_0(tmp_path: Path, db_path: Path) -> None:
+    """Rank 0's experiment: log_metrics, log_hparams, save, metrics_file_path; and the run's id."""
+    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
+    exp = logger.experiment
+    assert isinstance(exp, RunExperiment)
+    assert exp.metrics_file_path == os.path.join(logger.log_dir, "metrics.csv")
+    exp.log_hparams({"lr": 0.5})
+    exp.log_metrics({"x": 2})
+    exp.save()
+    assert Path(exp.metrics_file_path).read_bytes() == b"step,x\r\n0,2\r\n"
+    assert load_hparams_from_yaml(os.path.join(logger.log_dir, "hparams.yaml")) == {"lr": 0.5}
+    assert exp.run_id == logger.run_id == 1 and exp.version == 0
+    logger.finalize("success")
+
+
+# -- leftovers ------------------------------------------------------------------------------------
+
+
+def test_built_and_dropped_leaves_no_thread_and_no_variable(tmp_path: Path, db_path: Path) -> None:
+    """A logger built and never used starts no thread, and once dropped leaves no variable."""
+    before = set(threading.enumerate())
+    logger = MultiRankLogger(tmp_path, db=db_path)
+    assert set(threading.enumerate()) == before
+    variable = logger._board.env_var
+    del logger
+    gc.collect()
+    assert variable not in os.environ
+
+
+def test_finalize_stops_the_writer_and_removes_the_variable(tmp_path: Path, db_path: Path) -> None:
+    """After a run, the writer thread is gone and no MULTIRANK_LOGGER_RUN_N variable is left."""
+    before = set(threading.enumerate())
+    logger = MultiRankLogger(tmp_path, db=db_path)
+    variable = logger._board.env_var
+    logger.log_metrics({"a": 1.0}, step=0)
+    assert variable in os.environ
+    assert {t.name for t in set(threading.enumerate()) - before} >= {"multirank-writer"}
+    logger.finalize("success")
+    # the SIGTERM watch thread is process-wide (issue 15's process hooks); the writer is ours
+    assert "multirank-writer" not in {t.name for t in set(threading.enumerate()) - before}
+    assert variable not in os.environ
+    assert logger.log_dir.endswith("version_0")  # reading the identity again sets nothing
+    assert variable not in os.environ
+
+
+def test_nan_step_values_survive_the_live_file(tmp_path: Path, db_path: Path) -> None:
+    """NaN and infinities are written as CSVLogger writes them, in the live file too."""
+    ours, theirs = _pair(tmp_path, db_path)
+    _both((ours, theirs), {"a": math.nan, "b": math.inf, "c": -math.inf, "d": -0.0}, 0)
+    ours.experiment.save()
+    theirs.save()
+    assert _file(ours) == _file(theirs) == b"a,b,c,d,step\r\nnan,inf,-inf,-0.0,0\r\n"
+    ours.finalize("success")
