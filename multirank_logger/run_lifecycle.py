@@ -41,6 +41,7 @@ __all__ = [
     "OpenedRun",
     "RunIdentityMismatch",
     "begin_attempt",
+    "check_run_choice",
     "check_same_run",
     "end_attempt",
     "next_free_on_disk",
@@ -79,6 +80,25 @@ class OpenedRun:
     version_name: str | None
     started_at: float
     resumed: bool
+
+
+def check_run_choice(version: object, resume: str, run_key: object) -> None:
+    """The logger's `version`, `resume` and `run_key` arguments, checked at construction.
+
+    Raises:
+        ValueError: saying what is accepted.
+    """
+    named = isinstance(version, str)
+    if named and (not version or os.sep in version or version in (".", "..")):
+        raise ValueError(f"version={version!r}; a named version is a directory name: non-empty, without {os.sep!r}")
+    if not named and version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        raise ValueError(
+            f"version={version!r}; expected a non-negative int, a str (a named version), or None for the next free one"
+        )
+    if resume not in RESUME_MODES:
+        raise ValueError(f"resume={resume!r} is not one of {', '.join(map(repr, RESUME_MODES))}")
+    if run_key is not None and (not isinstance(run_key, str) or not run_key):
+        raise ValueError(f"run_key={run_key!r}; expected a non-empty str (e.g. the scheduler's job id) or None")
 
 
 def seq_base(attempt: int) -> int:
