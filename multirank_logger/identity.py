@@ -84,7 +84,7 @@ def current_rank() -> int:
     if os.environ.get("RANK", "").strip():
         return _env_int("RANK")
     for var in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID", "SLURM_PROCID", "LOCAL_RANK", "SLURM_LOCALID"):
-        if _env_int(var) > 0:
+        if _env_int(var) != 0:  # above 0, or unreadable
             return -1
     return 0
 

@@ -517,7 +517,7 @@ class MultiRankLogger(Logger):
         retry_while_locked(write, self._timeout)
         if rank == 0:
             rank_zero_info(
-                f"MultiRankLogger: run {identity.name}/version_{identity.version} (id {identity.run_id}) in "
+                f"MultiRankLogger: run {identity.name}/{identity.dir_name} (id {identity.run_id}) in "
                 f"{self._db}, {world} rank(s), transport={transport} ({why})"
             )
 

@@ -216,7 +216,7 @@ class StoreReader:
         out = pd.DataFrame(
             {
                 "id": df["id"].astype("int64"),
-                "run": [f"{n}/{vn}" if vn else f"{n}/version_{v}" for n, v, vn in zip(df["name"], df["version"], df["version_name"])],
+                "run": [f"{n}/{vn}" if isinstance(vn, str) else f"{n}/version_{v}" for n, v, vn in zip(df["name"], df["version"], df["version_name"])],
                 "name": df["name"],
                 "version": df["version"].astype("int64"),
                 "status": df["status"],
