@@ -396,8 +396,9 @@ class MultiRankLogger(Logger):
                 else:
                     found = self._board.from_env(self._url_text) or self._board.fetch(rank, repr(self))
                     if found is None:
+                        who = f"Rank {rank}" if rank > 0 else "A process that is not certainly rank 0"
                         raise MultiRankLoggerError(
-                            f"Rank {rank} cannot know the run's version yet: rank 0 allocates it and the "
+                            f"{who} cannot know the run's version yet: rank 0 allocates it and the "
                             f"process group is not up. Read {type(self).__name__}.version after fit starts, "
                             "or pass version=N."
                         )
