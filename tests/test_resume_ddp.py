@@ -31,7 +31,8 @@ def _cmd(db: Path, save_dir: Path, *extra: str) -> list[str]:
 
 def _launch(db: Path, save_dir: Path, *extra: str) -> str:
     proc = subprocess.run(
-        _cmd(db, save_dir, *extra), cwd=save_dir, env=train_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+        _cmd(db, save_dir, *extra), cwd=save_dir, env=train_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr

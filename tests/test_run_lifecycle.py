@@ -5,19 +5,28 @@ who may take itself for rank 0, orphan rows."""
 from __future__ import annotations
 
 import csv
+import datetime
 import os
+import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+import torch.distributed as dist
 from click.testing import CliRunner
 
 from multirank_logger import MultiRankLogger
+from multirank_logger.buffer import RecordBuffer
 from multirank_logger.cli import main as cli
 from multirank_logger.identity import current_rank
 from multirank_logger.query import open_store
 from multirank_logger.run_lifecycle import ResumeRefused, RunIdentityMismatch, check_same_run
 from multirank_logger.schema import SEQ_ATTEMPT_SHIFT
+from multirank_logger.side_records import encode_side
+from multirank_logger.sinks import GatherSink
 from multirank_logger.store import Store
+from multirank_logger.transport import RowChannel
+from tests.conftest import free_port
 from tests.logger_helpers import query
 
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
@@ -60,9 +69,10 @@ def test_explicit_version_over_a_non_empty_dir_warns(db_path: Path, tmp_path: Pa
     """version=0 whose directory another logger filled: CSVLogger's warning, and a new run."""
     (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
     (tmp_path / "lightning_logs" / "version_0" / "events.out").write_text("x")
+    logger = _logger(db_path, save_dir=str(tmp_path), version=0)
     with pytest.warns(UserWarning, match="exists and is not empty"):
-        logger = _logger(db_path, save_dir=str(tmp_path), version=0)
-        assert logger.run_id == 1
+        _ = logger.run_id
+    assert logger.run_id == 1
     logger.finalize("success")
 
 
@@ -151,7 +161,7 @@ def test_resume_must_without_a_run_is_refused(db_path: Path) -> None:
     """resume="must" for a version the store does not hold: a clear error, no run created."""
     logger = _logger(db_path, name="job", version=3, resume="must")
     with pytest.raises(ResumeRefused, match="holds no run job/version_3"):
-        logger.run_id
+        _ = logger.run_id
     assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
 
 
@@ -160,7 +170,7 @@ def test_resume_never_refuses_an_existing_version(db_path: Path) -> None:
     _launch(db_path, range(1), 0.0)
     logger = _logger(db_path, name="job", version=0, resume="never")
     with pytest.raises(ResumeRefused, match="already exists.*resume='allow'"):
-        logger.run_id
+        _ = logger.run_id
 
 
 @pytest.mark.parametrize(
@@ -231,8 +241,6 @@ def test_direct_rank_refuses_a_store_that_is_not_rank_0s(db_path: Path) -> None:
 def test_cli_runs_reports_orphan_rows(db_path: Path) -> None:
     """Metric rows under a run id with no runs row are named by `multirank-logger runs`."""
     logger = _launch(db_path, range(2), 0.0)
-    import sqlalchemy as sa
-
     store = Store(db_path)
     with store.begin() as conn:
         conn.execute(sa.text("UPDATE metrics SET run_id = 7 WHERE step = 1"))
@@ -241,3 +249,32 @@ def test_cli_runs_reports_orphan_rows(db_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "Warning: 2 metric row(s) under run id 7, which has no runs row (orphans)." in result.output
     assert f"job/version_{logger.version}" in result.output
+
+
+def test_rank_0_files_received_rows_under_its_own_run(db_path: Path) -> None:
+    """Rows (and side rows) a sender shipped under another run id are stored under rank 0's run."""
+    server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    store = Store(db_path)
+    run = store.create_run("job", world_size=2)
+    receiver = RowChannel("stamp", 0, 2, host="127.0.0.1", port=server.port)
+    sink = GatherSink(store, run.id, receiver)
+    sink.poll()  # connect first, as rank 0's writer does
+    buf = RecordBuffer()
+    for step in range(3):
+        buf.append(step, {"loss": float(step)})
+    sender = RowChannel("stamp", 1, 2, host="127.0.0.1", port=server.port)
+    sender.send(buf.drain(run_id=run.id + 40, rank=1))  # an identity rank 0 never allocated
+    side = {"logs": [{"run_id": run.id + 40, "rank": 1, "seq": 0, "time": 0.0, "level": "INFO", "levelno": 20,
+                      "logger": "x", "message": "hi"}]}
+    sender.send_side(encode_side(side))
+    for _ in range(100):  # bounded: rank 0 takes what arrived at each poll
+        sink.poll()
+        if query(db_path, "SELECT count(*) FROM metrics") == [(3,)]:
+            break
+        time.sleep(0.05)
+    sink.poll()
+    assert query(db_path, "SELECT DISTINCT run_id FROM metrics") == [(run.id,)]
+    assert query(db_path, "SELECT run_id, message FROM logs") == [(run.id, "hi")]
+    sender.close()
+    sink.close()
+    store.close()
