@@ -214,12 +214,14 @@ def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
 
 
 def end_attempt(store: Store, run_id: int, attempt: int, status: str) -> None:
-    """Record how this launch ended."""
+    """Record how this launch ended: as the run's end was recorded (a run whose ranks went
+    missing is not a success), else `status`."""
+    recorded = sa.select(runs.c.status).where(runs.c.id == run_id, runs.c.status != "running").scalar_subquery()
     with store.begin() as conn:
         conn.execute(
             attempts.update()
             .where(attempts.c.run_id == run_id, attempts.c.attempt == attempt)
-            .values(status=status, ended_at=time.time())
+            .values(status=sa.func.coalesce(recorded, status), ended_at=time.time())
         )
 
 
