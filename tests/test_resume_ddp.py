@@ -19,7 +19,7 @@ from multirank_logger.query import open_store
 from multirank_logger.schema import SEQ_ATTEMPT_SHIFT
 from tests.logger_helpers import query, train_env
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]  # real multi-process trainings
 SCRIPT = Path(__file__).with_name("resume_train.py")
 LAUNCH_TIMEOUT_S = 150
 GRACE_S = 15
