@@ -20,7 +20,7 @@ from typing import Any
 from multirank_logger.errors import InvalidMetric
 from multirank_logger.schema import DTYPE_FLOAT, DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, METRIC_COLUMNS, encode_value
 
-__all__ = ["MetricBatch", "RecordBuffer", "as_arrow", "concat_batches", "metrics_table", "to_scalar"]
+__all__ = ["MetricBatch", "RecordBuffer", "as_arrow", "concat_batches", "metrics_table", "stamp_run_id", "to_scalar"]
 
 _SCALARS = (float, int, bool)
 #: the largest int stored (as the float64 every value column holds); past it float() overflows
@@ -150,6 +150,21 @@ def metrics_table(
     return pa.Table.from_arrays(arrays, names=list(METRIC_COLUMNS))
 
 
+def stamp_run_id(batch: MetricBatch | Any, run_id: int) -> MetricBatch | Any:
+    """`batch` (a MetricBatch or a pyarrow Table) with every row under `run_id`: rank 0 files
+    what it receives under its own run, whatever id the sender put there (an identity it
+    allocated on its own would otherwise leave orphan rows)."""
+    if isinstance(batch, MetricBatch):
+        batch.run_id = [run_id] * len(batch)
+        return batch
+    import numpy as np
+    import pyarrow as pa
+
+    index = batch.schema.get_field_index("run_id")
+    column = pa.array(np.full(batch.num_rows, run_id, np.int32))
+    return batch.set_column(index, batch.schema.field(index), column)
+
+
 def to_scalar(key: str, value: Any) -> bool | int | float:
     """Turn a one-element tensor or NumPy scalar into a Python number.
 
@@ -182,6 +197,8 @@ class RecordBuffer:
     def __init__(self) -> None:
         self._calls: deque[tuple[int, int, float, dict[str, bool | int | float]]] = deque()
         self._next_seq = 0
+        #: added to every drained row's seq: this launch's attempt in the high bits (run_lifecycle.py)
+        self.seq_base = 0
 
     def append(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record one log call. Hot path: no I/O, no lock.
@@ -245,7 +262,7 @@ class RecordBuffer:
         return metrics_table(
             run_id=np.full(n, run_id, np.int32),
             rank=np.full(n, rank, np.int32),
-            seq=np.repeat(np.fromiter(map(_SEQ, calls), np.int64, len(calls)), counts),
+            seq=np.repeat(np.fromiter(map(_SEQ, calls), np.int64, len(calls)) + self.seq_base, counts),
             step=np.repeat(np.fromiter(map(_STEP, calls), np.int64, len(calls)), counts),
             codes=np.fromiter(map(index.__getitem__, keys), np.int32, n),
             keys=list(index),
@@ -260,8 +277,10 @@ class RecordBuffer:
         batch = MetricBatch()
         popleft = self._calls.popleft
         renamed = False
+        base = self.seq_base
         for _ in range(len(self._calls)):
             seq, step, t, metrics = popleft()
+            seq += base
             for key, scalar in metrics.items():
                 if type(key) is not str:  # Fabric's log_dict takes any key: stored as its str
                     key = str(key)

@@ -129,6 +129,11 @@ def runs_cmd(db_path: str) -> None:
     """List the runs in DB: status, ranks, start, duration, steps and keys."""
     with open_store(db_path) as reader:
         df = reader.runs()
+        orphans = reader.orphans()
+    for run_id, rows in orphans:
+        # rows written under an identity this store never allocated: a rank that took itself for
+        # rank 0 somewhere else (see run_lifecycle.py); they belong to no run shown below
+        click.echo(f"Warning: {rows} metric row(s) under run id {run_id}, which has no runs row (orphans).", err=True)
     if df.empty:
         click.echo(f"No runs in {db_path}.")
         return

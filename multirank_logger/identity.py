@@ -47,6 +47,13 @@ class RunIdentity:
     version: int
     db: str  # the store's URL, so a stale variable for another store is never adopted
     pid: int = 0  # rank 0's process: only its own children adopt the environment variable
+    version_name: str | None = None  # a named version's directory (version="2020-02-05")
+    started_at: float = 0.0  # the runs row's, so a direct-writing rank can tell it is rank 0's run
+
+    @property
+    def dir_name(self) -> str:
+        """The run's directory under ``save_dir/name``: ``version_N``, or a named version."""
+        return self.version_name if self.version_name is not None else f"version_{self.version}"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -63,18 +70,30 @@ def _dist() -> Any:
 
 
 def current_rank() -> int:
-    """This process's global rank as far as it can be known now; -1 for 'not 0, not known yet'."""
+    """This process's global rank when it is certain; -1 for "not 0, or not known yet".
+
+    Before the process group is up only the launcher's variables tell. A process is rank 0
+    only when they say so or say nothing: Lightning's own guess (``LOCAL_RANK`` first) takes
+    the first process of every node for rank 0, which would allocate a run of its own on
+    node 1's disk. `RANK` (torchrun, Lightning's children) is global; a node rank above 0,
+    or a local/SLURM rank above 0 without `RANK`, is some rank other than 0.
+    """
     dist = _dist()
     if dist is not None:
         return dist.get_rank()
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
+    if os.environ.get("RANK", "").strip():
+        return _env_int("RANK")
+    for var in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID", "SLURM_PROCID", "LOCAL_RANK", "SLURM_LOCALID"):
+        if _env_int(var) != 0:  # above 0, or unreadable
+            return -1
+    return 0
 
-    rank = getattr(rank_zero_only, "rank", 0) or 0
-    if rank == 0 and "LOCAL_RANK" not in os.environ and int(os.environ.get("NODE_RANK", "0") or 0) > 0:
-        # the first process of node N > 0 under Lightning's launcher: not global rank 0, and its
-        # real rank is set only when the strategy sets up
-        return -1
-    return rank
+
+def _env_int(var: str) -> int:
+    try:
+        return int(os.environ.get(var, "0") or 0)
+    except ValueError:
+        return -1  # unreadable: not certain to be rank 0
 
 
 def current_world_size() -> int:

@@ -17,9 +17,12 @@ file from the store, so the file at the end is CSVLogger's byte for byte.
 
 from __future__ import annotations
 
+import csv
+
 import logging
 import os
 import posixpath
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
@@ -122,6 +125,23 @@ class LiveCsv:
         self._pending = []
         self._warned = False
         return True
+
+    def continue_from(self, write_earlier: Callable[[Any], int]) -> None:
+        """Begin with the rows earlier launches of the run stored (a resume, a ddp_spawn test
+        after fit): `write_earlier(fp)` writes them in CSVLogger's format and returns how many,
+        so that the file holds the whole history, never this launch alone.
+
+        Raises:
+            whatever reading the store or writing the file raised (the caller then exports the
+            whole file from the store at the end).
+        """
+        self._fs.makedirs(posixpath.dirname(self.path) or ".", exist_ok=True)
+        with self._fs.open(self.path, "w", newline="") as fp:
+            rows = write_earlier(fp)
+        if rows:
+            with self._fs.open(self.path, "r", newline="") as fp:
+                self._columns = next(csv.reader(fp))
+            self.rows = rows
 
     def _start(self, columns: list[str], rows: LongRows) -> None:
         """The first write of this run: a fresh file, replacing one a former run left."""

@@ -25,7 +25,7 @@ from lightning.fabric.utilities.logger import _add_prefix, _convert_params
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import Logger
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from multirank_logger import process_hooks
@@ -40,11 +40,19 @@ from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, 
 from multirank_logger.log_capture import LogCapture, capture_level
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
 from multirank_logger.query import StoreReader
+from multirank_logger.run_lifecycle import (
+    begin_attempt,
+    check_run_choice,
+    check_same_run,
+    end_attempt,
+    open_run,
+    seq_base,
+)
 from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
 from multirank_logger.side_records import SideRecords
 from multirank_logger.sinks import DirectSink, GatherSink
 from multirank_logger.spill import SpillWriter
-from multirank_logger.store import Store, _check_writable, retry_while_locked
+from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.torch_floor import require_store_queues
 from multirank_logger.transport import RowChannel
 from multirank_logger.writer import BackgroundWriter
@@ -74,7 +82,9 @@ class MultiRankLogger(Logger):
             as with CSVLogger); defaults to the db file's directory (the working directory for a
             server URL).
         name: experiment name; ``None`` means ``""``, as in CSVLogger.
-        version: version number within `name`; ``None`` takes the next free one in the store.
+        version: version number within `name`, or a str for a named version (its directory is
+            the str itself, as in CSVLogger); ``None`` takes the next version free both in the
+            store and on disk (a ``version_N`` of another logger is never reused).
         prefix: a string put before every metric key (joined with ``"-"``).
         flush_logs_every_n_steps: pending log calls that make the writer flush early (and write
             rank 0's ``metrics.csv``, as CSVLogger does every that many steps); a DuckDB store,
@@ -99,6 +109,11 @@ class MultiRankLogger(Logger):
             construction to `finalize`; ``False`` or ``None`` keeps none. On by default: a
             record costs an append in memory, off the metrics path, and the console shows
             what it showed before (see log_capture.py).
+        resume: whether an existing run (the `version` or `run_key` given) is continued as a
+            new attempt: ``"allow"`` (default), ``"must"`` (it must exist; with neither given,
+            the latest run of `name`) or ``"never"``. See run_lifecycle.py.
+        run_key: your key for the run, e.g. the scheduler's job id: a launch with the same
+            key and name continues that run, so a requeue needs no version bookkeeping.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -132,13 +147,14 @@ class MultiRankLogger(Logger):
         timeout: float = 60.0,
         spill_dir: str | os.PathLike[str] | None = None,
         capture_logs: bool | int | str | None = "INFO",
+        resume: str = "allow",
+        run_key: str | None = None,
     ) -> None:
         super().__init__()
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
         if transport not in TRANSPORTS:
             raise InvalidTransport(transport)
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
-            raise ValueError(f"version={version!r}; expected a non-negative int, or None for the next free one")
+        check_run_choice(version, resume, run_key)
         if db is None:
             if save_dir is None:
                 raise TypeError("MultiRankLogger needs save_dir (as CSVLogger does), or db=, or both")
@@ -148,6 +164,8 @@ class MultiRankLogger(Logger):
         self._url_text = self._url.render_as_string(hide_password=False)
         self._name = name or ""
         self._version_arg = version
+        self._resume = resume
+        self._run_key = run_key
         path = backend_for(self._url).path
         default_dir = str(path.parent) if path is not None else os.getcwd()
         self._save_dir = os.fspath(save_dir) if save_dir is not None else default_dir
@@ -170,7 +188,7 @@ class MultiRankLogger(Logger):
         self._finalized = False  # ever: a run never finalized is ended at exit after a crash
         self._capture_level = capture_level(capture_logs)
         self._init_runtime()
-        self._check_store()
+        self._check_store()  # the run itself is allocated when first needed (`_resolve`)
         self._capture_logs(True)
         # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
         # built and never used leaves nothing running
@@ -188,6 +206,7 @@ class MultiRankLogger(Logger):
         self._spill: SpillWriter | None = None  # one per run: every phase spills into one file
         self._rank = 0
         self._transport: str | None = None
+        self._attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
         self._live = False
         self._live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
         self._csv_gaps = 0  # batches the live file missed
@@ -206,6 +225,9 @@ class MultiRankLogger(Logger):
     # -- pickling (ddp_spawn) ---------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._identity is None and current_rank() == 0:
+            # pickled for ddp_spawn's workers: each launch of them must write under one run
+            self._resolve()
         state = self.__dict__.copy()
         for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill", "_capture", "_live_csv"):
             del state[key]  # engines, threads and sockets stay in this process
@@ -228,7 +250,7 @@ class MultiRankLogger(Logger):
 
     @property
     @override
-    def version(self) -> int:
+    def version(self) -> int | str:
         """The run's version: agreed by every rank, allocated by rank 0 in the store."""
         if self._version_arg is not None:
             return self._version_arg
@@ -247,7 +269,10 @@ class MultiRankLogger(Logger):
     @property
     @override
     def log_dir(self) -> str:
-        return os.path.join(self.root_dir, f"version_{self.version}")
+        version = self._version_arg
+        if isinstance(version, str):
+            return os.path.join(self.root_dir, version)
+        return os.path.join(self.root_dir, f"version_{version}" if version is not None else self._resolve().dir_name)
 
     @property
     def run_id(self) -> int:
@@ -358,6 +383,9 @@ class MultiRankLogger(Logger):
             if store is not None:
                 end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
                 self._safely(lambda: record_end(store, run_id, **end, timeout=self._timeout))
+                if self._rank == 0 and self._attempt is not None:
+                    attempt = self._attempt
+                    self._safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5))
                 if self._rank == 0 and status == "success" and self._export_csv:
                     self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
         self._phase += 1
@@ -414,6 +442,12 @@ class MultiRankLogger(Logger):
                 self._csv_gaps += 1  # the file would miss these rows: the end exports from the store
                 return
             self._live_csv = LiveCsv(path)
+            if self._attempt:  # a later launch of the run: the file continues the earlier launches'
+                reader = StoreReader(self._open_store(), lock_timeout=self._timeout)
+                live, run_id = self._live_csv, self.run_id
+                if self._safely(lambda: live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0)),
+                                "continuing metrics.csv from the earlier launches") is None:
+                    self._csv_gaps += 1  # the end exports the whole history from the store instead
         self._live_csv.add(batch)
 
     def _flush_now(self) -> None:
@@ -432,17 +466,10 @@ class MultiRankLogger(Logger):
         of their own on a host that does not share rank 0's disk. They open it once the
         transport is "direct" (`_setup_sink`).
         """
-        rank = current_rank()
-        if rank == 0:
+        # only a process certain to be rank 0 touches the disk: the first process of node 1
+        # would otherwise create a store (and a run) of its own there
+        if current_rank() == 0:
             self._open_store()
-        else:
-            path = backend_for(self._url).path
-            if path is not None:
-                _check_writable(path)
-        if rank == 0 and self._identity is None:
-            # allocate now, before any launcher starts the other ranks: its children inherit the
-            # identity through the environment, ddp_spawn workers through pickling
-            self._resolve()
 
     def _open_store(self) -> Store:
         if self._store is None:
@@ -455,18 +482,13 @@ class MultiRankLogger(Logger):
             rank = current_rank()
             if self._identity is None:
                 if rank == 0:
-                    store = self._open_store()
-                    world = current_world_size()
-                    record = retry_while_locked(
-                        lambda: store.create_run(self._name, version=self._version_arg, world_size=world),
-                        self._timeout,
-                    )
-                    self._identity = RunIdentity(record.id, record.name, record.version, self._url_text, os.getpid())
+                    self._identity = self._open_run()
                 else:
                     found = self._board.from_env(self._url_text) or self._board.fetch(rank, repr(self))
                     if found is None:
+                        who = f"Rank {rank}" if rank > 0 else "A process that is not certainly rank 0"
                         raise MultiRankLoggerError(
-                            f"Rank {rank} cannot know the run's version yet: rank 0 allocates it and the "
+                            f"{who} cannot know the run's version yet: rank 0 allocates it and the "
                             f"process group is not up. Read {type(self).__name__}.version after fit starts, "
                             "or pass version=N."
                         )
@@ -474,6 +496,44 @@ class MultiRankLogger(Logger):
             if rank == 0 and not self._published:
                 self._published = self._board.publish(self._identity)
             return self._identity
+
+    def _open_run(self) -> RunIdentity:
+        """Rank 0: the run this launch writes under, new or continued (run_lifecycle.py)."""
+        store = self._open_store()
+        run = retry_while_locked(
+            lambda: open_run(
+                store, self._name, version=self._version_arg, resume=self._resume, run_key=self._run_key,
+                world_size=current_world_size(), root_dir=self.root_dir,
+            ),
+            self._timeout,
+        )
+        identity = RunIdentity(
+            run.id, run.name, run.version, self._url_text, os.getpid(), run.version_name, run.started_at
+        )
+        log_dir = os.path.join(self.root_dir, identity.dir_name)
+        if not run.resumed and os.path.isdir(log_dir) and os.listdir(log_dir):
+            rank_zero_warn(
+                f"Experiment logs directory {log_dir} exists and is not empty. This new run's files "
+                "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones."
+            )
+        return identity
+
+    def _begin_attempt(self, rank: int, world: int, channel: RowChannel | None) -> None:
+        """Number this process's launch of the run (rank 0 records it, the others learn it), so
+        that its rows' seq never repeats an earlier launch's: ddp_spawn's fit and test, a resume."""
+        if self._attempt is not None:
+            return
+        assert self._identity is not None
+        if rank == 0:
+            store, run_id = self._open_store(), self._identity.run_id
+            attempt = retry_while_locked(lambda: begin_attempt(store, run_id, world), self._timeout)
+            if channel is not None:
+                channel.publish("attempt", str(attempt).encode())
+        else:
+            assert channel is not None, "a rank other than 0 runs with a process group"
+            attempt = int(channel.fetch("attempt", self._timeout))
+        self._attempt = attempt
+        self._buffer.seq_base = self._side.seq_base = seq_base(attempt)
 
     def _target(self) -> tuple[DirectSink, int, int] | None:
         """For the writer thread: where rows go, once that is known."""
@@ -502,6 +562,7 @@ class MultiRankLogger(Logger):
             transport, why = choose_transport(
                 self._transport_arg, backend_for(self._url), world, rank=rank, channel=channel, timeout=self._timeout
             )
+            self._begin_attempt(rank, world, channel)
             if transport == "gather" and channel is not None:
                 store = self._open_store() if rank == 0 else None
                 spill = None if rank == 0 else self._spill_writer(identity, rank)
@@ -511,7 +572,10 @@ class MultiRankLogger(Logger):
                 if rank != 0:
                     publish_facts(channel)  # rank 0 records this rank's host and pid at the end
             else:
-                sink = DirectSink(self._open_store(), identity.run_id)
+                store = self._open_store()
+                if rank != 0:  # before its first write: is rank 0's run the one this store holds?
+                    check_same_run(store, rank, identity.run_id, identity.name, identity.version, identity.started_at)
+                sink = DirectSink(store, identity.run_id)
             self._rank, self._transport, self._sink_world = rank, transport, world
             if self._store is not None:
                 self._register(identity, rank, world, transport, why)
@@ -544,7 +608,7 @@ class MultiRankLogger(Logger):
         retry_while_locked(write, self._timeout)
         if rank == 0:
             rank_zero_info(
-                f"MultiRankLogger: run {identity.name}/version_{identity.version} (id {identity.run_id}) in "
+                f"MultiRankLogger: run {identity.name}/{identity.dir_name} (id {identity.run_id}) in "
                 f"{self._db}, {world} rank(s), transport={transport} ({why})"
             )
 
@@ -606,17 +670,24 @@ def _end_runs_never_finalized() -> None:
         return
     status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     now = time.time()
-    rank = current_rank()
     for logger in list(_LIVE):
         store, identity = logger._store, logger._identity
         if logger._finalized or store is None or identity is None:
             continue
+        # the process group may be gone by now: the rank the sink was set up with
+        rank = logger._rank if logger._sink is not None else current_rank()
         if rank != 0 and (logger._sink is None or isinstance(logger._sink, GatherSink)):
             continue  # a sender's row is rank 0's to write, and the store may not be reachable here
 
         senders = range(1, logger._sink_world) if isinstance(logger._sink, GatherSink) else range(0)
 
-        def end(store: Store = store, run_id: int = identity.run_id, senders: range = senders) -> None:
+        def end(
+            store: Store = store,
+            run_id: int = identity.run_id,
+            senders: range = senders,
+            attempt: int | None = logger._attempt,
+            rank: int = rank,
+        ) -> None:
             # only what is still running: a ddp_spawn parent never finalizes, its workers did
             with store.writing():
                 store.update_rank(run_id, rank, where_status="running", status=status, ended_at=now)
@@ -624,6 +695,8 @@ def _end_runs_never_finalized() -> None:
                     store.update_rank(run_id, other, where_status="running", status="missing", ended_at=now)
                 if rank == 0:
                     store.update_run(run_id, where_status="running", status=status, ended_at=now)
+                    if attempt is not None:
+                        end_attempt(store, run_id, attempt, status)
 
         logger._safely(lambda: retry_while_locked(end, 5), "recording the run's end at exit")
 

@@ -33,7 +33,17 @@ from multirank_logger.csv_format import LongRows, in_call_order, row_columns, to
 from multirank_logger.errors import LookupFailed
 from multirank_logger.findings import FindingsMixin
 from multirank_logger.readonly_sql import run_readonly
-from multirank_logger.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics, ranks, runs
+from multirank_logger.run_lifecycle import orphan_runs
+from multirank_logger.schema import (
+    DTYPE_NAN,
+    DTYPE_NEG_ZERO,
+    DTYPE_OF_TYPE,
+    SEQ_ATTEMPT_SHIFT,
+    attempts,
+    metrics,
+    ranks,
+    runs,
+)
 from multirank_logger.side_query import SideTablesReader
 from multirank_logger.store import Store, retry_while_locked
 
@@ -198,7 +208,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             .subquery()
         )
         stmt = (
-            sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.status, runs.c.world_size,
+            sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
                       runs.c.started_at, runs.c.ended_at, per_run.c.n_steps, per_run.c.n_keys, per_run.c.last_time)
             .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
             .order_by(runs.c.id)
@@ -208,7 +218,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
         out = pd.DataFrame(
             {
                 "id": df["id"].astype("int64"),
-                "run": [f"{n}/version_{v}" for n, v in zip(df["name"], df["version"])],
+                "run": [f"{n}/{vn}" if isinstance(vn, str) else f"{n}/version_{v}" for n, v, vn in zip(df["name"], df["version"], df["version_name"])],
                 "name": df["name"],
                 "version": df["version"].astype("int64"),
                 "status": df["status"],
@@ -236,6 +246,9 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
                 stmt = stmt.where(runs.c.id == int(text))
             elif label:
                 stmt = stmt.where(runs.c.name == label["name"], runs.c.version == int(label["version"]))
+            elif "/" in text:  # NAME/VERSION_NAME: a named version
+                name, version_name = text.rsplit("/", 1)
+                stmt = stmt.where(runs.c.name == name, runs.c.version_name == version_name)
             else:
                 stmt = stmt.where(runs.c.name == text)
         with self._connect() as conn:
@@ -280,11 +293,15 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
         run: int | str | None = None,
         ranks: Iterable[int] | None = None,
         keys: Iterable[str] | None = None,
+        all_attempts: bool = False,
     ) -> Any:
-        """The long table of one run: rank, seq, step, key, value, dtype, time.
+        """The long table of one run: rank, seq, step, key, value, dtype, time, attempt.
 
         ``value`` is a float (NaN where NaN was logged); ``dtype`` says what was logged
-        (``schema.DTYPE_*``). Rows come sorted by rank, then call order.
+        (``schema.DTYPE_*``); ``attempt`` is the launch that logged it (run_lifecycle.py). Rows
+        come sorted by rank, then call order. A value a later launch logged again for the same
+        (rank, key, step) (a resume from a checkpoint older than the preemption) supersedes the
+        earlier one, which is left out unless ``all_attempts``.
 
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold.
@@ -301,12 +318,30 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             stmt = stmt.where(metrics.c.key.in_(keys))
         df = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq)).to_pandas()
         df["value"] = _neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
+        df["attempt"] = df["seq"].to_numpy() >> SEQ_ATTEMPT_SHIFT
+        if not all_attempts and len(df) and df["attempt"].max() > 0:
+            latest = df.groupby(["rank", "key", "step"])["attempt"].transform("max")
+            df = df[df["attempt"] == latest].reset_index(drop=True)
         return df
+
+    def attempts(self, run: int | str | None = None) -> Any:
+        """The launches of one run: attempt, world_size, status, started_at, ended_at, host, job_id."""
+        ref = self.resolve_run(run)
+        cols = [attempts.c.attempt, attempts.c.world_size, attempts.c.status, attempts.c.started_at,
+                attempts.c.ended_at, attempts.c.host, attempts.c.job_id]
+        stmt = sa.select(*cols).where(attempts.c.run_id == ref.id).order_by(attempts.c.attempt)
+        return self._fetch_arrow(stmt).to_pandas()
+
+    def orphans(self) -> list[tuple[int, int]]:
+        """(run id, rows) of metric rows under a run id with no ``runs`` row (none expected)."""
+        with self._connect() as conn:
+            return orphan_runs(conn)
 
     def per_rank(self, key: str, run: int | str | None = None) -> Any:
         """One key as a step x rank table (index ``step``, one float column per rank).
 
-        Where a rank logged the key twice at one step, its later call wins.
+        Where a rank logged the key twice at one step, its later call wins: of a run resumed
+        from a checkpoint, the latest launch's value (``metrics(all_attempts=True)`` shows all).
 
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).

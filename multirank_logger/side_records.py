@@ -37,6 +37,8 @@ class SideRecords:
         self._lock = threading.Lock()  # several threads record (logging from any thread)
         self.max_pending = max_pending
         self.dropped = 0
+        #: the default `seq_base` of `drain`: this launch's attempt in the high bits
+        self.seq_base = 0
 
     def add(self, table: str, values: Mapping[str, Any]) -> None:
         """Keep one row of `table` (a name in `schema.SIDE_TABLES`).
@@ -59,8 +61,9 @@ class SideRecords:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def drain(self, run_id: int, rank: int, seq_base: int = 0) -> dict[str, list[dict[str, Any]]]:
+    def drain(self, run_id: int, rank: int, seq_base: int | None = None) -> dict[str, list[dict[str, Any]]]:
         """Every row kept so far, by table, with its run, rank and seq (offset by `seq_base`)."""
+        seq_base = self.seq_base if seq_base is None else seq_base
         with self._lock:
             rows, self._rows = self._rows, deque()
         out: dict[str, list[dict[str, Any]]] = {}

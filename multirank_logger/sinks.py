@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from multirank_logger.buffer import MetricBatch, concat_batches
+from multirank_logger.buffer import MetricBatch, concat_batches, stamp_run_id
 from multirank_logger.spill import SpillWriter
 from multirank_logger.errors import StoreLocked
 from multirank_logger.store import Store, retry_while_locked
@@ -175,7 +175,7 @@ class GatherSink(DirectSink):
         if not self._inbox:
             # receive() acknowledges the previous call's batches: they are written by now
             self._inbox = self._receive()
-        self._side.extend(decode_side(payload) for payload in self.channel.receive_side())
+        self._side.extend(_stamp_side(decode_side(payload), self.run_id) for payload in self.channel.receive_side())
         if not (self._own or self._inbox or self._run_updates or self._side):
             return
         with self.store.writing():  # one connection for the run update and the rows
@@ -188,7 +188,8 @@ class GatherSink(DirectSink):
                 self._side.pop(0)
 
     def _receive(self) -> list[Any]:
-        return self.channel.receive(decode_table if self.inserts_arrow else decode_batch)
+        decode = decode_table if self.inserts_arrow else decode_batch
+        return [stamp_run_id(batch, self.run_id) for batch in self.channel.receive(decode)]
 
     def finish(self, status: str, timeout: float) -> dict[int, str]:
         """End of the run for this rank.
@@ -278,3 +279,11 @@ class GatherSink(DirectSink):
                 flush=True,
             )
 
+
+
+def _stamp_side(tables: dict[str, list[dict[str, Any]]], run_id: int) -> dict[str, list[dict[str, Any]]]:
+    """Received side rows under rank 0's run, as `stamp_run_id` does for metric rows."""
+    for rows in tables.values():
+        for row in rows:
+            row["run_id"] = run_id
+    return tables

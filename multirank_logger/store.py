@@ -263,8 +263,12 @@ class Store:
         world_size: int = 1,
         transport: str | None = None,
         hparams: Mapping[str, Any] | None = None,
+        at_least: int = 0,
+        version_name: str | None = None,
+        run_key: str | None = None,
     ) -> RunRecord:
-        """Register a new run; `version=None` takes the next free version for `name`.
+        """Register a new run; `version=None` takes the next free version for `name` (and no
+        lower than `at_least`: versions already taken on disk, see run_lifecycle.py).
 
         Two processes creating runs at once get different ids and versions: the
         (name, version) pair is unique, and a lost race is retried.
@@ -279,7 +283,7 @@ class Store:
                     chosen = version
                     if chosen is None:
                         latest = sa.select(sa.func.coalesce(sa.func.max(runs.c.version), -1) + 1)
-                        chosen = conn.execute(latest.where(runs.c.name == name)).scalar_one()
+                        chosen = max(conn.execute(latest.where(runs.c.name == name)).scalar_one(), at_least)
                     conn.execute(
                         runs.insert().values(
                             id=run_id,
@@ -290,6 +294,8 @@ class Store:
                             transport=transport,
                             started_at=time.time(),
                             hparams=_to_json(hparams),
+                            version_name=version_name,
+                            run_key=run_key,
                         )
                     )
                     return RunRecord(run_id, name, int(chosen))

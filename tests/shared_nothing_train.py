@@ -15,6 +15,7 @@ Usage: NODE_RANK=k MASTER_ADDR=... MASTER_PORT=... python tests/shared_nothing_t
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -58,6 +59,14 @@ class TinyModel(LightningModule):
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)
         return DataLoader(TensorDataset(torch.randn(256, 4, generator=g), torch.randn(256, 1, generator=g)), batch_size=4)
+
+
+def _digest(path: str) -> str | None:
+    """The store file's content hash, so a test can tell it was left unchanged."""
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
 
 
 def main() -> None:
@@ -106,6 +115,7 @@ def main() -> None:
             "store_exists": os.path.exists(args.db),
             "files": sorted(os.listdir(os.path.dirname(args.db))),
             "transport": logger.transport,
+            "store_digest": _digest(args.db),
         }
         if rank == 0 and os.path.exists(args.db):
             base = os.path.basename(args.db)

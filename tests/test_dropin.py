@@ -367,6 +367,7 @@ def test_finalize_stops_the_writer_and_removes_the_variable(tmp_path: Path, db_p
     logger = MultiRankLogger(tmp_path, db=db_path)
     variable = logger._board.env_var
     logger.log_metrics({"a": 1.0}, step=0)
+    assert logger.version == 0  # the run is allocated when first needed: now
     assert variable in os.environ
     assert {t.name for t in set(threading.enumerate()) - before} >= {"multirank-writer"}
     logger.finalize("success")

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(240)
 SCRIPT = Path(__file__).with_name("shared_nothing_train.py")
+#: launcher variables a test's own environment must not leak into a simulated host
+_LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "MULTIRANK_LOGGER_", "NODE_RANK", "LOCAL_RANK", "GROUP_RANK",
+                      "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 REPO = SCRIPT.parent.parent
 _NODE_TIMEOUT_S = 150
 
@@ -44,9 +48,18 @@ _needs_unshare = pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSH
 
 
 def _run_hosts(
-    tmp_path: Path, db_name: str, devices: int, *extra: str, shared_disk: bool = False
+    tmp_path: Path,
+    db_name: str,
+    devices: int,
+    *extra: str,
+    shared_disk: bool = False,
+    launcher_env: Callable[[int], dict[str, str]] | None = None,
+    before: dict[int, str] | None = None,
 ) -> tuple[dict[int, dict], list[int], Path]:
-    """Start 2 simulated hosts of `devices` ranks each; returns the rank reports, exit codes, out dir."""
+    """Start 2 simulated hosts of `devices` ranks each; returns the rank reports, exit codes, out dir.
+
+    `launcher_env(node)` replaces NODE_RANK with a launcher's own variables; `before[node]` is a
+    shell command run on that host (inside its namespace) before training starts."""
     store_dir, out = tmp_path / "store", tmp_path / "out"
     store_dir.mkdir()
     out.mkdir()
@@ -57,10 +70,12 @@ def _run_hosts(
         cmd = f"mount -t tmpfs none {store_dir} && {cmd}"
     procs = []
     for node in (0, 1):
-        env = dict(os.environ, NODE_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
-        env.pop("WORLD_SIZE", None)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+        env.update(launcher_env(node) if launcher_env else {"NODE_RANK": str(node)})
         log = open(out / f"host{node}.log", "w")
-        argv = ["sh", "-c", cmd] if shared_disk else ["unshare", "-m", "sh", "-c", cmd]
+        node_cmd = cmd if not before or node not in before else cmd.replace("exec ", f"{before[node]} && exec ", 1)
+        argv = ["sh", "-c", node_cmd] if shared_disk else ["unshare", "-m", "sh", "-c", node_cmd]
         procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     codes = []
     for p in procs:
@@ -189,3 +204,46 @@ def test_rank0_killed_rows_spilled_then_imported_once(tmp_path: Path) -> None:
     again = subprocess.run(cli, check=False, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "already imported" in again.stdout, again.stdout + again.stderr
     assert _rows(db, sql) == after
+
+
+# -- one identity: a host that is not rank 0 allocates nothing on its own disk (issue 14) ------------
+
+#: each launcher's variables for host `node` of a 2-host job, 1 rank per host
+_LAUNCHER_STYLES: dict[str, Callable[[int], dict[str, str]]] = {
+    # the usual hand-launched recipe: no RANK
+    "hand": lambda node: {"NODE_RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+    # srun, one task per node: Lightning's SLURMEnvironment takes the ranks from these
+    "slurm": lambda node: {
+        "SLURM_NTASKS": "2", "SLURM_JOB_NAME": "train", "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+        "SLURM_NODEID": str(node), "SLURM_NTASKS_PER_NODE": "1", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242",
+    },
+    # torchrun's variables (without its agent)
+    "torchrun": lambda node: {
+        "RANK": str(node), "LOCAL_RANK": "0", "GROUP_RANK": str(node), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+    },
+}
+_SEED_RUNS = 3
+
+
+@_needs_unshare
+@pytest.mark.parametrize("style", sorted(_LAUNCHER_STYLES))
+@pytest.mark.parametrize("db_name", ["runs.duckdb", "runs.sqlite"])
+def test_host_1_with_its_own_store_allocates_nothing(tmp_path: Path, db_name: str, style: str) -> None:
+    """Host 1's disk holds a store with 3 runs of the name: it is left unchanged, and every row of
+    both ranks lands in host 0's store under its one run (no orphan rows)."""
+    db = tmp_path / "store" / db_name
+    seed = (
+        f"{sys.executable} -c \"from multirank_logger.store import Store; s = Store('{db}'); "
+        f"[s.create_run('sn') for _ in range({_SEED_RUNS})]; s.close()\" && "
+        f"sha256sum {db} > {tmp_path / 'out' / 'host1-before.sha'}"
+    )
+    reports, codes, out = _run_hosts(
+        tmp_path, db_name, 1, "--steps", "6", launcher_env=_LAUNCHER_STYLES[style], before={1: seed}
+    )
+    assert codes == [0, 0], _logs(out)
+    before = (out / "host1-before.sha").read_text().split()[0]
+    assert reports[1]["store_digest"] == before, _logs(out)
+    host0 = out / f"host0-{db_name}"
+    assert _rows(host0, "SELECT id, version, status FROM runs") == [(1, 0, "success")]
+    rows = _rows(host0, "SELECT run_id, rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
+    assert rows == [(1, r, s, float(1000 * r + s)) for r in (0, 1) for s in range(6)]

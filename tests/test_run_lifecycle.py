@@ -1,0 +1,280 @@
+"""Which run a launch writes under, in one process: versions free on disk, named versions,
+resume (version, run_key, latest), attempts and superseded steps, a logger never used,
+who may take itself for rank 0, orphan rows."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import torch.distributed as dist
+from click.testing import CliRunner
+
+from multirank_logger import MultiRankLogger
+from multirank_logger.buffer import RecordBuffer
+from multirank_logger.cli import main as cli
+from multirank_logger.identity import current_rank
+from multirank_logger.query import open_store
+from multirank_logger.run_lifecycle import ResumeRefused, RunIdentityMismatch, check_same_run
+from multirank_logger.schema import SEQ_ATTEMPT_SHIFT
+from multirank_logger.side_records import encode_side
+from multirank_logger.sinks import GatherSink
+from multirank_logger.store import Store
+from multirank_logger.transport import RowChannel
+from tests.conftest import free_port
+from tests.logger_helpers import query
+
+_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
+
+
+def _logger(db: Path, **kwargs) -> MultiRankLogger:
+    kwargs.setdefault("flush_interval", 3600)
+    return MultiRankLogger(db=str(db), **kwargs)
+
+
+def _launch(db: Path, steps: range, tag: float, **kwargs) -> MultiRankLogger:
+    """One launch of a run: `tag` marks its values, so a test can tell launches apart."""
+    logger = _logger(db, name="job", **kwargs)
+    for step in steps:
+        logger.log_metrics({"loss": tag + step, "step_only": step}, step=step)
+        logger.save()
+    logger.finalize("success")
+    return logger
+
+
+def _csv_rows(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_version_none_skips_version_dirs_of_other_loggers(db_path: Path, tmp_path: Path) -> None:
+    """A save_dir holding CSVLogger's version_0 and TensorBoard's version_1: the new run takes version_2."""
+    save = tmp_path / "logs"
+    for v in (0, 1):
+        (save / "lightning_logs" / f"version_{v}").mkdir(parents=True)
+        (save / "lightning_logs" / f"version_{v}" / "metrics.csv").write_text("step\n0\n")
+    logger = _logger(db_path, save_dir=str(save))
+    assert logger.version == 2
+    assert logger.log_dir == str(save / "lightning_logs" / "version_2")
+    assert (save / "lightning_logs" / "version_0" / "metrics.csv").read_text() == "step\n0\n"
+    logger.finalize("success")
+
+
+def test_explicit_version_over_a_non_empty_dir_warns(db_path: Path, tmp_path: Path) -> None:
+    """version=0 whose directory another logger filled: CSVLogger's warning, and a new run."""
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_0" / "events.out").write_text("x")
+    logger = _logger(db_path, save_dir=str(tmp_path), version=0)
+    with pytest.warns(UserWarning, match="exists and is not empty"):
+        _ = logger.run_id
+    assert logger.run_id == 1
+    logger.finalize("success")
+
+
+def test_named_version_is_the_directory_and_keeps_an_int_version(db_path: Path, tmp_path: Path) -> None:
+    """version="2020-02-05-162402": log_dir ends with it; runs.version stays an allocated int."""
+    first = _launch(db_path, range(2), 0.0, version="2020-02-05-162402", save_dir=str(tmp_path))
+    assert first.version == "2020-02-05-162402"
+    assert first.log_dir == str(tmp_path / "job" / "2020-02-05-162402")
+    assert query(db_path, "SELECT version, version_name FROM runs") == [(0, "2020-02-05-162402")]
+    assert [r["step"] for r in _csv_rows(os.path.join(first.log_dir, "metrics.csv"))] == ["0", "1"]
+    other = _launch(db_path, range(1), 0.0, save_dir=str(tmp_path))  # the next int version is still free
+    assert other.version == 1
+    with open_store(db_path) as reader:
+        assert reader.resolve_run("job/2020-02-05-162402").id == first.run_id
+        assert reader.runs()["run"].tolist() == ["job/2020-02-05-162402", "job/version_1"]
+
+
+def test_named_version_resumes(db_path: Path, tmp_path: Path) -> None:
+    """The same named version again continues that run."""
+    first = _launch(db_path, range(2), 0.0, version="named", save_dir=str(tmp_path))
+    second = _launch(db_path, range(2, 4), 0.0, version="named", save_dir=str(tmp_path))
+    assert second.run_id == first.run_id
+    assert query(db_path, "SELECT count(*) FROM runs") == [(1,)]
+
+
+def test_resume_continues_the_run_as_a_new_attempt(db_path: Path) -> None:
+    """version=0 again: same run id and log_dir, a second attempt, seq above the first's, status success."""
+    first = _launch(db_path, range(3), 100.0)
+    second = _launch(db_path, range(2, 5), 200.0, version=0)  # resumed from a checkpoint at step 2
+    assert (second.run_id, second.log_dir) == (first.run_id, first.log_dir)
+    assert query(db_path, "SELECT status, ended_at IS NOT NULL FROM runs") == [("success", True)]
+    assert query(db_path, "SELECT attempt, world_size, status FROM attempts ORDER BY attempt") == [
+        (0, 1, "success"),
+        (1, 1, "success"),
+    ]
+    seqs = query(db_path, "SELECT DISTINCT seq FROM metrics ORDER BY seq")
+    assert [s for (s,) in seqs] == [0, 1, 2, 1 << SEQ_ATTEMPT_SHIFT, (1 << SEQ_ATTEMPT_SHIFT) + 1, (1 << SEQ_ATTEMPT_SHIFT) + 2]
+
+
+def test_superseded_steps_hidden_by_default_every_launch_on_request(db_path: Path) -> None:
+    """Step 2, logged by both launches: per_rank and metrics() show the resumed launch's value once."""
+    _launch(db_path, range(3), 100.0)
+    _launch(db_path, range(2, 5), 200.0, version=0)
+    with open_store(db_path) as reader:
+        table = reader.per_rank("loss")
+        assert table[0].tolist() == [100.0, 101.0, 202.0, 203.0, 204.0]
+        latest = reader.metrics(keys=["loss"])
+        assert latest["step"].tolist() == [0, 1, 2, 3, 4]
+        assert latest["attempt"].tolist() == [0, 0, 1, 1, 1]
+        every = reader.metrics(keys=["loss"], all_attempts=True)
+        assert every["value"].tolist() == [100.0, 101.0, 102.0, 202.0, 203.0, 204.0]
+        assert reader.attempts()["attempt"].tolist() == [0, 1]
+
+
+def test_metrics_csv_holds_every_launch_in_order(db_path: Path) -> None:
+    """metrics.csv after the resume: the first launch's rows, then the second's, as CSVLogger lays them out."""
+    _launch(db_path, range(3), 100.0)
+    second = _launch(db_path, range(2, 5), 200.0, version=0)
+    rows = _csv_rows(os.path.join(second.log_dir, "metrics.csv"))
+    assert [(r["step"], r["loss"]) for r in rows] == [
+        ("0", "100.0"), ("1", "101.0"), ("2", "102.0"), ("2", "202.0"), ("3", "203.0"), ("4", "204.0")
+    ]
+    assert list(rows[0]) == ["loss", "step", "step_only"]
+
+
+def test_run_key_resumes_without_knowing_the_version(db_path: Path) -> None:
+    """run_key= (a job id): the first launch creates the run, a requeued one continues it."""
+    _launch(db_path, range(1), 0.0)  # another run of the name first
+    first = _launch(db_path, range(2), 0.0, run_key="slurm-4242")
+    second = _launch(db_path, range(2, 4), 0.0, run_key="slurm-4242")
+    third = _launch(db_path, range(1), 0.0, run_key="slurm-5151")
+    assert first.run_id == second.run_id != third.run_id
+    assert (first.version, third.version) == (1, 2)
+    assert query(db_path, "SELECT run_key FROM runs ORDER BY id") == [(None,), ("slurm-4242",), ("slurm-5151",)]
+
+
+def test_resume_must_takes_the_latest_run_of_the_name(db_path: Path) -> None:
+    """resume="must" with no version: the latest run of the name continues."""
+    _launch(db_path, range(1), 0.0)
+    latest = _launch(db_path, range(1), 0.0)
+    again = _launch(db_path, range(1, 2), 0.0, resume="must")
+    assert again.run_id == latest.run_id
+
+
+def test_resume_must_without_a_run_is_refused(db_path: Path) -> None:
+    """resume="must" for a version the store does not hold: a clear error, no run created."""
+    logger = _logger(db_path, name="job", version=3, resume="must")
+    with pytest.raises(ResumeRefused, match="holds no run job/version_3"):
+        _ = logger.run_id
+    assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
+
+
+def test_resume_never_refuses_an_existing_version(db_path: Path) -> None:
+    """resume="never": version=0 that exists is an error that says what to pass."""
+    _launch(db_path, range(1), 0.0)
+    logger = _logger(db_path, name="job", version=0, resume="never")
+    with pytest.raises(ResumeRefused, match="already exists.*resume='allow'"):
+        _ = logger.run_id
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"version": "a/b"}, "directory name"), ({"resume": "sometimes"}, "resume="), ({"run_key": ""}, "run_key=")],
+)
+def test_bad_run_arguments_are_refused(db_path: Path, kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _logger(db_path, **kwargs)
+
+
+def test_logger_built_and_never_used_leaves_no_run(db_path: Path) -> None:
+    """Built, then dropped: the store holds no running run."""
+    logger = _logger(db_path, name="unused")
+    del logger
+    assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("env", "rank"),
+    [
+        ({}, 0),
+        ({"LOCAL_RANK": "0", "NODE_RANK": "0"}, 0),
+        ({"LOCAL_RANK": "0", "NODE_RANK": "1"}, -1),  # hand-launched node 1: not rank 0
+        ({"LOCAL_RANK": "1", "NODE_RANK": "0"}, -1),
+        ({"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1"}, 3),  # torchrun
+        ({"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0"}, 0),
+        ({"GROUP_RANK": "1", "LOCAL_RANK": "0"}, -1),
+        ({"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}, -1),
+        ({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}, 0),
+        ({"NODE_RANK": "x"}, -1),
+    ],
+)
+def test_rank_zero_only_when_certain(monkeypatch: pytest.MonkeyPatch, env: dict, rank: int) -> None:
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert current_rank() == rank
+
+
+def test_a_process_not_known_to_be_rank_0_creates_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Node 1's first process, built before its process group: no directory, no store, no run."""
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    db = tmp_path / "not_yet" / "runs.sqlite"
+    logger = _logger(db)
+    logger.finalize("failed")
+    assert not db.parent.exists()
+
+
+def test_direct_rank_refuses_a_store_that_is_not_rank_0s(db_path: Path) -> None:
+    """A rank told run 4 by rank 0, opening a store where id 4 is not that run: a clear error."""
+    store = Store(db_path)
+    for _ in range(3):
+        store.create_run("job")
+    mine = store.create_run("other")
+    with pytest.raises(RunIdentityMismatch, match="holds no run with id 9|no run with id 9"):
+        check_same_run(store, 1, 9, "job", 3, 0.0)
+    with pytest.raises(RunIdentityMismatch, match="other/version_0"):
+        check_same_run(store, 1, mine.id, "job", 3, 0.0)
+    check_same_run(store, 1, mine.id, "other", 0, 0.0)  # the right run passes
+    store.close()
+
+
+def test_cli_runs_reports_orphan_rows(db_path: Path) -> None:
+    """Metric rows under a run id with no runs row are named by `multirank-logger runs`."""
+    logger = _launch(db_path, range(2), 0.0)
+    store = Store(db_path)
+    with store.begin() as conn:
+        conn.execute(sa.text("UPDATE metrics SET run_id = 7 WHERE step = 1"))
+    store.close()
+    result = CliRunner().invoke(cli, ["runs", str(db_path)])
+    assert result.exit_code == 0, result.output
+    assert "Warning: 2 metric row(s) under run id 7, which has no runs row (orphans)." in result.output
+    assert f"job/version_{logger.version}" in result.output
+
+
+def test_rank_0_files_received_rows_under_its_own_run(db_path: Path) -> None:
+    """Rows (and side rows) a sender shipped under another run id are stored under rank 0's run."""
+    server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    store = Store(db_path)
+    run = store.create_run("job", world_size=2)
+    receiver = RowChannel("stamp", 0, 2, host="127.0.0.1", port=server.port)
+    sink = GatherSink(store, run.id, receiver)
+    sink.poll()  # connect first, as rank 0's writer does
+    buf = RecordBuffer()
+    for step in range(3):
+        buf.append(step, {"loss": float(step)})
+    sender = RowChannel("stamp", 1, 2, host="127.0.0.1", port=server.port)
+    sender.send(buf.drain(run_id=run.id + 40, rank=1))  # an identity rank 0 never allocated
+    side = {"logs": [{"run_id": run.id + 40, "rank": 1, "seq": 0, "time": 0.0, "level": "INFO", "levelno": 20,
+                      "logger": "x", "message": "hi"}]}
+    sender.send_side(encode_side(side))
+    for _ in range(100):  # bounded: rank 0 takes what arrived at each poll
+        sink.poll()
+        if query(db_path, "SELECT count(*) FROM metrics") == [(3,)]:
+            break
+        time.sleep(0.05)
+    sink.poll()
+    assert query(db_path, "SELECT DISTINCT run_id FROM metrics") == [(run.id,)]
+    assert query(db_path, "SELECT run_id, message FROM logs") == [(run.id, "hi")]
+    sender.close()
+    sink.close()
+    store.close()
