@@ -29,16 +29,25 @@ from typing_extensions import override
 
 from multirank_logger.backends import backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
-from multirank_logger.side_records import SideRecords
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
 from multirank_logger.placement import TRANSPORTS, InvalidTransport, choose_transport
 from multirank_logger.query import StoreReader
-from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
-from multirank_logger.sinks import DirectSink, GatherSink
+from multirank_logger.run_end import (
+    FACTS_WAIT_S,
+    fetch_facts,
+    final_status,
+    publish_facts,
+    rank_facts,
+    record_end,
+    run_lacks_values,
+)
+from multirank_logger.side_records import SideRecords
+from multirank_logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.spill import SpillWriter
 from multirank_logger.store import Store, _check_writable, retry_while_locked
 from multirank_logger.transport import RowChannel
+from multirank_logger.unstored import Spiller, describe
 from multirank_logger.writer import BackgroundWriter, forget_chained_sigterm, outermost_sigterm
 
 __all__ = ["MultiRankLogger"]
@@ -148,9 +157,10 @@ class MultiRankLogger(Logger):
         self._unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
         self._lock = threading.RLock()  # identity and sink set-up; never taken by log_metrics/save
         self._store: Store | None = None
-        self._sink: DirectSink | None = None
+        self._sink: DirectSink | GatherSender | None = None
         self._sink_world = 0
-        self._spill: SpillWriter | None = None  # one per run: every phase spills into one file
+        self._spiller: Spiller | None = None  # one per run: every phase spills into one file
+        self._unstored_recorded = (0, 0)  # (spilled, lost) values already added to the run's row
         self._rank = 0
         self._transport: str | None = None
         self._live = False
@@ -163,7 +173,7 @@ class MultiRankLogger(Logger):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill"):
+        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spiller"):
             del state[key]  # engines, threads and sockets stay in this process
         state["_published"] = False  # the new process's rank 0 publishes into its own launch
         return state
@@ -289,22 +299,61 @@ class MultiRankLogger(Logger):
             self._end_unset_run(status)
             return
         store, run_id = self._store, self._identity.run_id  # store: None on a rank that only sends
+        deadline = time.monotonic() + timeout
         with self._held(store, timeout):
             self._writer.flush(timeout)
-            others = self._safely(lambda: sink.finish(status, timeout)) or {}
-            self._writer.flush(timeout)  # rows rank 0 drained while finishing are written by now
-            gather_world = self._sink_world if isinstance(sink, GatherSink) else 0
+            cycle = lambda: self._writer.flush(timeout, now=False)  # noqa: E731 - receive; write when due
+            others = self._safely(lambda: sink.finish(status, timeout, cycle)) or {}
+            # rows rank 0 received while finishing, and rows a busy store refused so far: the last wait
+            if not self._writer.flush_until(max(deadline, time.monotonic() + 1.0)):
+                error = self._writer.last_error
+                self._writer.spill_held(
+                    f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})"
+                )
+            gather_world = self._sink_world if sink.transport == "gather" else 0
             facts: dict[int, dict[str, Any]] = {}
             if gather_world and self._rank == 0:
                 facts = self._safely(lambda: fetch_facts(sink.channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
             sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
+            spilled, lost = self._unstored_since_recorded()
             if store is not None:
                 end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
-                self._safely(lambda: record_end(store, run_id, **end, timeout=self._timeout))
+                recorded = self._safely(lambda: record_end(
+                    store, run_id, **end, timeout=min(timeout, 5.0), values_spilled=spilled, values_lost=lost
+                ) or True)
+                if recorded:
+                    self._unstored_recorded = self._unstored_totals()
+                else:
+                    log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
                 if self._rank == 0 and status == "success" and self._export_csv:
-                    self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
+                    self._export_if_complete(store, run_id)
+            if self._spiller is not None and self._spiller.summary():
+                self._spiller.say(self._spiller.summary())
         self._phase += 1
         self._sink = None  # a later fit/test sets up again, on a fresh channel
+
+    def _unstored_totals(self) -> tuple[int, int]:
+        spiller = self._spiller
+        return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
+
+    def _unstored_since_recorded(self) -> tuple[int, int]:
+        (spilled, lost), (s0, l0) = self._unstored_totals(), self._unstored_recorded
+        return spilled - s0, lost - l0
+
+    def _export_if_complete(self, store: Store, run_id: int) -> None:
+        """metrics.csv only from a store that holds every value: never a short file passed off as CSVLogger's."""
+        lacks = self._safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), 5.0), "reading the run")
+        if lacks is None or any(lacks):
+            why = "the store could not be read" if lacks is None else (
+                f"the store lacks {lacks[0]} value(s) kept in spill files and {lacks[1]} lost"
+            )
+            log.error(
+                "multirank_logger: metrics.csv was not written: %s. Import the spill files named above, then write "
+                "it with: multirank-logger export %s --run %s -o %s",
+                why, self._db, run_id, os.path.join(self.log_dir, self.NAME_METRICS_FILE),
+            )
+            return
+        self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
 
     @contextlib.contextmanager
     def _held(self, store: Store | None, timeout: float) -> Iterator[None]:
@@ -391,7 +440,7 @@ class MultiRankLogger(Logger):
                 self._published = self._board.publish(self._identity)
             return self._identity
 
-    def _target(self) -> tuple[DirectSink, int, int] | None:
+    def _target(self) -> tuple[DirectSink | GatherSender, int, int] | None:
         """For the writer thread: where rows go, once that is known."""
         if self._sink is None and self._buffer.calls_pending == 0:
             return None  # nothing to write: leave the set-up to `experiment`, in the main thread
@@ -401,7 +450,7 @@ class MultiRankLogger(Logger):
         assert self._identity is not None
         return sink, self._identity.run_id, self._rank
 
-    def _setup_sink(self) -> DirectSink | None:
+    def _setup_sink(self) -> DirectSink | GatherSender | None:
         """Decide the transport and build the sink; None while the process group is not up."""
         with self._lock:
             world = current_world_size()
@@ -418,16 +467,15 @@ class MultiRankLogger(Logger):
             transport, why = choose_transport(
                 self._transport_arg, backend_for(self._url), world, rank=rank, channel=channel, timeout=self._timeout
             )
-            if transport == "gather" and channel is not None:
-                store = self._open_store() if rank == 0 else None
-                spill = None if rank == 0 else self._spill_writer(identity, rank)
-                path = backend_for(self._url).path
-                shown = os.path.abspath(path) if path is not None else self._db  # for the import command
-                sink: DirectSink = GatherSink(store, identity.run_id, channel, spill=spill, db=shown)
-                if rank != 0:
-                    publish_facts(channel)  # rank 0 records this rank's host and pid at the end
+            spiller = self._spiller_for(identity, rank)
+            sink: DirectSink | GatherSender
+            if transport == "gather" and channel is not None and rank == 0:
+                sink = GatherReceiver(self._open_store(), identity.run_id, channel, spiller)
+            elif transport == "gather" and channel is not None:
+                sink = GatherSender(channel, spiller)
+                publish_facts(channel)  # rank 0 records this rank's host and pid at the end
             else:
-                sink = DirectSink(self._open_store(), identity.run_id)
+                sink = DirectSink(self._open_store(), identity.run_id, spiller)
             self._rank, self._transport, self._sink_world = rank, transport, world
             if self._store is not None:
                 self._register(identity, rank, world, transport, why)
@@ -436,12 +484,17 @@ class MultiRankLogger(Logger):
             self._sink = sink
             return sink
 
-    def _spill_writer(self, identity: RunIdentity, rank: int) -> SpillWriter:
-        if self._spill is None or self._spill.header["run_id"] != identity.run_id:
-            self._spill = SpillWriter(
+    def _spiller_for(self, identity: RunIdentity, rank: int) -> Spiller:
+        """This run's spill file on this rank (created on its first row): every phase spills into it."""
+        if self._spiller is None or self._spiller.spill.header["run_id"] != identity.run_id:
+            spill = SpillWriter(
                 self._spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank
             )
-        return self._spill
+            path = backend_for(self._url).path
+            shown = os.path.abspath(path) if path is not None else self._db  # for the import command
+            self._spiller = Spiller(spill, shown, rank)
+            self._unstored_recorded = (0, 0)
+        return self._spiller
 
     def _register(self, identity: RunIdentity, rank: int, world: int, transport: str, why: str) -> None:
         store = self._store
@@ -523,10 +576,11 @@ def _end_runs_never_finalized() -> None:
         store, identity = logger._store, logger._identity
         if logger._finalized or store is None or identity is None:
             continue
-        if rank != 0 and (logger._sink is None or isinstance(logger._sink, GatherSink)):
+        if rank != 0 and (logger._sink is None or logger._sink.transport == "gather"):
             continue  # a sender's row is rank 0's to write, and the store may not be reachable here
 
-        senders = range(1, logger._sink_world) if isinstance(logger._sink, GatherSink) else range(0)
+        gather = logger._sink is not None and logger._sink.transport == "gather"
+        senders = range(1, logger._sink_world) if gather else range(0)
 
         def end(store: Store = store, run_id: int = identity.run_id, senders: range = senders) -> None:
             # only what is still running: a ddp_spawn parent never finalizes, its workers did
