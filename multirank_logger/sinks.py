@@ -72,12 +72,12 @@ class DirectSink:
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """One connection for a cycle's writes (a DuckDB file costs ~20 ms to open)."""
-        self._check_file()
+        self.check_store()
         with self.store.writing():
             yield
 
     def write(self, batch: MetricBatch | Any) -> None:
-        self._check_file()
+        self.check_store()
         self.store.write(batch)
 
     def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
@@ -102,7 +102,7 @@ class DirectSink:
         """Nothing to wait for: every rank wrote its own rows. Returns no other rank's status."""
         return {}
 
-    def _check_file(self) -> None:
+    def check_store(self) -> None:
         """A store file deleted or replaced under a run would take every later row with it
         silently (SQLite keeps writing the unlinked file; DuckDB would create an empty one)."""
         if self._file is None:
@@ -112,10 +112,10 @@ class DirectSink:
             st = os.stat(path)
         except FileNotFoundError:
             self.store.engine.dispose()  # drop the connection to the unlinked file
-            raise StoreGone(path, "was deleted") from None
+            raise StoreGone(path) from None
         if (st.st_dev, st.st_ino) != identity:
             self.store.engine.dispose()
-            raise StoreGone(path, "was replaced by another file")
+            raise StoreGone(path)
 
 
 def _file_identity(store: Store | None) -> tuple[str, tuple[int, int]] | None:

@@ -42,10 +42,10 @@ _TRANSIENT_TEXT = (
 class StoreGone(StoreError):
     """The store's file was deleted or replaced while the run wrote it."""
 
-    def __init__(self, path: str, detail: str) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(
-            f"The store file {path} {detail} during the run. Rows are kept and retried; put the file back "
+            f"The store file {path} was deleted or replaced during the run. Rows are kept and retried; put the file back "
             "to have them written, or they go to a spill file at the end."
         )
 

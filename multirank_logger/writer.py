@@ -52,8 +52,9 @@ SELDOM_MAX_CALLS = 10_000
 _WARN_AFTER_FAILURES = 5
 #: the longest wait between two attempts on a failing store (backoff doubles up to it)
 MAX_BACKOFF_S = 30.0
-#: a permanently refused batch is cut in halves down to this many rows; such a piece is spilled whole
-_ISOLATE_ROWS = 1_024
+#: writes spent cutting a permanently refused batch in halves (down to single rows) before the
+#: pieces still failing are spilled whole: a batch where every row collides costs ~64 writes, not 2n
+_ISOLATE_ATTEMPTS = 64
 
 
 class Sink(Protocol):
@@ -331,14 +332,15 @@ class BackgroundWriter:
         """`batch` failed for good: write it in halves until the failing rows are cut out and
         spilled; the others get stored. False when a transient failure interrupts (rest held)."""
         why = f"the store refused {{n}} value(s) for good ({describe(exc)}); the rows after them are written as usual"
-        pieces = [batch]
+        pieces, attempts = [batch], 0
         while pieces:
             piece = pieces.pop(0)
-            if len(piece) <= _ISOLATE_ROWS:
+            if len(piece) == 1 or attempts >= _ISOLATE_ATTEMPTS:
                 self._spill([piece], why.format(n=len(piece)))
                 continue
             halves = _halves(piece)
             for i, half in enumerate(halves):
+                attempts += 1
                 try:
                     sink.write(half)
                 except BaseException as err:  # noqa: BLE001
