@@ -190,14 +190,14 @@ _needs_unshare = pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSH
 
 
 def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *extra: str):
-    """Log into a store on a `size` tmpfs (in a mount namespace); copy the store out afterwards."""
+    """Log into a store on a `size` tmpfs (in a mount namespace); copy the store (and its WAL) out afterwards."""
     disk, out = tmp_path / "disk", tmp_path / "out"
     disk.mkdir()
     out.mkdir()
     db = disk / f"runs{suffix}"
     spill = disk / "spill" if spill_inside else out / "spill"
     cmd = " ".join(_log_cmd(db, spill, *extra))
-    script = f"mount -t tmpfs -o size={size} none {disk} && {cmd}; rc=$?; cp {db} {out}/; exit $rc"
+    script = f"mount -t tmpfs -o size={size} none {disk} && {cmd}; rc=$?; cp {db} {out}/; for w in {db}-wal {db}.wal; do [ -e $w ] && cp $w {out}/; done; exit $rc"
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-4000:]
     return done, out / db.name
