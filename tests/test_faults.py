@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -233,3 +235,53 @@ def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -
     spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", done.stderr))
     assert stored + spilled + int(lost[-1]) == calls * 10, done.stderr[-3000:]
     assert status != "success"
+
+
+def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -> None:
+    """The PostgreSQL server stops under a running logger and comes back: every row is written once
+    it is back (held in memory meanwhile), and the run is a success."""
+    pgserver = pytest.importorskip("pgserver", reason="pgserver is not installed (pip install -e '.[test]')")
+    from tests.conftest import new_postgres_database
+
+    # our own server (the test stops it), outside pytest's base directory: every pytest session
+    # resets that to mode 0700, which shuts out the server's own user ("pgserver")
+    pgdata = Path(tempfile.mkdtemp(prefix="multirank-pg-"))
+    pgdata.chmod(0o755)
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    try:
+        url = new_postgres_database(server)
+        ready, go = tmp_path / "ready", tmp_path / "go"
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--db", url, "--spill-dir", str(tmp_path / "spill"), "--calls", "4000",
+             "--timeout", "60", "--ready", str(ready), "--go", str(go)],
+            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        postmaster = server.get_pid()
+        os.kill(postmaster, signal.SIGINT)  # PostgreSQL's "fast" shutdown: clients are cut off
+        while _alive(postmaster):
+            time.sleep(0.05)
+        go.touch()
+        time.sleep(6)  # the second half is logged and flushed against a stopped server
+        server.ensure_postgres_running()
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
+        assert "OperationalError" in err  # the writer met the stopped server (5 failed flushes)
+        (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
+        assert (count, float(total)) == _expected(4000)
+        assert query(url, "SELECT status, values_spilled FROM runs") == [("success", None)]
+        assert _spill_files(err) == []
+    finally:
+        server.cleanup()
+        shutil.rmtree(pgdata, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
