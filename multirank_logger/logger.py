@@ -300,6 +300,7 @@ class MultiRankLogger(Logger):
             return
         store, run_id = self._store, self._identity.run_id  # store: None on a rank that only sends
         deadline = time.monotonic() + timeout
+        left = lambda: max(deadline - time.monotonic(), 1.0)  # noqa: E731 - the end's waits share `timeout`
         with self._held(store, timeout):
             self._writer.flush(timeout)
             cycle = lambda: self._writer.flush(timeout, now=False)  # noqa: E731 - receive; write when due
@@ -319,14 +320,14 @@ class MultiRankLogger(Logger):
             if store is not None and self._safely(lambda: sink.check_store() or True, "checking the store file"):
                 end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
                 recorded = self._safely(lambda: record_end(
-                    store, run_id, **end, timeout=min(timeout, 5.0), values_spilled=spilled, values_lost=lost
+                    store, run_id, **end, timeout=min(left(), 5.0), values_spilled=spilled, values_lost=lost
                 ) or True)
                 if recorded:
                     self._unstored_recorded = self._unstored_totals()
                 else:
                     log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
                 if self._rank == 0 and status == "success" and self._export_csv:
-                    self._export_if_complete(store, run_id)
+                    self._export_if_complete(store, run_id, left())
             if self._spiller is not None and self._spiller.summary():
                 self._spiller.say(self._spiller.summary())
         self._phase += 1
@@ -340,9 +341,9 @@ class MultiRankLogger(Logger):
         (spilled, lost), (s0, l0) = self._unstored_totals(), self._unstored_recorded
         return spilled - s0, lost - l0
 
-    def _export_if_complete(self, store: Store, run_id: int) -> None:
+    def _export_if_complete(self, store: Store, run_id: int, wait: float = 5.0) -> None:
         """metrics.csv only from a store that holds every value: never a short file passed off as CSVLogger's."""
-        lacks = self._safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), 5.0), "reading the run")
+        lacks = self._safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), wait), "reading the run")
         if lacks is None or any(lacks):
             why = "the store could not be read" if lacks is None else (
                 f"the store lacks {lacks[0]} value(s) kept in spill files and {lacks[1]} lost"
@@ -376,7 +377,7 @@ class MultiRankLogger(Logger):
             store, run_id = self._store, self._identity.run_id
             self._safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
             if status == "success" and self._export_csv:
-                self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
+                self._export_if_complete(store, run_id)
 
     def _export_files(self) -> None:
         """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
@@ -477,11 +478,15 @@ class MultiRankLogger(Logger):
             else:
                 sink = DirectSink(self._open_store(), identity.run_id, spiller)
             self._rank, self._transport, self._sink_world = rank, transport, world
+            self._sink = sink
             if self._store is not None:
-                self._register(identity, rank, world, transport, why)
+                try:
+                    self._register(identity, rank, world, transport, why)
+                except BaseException:
+                    self._sink = None  # set up again, registration included, on the next call
+                    raise
             if rank == 0 and self._hparams_logged:
                 sink.update_run(hparams=_jsonable(self._hparams))
-            self._sink = sink
             return sink
 
     def _spiller_for(self, identity: RunIdentity, rank: int) -> Spiller:
@@ -510,7 +515,13 @@ class MultiRankLogger(Logger):
                 if rank == 0:
                     store.update_run(identity.run_id, transport=transport, world_size=world)
 
-        retry_while_locked(write, self._timeout)
+        try:
+            retry_while_locked(write, min(self._timeout, 1.0))
+        except StoreLocked:
+            # a reader holds the DuckDB file (a notebook): the rows must not wait for it, nor the
+            # training; the writer registers the rank with its retries, before its next rows
+            assert self._sink is not None
+            self._sink.defer(write)
         if rank == 0:
             rank_zero_info(
                 f"MultiRankLogger: run {identity.name}/version_{identity.version} (id {identity.run_id}) in "

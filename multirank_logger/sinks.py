@@ -52,6 +52,7 @@ class DirectSink:
         self.run_id = run_id
         self.spiller = spiller
         self._run_updates: dict[str, Any] = {}
+        self._deferred: list[Callable[[], None]] = []  # bookkeeping writes a held store refused
         self._file = _file_identity(store)
 
     @property
@@ -84,7 +85,14 @@ class DirectSink:
         """Side-table rows (decisions, logs, step timing); raise to have them retried."""
         self.store.write_side(tables)
 
+    def defer(self, write: Callable[[], None]) -> None:
+        """Have the writer run `write` (idempotent bookkeeping) with its retries, before the run updates."""
+        self._deferred.append(write)
+
     def write_run(self) -> None:
+        while self._deferred:
+            self._deferred[0]()
+            self._deferred.pop(0)
         if self._run_updates:
             updates = dict(self._run_updates)
             self.store.update_run(self.run_id, **updates)
