@@ -13,6 +13,7 @@ even the spill file cannot be written, it counts the values lost, loudly.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -39,6 +40,11 @@ _TRANSIENT_TEXT = (
 )
 
 
+# a store whose tables vanished: its file was deleted and a fresh one opened at the same path
+# (between the check in sinks.DirectSink and the open; the new file can even reuse the inode)
+_MISSING_TABLE = re.compile(r"no such table|Table with name \w+ does not exist|relation \"\w+\" does not exist")
+
+
 class StoreGone(StoreError):
     """The store's file was deleted or replaced while the run wrote it."""
 
@@ -54,6 +60,8 @@ def is_transient(exc: BaseException) -> bool:
     """True when retrying the same rows later may succeed (the store, not the rows, is at fault)."""
     if isinstance(exc, (StoreLocked, StoreGone, OSError)):
         return True
+    if _MISSING_TABLE.search(str(exc)):
+        return True  # the store's file was replaced under us (an empty one at its path): not the rows' fault
     if isinstance(exc, sa.exc.IntegrityError):
         return False  # a key collision or a NOT NULL: these rows fail the same way every time
     if isinstance(exc, sa.exc.DBAPIError):

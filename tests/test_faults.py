@@ -163,7 +163,10 @@ def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> 
         env=_env(), capture_output=True, text=True, timeout=180,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "was deleted or replaced" in done.stderr, done.stderr[-3000:]
+    # StoreGone, or (when the deletion lands between the writer's check and its open, and DuckDB
+    # creates an empty file there) the missing tables: either way the rows are held, then spilled
+    assert "was deleted or replaced" in done.stderr or "does not exist" in done.stderr, done.stderr[-3000:]
+    assert "for good" not in done.stderr
     files = _spill_files(done.stderr)
     assert len(files) == 1
     fresh = tmp_path / f"restored{suffix}"  # the deleted store's run, recreated, takes the spill
