@@ -98,6 +98,7 @@ def _run_with_reader(tmp_path: Path, hold_s: float, timeout_s: float) -> tuple[s
     return done, db
 
 
+@pytest.mark.slow  # launches processes
 def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     """A reader holding the DuckDB file across the run's end, for less than `timeout`: every row, success."""
     done, db = _run_with_reader(tmp_path, hold_s=4, timeout_s=30)
@@ -105,6 +106,7 @@ def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     assert _spill_files(done.stderr) == []
 
 
+@pytest.mark.slow  # launches processes
 def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) -> None:
     """A reader holding the file past `timeout`: rows in the store or the named spill file, never success."""
     done, db = _run_with_reader(tmp_path, hold_s=25, timeout_s=3)
@@ -153,6 +155,7 @@ def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, cap
     store.close()
 
 
+@pytest.mark.slow  # launches processes
 @pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
 def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> None:
     """The store file deleted under a running logger: later rows are spilled (not written into the
@@ -192,6 +195,7 @@ def _can_unshare() -> str | None:
 
 _NO_UNSHARE = _can_unshare() if sys.platform == "linux" else "mount namespaces are Linux-only"
 _needs_unshare = pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSHARE))
+_slow = pytest.mark.slow  # launches processes
 
 
 def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *extra: str):
@@ -208,6 +212,7 @@ def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *e
     return done, out / db.name
 
 
+@_slow
 @_needs_unshare
 @pytest.mark.parametrize("suffix,size", [(".sqlite", "1m"), (".duckdb", "3m")])
 def test_full_disk_spills_elsewhere_and_import_recovers_every_value(tmp_path: Path, suffix: str, size: str) -> None:
@@ -227,6 +232,7 @@ def test_full_disk_spills_elsewhere_and_import_recovers_every_value(tmp_path: Pa
     assert (count, total) == _expected(calls)
 
 
+@_slow
 @_needs_unshare
 def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -> None:
     """spill_dir on the same full disk: the message counts the values lost, and the run is no success."""
@@ -240,6 +246,7 @@ def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -
     assert status != "success"
 
 
+@pytest.mark.slow  # launches processes
 def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -> None:
     """The PostgreSQL server stops under a running logger and comes back: every row is written once
     it is back (held in memory meanwhile), and the run is a success."""
