@@ -300,10 +300,10 @@ class MultiRankLogger(Logger):
             return
         store, run_id = self._store, self._identity.run_id  # store: None on a rank that only sends
         deadline = time.monotonic() + timeout
-        left = lambda: max(deadline - time.monotonic(), 1.0)  # noqa: E731 - the end's waits share `timeout`
+        left = lambda: max(deadline - time.monotonic(), 1.0)  # the end's waits share `timeout`
         with self._held(store, timeout):
             self._writer.flush(timeout)
-            cycle = lambda: self._writer.flush(timeout, now=False)  # noqa: E731 - receive; write when due
+            cycle = lambda: self._writer.flush(timeout, now=False)  # receive; write when due
             others = self._safely(lambda: sink.finish(status, timeout, cycle)) or {}
             # rows rank 0 received while finishing, and rows a busy store refused so far: the last wait
             if not self._writer.flush_until(max(deadline, time.monotonic() + 1.0)):

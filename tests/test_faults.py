@@ -163,7 +163,7 @@ def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> 
     db, spill = tmp_path / f"runs{suffix}", tmp_path / "spill"
     done = subprocess.run(
         _log_cmd(db, spill, "--calls", "2000", "--timeout", "2", "--delete"),
-        env=_env(), capture_output=True, text=True, timeout=180,
+        env=_env(), capture_output=True, text=True, timeout=180, check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     # StoreGone, or (when the deletion lands between the writer's check and its open, and DuckDB
@@ -189,7 +189,7 @@ def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> 
 def _can_unshare() -> str | None:
     if shutil.which("unshare") is None:
         return "the unshare command is not installed"
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs none /mnt"], capture_output=True, text=True)
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs none /mnt"], capture_output=True, text=True, check=False)
     return None if probe.returncode == 0 else f"mount namespaces are not permitted here ({probe.stderr.strip()})"
 
 
@@ -207,7 +207,7 @@ def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *e
     spill = disk / "spill" if spill_inside else out / "spill"
     cmd = " ".join(_log_cmd(db, spill, *extra))
     script = f"mount -t tmpfs -o size={size} none {disk} && {cmd}; rc=$?; cp {db} {out}/; for w in {db}-wal {db}.wal; do [ -e $w ] && cp $w {out}/; done; exit $rc"
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-4000:]
     return done, out / db.name
 
