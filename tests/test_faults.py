@@ -295,3 +295,40 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.slow  # a 2-rank DDP training
+def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_store(tmp_path: Path) -> None:
+    """Gather transport (DuckDB, 2 DDP ranks) with a reader holding the file from mid-run past the end:
+    rank 0 spills the rows it holds (its own and rank 1's), the run is not success, and the import
+    adds every spilled value to the store."""
+    from tests.logger_helpers import train_cmd, train_env
+
+    db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
+    cmd = train_cmd(db, tmp_path, "--steps", "60", "--sleep", "0.05", "--timeout", "3", "--spill-dir", str(spill))
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # the run is registered: the store exists and the reader can hold it
+        lines.append(line)
+        if "MultiRankLogger: run" in line:
+            break
+    reader = _hold_duckdb(db, 40, tmp_path / "held")
+    out = "".join(lines) + proc.communicate(timeout=240)[0]
+    assert proc.returncode == 0, out[-4000:]
+    reader.wait(120)
+    files = _spill_files(out)
+    assert files, out[-4000:]
+    spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", out))
+    (before,), = query(db, "SELECT COUNT(*) FROM metrics")
+    (status,), = query(db, "SELECT status FROM runs")
+    assert status != "success"
+    output = _import(db, files)
+    assert "already in the store" not in output, output
+    (after,), = query(db, "SELECT COUNT(*) FROM metrics")
+    assert after - before == spilled > 0
+    from multirank_logger.spill import read_spill
+
+    spilled_ranks = {r for f in files for batch in read_spill(f)[1] for r in batch.rank}
+    assert spilled_ranks == {0, 1}  # rank 0 held both its own rows and those rank 1 shipped
