@@ -1,9 +1,9 @@
 """How many ranks one rank 0 can absorb: many senders pushing rows through the gather channel.
 
 No Lightning, no process group: each sender process is what a rank > 0 runs underneath the
-logger, for real (a `RecordBuffer`, a `BackgroundWriter`, a sending `GatherSink` over a
+logger, for real (a `RecordBuffer`, a `BackgroundWriter`, a `GatherSender` over a
 `RowChannel` to the TCPStore), appending log calls as fast as it can for a bounded time.
-Rank 0 is the same code on the receiving side: a `GatherSink` with a real DuckDB store,
+Rank 0 is the same code on the receiving side: a `GatherReceiver` with a real DuckDB store,
 drained by its `BackgroundWriter`, finishing as `finalize` does (`sink.finish`). The
 TCPStore server lives in rank 0's process, as in a launch.
 
@@ -49,12 +49,12 @@ def _free_port() -> int:
 
 def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start_at: float, out: str) -> None:
     from multirank_logger.buffer import RecordBuffer
-    from multirank_logger.sinks import GatherSink
+    from multirank_logger.sinks import GatherSender
     from multirank_logger.transport import RowChannel
     from multirank_logger.writer import BackgroundWriter
 
     channel = RowChannel("load", rank, world, host="127.0.0.1", port=port, timeout=FINISH_TIMEOUT)
-    sink = GatherSink(None, run_id, channel)
+    sink = GatherSender(channel)
     buffer = RecordBuffer()
     writer = BackgroundWriter(
         buffer, lambda: (sink, run_id, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY
@@ -72,7 +72,7 @@ def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start
     last_append = time.time()
     writer.stop(FINISH_TIMEOUT)
     flushed = writer.flush(FINISH_TIMEOUT)
-    sink.finish("success", FINISH_TIMEOUT)
+    sink.finish("success", FINISH_TIMEOUT, lambda: None)
     sink.close()
     result = {"rank": rank, "calls": calls, "last_append": last_append, "flushed": flushed,
               "undelivered": sum(len(b) for b in sink.undelivered)}  # fmt: skip
@@ -85,7 +85,7 @@ def _receiver(
     import torch.distributed as dist
 
     from multirank_logger.buffer import RecordBuffer
-    from multirank_logger.sinks import GatherSink
+    from multirank_logger.sinks import GatherReceiver
     from multirank_logger.store import Store
     from multirank_logger.transport import RowChannel
     from multirank_logger.writer import BackgroundWriter
@@ -94,7 +94,7 @@ def _receiver(
     ready.set()
     store = Store(db)
     channel = RowChannel("load", 0, world, host="127.0.0.1", port=port, timeout=FINISH_TIMEOUT)
-    sink = GatherSink(store, run_id, channel)
+    sink = GatherReceiver(store, run_id, channel)
     # rank 0 logs nothing of its own here: its writer drains the others every flush_interval,
     # as during training; at the end of the sending window it finishes as `finalize` does
     writer = BackgroundWriter(
@@ -106,7 +106,7 @@ def _receiver(
         time.sleep(0.05)
     writer.stop(FINISH_TIMEOUT)  # from here on this thread writes, as in finalize
     writer.flush(FINISH_TIMEOUT)
-    done = sink.finish("success", FINISH_TIMEOUT)
+    done = sink.finish("success", FINISH_TIMEOUT, lambda: writer.flush(FINISH_TIMEOUT))
     writer.flush(FINISH_TIMEOUT)
     finished_at = time.time()
     sink.close()

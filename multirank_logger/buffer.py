@@ -70,6 +70,12 @@ class MetricBatch:
             out.extend(batch)
         return out
 
+    @classmethod
+    def from_arrow(cls, table: Any) -> MetricBatch:
+        """The rows of a pyarrow Table of the metrics columns (drain_arrow, decode_table), to spill them."""
+        columns = table.select(list(METRIC_COLUMNS)).to_pydict()  # dictionary keys come back as str
+        return cls(**{name: columns[name] for name in METRIC_COLUMNS})
+
     def to_arrow(self) -> Any:
         """A pyarrow.Table with the metrics table's column types (keys dictionary-encoded).
 

@@ -48,13 +48,22 @@ from multirank_logger.run_lifecycle import (
     open_run,
     seq_base,
 )
-from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, publish_facts, rank_facts, record_end
+from multirank_logger.run_end import (
+    FACTS_WAIT_S,
+    fetch_facts,
+    final_status,
+    publish_facts,
+    rank_facts,
+    record_end,
+    run_lacks_values,
+)
 from multirank_logger.side_records import SideRecords
-from multirank_logger.sinks import DirectSink, GatherSink
+from multirank_logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.spill import SpillWriter
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.torch_floor import require_store_queues
 from multirank_logger.transport import RowChannel
+from multirank_logger.unstored import Spiller, describe
 from multirank_logger.writer import BackgroundWriter
 
 __all__ = ["MultiRankLogger"]
@@ -201,9 +210,10 @@ class MultiRankLogger(Logger):
         self._lock = threading.RLock()  # identity and sink set-up; never taken by log_metrics/save
         process_hooks.guard_setup(self._lock)  # a SIGTERM inside a set-up must not wait for it
         self._store: Store | None = None
-        self._sink: DirectSink | None = None
+        self._sink: DirectSink | GatherSender | None = None
         self._sink_world = 0
-        self._spill: SpillWriter | None = None  # one per run: every phase spills into one file
+        self._spiller: Spiller | None = None  # one per run: every phase spills into one file
+        self._unstored_recorded = (0, 0)  # (spilled, lost) values already added to the run's row
         self._rank = 0
         self._transport: str | None = None
         self._attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
@@ -229,7 +239,7 @@ class MultiRankLogger(Logger):
             # pickled for ddp_spawn's workers: each launch of them must write under one run
             self._resolve()
         state = self.__dict__.copy()
-        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spill", "_capture", "_live_csv"):
+        for key in ("_buffer", "_side", "_lock", "_store", "_sink", "_writer", "_spiller", "_capture", "_live_csv"):
             del state[key]  # engines, threads and sockets stay in this process
         state["_published"] = False  # the new process's rank 0 publishes into its own launch
         return state
@@ -371,26 +381,66 @@ class MultiRankLogger(Logger):
             self._board.withdraw()
             return
         store, run_id = self._store, self._identity.run_id  # store: None on a rank that only sends
+        deadline = time.monotonic() + timeout
+        left = lambda: max(deadline - time.monotonic(), 1.0)  # the end's waits share `timeout`
         with self._held(store, timeout):
             self._writer.flush(timeout)
-            others = self._safely(lambda: sink.finish(status, timeout)) or {}
-            self._writer.flush(timeout)  # rows rank 0 drained while finishing are written by now
-            gather_world = self._sink_world if isinstance(sink, GatherSink) else 0
+            cycle = lambda: self._writer.flush(timeout, now=False)  # receive; write when due
+            others = self._safely(lambda: sink.finish(status, timeout, cycle)) or {}
+            # rows rank 0 received while finishing, and rows a busy store refused so far: the last wait
+            if not self._writer.flush_until(max(deadline, time.monotonic() + 1.0)):
+                error = self._writer.last_error
+                self._writer.spill_held(
+                    f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})"
+                )
+            gather_world = self._sink_world if sink.transport == "gather" else 0
             facts: dict[int, dict[str, Any]] = {}
             if gather_world and self._rank == 0:
                 facts = self._safely(lambda: fetch_facts(sink.channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
             sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
-            if store is not None:
+            spilled, lost = self._unstored_since_recorded()
+            if store is not None and self._safely(lambda: sink.check_store() or True, "checking the store file"):
                 end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
-                self._safely(lambda: record_end(store, run_id, **end, timeout=self._timeout))
+                recorded = self._safely(lambda: record_end(
+                    store, run_id, **end, timeout=min(left(), 5.0), values_spilled=spilled, values_lost=lost
+                ) or True)
+                if recorded:
+                    self._unstored_recorded = self._unstored_totals()
+                else:
+                    log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
                 if self._rank == 0 and self._attempt is not None:
                     attempt = self._attempt
                     self._safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5))
                 if self._rank == 0 and status == "success" and self._export_csv:
-                    self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
+                    self._export_if_complete(store, run_id, left())
+            if self._spiller is not None and self._spiller.summary():
+                self._spiller.say(self._spiller.summary())
         self._phase += 1
         self._sink = None  # a later fit/test sets up again, on a fresh channel
         self._board.withdraw()  # the launch is over: leave no variable behind in this process
+
+    def _unstored_totals(self) -> tuple[int, int]:
+        spiller = self._spiller
+        return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
+
+    def _unstored_since_recorded(self) -> tuple[int, int]:
+        (spilled, lost), (s0, l0) = self._unstored_totals(), self._unstored_recorded
+        return spilled - s0, lost - l0
+
+    def _export_if_complete(self, store: Store, run_id: int, wait: float = 5.0) -> None:
+        """metrics.csv only from a store that holds every value: never a short file passed off as CSVLogger's."""
+        lacks = self._safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), wait), "reading the run")
+        if lacks is None or any(lacks):
+            why = "the store could not be read" if lacks is None else (
+                f"the store lacks {lacks[0]} value(s) kept in spill files and {lacks[1]} lost"
+            )
+            log.error(
+                "multirank_logger: metrics.csv was not written: %s. Import the spill files named above, then write "
+                "it with: multirank-logger export %s --run %s -o %s",
+                why, self._db, run_id, os.path.join(self.log_dir, self.NAME_METRICS_FILE),
+            )
+            return
+        self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
 
     @contextlib.contextmanager
     def _held(self, store: Store | None, timeout: float) -> Iterator[None]:
@@ -413,7 +463,7 @@ class MultiRankLogger(Logger):
             store, run_id = self._store, self._identity.run_id
             self._safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
             if status == "success" and self._export_csv:
-                self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
+                self._export_if_complete(store, run_id)
 
     def _export_files(self) -> None:
         """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
@@ -535,7 +585,7 @@ class MultiRankLogger(Logger):
         self._attempt = attempt
         self._buffer.seq_base = self._side.seq_base = seq_base(attempt)
 
-    def _target(self) -> tuple[DirectSink, int, int] | None:
+    def _target(self) -> tuple[DirectSink | GatherSender, int, int] | None:
         """For the writer thread: where rows go, once that is known."""
         if self._sink is None and self._buffer.calls_pending == 0:
             return None  # nothing to write: leave the set-up to `experiment`, in the main thread
@@ -545,7 +595,7 @@ class MultiRankLogger(Logger):
         assert self._identity is not None
         return sink, self._identity.run_id, self._rank
 
-    def _setup_sink(self) -> DirectSink | None:
+    def _setup_sink(self) -> DirectSink | GatherSender | None:
         """Decide the transport and build the sink; None while the process group is not up."""
         with self._lock:
             world = current_world_size()
@@ -563,33 +613,41 @@ class MultiRankLogger(Logger):
                 self._transport_arg, backend_for(self._url), world, rank=rank, channel=channel, timeout=self._timeout
             )
             self._begin_attempt(rank, world, channel)
-            if transport == "gather" and channel is not None:
-                store = self._open_store() if rank == 0 else None
-                spill = None if rank == 0 else self._spill_writer(identity, rank)
-                path = backend_for(self._url).path
-                shown = os.path.abspath(path) if path is not None else self._db  # for the import command
-                sink: DirectSink = GatherSink(store, identity.run_id, channel, spill=spill, db=shown)
-                if rank != 0:
-                    publish_facts(channel)  # rank 0 records this rank's host and pid at the end
+            spiller = self._spiller_for(identity, rank)
+            sink: DirectSink | GatherSender
+            if transport == "gather" and channel is not None and rank == 0:
+                sink = GatherReceiver(self._open_store(), identity.run_id, channel, spiller)
+            elif transport == "gather" and channel is not None:
+                sink = GatherSender(channel, spiller)
+                publish_facts(channel)  # rank 0 records this rank's host and pid at the end
             else:
                 store = self._open_store()
                 if rank != 0:  # before its first write: is rank 0's run the one this store holds?
                     check_same_run(store, rank, identity.run_id, identity.name, identity.version, identity.started_at)
-                sink = DirectSink(store, identity.run_id)
+                sink = DirectSink(store, identity.run_id, spiller)
             self._rank, self._transport, self._sink_world = rank, transport, world
+            self._sink = sink
             if self._store is not None:
-                self._register(identity, rank, world, transport, why)
+                try:
+                    self._register(identity, rank, world, transport, why)
+                except BaseException:
+                    self._sink = None  # set up again, registration included, on the next call
+                    raise
             if rank == 0 and self._hparams_logged:
                 sink.update_run(hparams=_jsonable(self._hparams))
-            self._sink = sink
             return sink
 
-    def _spill_writer(self, identity: RunIdentity, rank: int) -> SpillWriter:
-        if self._spill is None or self._spill.header["run_id"] != identity.run_id:
-            self._spill = SpillWriter(
+    def _spiller_for(self, identity: RunIdentity, rank: int) -> Spiller:
+        """This run's spill file on this rank (created on its first row): every phase spills into it."""
+        if self._spiller is None or self._spiller.spill.header["run_id"] != identity.run_id:
+            spill = SpillWriter(
                 self._spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank
             )
-        return self._spill
+            path = backend_for(self._url).path
+            shown = os.path.abspath(path) if path is not None else self._db  # for the import command
+            self._spiller = Spiller(spill, shown, rank)
+            self._unstored_recorded = (0, 0)
+        return self._spiller
 
     def _register(self, identity: RunIdentity, rank: int, world: int, transport: str, why: str) -> None:
         store = self._store
@@ -605,7 +663,13 @@ class MultiRankLogger(Logger):
                 if rank == 0:
                     store.update_run(identity.run_id, transport=transport, world_size=world)
 
-        retry_while_locked(write, self._timeout)
+        try:
+            retry_while_locked(write, min(self._timeout, 1.0))
+        except StoreLocked:
+            # a reader holds the DuckDB file (a notebook): the rows must not wait for it, nor the
+            # training; the writer registers the rank with its retries, before its next rows
+            assert self._sink is not None
+            self._sink.defer(write)
         if rank == 0:
             rank_zero_info(
                 f"MultiRankLogger: run {identity.name}/{identity.dir_name} (id {identity.run_id}) in "
@@ -676,10 +740,11 @@ def _end_runs_never_finalized() -> None:
             continue
         # the process group may be gone by now: the rank the sink was set up with
         rank = logger._rank if logger._sink is not None else current_rank()
-        if rank != 0 and (logger._sink is None or isinstance(logger._sink, GatherSink)):
+        if rank != 0 and (logger._sink is None or logger._sink.transport == "gather"):
             continue  # a sender's row is rank 0's to write, and the store may not be reachable here
 
-        senders = range(1, logger._sink_world) if isinstance(logger._sink, GatherSink) else range(0)
+        gather = logger._sink is not None and logger._sink.transport == "gather"
+        senders = range(1, logger._sink_world) if gather else range(0)
 
         def end(
             store: Store = store,
@@ -716,7 +781,7 @@ def _reset_after_fork() -> None:
     the parent's DuckDB file); its locks may be held by threads that do not exist here; its
     buffered rows are the parent's to write. They are kept unreachable, never collected."""
     for logger in list(_LIVE):
-        old = (logger._buffer, logger._side, logger._lock, logger._store, logger._sink, logger._writer, logger._spill)
+        old = (logger._buffer, logger._side, logger._lock, logger._store, logger._sink, logger._writer, logger._spiller)
         _FORK_ORPHANS.append(old)
         logger._init_runtime()
         logger._buffer._next_seq = old[0]._next_seq  # the child never reuses the parent's seq

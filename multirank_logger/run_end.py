@@ -17,11 +17,14 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
+
 from multirank_logger.process_hooks import sigterm_received
+from multirank_logger.schema import runs
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
 
-__all__ = ["fetch_facts", "final_status", "publish_facts", "rank_facts", "record_end"]
+__all__ = ["fetch_facts", "final_status", "publish_facts", "rank_facts", "record_end", "run_lacks_values"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,10 +76,16 @@ def record_end(
     others: dict[int, str],
     facts: dict[int, dict[str, Any]],
     timeout: float,
+    values_spilled: int = 0,
+    values_lost: int = 0,
     now: float | None = None,
 ) -> None:
     """Write how the run ended for this rank and, on rank 0 in gather mode (``gather_world > 1``),
-    for every other rank: the status it reported ("missing" when it did not) and its facts."""
+    for every other rank: the status it reported ("missing" when it did not) and its facts.
+
+    Values this rank put in its spill file or lost are added to the run's ``values_spilled`` /
+    ``values_lost``; a run with any is never recorded as "success" but as "incomplete", whichever
+    rank finalizes last (importing the spill files brings it back: spill.import_spill)."""
     now = time.time() if now is None else now
 
     def write() -> None:
@@ -88,11 +97,43 @@ def record_end(
                 for other in range(1, gather_world):
                     values = {**facts.get(other, {}), "status": others.get(other, "missing"), "ended_at": now}
                     store.update_rank(run_id, other, **values)
+            if values_spilled or values_lost:
+                _count_unstored(store, run_id, values_spilled, values_lost)
             if rank == 0 or status != "success":
                 # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
-                store.update_run(run_id, status=status, ended_at=now)
+                _end_run(store, run_id, status, now)
 
     retry_while_locked(write, timeout)
+
+
+def _count_unstored(store: Store, run_id: int, spilled: int, lost: int) -> None:
+    with store.begin() as conn:
+        conn.execute(
+            runs.update()
+            .where(runs.c.id == run_id)
+            .values(
+                values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + spilled,
+                values_lost=sa.func.coalesce(runs.c.values_lost, 0) + lost,
+                # rank 0 may have ended the run already
+                status=sa.case((runs.c.status == "success", "incomplete"), else_=runs.c.status),
+            )
+        )
+
+
+def _end_run(store: Store, run_id: int, status: str, now: float) -> None:
+    value: Any = status
+    if status == "success":  # another rank (or an earlier phase) may have spilled or lost values
+        unstored = sa.func.coalesce(runs.c.values_spilled, 0) + sa.func.coalesce(runs.c.values_lost, 0)
+        value = sa.case((unstored > 0, "incomplete"), else_="success")
+    with store.begin() as conn:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(status=value, ended_at=now))
+
+
+def run_lacks_values(store: Store, run_id: int) -> tuple[int, int]:
+    """(values_spilled, values_lost) the store records for the run."""
+    with store.begin() as conn:
+        row = conn.execute(sa.select(runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).first()
+    return (0, 0) if row is None else (row[0] or 0, row[1] or 0)
 
 
 def final_status(status: str) -> str:

@@ -203,9 +203,23 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
                 imported_at=time.time(),
             )
         )
+        _settle_run(conn, run_id, len(batch))
     return ImportReport(
         **report, rows_added=len(fresh), rows_skipped=len(batch) - len(fresh), frames_read=len(frames) - done
     )
+
+
+def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
+    """`values` spilled values are in the store now: count them off the run's ``values_spilled``;
+    a run left "incomplete" only for want of them is a success again (spilled values counted
+    nowhere, e.g. a gather sender's, leave the count at 0)."""
+    row = conn.execute(sa.select(runs.c.status, runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).one()
+    spilled = max((row.values_spilled or 0) - values, 0)
+    status = row.status
+    if status == "incomplete" and spilled == 0 and not row.values_lost:
+        status = "success"  # only a run that ended in success is recorded as incomplete (run_end.py)
+    if spilled != (row.values_spilled or 0) or status != row.status:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled, status=status))
 
 
 # at most this many keys are named in the query above (SQLite allows 32,766 parameters)

@@ -2,12 +2,20 @@
 
 The training thread only appends to a `RecordBuffer`. This thread wakes every
 ``flush_interval`` seconds, or sooner when `wake()` says enough calls are pending,
-drains the buffer into one `MetricBatch` and hands it to the sink. A sink that writes
+drains the buffer into one batch and hands it to the sink. A sink that writes
 seldom (each write opens a DuckDB file: ~20 ms of CPU the training competes for,
 whatever the batch's size) is written once per ``flush_interval``, and sooner only
-once `SELDOM_MAX_CALLS` calls are pending (memory stays bounded). A batch the sink
-refuses (a DuckDB file a reader holds open, a busy SQLite file past its timeout) is
-kept and retried on the next cycle: rows are never dropped.
+once `SELDOM_MAX_CALLS` calls are pending.
+
+When the store refuses a batch (unstored.py tells the errors apart):
+- transient (a reader holding the DuckDB file, a busy SQLite file, a full disk, a server
+  restarting): the rows stay in memory and are retried with backoff, up to
+  ``max_held_values``; past that bound they go to this rank's spill file;
+- permanent (a row colliding with a stored one): the batch is cut in halves until the rows
+  that fail are isolated; those go to the spill file, the others are written. Later batches
+  are never merged into a failing one.
+At the end (`spill_held`, from finalize) whatever the store still refuses goes to the spill
+file, whose message names the command that imports it.
 
 One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
 (`flush` after `stop`, SIGTERM, atexit). The training thread never takes it.
@@ -17,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from multirank_logger import process_hooks
 from multirank_logger.buffer import MetricBatch, RecordBuffer, concat_batches
 from multirank_logger.side_records import SideRecords
+from multirank_logger.unstored import HELD_VALUES_LIMIT, Spiller, describe, is_transient
 
 __all__ = ["BackgroundWriter", "Sink", "Target"]
 
@@ -32,6 +42,11 @@ log = logging.getLogger(__name__)
 SELDOM_MAX_CALLS = 10_000
 #: consecutive failed cycles before the writer warns (a reader holding a DuckDB file is normal)
 _WARN_AFTER_FAILURES = 5
+#: the longest wait between two attempts on a failing store (backoff doubles up to it)
+MAX_BACKOFF_S = 30.0
+#: writes spent cutting a permanently refused batch in halves (down to single rows) before the
+#: pieces still failing are spilled whole: a batch where every row collides costs ~64 writes, not 2n
+_ISOLATE_ATTEMPTS = 64
 
 
 class Sink(Protocol):
@@ -41,15 +56,23 @@ class Sink(Protocol):
     writes_seldom: bool
     #: True when `write` takes a pyarrow Table (RecordBuffer.drain_arrow), else a MetricBatch
     inserts_arrow: bool
+    #: where rows go that the store refused (None: they stay in memory)
+    spiller: Spiller | None
 
     def write(self, batch: MetricBatch | Any) -> None:
-        """Store or ship one batch; raise to have it retried later."""
+        """Store or ship one batch; raise to have it retried (transient) or isolated (permanent)."""
 
     def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
         """Store or ship side-table rows (decisions, logs, step timing); raise to retry."""
 
-    def poll(self) -> None:
-        """Periodic work besides this rank's own batches (rank 0 draining other ranks)."""
+    def write_run(self) -> None:
+        """Apply queued run-level updates (hparams); raise to retry."""
+
+    def writing(self) -> Any:
+        """A context holding one connection for a cycle's writes (raises when it cannot be opened)."""
+
+    def receive(self) -> tuple[list[Any], list[dict[str, list[dict[str, Any]]]]]:
+        """Batches and side rows other ranks sent (rank 0 of a gather run), now this writer's to store."""
 
 
 #: what the writer needs before it can drain: (sink, run_id, global rank), or None while unknown
@@ -66,6 +89,8 @@ class BackgroundWriter:
         flush_interval: seconds between two cycles.
         flush_every: pending log calls that make `wake()` start a cycle early.
         tap: called with each batch as it is drained, and the rank (rank 0's live metrics.csv).
+        max_held_values: values kept in memory while the store refuses them; past it they
+            are spilled (see unstored.HELD_VALUES_LIMIT).
         name: the thread's name, for debugging.
     """
 
@@ -78,6 +103,7 @@ class BackgroundWriter:
         flush_every: int,
         side: SideRecords | None = None,
         tap: Callable[[Any, int], None] | None = None,
+        max_held_values: int = HELD_VALUES_LIMIT,
         name: str = "multirank-writer",
     ) -> None:
         self._buffer = buffer
@@ -87,15 +113,21 @@ class BackgroundWriter:
         self._target = target
         self.flush_interval = flush_interval
         self.flush_every = max(1, int(flush_every))
+        self.max_held_values = max_held_values
         self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
         self._name = name
         self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
         self._wake = threading.Event()
         self._stop = False
-        self._retry: list[MetricBatch] = []
+        self._held: list[Any] = []  # batches the store has not taken yet, oldest first
+        self._sink: Sink | None = None  # the last sink the target gave: its spiller takes the rest
+        self._last_ids: tuple[int, int] | None = None  # (run_id, rank) of that sink
         self._failures = 0
+        self._failing_since = 0.0
+        self._next_try = 0.0  # monotonic time before which a failing store is left alone
         self.last_error: BaseException | None = None
         self.rows_written = 0
+        self.side_rows_lost = 0
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -136,11 +168,20 @@ class BackgroundWriter:
 
     @property
     def pending(self) -> int:
-        """Log calls in the buffer plus rows waiting for a retry."""
-        return self._buffer.calls_pending + sum(len(b) for b in self._retry)
+        """Log calls in the buffer plus rows held for a retry."""
+        return self._buffer.calls_pending + self.held_values
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Run one cycle in the calling thread, waiting at most `timeout` for a running one.
+    @property
+    def held_values(self) -> int:
+        return sum(len(b) for b in self._held)
+
+    @property
+    def spiller(self) -> Spiller | None:
+        return None if self._sink is None else self._sink.spiller
+
+    def flush(self, timeout: float = 30.0, now: bool = True) -> bool:
+        """Run one cycle in the calling thread (`now`: ignoring the backoff of a failing store),
+        waiting at most `timeout` for a running one.
 
         Returns:
             True when nothing is left to write.
@@ -149,18 +190,50 @@ class BackgroundWriter:
             log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
             return False
         try:
-            self._cycle()
+            self._cycle(now=now)
         finally:
             self._io_lock.release()
-        return self.pending == 0
+        return self.pending == 0 and not self._side_retry
+
+    def flush_until(self, deadline: float) -> bool:
+        """Flush, retrying a store that refuses rows (short backoff) until `deadline` (monotonic).
+
+        Returns:
+            True when nothing is left to write.
+        """
+        delay = 0.02
+        while True:
+            done = self.flush(max(deadline - time.monotonic(), 0.0))
+            if done or self._failures == 0 or time.monotonic() + delay > deadline:
+                return done
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def spill_held(self, why: str) -> None:
+        """Put every row still unwritten into the spill file (the end of the run: the wait is over).
+
+        Side-table rows cannot be spilled (the spill format holds metrics): they are counted as lost.
+        """
+        with self._io_lock:
+            if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
+                self._held.append(self._drain(self._sink, *self._last_ids))
+            self._spill_all(why)
+            side = sum(sum(map(len, tables.values())) for tables in self._side_retry)
+            if side:
+                self.side_rows_lost += side
+                self._side_retry.clear()
+                log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", side, why)
 
     def report_unwritten(self) -> None:
-        """Say, as the process exits, what is lost with it: nothing is worse than a silent gap."""
-        calls, rows = self._buffer.calls_pending, sum(len(b) for b in self._retry)
+        """As the process exits: spill what the store never took, or say what is lost with it."""
+        if self.held_values and self.spiller is not None:
+            error = f" ({describe(self.last_error)})" if self.last_error is not None else ""
+            self.spill_held(f"the process is exiting and the store has not taken these rows{error}")
+        calls, rows = self._buffer.calls_pending, self.held_values
         if not (calls or rows):
             return
         error = self.last_error
-        why = f"{type(error).__name__}: {error}" if error is not None else (
+        why = describe(error) if error is not None else (
             "this rank never learnt its run: the process group never started (log after "
             "torch.distributed is initialized, e.g. inside Trainer.fit)"
         )
@@ -178,8 +251,12 @@ class BackgroundWriter:
             with self._io_lock:
                 self._cycle()
 
-    def _cycle(self) -> None:
-        """Drain, write, poll. Never raises: a failure keeps the rows for the next cycle."""
+    def _drain(self, sink: Sink, run_id: int, rank: int) -> Any:
+        drain = self._buffer.drain_arrow if sink.inserts_arrow else self._buffer.drain
+        return drain(run_id, rank)
+
+    def _cycle(self, now: bool = False) -> None:
+        """Drain, receive, write. Never raises: what the store refuses is held, retried or spilled."""
         try:
             target = self._target()
         except BaseException as exc:  # noqa: BLE001 - the thread must survive to retry
@@ -188,48 +265,149 @@ class BackgroundWriter:
         if target is None:
             return  # identity not known yet: rows wait in the buffer
         sink, run_id, rank = target
+        self._sink, self._last_ids = sink, (run_id, rank)
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
         if self._buffer.calls_pending:
-            drain = self._buffer.drain_arrow if sink.inserts_arrow else self._buffer.drain
             try:
-                self._retry.append(drain(run_id, rank))
+                self._held.append(self._drain(sink, run_id, rank))
             except Exception as exc:  # noqa: BLE001 - the thread must live on for the next calls
                 # unreachable for what append accepts; were it reached, say so now, not at exit
-                log.error("multirank_logger: log calls could not be encoded and are dropped: %s: %s", type(exc).__name__, exc)
+                log.error("multirank_logger: log calls could not be encoded and are dropped: %s", describe(exc))
                 self._note_failure(exc)
                 return
             if self._tap is not None:
-                self._tap(self._retry[-1], rank)  # never raises; before the store, which may refuse it
+                self._tap(self._held[-1], rank)  # never raises; before the store, which may refuse it
         if len(self._side):
             self._side_retry.append(self._side.drain(run_id, rank))
         try:
-            while self._retry:
-                batch = self._retry[0]
-                if len(batch):
-                    sink.write(batch)
-                    self.rows_written += len(batch)
-                self._retry.pop(0)
-            while self._side_retry:
-                sink.write_side(self._side_retry[0])
-                self._side_retry.pop(0)
-            sink.poll()
+            batches, side = sink.receive()  # rank 0 of a gather run: these rows are ours to store now
+            self._held.extend(b for b in batches if len(b))
+            self._side_retry.extend(side)
         except BaseException as exc:  # noqa: BLE001
             self._note_failure(exc)
-            return
-        if len(self._retry) > 1:  # merge what piled up so the next write is one transaction
-            self._retry = [concat_batches(self._retry)]
+        if (now or time.monotonic() >= self._next_try) and self._write_all(sink):
+            self._recovered(sink)
+        if self.held_values > self.max_held_values:
+            self._spill_all(
+                f"the store has refused rows for {time.monotonic() - self._failing_since:.0f} s "
+                f"({describe(self.last_error) if self.last_error else 'unknown error'}) and the "
+                f"{self.max_held_values} values this rank keeps in memory meanwhile are used up"
+            )
+
+    def _write_all(self, sink: Sink) -> bool:
+        """Held rows, side rows and run updates, on one connection. False on a transient failure."""
+        if not (self._held or self._side_retry):
+            return self._write_rest(sink)  # no connection opened for nothing (a DuckDB open: ~20 ms)
+        try:
+            with sink.writing():
+                return self._write_held(sink) and self._write_rest(sink)
+        except BaseException as exc:  # noqa: BLE001 - the connection could not be opened
+            self._note_failure(exc)
+            return False
+
+    def _write_held(self, sink: Sink) -> bool:
+        """Write the held batches, oldest first, as one transaction. False on a transient failure."""
+        if len(self._held) > 1:  # one transaction for all of it
+            self._held = [concat_batches(self._held)]
+        while self._held:
+            batch = self._held[0]
+            try:
+                sink.write(batch)
+            except BaseException as exc:  # noqa: BLE001
+                if is_transient(exc):
+                    self._note_failure(exc)
+                    return False
+                self._held.pop(0)
+                if not self._isolate(sink, batch, exc):
+                    return False
+                continue
+            self.rows_written += len(batch)
+            self._held.pop(0)
+        return True
+
+    def _isolate(self, sink: Sink, batch: Any, exc: BaseException) -> bool:
+        """`batch` failed for good: write it in halves until the failing rows are cut out and
+        spilled; the others get stored. False when a transient failure interrupts (rest held)."""
+        why = f"the store refused {{n}} value(s) for good ({describe(exc)}); the rows after them are written as usual"
+        pieces, attempts = [batch], 0
+        while pieces:
+            piece = pieces.pop(0)
+            if len(piece) == 1 or attempts >= _ISOLATE_ATTEMPTS:
+                self._spill([piece], why.format(n=len(piece)))
+                continue
+            halves = _halves(piece)
+            for i, half in enumerate(halves):
+                attempts += 1
+                try:
+                    sink.write(half)
+                except BaseException as err:  # noqa: BLE001
+                    if is_transient(err):
+                        self._held[0:0] = [*halves[i:], *pieces]
+                        self._note_failure(err)
+                        return False
+                    pieces.append(half)
+                    continue
+                self.rows_written += len(half)
+        return True
+
+    def _write_rest(self, sink: Sink) -> bool:
+        """Side rows and run updates. False on a transient failure."""
+        try:
+            while self._side_retry:
+                try:
+                    sink.write_side(self._side_retry[0])
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    rows = sum(map(len, self._side_retry[0].values()))
+                    self.side_rows_lost += rows
+                    log.error("multirank_logger: %d side-table row(s) refused for good: %s", rows, describe(exc))
+                self._side_retry.pop(0)
+            sink.write_run()
+        except BaseException as exc:  # noqa: BLE001
+            self._note_failure(exc)
+            return False
+        return True
+
+    def _recovered(self, sink: Sink) -> None:
+        if self._failures >= _WARN_AFTER_FAILURES:
+            log.warning("multirank_logger: the store takes rows again after %d failed flushes", self._failures)
         self._failures = 0
+        self._next_try = 0.0
+        if sink.spiller is not None:
+            sink.spiller.episode_over()
+
+    def _spill(self, batches: list[Any], why: str) -> None:
+        spiller = self.spiller
+        if spiller is None:
+            self._held.extend(batches)  # nowhere to put them: keep them, say so at exit
+            return
+        spiller.put(batches, why)
+
+    def _spill_all(self, why: str) -> None:
+        held, self._held = self._held, []
+        if held:
+            self._spill(held, why)
 
     def _note_failure(self, exc: BaseException) -> None:
         self.last_error = exc
+        if self._failures == 0:
+            self._failing_since = time.monotonic()
         self._failures += 1
-        if len(self._retry) > 1:
-            self._retry = [concat_batches(self._retry)]
+        backoff = min(self.flush_interval * 2 ** (self._failures - 1), MAX_BACKOFF_S)
+        self._next_try = time.monotonic() + backoff
         if self._failures == _WARN_AFTER_FAILURES:
             log.warning(
-                "multirank_logger: %d flushes in a row failed (%s: %s); %d rows are kept and retried.",
-                self._failures,
-                type(exc).__name__,
-                exc,
-                self.pending,
+                "multirank_logger: %d flushes in a row failed (%s); %d values are kept in memory and retried "
+                "(up to %d, then they go to the spill file).",
+                self._failures, describe(exc), self.held_values, self.max_held_values,
             )
+
+
+def _halves(batch: Any) -> list[Any]:
+    """`batch` (a MetricBatch or a pyarrow Table) cut in two."""
+    half = len(batch) // 2
+    if isinstance(batch, MetricBatch):
+        cols = batch.__dict__
+        return [MetricBatch(**{k: v[:half] for k, v in cols.items()}), MetricBatch(**{k: v[half:] for k, v in cols.items()})]
+    return [batch.slice(0, half), batch.slice(half)]

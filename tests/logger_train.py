@@ -80,9 +80,13 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--flush-interval", type=float, default=0.2)
     parser.add_argument("--report", default=None, help="each rank writes {rank: version, log_dir} here")
+    parser.add_argument("--timeout", type=float, default=60.0, help="the logger's timeout")
+    parser.add_argument("--spill-dir", default=None)
     args = parser.parse_args()
 
-    logger = MultiRankLogger(db=args.db, save_dir=args.save_dir, flush_interval=args.flush_interval)
+    logger = MultiRankLogger(
+        db=args.db, save_dir=args.save_dir, flush_interval=args.flush_interval, timeout=args.timeout, spill_dir=args.spill_dir
+    )
     if args.read_version:
         print(f"version before fit: {logger.version} {logger.log_dir}", flush=True)
     loggers = [logger] if args.csv_dir is None else [CSVLogger(args.csv_dir), logger]

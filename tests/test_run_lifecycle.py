@@ -23,7 +23,7 @@ from multirank_logger.query import open_store
 from multirank_logger.run_lifecycle import ResumeRefused, RunIdentityMismatch, check_same_run
 from multirank_logger.schema import SEQ_ATTEMPT_SHIFT
 from multirank_logger.side_records import encode_side
-from multirank_logger.sinks import GatherSink
+from multirank_logger.sinks import GatherReceiver
 from multirank_logger.store import Store
 from multirank_logger.transport import RowChannel
 from tests.conftest import free_port
@@ -257,8 +257,16 @@ def test_rank_0_files_received_rows_under_its_own_run(db_path: Path) -> None:
     store = Store(db_path)
     run = store.create_run("job", world_size=2)
     receiver = RowChannel("stamp", 0, 2, host="127.0.0.1", port=server.port)
-    sink = GatherSink(store, run.id, receiver)
-    sink.poll()  # connect first, as rank 0's writer does
+    sink = GatherReceiver(store, run.id, receiver)
+
+    def take() -> None:  # what rank 0's writer does each cycle: receive, then store
+        batches, side = sink.receive()
+        for batch in batches:
+            store.write(batch)
+        for tables in side:
+            store.write_side(tables)
+
+    take()  # connect first, as rank 0's writer does
     buf = RecordBuffer()
     for step in range(3):
         buf.append(step, {"loss": float(step)})
@@ -267,12 +275,12 @@ def test_rank_0_files_received_rows_under_its_own_run(db_path: Path) -> None:
     side = {"logs": [{"run_id": run.id + 40, "rank": 1, "seq": 0, "time": 0.0, "level": "INFO", "levelno": 20,
                       "logger": "x", "message": "hi"}]}
     sender.send_side(encode_side(side))
-    for _ in range(100):  # bounded: rank 0 takes what arrived at each poll
-        sink.poll()
+    for _ in range(100):  # bounded: rank 0 takes what arrived at each cycle
+        take()
         if query(db_path, "SELECT count(*) FROM metrics") == [(3,)]:
             break
         time.sleep(0.05)
-    sink.poll()
+    take()
     assert query(db_path, "SELECT DISTINCT run_id FROM metrics") == [(run.id,)]
     assert query(db_path, "SELECT run_id, message FROM logs") == [(run.id, "hi")]
     sender.close()

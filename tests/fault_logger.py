@@ -1,0 +1,60 @@
+"""One process logging through MultiRankLogger while the test makes the store fail (test_faults.py).
+
+Logs ``--calls`` calls of ``--keys`` keys (value = seq * keys + k), in two halves: between them
+it writes the first half through, touches ``--ready``, waits for ``--go`` (the test has started
+its fault by then), and can delete the store itself (``--delete``). Then it finalizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from multirank_logger import MultiRankLogger
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--db", required=True)
+    p.add_argument("--spill-dir", required=True)
+    p.add_argument("--calls", type=int, default=2_000)
+    p.add_argument("--keys", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--max-held", type=int, default=None)
+    p.add_argument("--ready", default=None)
+    p.add_argument("--go", default=None)
+    p.add_argument("--delete", action="store_true")
+    p.add_argument("--status", default="success")
+    args = p.parse_args()
+
+    logger = MultiRankLogger(db=args.db, spill_dir=args.spill_dir, timeout=args.timeout, flush_interval=0.2,
+                             flush_logs_every_n_steps=100)
+    if args.max_held is not None:
+        logger._writer.max_held_values = args.max_held
+    keys = [f"k{k}" for k in range(args.keys)]
+    half = args.calls // 2
+    for seq in range(args.calls):
+        logger.log_metrics({key: float(seq * args.keys + k) for k, key in enumerate(keys)}, step=seq)
+        logger.save()
+        if seq == half - 1:
+            written = logger._writer.flush_until(time.monotonic() + 30)
+            assert written or not args.ready, "the first half was not written before the fault"
+            if args.delete:
+                for suffix in ("", "-wal", "-shm", ".wal"):
+                    if os.path.exists(args.db + suffix):
+                        os.remove(args.db + suffix)
+            if args.ready:
+                Path(args.ready).touch()
+            deadline = time.monotonic() + 60
+            while args.go and not os.path.exists(args.go) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if seq % 500 == 0:
+            time.sleep(0.05)  # let the writer meet the fault during training, not only at the end
+    logger.finalize(args.status)
+    print("FINALIZED", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""The store fails under a run: nothing lost, nothing claimed (issue 13).
+
+Real faults only: another process holding the DuckDB file, a full tmpfs under `unshare -m`, the
+store deleted mid-run, a row colliding with a stored one. After each: every value logged is in
+the store or in the spill file the output names (import brings it in), or counted as lost; the
+run is never recorded as "success" while the store lacks values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger.cli import main as cli
+from multirank_logger.store import Store
+from tests.logger_helpers import query
+
+SCRIPT = Path(__file__).with_name("fault_logger.py")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "MULTIRANK_LOGGER_"))}
+    env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+    return env
+
+
+def _log_cmd(db: Path, spill: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--db", str(db), "--spill-dir", str(spill), *extra]
+
+
+def _expected(calls: int, keys: int = 10) -> tuple[int, float]:
+    """(values, their sum) that fault_logger.py logs."""
+    n = calls * keys
+    return n, float(n * (n - 1) // 2)
+
+
+def _stored(db: Path) -> tuple[int, float, str]:
+    (count, total), = query(db, "SELECT COUNT(*), COALESCE(SUM(value), 0) FROM metrics")
+    (status,), = query(db, "SELECT status FROM runs")
+    return count, float(total), status
+
+
+def _import(db: Path, files: list[str]) -> str:
+    result = CliRunner().invoke(cli, ["import", str(db), *files])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _spill_files(output: str) -> list[str]:
+    """The spill files the output names in its import command(s)."""
+    named = re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)
+    return sorted(set(named))
+
+
+def _hold_duckdb(db: Path, seconds: float, ready: Path) -> subprocess.Popen:
+    """A second process holding a read-only connection, as a notebook or the DuckDB CLI does."""
+    code = (
+        "import duckdb, sys, time, pathlib; c = duckdb.connect(sys.argv[1], read_only=True); "
+        "c.execute('SELECT COUNT(*) FROM metrics').fetchall(); pathlib.Path(sys.argv[2]).touch(); "
+        "time.sleep(float(sys.argv[3])); c.close()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(db), str(ready), str(seconds)])
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the reader did not start"
+        time.sleep(0.01)
+    return proc
+
+
+def _run_with_reader(tmp_path: Path, hold_s: float, timeout_s: float) -> tuple[subprocess.CompletedProcess, Path]:
+    db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
+    ready, go, held = tmp_path / "ready", tmp_path / "go", tmp_path / "held"
+    proc = subprocess.Popen(
+        _log_cmd(db, spill, "--calls", "4000", "--timeout", str(timeout_s), "--ready", str(ready), "--go", str(go)),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    reader = _hold_duckdb(db, hold_s, held)
+    go.touch()
+    out, err = proc.communicate(timeout=240)
+    reader.wait(120)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert done.returncode == 0 and "FINALIZED" in out, err[-4000:]
+    return done, db
+
+
+@pytest.mark.slow  # launches processes
+def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
+    """A reader holding the DuckDB file across the run's end, for less than `timeout`: every row, success."""
+    done, db = _run_with_reader(tmp_path, hold_s=4, timeout_s=30)
+    assert _stored(db) == (*_expected(4000), "success"), done.stderr[-3000:]
+    assert _spill_files(done.stderr) == []
+
+
+@pytest.mark.slow  # launches processes
+def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) -> None:
+    """A reader holding the file past `timeout`: rows in the store or the named spill file, never success."""
+    done, db = _run_with_reader(tmp_path, hold_s=25, timeout_s=3)
+    files = _spill_files(done.stderr)
+    assert files, done.stderr[-3000:]
+    count, _, status = _stored(db)
+    assert status != "success"
+    assert count < _expected(4000)[0]
+    _import(db, files)
+    count, total, _ = _stored(db)
+    assert (count, total) == _expected(4000)
+
+
+def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """A row colliding with a stored one on (run, rank, seq, key) is spilled alone; the rest and
+    every later batch are stored; the run is incomplete until the spill is imported."""
+    from multirank_logger import MultiRankLogger
+
+    db = tmp_path / "runs.sqlite"
+    logger = MultiRankLogger(db=str(db), spill_dir=str(tmp_path / "spill"), flush_interval=3600)
+    logger.log_metrics({"a": 0.0}, step=0)
+    assert logger._writer.flush(5)
+    store = Store(db)
+    with store.begin() as conn:  # what a relaunch numbering its calls from 0 again would collide with
+        conn.exec_driver_sql(
+            "INSERT INTO metrics (run_id, rank, seq, step, key, value, dtype, time) VALUES (?, 0, 3, 3, 'a', -1, 0, 0)",
+            (logger.run_id,),
+        )
+    for seq in range(1, 40):
+        logger.log_metrics({"a": float(seq), "b": float(seq)}, step=seq)
+    assert logger._writer.flush(5)
+    for seq in range(40, 50):
+        logger.log_metrics({"a": float(seq)}, step=seq)
+    assert logger._writer.flush(5)
+    logger.finalize("success")
+    err = capfd.readouterr().err
+    assert err.count("refused 1 value(s) for good") == 1, err
+    (count,), = query(db, "SELECT COUNT(*) FROM metrics")
+    assert count == 1 + 39 * 2 + 10  # the colliding call's "a" is the stored -1 (not overwritten)
+    assert query(db, "SELECT status, values_spilled FROM runs") == [("incomplete", 1)]
+    assert not (tmp_path / "version_0" / "metrics.csv").exists()
+    assert not list(tmp_path.rglob("metrics.csv"))
+    output = _import(db, _spill_files(err))
+    assert "1 already in the store" in output
+    assert query(db, "SELECT status, values_spilled FROM runs") == [("success", 0)]
+    store.close()
+
+
+@pytest.mark.slow  # launches processes
+@pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
+def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> None:
+    """The store file deleted under a running logger: later rows are spilled (not written into the
+    unlinked file, nor into a fresh empty store) and the import command names them."""
+    db, spill = tmp_path / f"runs{suffix}", tmp_path / "spill"
+    done = subprocess.run(
+        _log_cmd(db, spill, "--calls", "2000", "--timeout", "2", "--delete"),
+        env=_env(), capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    # StoreGone, or (when the deletion lands between the writer's check and its open, and DuckDB
+    # creates an empty file there) the missing tables: either way the rows are held, then spilled
+    assert "was deleted or replaced" in done.stderr or "does not exist" in done.stderr, done.stderr[-3000:]
+    assert "for good" not in done.stderr
+    files = _spill_files(done.stderr)
+    assert len(files) == 1
+    fresh = tmp_path / f"restored{suffix}"  # the deleted store's run, recreated, takes the spill
+    s = Store(fresh)
+    s.create_run("lightning_logs", world_size=1)
+    s.close()
+    output = _import(fresh, files)
+    values, total = _expected(2000)
+    half = _expected(1000)
+    assert f"added {values - half[0]} rows" in output, output
+    (count, summed), = query(fresh, "SELECT COUNT(*), SUM(value) FROM metrics")
+    assert (count, summed) == (values - half[0], total - half[1])
+
+
+# -- a full disk: a small tmpfs of this test's own, in a mount namespace ---------------------------------
+
+def _can_unshare() -> str | None:
+    if shutil.which("unshare") is None:
+        return "the unshare command is not installed"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs none /mnt"], capture_output=True, text=True, check=False)
+    return None if probe.returncode == 0 else f"mount namespaces are not permitted here ({probe.stderr.strip()})"
+
+
+_NO_UNSHARE = _can_unshare() if sys.platform == "linux" else "mount namespaces are Linux-only"
+_needs_unshare = pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSHARE))
+_slow = pytest.mark.slow  # launches processes
+
+
+def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *extra: str):
+    """Log into a store on a `size` tmpfs (in a mount namespace); copy the store (and its WAL) out afterwards."""
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir()
+    out.mkdir()
+    db = disk / f"runs{suffix}"
+    spill = disk / "spill" if spill_inside else out / "spill"
+    cmd = " ".join(_log_cmd(db, spill, *extra))
+    script = f"mount -t tmpfs -o size={size} none {disk} && {cmd}; rc=$?; cp {db} {out}/; for w in {db}-wal {db}.wal; do [ -e $w ] && cp $w {out}/; done; exit $rc"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-4000:]
+    return done, out / db.name
+
+
+@_slow
+@_needs_unshare
+@pytest.mark.parametrize("suffix,size", [(".sqlite", "1m"), (".duckdb", "3m")])
+def test_full_disk_spills_elsewhere_and_import_recovers_every_value(tmp_path: Path, suffix: str, size: str) -> None:
+    """A store on a full disk, spill_dir elsewhere: a message naming the spill, no success, and every
+    value back once the copied store imports the spill files (some spilled mid-run: memory bound)."""
+    calls = 20_000
+    done, copy = _on_full_disk(tmp_path, suffix, size, False, "--calls", str(calls), "--timeout", "3",
+                               "--max-held", "40000")
+    files = _spill_files(done.stderr)
+    assert files, done.stderr[-3000:]
+    assert "No space left" in done.stderr or "full" in done.stderr, done.stderr[-3000:]
+    count, _, status = _stored(copy)
+    assert status != "success"
+    assert count < calls * 10
+    _import(copy, files)
+    count, total, status = _stored(copy)
+    assert (count, total) == _expected(calls)
+
+
+@_slow
+@_needs_unshare
+def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -> None:
+    """spill_dir on the same full disk: the message counts the values lost, and the run is no success."""
+    calls = 20_000
+    done, copy = _on_full_disk(tmp_path, ".sqlite", "1m", True, "--calls", str(calls), "--timeout", "3")
+    lost = re.findall(r"(\d+) value\(s\) are LOST", done.stderr)
+    assert lost, done.stderr[-3000:]
+    stored, _, status = _stored(copy)
+    spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", done.stderr))
+    assert stored + spilled + int(lost[-1]) == calls * 10, done.stderr[-3000:]
+    assert status != "success"
+
+
+@pytest.mark.slow  # launches processes
+def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -> None:
+    """The PostgreSQL server stops under a running logger and comes back: every row is written once
+    it is back (held in memory meanwhile), and the run is a success."""
+    pgserver = pytest.importorskip("pgserver", reason="pgserver is not installed (pip install -e '.[test]')")
+    from tests.conftest import new_postgres_database
+
+    # our own server (the test stops it), outside pytest's base directory: every pytest session
+    # resets that to mode 0700, which shuts out the server's own user ("pgserver")
+    pgdata = Path(tempfile.mkdtemp(prefix="multirank-pg-"))
+    pgdata.chmod(0o755)
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    try:
+        url = new_postgres_database(server)
+        ready, go = tmp_path / "ready", tmp_path / "go"
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--db", url, "--spill-dir", str(tmp_path / "spill"), "--calls", "4000",
+             "--timeout", "60", "--ready", str(ready), "--go", str(go)],
+            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        postmaster = server.get_pid()
+        os.kill(postmaster, signal.SIGINT)  # PostgreSQL's "fast" shutdown: clients are cut off
+        while _alive(postmaster):
+            time.sleep(0.05)
+        go.touch()
+        time.sleep(6)  # the second half is logged and flushed against a stopped server
+        server.ensure_postgres_running()
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
+        assert "OperationalError" in err  # the writer met the stopped server (5 failed flushes)
+        (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
+        assert (count, float(total)) == _expected(4000)
+        assert query(url, "SELECT status, values_spilled FROM runs") == [("success", None)]
+        assert _spill_files(err) == []
+    finally:
+        server.cleanup()
+        shutil.rmtree(pgdata, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow  # a 2-rank DDP training
+def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_store(tmp_path: Path) -> None:
+    """Gather transport (DuckDB, 2 DDP ranks) with a reader holding the file from mid-run past the end:
+    rank 0 spills the rows it holds (its own and rank 1's), the run is not success, and the import
+    adds every spilled value to the store."""
+    from tests.logger_helpers import train_cmd, train_env
+
+    db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
+    cmd = train_cmd(db, tmp_path, "--steps", "60", "--sleep", "0.05", "--timeout", "3", "--spill-dir", str(spill))
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # the run is registered: the store exists and the reader can hold it
+        lines.append(line)
+        if "MultiRankLogger: run" in line:
+            break
+    reader = _hold_duckdb(db, 40, tmp_path / "held")
+    out = "".join(lines) + proc.communicate(timeout=240)[0]
+    assert proc.returncode == 0, out[-4000:]
+    reader.wait(120)
+    files = _spill_files(out)
+    assert files, out[-4000:]
+    spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", out))
+    (before,), = query(db, "SELECT COUNT(*) FROM metrics")
+    (status,), = query(db, "SELECT status FROM runs")
+    assert status != "success"
+    output = _import(db, files)
+    assert "already in the store" not in output, output
+    (after,), = query(db, "SELECT COUNT(*) FROM metrics")
+    assert after - before == spilled > 0
+    from multirank_logger.spill import read_spill
+
+    spilled_ranks = {r for f in files for batch in read_spill(f)[1] for r in batch.rank}
+    assert spilled_ranks == {0, 1}  # rank 0 held both its own rows and those rank 1 shipped
