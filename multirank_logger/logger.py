@@ -428,7 +428,14 @@ class MultiRankLogger(Logger):
         return spilled - s0, lost - l0
 
     def _export_if_complete(self, store: Store, run_id: int, wait: float = 5.0) -> None:
-        """metrics.csv only from a store that holds every value: never a short file passed off as CSVLogger's."""
+        """metrics.csv only when it holds every value: never a short file passed off as CSVLogger's.
+
+        The file written as the run went (live_csv.py) was fed every row rank 0 logged, before
+        the store saw them: it is whole whatever the store refused. Only a file rebuilt from the
+        store at the end depends on the store holding every value."""
+        if self._live_csv_whole():
+            self._safely(self._export_files, "writing metrics.csv and hparams.yaml")
+            return
         lacks = self._safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), wait), "reading the run")
         if lacks is None or any(lacks):
             why = "the store could not be read" if lacks is None else (
@@ -470,13 +477,17 @@ class MultiRankLogger(Logger):
         self._files.makedirs(self.log_dir)
         if self._hparams_logged:
             self._write_hparams()
-        live = self._live_csv
-        if live is not None and live.complete and not self._csv_gaps and live.write_pending():
+        if self._live_csv_whole():
             return  # the file written as the run went holds every row of rank 0 (live_csv.py)
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
         # (through this logger's store: no second engine, no second schema check)
         reader = StoreReader(self._open_store(), lock_timeout=self._timeout)
         self._files.export_csv(reader, os.path.join(self.log_dir, self.NAME_METRICS_FILE), run=self.run_id, rank=0)
+
+    def _live_csv_whole(self) -> bool:
+        """The live metrics.csv holds every row rank 0 logged (none missed, none left to write)."""
+        live = self._live_csv
+        return live is not None and live.complete and not self._csv_gaps and live.write_pending()
 
     def _write_hparams(self) -> None:
         self._files.makedirs(self.log_dir)
