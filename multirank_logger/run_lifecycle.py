@@ -132,6 +132,17 @@ def open_run(
     Raises:
         ResumeRefused: ``resume="must"`` and no such run, or ``resume="never"`` and the run exists.
     """
+    # one connection for every step: a DuckDB file a reader grabs between two of them would make
+    # the caller's retry allocate a second run after the first was committed
+    with store.writing():
+        return _open_run(store, name, version=version, resume=resume, run_key=run_key, world_size=world_size,
+                         root_dir=root_dir)
+
+
+def _open_run(
+    store: Store, name: str, *, version: int | str | None, resume: str, run_key: str | None, world_size: int,
+    root_dir: str,
+) -> OpenedRun:
     found = _find(store, name, version, run_key, latest=resume == "must" and version is None and run_key is None)
     what = _describe(name, version, run_key)
     if found is not None:

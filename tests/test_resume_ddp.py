@@ -106,11 +106,11 @@ def _wait_for_step(proc: subprocess.Popen[str], step: int, timeout: float) -> st
         if not line:
             break
         out.append(line)
-        match = re.match(r"rank (\d) step (\d+)", line)
-        if match:
-            seen[int(match[1])] = int(match[2])
-            if len(seen) == 2 and min(seen.values()) >= step:
-                return "".join(out)
+        # both ranks write to one pipe: two prints can share a line ("rank 1 step 5rank 0 step 5")
+        for rank, at in re.findall(r"rank (\d) step (\d+)", line):
+            seen[int(rank)] = int(at)
+        if len(seen) == 2 and min(seen.values()) >= step:
+            return "".join(out)
     raise AssertionError("the launch did not reach the step in time:\n" + "".join(out)[-3000:])
 
 
