@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +53,27 @@ def rank_reports(prefix: Path) -> dict[int, dict[str, Any]]:
         report = json.loads(path.read_text())
         out[report["rank"]] = report
     return out
+
+
+def wait_for_steps(proc: subprocess.Popen[str], steps: int, timeout: float) -> str:
+    """Read a 2-rank launch's output (lines "rank R step S") until both ranks printed `steps`.
+
+    Both ranks write to one pipe, so two prints can share a line ("rank 1 step 5rank 0 step 5").
+
+    Raises:
+        AssertionError: with the output's end, when the launch ended or `timeout` passed first.
+    """
+    seen: dict[int, int] = {}
+    out: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out.append(line)
+        for rank, at in re.findall(r"rank (\d) step (\d+)", line):
+            seen[int(rank)] = int(at)
+        if len(seen) == 2 and min(seen.values()) >= steps:
+            return "".join(out)
+    raise AssertionError("the launch did not reach the step in time:\n" + "".join(out)[-3000:])

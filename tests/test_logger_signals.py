@@ -16,38 +16,18 @@ Measured locally before the fix: 3 hangs in 7 launches (DuckDB); after: 0 in 20 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import query, train_cmd, train_env
+from tests.logger_helpers import query, train_cmd, train_env, wait_for_steps
 
 SEEN_STEPS = 3
 GRACE_S = 60  # a scheduler's grace period between SIGTERM and SIGKILL (generous: CI is slow, a hang is forever)
 REPEATS = int(os.environ.get("MULTIRANK_SIGTERM_REPEATS", "5"))
 
-
-def _wait_for_steps(proc: subprocess.Popen[str], steps: int, timeout: float) -> str:
-    """Read the launch's output until both ranks printed `steps` steps."""
-    seen: dict[int, int] = {}
-    out = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        out.append(line)
-        match = re.match(r"rank (\d) step (\d+)", line)
-        if match:
-            seen[int(match[1])] = int(match[2])
-            if len(seen) == 2 and min(seen.values()) >= steps:
-                return "".join(out)
-    raise AssertionError("the launch did not reach the steps in time:\n" + "".join(out)[-3000:])
 
 
 @pytest.mark.parametrize("attempt", range(REPEATS))
@@ -62,7 +42,7 @@ def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, backend
     )
     exited = False
     try:
-        _wait_for_steps(proc, SEEN_STEPS, timeout=90)
+        wait_for_steps(proc, SEEN_STEPS, timeout=90)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             rest, _ = proc.communicate(timeout=GRACE_S)

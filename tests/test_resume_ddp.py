@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from multirank_logger.query import open_store
 from multirank_logger.schema import SEQ_ATTEMPT_SHIFT
-from tests.logger_helpers import query, train_env
+from tests.logger_helpers import query, train_env, wait_for_steps
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]  # real multi-process trainings
 SCRIPT = Path(__file__).with_name("resume_train.py")
@@ -95,24 +93,6 @@ def test_resume_with_fewer_ranks_by_run_key(tmp_path: Path) -> None:
     assert launches == expected
 
 
-def _wait_for_step(proc: subprocess.Popen[str], step: int, timeout: float) -> str:
-    """Read the launch's output until both ranks printed `step`."""
-    seen: dict[int, int] = {}
-    out: list[str] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        out.append(line)
-        # both ranks write to one pipe: two prints can share a line ("rank 1 step 5rank 0 step 5")
-        for rank, at in re.findall(r"rank (\d) step (\d+)", line):
-            seen[int(rank)] = int(at)
-        if len(seen) == 2 and min(seen.values()) >= step:
-            return "".join(out)
-    raise AssertionError("the launch did not reach the step in time:\n" + "".join(out)[-3000:])
-
 
 def test_preempted_launch_then_resume_shows_superseded_steps_once(tmp_path: Path) -> None:
     """SIGTERM to the whole job in epoch 2 (checkpoint at step 4), then a resume from it: steps
@@ -125,7 +105,7 @@ def test_preempted_launch_then_resume_shows_superseded_steps_once(tmp_path: Path
         start_new_session=True,
     )
     try:
-        _wait_for_step(first, 5, timeout=LAUNCH_TIMEOUT_S)
+        wait_for_steps(first, 5, timeout=LAUNCH_TIMEOUT_S)
         os.killpg(first.pid, signal.SIGTERM)
         try:
             first.communicate(timeout=GRACE_S)
