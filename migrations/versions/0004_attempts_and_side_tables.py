@@ -25,23 +25,85 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from multirank_logger.schema import attempts, decisions, logs, step_timing
-
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-_SIDE_TABLES = (attempts, decisions, logs, step_timing)
+# The tables as they were at this revision, written out (not imported from schema.py):
+# a later change to schema.py belongs in a later revision, and must not reach back into this one.
 
 
-def _copy(table: sa.Table) -> list[sa.SchemaItem]:
-    """The columns and constraints of a schema.py table, detached for op.create_table."""
-    items: list[sa.SchemaItem] = [c._copy() for c in table.columns]
-    for constraint in table.constraints:
-        if isinstance(constraint, sa.PrimaryKeyConstraint):
-            items.append(sa.PrimaryKeyConstraint(*constraint.columns.keys(), name=constraint.name))
-    return items
+def _attempts() -> list[sa.SchemaItem]:
+    return [
+        sa.Column("run_id", sa.Integer, nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False, comment="0 for the first launch; the high bits of its rows' seq"),
+        sa.Column("world_size", sa.Integer, nullable=False, comment="number of ranks in this launch"),
+        sa.Column("status", sa.String(16), nullable=False, comment="how this launch ended (runs.status values)"),
+        sa.Column("started_at", sa.Float(53), nullable=False),
+        sa.Column("ended_at", sa.Float(53), nullable=True),
+        sa.Column("host", sa.String(255), nullable=True, comment="rank 0's host"),
+        sa.Column("job_id", sa.String(255), nullable=True, comment="the scheduler's job id, when one is set"),
+        sa.PrimaryKeyConstraint("run_id", "attempt", name="pk_attempts"),
+    ]
+
+
+def _decisions() -> list[sa.SchemaItem]:
+    return [
+        sa.Column("run_id", sa.Integer, nullable=False),
+        sa.Column("rank", sa.Integer, nullable=False),
+        sa.Column("seq", sa.BigInteger, nullable=False, comment="the decision's number: the same on every rank"),
+        sa.Column("step", sa.BigInteger, nullable=False, comment="trainer.global_step"),
+        sa.Column("epoch", sa.Integer, nullable=True),
+        sa.Column("callback", sa.String(255), nullable=False, comment="ModelCheckpoint | EarlyStopping (class name)"),
+        sa.Column("monitor", sa.String(255), nullable=True),
+        sa.Column("mode", sa.String(16), nullable=True, comment="min | max"),
+        sa.Column("value", sa.Float(53), nullable=True, comment="this rank's own monitored value"),
+        sa.Column("vote", sa.Boolean, nullable=True, comment="this rank alone would save / stop"),
+        sa.Column("decision", sa.Boolean, nullable=True, comment="what the ranks decided together"),
+        sa.Column("path", sa.Text, nullable=True, comment="the checkpoint saved, if any"),
+        sa.Column("best", sa.Float(53), nullable=True, comment="the callback's best score after the decision"),
+        sa.Column("time", sa.Float(53), nullable=False),
+        sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_decisions"),
+    ]
+
+
+def _logs() -> list[sa.SchemaItem]:
+    return [
+        sa.Column("run_id", sa.Integer, nullable=False),
+        sa.Column("rank", sa.Integer, nullable=False),
+        sa.Column("seq", sa.BigInteger, nullable=False, comment="the rank's record counter"),
+        sa.Column("time", sa.Float(53), nullable=False),
+        sa.Column("level", sa.String(16), nullable=False, comment="DEBUG | INFO | WARNING | ERROR | CRITICAL"),
+        sa.Column("levelno", sa.Integer, nullable=False),
+        sa.Column("logger", sa.String(255), nullable=False, comment="the logging.Logger's name; 'py.warnings' for warnings"),
+        sa.Column("message", sa.Text, nullable=False),
+        sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_logs"),
+    ]
+
+
+def _step_timing() -> list[sa.SchemaItem]:
+    return [
+        sa.Column("run_id", sa.Integer, nullable=False),
+        sa.Column("rank", sa.Integer, nullable=False),
+        sa.Column("seq", sa.BigInteger, nullable=False, comment="the rank's record counter"),
+        sa.Column("step", sa.BigInteger, nullable=False, comment="trainer.global_step when the batch started"),
+        sa.Column("epoch", sa.Integer, nullable=True),
+        sa.Column("batch_idx", sa.BigInteger, nullable=True),
+        sa.Column("data_s", sa.Float(53), nullable=True, comment="end of the previous batch to the start of this one"),
+        sa.Column("forward_s", sa.Float(53), nullable=True),
+        sa.Column("rest_s", sa.Float(53), nullable=True, comment="backward, optimizer and DDP communication"),
+        sa.Column("batch_size", sa.BigInteger, nullable=True),
+        sa.Column("mem_allocated_peak", sa.BigInteger, nullable=True, comment="CUDA: peak allocated bytes since the last step"),
+        sa.Column("mem_reserved_peak", sa.BigInteger, nullable=True, comment="CUDA: peak reserved bytes since the last step"),
+        sa.Column("alloc_retries", sa.BigInteger, nullable=True, comment="CUDA: the allocator's retries so far"),
+        sa.Column("rss", sa.BigInteger, nullable=True, comment="CPU: the process's resident set, bytes"),
+        sa.Column("time", sa.Float(53), nullable=False),
+        sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_step_timing"),
+    ]
+
+
+_SIDE_TABLES = {"attempts": _attempts, "decisions": _decisions, "logs": _logs, "step_timing": _step_timing}
 
 
 def upgrade() -> None:
@@ -53,13 +115,13 @@ def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name in ("duckdb", "postgresql"):
         op.create_index("uq_metrics_row", "metrics", ["run_id", "rank", "seq", "key"], unique=True)
-    for table in _SIDE_TABLES:
-        op.create_table(table.name, *_copy(table))
+    for name, columns in _SIDE_TABLES.items():
+        op.create_table(name, *columns())
 
 
 def downgrade() -> None:
-    for table in reversed(_SIDE_TABLES):
-        op.drop_table(table.name)
+    for name in reversed(list(_SIDE_TABLES)):
+        op.drop_table(name)
     bind = op.get_bind()
     if bind.dialect.name in ("duckdb", "postgresql"):
         op.drop_index("uq_metrics_row", table_name="metrics")
