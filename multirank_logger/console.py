@@ -102,9 +102,8 @@ class RankAwareConsole(logging.Filter):
                      file: TextIO | None = None, line: str | None = None) -> None:  # fmt: skip
         prefix = self.prefix(logging.WARNING)
         target = file if file is not None else sys.stderr
-        if prefix and target is not None:
-            file = _PrefixedStream(target, prefix)
-        self._previous_showwarning(message, category, filename, lineno, file, line)
+        out = _PrefixedStream(target, prefix) if prefix and target is not None else file
+        self._previous_showwarning(message, category, filename, lineno, out, line)
 
 
 class _RankPrefix(logging.Formatter):

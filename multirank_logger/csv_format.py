@@ -108,9 +108,10 @@ class LongRows:
             code = np.fromiter((index.setdefault(k, len(index)) for k in map(_KEY, chunk)), np.int32, len(chunk))
             parts.append((seq, step, code, value, dtype))
         if parts:
-            seq, step, code, value, dtype = (np.concatenate(col) for col in zip(*parts))
+            columns = [np.concatenate(col) for col in zip(*parts)]
         else:
-            seq, step, code, value, dtype = (np.zeros(0, k) for k in (np.int64, np.int64, np.int32, np.float64, np.int16))
+            columns = [np.zeros(0, k) for k in (np.int64, np.int64, np.int32, np.float64, np.int16)]
+        seq, step, code, value, dtype = columns
         return cls(seq=seq, step=step, code=code, keys=list(index), value=value, dtype=dtype)._in_call_order()
 
     @classmethod
@@ -201,7 +202,7 @@ def in_call_order(streams: Iterable[Iterator[LongRows]]) -> Iterator[LongRows]:
     and is dropped. A stream must not repeat a ``seq`` across its pieces (one key logs once
     per call).
     """
-    live = [(iter(stream), LongRows.empty()) for stream in streams]  # (the rest, rows held)
+    live: list[tuple[Iterator[LongRows], LongRows | None]] = [(iter(stream), LongRows.empty()) for stream in streams]
     while True:
         refilled = []
         for rest, rows in live:

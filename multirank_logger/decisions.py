@@ -106,7 +106,7 @@ class DecisionAudit(Callback):
         self._logger = loggers[0]
         strategy = trainer.strategy
         self._patch(strategy, "reduce_boolean_decision", self._watch_reduce(strategy.reduce_boolean_decision))
-        for cb in trainer.callbacks:
+        for cb in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning's callback connector
             if isinstance(cb, ModelCheckpoint):
                 self._patch(cb, "check_monitor_top_k", self._watch_top_k(cb, cb.check_monitor_top_k))
             elif isinstance(cb, EarlyStopping):

@@ -200,7 +200,7 @@ def _ranks(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
                 "host": reg.host if reg is not None else None,
                 "steps": int(log.steps) if log is not None else 0,
                 "last_step": int(log.last_step) if log is not None else None,
-                "duration_s": float(ended - reg.started_at) if ended is not None else None,
+                "duration_s": float(ended - reg.started_at) if ended is not None and reg is not None else None,
             }
         )
     return out

@@ -96,7 +96,7 @@ class LogCapture(logging.Handler):
         for target in self._loggers:
             target.addHandler(self)
         self._previous_showwarning = warnings.showwarning
-        warnings.showwarning = self._showwarning
+        warnings.showwarning = self._showwarning  # type: ignore[assignment]  # same call, its tail as *rest
 
     def remove(self) -> None:
         """Stop capturing: the handler leaves every logger, warnings are shown as before."""

@@ -82,7 +82,7 @@ def plot_key(
                             textcoords="offset points", color=line.get_color(), fontweight="bold")  # fmt: skip
     for rank, step in (non_finite or {}).items():
         before = table.index < step
-        ends = values[before, list(table.columns).index(rank)] if rank in table.columns else np.zeros(0)
+        ends: np.ndarray = values[before, list(table.columns).index(rank)] if rank in table.columns else np.zeros(0)
         finite = ends[np.isfinite(ends)]
         y = finite[-1] if len(finite) else float(np.nanmedian(values)) if np.isfinite(values).any() else 0.0
         ax.scatter([step], [y], marker="x", s=80, color="red", zorder=4)

@@ -136,7 +136,7 @@ metrics = sa.Table(
     sqlite_with_rowid=False,
 )
 sa.Index("uq_metrics_row", metrics.c.run_id, metrics.c.rank, metrics.c.seq, metrics.c.key, unique=True).ddl_if(
-    dialect=("duckdb", "postgresql")
+    dialect=("duckdb", "postgresql")  # type: ignore[arg-type]  # SQLAlchemy takes a tuple of names (typed str only)
 )
 sa.Index("ix_metrics_run_rank_step", metrics.c.run_id, metrics.c.rank, metrics.c.step).ddl_if(dialect="postgresql")
 sa.Index("ix_metrics_run_key", metrics.c.run_id, metrics.c.key).ddl_if(dialect="postgresql")
