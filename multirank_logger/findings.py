@@ -257,7 +257,7 @@ def _non_finite(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
     """Per key and rank: the first step with NaN or inf, and how many (NaN is stored as dtype 3)."""
     from multirank_logger.schema import DTYPE_NAN
 
-    inf = "9e999" if reader.store.backend.name == "sqlite" else "CAST('Infinity' AS DOUBLE PRECISION)"
+    inf = reader.store.backend.sql_infinity
     rows = _sql(
         reader,
         f"SELECT key, rank, MIN(step) AS first_step, SUM(CASE WHEN dtype = {DTYPE_NAN} THEN 1 ELSE 0 END) AS nan, "

@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -29,15 +28,13 @@ import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger.atomic_file import replace_atomically
-from multirank_logger.csv_format import LongRows, in_call_order, row_columns, to_frame, whole_calls, write_csv
+from multirank_logger.csv_format import LongRows, to_frame, write_csv
 from multirank_logger.errors import LookupFailed
 from multirank_logger.findings import FindingsMixin
 from multirank_logger.readonly_sql import run_readonly
 from multirank_logger.run_lifecycle import orphan_runs
 from multirank_logger.schema import (
-    DTYPE_NAN,
     DTYPE_NEG_ZERO,
-    DTYPE_OF_TYPE,
     SEQ_ATTEMPT_SHIFT,
     attempts,
     metrics,
@@ -52,36 +49,6 @@ __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
 # A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
 # wait this long for the lock before reporting StoreLocked.
 LOCK_TIMEOUT_S = 5.0
-#: rows per fetch: bounds what is alive at once while exporting
-_FETCH_ROWS = 65_536
-# rows per fetch of one key's stream at least, however many keys a run has
-_MIN_KEY_FETCH_ROWS = 1_024
-# dtype codes are below this, so seq * _DTYPE_SPAN + dtype carries both (seq < 2**59: a call counter)
-_DTYPE_SPAN = 8
-assert max(DTYPE_OF_TYPE.values()) < _DTYPE_SPAN and max(DTYPE_NAN, DTYPE_NEG_ZERO) < _DTYPE_SPAN
-# on SQLite, seq and dtype come packed in one int: each column fetched costs ~0.1 us/row
-_SEQ_DTYPE = (metrics.c.seq * _DTYPE_SPAN + metrics.c.dtype).label("seq_dtype")
-# the ranks that logged one key of a run on SQLite, skipping along the primary key
-_SQLITE_KEY_RANKS = sa.text(
-    "WITH RECURSIVE r(rank) AS ("
-    " SELECT min(rank) FROM metrics WHERE run_id = :run AND key = :key"
-    " UNION ALL"
-    " SELECT (SELECT min(rank) FROM metrics WHERE run_id = :run AND key = :key AND rank > r.rank)"
-    " FROM r WHERE r.rank IS NOT NULL"
-    ") SELECT rank FROM r WHERE rank IS NOT NULL"
-)
-# rows DuckDB sorts at once for an export (see _duckdb_windows)
-_SORT_WINDOW_ROWS = 524_288
-# the NumPy types of per_rank's columns: rank, seq, step, value, dtype
-_PER_RANK_TYPES = (np.int64, np.int64, np.int64, np.float64, np.int16)
-# a run's distinct keys on SQLite, by skipping from one key to the next along the primary key
-_SQLITE_RUN_KEYS = sa.text(
-    "WITH RECURSIVE k(key) AS ("
-    " SELECT min(key) FROM metrics WHERE run_id = :run"
-    " UNION ALL"
-    " SELECT (SELECT min(key) FROM metrics WHERE run_id = :run AND key > k.key) FROM k WHERE k.key IS NOT NULL"
-    ") SELECT key FROM k WHERE key IS NOT NULL"
-)
 _RUN_LABEL = re.compile(r"^(?P<name>.+)/(?:version_)?(?P<version>\d+)$")
 
 
@@ -170,16 +137,8 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
 
     def _fetch_arrow(self, stmt: sa.Select) -> Any:
         """Run a SELECT and return a pyarrow Table (DuckDB hands Arrow over without Python rows)."""
-        import pyarrow as pa
-
         with self._connect() as conn:
-            if self.store.backend.name == "duckdb":
-                return _duckdb_execute(conn, stmt).to_arrow_table()
-            result = conn.execute(stmt)
-            names = list(result.keys())
-            data = result.fetchall()
-        columns = list(zip(*data)) if data else [[] for _ in names]
-        return pa.table({name: pa.array(col) for name, col in zip(names, columns)})
+            return self.store.backend.fetch_arrow(conn, stmt)
 
     def _scalars(self, stmt: sa.Select) -> list[Any]:
         with self._connect() as conn:
@@ -263,13 +222,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
         """The metric keys of a run, any rank, sorted."""
         ref = self.resolve_run(run)
         with self._connect() as conn:
-            return sorted(self._run_keys(conn, ref))
-
-    def _run_keys(self, conn: sa.Connection, ref: RunRef) -> list[str]:
-        if self.store.backend.name == "sqlite":
-            # SQLite's metrics is keyed (run_id, key, ...): one seek per key, not a pass over every row
-            return list(conn.execute(_SQLITE_RUN_KEYS, {"run": ref.id}).scalars())
-        return list(conn.execute(sa.select(metrics.c.key).where(metrics.c.run_id == ref.id).distinct()).scalars())
+            return sorted(self.store.backend.run_keys(conn, ref.id))
 
     def ranks(self, run: int | str | None = None) -> list[int]:
         """The ranks of a run: 0..world_size-1, plus any other rank registered or logging."""
@@ -347,31 +300,8 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
         """
         ref = self.resolve_run(run)
-        # in call order per rank: SQLite's key gives it for free, DuckDB sorts with all its threads
-        stmt = (
-            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
-            .where(metrics.c.run_id == ref.id, metrics.c.key == key)
-            .order_by(metrics.c.rank, metrics.c.seq)
-        )
-        if self.store.backend.name == "duckdb":
-            table = self._fetch_arrow(stmt)
-            columns = [_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")]
-        elif self.store.backend.name == "sqlite":
-            # one range read per rank along the key (run_id, key, rank, seq): the rank comes
-            # from the loop, seq and dtype as one int, as in the export
-            by_rank = sa.select(_SEQ_DTYPE, metrics.c.step, metrics.c.value).where(
-                metrics.c.run_id == ref.id, metrics.c.key == key
-            )
-            parts = []
-            with self._connect() as conn:
-                for rank in conn.execute(_SQLITE_KEY_RANKS, {"run": ref.id, "key": key}).scalars():
-                    for chunk in _row_chunks(conn, by_rank.where(metrics.c.rank == rank)):
-                        seq, step, value, dtype = _packed_columns(chunk)
-                        parts.append((np.full(len(seq), rank, np.int64), seq, step, value, dtype))
-            columns = _per_rank_columns(parts)
-        else:
-            with self._connect() as conn:
-                columns = _per_rank_columns([row_columns(chunk, _PER_RANK_TYPES) for chunk in _row_chunks(conn, stmt)])
+        with self._connect() as conn:
+            columns = self.store.backend.per_rank_columns(conn, ref.id, key)
         if len(columns[0]) == 0:
             self._check_keys(ref, [key])
         return _pivot_step_rank(*columns)
@@ -388,48 +318,12 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
         Raises:
             LookupFailed: for a rank the run does not have.
         """
-        where = (metrics.c.run_id == ref.id, metrics.c.rank == rank)
         with self._connect() as conn:
-            if self.store.backend.name not in ("sqlite", "duckdb") and not conn.in_transaction():
-                # one snapshot for the keys and the rows, though the run may still be writing:
-                # a key first logged between the two reads would miss the header. (SQLite's
-                # reader holds one BEGIN from its first read; no one writes a DuckDB file that
-                # a reader holds.)
-                conn.execution_options(isolation_level="REPEATABLE READ")
-            if self.store.backend.name == "sqlite":
-                keys, pieces = self._sqlite_rank_pieces(conn, ref, where)
-            else:
-                keys = list(conn.execute(sa.select(metrics.c.key).where(*where).distinct()).scalars())
-                # in call order from the store, streamed: a server through its own cursor
-                # (stream_results), DuckDB a window of calls at a time (_duckdb_windows)
-                stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype)
-                stmt = stmt.where(*where).order_by(metrics.c.seq)
-                if self.store.backend.name == "duckdb":
-                    parts = map(LongRows.from_arrow, _duckdb_windows(conn, stmt, where))
-                else:
-                    parts = (LongRows.from_rows([chunk]) for chunk in _row_chunks(conn, stmt))
-                pieces = whole_calls(parts)
+            self.store.backend.hold_snapshot(conn)
+            keys, pieces = self.store.backend.rank_calls(conn, ref.id, rank)
             if not keys and rank not in (known := _run_ranks(conn, ref)):
                 raise LookupFailed("rank", str(rank), [str(r) for r in known])
             yield keys, pieces
-
-    def _sqlite_rank_pieces(
-        self, conn: sa.Connection, ref: RunRef, where: tuple[Any, ...]
-    ) -> tuple[list[str], Iterator[LongRows]]:
-        """SQLite's metrics is keyed (run_id, key, rank, seq): one range read per key, each in
-        call order, merged by `in_call_order`. The key comes from the loop instead of a str
-        per row, seq and dtype as one int (~0.5 against ~1.1 us/row for every column)."""
-        by_key = sa.select(_SEQ_DTYPE, metrics.c.step, metrics.c.value).where(*where)
-        run_keys = self._run_keys(conn, ref)
-        # the fetches held at once stay about _FETCH_ROWS rows together
-        fetch_rows = max(_MIN_KEY_FETCH_ROWS, _FETCH_ROWS // max(len(run_keys), 1))
-        streams = {}
-        for key in run_keys:
-            chunks = _row_chunks(conn, by_key.where(metrics.c.key == key), fetch_rows)
-            first = next(chunks, None)
-            if first:  # a key only other ranks logged is no column of this rank's file
-                streams[key] = _key_pieces(key, itertools.chain([first], chunks))
-        return list(streams), in_call_order(streams.values())
 
     def _rank_rows(self, ref: RunRef, rank: int) -> LongRows:
         """One rank's rows, all at once (for a DataFrame, which holds them all anyway)."""
@@ -477,7 +371,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             QueryFailed: with the engine's own message, for an invalid query.
         """
         with self._connect() as conn:
-            return run_readonly(conn, self.store.backend.name, query)
+            return run_readonly(conn, self.store.backend, query)
 
 
 @dataclass
@@ -539,91 +433,9 @@ class RankSpread:
         )  # fmt: skip
 
 
-def _row_chunks(conn: sa.Connection, stmt: sa.Select, rows: int = 0) -> Iterator[list[Any]]:
-    """A SELECT's rows as driver tuples, `rows` (default `_FETCH_ROWS`) at a time (SQLite and
-    servers); no empty chunk."""
-    rows = rows or _FETCH_ROWS
-    if conn.dialect.name == "sqlite":
-        # the driver's own cursor: SQLAlchemy's Row objects cost ~1 s per million rows
-        compiled = stmt.compile(dialect=conn.dialect)
-        params = [compiled.params[name] for name in compiled.positiontup or ()]
-        fetch = conn.connection.driver_connection.execute(str(compiled), params).fetchmany
-    else:  # a server: its driver's own parameter style, so through SQLAlchemy
-        fetch = conn.execute(stmt, execution_options={"stream_results": True}).fetchmany
-    while True:
-        chunk = fetch(rows)
-        if chunk:
-            yield chunk
-        if len(chunk) < rows:  # the last: no second round trip to learn that
-            return
-
-
-def _duckdb_batches(conn: sa.Connection, stmt: sa.Select) -> Iterator[Any]:
-    """A SELECT's result as Arrow record batches of about `_FETCH_ROWS` rows (DuckDB only)."""
-    result = _duckdb_execute(conn, stmt)
-    # to_arrow_reader in newer duckdb; fetch_record_batch in older ones (deprecated in 1.5)
-    to_reader = getattr(result, "to_arrow_reader", None) or result.fetch_record_batch
-    yield from to_reader(_FETCH_ROWS)
-
-
-def _duckdb_windows(conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]) -> Iterator[Any]:
-    """`stmt` (ordered by seq) as Arrow batches, sorted a window of seq at a time.
-
-    One ORDER BY over a rank's rows sorts them all before the first comes back (~57 bytes a
-    row: 280 MiB for 5M). A window of about `_SORT_WINDOW_ROWS` rows holds that many, and
-    costs a scan of only the row groups its seq range overlaps (DuckDB's min/max per row
-    group skips the rest, as a rank's seq rises with the file). The window is sized from
-    the rank's mean rows per call: a stretch of calls with many more keys makes it larger.
-    """
-    low, high, count = conn.execute(
-        sa.select(sa.func.min(metrics.c.seq), sa.func.max(metrics.c.seq), sa.func.count()).where(*where)
-    ).one()
-    if not count:
-        return
-    calls_per_window = max(1, _SORT_WINDOW_ROWS * (high - low + 1) // count)
-    for start in range(low, high + 1, calls_per_window):
-        window = stmt.where(metrics.c.seq >= start, metrics.c.seq < start + calls_per_window)
-        yield from _duckdb_batches(conn, window)
-
-
-def _per_rank_columns(parts: list[Any]) -> list[np.ndarray]:
-    """per_rank's columns (rank, seq, step, value, dtype), one part per fetch, joined."""
-    return [np.concatenate(col) for col in zip(*parts)] if parts else [np.zeros(0, t) for t in _PER_RANK_TYPES]
-
-
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
     registered = conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id)).scalars()
     return sorted(set(range(ref.world_size)) | set(registered))
-
-
-def _key_pieces(key: str, chunks: Iterable[list[Any]]) -> Iterator[LongRows]:
-    """Driver rows (_SEQ_DTYPE, step, value) of one key as LongRows, a fetch at a time."""
-    for chunk in chunks:
-        seq, step, value, dtype = _packed_columns(chunk)
-        yield LongRows(seq, step, np.zeros(len(chunk), np.int32), [key], value, dtype)
-
-
-def _packed_columns(chunk: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """seq, step, value, dtype of driver rows (_SEQ_DTYPE, step, value)."""
-    seq_dtype, step, value = row_columns(chunk, (np.int64, np.int64, np.float64))
-    seq, dtype = np.divmod(seq_dtype, _DTYPE_SPAN)
-    return seq, step, value, dtype.astype(np.int16)
-
-
-def _duckdb_execute(conn: sa.Connection, stmt: sa.Select) -> Any:
-    """Run a SELECT on DuckDB's own connection; returns the driver's result, to read as Arrow."""
-    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    params = [compiled.params[name] for name in compiled.positiontup or ()]
-    # execute(), not sql(): a relation with parameters ran ~100x slower here
-    # (duckdb 1.5: 4.2 s vs 0.05 s for one key of a 3.2M-row store)
-    return conn.connection.driver_connection.execute(str(compiled), params)
-
-
-def _numpy(table: Any, name: str) -> np.ndarray:
-    column = table.column(name)
-    if name == "value":
-        return column.cast("double").fill_null(np.nan).to_numpy()  # NULL is a logged NaN
-    return column.to_numpy().astype(np.int64, copy=False)
 
 
 def _pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: np.ndarray, dtype: np.ndarray) -> Any:

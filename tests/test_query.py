@@ -16,6 +16,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import open_store
+from multirank_logger.backends import Backend, DuckDBBackend, SQLiteBackend, backend_for, resolve_url
 from multirank_logger.buffer import RecordBuffer
 from multirank_logger.csv_format import write_csv
 from multirank_logger.errors import LookupFailed, QueryFailed, ReadOnlyViolation, StoreLocked
@@ -130,9 +131,9 @@ def test_export_streamed_a_few_rows_at_a_time_is_the_same_file(
     """The export streams from the store a fetch at a time (merged across keys on SQLite,
     re-cut at call edges on DuckDB): with fetches of a few rows, every call still lands whole,
     once, in order, beside keys logged at other rates and another rank's rows."""
-    monkeypatch.setattr("multirank_logger.query._FETCH_ROWS", fetch_rows)
-    monkeypatch.setattr("multirank_logger.query._MIN_KEY_FETCH_ROWS", fetch_rows)
-    monkeypatch.setattr("multirank_logger.query._SORT_WINDOW_ROWS", 3 * fetch_rows)
+    monkeypatch.setattr(Backend, "fetch_rows", fetch_rows)
+    monkeypatch.setattr(SQLiteBackend, "min_key_fetch_rows", fetch_rows)
+    monkeypatch.setattr(DuckDBBackend, "sort_window_rows", 3 * fetch_rows)
     _store_calls(any_db, {0: _calls(0), 1: _calls(1)})
     out = tmp_path / "metrics.csv"
     with open_store(any_db) as reader:
@@ -148,14 +149,14 @@ def test_export_reads_one_state_of_a_store_still_written(any_db: str, tmp_path: 
     in part nor as a key its header lacks: the file is the store as the export found it."""
     import sqlalchemy as sa
 
-    from multirank_logger import query
     from multirank_logger.schema import metrics
 
     if str(any_db).endswith(".duckdb"):
         pytest.skip("no one can write a DuckDB file while a reader holds it")
     run_id = _store_calls(any_db, {0: _calls(0)})
     writer = Store(any_db)
-    read_rows = query._row_chunks
+    backend_class = type(backend_for(resolve_url(any_db)))
+    read_rows = backend_class.row_chunks
 
     def commit_then_read(*args: Any, **kwargs: Any) -> Any:
         if not getattr(commit_then_read, "done", False):  # once: a later call of the run
@@ -166,7 +167,7 @@ def test_export_reads_one_state_of_a_store_still_written(any_db: str, tmp_path: 
                 conn.execute(sa.insert(metrics), new)
         return read_rows(*args, **kwargs)
 
-    monkeypatch.setattr(query, "_row_chunks", commit_then_read)
+    monkeypatch.setattr(backend_class, "row_chunks", commit_then_read)
     out = tmp_path / "metrics.csv"
     with open_store(any_db) as reader:
         assert reader.export_csv(out) == len(_calls(0))

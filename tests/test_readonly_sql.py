@@ -162,10 +162,9 @@ def test_sql_still_reads(filled: str, query: str) -> None:
 
 def test_postgres_statement_timeout_bounds_a_query(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A query past the statement timeout is cancelled by the server, with its message."""
-    from multirank_logger import readonly_sql
+    from multirank_logger.backends import PostgreSQLBackend
 
     _fill(postgres_url)
-    monkeypatch.setattr(readonly_sql, "STATEMENT_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(readonly_sql._postgres, "__defaults__", (0.2,))
+    monkeypatch.setattr(PostgreSQLBackend, "statement_timeout_s", 0.2)
     with pytest.raises(QueryFailed, match="statement timeout"):
         open_store(postgres_url).sql("SELECT pg_sleep(5)")

@@ -1,20 +1,33 @@
-"""DuckDB: one writing process per file, opened only inside a transaction; rows go in as Arrow."""
+"""DuckDB: one writing process per file, opened only inside a transaction; rows go in as Arrow.
+
+Reads come back as Arrow from the driver's own connection, never as Python rows.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sqlalchemy as sa
 from alembic.ddl.impl import DefaultImpl
 from sqlalchemy.pool import NullPool
 
 from multirank_logger.backends.base import Backend
 from multirank_logger.buffer import MetricBatch, as_arrow
-from multirank_logger.errors import NotADatabase, StoreError, StoreLocked
+from multirank_logger.csv_format import LongRows
+from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
+from multirank_logger.readonly_sql import refusal_or_failure
+from multirank_logger.schema import metrics
 
 __all__ = ["AlembicDuckDBImpl", "DuckDBBackend"]
+
+# Statement types that only read (SHOW, DESCRIBE, SUMMARIZE, FROM-first parse as SELECT).
+# Not PRAGMA or CALL: both run functions that change settings or files (CALL checkpoint,
+# PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
+_READ_STATEMENTS = {"SELECT", "EXPLAIN"}
 
 
 class DuckDBBackend(Backend):
@@ -91,6 +104,87 @@ class DuckDBBackend(Backend):
                 "DuckDB is installed, or log to another file."
             )
         return None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    #: rows sorted at once for an export (see _windows)
+    sort_window_rows = 524_288
+
+    def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:
+        return _execute(conn, stmt).to_arrow_table()
+
+    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
+        # in call order per rank: DuckDB sorts with all its threads
+        stmt = (
+            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
+            .where(metrics.c.run_id == run_id, metrics.c.key == key)
+            .order_by(metrics.c.rank, metrics.c.seq)
+        )
+        table = self.fetch_arrow(conn, stmt)
+        return [_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")]
+
+    def hold_snapshot(self, conn: sa.Connection) -> None:
+        """Nothing to do: no one writes a DuckDB file that a reader holds open."""
+
+    def _in_call_order(self, conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]) -> Iterator[LongRows]:
+        return map(LongRows.from_arrow, self._windows(conn, stmt, where))
+
+    def _windows(self, conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]) -> Iterator[Any]:
+        """`stmt` (ordered by seq) as Arrow batches, sorted a window of seq at a time.
+
+        One ORDER BY over a rank's rows sorts them all before the first comes back (~57 bytes a
+        row: 280 MiB for 5M). A window of about `sort_window_rows` rows holds that many, and
+        costs a scan of only the row groups its seq range overlaps (DuckDB's min/max per row
+        group skips the rest, as a rank's seq rises with the file). The window is sized from
+        the rank's mean rows per call: a stretch of calls with many more keys makes it larger.
+        """
+        low, high, count = conn.execute(
+            sa.select(sa.func.min(metrics.c.seq), sa.func.max(metrics.c.seq), sa.func.count()).where(*where)
+        ).one()
+        if not count:
+            return
+        calls_per_window = max(1, self.sort_window_rows * (high - low + 1) // count)
+        for start in range(low, high + 1, calls_per_window):
+            window = stmt.where(metrics.c.seq >= start, metrics.c.seq < start + calls_per_window)
+            result = _execute(conn, window)
+            # to_arrow_reader in newer duckdb; fetch_record_batch in older ones (deprecated in 1.5)
+            to_reader = getattr(result, "to_arrow_reader", None) or result.fetch_record_batch
+            yield from to_reader(self.fetch_rows)
+
+    def run_readonly(self, conn: sa.Connection, query: str) -> Any:
+        # The connection is read_only with enable_external_access off (create_engine); DuckDB's
+        # own parser classifies each statement, as read-only still lets COPY ... TO, SET through.
+        import duckdb
+        import pandas as pd
+
+        try:
+            statements = duckdb.extract_statements(query)
+        except duckdb.Error as exc:
+            raise QueryFailed("DuckDB", str(exc)) from None
+        for statement in statements:
+            if statement.type.name not in _READ_STATEMENTS:
+                raise ReadOnlyViolation(statement.query)
+        try:
+            relation = conn.connection.driver_connection.sql(query)
+            return pd.DataFrame() if relation is None else relation.df()
+        except duckdb.Error as exc:
+            raise refusal_or_failure("DuckDB", query, exc) from None
+
+
+def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
+    """Run a SELECT on DuckDB's own connection; returns the driver's result, to read as Arrow."""
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    params = [compiled.params[name] for name in compiled.positiontup or ()]
+    # execute(), not sql(): a relation with parameters ran ~100x slower here
+    # (duckdb 1.5: 4.2 s vs 0.05 s for one key of a 3.2M-row store)
+    return conn.connection.driver_connection.execute(str(compiled), params)
+
+
+def _numpy(table: Any, name: str) -> np.ndarray:
+    column = table.column(name)
+    if name == "value":
+        return column.cast("double").fill_null(np.nan).to_numpy()  # NULL is a logged NaN
+    return column.to_numpy().astype(np.int64, copy=False)
 
 
 class AlembicDuckDBImpl(DefaultImpl):
