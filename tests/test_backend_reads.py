@@ -1,0 +1,182 @@
+"""Every backend through the one read interface (backends/base.py): the same store content,
+the same answers, whichever strategy the backend takes (SQLite's key skips, DuckDB's Arrow
+windows, a server's streamed cursor)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from multirank_logger.backends import Backend, DuckDBBackend, SQLiteBackend
+from multirank_logger.errors import ReadOnlyViolation
+from multirank_logger.schema import encode_value, metrics
+from multirank_logger.store import Store
+
+# (rank, seq, step, key, value): three calls of rank 0, two of rank 1, seq per rank; "c" only
+# rank 0 logged, "d" only rank 1; rank 2 is in the run (world_size 3) and logged nothing
+ROWS: list[tuple[int, int, int, str, Any]] = [
+    (0, 0, 0, "a", 1.5), (0, 0, 0, "b", 7), (0, 0, 0, "c", True),
+    (0, 1, 0, "a", math.nan), (0, 1, 0, "b", 8),
+    (0, 2, 5, "a", math.inf), (0, 2, 5, "b", -0.0), (0, 2, 5, "c", False),
+    (1, 0, 0, "a", 2.5), (1, 0, 0, "d", -math.inf),
+    (1, 1, 3, "a", 3.5), (1, 1, 3, "b", 9), (1, 1, 3, "d", 0.25),
+]  # fmt: skip
+# another run's rows, which no read of the first run may return
+OTHER_RUN_ROWS = [(0, 0, 0, "z", 1.0), (0, 1, 1, "a", 99.0)]
+
+
+def _insert(store: Store, run_id: int, rows: list[tuple[int, int, int, str, Any]]) -> None:
+    params = []
+    for rank, seq, step, key, logged in rows:
+        value, dtype = encode_value(logged)
+        params.append({"run_id": run_id, "rank": rank, "seq": seq, "step": step, "key": key, "value": value,
+                       "dtype": dtype, "time": 0.0})  # fmt: skip
+    with store.begin() as conn:
+        conn.execute(sa.insert(metrics), params)
+
+
+@pytest.fixture
+def filled(any_db: str) -> tuple[str, int]:
+    """A store of each backend holding ROWS (inserted out of call order) and another run."""
+    store = Store(any_db)
+    run = store.create_run("reads", world_size=3)
+    other = store.create_run("other", world_size=1)
+    shuffled = ROWS[:]
+    random.Random(0).shuffle(shuffled)
+    _insert(store, run.id, shuffled)
+    _insert(store, other.id, OTHER_RUN_ROWS)
+    store.close()
+    return any_db, run.id
+
+
+@pytest.fixture
+def reader(filled: tuple[str, int]) -> Iterator[tuple[Backend, sa.Connection, int]]:
+    """The backend of a read-only store, a connection to it, and the run id."""
+    db, run_id = filled
+    store = Store(db, readonly=True)
+    with store.engine.connect() as conn:
+        yield store.backend, conn, run_id
+    store.close()
+
+
+def _same(actual: np.ndarray, expected: list[Any]) -> bool:
+    return np.array_equal(np.asarray(actual, dtype=float), np.asarray(expected, dtype=float), equal_nan=True)
+
+
+def test_run_keys_are_the_runs_own(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """run_keys: every key any rank of the run logged, once; not another run's."""
+    backend, conn, run_id = reader
+    keys = backend.run_keys(conn, run_id)
+    assert sorted(keys) == ["a", "b", "c", "d"] and len(keys) == 4
+
+
+def test_per_rank_columns_sorted_by_rank_then_call(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """per_rank_columns: one key's rows of every rank, by rank then seq, NaN, inf and -0.0 kept apart."""
+    backend, conn, run_id = reader
+    rank, seq, step, value, dtype = backend.per_rank_columns(conn, run_id, "a")
+    expected = sorted((r, s, st, v) for r, s, st, k, v in ROWS if k == "a")
+    assert rank.tolist() == [r for r, *_ in expected]
+    assert seq.tolist() == [s for _, s, _, _ in expected]
+    assert step.tolist() == [st for _, _, st, _ in expected]
+    assert _same(value, [encode_value(v)[0] if not math.isnan(v) else math.nan for *_, v in expected])
+    assert dtype.tolist() == [encode_value(v)[1] for *_, v in expected]
+
+
+def test_per_rank_columns_of_a_key_no_rank_logged_are_empty(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """A key the run does not hold: five empty columns, not an error (query.py names the keys)."""
+    backend, conn, run_id = reader
+    columns = backend.per_rank_columns(conn, run_id, "z")  # the other run's key
+    assert len(columns) == 5 and all(len(c) == 0 for c in columns)
+
+
+@pytest.mark.parametrize("fetch_rows", [1, 2, 64])
+def test_rank_calls_streams_whole_calls_in_call_order(
+    reader: tuple[Backend, sa.Connection, int], monkeypatch: pytest.MonkeyPatch, fetch_rows: int
+) -> None:
+    """rank_calls: the keys one rank logged, and its rows in call order, every call whole in
+    one piece, however few rows each fetch brings."""
+    monkeypatch.setattr(Backend, "fetch_rows", fetch_rows)
+    monkeypatch.setattr(SQLiteBackend, "min_key_fetch_rows", fetch_rows)
+    monkeypatch.setattr(DuckDBBackend, "sort_window_rows", fetch_rows)
+    backend, conn, run_id = reader
+    for rank in (0, 1):
+        keys, pieces = backend.rank_calls(conn, run_id, rank)
+        pieces = list(pieces)
+        assert sorted(keys) == sorted({k for r, _, _, k, _ in ROWS if r == rank})
+        got = [(int(s), int(st), p.keys[c]) for p in pieces for s, st, c in zip(p.seq, p.step, p.code)]
+        assert sorted(got) == sorted((s, st, k) for r, s, st, k, _ in ROWS if r == rank)
+        assert [s for s, _, _ in got] == sorted(s for s, _, _ in got)  # call order
+        seqs_per_piece = [set(p.seq.tolist()) for p in pieces]
+        assert sum(map(len, seqs_per_piece)) == len(set().union(*seqs_per_piece))  # no call split in two
+        if fetch_rows == 1:
+            assert len(pieces) > 1  # it did stream
+
+
+def test_rank_calls_of_a_rank_that_logged_nothing(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """A rank of the run with no rows: no keys and no pieces."""
+    backend, conn, run_id = reader
+    keys, pieces = backend.rank_calls(conn, run_id, 2)
+    assert keys == [] and list(pieces) == []
+
+
+def test_hold_snapshot_hides_rows_committed_after_it(filled: tuple[str, int]) -> None:
+    """hold_snapshot, then a read: a key a writer commits afterwards stays out of later reads
+    on that connection (an export's header and rows agree)."""
+    db, run_id = filled
+    if db.endswith(".duckdb"):
+        pytest.skip("no one can write a DuckDB file while a reader holds it")
+    store = Store(db, readonly=True)
+    writer = Store(db)
+    try:
+        with store.engine.connect() as conn:
+            store.backend.hold_snapshot(conn)
+            assert sorted(store.backend.run_keys(conn, run_id)) == ["a", "b", "c", "d"]
+            _insert(writer, run_id, [(0, 3, 6, "e", 1.0)])
+            assert sorted(store.backend.run_keys(conn, run_id)) == ["a", "b", "c", "d"]
+            assert not any(k == "e" for k in store.backend.per_rank_columns(conn, run_id, "e")[0])
+        with store.engine.connect() as conn:  # a new read sees the write
+            assert "e" in store.backend.run_keys(conn, run_id)
+    finally:
+        writer.close()
+        store.close()
+
+
+def test_fetch_arrow_returns_the_selected_rows(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """fetch_arrow: a SELECT as a pyarrow Table of its columns."""
+    backend, conn, run_id = reader
+    stmt = sa.select(metrics.c.rank, metrics.c.key).where(metrics.c.run_id == run_id).order_by(
+        metrics.c.rank, metrics.c.seq, metrics.c.key
+    )
+    table = backend.fetch_arrow(conn, stmt)
+    assert table.column_names == ["rank", "key"]
+    assert list(zip(table.column("rank").to_pylist(), table.column("key").to_pylist())) == [
+        (r, k) for r, s, _, k, _ in sorted(ROWS, key=lambda row: (row[0], row[1], row[3]))
+    ]
+
+
+def test_sql_infinity_finds_the_logged_infinities(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """sql_infinity is a literal the engine compares a stored +inf (and, negated, -inf) with."""
+    backend, conn, run_id = reader
+    inf = backend.sql_infinity
+    counts = backend.run_readonly(
+        conn,
+        f"SELECT SUM(CASE WHEN value = {inf} THEN 1 ELSE 0 END) AS pos, "
+        f"SUM(CASE WHEN value = -{inf} THEN 1 ELSE 0 END) AS neg FROM metrics WHERE run_id = {run_id}",
+    )
+    assert (int(counts["pos"][0]), int(counts["neg"][0])) == (1, 1)
+
+
+def test_run_readonly_reads_and_refuses_a_write(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """run_readonly: a SELECT's frame; a DELETE refused with ReadOnlyViolation, the rows still there."""
+    backend, conn, run_id = reader
+    count = f"SELECT COUNT(*) AS n FROM metrics WHERE run_id = {run_id}"
+    assert int(backend.run_readonly(conn, count)["n"][0]) == len(ROWS)
+    with pytest.raises(ReadOnlyViolation):
+        backend.run_readonly(conn, "DELETE FROM metrics")
+    assert int(backend.run_readonly(conn, count)["n"][0]) == len(ROWS)
