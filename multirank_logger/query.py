@@ -24,17 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger.atomic_file import replace_atomically
 from multirank_logger.csv_format import LongRows, to_frame, write_csv
 from multirank_logger.errors import LookupFailed
 from multirank_logger.findings import FindingsMixin
+from multirank_logger.rank_spread import RankSpread, neg_zero, pivot_step_rank
 from multirank_logger.readonly_sql import run_readonly
 from multirank_logger.run_lifecycle import orphan_runs
 from multirank_logger.schema import (
-    DTYPE_NEG_ZERO,
     SEQ_ATTEMPT_SHIFT,
     attempts,
     metrics,
@@ -270,7 +269,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             self._check_keys(ref, keys)
             stmt = stmt.where(metrics.c.key.in_(keys))
         df = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq)).to_pandas()
-        df["value"] = _neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
+        df["value"] = neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
         df["attempt"] = df["seq"].to_numpy() >> SEQ_ATTEMPT_SHIFT
         if not all_attempts and len(df) and df["attempt"].max() > 0:
             latest = df.groupby(["rank", "key", "step"])["attempt"].transform("max")
@@ -304,7 +303,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             columns = self.store.backend.per_rank_columns(conn, ref.id, key)
         if len(columns[0]) == 0:
             self._check_keys(ref, [key])
-        return _pivot_step_rank(*columns)
+        return pivot_step_rank(*columns)
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
         """One key per rank, with how far the ranks spread and which rank stands out."""
@@ -374,101 +373,6 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             return run_readonly(conn, self.store.backend, query)
 
 
-@dataclass
-class RankSpread:
-    """A key across ranks: the step x rank table and a summary of its spread.
-
-    The *farthest* rank has the largest mean absolute distance from the per-step median
-    of all ranks (``from_median``); ``ratio`` compares it with the median of the other
-    ranks' distances. It *stands out* when that ratio is at least ``STANDOUT_RATIO``: with
-    one rank, ranks that agree everywhere, or ranks all equally noisy, none does.
-    """
-
-    STANDOUT_RATIO = 2.0
-
-    key: str
-    run: RunRef
-    table: Any  # pandas DataFrame, index step, one column per rank
-    summary: Any  # pandas DataFrame, one row per rank: steps, mean, min, max, last, from_median
-    spread_mean: float  # mean over steps of (max - min across ranks)
-    spread_max: float
-    spread_max_step: int | None
-    farthest: int | None
-    ratio: float
-
-    @property
-    def standout(self) -> int | None:
-        return self.farthest if self.ratio >= self.STANDOUT_RATIO else None
-
-    @classmethod
-    def of(cls, key: str, run: RunRef, table: Any) -> RankSpread:
-        import pandas as pd
-
-        median = table.median(axis=1)
-        spread = table.max(axis=1) - table.min(axis=1)
-        summary = pd.DataFrame(
-            {
-                "steps": table.count(),
-                "mean": table.mean(),
-                "min": table.min(),
-                "max": table.max(),
-                "last": table.apply(lambda col: col.dropna().iloc[-1] if col.notna().any() else np.nan),
-                "from_median": table.sub(median, axis=0).abs().mean(),
-            }
-        )
-        summary.index.name = "rank"
-        farthest, ratio = None, float("nan")
-        dist = summary["from_median"].dropna()
-        if len(dist) > 1 and dist.max() > 0:
-            farthest = int(dist.idxmax())
-            others = float(dist.drop(farthest).median())
-            ratio = float(dist.max()) / others if others > 0 else float("inf")
-        has_spread = spread.notna().any()
-        return cls(
-            key, run, table, summary,
-            spread_mean=float(spread.mean()) if has_spread else float("nan"),
-            spread_max=float(spread.max()) if has_spread else float("nan"),
-            spread_max_step=int(spread.idxmax()) if has_spread else None,
-            farthest=farthest, ratio=ratio,
-        )  # fmt: skip
-
-
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
     registered = conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id)).scalars()
     return sorted(set(range(ref.world_size)) | set(registered))
-
-
-def _pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: np.ndarray, dtype: np.ndarray) -> Any:
-    """Long rows of one key -> a step x rank DataFrame; a rank's later call wins at a step."""
-    import pandas as pd
-
-    # in NumPy, not pandas: sort_values + drop_duplicates + pivot took ~1.2 s for 1.6M rows.
-    # Rows mostly come sorted already (by rank then call order, steps rising): check first.
-    if not _sorted_by(rank, step, seq):
-        order = np.lexsort((seq, step, rank))
-        rank, step, seq, value, dtype = rank[order], step[order], seq[order], value[order], dtype[order]
-    value = _neg_zero(value, dtype)
-    last = np.r_[(rank[1:] != rank[:-1]) | (step[1:] != step[:-1]), True] if len(rank) else np.zeros(0, bool)
-    steps, row = np.unique(step[last], return_inverse=True)
-    ranks, col = np.unique(rank[last], return_inverse=True)
-    grid = np.full((len(steps), len(ranks)), np.nan)
-    grid[row, col] = value[last]
-    return pd.DataFrame(grid, index=pd.Index(steps, name="step"), columns=pd.Index(ranks.tolist(), name="rank"))
-
-
-def _sorted_by(*columns: np.ndarray) -> bool:
-    """Whether the rows are in ascending order of ``columns`` (the first the most significant)."""
-    if len(columns[0]) < 2:
-        return True
-    tied = np.ones(len(columns[0]) - 1, bool)  # rows equal to the next on every column so far
-    for column in columns:
-        ahead, behind = column[1:], column[:-1]
-        if (tied & (ahead < behind)).any():
-            return False
-        tied &= ahead == behind
-    return True
-
-
-def _neg_zero(value: np.ndarray, dtype: np.ndarray) -> np.ndarray:
-    # SQLite drops the sign of -0.0; the dtype code keeps it
-    return np.where(dtype == DTYPE_NEG_ZERO, -0.0, value)

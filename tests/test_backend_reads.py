@@ -150,8 +150,10 @@ def test_hold_snapshot_hides_rows_committed_after_it(filled: tuple[str, int]) ->
 def test_fetch_arrow_returns_the_selected_rows(reader: tuple[Backend, sa.Connection, int]) -> None:
     """fetch_arrow: a SELECT as a pyarrow Table of its columns."""
     backend, conn, run_id = reader
-    stmt = sa.select(metrics.c.rank, metrics.c.key).where(metrics.c.run_id == run_id).order_by(
-        metrics.c.rank, metrics.c.seq, metrics.c.key
+    stmt = (
+        sa.select(metrics.c.rank, metrics.c.key)
+        .where(metrics.c.run_id == run_id)
+        .order_by(metrics.c.rank, metrics.c.seq, metrics.c.key)
     )
     table = backend.fetch_arrow(conn, stmt)
     assert table.column_names == ["rank", "key"]

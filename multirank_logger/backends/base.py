@@ -131,7 +131,7 @@ class Backend:
         result = conn.execute(stmt)
         names = list(result.keys())
         data = result.fetchall()
-        columns = list(zip(*data)) if data else [[] for _ in names]
+        columns: list[Any] = list(zip(*data)) if data else [[] for _ in names]
         return pa.table({name: pa.array(col) for name, col in zip(names, columns)})
 
     def row_chunks(self, conn: sa.Connection, stmt: sa.Select, rows: int = 0) -> Iterator[list[Any]]:
@@ -193,7 +193,7 @@ def per_rank_columns(parts: list[Any]) -> list[np.ndarray]:
     return [np.concatenate(col) for col in zip(*parts)] if parts else [np.zeros(0, t) for t in PER_RANK_TYPES]
 
 
-def _chunks(fetch: Callable[[int], list[Any]], rows: int) -> Iterator[list[Any]]:
+def _chunks(fetch: Callable[[int], Any], rows: int) -> Iterator[list[Any]]:
     """What `fetch(rows)` returns, call after call, until a short one; no empty chunk."""
     while True:
         chunk = fetch(rows)
@@ -201,6 +201,13 @@ def _chunks(fetch: Callable[[int], list[Any]], rows: int) -> Iterator[list[Any]]
             yield chunk
         if len(chunk) < rows:  # the last: no second round trip to learn that
             return
+
+
+def driver_connection(conn: sa.Connection) -> Any:
+    """The driver's own connection under `conn` (sqlite3, duckdb, psycopg), for what SQLAlchemy does slower."""
+    raw = conn.connection.driver_connection
+    assert raw is not None, "a connection that is open has its driver's connection"
+    return raw
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic.ddl.impl import DefaultImpl
 from sqlalchemy.pool import NullPool
 
-from multirank_logger.backends.base import Backend
+from multirank_logger.backends.base import Backend, driver_connection
 from multirank_logger.buffer import MetricBatch, as_arrow
 from multirank_logger.csv_format import LongRows
 from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
@@ -165,7 +165,7 @@ class DuckDBBackend(Backend):
             if statement.type.name not in _READ_STATEMENTS:
                 raise ReadOnlyViolation(statement.query)
         try:
-            relation = conn.connection.driver_connection.sql(query)
+            relation = driver_connection(conn).sql(query)
             return pd.DataFrame() if relation is None else relation.df()
         except duckdb.Error as exc:
             raise refusal_or_failure("DuckDB", query, exc) from None
@@ -177,7 +177,7 @@ def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
     params = [compiled.params[name] for name in compiled.positiontup or ()]
     # execute(), not sql(): a relation with parameters ran ~100x slower here
     # (duckdb 1.5: 4.2 s vs 0.05 s for one key of a 3.2M-row store)
-    return conn.connection.driver_connection.execute(str(compiled), params)
+    return driver_connection(conn).execute(str(compiled), params)
 
 
 def _numpy(table: Any, name: str) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from multirank_logger.backends.base import Backend, _raised_as_sqlalchemy_would
+from multirank_logger.backends.base import Backend, _raised_as_sqlalchemy_would, driver_connection
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation
 
@@ -68,9 +68,11 @@ class PostgreSQLBackend(Backend):
 
         if _first_keyword(query) in _NOT_READS:
             raise ReadOnlyViolation(query)
-        raw = conn.connection.driver_connection
+        raw = driver_connection(conn)
         if not hasattr(raw, "pgconn"):  # psycopg2 and others send "a; b" as one string
-            raise QueryFailed("PostgreSQL", "sql() needs the psycopg 3 driver (pip install 'multirank-logger[postgres]')")
+            raise QueryFailed(
+                "PostgreSQL", "sql() needs the psycopg 3 driver (pip install 'multirank-logger[postgres]')"
+            )
         raw.rollback()  # start from no transaction, whatever the pool handed back
         try:
             with raw.cursor() as cur:

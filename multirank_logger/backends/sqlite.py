@@ -18,7 +18,13 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from multirank_logger.backends.base import Backend, _chunks, _raised_as_sqlalchemy_would, per_rank_columns
+from multirank_logger.backends.base import (
+    Backend,
+    _chunks,
+    _raised_as_sqlalchemy_would,
+    driver_connection,
+    per_rank_columns,
+)
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.csv_format import LongRows, in_call_order, row_columns
 from multirank_logger.errors import NotADatabase, QueryFailed, StoreLocked
@@ -133,7 +139,7 @@ class SQLiteBackend(Backend):
         # the driver's own cursor: SQLAlchemy's Row objects cost ~1 s per million rows
         compiled = stmt.compile(dialect=conn.dialect)
         params = [compiled.params[name] for name in compiled.positiontup or ()]
-        fetch = conn.connection.driver_connection.execute(str(compiled), params).fetchmany
+        fetch = driver_connection(conn).execute(str(compiled), params).fetchmany
         yield from _chunks(fetch, rows or self.fetch_rows)
 
     def run_keys(self, conn: sa.Connection, run_id: int) -> list[str]:
@@ -179,7 +185,7 @@ class SQLiteBackend(Backend):
         # alone would still let ATTACH (a new file) through
         import pandas as pd
 
-        raw = conn.connection.driver_connection
+        raw = driver_connection(conn)
         raw.set_authorizer(_authorizer)
         try:
             cursor = raw.execute(query)
