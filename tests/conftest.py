@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -73,12 +75,17 @@ def spawn_ranks(target: Callable[..., None], world_size: int, *args: Any, join_s
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real PostgreSQL server for the session (pgserver: the server binaries in a wheel)."""
+def postgres_server():
+    """A real PostgreSQL server for the session (pgserver: the server binaries in a wheel).
+
+    Its data directory is its own, not under pytest's basetemp: a concurrent pytest session
+    prunes the oldest basetemps, which deleted a running server's directory under our tests."""
     pgserver = pytest.importorskip("pgserver", reason="pgserver is not installed (pip install -e '.[test]')")
-    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    data = Path(tempfile.mkdtemp(prefix="multirank-pg-"))
+    server = pgserver.get_server(data, cleanup_mode="stop")
     yield server
     server.cleanup()
+    shutil.rmtree(data, ignore_errors=True)
 
 
 def new_postgres_database(server) -> str:
