@@ -21,7 +21,7 @@ __all__ = [
     "rank_aware_console",
 ]
 
-# These import lightning or torch (~3 s): load them on first use, so that the CLI and the
+# These import lightning or torch (seconds): load them on first use, so that the CLI and the
 # query side start fast. (With lightning loaded, DuckDB 2.0 also prints nanobind "leaked
 # instances" noise at interpreter exit.)
 _LAZY = {

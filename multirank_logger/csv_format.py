@@ -4,8 +4,11 @@ The layout is the one Lightning's ``_ExperimentWriter`` (``fabric/loggers/csv_lo
 leaves on disk at the end of a run: one row per ``log_metrics`` call in call order,
 columns the sorted union of every key seen plus ``step``, a missing value an empty
 field, values written by ``csv.DictWriter`` (``str()`` of the Python scalar), lines
-ended by ``\\r\\n``. We pass the same Python scalars to the same ``csv`` writer, so the
-bytes match by construction rather than by imitating the formatting.
+ended by ``\\r\\n``. The header goes through the same ``csv`` writer (a key may hold a
+comma or a quote). Data rows are joined by hand from the same Python scalars: every field
+is an int, a float, a bool or empty, which that writer writes as its ``str()`` and never
+quotes, so the bytes are the same; tests/test_dropin.py and tests/test_query.py compare
+whole files with CSVLogger's.
 
 Speed: the rows are placed into a 2-D object grid with one NumPy fancy assignment
 per chunk, instead of building a dict per log call as CSVLogger does.
@@ -36,7 +39,7 @@ STEP_COLUMN = "step"
 _INT64_BOUND = 2.0**63
 # CSV rows per grid: each is a Python list while the chunk is written, so this bounds the
 # lists alive at once. 64k of them kept the cyclic collector running full passes (over
-# torch's heap too) through the export: 0.55-0.61 s against 0.39 s for 50k rows x 10 keys.
+# torch's heap too) through the export (benchmarks/RESULTS.md, query: export_csv).
 _CHUNK_ROWS = 2_048
 # how csv.writer's excel dialect separates fields and ends lines, as in CSVLogger's file
 _FIELD_SEPARATOR, _LINE_END = ",", "\r\n"
@@ -72,7 +75,7 @@ class LongRows:
         (any row order).
 
         Columns are read straight from their Arrow buffers: pyarrow's own ``to_numpy``
-        imports pandas (~0.3 s), which would land in rank 0's finalize.
+        imports pandas (a third of a second), which would land in rank 0's finalize.
         """
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -244,7 +247,7 @@ def row_columns(
     """Columns of driver rows as NumPy arrays of `types` (field i of each row, or `fields[i]`).
 
     One column at a time through C-level maps: ``zip(*chunk)`` over a 64k-row chunk costs
-    ~3x as much. A NULL (None) in a float64 column becomes NaN.
+    several times as much. A NULL (None) in a float64 column becomes NaN.
     """
     n = len(chunk)
     fields = fields or [itemgetter(i) for i in range(len(types))]
@@ -317,8 +320,8 @@ def write_rows(fp: IO[str], columns: list[str], pieces: Iterable[LongRows], chun
         for grid in _grids(rows, columns, chunk_rows):
             # Every field of a data row is an int, a float, a bool or '' (missing): csv.writer
             # would write each as its str() (repr() for a float: the same text), and quote
-            # none, as none holds a comma, a quote or a line end. Joined here, ~180 ns a field
-            # less than csv.writer's own per-field checks. The step keeps a row from being one
+            # none, as none holds a comma, a quote or a line end. Joined here, without
+            # csv.writer's own per-field checks (query: export_csv). The step keeps a row from being one
             # empty field, which csv.writer would write as "".
             fp.write("".join([join(map(str, row)) + _LINE_END for row in grid]))
             written += len(grid)

@@ -45,7 +45,7 @@ from multirank_logger.store import Store, retry_while_locked
 
 __all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
 
-# A DuckDB file is locked while the training run flushes into it (~20 ms per flush):
+# A DuckDB file is locked while the training run flushes into it (each flush opens it: RESULTS.md, "Figures the source cites"):
 # wait this long for the lock before reporting StoreLocked.
 LOCK_TIMEOUT_S = 5.0
 _RUN_LABEL = re.compile(r"^(?P<name>.+)/(?:version_)?(?P<version>\d+)$")
@@ -109,7 +109,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
         """One short-lived connection; a DuckDB file locked by a flush is waited for.
 
         Inside the store's `writing()` (the logger exporting at the end of a run) the held
-        connection is used instead: a second one would open the DuckDB file again (~20 ms),
+        connection is used instead: a second one would open the DuckDB file again (a DuckDB open: RESULTS.md),
         and a read-only one cannot be opened beside it in the same process.
         """
         held = self.store.held_connection

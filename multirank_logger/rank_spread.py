@@ -78,7 +78,7 @@ def pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: 
     """Long rows of one key -> a step x rank DataFrame; a rank's later call wins at a step."""
     import pandas as pd
 
-    # in NumPy, not pandas: sort_values + drop_duplicates + pivot took ~1.2 s for 1.6M rows.
+    # in NumPy, not pandas: sort_values + drop_duplicates + pivot took several times as long (RESULTS.md, query: per_rank).
     # Rows mostly come sorted already (by rank then call order, steps rising): check first.
     if not _sorted_by(rank, step, seq):
         order = np.lexsort((seq, step, rank))

@@ -115,11 +115,11 @@ ranks = sa.Table(
 # How each backend lays out `metrics` (measured in benchmarks/ingest and /query):
 # - SQLite: a WITHOUT ROWID table clustered on (run_id, key, rank, seq), no other index.
 #   One key's rows of one rank sit together, so an export or per_rank(key) reads ranges,
-#   not one row lookup per value; inserts cost ~1.8 us/row against ~2.8 with a rowid table
+#   not one row lookup per value; inserts cost a third less than into a rowid table
 #   and two secondary indexes, and the file is half the size. (run_id, rank, seq, key) is
 #   also the identity of a row (spill.py skips rows the store already holds by it).
 # - DuckDB: no key and no index. It answers range scans from its min-max zone maps; an
-#   ART index there only slows bulk inserts (measured 2-3x on 100k-row batches).
+#   ART index there only slows bulk inserts (RESULTS.md, "Figures the source cites").
 # - PostgreSQL: a heap with the two secondary indexes below.
 metrics = sa.Table(
     "metrics",
