@@ -782,6 +782,23 @@ def _end_runs_never_finalized() -> None:
 atexit.register(quiet_logging_errors(_end_runs_never_finalized))
 
 
+def _own_runs_before_fork() -> None:
+    """Before a fork (ddp_notebook's launch, once for fit and again for test): a process certain
+    to be rank 0, outside any process group, allocates the run of each logger that has none yet.
+    The forked ranks inherit it, so every fork launch of this process continues one run (each an
+    attempt of its own) instead of its rank 0 allocating a run the parent never learns."""
+    if threading.current_thread() is not threading.main_thread() or _dist_up() or current_rank() != 0:
+        return
+    for logger in list(_LIVE):
+        if logger._identity is None and logger._store is not None and not logger._finalized:
+            with logger._lock:
+                if logger._identity is None:
+                    logger._identity = logger._open_run()
+
+
+process_hooks.before_fork(_own_runs_before_fork)
+
+
 _FORK_ORPHANS: list[Any] = []  # the parent's engines and threads' state, never touched in a child
 
 

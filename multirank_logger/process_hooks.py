@@ -44,6 +44,8 @@ from multirank_logger.exit_logging import quiet_logging_errors
 
 __all__ = [
     "EXIT_FLUSH_TIMEOUT",
+    "after_fork_in_child",
+    "before_fork",
     "flush_all",
     "guard_setup",
     "outermost_sigterm",
@@ -315,6 +317,20 @@ def _lightning_notify(connector: Any, signum: int) -> None:
 # -- fork ---------------------------------------------------------------------------------
 
 _AFTER_FORK: list[Callable[[], None]] = []
+_BEFORE_FORK: list[Callable[[], None]] = []
+
+
+def before_fork(fn: Callable[[], None]) -> None:
+    """Run `fn` in the parent, on the forking thread, before each fork (its errors are logged)."""
+    _BEFORE_FORK.append(fn)
+
+
+def _before_fork() -> None:
+    for fn in _BEFORE_FORK:
+        try:
+            fn()
+        except Exception:
+            log.exception("multirank_logger: preparing for a fork failed")
 
 
 def after_fork_in_child(fn: Callable[[], None]) -> None:
@@ -359,4 +375,4 @@ def _reset_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_reset_in_child)

@@ -156,3 +156,22 @@ def test_ddp_spawn_fit_then_test_keeps_both_phases(tmp_path: Path) -> None:
     ]
     rows = _csv(tmp_path / "job" / "version_0" / "metrics.csv")
     assert sum(1 for r in rows if r["rank_value"]) == 4 and sum(1 for r in rows if r["test_loss"]) == 1
+
+
+@pytest.mark.parametrize("db_name", ["runs.sqlite", "runs.duckdb"])
+def test_ddp_notebook_fit_then_test_is_one_run(tmp_path: Path, db_name: str) -> None:
+    """strategy="ddp_notebook" (forked ranks), fit then test in one process, version never read:
+    the parent owns the run, so both fork launches write under it as two attempts of one run."""
+    db = tmp_path / db_name
+    _launch(db, tmp_path, "--strategy", "ddp_notebook", "--epochs", "1", "--test")
+    assert query(db, "SELECT id, version, status FROM runs") == [(1, 0, "success")]
+    assert query(db, "SELECT attempt, world_size, status FROM attempts ORDER BY attempt") == [
+        (0, 2, "success"),
+        (1, 2, "success"),
+    ]
+    assert query(db, "SELECT rank, seq >> 40 FROM metrics WHERE key = 'test_loss' ORDER BY rank") == [(0, 1), (1, 1)]
+    assert query(
+        db, "SELECT rank, count(*), count(DISTINCT seq) FROM metrics WHERE key = 'rank_value' GROUP BY rank ORDER BY rank"
+    ) == [(0, 4, 4), (1, 4, 4)]
+    rows = _csv(tmp_path / "job" / "version_0" / "metrics.csv")
+    assert sum(1 for r in rows if r["rank_value"]) == 4 and sum(1 for r in rows if r["test_loss"]) == 1
