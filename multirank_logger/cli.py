@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import io
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -122,6 +123,17 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+def _status_text(status: str, started: Any, last_value: Any) -> str:
+    """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
+    killer) never records its end, and only its silence tells it from a live one."""
+    if status != "running":
+        return status
+    now = time.time()
+    if last_value is None or last_value != last_value:  # NaT: nothing stored yet
+        return f"running (no value yet, started {_duration(now - started.timestamp())} ago)"
+    return f"running (last value {_duration(now - last_value.timestamp())} ago)"
+
+
 @main.command("runs")
 @click.argument("db_path", metavar="DB")
 @_friendly_errors
@@ -137,7 +149,8 @@ def runs_cmd(db_path: str) -> None:
     if df.empty:
         click.echo(f"No runs in {db_path}.")
         return
-    df = df.drop(columns=["name", "version"])
+    df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"])]
+    df = df.drop(columns=["name", "version", "last_value"])
     df["started"] = df["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
     df["duration_s"] = df["duration_s"].map(_duration)
     names = {"duration_s": "duration", "world_size": "ranks", "started": "started (UTC)"}

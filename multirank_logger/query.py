@@ -147,7 +147,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
 
     def runs(self) -> Any:
         """One row per run: id, run (label), name, version, status, world_size, started,
-        duration_s, steps, keys.
+        duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none).
 
         ``duration_s`` runs to ``ended_at``, or to the last logged value while a run is
         still running. ``steps`` counts the distinct steps rank 0 logged; ``keys`` the
@@ -185,6 +185,8 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
                 "duration_s": end - df["started_at"].astype("float64"),
                 "steps": df["n_steps"].fillna(0).astype("int64"),
                 "keys": df["n_keys"].fillna(0).astype("int64"),
+                # a "running" run whose last value is hours old has likely died unrecorded (SIGKILL)
+                "last_value": pd.to_datetime(df["last_time"].astype("float64"), unit="s", utc=True),
             }
         )
         return out

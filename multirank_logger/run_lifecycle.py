@@ -33,11 +33,12 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.schema import SEQ_ATTEMPT_SHIFT, attempts, metrics, runs
+from multirank_logger.schema import SEQ_ATTEMPT_SHIFT, attempts, metrics, ranks, runs
 from multirank_logger.store import Store
 
 __all__ = [
     "RESUME_MODES",
+    "VANISHED",
     "OpenedRun",
     "RunIdentityMismatch",
     "begin_attempt",
@@ -198,9 +199,26 @@ def _describe(name: str, version: int | str | None, run_key: str | None) -> str:
     return f"{name}/version_{version}" if version is not None else f"{name!r} (latest)"
 
 
+#: the status of an earlier attempt still ``running`` when a new one begins: it stopped without
+#: recording any end (SIGKILL, the OOM killer, a node lost, a scheduler's kill after its grace
+#: period). "vanished", not "killed": the store saw it go silent, not why.
+VANISHED = "vanished"
+
+
 def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
-    """Record a new launch of `run_id` and return its number (0 for the first)."""
+    """Record a new launch of `run_id` and return its number (0 for the first).
+
+    Earlier attempts still ``running`` are closed as `VANISHED` (their ``ended_at`` stays
+    unknown), and ranks still ``running`` become ``missing``, as in `finalize`: launches of a
+    run follow one another, so the new one means the old one is gone.
+    """
     with store.begin() as conn:
+        conn.execute(
+            attempts.update()
+            .where(attempts.c.run_id == run_id, attempts.c.status == "running")
+            .values(status=VANISHED)
+        )
+        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.status == "running").values(status="missing"))
         last = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
         if last is not None:
             attempt = int(last) + 1

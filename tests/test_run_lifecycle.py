@@ -7,6 +7,9 @@ from __future__ import annotations
 import csv
 import datetime
 import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,14 +23,14 @@ from multirank_logger.buffer import RecordBuffer
 from multirank_logger.cli import main as cli
 from multirank_logger.identity import current_rank
 from multirank_logger.query import open_store
-from multirank_logger.run_lifecycle import ResumeRefused, RunIdentityMismatch, check_same_run
+from multirank_logger.run_lifecycle import ResumeRefused, RunIdentityMismatch, begin_attempt, check_same_run
 from multirank_logger.schema import SEQ_ATTEMPT_SHIFT
 from multirank_logger.side_records import encode_side
 from multirank_logger.sinks import GatherReceiver
 from multirank_logger.store import Store
 from multirank_logger.transport import RowChannel
 from tests.conftest import free_port
-from tests.logger_helpers import query
+from tests.logger_helpers import query, train_env
 
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
 
@@ -286,3 +289,60 @@ def test_rank_0_files_received_rows_under_its_own_run(db_path: Path) -> None:
     sender.close()
     sink.close()
     store.close()
+
+
+_KILLED_LAUNCH = """
+import sys, time
+from multirank_logger import MultiRankLogger
+logger = MultiRankLogger(db=sys.argv[1], name="job", flush_interval=3600)
+for step in range(3):
+    logger.log_metrics({"loss": float(step)}, step=step)
+logger.experiment.save()  # stored now: the run is 'running' with values, then the process dies unrecorded
+print("stored", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_sigkilled_attempt_is_vanished_when_the_run_resumes(db_path: Path) -> None:
+    """A launch SIGKILLed (as the OOM killer does) records no end: `runs` shows the run running and
+    how long it has been silent; the resumed launch closes that attempt as 'vanished' and ends the
+    run as success with both launches' rows."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_LAUNCH, str(db_path)], stdout=subprocess.PIPE, text=True, env=train_env()
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "stored"
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert query(db_path, "SELECT status FROM runs") == [("running",)]
+    shown = CliRunner().invoke(cli, ["runs", str(db_path)])
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"running \(last value \d+s ago\)", shown.output), shown.output
+    assert query(db_path, "SELECT attempt, status, ended_at FROM attempts") == [(0, "running", None)]
+
+    _launch(db_path, range(2, 5), 100.0, version=0)
+    assert query(db_path, "SELECT attempt, status, ended_at IS NULL FROM attempts ORDER BY attempt") == [
+        (0, "vanished", True),
+        (1, "success", False),
+    ]
+    assert query(db_path, "SELECT rank, status FROM ranks") == [(0, "success")]
+    assert query(db_path, "SELECT status FROM runs") == [("success",)]
+    values = query(db_path, "SELECT step, seq >> 40 FROM metrics WHERE key = 'loss' ORDER BY seq")
+    assert values == [(0, 0), (1, 0), (2, 0), (2, 1), (3, 1), (4, 1)]
+    assert "success" in CliRunner().invoke(cli, ["runs", str(db_path)]).output
+
+
+def test_new_attempt_closes_running_attempts_and_ranks(db_path: Path) -> None:
+    """begin_attempt over a launch that never recorded its end (2 ranks, resumed on 1): that attempt
+    becomes 'vanished' and its ranks 'missing', so no row says 'running' for a launch that is gone."""
+    store = Store(db_path)
+    run = store.create_run("job", world_size=2)
+    assert begin_attempt(store, run.id, 2) == 0
+    for rank in (0, 1):
+        store.register_rank(run.id, rank)
+    assert begin_attempt(store, run.id, 1) == 1
+    store.close()
+    assert query(db_path, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "vanished"), (1, "running")]
+    assert query(db_path, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "missing"), (1, "missing")]
