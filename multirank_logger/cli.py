@@ -128,8 +128,10 @@ def _status_text(status: str, started: Any, last_value: Any) -> str:
     killer) never records its end, and only its silence tells it from a live one."""
     if status != "running":
         return status
+    import pandas as pd
+
     now = time.time()
-    if last_value is None or last_value != last_value:  # NaT: nothing stored yet
+    if pd.isna(last_value):  # nothing stored yet
         return f"running (no value yet, started {_duration(now - started.timestamp())} ago)"
     return f"running (last value {_duration(now - last_value.timestamp())} ago)"
 
