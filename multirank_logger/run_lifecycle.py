@@ -15,7 +15,8 @@ Which run a launch opens (`open_run`):
 - ``version`` given (an int, or a str for a named version): that run, else a new one;
 - neither: a new run, the next version free in the store *and* on disk (a CSVLogger or
   TensorBoard ``version_N`` already there is never reused); with ``resume="must"`` the
-  latest run of the name.
+  latest run of the name; under ``torchrun --max-restarts``, a restarted worker group
+  continues the run of its job (`elastic_run_key`).
 
 ``resume`` says whether an existing run may be continued: ``"allow"`` (the default, as
 CSVLogger accepts an existing ``version``), ``"must"`` (a requeue that must not start over)
@@ -44,6 +45,7 @@ __all__ = [
     "begin_attempt",
     "check_run_choice",
     "check_same_run",
+    "elastic_run_key",
     "end_attempt",
     "next_free_on_disk",
     "open_run",
@@ -118,6 +120,28 @@ def next_free_on_disk(root_dir: str) -> int:
     return max(taken) + 1 if taken else 0
 
 
+def elastic_run_key() -> tuple[str, bool] | None:
+    """For a torchelastic worker: (a key naming this torchrun job, whether this is a restart).
+
+    ``torchrun --max-restarts`` restarts the whole worker group after a failure, in new
+    processes with ``TORCHELASTIC_RESTART_COUNT`` one higher and the same
+    ``TORCHELASTIC_RUN_ID``: the restarted group continues the run the first group opened.
+    The run id names the job when it was chosen (``--rdzv-id``, or ``--standalone``'s random
+    one); without rendezvous settings it is ``"none"`` for every torchrun, so the agent process
+    (the workers' parent, alive across restarts) on this host names the job instead.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if not run_id:
+        return None
+    try:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        restart = 0
+    if run_id == "none":
+        return f"torchelastic:none:{socket.gethostname()}:{os.getppid()}", restart > 0
+    return f"torchelastic:{run_id}", restart > 0
+
+
 def open_run(
     store: Store,
     name: str,
@@ -130,19 +154,28 @@ def open_run(
 ) -> OpenedRun:
     """The run this launch writes under: an existing one continued, or a new one (module docstring).
 
+    Under torchelastic with neither `version` nor `run_key` (and ``resume="allow"``), the
+    first worker group creates a run carrying the job's key (`elastic_run_key`) and a
+    restarted group continues it.
+
     Raises:
         ResumeRefused: ``resume="must"`` and no such run, or ``resume="never"`` and the run exists.
     """
     # one connection for every step: a DuckDB file a reader grabs between two of them would make
     # the caller's retry allocate a second run after the first was committed
+    find_key = new_key = run_key
+    elastic = elastic_run_key() if run_key is None and version is None and resume == "allow" else None
+    if elastic is not None:
+        new_key = elastic[0]
+        find_key = new_key if elastic[1] else None  # a first group never continues an older job's run
     with store.writing():
-        return _open_run(store, name, version=version, resume=resume, run_key=run_key, world_size=world_size,
-                         root_dir=root_dir)
+        return _open_run(store, name, version=version, resume=resume, run_key=find_key, new_key=new_key,
+                         world_size=world_size, root_dir=root_dir)
 
 
 def _open_run(
-    store: Store, name: str, *, version: int | str | None, resume: str, run_key: str | None, world_size: int,
-    root_dir: str,
+    store: Store, name: str, *, version: int | str | None, resume: str, run_key: str | None, new_key: str | None,
+    world_size: int, root_dir: str,
 ) -> OpenedRun:
     found = _find(store, name, version, run_key, latest=resume == "must" and version is None and run_key is None)
     what = _describe(name, version, run_key)
@@ -167,7 +200,7 @@ def _open_run(
         world_size=world_size,
         at_least=next_free_on_disk(root_dir) if number is None else 0,
         version_name=version if isinstance(version, str) else None,
-        run_key=run_key,
+        run_key=new_key,
     )
     found = _find(store, name, record.version, None, latest=False)
     assert found is not None

@@ -346,3 +346,42 @@ def test_new_attempt_closes_running_attempts_and_ranks(db_path: Path) -> None:
     store.close()
     assert query(db_path, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "vanished"), (1, "running")]
     assert query(db_path, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "missing"), (1, "missing")]
+
+
+def _elastic(monkeypatch: pytest.MonkeyPatch, run_id: str, restart: int) -> None:
+    """The variables torchrun gives each worker (a 1-rank group)."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+
+
+@pytest.mark.parametrize("run_id", ["job-8d1f", "none"])
+def test_torchelastic_restart_continues_the_run(monkeypatch: pytest.MonkeyPatch, db_path: Path, run_id: str) -> None:
+    """A restarted worker group (same TORCHELASTIC_RUN_ID, restart count 1) continues the run its
+    first group opened, as a second attempt; a new torchrun (restart count 0 again) opens a new run,
+    even with the same run id ("none" is every torchrun's without rendezvous settings)."""
+    _elastic(monkeypatch, run_id, 0)
+    first = _launch(db_path, range(3), 0.0)
+    _elastic(monkeypatch, run_id, 1)
+    restarted = _launch(db_path, range(5), 100.0)
+    assert restarted.run_id == first.run_id and restarted.log_dir == first.log_dir
+    assert query(db_path, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "success"), (1, "success")]
+    _elastic(monkeypatch, run_id, 0)
+    again = _launch(db_path, range(1), 200.0)
+    assert again.run_id != first.run_id
+    assert query(db_path, "SELECT run_id, seq >> 40, count(*) FROM metrics WHERE key = 'loss' GROUP BY 1, 2 ORDER BY 1, 2") == [
+        (first.run_id, 0, 3),
+        (first.run_id, 1, 5),
+        (again.run_id, 0, 1),
+    ]
+
+
+def test_torchelastic_restart_keeps_an_explicit_choice(monkeypatch: pytest.MonkeyPatch, db_path: Path) -> None:
+    """The job's own run_key (or version) wins over torchelastic's: the restart continues that run,
+    and resume="never" still refuses an existing run."""
+    _elastic(monkeypatch, "job-1", 0)
+    first = _launch(db_path, range(2), 0.0, run_key="mine")
+    _elastic(monkeypatch, "job-1", 1)
+    assert _launch(db_path, range(2), 0.0, run_key="mine").run_id == first.run_id
+    assert query(db_path, "SELECT run_key FROM runs") == [("mine",)]
+    with pytest.raises(ResumeRefused):
+        _ = _logger(db_path, name="job", version=0, resume="never").run_id
