@@ -35,12 +35,12 @@ from tests.logger_helpers import query, train_env
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
 
 
-def _logger(db: Path, **kwargs) -> MultiRankLogger:
+def _logger(db: Path | str, **kwargs) -> MultiRankLogger:
     kwargs.setdefault("flush_interval", 3600)
     return MultiRankLogger(db=str(db), **kwargs)
 
 
-def _launch(db: Path, steps: range, tag: float, **kwargs) -> MultiRankLogger:
+def _launch(db: Path | str, steps: range, tag: float, **kwargs) -> MultiRankLogger:
     """One launch of a run: `tag` marks its values, so a test can tell launches apart."""
     logger = _logger(db, name="job", **kwargs)
     for step in steps:
@@ -385,3 +385,27 @@ def test_torchelastic_restart_keeps_an_explicit_choice(monkeypatch: pytest.Monke
     assert query(db_path, "SELECT run_key FROM runs") == [("mine",)]
     with pytest.raises(ResumeRefused):
         _ = _logger(db_path, name="job", version=0, resume="never").run_id
+
+
+def test_resume_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
+    """Two launches against the real PostgreSQL server, the second with version=0: one run, two
+    attempts, the rows of both launches apart by seq, and a metrics.csv with the whole history."""
+    first = _launch(postgres_url, range(3), 100.0, save_dir=str(tmp_path))
+    second = _launch(postgres_url, range(2, 5), 200.0, version=0, save_dir=str(tmp_path))
+    assert second.run_id == first.run_id
+    store = Store(postgres_url)
+    try:
+        with store.begin() as conn:
+            assert conn.execute(sa.text("SELECT id, status FROM runs")).all() == [(first.run_id, "success")]
+            assert conn.execute(sa.text("SELECT attempt, status FROM attempts ORDER BY attempt")).all() == [
+                (0, "success"),
+                (1, "success"),
+            ]
+            rows = conn.execute(sa.text("SELECT step, seq >> 40, value FROM metrics WHERE key = 'loss' ORDER BY seq")).all()
+    finally:
+        store.close()
+    assert [tuple(r) for r in rows] == [(0, 0, 100.0), (1, 0, 101.0), (2, 0, 102.0), (2, 1, 202.0), (3, 1, 203.0), (4, 1, 204.0)]
+    exported = _csv_rows(os.path.join(second.log_dir, "metrics.csv"))
+    assert [(r["step"], r["loss"]) for r in exported] == [
+        ("0", "100.0"), ("1", "101.0"), ("2", "102.0"), ("2", "202.0"), ("3", "203.0"), ("4", "204.0"),
+    ]  # fmt: skip
