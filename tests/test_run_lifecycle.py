@@ -409,3 +409,24 @@ def test_resume_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     assert [(r["step"], r["loss"]) for r in exported] == [
         ("0", "100.0"), ("1", "101.0"), ("2", "102.0"), ("2", "202.0"), ("3", "203.0"), ("4", "204.0"),
     ]  # fmt: skip
+
+
+def test_side_rows_of_a_resumed_launch_never_collide(db_path: Path) -> None:
+    """decisions, logs and step_timing rows of two launches of one run: each launch numbers its
+    rows from 0, and the attempt's seq base keeps them apart, so every row of both is stored."""
+    import logging
+
+    for attempt, tag in enumerate((100.0, 200.0)):
+        logger = _logger(db_path, name="job", version=0 if attempt else None, capture_logs="WARNING")
+        for step in range(3):
+            logger.log_metrics({"loss": tag + step}, step=step)
+            logger.record("step_timing", step=step, forward_s=tag, time=time.time())
+            logger.record("decisions", step=step, callback="ModelCheckpoint", value=tag, time=time.time())
+            logging.getLogger("user").warning("launch %s step %s", attempt, step)
+        logger.finalize("success")
+    for table in ("step_timing", "decisions", "logs"):
+        rows = query(db_path, f"SELECT seq >> 40, seq & 1023, count(*) FROM {table} WHERE rank = 0 GROUP BY 1, 2 ORDER BY 1, 2")
+        assert rows == [(a, s, 1) for a in (0, 1) for s in range(3)], (table, rows)
+    messages = query(db_path, "SELECT message FROM logs WHERE logger = 'user' ORDER BY seq")
+    assert [m for (m,) in messages] == [f"launch {a} step {s}" for a in (0, 1) for s in range(3)]
+    assert query(db_path, "SELECT forward_s, count(*) FROM step_timing GROUP BY 1 ORDER BY 1") == [(100.0, 3), (200.0, 3)]
