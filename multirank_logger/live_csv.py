@@ -18,7 +18,6 @@ file from the store, so the file at the end is CSVLogger's byte for byte.
 from __future__ import annotations
 
 import csv
-
 import logging
 import os
 import posixpath

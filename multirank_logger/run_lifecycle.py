@@ -92,7 +92,7 @@ def check_run_choice(version: object, resume: str, run_key: object) -> None:
         ValueError: saying what is accepted.
     """
     named = isinstance(version, str)
-    if named and (not version or os.sep in version or version in (".", "..")):
+    if isinstance(version, str) and (not version or os.sep in version or version in (".", "..")):
         raise ValueError(f"version={version!r}; a named version is a directory name: non-empty, without {os.sep!r}")
     if not named and version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
         raise ValueError(
@@ -185,9 +185,9 @@ def _open_run(
                 f"Run {what} already exists in {store.url.database}. Pass resume='allow' to continue it, "
                 "version=None for the next free version, or another name."
             )
-        run_id, number, version_name, started_at = found
+        run_id, found_number, version_name, started_at = found
         store.update_run(run_id, status="running", ended_at=None, world_size=world_size)
-        return OpenedRun(run_id, name, number, version_name, started_at, resumed=True)
+        return OpenedRun(run_id, name, found_number, version_name, started_at, resumed=True)
     if resume == "must":
         raise ResumeRefused(
             f"resume='must', but the store {store.url.database} holds no run {what} to continue. "

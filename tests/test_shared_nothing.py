@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from multirank_logger.store import Store
 from tests.conftest import free_port
