@@ -399,10 +399,12 @@ class MultiRankLogger(Logger):
                 facts = self._safely(lambda: fetch_facts(sink.channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
             sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
             spilled, lost = self._unstored_since_recorded()
+            others_spilled, others_lost = sink.others_unstored  # gather rank 0: what the senders reported
             if store is not None and self._safely(lambda: sink.check_store() or True, "checking the store file"):
                 end = {"rank": self._rank, "gather_world": gather_world, "status": status, "others": others, "facts": facts}
                 recorded = self._safely(lambda: record_end(
-                    store, run_id, **end, timeout=min(left(), 5.0), values_spilled=spilled, values_lost=lost
+                    store, run_id, **end, timeout=min(left(), 5.0), values_spilled=spilled + others_spilled,
+                    values_lost=lost + others_lost,
                 ) or True)
                 if recorded:
                     self._unstored_recorded = self._unstored_totals()

@@ -85,7 +85,9 @@ def record_end(
 
     Values this rank put in its spill file or lost are added to the run's ``values_spilled`` /
     ``values_lost``; a run with any is never recorded as "success" but as "incomplete", whichever
-    rank finalizes last (importing the spill files brings it back: spill.import_spill)."""
+    rank finalizes last (importing the spill files brings it back: spill.import_spill). So is a
+    gather run with a rank whose end never reached rank 0 (what it did not deliver is unknown
+    here: its spill file, imported, records it)."""
     now = time.time() if now is None else now
 
     def write() -> None:
@@ -101,7 +103,8 @@ def record_end(
                 _count_unstored(store, run_id, values_spilled, values_lost)
             if rank == 0 or status != "success":
                 # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
-                _end_run(store, run_id, status, now)
+                missing = rank == 0 and any(other not in others for other in range(1, gather_world))
+                _end_run(store, run_id, "incomplete" if missing and status == "success" else status, now)
 
     retry_while_locked(write, timeout)
 

@@ -46,6 +46,8 @@ class DirectSink:
     """
 
     transport = "direct"
+    #: (spilled, lost) values the other ranks reported at the end (gather rank 0), for the run's totals
+    others_unstored: tuple[int, int] = (0, 0)
 
     def __init__(self, store: Store, run_id: int, spiller: Spiller | None = None) -> None:
         self.store = store
@@ -161,28 +163,35 @@ class GatherReceiver(DirectSink):
         return batches, side
 
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
-        """Keep the writer cycling (receiving) until every other rank is done or `timeout` runs out.
+        """Keep the writer cycling (receiving) until every other rank is done or `timeout` runs out,
+        then take each rank's count of the values it spilled or lost (`others_unstored`).
 
         Returns:
-            The status each other rank reported (missing ranks are absent).
+            The status of each other rank whose end is known (its rows all received, its
+            counts reported); the others are absent: recorded "missing", the run "incomplete".
         """
         deadline = time.monotonic() + timeout
         expected = set(range(1, self.channel.world_size))
         while True:
             cycle()
             done = self.channel.done_ranks()
-            if expected <= done.keys():
+            if expected <= done.keys() or time.monotonic() >= deadline:
                 break
-            if time.monotonic() >= deadline:
-                log.warning(
-                    "multirank_logger: ranks %s did not finish sending within %.0f s; their rows may be incomplete.",
-                    sorted(expected - done.keys()), timeout,
-                )
-                return done
             time.sleep(_POLL_S)
         cycle()  # takes the last batches...
-        cycle()  # ...and acknowledges them, so the senders stop waiting
-        return done
+        cycle()  # ...and acknowledges them, so the senders stop waiting and report
+        # a sender reports once it sees its last rows acknowledged (within a poll, ~20 ms)
+        reports = self.channel.unstored_reports(sorted(done), max(deadline - time.monotonic(), 1.0))
+        self.others_unstored = (sum(s for s, _ in reports.values()), sum(lost for _, lost in reports.values()))
+        missing = sorted(expected - reports.keys())
+        if missing:
+            log.warning(
+                "multirank_logger: ranks %s did not finish sending within %.0f s: the run is recorded 'incomplete' "
+                "and those ranks 'missing'. Rows they could not deliver are in their own spill files (each rank "
+                "names its file and the import command in its output); importing them completes the run.",
+                missing, timeout,
+            )
+        return {r: done[r] for r in reports}
 
     def close(self) -> None:
         """Drop the channel's connection; this sends the last acknowledgements."""
@@ -202,10 +211,13 @@ class GatherSender:
     # a push to the TCPStore is cheap, and frequent pushes keep rank 0's lag short
     writes_seldom = False
     inserts_arrow = False  # batches are encoded for the wire from MetricBatch objects
+    others_unstored = (0, 0)
 
     def __init__(self, channel: RowChannel, spiller: Spiller | None = None) -> None:
         self.channel = channel
         self.spiller = spiller
+        # the spiller lives for the run, this sink for one phase: report this phase's values only
+        self._unstored_before = _unstored(spiller)
         #: batches neither delivered nor spilled (no spiller)
         self.undelivered: list[MetricBatch] = []
         #: side rows that could not be delivered (rank 0 gone): counted in the message
@@ -228,6 +240,9 @@ class GatherSender:
         try:
             self.channel.send_side(encode_side(tables))
         except ChannelError as exc:
+            if self.spiller is not None:
+                self.spiller.put_side(tables, f"rank {self.channel.rank} could not deliver side-table rows to rank 0 ({exc})")
+                return
             rows = sum(map(len, tables.values()))
             self.side_undelivered += rows
             log.error("multirank_logger: rank %d lost %d side-table row(s) (decisions, logs, timing): %s",
@@ -240,15 +255,22 @@ class GatherSender:
         return [], []
 
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
-        """Say this rank is done, wait (bounded) for rank 0 to take its last rows; spill the rest."""
+        """Say this rank is done, wait (bounded) for rank 0 to take its last rows; spill the rest.
+        Then tell rank 0 how many values this phase spilled or lost, and write the same in the
+        spill file: importing it tells a store whose rank 0 never heard (spill.import_spill)."""
         try:
             self.channel.mark_done(status)
         except ChannelError as exc:
             self._spill(str(exc), exc.undelivered)
-            return {}
-        left = self.channel.wait_delivered(timeout)
-        if left:
-            self._spill(f"rank 0 did not acknowledge rank {self.channel.rank}'s last rows in {timeout:g} s", left)
+        else:
+            left = self.channel.wait_delivered(timeout)
+            if left:
+                self._spill(f"rank 0 did not acknowledge rank {self.channel.rank}'s last rows in {timeout:g} s", left)
+        (spilled, lost), (s0, l0) = _unstored(self.spiller), self._unstored_before
+        lost += sum(map(len, self.undelivered))  # no spiller: gone with this process
+        self.channel.report_unstored(spilled - s0, lost - l0)
+        if self.spiller is not None and (spilled - s0 or lost - l0 or self.spiller.side_rows_spilled):
+            self.spiller.end(status, spilled - s0, lost - l0)
         return {}
 
     def close(self) -> None:
@@ -263,6 +285,10 @@ class GatherSender:
             log.error("multirank_logger: %s (%d rows kept in memory only)", why, sum(map(len, batches)))
             return
         self.spiller.put(batches, f"rank {self.channel.rank} could not deliver its rows to rank 0 ({why})")
+
+
+def _unstored(spiller: Spiller | None) -> tuple[int, int]:
+    return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
 
 
 def _stamp_side(tables: dict[str, list[dict[str, Any]]], run_id: int) -> dict[str, list[dict[str, Any]]]:

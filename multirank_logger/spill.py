@@ -3,11 +3,16 @@
 When rank 0 is gone (or stops taking rows), a sending rank appends the undelivered
 batches to its own spill file; ``multirank-logger import DB FILE...`` merges them later.
 
-File format (version 1): one line of JSON (the header: ``spill_id``, the run's ``run_id``,
-``name`` and ``version``, ``rank``, ``host``, ``pid``, ``created_at``), then frames, each
-``<u64 length><payload><u32 crc32(payload)>`` where the payload is
-``wire.encode_batch``'s encoding. A frame is written, flushed and fsynced in one go,
-so a crash can tear at most the last frame, which the reader drops.
+File format: one line of JSON (the header: ``spill_id``, the run's ``run_id``, ``name`` and
+``version``, ``rank``, ``host``, ``pid``, ``created_at``), then frames, each
+``<u64 length><payload><u32 crc32(payload)>``. A frame is written, flushed and fsynced in one
+go, so a crash can tear at most the last frame, which the reader drops. Payload kinds:
+
+- metric rows: ``wire.encode_batch``'s encoding (the only kind of version 1 files);
+- side-table rows (version 2): ``MRS1`` + ``side_records.encode_side``'s JSON;
+- the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost"}``,
+  written at finalize, so that importing the file tells the store how a rank ended whose end
+  rank 0 never heard (gather: the channel was down).
 
 Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
 read, and rows the store already holds (same run, rank, seq and key: rank 0 may have
@@ -32,13 +37,22 @@ import sqlalchemy as sa
 
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import LookupFailed, MultiRankLoggerError
-from multirank_logger.schema import imports, metrics, runs
+from multirank_logger.schema import SIDE_TABLES, imports, metrics, ranks, runs
+from multirank_logger.side_records import decode_side, encode_side
+from multirank_logger.store import unseen_side_rows
 from multirank_logger.wire import decode_batch, encode_batch
 
-__all__ = ["SPILL_SUFFIX", "ImportReport", "SpillCorrupt", "SpillWriter", "import_spill", "read_spill"]
+__all__ = [
+    "SPILL_SUFFIX", "ImportReport", "SpillContents", "SpillCorrupt", "SpillWriter", "import_spill", "read_spill",
+    "read_spill_contents",
+]
 
 SPILL_SUFFIX = ".mrspill"
 _FORMAT = "multirank-spill"
+_FORMAT_VERSIONS = (1, 2)
+# payload prefixes of the frames that are not metric rows (wire.py's batches start otherwise)
+_SIDE = b"MRS1"
+_END = b"MRE1"
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 
@@ -67,7 +81,7 @@ class SpillWriter:
         self.directory = Path(directory)
         self.header: dict[str, Any] = {
             "format": _FORMAT,
-            "format_version": 1,
+            "format_version": 2,
             "spill_id": uuid.uuid4().hex,
             "run_id": run_id,
             "name": name,
@@ -92,24 +106,71 @@ class SpillWriter:
         frames = [b for b in batches if len(b)]
         if not frames:
             return 0
+        self._append([encode_batch(batch) for batch in frames])
+        rows = sum(len(b) for b in frames)
+        self.rows_written += rows
+        return rows
+
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> int:
+        """Append side-table rows (decisions, logs, step timing) as one frame.
+
+        Returns:
+            The number of rows written. Raises OSError as `write` does.
+        """
+        rows = sum(map(len, tables.values()))
+        if rows:
+            self._append([_SIDE + encode_side(tables)])
+        return rows
+
+    def write_end(self, status: str, values_spilled: int, values_lost: int) -> None:
+        """Append how this rank ended (only to a file that exists: a rank with nothing spilled needs none).
+
+        Raises:
+            OSError: as `write` does.
+        """
+        if self.path.exists():
+            facts = {"status": status, "values_spilled": values_spilled, "values_lost": values_lost}
+            self._append([_END + json.dumps(facts).encode()])
+
+    def _append(self, payloads: list[bytes]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists()
         with open(self.path, "ab") as fh:
             if new:
                 fh.write(json.dumps(self.header, sort_keys=True).encode() + b"\n")
-            for batch in frames:
-                payload = encode_batch(batch)
-                fh.write(_LENGTH.pack(len(payload)) + payload + _CRC.pack(zlib.crc32(payload)))
+            fh.writelines(_LENGTH.pack(len(payload)) + payload + _CRC.pack(zlib.crc32(payload)) for payload in payloads)
             fh.flush()
             # these are the only copies of the rows: make them survive a node crash
             os.fsync(fh.fileno())
-        rows = sum(len(b) for b in frames)
-        self.rows_written += rows
-        return rows
+
+
+@dataclass
+class SpillContents:
+    """A spill file as read: its header and its frames in file order, by kind.
+
+    `frames` holds ("metrics", MetricBatch), ("side", {table: rows}) and ("end", facts) pairs.
+    """
+
+    header: dict[str, Any]
+    frames: list[tuple[str, Any]]
+
+    @property
+    def batches(self) -> list[MetricBatch]:
+        return [obj for kind, obj in self.frames if kind == "metrics"]
 
 
 def read_spill(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[MetricBatch]]:
-    """The header and the complete frames of a spill file (a torn last frame is dropped).
+    """The header and the metric batches of a spill file (a torn last frame is dropped).
+
+    Raises:
+        SpillCorrupt: when the file has no spill header, or a frame in the middle is damaged.
+    """
+    contents = read_spill_contents(path)
+    return contents.header, contents.batches
+
+
+def read_spill_contents(path: str | os.PathLike[str]) -> SpillContents:
+    """Every complete frame of a spill file, of every kind (a torn last frame is dropped).
 
     Raises:
         SpillCorrupt: when the file has no spill header, or a frame in the middle is damaged.
@@ -122,7 +183,11 @@ def read_spill(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Metri
         header = None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
         raise SpillCorrupt(str(path), "no multirank-spill header line")
-    batches: list[MetricBatch] = []
+    if header.get("format_version", 1) not in _FORMAT_VERSIONS:
+        raise SpillCorrupt(
+            str(path), f"format version {header.get('format_version')}: written by a newer multirank-logger; upgrade it"
+        )
+    frames: list[tuple[str, Any]] = []
     view, pos = memoryview(rest), 0
     while pos < len(view):
         if pos + _LENGTH.size > len(view):
@@ -134,13 +199,24 @@ def read_spill(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Metri
         payload = view[pos + _LENGTH.size : end - _CRC.size]
         (crc,) = _CRC.unpack_from(view, end - _CRC.size)
         if zlib.crc32(payload) != crc:
-            raise SpillCorrupt(str(path), f"frame {len(batches)} fails its checksum")
+            raise SpillCorrupt(str(path), f"frame {len(frames)} fails its checksum")
         try:
-            batches.append(decode_batch(bytes(payload)))
+            frames.append(_decode_frame(bytes(payload)))
         except ValueError as exc:
-            raise SpillCorrupt(str(path), f"frame {len(batches)}: {exc}") from exc
+            raise SpillCorrupt(str(path), f"frame {len(frames)}: {exc}") from exc
         pos = end
-    return header, batches
+    return SpillContents(header, frames)
+
+
+def _decode_frame(payload: bytes) -> tuple[str, Any]:
+    if payload.startswith(_SIDE):
+        return "side", decode_side(payload[len(_SIDE) :])
+    if payload.startswith(_END):
+        facts = json.loads(payload[len(_END) :])
+        if not isinstance(facts, dict) or not isinstance(facts.get("status"), str):
+            raise ValueError("not a rank's end")
+        return "end", facts
+    return "metrics", decode_batch(payload)
 
 
 @dataclass(frozen=True)
@@ -156,6 +232,9 @@ class ImportReport:
     rows_added: int
     rows_skipped: int
     frames_read: int
+    side_rows_added: int = 0
+    #: how the rank ended, when the file says so and the store had it as "missing"
+    rank_status: str | None = None
 
     @property
     def already_imported(self) -> bool:
@@ -166,13 +245,16 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
     """Merge a spill file into `store` (a writable Store), in one transaction. Idempotent.
 
     The run is found by its (name, version), so the file imports into any store that holds
-    that run, whatever its id there.
+    that run, whatever its id there. Metric rows and side-table rows the store holds already
+    are skipped. A rank the store has as "missing" (rank 0 never heard its end) takes the end
+    the file records, and the values it spilled or lost count in the run's totals.
 
     Raises:
         SpillCorrupt: when the file cannot be read as a spill file.
         LookupFailed: when the store holds no run with the file's name and version.
     """
-    header, frames = read_spill(path)
+    contents = read_spill_contents(path)
+    header, frames = contents.header, contents.frames
     spill_id = str(header["spill_id"])
     name, version, rank = str(header["name"]), int(header["version"]), int(header["rank"])
     with store.begin() as conn:
@@ -183,14 +265,19 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
         if run_id is None:
             labels = conn.execute(sa.select(runs.c.name, runs.c.version)).all()
             raise LookupFailed("run", f"{name}/version_{version}", [f"{n}/version_{v}" for n, v in labels])
-        report = dict(path=str(path), spill_id=spill_id, run_id=run_id, name=name, version=version, rank=rank)
+        report = {"path": str(path), "spill_id": spill_id, "run_id": run_id, "name": name, "version": version}
+        report["rank"] = rank
         if done >= len(frames):
             return ImportReport(**report, rows_added=0, rows_skipped=0, frames_read=0)
-        batch = MetricBatch.concat(frames[done:])
+        new = frames[done:]
+        batch = MetricBatch.concat(obj for kind, obj in new if kind == "metrics")
         batch.run_id = [run_id] * len(batch)  # the store's id for the run, not the one the rank knew
-        fresh = _without_stored_rows(conn, batch, run_id)
+        fresh = _without_stored_rows(conn, batch, run_id) if len(batch) else batch
         if len(fresh):
             store.backend.insert_metrics(conn, metrics, fresh)
+        side_added = sum(_insert_side(store, conn, obj, run_id) for kind, obj in new if kind == "side")
+        ends = [obj for kind, obj in new if kind == "end"]
+        rank_status = _settle_rank(conn, run_id, rank, ends[-1]) if ends else None
         conn.execute(
             imports.insert().values(
                 spill_id=spill_id,
@@ -205,21 +292,64 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
         )
         _settle_run(conn, run_id, len(batch))
     return ImportReport(
-        **report, rows_added=len(fresh), rows_skipped=len(batch) - len(fresh), frames_read=len(frames) - done
+        **report, rows_added=len(fresh), rows_skipped=len(batch) - len(fresh), frames_read=len(frames) - done,
+        side_rows_added=side_added, rank_status=rank_status,
     )
+
+
+def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[str, Any]]], run_id: int) -> int:
+    added = 0
+    for table, rows in tables.items():
+        for row in rows:
+            row["run_id"] = run_id
+        if rows:
+            added += store.backend.insert_rows(conn, SIDE_TABLES[table],
+                unseen_side_rows(conn, SIDE_TABLES[table], rows))
+    return added
+
+
+def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]) -> str | None:
+    """A rank whose end rank 0 never heard ("missing"): record the end its spill file holds, and
+    count the values it spilled (this file's, taken off again below) and lost in the run.
+
+    Returns:
+        The rank's status, when it was missing; None when the store knew its end already.
+    """
+    status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
+    if status != "missing":
+        return None  # rank 0 heard it, and counted its values then (run_end.record_end)
+    conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+    conn.execute(
+        runs.update()
+        .where(runs.c.id == run_id)
+        .values(
+            values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + int(end.get("values_spilled", 0)),
+            values_lost=sa.func.coalesce(runs.c.values_lost, 0) + int(end.get("values_lost", 0)),
+            # a rank that failed, as rank 0 would have recorded had it heard
+            status=sa.case((runs.c.status == "incomplete", end["status"]), else_=runs.c.status)
+            if end["status"] in ("failed", "interrupted")
+            else runs.c.status,
+        )
+    )
+    return str(end["status"])
 
 
 def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
     """`values` spilled values are in the store now: count them off the run's ``values_spilled``;
-    a run left "incomplete" only for want of them is a success again (spilled values counted
-    nowhere, e.g. a gather sender's, leave the count at 0)."""
+    a run left "incomplete" only for want of them (no value lost, no rank whose end is unknown)
+    is a success again."""
     row = conn.execute(sa.select(runs.c.status, runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).one()
     spilled = max((row.values_spilled or 0) - values, 0)
     status = row.status
-    if status == "incomplete" and spilled == 0 and not row.values_lost:
+    if status == "incomplete" and spilled == 0 and not row.values_lost and not _missing_ranks(conn, run_id):
         status = "success"  # only a run that ended in success is recorded as incomplete (run_end.py)
     if spilled != (row.values_spilled or 0) or status != row.status:
         conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled, status=status))
+
+
+def _missing_ranks(conn: sa.Connection, run_id: int) -> int:
+    query = sa.select(sa.func.count()).where(ranks.c.run_id == run_id, ranks.c.status == "missing")
+    return int(conn.execute(query).scalar_one())
 
 
 # at most this many keys are named in the query above (SQLite allows 32,766 parameters)

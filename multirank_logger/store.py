@@ -369,11 +369,12 @@ class Store:
         with self.begin() as conn:
             for name, rows in tables.items():
                 if rows:
-                    written += self.backend.insert_rows(conn, SIDE_TABLES[name], _unseen(conn, SIDE_TABLES[name], rows))
+                    table = SIDE_TABLES[name]
+                    written += self.backend.insert_rows(conn, table, unseen_side_rows(conn, table, rows))
         return written
 
 
-def _unseen(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def unseen_side_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`rows` minus those whose (run_id, rank, seq) `table` holds already."""
     run_ids = {row["run_id"] for row in rows}
     ranks_ = {row["rank"] for row in rows}

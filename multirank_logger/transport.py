@@ -17,18 +17,21 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
   so that when rank 0 is gone it can spill every row that may not have been stored.
 - ``done/{r}``: ``"{items} {status}"`` set by ``mark_done``: rank ``r`` sent ``items``
   items in all and will send no more.
+- ``end/{r}``: ``"{spilled} {lost}"`` set by ``report_unstored`` once rank ``r`` knows what
+  it could not deliver (after rank 0 acknowledged its last rows, or gave up waiting).
 - ``kv/{key}``: small values published by rank 0 (``publish``/``fetch``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import MultiRankLoggerError
@@ -40,6 +43,7 @@ __all__ = ["ChannelError", "ChannelTimeout", "RowChannel"]
 #: Rows per queue item: big batches are cut so that one item stays a few MiB.
 CHUNK_ROWS = 65_536
 _POLL_S = 0.02
+T = TypeVar("T")
 
 
 class ChannelError(MultiRankLoggerError):
@@ -65,6 +69,32 @@ def _chunks(batch: MetricBatch, size: int) -> list[MetricBatch]:
         return [batch]
     cols = batch.__dict__
     return [MetricBatch(**{k: v[i : i + size] for k, v in cols.items()}) for i in range(0, len(batch), size)]
+
+
+def _bounded(call: Callable[[], T], timeout: float) -> T:
+    """`call` (TCPStore operations that wait for a reply) in a helper thread, given up after `timeout`.
+
+    A client's own timeout does not cover a server that stopped answering: with rank 0 stopped
+    (SIGSTOP, a hung host), `add` and `set` wait forever (seen with torch 2.13), and so would the
+    sender's writer and its finalize. A call given up on leaves its thread blocked until the
+    server answers or goes away; the caller fails the channel and never uses that client again.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="multirank-tcpstore-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"rank 0's TCPStore did not answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 class RowChannel:
@@ -189,12 +219,16 @@ class RowChannel:
             ChannelTimeout: when nothing was published under `key` within `timeout`.
             ChannelError: when the store cannot be reached.
         """
+        return self._fetch_raw(f"kv/{key}", timeout)
+
+    def _fetch_raw(self, key: str, timeout: float) -> bytes:
+        """The value under the raw channel `key`, waiting up to `timeout` for it (see `fetch`)."""
         import torch.distributed as dist
 
         store = self._client_locked()
         try:
-            store.wait([f"kv/{key}"], timedelta(seconds=timeout))
-            return bytes(store.get(f"kv/{key}"))
+            store.wait([key], timedelta(seconds=timeout))
+            return bytes(store.get(key))
         except dist.DistNetworkError as exc:
             raise ChannelError(f"Rank {self.rank} lost the TCPStore while waiting for {key!r}: {exc}") from exc
         except Exception as exc:
@@ -234,9 +268,13 @@ class RowChannel:
                 self._sent += 1
             try:
                 store = self._client()
-                for i in range(first, len(self._inflight)):
-                    store.queue_push(f"rows/{self.rank}", encode_batch(self._inflight[i][1]))
-                self._collect_acks(store)
+
+                def push() -> None:
+                    for i in range(first, len(self._inflight)):
+                        store.queue_push(f"rows/{self.rank}", encode_batch(self._inflight[i][1]))
+                    self._collect_acks(store)
+
+                _bounded(push, self.timeout)
             except Exception as exc:
                 raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
             oldest = self._inflight[0][2] if self._inflight else now
@@ -275,11 +313,40 @@ class RowChannel:
             if self._failed is not None:
                 raise ChannelError(self._failed)
             try:
-                self._client().set(f"done/{self.rank}", f"{self._base + self._sent} {status}")
+                store = self._client()
+                _bounded(lambda: store.set(f"done/{self.rank}", f"{self._base + self._sent} {status}"), self.timeout)
             except ChannelError:
                 raise
             except Exception as exc:
                 raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+
+    def report_unstored(self, spilled: int, lost: int) -> bool:
+        """Tell rank 0 how many values this rank put in its spill file or lost (its last word).
+
+        Returns:
+            False when rank 0's store cannot be reached (rank 0 then records this rank as missing).
+        """
+        with self._lock:
+            try:
+                store = self._client()
+                _bounded(lambda: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"), self.timeout)
+            except Exception:  # noqa: BLE001 - ChannelError, or the store gone with rank 0
+                return False
+        return True
+
+    def unstored_reports(self, ranks: list[int], timeout: float) -> dict[int, tuple[int, int]]:
+        """Rank 0: the (spilled, lost) counts `ranks` reported, waiting at most `timeout` for all of them."""
+        self._require_rank0("unstored_reports")
+        deadline = time.monotonic() + timeout
+        out: dict[int, tuple[int, int]] = {}
+        for r in ranks:
+            try:
+                raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01))
+                spilled, lost = (int(n) for n in raw.decode().split())
+            except (ChannelError, ValueError):
+                continue  # never reported: rank 0 records it as missing
+            out[r] = (spilled, lost)
+        return out
 
     def wait_delivered(self, timeout: float) -> list[MetricBatch]:
         """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
@@ -293,7 +360,8 @@ class RowChannel:
                 if self._failed is not None or not self._inflight:
                     return []  # a failure already handed its batches to the caller
                 try:
-                    self._collect_acks(self._client())
+                    store = self._client()
+                    _bounded(functools.partial(self._collect_acks, store), self.timeout)
                 except Exception as exc:
                     return self._fail(f"Rank {self.rank} lost rank 0's TCPStore ({exc})").undelivered
                 if not self._inflight:

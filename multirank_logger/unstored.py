@@ -101,6 +101,9 @@ class Spiller:
         self._say = say or _to_stderr
         self.values_spilled = 0
         self.values_lost = 0
+        #: side-table rows (decisions, logs, step timing): not metric values, counted apart
+        self.side_rows_spilled = 0
+        self.side_rows_lost = 0
         self._told_spilled = False  # per episode: reset by `episode_over`
         self._told_lost = False
 
@@ -143,6 +146,40 @@ class Spiller:
             )
         return values
 
+    def put_side(self, tables: dict[str, list[dict[str, Any]]], why: str) -> int:
+        """Append side-table rows to the spill file; count them as lost if that fails too.
+
+        Returns:
+            The rows spilled (0 when they were lost).
+        """
+        rows = sum(map(len, tables.values()))
+        if not rows:
+            return 0
+        try:
+            self.spill.write_side(tables)
+        except OSError as exc:
+            self.side_rows_lost += rows
+            self._say(f"multirank_logger: rank {self.rank}: {why}; {rows} side-table row(s) (decisions, logs, timing) "
+                      f"are LOST: the spill file {self.path} cannot be written ({exc.strerror or exc}).")
+            return 0
+        self.side_rows_spilled += rows
+        if not self._told_spilled:
+            self._told_spilled = True
+            self._say(
+                f"multirank_logger: rank {self.rank}: {why}.\nmultirank_logger: {rows} side-table row(s) (decisions, "
+                f"logs, timing) are kept in {self.path}; merge them into the store once it is writable with:\n"
+                f"    {self.import_command()}"
+            )
+        return rows
+
+    def end(self, status: str, values_spilled: int, values_lost: int) -> None:
+        """Record in the spill file (when there is one) how this rank ended and what it did not
+        deliver, for a store that never heard it (spill.import_spill). Best effort."""
+        try:
+            self.spill.write_end(status, values_spilled, values_lost)
+        except OSError:
+            pass  # the file's rows are still importable; the run then stays "incomplete"
+
     def say(self, text: str) -> None:
         self._say(text)
 
@@ -152,13 +189,17 @@ class Spiller:
 
     def summary(self) -> str | None:
         """The end-of-run line when anything was spilled or lost, else None."""
-        if not (self.values_spilled or self.values_lost):
+        if not (self.values_spilled or self.values_lost or self.side_rows_spilled or self.side_rows_lost):
             return None
         parts = []
         if self.values_spilled:
             parts.append(f"{self.values_spilled} value(s) are in {self.path} (run: {self.import_command()})")
+        if self.side_rows_spilled:
+            parts.append(f"{self.side_rows_spilled} side-table row(s) are in {self.path} (run: {self.import_command()})")
         if self.values_lost:
             parts.append(f"{self.values_lost} value(s) are LOST (neither the store nor the spill file took them)")
+        if self.side_rows_lost:
+            parts.append(f"{self.side_rows_lost} side-table row(s) are LOST")
         return f"multirank_logger: rank {self.rank}: the run is incomplete in the store: " + "; ".join(parts) + "."
 
 

@@ -210,19 +210,15 @@ class BackgroundWriter:
             delay = min(delay * 2, 0.5)
 
     def spill_held(self, why: str) -> None:
-        """Put every row still unwritten into the spill file (the end of the run: the wait is over).
-
-        Side-table rows cannot be spilled (the spill format holds metrics): they are counted as lost.
-        """
+        """Put every row still unwritten (metrics and side tables) into the spill file (the end of
+        the run: the wait is over)."""
         with self._io_lock:
             if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
                 self._held.append(self._drain(self._sink, *self._last_ids))
             self._spill_all(why)
-            side = sum(sum(map(len, tables.values())) for tables in self._side_retry)
-            if side:
-                self.side_rows_lost += side
-                self._side_retry.clear()
-                log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", side, why)
+            side, self._side_retry = self._side_retry, []
+            for tables in side:
+                self._spill_side(tables, why)
 
     def report_unwritten(self) -> None:
         """As the process exits: spill what the store never took, or say what is lost with it."""
@@ -359,9 +355,7 @@ class BackgroundWriter:
                 except Exception as exc:
                     if is_transient(exc):
                         raise
-                    rows = sum(map(len, self._side_retry[0].values()))
-                    self.side_rows_lost += rows
-                    log.error("multirank_logger: %d side-table row(s) refused for good: %s", rows, describe(exc))
+                    self._spill_side(self._side_retry[0], f"the store refused side-table rows for good ({describe(exc)})")
                 self._side_retry.pop(0)
             sink.write_run()
         except BaseException as exc:  # noqa: BLE001
@@ -383,6 +377,15 @@ class BackgroundWriter:
             self._held.extend(batches)  # nowhere to put them: keep them, say so at exit
             return
         spiller.put(batches, why)
+
+    def _spill_side(self, tables: dict[str, list[dict[str, Any]]], why: str) -> None:
+        spiller = self.spiller
+        if spiller is None:
+            rows = sum(map(len, tables.values()))
+            self.side_rows_lost += rows
+            log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", rows, why)
+            return
+        spiller.put_side(tables, why)
 
     def _spill_all(self, why: str) -> None:
         held, self._held = self._held, []

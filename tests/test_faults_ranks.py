@@ -1,0 +1,101 @@
+"""Faults under one rank of several (issue 13): the others' rows are untouched, the run is not
+"success", and the broken rank's rows are in a spill file its output names (import completes
+the run) or counted as lost.
+
+Plain processes over gloo (tests/fault_ranks.py) rather than Lightning ranks: the same channel
+and store traffic, light enough for a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger.cli import main as cli
+from tests.conftest import free_port
+from tests.fault_ranks import rank_main, value
+from tests.logger_helpers import query
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+JOIN_TIMEOUT_S = 120
+
+
+def _start(world: int, db: Path, spill_dir: str, calls: int, sync: Path, transport: str, timeout: float) -> list:
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [
+        ctx.Process(target=rank_main, args=(r, world, port, str(db), spill_dir, calls, str(sync), transport, timeout))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def _wait_for(path: Path, procs: list, bound: float = 90) -> None:
+    deadline = time.monotonic() + bound
+    while not path.exists():
+        assert time.monotonic() < deadline and all(p.exitcode in (None, 0) for p in procs), f"no {path.name}"
+        time.sleep(0.02)
+
+
+def _join(procs: list) -> list[int | None]:
+    for p in procs:
+        p.join(JOIN_TIMEOUT_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    return [p.exitcode for p in procs]
+
+
+def _spill_files(output: str) -> list[str]:
+    return sorted(set(re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)))
+
+
+def _import(db: Path, files: list[str]) -> str:
+    result = CliRunner().invoke(cli, ["import", str(db), *files])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0 stopped (SIGSTOP: its TCPStore with it) while rank 1 logs and finalizes: rank 1's
+    undelivered rows go to its spill file, named in its output; rank 0, resumed, never hears
+    rank 1's end: the run is "incomplete", rank 1 "missing". Importing rank 1's file brings
+    every one of its values (once) and completes the run."""
+    db, sync, calls = tmp_path / "runs.duckdb", tmp_path / "sync", 400
+    sync.mkdir()
+    procs = _start(2, db, str(tmp_path / "spill{}"), calls, sync, "gather", timeout=2.0)
+    try:
+        _wait_for(sync / "ready0", procs)
+        _wait_for(sync / "ready1", procs)
+        os.kill(procs[0].pid, signal.SIGSTOP)  # a hung rank 0, as a swapped-out or debugged process
+        (sync / "go").touch()
+        _wait_for(sync / "done1.json", procs)  # rank 1 ran to its end against a silent rank 0
+    finally:
+        os.kill(procs[0].pid, signal.SIGCONT)
+    assert _join(procs) == [0, 0]
+    err = capfd.readouterr().err
+    assert query(db, "SELECT status FROM runs") == [("incomplete",)], err[-3000:]
+    assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "missing")]
+    assert query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 0 AND key = 'value'") == [(calls,)]
+    (stored1,), = query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 1 AND key = 'value'")
+    assert stored1 < calls
+    files = _spill_files(err)
+    assert len(files) == 1 and "rank1" in files[0], err[-3000:]
+    assert "could not deliver its rows to rank 0" in err
+    output = _import(db, files)
+    assert query(db, "SELECT status FROM runs") == [("success",)], output
+    assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "success")]
+    rows = query(db, "SELECT step, value FROM metrics WHERE rank = 1 AND key = 'value' ORDER BY seq")
+    assert rows == [(c, value(1, c)) for c in range(calls)]
