@@ -219,16 +219,16 @@ class RowChannel:
             ChannelTimeout: when nothing was published under `key` within `timeout`.
             ChannelError: when the store cannot be reached.
         """
-        return self._fetch_raw(f"kv/{key}", timeout)
+        return self._fetch_raw(f"kv/{key}", timeout, key)
 
-    def _fetch_raw(self, key: str, timeout: float) -> bytes:
-        """The value under the raw channel `key`, waiting up to `timeout` for it (see `fetch`)."""
+    def _fetch_raw(self, raw_key: str, timeout: float, key: str) -> bytes:
+        """The value under the channel's `raw_key` (`key` in messages), as `fetch` describes."""
         import torch.distributed as dist
 
         store = self._client_locked()
         try:
-            store.wait([key], timedelta(seconds=timeout))
-            return bytes(store.get(key))
+            store.wait([raw_key], timedelta(seconds=timeout))
+            return bytes(store.get(raw_key))
         except dist.DistNetworkError as exc:
             raise ChannelError(f"Rank {self.rank} lost the TCPStore while waiting for {key!r}: {exc}") from exc
         except Exception as exc:
@@ -341,7 +341,7 @@ class RowChannel:
         out: dict[int, tuple[int, int]] = {}
         for r in ranks:
             try:
-                raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01))
+                raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01), f"end/{r}")
                 spilled, lost = (int(n) for n in raw.decode().split())
             except (ChannelError, ValueError):
                 continue  # never reported: rank 0 records it as missing

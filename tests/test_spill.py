@@ -109,3 +109,77 @@ def test_cli_import_into_a_store_without_the_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["import", str(db), str(spill.path)])
     assert result.exit_code == 1
     assert result.output == "Error: No run 'exp/version_4' in this store. Available: (none)\n"
+
+
+def _side_rows(rank: int = 1, run_id: int = 99) -> dict:
+    """Side-table rows as a rank's writer drains them (side_records.SideRecords)."""
+    from multirank_logger.side_records import SideRecords
+
+    side = SideRecords()
+    for i in range(3):
+        side.add("logs", {"time": float(i), "level": "WARNING", "levelno": 30, "logger": "x", "message": f"m{i}"})
+    side.add("step_timing", {"step": 0, "time": 1.0})
+    return side.drain(run_id, rank)
+
+
+def test_side_rows_and_a_ranks_end_round_trip(tmp_path: Path) -> None:
+    """Version 2 frames: side-table rows and the rank's end come back in file order with the metrics."""
+    from multirank_logger.spill import read_spill_contents
+
+    spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
+    spill.write_end("success", 0, 0)  # no file yet: a rank with nothing spilled writes none
+    assert not spill.path.exists()
+    batch, side = _batch(0, 2), _side_rows()
+    spill.write([batch])
+    assert spill.write_side(side) == 4
+    spill.write_end("success", 4, 1)
+    contents = read_spill_contents(spill.path)
+    assert [kind for kind, _ in contents.frames] == ["metrics", "side", "end"]
+    assert contents.frames[1][1] == side
+    assert contents.frames[2][1] == {"status": "success", "values_spilled": 4, "values_lost": 1}
+    assert read_spill(spill.path)[1] == [batch]  # the metrics-only view of it
+
+
+def test_a_version_1_file_still_reads_and_imports(db_path: Path, tmp_path: Path) -> None:
+    """Files written before side and end frames existed (format_version 1) import as before."""
+    spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
+    spill.header["format_version"] = 1  # what the earlier writer put there; its frames were all metrics
+    spill.write([_batch(0, 3)])
+    store = Store(db_path)
+    store.create_run("exp", world_size=2)
+    assert import_spill(store, spill.path).rows_added == 6
+    store.close()
+
+
+def test_import_of_a_missing_ranks_file_records_its_end_and_completes_the_run(db_path: Path, tmp_path: Path) -> None:
+    """Rank 0 never heard rank 1's end (gather, channel down): the run is incomplete, rank 1 missing.
+    Importing rank 1's file stores its metrics and side rows, records its end, counts what it lost,
+    and the run is a success only when nothing is lost."""
+    import sqlalchemy as sa
+
+    from multirank_logger.run_end import record_end
+
+    for lost, expected in ((0, "success"), (2, "incomplete")):
+        store = Store(db_path)
+        run = store.create_run(f"exp{lost}", world_size=2)
+        for rank in (0, 1):
+            store.register_rank(run.id, rank, status="running")
+        record_end(store, run.id, rank=0, gather_world=2, status="success", others={}, facts={}, timeout=5)
+        with store.begin() as conn:
+            assert conn.execute(sa.text(f"SELECT status FROM runs WHERE id = {run.id}")).scalar_one() == "incomplete"
+        spill = SpillWriter(tmp_path / str(lost), run_id=run.id, name=f"exp{lost}", version=run.version, rank=1)
+        spill.write([_batch(0, 3, run_id=run.id)])
+        spill.write_side(_side_rows(run_id=run.id))
+        spill.write_end("success", 6, lost)
+        report = import_spill(store, spill.path)
+        assert (report.rows_added, report.side_rows_added, report.rank_status) == (6, 4, "success")
+        with store.begin() as conn:
+            row = conn.execute(sa.text(f"SELECT status, values_spilled, values_lost FROM runs WHERE id = {run.id}")).one()
+            assert tuple(row) == (expected, 0, lost)
+            rank1 = conn.execute(sa.text(f"SELECT status FROM ranks WHERE run_id = {run.id} AND rank = 1")).scalar_one()
+            assert rank1 == "success"
+            logs = conn.execute(sa.text(f"SELECT count(*) FROM logs WHERE run_id = {run.id} AND rank = 1")).scalar_one()
+            assert logs == 3
+        again = import_spill(store, spill.path)
+        assert again.already_imported
+        store.close()
