@@ -410,6 +410,8 @@ class MultiRankLogger(Logger):
                     self._unstored_recorded = self._unstored_totals()
                 else:
                     log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
+                    if self._spiller is not None:  # importing the spill file records it (spill.import_spill)
+                        self._spiller.end(status, *self._unstored_totals())
                 if self._rank == 0 and self._attempt is not None:
                     attempt = self._attempt
                     self._safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5))

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from multirank_logger.process_hooks import sigterm_received
-from multirank_logger.schema import runs
+from multirank_logger.schema import ranks, runs
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
 
@@ -105,6 +105,8 @@ def record_end(
                 # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
                 missing = rank == 0 and any(other not in others for other in range(1, gather_world))
                 _end_run(store, run_id, "incomplete" if missing and status == "success" else status, now)
+            else:
+                _settle_incomplete(store, run_id)
 
     retry_while_locked(write, timeout)
 
@@ -123,13 +125,34 @@ def _count_unstored(store: Store, run_id: int, spilled: int, lost: int) -> None:
         )
 
 
+def _whole() -> Any:
+    """SQL: true when the run lacks nothing known: no value spilled or lost, and no rank whose end is
+    unknown ("running": a rank writing the store itself that has not recorded its end, or cannot;
+    "missing": a gather rank whose end never reached rank 0)."""
+    unstored = sa.func.coalesce(runs.c.values_spilled, 0) + sa.func.coalesce(runs.c.values_lost, 0)
+    unended = (
+        sa.select(ranks.c.rank)
+        .where(ranks.c.run_id == runs.c.id, ranks.c.status.in_(("running", "missing")))
+        .exists()
+    )
+    return sa.and_(unstored == 0, ~unended)
+
+
 def _end_run(store: Store, run_id: int, status: str, now: float) -> None:
     value: Any = status
     if status == "success":  # another rank (or an earlier phase) may have spilled or lost values
-        unstored = sa.func.coalesce(runs.c.values_spilled, 0) + sa.func.coalesce(runs.c.values_lost, 0)
-        value = sa.case((unstored > 0, "incomplete"), else_="success")
+        value = sa.case((_whole(), "success"), else_="incomplete")
     with store.begin() as conn:
         conn.execute(runs.update().where(runs.c.id == run_id).values(status=value, ended_at=now))
+
+
+def _settle_incomplete(store: Store, run_id: int) -> None:
+    """A rank (not 0) that ended well after rank 0 recorded the run "incomplete" for want of it:
+    the run is a success now if nothing else is lacking."""
+    with store.begin() as conn:
+        conn.execute(
+            runs.update().where(runs.c.id == run_id, runs.c.status == "incomplete", _whole()).values(status="success")
+        )
 
 
 def run_lacks_values(store: Store, run_id: int) -> tuple[int, int]:

@@ -309,15 +309,16 @@ def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[st
 
 
 def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]) -> str | None:
-    """A rank whose end rank 0 never heard ("missing"): record the end its spill file holds, and
+    """A rank whose end the store never heard ("missing": gather rank 0 did not; "running": the rank
+    could not write the store at its end): record the end its spill file holds, and
     count the values it spilled (this file's, taken off again below) and lost in the run.
 
     Returns:
         The rank's status, when it was missing; None when the store knew its end already.
     """
     status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
-    if status != "missing":
-        return None  # rank 0 heard it, and counted its values then (run_end.record_end)
+    if status not in ("missing", "running"):
+        return None  # the store heard its end, and counted its values then (run_end.record_end)
     conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
     conn.execute(
         runs.update()
@@ -341,14 +342,14 @@ def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
     row = conn.execute(sa.select(runs.c.status, runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).one()
     spilled = max((row.values_spilled or 0) - values, 0)
     status = row.status
-    if status == "incomplete" and spilled == 0 and not row.values_lost and not _missing_ranks(conn, run_id):
+    if status == "incomplete" and spilled == 0 and not row.values_lost and not _unended_ranks(conn, run_id):
         status = "success"  # only a run that ended in success is recorded as incomplete (run_end.py)
     if spilled != (row.values_spilled or 0) or status != row.status:
         conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled, status=status))
 
 
-def _missing_ranks(conn: sa.Connection, run_id: int) -> int:
-    query = sa.select(sa.func.count()).where(ranks.c.run_id == run_id, ranks.c.status == "missing")
+def _unended_ranks(conn: sa.Connection, run_id: int) -> int:
+    query = sa.select(sa.func.count()).where(ranks.c.run_id == run_id, ranks.c.status.in_(("missing", "running")))
     return int(conn.execute(query).scalar_one())
 
 

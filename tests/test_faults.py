@@ -92,7 +92,9 @@ def _run_with_reader(tmp_path: Path, hold_s: float, timeout_s: float) -> tuple[s
     reader = _hold_duckdb(db, hold_s, held)
     go.touch()
     out, err = proc.communicate(timeout=240)
-    reader.wait(120)
+    # the run is over with the reader still holding (when hold_s > timeout): end it, not wait it out
+    reader.kill()
+    reader.wait(30)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert done.returncode == 0 and "FINALIZED" in out, err[-4000:]
     return done, db
@@ -109,7 +111,7 @@ def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
 @pytest.mark.slow  # launches processes
 def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) -> None:
     """A reader holding the file past `timeout`: rows in the store or the named spill file, never success."""
-    done, db = _run_with_reader(tmp_path, hold_s=25, timeout_s=3)
+    done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)  # held until the logger has exited
     files = _spill_files(done.stderr)
     assert files, done.stderr[-3000:]
     count, _, status = _stored(db)
@@ -216,11 +218,13 @@ def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *e
 
 @_slow
 @_needs_unshare
-@pytest.mark.parametrize("suffix,size", [(".sqlite", "1m"), (".duckdb", "3m")])
-def test_full_disk_spills_elsewhere_and_import_recovers_every_value(tmp_path: Path, suffix: str, size: str) -> None:
+# calls enough to fill the disk several times over (DuckDB compresses: a bigger disk, more calls)
+@pytest.mark.parametrize("suffix,size,calls", [(".sqlite", "1m", 10_000), (".duckdb", "3m", 20_000)])
+def test_full_disk_spills_elsewhere_and_import_recovers_every_value(
+    tmp_path: Path, suffix: str, size: str, calls: int
+) -> None:
     """A store on a full disk, spill_dir elsewhere: a message naming the spill, no success, and every
     value back once the copied store imports the spill files (some spilled mid-run: memory bound)."""
-    calls = 20_000
     done, copy = _on_full_disk(tmp_path, suffix, size, False, "--calls", str(calls), "--timeout", "3",
                                "--max-held", "40000")
     files = _spill_files(done.stderr)
@@ -238,7 +242,7 @@ def test_full_disk_spills_elsewhere_and_import_recovers_every_value(tmp_path: Pa
 @_needs_unshare
 def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -> None:
     """spill_dir on the same full disk: the message counts the values lost, and the run is no success."""
-    calls = 20_000
+    calls = 10_000
     done, copy = _on_full_disk(tmp_path, ".sqlite", "1m", True, "--calls", str(calls), "--timeout", "3")
     lost = re.findall(r"(\d+) value\(s\) are LOST", done.stderr)
     assert lost, done.stderr[-3000:]
@@ -277,7 +281,9 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
         while _alive(postmaster):
             time.sleep(0.05)
         go.touch()
-        time.sleep(6)  # the second half is logged and flushed against a stopped server
+        # the second half is logged and flushed against a stopped server: 5 failed flushes take
+        # ~3 s (backoff 0.2 s doubling), the fifth prints the warning the test checks
+        time.sleep(4.5)
         server.ensure_postgres_running()
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
@@ -316,10 +322,11 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
         lines.append(line)
         if "MultiRankLogger: run" in line:
             break
-    reader = _hold_duckdb(db, 40, tmp_path / "held")
+    reader = _hold_duckdb(db, 240, tmp_path / "held")
     out = "".join(lines) + proc.communicate(timeout=240)[0]
+    reader.kill()  # it held the file from mid-run until the job had ended: past every timeout
+    reader.wait(30)
     assert proc.returncode == 0, out[-4000:]
-    reader.wait(120)
     files = _spill_files(out)
     assert files, out[-4000:]
     spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", out))
