@@ -20,8 +20,45 @@ def value(rank: int, call: int) -> float:
     return float(rank * 1_000_000 + call)
 
 
+CLONE_NEWNS = 0x00020000
+
+
+def _own_mounts(store_dir: str, spill_dir: str | None) -> None:
+    """This process alone (a mount namespace of its own) sees `store_dir` through a bind mount that
+    `_store_read_only` later remounts read-only, and, with `spill_dir`, a full 256 KiB tmpfs there.
+    Called first thing: unshare(CLONE_NEWNS) needs a process with one thread."""
+    import ctypes
+    import subprocess
+
+    if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "--bind", store_dir, store_dir], check=True)
+    if spill_dir is not None:
+        os.makedirs(spill_dir, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "none", spill_dir], check=True)
+        try:
+            with open(os.path.join(spill_dir, "filler"), "wb") as fh:
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+        except OSError:
+            pass  # full: what the test wants
+
+
+def _store_read_only(store_dir: str) -> None:
+    import subprocess
+
+    subprocess.run(["mount", "-o", "remount,bind,ro", store_dir], check=True)
+
+
 def rank_main(rank: int, world: int, port: int, db: str, spill_dir: str, calls: int, sync_dir: str,
-              transport: str, timeout: float) -> None:
+              transport: str, timeout: float, fault_rank: int = -1, spill_full: bool = False) -> None:
+    """`fault_rank` sees the store's directory turn read-only after its first half (spilling the
+    rest, onto a full disk with `spill_full`); the other ranks see nothing wrong."""
+    faulty = rank == fault_rank
+    if faulty:
+        _own_mounts(os.path.dirname(db), spill_dir.format(rank) if spill_full else None)
     import torch.distributed as dist
 
     os.environ.update(
@@ -43,6 +80,12 @@ def rank_main(rank: int, world: int, port: int, db: str, spill_dir: str, calls: 
         logger.save()
         if call == half - 1:
             logger._writer.flush_until(time.monotonic() + 30)
+            if faulty:
+                # Linux refuses to make a mount read-only while a file on it is open for writing
+                # (EBUSY): the store's pooled connection is closed first, with the writer held off
+                with logger._writer._io_lock:
+                    logger._store.engine.dispose()
+                    _store_read_only(os.path.dirname(db))
             (sync / f"ready{rank}").touch()
             deadline = time.monotonic() + 60
             while not (sync / "go").exists() and time.monotonic() < deadline:
