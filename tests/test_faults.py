@@ -341,3 +341,44 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
 
     spilled_ranks = {r for f in files for batch in read_spill(f)[1] for r in batch.rank}
     assert spilled_ranks == {0, 1}  # rank 0 held both its own rows and those rank 1 shipped
+
+
+@pytest.mark.slow  # launches processes
+def test_sqlite_reader_holding_a_read_transaction_across_the_end_costs_nothing(tmp_path: Path) -> None:
+    """A second process keeps a SQLite read transaction open (BEGIN; SELECT ...) from mid-run until
+    after the logger exited, past its `timeout`: in WAL mode a reader never blocks the writer, so
+    every value is stored and the run is a success, with no spill. What it costs: the WAL cannot be
+    checkpointed past the reader's snapshot, so it holds the whole second half until the reader ends."""
+    db, spill = tmp_path / "runs.sqlite", tmp_path / "spill"
+    ready, go, held = tmp_path / "ready", tmp_path / "go", tmp_path / "held"
+    calls = 4000
+    proc = subprocess.Popen(
+        _log_cmd(db, spill, "--calls", str(calls), "--timeout", "2", "--ready", str(ready), "--go", str(go)),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    code = (
+        "import sqlite3, sys, time, pathlib; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('BEGIN'); print(c.execute('SELECT COUNT(*) FROM metrics').fetchone()[0], flush=True); "
+        "pathlib.Path(sys.argv[2]).touch(); time.sleep(240)"
+    )
+    reader = subprocess.Popen([sys.executable, "-c", code, str(db), str(held)], stdout=subprocess.PIPE, text=True)
+    while not held.exists():
+        assert reader.poll() is None and time.monotonic() < deadline, "the reader did not start"
+        time.sleep(0.01)
+    go.touch()
+    out, err = proc.communicate(timeout=240)
+    wal = Path(f"{db}-wal")
+    wal_while_held = wal.stat().st_size if wal.exists() else 0
+    reader.kill()
+    reader.wait(30)
+    assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
+    assert _stored(db) == (*_expected(calls), "success"), err[-3000:]
+    assert _spill_files(err) == [] and "LOST" not in err
+    # the second half's pages sit in the WAL while the snapshot is held (SQLite cannot reset it then)
+    assert wal_while_held > 0
+    print(f"WAL while the reader held its snapshot: {wal_while_held} bytes; after: "
+          f"{wal.stat().st_size if wal.exists() else 0} bytes")
