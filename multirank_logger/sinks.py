@@ -32,6 +32,9 @@ __all__ = ["DirectSink", "GatherReceiver", "GatherSender"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.01
+#: bounds on rank 0's wait for the senders' last word (their spilled/lost counts) at the end
+_REPORT_WAIT_MIN_S = 0.5
+_REPORT_WAIT_MAX_S = 2.0
 #: what the logger passes to `finish`: one writer cycle (receive, then write what it can)
 Cycle = Callable[[], Any]
 
@@ -180,9 +183,15 @@ class GatherReceiver(DirectSink):
             time.sleep(_POLL_S)
         cycle()  # takes the last batches...
         cycle()  # ...and acknowledges them, so the senders stop waiting and report
-        # a sender reports once it sees its last rows acknowledged (within a poll, ~20 ms)
-        reports = self.channel.unstored_reports(sorted(done), max(deadline - time.monotonic(), 1.0))
+        # a sender reports once it sees its last rows acknowledged (within a poll, ~20 ms). A run
+        # that did not succeed takes only the reports already there: a job being torn down
+        # (SIGTERM: Lightning's launcher kills rank 0 within seconds of a dead child) must record
+        # its end now, and its status is no success whatever the counts say
+        wait = min(max(deadline - time.monotonic(), _REPORT_WAIT_MIN_S), _REPORT_WAIT_MAX_S)
+        reports = self.channel.unstored_reports(sorted(done), wait if status == "success" else 0.0)
         self.others_unstored = (sum(s for s, _ in reports.values()), sum(lost for _, lost in reports.values()))
+        if status != "success":
+            reports = {**dict.fromkeys(done, (0, 0)), **reports}  # their end is known: done
         missing = sorted(expected - reports.keys())
         if missing:
             log.warning(

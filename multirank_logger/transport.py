@@ -341,12 +341,21 @@ class RowChannel:
         out: dict[int, tuple[int, int]] = {}
         for r in ranks:
             try:
-                raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01), f"end/{r}")
+                if timeout <= 0:  # only what is there already
+                    raw = self._fetch_raw(f"end/{r}", 0.001, f"end/{r}") if self._has(f"end/{r}") else b""
+                else:
+                    raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01), f"end/{r}")
                 spilled, lost = (int(n) for n in raw.decode().split())
             except (ChannelError, ValueError):
                 continue  # never reported: rank 0 records it as missing
             out[r] = (spilled, lost)
         return out
+
+    def _has(self, key: str) -> bool:
+        try:
+            return bool(self._client_locked().check([key]))
+        except Exception:  # noqa: BLE001 - the store gone: nothing there to read
+            return False
 
     def wait_delivered(self, timeout: float) -> list[MetricBatch]:
         """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
