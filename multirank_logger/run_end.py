@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from multirank_logger.process_hooks import sigterm_received
-from multirank_logger.schema import ranks, runs
+from multirank_logger.schema import attempts, ranks, runs
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
 
@@ -150,9 +150,15 @@ def _settle_incomplete(store: Store, run_id: int) -> None:
     """A rank (not 0) that ended well after rank 0 recorded the run "incomplete" for want of it:
     the run is a success now if nothing else is lacking."""
     with store.begin() as conn:
-        conn.execute(
+        settled = conn.execute(
             runs.update().where(runs.c.id == run_id, runs.c.status == "incomplete", _whole()).values(status="success")
-        )
+        ).rowcount
+        if settled:  # rank 0 recorded its launch as the run stood then (run_lifecycle.end_attempt)
+            conn.execute(
+                attempts.update()
+                .where(attempts.c.run_id == run_id, attempts.c.status == "incomplete")
+                .values(status="success")
+            )
 
 
 def run_lacks_values(store: Store, run_id: int) -> tuple[int, int]:

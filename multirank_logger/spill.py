@@ -37,7 +37,7 @@ import sqlalchemy as sa
 
 from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import LookupFailed, MultiRankLoggerError
-from multirank_logger.schema import SIDE_TABLES, imports, metrics, ranks, runs
+from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs
 from multirank_logger.side_records import decode_side, encode_side
 from multirank_logger.store import unseen_side_rows
 from multirank_logger.wire import decode_batch, encode_batch
@@ -346,6 +346,10 @@ def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
         status = "success"  # only a run that ended in success is recorded as incomplete (run_end.py)
     if spilled != (row.values_spilled or 0) or status != row.status:
         conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled, status=status))
+    if status == "success" and row.status == "incomplete":  # its launches were recorded as it stood then
+        conn.execute(
+            attempts.update().where(attempts.c.run_id == run_id, attempts.c.status == "incomplete").values(status="success")
+        )
 
 
 def _unended_ranks(conn: sa.Connection, run_id: int) -> int:
