@@ -270,7 +270,8 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
         proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), "--db", url, "--spill-dir", str(tmp_path / "spill"), "--calls", "4000",
              "--timeout", "60", "--ready", str(ready), "--go", str(go)],
-            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # a server URL puts save_dir (metrics.csv) in the working directory, as CSVLogger's "."
+            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         deadline = time.monotonic() + 120
         while not ready.exists():
@@ -292,6 +293,7 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
         assert (count, float(total)) == _expected(4000)
         assert query(url, "SELECT status, values_spilled FROM runs") == [("success", None)]
         assert _spill_files(err) == []
+        assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().count("\n") == 4001
     finally:
         server.cleanup()
         shutil.rmtree(pgdata, ignore_errors=True)
