@@ -101,10 +101,11 @@ def _child(tree: Path, case: str, frames: int, calls: int) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree)}  # the package from `tree`...
     # ...and this very file as the benchmark, loaded by path
     code = (
-        "import importlib.util as u; s = u.spec_from_file_location('bench_spill', %r); m = u.module_from_spec(s); "
-        "s.loader.exec_module(m); print(m.measure(%r, %d, %d))" % (__file__, case, frames, calls)
+        f"import importlib.util as u; s = u.spec_from_file_location('bench_spill', {__file__!r}); "
+        f"m = u.module_from_spec(s); s.loader.exec_module(m); print(m.measure({case!r}, {frames}, {calls}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=tree)
+    cmd = [sys.executable, "-c", code]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tree, check=False)
     if out.returncode:
         raise RuntimeError(f"{case} in {tree} failed:\n{out.stderr}")
     return float(out.stdout.strip().splitlines()[-1])
