@@ -9,7 +9,8 @@ another wait beyond a bounded time. It knows nothing about SQL.
 Wire format, under the prefix ``multirank_logger/{namespace}/``:
 
 - ``rows/{r}``: a TCPStore queue per sending rank ``r``; each item is one encoded batch
-  (``wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop`` removes what rank 0 consumed, so the server's memory stays flat.
+  (``wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop``
+  removes what rank 0 consumed, so the server's memory stays flat.
 - ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
   writer (an item is acknowledged at the ``receive`` call after the one that returned
   it, i.e. once the writer came back for more). A sender keeps unacknowledged batches,
