@@ -6,8 +6,8 @@ IPC), and to the live metrics.csv. `METRICS_SCHEMA`, its Arrow schema, is derive
 `schema.metrics`, so the column names, order and widths are spelled once.
 
 Arrays are built from NumPy buffers (`numeric`): ``pyarrow.array`` on Python lists, or even
-on a NumPy array, imports pandas (~0.3 s and ~60 MiB), which would land in the writer thread
-in the middle of training.
+on a NumPy array, imports pandas, which would land in the writer thread in the middle of
+training.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def column_lists(batch: pa.RecordBatch, names: Sequence[str]) -> list[list[Any]]
     (SQLite, PostgreSQL): keys as str, NULL (a NaN value) as None.
 
     Through NumPy's ``tolist``: pyarrow's own ``to_pylist`` makes a scalar object per value,
-    ~8x slower, in the writer thread that holds the GIL the training thread waits for.
+    several times slower, in the writer thread that holds the GIL the training thread waits for.
     """
     out = []
     for name in names:
