@@ -13,12 +13,15 @@ from click.testing import CliRunner
 from multirank_logger.batch import empty_batch
 from multirank_logger.buffer import RecordBuffer
 from multirank_logger.cli import main
-from multirank_logger.spill import SpillCorrupt, SpillWriter, import_spill, read_spill
+from multirank_logger.spill import SpillCorrupt, SpillWriter, import_spill, read_spill, read_spill_contents
 from multirank_logger.store import Store
 
 #: written by the SpillWriter of commit f090cc9 (format version 1, MRB1 payloads): run exp/version_0,
 #: rank 1, two frames; see _V1_ROWS
 V1_FILE = Path(__file__).parent / "data" / "spill_v1_mrb1.mrspill"
+#: written by the SpillWriter of commit f958495 (format version 2: MRB1 metrics, then a side frame
+#: of one logs row and an end frame): run exp/version_0, rank 1
+V2_FILE = Path(__file__).parent / "data" / "spill_v2_mrb1_side_end.mrspill"
 # (seq, step, key, value, dtype, time) of its rows, frame by frame
 _V1_ROWS = [
     [
@@ -61,7 +64,7 @@ def test_spill_file_round_trips(tmp_path: Path) -> None:
     header, batches = read_spill(spill.path)
     assert batches == [first, second]
     assert (header["run_id"], header["name"], header["version"], header["rank"]) == (3, "exp", 2, 1)
-    assert header["format_version"] == 2  # Arrow IPC payloads
+    assert header["format_version"] == 3  # Arrow IPC payloads
 
 
 def test_torn_last_frame_is_dropped(tmp_path: Path) -> None:
@@ -135,8 +138,8 @@ def test_a_spill_file_of_the_first_format_imports(db_path: Path, tmp_path: Path)
 def test_a_spill_file_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     """A format version this code does not know is refused with what to do, not misread."""
     path = tmp_path / "new.mrspill"
-    path.write_bytes(b'{"format": "multirank-spill", "format_version": 3}\n')
-    with pytest.raises(SpillCorrupt, match=r"format version 3; this multirank_logger reads versions \[1, 2\]"):
+    path.write_bytes(b'{"format": "multirank-spill", "format_version": 4}\n')
+    with pytest.raises(SpillCorrupt, match="format version 4: written by a newer multirank-logger; upgrade it"):
         read_spill(path)
 
 
@@ -232,14 +235,24 @@ def test_side_rows_and_a_ranks_end_round_trip(tmp_path: Path) -> None:
     assert read_spill(spill.path)[1] == [batch]  # the metrics-only view of it
 
 
-def test_a_version_1_file_still_reads_and_imports(db_path: Path, tmp_path: Path) -> None:
-    """Files written before side and end frames existed (format_version 1) import as before."""
-    spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
-    spill.header["format_version"] = 1  # what the earlier writer put there; its frames were all metrics
-    spill.write([_batch(0, 3)])
+def test_a_version_2_file_still_reads_and_imports(db_path: Path, tmp_path: Path) -> None:
+    """A file the code before Arrow wrote with side and end frames (format version 2: MRB1 metric
+    payloads) reads every frame and imports its metric and side rows."""
+    contents = read_spill_contents(V2_FILE)
+    assert contents.header["format_version"] == 2
+    assert [kind for kind, _ in contents.frames] == ["metrics", "side", "end"]
+    assert _rows(contents.frames[0][1]) == [
+        (0, 3, "nan", None, 3, 1700000001.25),
+        (0, 3, "clé é ü 🙂", 1.5, 0, 1700000001.25),
+        (1, 4, "loss", 0.6931471824645996, 0, 1700000002.5),
+    ]
+    assert contents.frames[2][1] == {"status": "success", "values_spilled": 3, "values_lost": 0}
     store = Store(db_path)
     store.create_run("exp", world_size=2)
-    assert import_spill(store, spill.path).rows_added == 6
+    path = tmp_path / V2_FILE.name
+    shutil.copy(V2_FILE, path)
+    report = import_spill(store, path)
+    assert (report.rows_added, report.side_rows_added) == (3, 1)
     store.close()
 
 
