@@ -149,7 +149,9 @@ def run_load(senders: int, seconds: float, db: str) -> dict[str, Any]:
         for p in procs:
             p.start()
         start_at = time.time() + 2.0 + 0.05 * senders  # every process connected by then
-        start_box.write_text(str(start_at))
+        # written aside and renamed: a process that sees the file must never read it empty
+        start_box.with_suffix(".tmp").write_text(str(start_at))
+        start_box.with_suffix(".tmp").replace(start_box)
         for p in [*procs, receiver]:
             p.join(FINISH_TIMEOUT + seconds + 120)
         failed = [p.exitcode for p in [*procs, receiver] if p.exitcode != 0]

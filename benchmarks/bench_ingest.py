@@ -4,7 +4,7 @@ Every case inserts the same `batches` x `rows` long rows (run, rank, seq, step, 
 value, dtype, time; 10 keys, random floats) into a fresh store file whose schema the
 project created (SQLite gets its two indexes, DuckDB none), one transaction per batch:
 
-- ``Store.write``: ``Store(db).write(MetricBatch)`` per batch, as the logger's flush does
+- ``Store.write``: ``Store(db).write(batch)`` per Arrow record batch, as the logger's flush does
   (for DuckDB this opens and closes the file per batch: the engine uses NullPool), and
   inside ``Store.writing()``, which holds one connection across the batches;
 - raw SQLite: ``sqlite3`` ``executemany`` of prebuilt tuples, WAL + synchronous=NORMAL;
@@ -14,7 +14,7 @@ The raw cases are the backend's limit: the rows are already in the driver's form
 Every case first writes one untimed 1,000-row batch of another rank (first-use imports
 and caches), so the figures are throughput, not start-up.
 ``RecordBuffer.drain`` measures the step before the write: turning buffered log calls into
-a MetricBatch.
+an Arrow record batch (batch.py).
 """
 
 from __future__ import annotations
@@ -36,31 +36,17 @@ KEYS = 10
 
 
 def make_batches(batches: int, rows: int, rank: int = 0, run_id: int = 1) -> list[Any]:
-    """`batches` MetricBatch objects of `rows` rows, seq/step continuing across batches."""
-    from multirank_logger.buffer import MetricBatch
+    """`batches` Arrow record batches of `rows` rows, seq/step continuing across batches."""
+    from multirank_logger.buffer import RecordBuffer
 
     rng = random.Random(rank)
     names = [f"metric_{i}" for i in range(KEYS)]
+    buffer = RecordBuffer()
     out = []
-    call = 0
     for _ in range(batches):
-        b = MetricBatch()
-        calls = rows // KEYS
-        now = time.time()
-        for c in range(calls):
-            seq = call + c
-            for k in names:
-                b.seq.append(seq)
-                b.step.append(seq)
-                b.key.append(k)
-                b.value.append(rng.random())
-                b.dtype.append(0)
-                b.time.append(now)
-        call += calls
-        n = len(b.key)
-        b.run_id = [run_id] * n
-        b.rank = [rank] * n
-        out.append(b)
+        for _ in range(rows // KEYS):
+            buffer.append(buffer.calls_recorded, {k: rng.random() for k in names})
+        out.append(buffer.drain(run_id=run_id, rank=rank))
     return out
 
 
@@ -100,7 +86,7 @@ def _timed(write: Callable[[], Any], busy: bool) -> float:
 
 
 def store_write(backend: str, batches: int, rows: int, held: bool = False, busy: bool = False) -> dict[str, Any]:
-    """The project's write path: Store.write(MetricBatch), one call per batch.
+    """The project's write path: Store.write(batch), one call per batch.
 
     With `held`, inside ``Store.writing()`` (one connection across the batches); with `busy`,
     beside a thread busy in Python (`_timed`).
@@ -119,20 +105,15 @@ def store_write(backend: str, batches: int, rows: int, held: bool = False, busy:
 
         seconds = _timed(write, busy)
         store.close()
-    extra: dict[str, Any] = {}
-    if backend == "duckdb":
-        t0 = time.perf_counter()
-        for b in data:
-            b.to_arrow()
-        extra["to_arrow_share"] = f"{(time.perf_counter() - t0) / seconds:.0%}"
-    return _result(written, seconds, **extra)
+    return _result(written, seconds)
 
 
 def raw_sqlite(batches: int, rows: int, busy: bool = False) -> dict[str, Any]:
     """sqlite3 executemany of prebuilt tuples, one transaction per batch (with `busy`: `_timed`)."""
+    from multirank_logger.batch import column_lists
     from multirank_logger.schema import METRIC_COLUMNS
 
-    data = [list(zip(*b.columns(METRIC_COLUMNS))) for b in make_batches(batches, rows)]
+    data = [list(zip(*column_lists(b, METRIC_COLUMNS))) for b in make_batches(batches, rows)]
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
         store, _ = _new_store(root, ".sqlite")
         path = store.backend.path
@@ -142,7 +123,7 @@ def raw_sqlite(batches: int, rows: int, busy: bool = False) -> dict[str, Any]:
         con.execute("PRAGMA synchronous = NORMAL")
         cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
         sql = f"INSERT INTO metrics ({cols}) VALUES ({', '.join('?' * len(METRIC_COLUMNS))})"
-        con.executemany(sql, list(zip(*make_batches(1, 1_000, rank=1)[0].columns(METRIC_COLUMNS))))  # warm-up
+        con.executemany(sql, list(zip(*column_lists(make_batches(1, 1_000, rank=1)[0], METRIC_COLUMNS))))  # warm-up
 
         def write() -> None:
             for tuples in data:
@@ -161,14 +142,14 @@ def raw_duckdb(batches: int, rows: int) -> dict[str, Any]:
 
     from multirank_logger.schema import METRIC_COLUMNS
 
-    tables = [b.to_arrow() for b in make_batches(batches, rows)]
+    tables = make_batches(batches, rows)
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
         store, _ = _new_store(root, ".duckdb")
         path = store.backend.path
         store.close()
         con = duckdb.connect(str(path))
         cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
-        con.register("_warm", make_batches(1, 1_000, rank=1)[0].to_arrow())
+        con.register("_warm", make_batches(1, 1_000, rank=1)[0])
         con.execute(f"INSERT INTO metrics ({cols}) SELECT {cols} FROM _warm")  # warm-up
         con.unregister("_warm")
         t0 = time.perf_counter()
@@ -184,7 +165,7 @@ def raw_duckdb(batches: int, rows: int) -> dict[str, Any]:
 
 
 def buffer_drain(batches: int, rows: int) -> dict[str, Any]:
-    """RecordBuffer.drain: buffered log calls of 10 keys -> one MetricBatch, rows/s."""
+    """RecordBuffer.drain: buffered log calls of 10 keys -> one Arrow record batch, rows/s."""
     from multirank_logger.buffer import RecordBuffer
 
     rng = random.Random(0)
@@ -214,7 +195,7 @@ def cases(sizes: Sizes) -> list[Case]:
              note=f"{shape}; prebuilt Arrow, connection kept open"),
         Case(SECTION, "Store.write DuckDB", "benchmarks.bench_ingest:store_write", "rows/s",
              {"backend": "duckdb", **kw}, peer="raw DuckDB from Arrow", goals=half,
-             note=f"{shape}; includes MetricBatch.to_arrow and opening the file per batch (the logger's flush)"),
+             note=f"{shape}; includes opening the file per batch (the logger's flush)"),
         Case(SECTION, "Store.write DuckDB in Store.writing()", "benchmarks.bench_ingest:store_write", "rows/s",
              {"backend": "duckdb", "held": True, **kw}, peer="raw DuckDB from Arrow", goals=half,
              note=f"{shape}; one connection held across the batches"),
@@ -232,7 +213,7 @@ def cases(sizes: Sizes) -> list[Case]:
              {"backend": "duckdb", **small}, peer="raw DuckDB from Arrow, 1k-row batches",
              note=f"{small_shape}; the file opened per batch, as the logger's flush does"),
         Case(SECTION, "RecordBuffer.drain (component)", "benchmarks.bench_ingest:buffer_drain", "rows/s", kw,
-             note="log calls -> MetricBatch, before any write"),
+             note="log calls -> Arrow record batch, before any write"),
     ]
     # the writer thread beside a training loop busy in Python: a driver that gives the GIL up
     # per row waits a switch interval (5 ms) for each; small, as executemany takes minutes

@@ -97,7 +97,7 @@ def _write(db: str, batches: int, rank: int, start: Any, out: Any) -> None:
         for b in range(batches):
             for s in range(100):
                 buffer.append(b * 100 + s, {f"m{i}": float(i) for i in range(10)})
-            batch = buffer.drain_arrow(1, rank) if store.backend.inserts_arrow else buffer.drain(1, rank)
+            batch = buffer.drain(1, rank)
             store.write(batch)
             written += 1000
         out.put((rank, written, ""))

@@ -80,16 +80,18 @@ class LongRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        from multirank_logger.batch import column_numpy
+
         keys = pc.dictionary_encode(table.column("key"))
         if hasattr(keys, "combine_chunks"):  # a Table's column is chunked; a RecordBatch's is not
             keys = keys.combine_chunks()
         rows = cls(
-            seq=_buffer_numpy(table.column("seq").cast(pa.int64()), np.int64),
-            step=_buffer_numpy(table.column("step").cast(pa.int64()), np.int64),
-            code=_buffer_numpy(keys.indices.cast(pa.int32()), np.int32),
+            seq=column_numpy(table.column("seq").cast(pa.int64()), np.int64),
+            step=column_numpy(table.column("step").cast(pa.int64()), np.int64),
+            code=column_numpy(keys.indices.cast(pa.int32()), np.int32),
             keys=keys.dictionary.to_pylist(),
-            value=_buffer_numpy(table.column("value").cast(pa.float64()), np.float64, null=np.nan),
-            dtype=_buffer_numpy(table.column("dtype").cast(pa.int16()), np.int16),
+            value=column_numpy(table.column("value").cast(pa.float64()), np.float64, null=np.nan),
+            dtype=column_numpy(table.column("dtype").cast(pa.int16()), np.int16),
         )
         return rows._in_call_order()
 
@@ -255,22 +257,6 @@ def row_columns(
         np.array(list(map(get, chunk)), kind) if kind is np.float64 else np.fromiter(map(get, chunk), kind, n)
         for get, kind in zip(fields, types)
     ]
-
-
-def _buffer_numpy(column: Any, dtype: Any, null: Any = None) -> np.ndarray:
-    """A fixed-width Arrow column as a NumPy array, read from its buffers; NULLs become `null`."""
-    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    n = len(array)
-    if n == 0:
-        return np.zeros(0, dtype)
-    validity, data = array.buffers()[:2]
-    out = np.frombuffer(data, dtype=dtype, count=n, offset=array.offset * np.dtype(dtype).itemsize).copy()
-    if array.null_count:
-        if null is None:
-            raise ValueError(f"unexpected NULLs in a {array.type} column")
-        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
-        out[~bits[array.offset : array.offset + n].astype(bool)] = null
-    return out
 
 
 def _grids(rows: LongRows, columns: list[str], chunk_rows: int) -> Iterator[list[list[Any]]]:

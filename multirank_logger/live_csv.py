@@ -25,33 +25,15 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
-import numpy as np
+import pyarrow as pa
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
-from multirank_logger.buffer import MetricBatch
 from multirank_logger.csv_format import LongRows, csv_columns, write_header, write_rows
 
-__all__ = ["LiveCsv", "long_rows"]
+__all__ = ["LiveCsv"]
 
 log = logging.getLogger(__name__)
 _LINE_END = "\r\n"
-
-
-def long_rows(batch: MetricBatch | Any) -> LongRows:
-    """A drained batch (a MetricBatch, or the Arrow table `RecordBuffer.drain_arrow` gives) as
-    LongRows in call order."""
-    if not isinstance(batch, MetricBatch):
-        return LongRows.from_arrow(batch)
-    index: dict[str, int] = {}
-    n = len(batch)
-    return LongRows(
-        seq=np.array(batch.seq, np.int64),
-        step=np.array(batch.step, np.int64),
-        code=np.fromiter((index.setdefault(k, len(index)) for k in batch.key), np.int32, n),
-        keys=list(index),
-        value=np.array(batch.value, np.float64),  # None (a NaN) becomes nan, as the store reads back
-        dtype=np.array(batch.dtype, np.int16),
-    )
 
 
 class LiveCsv:
@@ -81,10 +63,10 @@ class LiveCsv:
         """Log calls kept for the next write (the last write failed)."""
         return sum(len(rows.call_starts()) for rows in self._pending)
 
-    def add(self, batch: MetricBatch | Any) -> None:
+    def add(self, batch: pa.RecordBatch) -> None:
         """Write one drained batch of rank 0's rows (called by the writer thread). Never raises."""
         try:
-            rows = long_rows(batch)
+            rows = LongRows.from_arrow(batch)
         except Exception as exc:  # noqa: BLE001 - the writer must go on storing rows
             self.complete = False
             log.error(

@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from multirank_logger.buffer import MetricBatch, stamp_run_id
+import pyarrow as pa
+
+from multirank_logger.batch import with_run_id
 from multirank_logger.side_records import decode_side, encode_side
 from multirank_logger.store import Store
 from multirank_logger.transport import ChannelError, RowChannel
 from multirank_logger.unstored import Spiller, StoreGone
-from multirank_logger.wire import decode_batch, decode_table
 
 __all__ = ["DirectSink", "GatherReceiver", "GatherSender"]
 
@@ -66,11 +67,6 @@ class DirectSink:
         flush interval instead of every N calls (see writer.BackgroundWriter)."""
         return self.store.backend.opens_per_transaction
 
-    @property
-    def inserts_arrow(self) -> bool:
-        """True when `write` takes pyarrow Tables (DuckDB): the writer then drains to Arrow."""
-        return self.store.backend.inserts_arrow
-
     def update_run(self, **values: Any) -> None:
         """Queue column updates for the run row; applied by the writer (`write_run`)."""
         self._run_updates.update(values)
@@ -82,7 +78,7 @@ class DirectSink:
         with self.store.writing():
             yield
 
-    def write(self, batch: MetricBatch | Any) -> None:
+    def write(self, batch: pa.RecordBatch) -> None:
         self.check_store()
         self.store.write(batch)
 
@@ -105,7 +101,7 @@ class DirectSink:
                 if self._run_updates.get(key) is value:
                     del self._run_updates[key]
 
-    def receive(self) -> tuple[list[Any], list[dict[str, list[dict[str, Any]]]]]:
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         return [], []  # no other rank ships rows here
 
     def close(self) -> None:
@@ -141,8 +137,8 @@ def _file_identity(store: Store | None) -> tuple[str, tuple[int, int]] | None:
 
 class GatherReceiver(DirectSink):
     """Rank 0 of a gather run: writes its own rows, and receives the other ranks' rows for the
-    writer, which writes them with its own in one transaction (rows kept as Arrow tables where
-    the store inserts from Arrow: no Python object per row on rank 0).
+    writer, which writes them with its own in one transaction (as Arrow record batches: no
+    Python object per row on rank 0 for a store that reads Arrow in place, DuckDB).
 
     Args:
         store: the open Store.
@@ -157,11 +153,10 @@ class GatherReceiver(DirectSink):
         super().__init__(store, run_id, spiller)
         self.channel = channel
 
-    def receive(self) -> tuple[list[Any], list[dict[str, list[dict[str, Any]]]]]:
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         # each call acknowledges the previous call's batches: the writer holds them (or spilled them)
         # filed under rank 0's run, whatever id the sender put there (never a silent orphan)
-        batches = self.channel.receive(decode_table if self.inserts_arrow else decode_batch)
-        batches = [stamp_run_id(batch, self.run_id) for batch in batches]
+        batches = [with_run_id(batch, self.run_id) for batch in self.channel.receive()]
         side = [_stamp_side(decode_side(payload), self.run_id) for payload in self.channel.receive_side()]
         return batches, side
 
@@ -219,7 +214,6 @@ class GatherSender:
     transport = "gather"
     # a push to the TCPStore is cheap, and frequent pushes keep rank 0's lag short
     writes_seldom = False
-    inserts_arrow = False  # batches are encoded for the wire from MetricBatch objects
     others_unstored = (0, 0)
 
     def __init__(self, channel: RowChannel, spiller: Spiller | None = None) -> None:
@@ -228,7 +222,7 @@ class GatherSender:
         # the spiller lives for the run, this sink for one phase: report this phase's values only
         self._unstored_before = _unstored(spiller)
         #: batches neither delivered nor spilled (no spiller)
-        self.undelivered: list[MetricBatch] = []
+        self.undelivered: list[pa.RecordBatch] = []
         #: side rows that could not be delivered (rank 0 gone): counted in the message
         self.side_undelivered = 0
 
@@ -238,7 +232,7 @@ class GatherSender:
     def writing(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
-    def write(self, batch: MetricBatch | Any) -> None:
+    def write(self, batch: pa.RecordBatch) -> None:
         try:
             self.channel.send(batch)
         except ChannelError as exc:
@@ -260,7 +254,7 @@ class GatherSender:
     def write_run(self) -> None:
         pass
 
-    def receive(self) -> tuple[list[Any], list[dict[str, list[dict[str, Any]]]]]:
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         return [], []
 
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
@@ -285,7 +279,7 @@ class GatherSender:
     def close(self) -> None:
         self.channel.close()
 
-    def _spill(self, why: str, batches: list[MetricBatch]) -> None:
+    def _spill(self, why: str, batches: list[pa.RecordBatch]) -> None:
         batches = [b for b in batches if len(b)]
         if not batches:
             return
@@ -301,7 +295,7 @@ def _unstored(spiller: Spiller | None) -> tuple[int, int]:
 
 
 def _stamp_side(tables: dict[str, list[dict[str, Any]]], run_id: int) -> dict[str, list[dict[str, Any]]]:
-    """Received side rows under rank 0's run, as `stamp_run_id` does for metric rows."""
+    """Received side rows under rank 0's run, as `batch.with_run_id` does for metric rows."""
     for rows in tables.values():
         for row in rows:
             row["run_id"] = run_id

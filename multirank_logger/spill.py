@@ -6,9 +6,12 @@ batches to its own spill file; ``multirank-logger import DB FILE...`` merges the
 File format: one line of JSON (the header: ``spill_id``, the run's ``run_id``, ``name`` and
 ``version``, ``rank``, ``host``, ``pid``, ``created_at``), then frames, each
 ``<u64 length><payload><u32 crc32(payload)>``. A frame is written, flushed and fsynced in one
-go, so a crash can tear at most the last frame, which the reader drops. Payload kinds:
+go, so a crash can tear at most the last frame, which the reader drops. The frames are ours,
+not an Arrow IPC file's: that file's footer indexes every batch, and a crash that tears the
+footer loses them all. Payload kinds:
 
-- metric rows: ``wire.encode_batch``'s encoding (the only kind of version 1 files);
+- metric rows: one Arrow IPC stream (``wire.encode_batch``, version 3); versions 1 and 2 hold
+  the ``MRB1`` encoding (wire_mrb1.py), still read (version 1 files hold nothing else);
 - side-table rows (version 2): ``MRS1`` + ``side_records.encode_side``'s JSON;
 - the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost"}``,
   written at finalize, so that importing the file tells the store how a rank ended whose end
@@ -28,19 +31,22 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import sqlalchemy as sa
 
-from multirank_logger.buffer import MetricBatch
+from multirank_logger.batch import column_lists, concat_batches, take_rows, with_run_id
 from multirank_logger.errors import LookupFailed, MultiRankLoggerError
 from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs
 from multirank_logger.side_records import decode_side, encode_side
 from multirank_logger.store import unseen_side_rows
 from multirank_logger.wire import decode_batch, encode_batch
+from multirank_logger.wire_mrb1 import decode_mrb1
 
 __all__ = [
     "SPILL_SUFFIX", "ImportReport", "SpillContents", "SpillCorrupt", "SpillWriter", "import_spill", "read_spill",
@@ -49,7 +55,9 @@ __all__ = [
 
 SPILL_SUFFIX = ".mrspill"
 _FORMAT = "multirank-spill"
-_FORMAT_VERSIONS = (1, 2)
+_FORMAT_VERSION = 3
+# the decoder of the metric rows' payload in each format version this code reads
+_METRICS_DECODERS: dict[int, Callable[[bytes], pa.RecordBatch]] = {1: decode_mrb1, 2: decode_mrb1, 3: decode_batch}
 # payload prefixes of the frames that are not metric rows (wire.py's batches start otherwise)
 _SIDE = b"MRS1"
 _END = b"MRE1"
@@ -81,7 +89,7 @@ class SpillWriter:
         self.directory = Path(directory)
         self.header: dict[str, Any] = {
             "format": _FORMAT,
-            "format_version": 2,
+            "format_version": _FORMAT_VERSION,
             "spill_id": uuid.uuid4().hex,
             "run_id": run_id,
             "name": name,
@@ -94,7 +102,7 @@ class SpillWriter:
         self.path = self.directory / f"{name}-version_{version}-rank{rank}-{self.header['spill_id'][:12]}{SPILL_SUFFIX}"
         self.rows_written = 0
 
-    def write(self, batches: Iterable[MetricBatch]) -> int:
+    def write(self, batches: Iterable[pa.RecordBatch]) -> int:
         """Append `batches` (empty ones skipped) as durable frames.
 
         Returns:
@@ -148,18 +156,18 @@ class SpillWriter:
 class SpillContents:
     """A spill file as read: its header and its frames in file order, by kind.
 
-    `frames` holds ("metrics", MetricBatch), ("side", {table: rows}) and ("end", facts) pairs.
+    `frames` holds ("metrics", pa.RecordBatch), ("side", {table: rows}) and ("end", facts) pairs.
     """
 
     header: dict[str, Any]
     frames: list[tuple[str, Any]]
 
     @property
-    def batches(self) -> list[MetricBatch]:
+    def batches(self) -> list[pa.RecordBatch]:
         return [obj for kind, obj in self.frames if kind == "metrics"]
 
 
-def read_spill(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[MetricBatch]]:
+def read_spill(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[pa.RecordBatch]]:
     """The header and the metric batches of a spill file (a torn last frame is dropped).
 
     Raises:
@@ -183,7 +191,8 @@ def read_spill_contents(path: str | os.PathLike[str]) -> SpillContents:
         header = None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
         raise SpillCorrupt(str(path), "no multirank-spill header line")
-    if header.get("format_version", 1) not in _FORMAT_VERSIONS:
+    decode_metrics = _METRICS_DECODERS.get(header.get("format_version", 1))
+    if decode_metrics is None:
         raise SpillCorrupt(
             str(path), f"format version {header.get('format_version')}: written by a newer multirank-logger; upgrade it"
         )
@@ -201,14 +210,15 @@ def read_spill_contents(path: str | os.PathLike[str]) -> SpillContents:
         if zlib.crc32(payload) != crc:
             raise SpillCorrupt(str(path), f"frame {len(frames)} fails its checksum")
         try:
-            frames.append(_decode_frame(bytes(payload)))
+            # a copy: aligned for Arrow, and apart from the whole file's bytes
+            frames.append(_decode_frame(bytes(payload), decode_metrics))
         except ValueError as exc:
             raise SpillCorrupt(str(path), f"frame {len(frames)}: {exc}") from exc
         pos = end
     return SpillContents(header, frames)
 
 
-def _decode_frame(payload: bytes) -> tuple[str, Any]:
+def _decode_frame(payload: bytes, decode_metrics: Callable[[bytes], pa.RecordBatch]) -> tuple[str, Any]:
     if payload.startswith(_SIDE):
         return "side", decode_side(payload[len(_SIDE) :])
     if payload.startswith(_END):
@@ -216,7 +226,7 @@ def _decode_frame(payload: bytes) -> tuple[str, Any]:
         if not isinstance(facts, dict) or not isinstance(facts.get("status"), str):
             raise ValueError("not a rank's end")
         return "end", facts
-    return "metrics", decode_batch(payload)
+    return "metrics", decode_metrics(payload)
 
 
 @dataclass(frozen=True)
@@ -270,8 +280,8 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
         if done >= len(frames):
             return ImportReport(**report, rows_added=0, rows_skipped=0, frames_read=0)
         new = frames[done:]
-        batch = MetricBatch.concat(obj for kind, obj in new if kind == "metrics")
-        batch.run_id = [run_id] * len(batch)  # the store's id for the run, not the one the rank knew
+        # the store's id for the run, not the one the rank knew
+        batch = with_run_id(concat_batches([obj for kind, obj in new if kind == "metrics"]), run_id)
         fresh = _without_stored_rows(conn, batch, run_id) if len(batch) else batch
         if len(fresh):
             store.backend.insert_metrics(conn, metrics, fresh)
@@ -361,15 +371,15 @@ def _unended_ranks(conn: sa.Connection, run_id: int) -> int:
 _KEYS_IN_QUERY = 1_000
 
 
-def _without_stored_rows(conn: sa.Connection, batch: MetricBatch, run_id: int) -> MetricBatch:
+def _without_stored_rows(conn: sa.Connection, batch: pa.RecordBatch, run_id: int) -> pa.RecordBatch:
     """`batch` minus the rows whose (rank, seq, key) the run already holds."""
-    lo, hi = min(batch.seq), max(batch.seq)
+    rank, seq, key = column_lists(batch, ("rank", "seq", "key"))
     query = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.key).where(
         metrics.c.run_id == run_id,
-        metrics.c.rank.in_(sorted(set(batch.rank))),
-        metrics.c.seq.between(lo, hi),
+        metrics.c.rank.in_(sorted(set(rank))),
+        metrics.c.seq.between(min(seq), max(seq)),
     )
-    keys = set(batch.key)
+    keys = set(key)
     if len(keys) <= _KEYS_IN_QUERY:
         # SQLite's metrics is keyed (run_id, key, rank, seq): naming the keys makes this a few
         # range seeks instead of a scan of the whole run
@@ -377,5 +387,5 @@ def _without_stored_rows(conn: sa.Connection, batch: MetricBatch, run_id: int) -
     stored = {tuple(row) for row in conn.execute(query)}
     if not stored:
         return batch
-    keep = [i for i, row in enumerate(zip(batch.rank, batch.seq, batch.key)) if row not in stored]
-    return MetricBatch(**{k: [col[i] for i in keep] for k, col in batch.__dict__.items()})
+    keep = np.fromiter((row not in stored for row in zip(rank, seq, key)), bool, len(batch))
+    return take_rows(batch, keep)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from alembic import command
@@ -29,7 +29,6 @@ from sqlalchemy.engine import URL
 
 from multirank_logger._version import __version__
 from multirank_logger.backends import Backend, backend_for, resolve_url
-from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import (
     SchemaOutdated,
     SchemaTooNew,
@@ -38,6 +37,9 @@ from multirank_logger.errors import (
     StoreNotWritable,
 )
 from multirank_logger.schema import SIDE_TABLES, metrics, ranks, runs
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["RunRecord", "Store", "head_revision", "migrations_dir", "retry_while_locked"]
 
@@ -342,11 +344,9 @@ class Store:
 
     # -- metrics -----------------------------------------------------------------------
 
-    def write(self, batch: MetricBatch | Any) -> int:
-        """Insert a batch of metric rows in one transaction, by the backend's fastest path.
-
-        `batch` is a MetricBatch, or a pyarrow.Table of the same columns where the backend
-        `inserts_arrow`.
+    def write(self, batch: pa.RecordBatch) -> int:
+        """Insert a batch of metric rows (`batch.METRICS_SCHEMA`) in one transaction, by the
+        backend's fastest path.
 
         Returns:
             The number of rows written.

@@ -1,4 +1,4 @@
-"""RowChannel: ship MetricBatch rows from every rank to rank 0 without a collective.
+"""RowChannel: ship batches of metric rows (Arrow record batches) from every rank to rank 0 without a collective.
 
 The channel is a client of the torch.distributed TCPStore that the launch already runs
 (``MASTER_ADDR:MASTER_PORT``; it lives in rank 0's process under Lightning's launcher, and
@@ -9,8 +9,8 @@ another wait beyond a bounded time. It knows nothing about SQL.
 Wire format, under the prefix ``multirank_logger/{namespace}/``:
 
 - ``rows/{r}``: a TCPStore queue per sending rank ``r``; each item is one encoded batch
-  (``wire.encode_batch``: a fixed header, a key table and little-endian column arrays,
-  no pickle). ``queue_pop`` removes what rank 0 consumed, so the server's memory stays flat.
+  (``wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop``
+  removes what rank 0 consumed, so the server's memory stays flat.
 - ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
   writer (an item is acknowledged at the ``receive`` call after the one that returned
   it, i.e. once the writer came back for more). A sender keeps unacknowledged batches,
@@ -25,6 +25,7 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 import time
@@ -33,13 +34,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from multirank_logger.buffer import MetricBatch
+import pyarrow as pa
+
 from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.torch_floor import require_store_queues
 from multirank_logger.wire import decode_batch, encode_batch
 
 __all__ = ["ChannelError", "ChannelTimeout", "RowChannel"]
 
+log = logging.getLogger(__name__)
 #: Rows per queue item: big batches are cut so that one item stays a few MiB.
 CHUNK_ROWS = 65_536
 _POLL_S = 0.02
@@ -55,8 +58,8 @@ class ChannelError(MultiRankLoggerError):
             the batches given to that later call.
     """
 
-    def __init__(self, message: str, undelivered: list[MetricBatch] | None = None) -> None:
-        self.undelivered: list[MetricBatch] = list(undelivered or [])
+    def __init__(self, message: str, undelivered: list[pa.RecordBatch] | None = None) -> None:
+        self.undelivered: list[pa.RecordBatch] = list(undelivered or [])
         super().__init__(message)
 
 
@@ -64,11 +67,10 @@ class ChannelTimeout(ChannelError):
     """A bounded wait on the channel ran out (``fetch``, ``wait_delivered``)."""
 
 
-def _chunks(batch: MetricBatch, size: int) -> list[MetricBatch]:
+def _chunks(batch: pa.RecordBatch, size: int) -> list[pa.RecordBatch]:
     if len(batch) <= size:
         return [batch]
-    cols = batch.__dict__
-    return [MetricBatch(**{k: v[i : i + size] for k, v in cols.items()}) for i in range(0, len(batch), size)]
+    return [batch.slice(i, size) for i in range(0, len(batch), size)]  # views; the wire writes each one's rows
 
 
 def _bounded(call: Callable[[], T], timeout: float) -> T:
@@ -149,11 +151,13 @@ class RowChannel:
         # sender side: items are numbered from `_base` (the ack counter when we connected)
         self._base = 0
         self._sent = 0
-        self._inflight: deque[tuple[int, MetricBatch, float]] = deque()
+        self._inflight: deque[tuple[int, pa.RecordBatch, float]] = deque()
         # receiver side (rank 0), per sending rank
         self._taken: dict[int, int] = {}
         self._to_ack: dict[int, int] = {}
         self._done_totals: dict[int, tuple[int, str]] = {}
+        #: payloads `receive` could not read (and dropped)
+        self.damaged_batches = 0
 
     # ddp_spawn pickles the logger into its workers: never ship a socket, reconnect lazily
     def __getstate__(self) -> dict[str, Any]:
@@ -243,7 +247,7 @@ class RowChannel:
 
     # -- sending (rank != 0) -----------------------------------------------------------
 
-    def send(self, batch: MetricBatch) -> None:
+    def send(self, batch: pa.RecordBatch) -> None:
         """Queue `batch` for rank 0. Costs a round trip to the store per 64k rows, no waiting.
 
         The batch is kept until rank 0 acknowledges it, so that none is lost unseen.
@@ -357,7 +361,7 @@ class RowChannel:
         except Exception:  # noqa: BLE001 - the store gone: nothing there to read
             return False
 
-    def wait_delivered(self, timeout: float) -> list[MetricBatch]:
+    def wait_delivered(self, timeout: float) -> list[pa.RecordBatch]:
         """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
 
         Returns:
@@ -381,25 +385,23 @@ class RowChannel:
 
     # -- receiving (rank 0) ------------------------------------------------------------
 
-    def receive(self, decode: Callable[[bytes], Any] = decode_batch) -> list[Any]:
+    def receive(self) -> list[pa.RecordBatch]:
         """Every batch the other ranks sent since the last call, in each rank's order. Never blocks.
 
         Calling again acknowledges what the previous call returned: call it once the previous
-        batches are written (or at least owned by the writer).
-
-        Args:
-            decode: turns each payload into a batch: `decode_batch` (MetricBatch objects) or
-                `wire.decode_table` (pyarrow Tables, for a store that inserts from Arrow).
+        batches are written (or at least owned by the writer). A payload that is not a whole
+        row batch (cut short, damaged) is logged as an error, counted in `damaged_batches`
+        and skipped: the batches after it still arrive.
 
         Raises:
-            ChannelError: when the store cannot be reached, or a payload is not a row batch.
+            ChannelError: when the store cannot be reached.
         """
         self._require_rank0("receive")
         if self.world_size < 2:
             return []
         import torch.distributed as dist
 
-        out: list[MetricBatch] = []
+        out: list[pa.RecordBatch] = []
         with self._lock:
             try:
                 store = self._client()
@@ -413,7 +415,12 @@ class RowChannel:
                             break
                         self._taken[r] += 1
                         self._to_ack[r] += 1
-                        out.append(decode(payload))
+                        try:
+                            out.append(decode_batch(payload))
+                        except ValueError as exc:
+                            self.damaged_batches += 1
+                            log.error("multirank_logger: rank 0 dropped a row batch from rank %d that it cannot "
+                                      "read (%d bytes): %s", r, len(payload), exc)
             except ChannelError:
                 raise
             except Exception as exc:

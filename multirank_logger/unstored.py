@@ -18,15 +18,14 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+import pyarrow as pa
 import sqlalchemy as sa
 
-from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import StoreError, StoreLocked
 from multirank_logger.spill import SpillWriter
 
-__all__ = ["HELD_VALUES_LIMIT", "Spiller", "StoreGone", "as_batch", "describe", "is_transient"]
+__all__ = ["HELD_VALUES_LIMIT", "Spiller", "StoreGone", "describe", "is_transient"]
 
 #: values a writer keeps in memory while the store refuses them; past it they go to the spill
 #: file. ~23 MiB as Arrow (DuckDB), ~85 MiB as Python lists (SQLite, PostgreSQL, gather senders)
@@ -79,11 +78,6 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def as_batch(batch: MetricBatch | Any) -> MetricBatch:
-    """A MetricBatch from a MetricBatch or a pyarrow Table of the metrics columns (to spill it)."""
-    return batch if isinstance(batch, MetricBatch) else MetricBatch.from_arrow(batch)
-
-
 class Spiller:
     """This rank's way out for rows the store (or rank 0) did not take.
 
@@ -114,13 +108,13 @@ class Spiller:
     def import_command(self) -> str:
         return f"multirank-logger import {shlex.quote(self.db)} {shlex.quote(str(self.path))}"
 
-    def put(self, batches: list[Any], why: str) -> int:
+    def put(self, batches: list[pa.RecordBatch], why: str) -> int:
         """Append `batches` to the spill file; count them as lost if that fails too.
 
         Returns:
             The values spilled (0 when they were lost).
         """
-        frames = [as_batch(b) for b in batches if len(b)]
+        frames = [b for b in batches if len(b)]
         values = sum(map(len, frames))
         if not values:
             return 0

@@ -29,8 +29,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from multirank_logger import process_hooks
-from multirank_logger.buffer import MetricBatch, RecordBuffer, concat_batches
+from multirank_logger.batch import concat_batches
+from multirank_logger.buffer import RecordBuffer
 from multirank_logger.side_records import SideRecords
 from multirank_logger.unstored import HELD_VALUES_LIMIT, Spiller, describe, is_transient
 
@@ -54,12 +57,10 @@ class Sink(Protocol):
 
     #: True when each write is costly whatever its size: write once per flush interval
     writes_seldom: bool
-    #: True when `write` takes a pyarrow Table (RecordBuffer.drain_arrow), else a MetricBatch
-    inserts_arrow: bool
     #: where rows go that the store refused (None: they stay in memory)
     spiller: Spiller | None
 
-    def write(self, batch: MetricBatch | Any) -> None:
+    def write(self, batch: pa.RecordBatch) -> None:
         """Store or ship one batch; raise to have it retried (transient) or isolated (permanent)."""
 
     def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
@@ -71,7 +72,7 @@ class Sink(Protocol):
     def writing(self) -> Any:
         """A context holding one connection for a cycle's writes (raises when it cannot be opened)."""
 
-    def receive(self) -> tuple[list[Any], list[dict[str, list[dict[str, Any]]]]]:
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         """Batches and side rows other ranks sent (rank 0 of a gather run), now this writer's to store."""
 
 
@@ -102,7 +103,7 @@ class BackgroundWriter:
         flush_interval: float,
         flush_every: int,
         side: SideRecords | None = None,
-        tap: Callable[[Any, int], None] | None = None,
+        tap: Callable[[pa.RecordBatch, int], None] | None = None,
         max_held_values: int = HELD_VALUES_LIMIT,
         name: str = "multirank-writer",
     ) -> None:
@@ -119,7 +120,7 @@ class BackgroundWriter:
         self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
         self._wake = threading.Event()
         self._stop = False
-        self._held: list[Any] = []  # batches the store has not taken yet, oldest first
+        self._held: list[pa.RecordBatch] = []  # batches the store has not taken yet, oldest first
         self._sink: Sink | None = None  # the last sink the target gave: its spiller takes the rest
         self._last_ids: tuple[int, int] | None = None  # (run_id, rank) of that sink
         self._failures = 0
@@ -214,7 +215,7 @@ class BackgroundWriter:
         the run: the wait is over)."""
         with self._io_lock:
             if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
-                self._held.append(self._drain(self._sink, *self._last_ids))
+                self._held.append(self._buffer.drain(*self._last_ids))
             self._spill_all(why)
             side, self._side_retry = self._side_retry, []
             for tables in side:
@@ -247,10 +248,6 @@ class BackgroundWriter:
             with self._io_lock:
                 self._cycle()
 
-    def _drain(self, sink: Sink, run_id: int, rank: int) -> Any:
-        drain = self._buffer.drain_arrow if sink.inserts_arrow else self._buffer.drain
-        return drain(run_id, rank)
-
     def _cycle(self, now: bool = False) -> None:
         """Drain, receive, write. Never raises: what the store refuses is held, retried or spilled."""
         try:
@@ -265,7 +262,7 @@ class BackgroundWriter:
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
         if self._buffer.calls_pending:
             try:
-                self._held.append(self._drain(sink, run_id, rank))
+                self._held.append(self._buffer.drain(run_id, rank))
             except Exception as exc:  # noqa: BLE001 - the thread must live on for the next calls
                 # unreachable for what append accepts; were it reached, say so now, not at exit
                 log.error("multirank_logger: log calls could not be encoded and are dropped: %s", describe(exc))
@@ -321,7 +318,7 @@ class BackgroundWriter:
             self._held.pop(0)
         return True
 
-    def _isolate(self, sink: Sink, batch: Any, exc: BaseException) -> bool:
+    def _isolate(self, sink: Sink, batch: pa.RecordBatch, exc: BaseException) -> bool:
         """`batch` failed for good: write it in halves until the failing rows are cut out and
         spilled; the others get stored. False when a transient failure interrupts (rest held)."""
         why = f"the store refused {{n}} value(s) for good ({describe(exc)}); the rows after them are written as usual"
@@ -371,7 +368,7 @@ class BackgroundWriter:
         if sink.spiller is not None:
             sink.spiller.episode_over()
 
-    def _spill(self, batches: list[Any], why: str) -> None:
+    def _spill(self, batches: list[pa.RecordBatch], why: str) -> None:
         spiller = self.spiller
         if spiller is None:
             self._held.extend(batches)  # nowhere to put them: keep them, say so at exit
@@ -407,10 +404,7 @@ class BackgroundWriter:
             )
 
 
-def _halves(batch: Any) -> list[Any]:
-    """`batch` (a MetricBatch or a pyarrow Table) cut in two."""
+def _halves(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """`batch` cut in two (views, no copy)."""
     half = len(batch) // 2
-    if isinstance(batch, MetricBatch):
-        cols = batch.__dict__
-        return [MetricBatch(**{k: v[:half] for k, v in cols.items()}), MetricBatch(**{k: v[half:] for k, v in cols.items()})]
     return [batch.slice(0, half), batch.slice(half)]

@@ -341,7 +341,7 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     assert after - before == spilled > 0
     from multirank_logger.spill import read_spill
 
-    spilled_ranks = {r for f in files for batch in read_spill(f)[1] for r in batch.rank}
+    spilled_ranks = {r for f in files for batch in read_spill(f)[1] for r in batch.column("rank").to_pylist()}
     assert spilled_ranks == {0, 1}  # rank 0 held both its own rows and those rank 1 shipped
 
 

@@ -164,7 +164,7 @@ def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch
     calls are written, finalize succeeds."""
     logger = _logger(db_path)
     buffer = logger._buffer
-    real = {name: getattr(buffer, name) for name in ("drain", "drain_arrow")}
+    real = {name: getattr(buffer, name) for name in ("drain",)}
 
     def broken(run_id: int, rank: int) -> None:
         for name, fn in real.items():

@@ -74,8 +74,7 @@ def _store_calls(
     run = store.create_run(name, world_size=len(per_rank))
     for rank, calls in per_rank.items():
         buffer = RecordBuffer()
-        # as the writer thread drains: to Arrow for a store that inserts Arrow (DuckDB)
-        drain = buffer.drain_arrow if store.backend.inserts_arrow else buffer.drain
+        drain = buffer.drain
         for i, (metrics, step) in enumerate(calls):
             buffer.append(step, _prefixed(metrics, prefix))
             if i % 17 == 0:  # several flushes, as the writer thread does

@@ -89,7 +89,7 @@ def _fill(db: str) -> None:
     buffer = RecordBuffer()
     for step in range(ROWS):
         buffer.append(step, {"loss": float(step)})
-    store.write((buffer.drain_arrow if store.backend.inserts_arrow else buffer.drain)(run.id, 0))
+    store.write(buffer.drain(run.id, 0))
     store.close()
 
 

@@ -2,18 +2,47 @@
 
 from __future__ import annotations
 
+import math
+import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from multirank_logger.buffer import MetricBatch, RecordBuffer
+from multirank_logger.batch import empty_batch
+from multirank_logger.buffer import RecordBuffer
 from multirank_logger.cli import main
-from multirank_logger.spill import SpillCorrupt, SpillWriter, import_spill, read_spill
+from multirank_logger.spill import SpillCorrupt, SpillWriter, import_spill, read_spill, read_spill_contents
 from multirank_logger.store import Store
 
+#: written by the SpillWriter of commit f090cc9 (format version 1, MRB1 payloads): run exp/version_0,
+#: rank 1, two frames; see _V1_ROWS
+V1_FILE = Path(__file__).parent / "data" / "spill_v1_mrb1.mrspill"
+#: written by the SpillWriter of commit f958495 (format version 2: MRB1 metrics, then a side frame
+#: of one logs row and an end frame): run exp/version_0, rank 1
+V2_FILE = Path(__file__).parent / "data" / "spill_v2_mrb1_side_end.mrspill"
+# (seq, step, key, value, dtype, time) of its rows, frame by frame
+_V1_ROWS = [
+    [
+        (0, 3, "nan", None, 3, 1700000001.25),
+        (0, 3, "inf", math.inf, 0, 1700000001.25),
+        (0, 3, "-inf", -math.inf, 0, 1700000001.25),
+        (0, 3, "int", float(2**53), 1, 1700000001.25),
+        (0, 3, "bool", 1.0, 2, 1700000001.25),
+        (1, 4, "zero", 0.0, 4, 1700000002.5),
+        (1, 4, "clé é ü 🙂", 1.5, 0, 1700000002.5),
+    ],
+    [(2, 5, "loss", 0.6931471824645996, 0, 1700000003.0), (2, 5, "nan", None, 3, 1700000003.0)],
+]
 
-def _batch(first_seq: int, calls: int, rank: int = 1, run_id: int = 99) -> MetricBatch:
+
+def _rows(batch: pa.RecordBatch) -> list[tuple[object, ...]]:
+    names = ("seq", "step", "key", "value", "dtype", "time")
+    return list(zip(*(batch.column(name).to_pylist() for name in names)))
+
+
+def _batch(first_seq: int, calls: int, rank: int = 1, run_id: int = 99) -> pa.RecordBatch:
     buf = RecordBuffer()
     buf._next_seq = first_seq
     for i in range(calls):
@@ -30,11 +59,12 @@ def test_spill_file_round_trips(tmp_path: Path) -> None:
     """What a SpillWriter appends, read_spill gives back, with the run's identity in the header."""
     spill = SpillWriter(tmp_path / "spill", run_id=3, name="exp", version=2, rank=1)
     first, second = _batch(0, 3), _batch(3, 2)
-    assert spill.write([first, MetricBatch()]) == 6
+    assert spill.write([first, empty_batch()]) == 6
     spill.write([second])
     header, batches = read_spill(spill.path)
     assert batches == [first, second]
     assert (header["run_id"], header["name"], header["version"], header["rank"]) == (3, "exp", 2, 1)
+    assert header["format_version"] == 3  # Arrow IPC payloads
 
 
 def test_torn_last_frame_is_dropped(tmp_path: Path) -> None:
@@ -46,6 +76,71 @@ def test_torn_last_frame_is_dropped(tmp_path: Path) -> None:
     data = spill.path.read_bytes()
     spill.path.write_bytes(data[:-7])
     assert read_spill(spill.path)[1] == [kept]
+
+
+@pytest.mark.parametrize("where", ["length", "payload", "crc"])
+def test_a_torn_frame_loses_only_that_frame(db_path: Path, tmp_path: Path, where: str) -> None:
+    """A frame torn anywhere (its length, its Arrow payload, its checksum) is dropped alone: the
+    frames before it read and import whole."""
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    spill = SpillWriter(tmp_path, run_id=run.id, name="exp", version=run.version, rank=1)
+    kept = [_batch(0, 3), _batch(3, 2)]
+    spill.write(kept)
+    before = spill.path.stat().st_size
+    spill.write([_batch(5, 40)])
+    size = spill.path.stat().st_size
+    cut = {"length": before + 3, "payload": (before + size) // 2, "crc": size - 2}[where]
+    spill.path.write_bytes(spill.path.read_bytes()[:cut])
+    assert read_spill(spill.path)[1] == kept
+    assert import_spill(store, spill.path).rows_added == 10
+    assert _count(store, run.id) == 10
+    store.close()
+
+
+def test_a_frame_damaged_in_the_middle_is_refused(tmp_path: Path) -> None:
+    """A complete frame whose bytes changed fails its checksum: the file is refused, nothing imported."""
+    spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
+    spill.write([_batch(0, 3)])
+    spill.write([_batch(3, 3)])
+    data = bytearray(spill.path.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    spill.path.write_bytes(bytes(data))
+    with pytest.raises(SpillCorrupt, match="frame 0 fails its checksum"):
+        read_spill(spill.path)
+
+
+def test_a_spill_file_of_the_first_format_still_reads() -> None:
+    """A file the code before Arrow wrote (MRB1 payloads, format version 1) reads as the same rows."""
+    header, batches = read_spill(V1_FILE)
+    assert (header["format_version"], header["name"], header["version"], header["rank"]) == (1, "exp", 0, 1)
+    assert [_rows(b) for b in batches] == _V1_ROWS
+    assert all(b.column("run_id").to_pylist() == [5] * len(b) for b in batches)
+
+
+def test_a_spill_file_of_the_first_format_imports(db_path: Path, tmp_path: Path) -> None:
+    """The first-format file imports into a store holding its run, NaN a NULL, once."""
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    path = tmp_path / V1_FILE.name
+    shutil.copy(V1_FILE, path)
+    report = import_spill(store, path)
+    assert (report.rows_added, report.frames_read, report.rank) == (9, 2, 1)
+    with store.begin() as conn:
+        stored = conn.exec_driver_sql(
+            f"SELECT seq, step, key, value, dtype, time FROM metrics WHERE run_id = {run.id} AND rank = 1 ORDER BY seq"
+        ).fetchall()
+    assert sorted(map(tuple, stored), key=repr) == sorted((r for frame in _V1_ROWS for r in frame), key=repr)
+    assert import_spill(store, path).already_imported
+    store.close()
+
+
+def test_a_spill_file_of_a_newer_format_is_refused(tmp_path: Path) -> None:
+    """A format version this code does not know is refused with what to do, not misread."""
+    path = tmp_path / "new.mrspill"
+    path.write_bytes(b'{"format": "multirank-spill", "format_version": 4}\n')
+    with pytest.raises(SpillCorrupt, match="format version 4: written by a newer multirank-logger; upgrade it"):
+        read_spill(path)
 
 
 def test_damaged_file_is_refused(tmp_path: Path) -> None:
@@ -140,14 +235,24 @@ def test_side_rows_and_a_ranks_end_round_trip(tmp_path: Path) -> None:
     assert read_spill(spill.path)[1] == [batch]  # the metrics-only view of it
 
 
-def test_a_version_1_file_still_reads_and_imports(db_path: Path, tmp_path: Path) -> None:
-    """Files written before side and end frames existed (format_version 1) import as before."""
-    spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
-    spill.header["format_version"] = 1  # what the earlier writer put there; its frames were all metrics
-    spill.write([_batch(0, 3)])
+def test_a_version_2_file_still_reads_and_imports(db_path: Path, tmp_path: Path) -> None:
+    """A file the code before Arrow wrote with side and end frames (format version 2: MRB1 metric
+    payloads) reads every frame and imports its metric and side rows."""
+    contents = read_spill_contents(V2_FILE)
+    assert contents.header["format_version"] == 2
+    assert [kind for kind, _ in contents.frames] == ["metrics", "side", "end"]
+    assert _rows(contents.frames[0][1]) == [
+        (0, 3, "nan", None, 3, 1700000001.25),
+        (0, 3, "clé é ü 🙂", 1.5, 0, 1700000001.25),
+        (1, 4, "loss", 0.6931471824645996, 0, 1700000002.5),
+    ]
+    assert contents.frames[2][1] == {"status": "success", "values_spilled": 3, "values_lost": 0}
     store = Store(db_path)
     store.create_run("exp", world_size=2)
-    assert import_spill(store, spill.path).rows_added == 6
+    path = tmp_path / V2_FILE.name
+    shutil.copy(V2_FILE, path)
+    report = import_spill(store, path)
+    assert (report.rows_added, report.side_rows_added) == (3, 1)
     store.close()
 
 

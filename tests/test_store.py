@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import multiprocessing as mp
 import sqlite3
@@ -14,12 +13,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
-from multirank_logger.buffer import MetricBatch, RecordBuffer
+from multirank_logger.batch import METRICS_SCHEMA, column_lists, concat_batches
+from multirank_logger.buffer import RecordBuffer
 from multirank_logger.errors import InvalidMetric, NotADatabase, StoreLocked, StoreNotWritable, UnsupportedStore
-from multirank_logger.schema import DTYPE_NAN, decode_value, encode_value, metrics, runs
+from multirank_logger.schema import DTYPE_NAN, METRIC_COLUMNS, decode_value, encode_value, metrics, runs
 from multirank_logger.store import Store, head_revision
 
 TRICKY_KEYS = ["a'b", 'x"; DROP TABLE metrics; --', "späce ключ 指标", "with,comma", "tab\tand\nnewline", ""]
@@ -33,6 +34,11 @@ def _read_back(store: Store) -> list[tuple[int, int, str, object]]:
             )
         ).fetchall()
     return [(r.rank, r.seq, r.key, decode_value(r.value, r.dtype)) for r in rows]
+
+
+def _batch(**columns: list[object]) -> pa.RecordBatch:
+    """A batch of metric rows given column by column."""
+    return pa.RecordBatch.from_pydict(columns, schema=METRICS_SCHEMA)
 
 
 def _same(a: object, b: object) -> bool:
@@ -92,23 +98,22 @@ def test_drain_rows_are_each_logged_value_encoded() -> None:
         for seq, (step, logged) in enumerate(_DRAIN_CALLS)
         for key, value in logged.items()
     ]
-    rows = list(zip(*batch.columns()))
+    rows = list(zip(*column_lists(batch, METRIC_COLUMNS)))
     assert [repr(row) for row in rows] == [repr(row) for row in expected]
+    assert batch.schema == METRICS_SCHEMA
+    assert batch.column("value").null_count == 1  # the NaN: NULL, as the schema stores it
     assert buffer.calls_pending == 0 and len(buffer.drain(4, 2)) == 0
 
 
-def test_drain_to_arrow_gives_the_rows_drain_gives() -> None:
-    """drain_arrow (the writer's path into DuckDB) builds the table that drain().to_arrow() builds."""
-    calls = _DRAIN_CALLS
-    one = RecordBuffer()
-    for step, logged in calls:
-        one.append(step, logged)
-    two = copy.deepcopy(one)  # the same calls, times included
-    expected, table = one.drain(run_id=4, rank=2).to_arrow(), two.drain_arrow(run_id=4, rank=2)
-    assert table.schema == expected.schema
-    assert [repr(row) for row in table.to_pylist()] == [repr(row) for row in expected.to_pylist()]
-    assert table.column("value").null_count == 1  # the NaN
-    assert two.calls_pending == 0 and len(two.drain_arrow(4, 2)) == 0
+def test_batch_schema_is_the_metrics_table() -> None:
+    """The Arrow schema of a batch is the metrics table's: its columns in order, its widths
+    (int32 Integer, int64 BigInteger, int16 SmallInteger, float64 Float, dictionary keys), its NULLs."""
+    assert METRICS_SCHEMA.names == list(METRIC_COLUMNS) == [c.name for c in metrics.columns]
+    assert [str(f.type) for f in METRICS_SCHEMA] == [
+        "int32", "int32", "int64", "int64", "dictionary<values=string, indices=int32, ordered=0>", "double", "int16",
+        "double",
+    ]
+    assert [f.nullable for f in METRICS_SCHEMA] == [c.nullable for c in metrics.columns]
 
 
 def test_nan_is_null_with_its_own_dtype(db_path: Path) -> None:
@@ -166,8 +171,10 @@ def test_non_scalar_value_is_refused_and_nothing_is_lost() -> None:
         buffer.append(1, {"lst": [1.0]})
     buffer.append(2, {"one": torch.tensor(3.5), "i": torch.tensor(4)})
     batch = buffer.drain(run_id=1, rank=0)
-    assert list(zip(batch.key, batch.step)) == [("ok", 0), ("one", 2), ("i", 2)]
-    assert batch.dtype == [0, 0, 1]
+    assert list(zip(batch.column("key").to_pylist(), batch.column("step").to_pylist())) == [
+        ("ok", 0), ("one", 2), ("i", 2)
+    ]
+    assert batch.column("dtype").to_pylist() == [0, 0, 1]
 
 
 def test_bulk_write_is_one_transaction(any_db: str) -> None:
@@ -177,8 +184,9 @@ def test_bulk_write_is_one_transaction(any_db: str) -> None:
     good = RecordBuffer()
     for step in range(1000):
         good.append(step, {"a": 1.0, "b": 2})
-    batch = good.drain(run.id, 0)
-    batch.key[-1] = None  # violates NOT NULL on the last row
+    columns = good.drain(run.id, 0).to_pydict()
+    columns["key"][-1] = None  # violates NOT NULL on the last row
+    batch = pa.RecordBatch.from_pydict(columns, schema=METRICS_SCHEMA)
     with pytest.raises(sa.exc.DBAPIError):
         store.write(batch)
     with store.begin() as conn:
@@ -303,14 +311,15 @@ def test_explicit_version_that_exists_is_refused(db_path: Path) -> None:
 
 
 def test_batches_concatenate_in_order() -> None:
-    """MetricBatch.concat keeps rows in order and column lengths equal."""
+    """concat_batches keeps rows in order, merges the batches' key dictionaries, keeps the schema."""
     a, b = RecordBuffer(), RecordBuffer()
-    a.append(0, {"x": 1.0})
+    a.append(0, {"x": 1.0, "y": 0.5})
     b.append(7, {"y": 2, "z": True})
-    both = MetricBatch.concat([a.drain(1, 0), b.drain(1, 1)])
-    assert both.key == ["x", "y", "z"] and both.rank == [0, 1, 1]
-    assert {len(col) for col in both.columns()} == {3}
-    assert both.to_arrow().num_rows == 3
+    both = concat_batches([a.drain(1, 0), b.drain(1, 1)])
+    assert both.column("key").to_pylist() == ["x", "y", "y", "z"]
+    assert both.column("rank").to_pylist() == [0, 0, 1, 1]
+    assert both.schema == METRICS_SCHEMA
+    assert concat_batches([]).num_rows == 0
 
 
 def test_duckdb_file_is_free_between_writes(tmp_path: Path) -> None:
@@ -417,8 +426,8 @@ def test_a_batch_sqlite_refuses_is_a_sqlalchemy_error_and_writes_nothing(tmp_pat
     store = Store(tmp_path / "runs.sqlite")
     run = store.create_run("lightning_logs")
     n = 3  # "loss" twice in one call (seq 0): the primary key refuses the second
-    batch = MetricBatch(run_id=[run.id] * n, rank=[0] * n, seq=[0] * n, step=[0] * n, key=["first", "loss", "loss"],
-                        value=[1.0, 2.0, 3.0], dtype=[0] * n, time=[0.0] * n)
+    batch = _batch(run_id=[run.id] * n, rank=[0] * n, seq=[0] * n, step=[0] * n, key=["first", "loss", "loss"],
+                   value=[1.0, 2.0, 3.0], dtype=[0] * n, time=[0.0] * n)
     with pytest.raises(sa.exc.IntegrityError):
         store.write(batch)
     assert _read_back(store) == []
@@ -441,8 +450,8 @@ def test_sqlite_takes_batches_of_any_size_whole(tmp_path: Path, variable_limit: 
             driver.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, variable_limit)
         for n in (1, 5, 63, 64, 127, 1023, 1024, 1025, 3000):
             seqs = list(range(first, first + n))
-            store.write(MetricBatch(run_id=[run.id] * n, rank=[0] * n, seq=seqs, step=seqs, key=["k"] * n,
-                                    value=[float(s) for s in seqs], dtype=[0] * n, time=[0.0] * n))
+            store.write(_batch(run_id=[run.id] * n, rank=[0] * n, seq=seqs, step=seqs, key=["k"] * n,
+                               value=[float(s) for s in seqs], dtype=[0] * n, time=[0.0] * n))
             first += n
     assert _read_back(store) == [(0, s, "k", float(s)) for s in range(first)]
     store.close()

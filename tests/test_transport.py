@@ -11,23 +11,26 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.ipc
 import pytest
 import torch.distributed as dist
 
-from multirank_logger.buffer import MetricBatch, RecordBuffer
+from multirank_logger.batch import METRICS_SCHEMA, empty_batch
+from multirank_logger.buffer import RecordBuffer
 from multirank_logger.transport import (
     CHUNK_ROWS,
     ChannelError,
     ChannelTimeout,
     RowChannel,
 )
-from multirank_logger.wire import decode_batch, decode_table, encode_batch
+from multirank_logger.wire import decode_batch, encode_batch
 from tests.conftest import free_port, spawn_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _batch(rank: int, calls: int, first_seq: int = 0, keys: tuple[str, ...] = ("loss", "acc")) -> MetricBatch:
+def _batch(rank: int, calls: int, first_seq: int = 0, keys: tuple[str, ...] = ("loss", "acc")) -> pa.RecordBatch:
     buf = RecordBuffer()
     buf._next_seq = first_seq
     for i in range(calls):
@@ -39,43 +42,57 @@ def _batch(rank: int, calls: int, first_seq: int = 0, keys: tuple[str, ...] = ("
 
 
 def test_encoding_round_trips_every_kind_of_value() -> None:
-    """NaN, infinities, ints, bools, -0.0 and non-ASCII keys come back exactly."""
+    """NaN, infinities, ints, bools, -0.0 and non-ASCII keys come back exactly, as the same Arrow batch."""
     buf = RecordBuffer()
     buf.append(3, {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "int": 2**53, "bool": True})
     buf.append(4, {"zero": -0.0, "clé é ü 🙂": 1.5, "": 0.1})
     batch = buf.drain(run_id=12, rank=3)
     back = decode_batch(encode_batch(batch))
-    assert back == batch  # dtype included: it is what keeps NaN, int, bool and -0.0 apart
-
-
-def test_decoding_to_arrow_gives_the_table_the_batch_gives() -> None:
-    """decode_table (rank 0's path into DuckDB) reads the bytes into the same Arrow table that
-    the decoded MetricBatch builds: same types, same rows, NaN a NULL, keys dictionary-encoded."""
-    buf = RecordBuffer()
-    buf.append(3, {"nan": math.nan, "inf": math.inf, "int": 2**53, "bool": True, "zero": -0.0})
-    buf.append(4, {"clé é ü 🙂": 1.5, "nan": 0.25})
-    for batch in (buf.drain(run_id=12, rank=3), MetricBatch()):
-        payload = encode_batch(batch)
-        table, expected = decode_table(payload), decode_batch(payload).to_arrow()
-        assert table.schema == expected.schema
-        assert table.to_pylist() == expected.to_pylist()
-        assert table.column("value").null_count == expected.column("value").null_count
-    with pytest.raises(ValueError, match="truncated"):
-        decode_table(encode_batch(_batch(1, 10))[:-5])
+    assert back.schema == METRICS_SCHEMA
+    assert back.equals(batch)  # dtype included: it is what keeps NaN, int, bool and -0.0 apart
+    assert back.column("value").null_count == 1  # the NaN, a NULL as the schema stores it
 
 
 def test_encoding_of_an_empty_batch() -> None:
-    """An empty batch encodes and decodes to an empty batch."""
-    assert decode_batch(encode_batch(MetricBatch())) == MetricBatch()
+    """An empty batch encodes and decodes to an empty batch of the metrics schema."""
+    back = decode_batch(encode_batch(empty_batch()))
+    assert back.num_rows == 0 and back.schema == METRICS_SCHEMA
+
+
+def test_encoding_a_slice_sends_its_rows_only() -> None:
+    """A slice (the channel's chunks of a big batch) encodes its own rows, not its parent's buffers."""
+    batch = _batch(1, 10_000)
+    part = batch.slice(5_000, 100)
+    payload = encode_batch(part)
+    assert decode_batch(payload).equals(part)
+    assert len(payload) < len(encode_batch(batch)) / 50
 
 
 def test_decoding_refuses_what_is_not_a_batch() -> None:
-    """Foreign or truncated bytes raise a ValueError that says so; nothing is unpickled."""
+    """Foreign, truncated or damaged bytes raise a ValueError that says so; nothing is unpickled."""
     with pytest.raises(ValueError, match="not a multirank_logger row batch"):
         decode_batch(pickle.dumps({"a": 1}))
     payload = encode_batch(_batch(1, 10))
-    with pytest.raises(ValueError, match="truncated"):
-        decode_batch(payload[:-5])
+    for cut in (5, 8, 9, len(payload) // 2, len(payload) - 1):  # in the end marker, the body, the schema
+        with pytest.raises(ValueError, match="truncated|damaged"):
+            decode_batch(payload[:-cut])
+    # an index past the key dictionary: validated before a store reads it
+    damaged = bytearray(payload)
+    codes = bytes(memoryview(_batch(1, 10).column("key").indices.buffers()[1]))
+    at = bytes(damaged).index(codes)
+    damaged[at : at + 4] = (1000).to_bytes(4, "little")
+    with pytest.raises(ValueError, match="damaged"):
+        decode_batch(bytes(damaged))
+
+
+def test_decoding_refuses_another_schema() -> None:
+    """An Arrow stream of other columns is not a row batch: the error names both column lists."""
+    other = pa.RecordBatch.from_pydict({"run_id": [1], "loss": [0.5]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, other.schema) as writer:
+        writer.write_batch(other)
+    with pytest.raises(ValueError, match=r"another schema \(\['run_id', 'loss'\]"):
+        decode_batch(sink.getvalue().to_pybytes())
 
 
 # -- one process, real TCPStore server ---------------------------------------------------
@@ -118,6 +135,24 @@ def test_done_waits_for_every_row_to_be_received(server: dist.TCPStore) -> None:
     assert rank0.done_ranks() == {}
     assert [len(b) for b in rank0.receive()] == [4]
     assert rank0.done_ranks() == {1: "success"}
+
+
+def test_a_damaged_payload_is_reported_and_the_rest_arrives(
+    server: dist.TCPStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A payload cut short on the way is an error naming the sender; the batches after it still arrive."""
+    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=server.port)
+    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
+    rank0.receive()
+    first, last = _batch(1, 2), _batch(1, 3, first_seq=2)
+    rank1.send(first)
+    rank1._client().queue_push("rows/1", encode_batch(_batch(1, 4, first_seq=9))[:-20])
+    rank1.send(last)
+    with caplog.at_level("ERROR", logger="multirank_logger.transport"):
+        got = rank0.receive()
+    assert [b.equals(want) for b, want in zip(got, [first, last])] == [True, True] and len(got) == 2
+    assert rank0.damaged_batches == 1
+    assert "dropped a row batch from rank 1 that it cannot read" in caplog.text and "truncated" in caplog.text
 
 
 def test_roles_are_checked(server: dist.TCPStore) -> None:
@@ -163,7 +198,7 @@ def _test_ranks_ship_to_rank0(rank: int, world_size: int, port: int, out: str) -
         done: dict[int, str] = {}
         while len(done) < world_size - 1 and time.monotonic() < deadline:
             for batch in channel.receive():
-                got.setdefault(batch.rank[0], []).extend(batch.seq)
+                got.setdefault(batch.column("rank")[0].as_py(), []).extend(batch.column("seq").to_pylist())
             done = channel.done_ranks()
             time.sleep(0.01)
         channel.receive()  # acknowledges the last batches
@@ -221,7 +256,7 @@ def _test_rank0_dies(rank: int, world_size: int, port: int, out: str) -> None:
             time.sleep(0.01)
         except ChannelError as exc:
             failed_at = time.monotonic() - start
-            undelivered = [b.seq[0] for b in exc.undelivered]
+            undelivered = [b.column("seq")[0].as_py() for b in exc.undelivered]
             break
     Path(out).write_text(json.dumps({"sent": sent, "failed_after_s": failed_at, "undelivered": undelivered}))
 

@@ -26,16 +26,18 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from multirank_logger.buffer import MetricBatch
 from multirank_logger.csv_format import LongRows, row_columns, whole_calls
 from multirank_logger.errors import QueryFailed, UnsupportedStore
 from multirank_logger.schema import metrics
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["PER_RANK_TYPES", "SUFFIXES", "Backend", "per_rank_columns", "resolve_url"]
 
@@ -84,8 +86,6 @@ class Backend:
     #: True when every transaction opens and closes the database (so that readers get in
     #: between): a write costs ~20 ms whatever its size, and writers should write seldom.
     opens_per_transaction = False
-    #: insert_metrics also takes a pyarrow.Table (DuckDB): rank 0 then keeps received rows as Arrow
-    inserts_arrow = False
 
     def __init__(self, url: URL) -> None:
         self.url = url
@@ -98,10 +98,13 @@ class Backend:
     def create_engine(self, readonly: bool = False) -> sa.Engine:
         return sa.create_engine(self.url)
 
-    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: MetricBatch) -> None:
-        """Insert one batch of metric rows on an open transaction (SQLAlchemy's executemany)."""
+    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
+        """Insert one batch of metric rows (`batch.METRICS_SCHEMA`) on an open transaction
+        (SQLAlchemy's executemany)."""
+        from multirank_logger.batch import column_lists  # pyarrow: not for a store opened to read
+
         columns = [c.name for c in table.columns]
-        conn.execute(table.insert(), [dict(zip(columns, row)) for row in zip(*batch.columns(columns))])
+        conn.execute(table.insert(), [dict(zip(columns, row)) for row in zip(*column_lists(batch, columns))])
 
     def insert_rows(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> int:
         """Insert a few rows of any table given as dicts (the side tables); returns how many."""

@@ -6,13 +6,15 @@ Reads take Backend's defaults (a server's own cursor, one snapshot per export).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from multirank_logger.backends.base import Backend, _raised_as_sqlalchemy_would, driver_connection
-from multirank_logger.buffer import MetricBatch
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["PostgreSQLBackend"]
 
@@ -38,7 +40,9 @@ class PostgreSQLBackend(Backend):
         options = "-c default_transaction_read_only=on" if readonly else ""
         return sa.create_engine(self.url, connect_args={"options": options} if options else {})
 
-    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: MetricBatch) -> None:
+    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
+        from multirank_logger.batch import column_lists
+
         cursor = conn.connection.driver_connection.cursor()
         if not hasattr(cursor, "copy"):  # psycopg2: SQLAlchemy's executemany
             super().insert_metrics(conn, table, batch)
@@ -47,7 +51,7 @@ class PostgreSQLBackend(Backend):
         columns = [c.name for c in table.columns]
         sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
         with _raised_as_sqlalchemy_would(conn, sql), cursor.copy(sql) as copy:
-            for row in zip(*batch.columns(columns)):
+            for row in zip(*column_lists(batch, columns)):
                 copy.write_row(row)
 
     def lock_for_migration(self, conn: sa.Connection) -> None:

@@ -12,7 +12,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sqlalchemy as sa
@@ -25,11 +25,13 @@ from multirank_logger.backends.base import (
     driver_connection,
     per_rank_columns,
 )
-from multirank_logger.buffer import MetricBatch
 from multirank_logger.csv_format import LongRows, in_call_order, row_columns
 from multirank_logger.errors import NotADatabase, QueryFailed, StoreLocked
 from multirank_logger.readonly_sql import refusal_or_failure
 from multirank_logger.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SQLiteBackend"]
 
@@ -102,7 +104,9 @@ class SQLiteBackend(Backend):
 
         return engine
 
-    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: MetricBatch) -> None:
+    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
+        from multirank_logger.batch import column_lists
+
         # The driver's own cursor on positional tuples, fed lazily: a list of a big flush's
         # row tuples, all alive at once, kept the cyclic collector running full passes over
         # the process's heap. Many rows per statement: pysqlite gives the GIL up around each
@@ -113,7 +117,7 @@ class SQLiteBackend(Backend):
         columns = [c.name for c in table.columns]
         sql = str(table.insert().compile(dialect=conn.dialect, column_keys=columns))
         driver = conn.connection.driver_connection
-        rows = zip(*batch.columns(columns))
+        rows = zip(*column_lists(batch, columns))
         with _raised_as_sqlalchemy_would(conn, sql):
             for size, count in _statement_sizes(len(batch), _rows_per_insert(driver, len(columns))):
                 groups = (tuple(itertools.chain.from_iterable(itertools.islice(rows, size))) for _ in range(count))
