@@ -488,8 +488,8 @@ class RowChannel:
                 store = self._client()
                 for r in range(1, self.world_size):
                     if r not in self._done_totals and store.check([f"done/{r}"]):
-                        total, _, status = bytes(store.get(f"done/{r}")).decode().partition(" ")
-                        self._done_totals[r] = (int(total), status)
+                        count, _, status = bytes(store.get(f"done/{r}")).decode().partition(" ")
+                        self._done_totals[r] = (int(count), status)
             except Exception as exc:
                 raise ChannelError(f"Rank 0 cannot read the ranks' status from the TCPStore: {exc}") from exc
             for r, (total, status) in self._done_totals.items():

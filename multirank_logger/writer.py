@@ -229,8 +229,8 @@ class BackgroundWriter:
         calls, rows = self._buffer.calls_pending, self.held_values
         if not (calls or rows):
             return
-        error = self.last_error
-        why = describe(error) if error is not None else (
+        last = self.last_error
+        why = describe(last) if last is not None else (
             "this rank never learnt its run: the process group never started (log after "
             "torch.distributed is initialized, e.g. inside Trainer.fit)"
         )

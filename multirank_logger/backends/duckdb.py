@@ -67,7 +67,7 @@ class DuckDBBackend(Backend):
         conn.exec_driver_sql("register", (view, batch))  # read in place: no copy, no Python row
         cols = ", ".join(f'"{c.name}"' for c in table.columns)
         conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
-        conn.connection.driver_connection.unregister(view)
+        driver_connection(conn).unregister(view)
 
     def insert_rows(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> int:
         # executemany runs row by row here (~1,400 rows/s): go through Arrow as the metrics do
@@ -81,7 +81,7 @@ class DuckDBBackend(Backend):
         conn.exec_driver_sql("register", (view, data))
         cols = ", ".join(f'"{c}"' for c in columns)
         conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
-        conn.connection.driver_connection.unregister(view)
+        driver_connection(conn).unregister(view)
         return len(rows)
 
     def translate_error(self, exc: Exception) -> Exception | None:

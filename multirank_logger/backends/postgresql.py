@@ -43,7 +43,7 @@ class PostgreSQLBackend(Backend):
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
         from multirank_logger.batch import column_lists
 
-        cursor = conn.connection.driver_connection.cursor()
+        cursor = driver_connection(conn).cursor()
         if not hasattr(cursor, "copy"):  # psycopg2: SQLAlchemy's executemany
             super().insert_metrics(conn, table, batch)
             return

@@ -116,7 +116,7 @@ class SQLiteBackend(Backend):
         # thread; 1,024 rows per statement: 0.18 s (28 ms alone).
         columns = [c.name for c in table.columns]
         sql = str(table.insert().compile(dialect=conn.dialect, column_keys=columns))
-        driver = conn.connection.driver_connection
+        driver = driver_connection(conn)
         rows = zip(*column_lists(batch, columns))
         with _raised_as_sqlalchemy_would(conn, sql):
             for size, count in _statement_sizes(len(batch), _rows_per_insert(driver, len(columns))):
@@ -230,7 +230,7 @@ def _rows_per_insert(driver: Any, columns: int) -> int:
     """The most rows one INSERT statement takes here (a power of two, at most 1,024): the
     SQLite library bounds the ``?`` of a statement (999 before 3.32, 32,766 since)."""
     if hasattr(driver, "getlimit"):  # Python 3.11+
-        limit = driver.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        limit = driver.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # type: ignore[attr-defined,unused-ignore]
     else:
         limit = 32_766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
     most = 1
