@@ -91,7 +91,7 @@ def record_end(
     now = time.time() if now is None else now
 
     def write() -> None:
-        # one connection for all of it (a DuckDB file costs ~20 ms to open); each step is
+        # one connection for all of it (each DuckDB open costs CPU, whatever the write); each step is
         # idempotent, so a busy store retries the whole block
         with store.writing():
             store.update_rank(run_id, rank, status=status, ended_at=now)

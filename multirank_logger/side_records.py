@@ -23,8 +23,8 @@ __all__ = ["SideRecords", "decode_side", "encode_side"]
 #: past that the oldest are dropped and counted (`dropped`): these tables are diagnostics,
 #: never worth the training's memory
 MAX_PENDING = 200_000
-# each table's column names, once: SQLAlchemy's ColumnCollection.keys() costs ~10 us a call,
-# more than the rest of add() (StepTimer records a row every step)
+# each table's column names, once: SQLAlchemy's ColumnCollection.keys() costs more than the
+# rest of add() (StepTimer records a row every step; see benchmarks/RESULTS.md's cited figures)
 _COLUMNS = {name: frozenset(table.columns.keys()) for name, table in SIDE_TABLES.items()}
 
 

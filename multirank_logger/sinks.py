@@ -73,7 +73,7 @@ class DirectSink:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """One connection for a cycle's writes (a DuckDB file costs ~20 ms to open)."""
+        """One connection for a cycle's writes (each DuckDB open costs CPU, whatever the write)."""
         self.check_store()
         with self.store.writing():
             yield
@@ -178,7 +178,7 @@ class GatherReceiver(DirectSink):
             time.sleep(_POLL_S)
         cycle()  # takes the last batches...
         cycle()  # ...and acknowledges them, so the senders stop waiting and report
-        # a sender reports once it sees its last rows acknowledged (within a poll, ~20 ms). A run
+        # a sender reports once it sees its last rows acknowledged (within one of its polls). A run
         # that did not succeed takes only the reports already there: a job being torn down
         # (SIGTERM: Lightning's launcher kills rank 0 within seconds of a dead child) must record
         # its end now, and its status is no success whatever the counts say

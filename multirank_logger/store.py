@@ -166,7 +166,7 @@ class Store:
         """Hold one connection across several transactions, for a burst of writes.
 
         Without it a DuckDB store opens and closes its file around every transaction
-        (so readers get in between), which costs ~20 ms a time. Other threads keep
+        (so readers get in between), and each open costs CPU whatever the write. Other threads keep
         opening their own connections.
 
         Raises:

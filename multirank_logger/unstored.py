@@ -29,7 +29,7 @@ from multirank_logger.spill import SpillWriter
 __all__ = ["HELD_VALUES_LIMIT", "Spiller", "StoreGone", "describe", "is_transient"]
 
 #: values a writer keeps in memory while the store refuses them; past it they go to the spill
-#: file. ~23 MiB as Arrow (DuckDB), ~85 MiB as Python lists (SQLite, PostgreSQL, gather senders)
+#: file. Its memory, as Arrow and as Python lists: benchmarks/RESULTS.md ("Figures the source cites")
 HELD_VALUES_LIMIT = 500_000
 
 # what a driver says when the failure is the store's state, not the rows: it may pass

@@ -3,8 +3,8 @@
 The training thread only appends to a `RecordBuffer`. This thread wakes every
 ``flush_interval`` seconds, or sooner when `wake()` says enough calls are pending,
 drains the buffer into one batch and hands it to the sink. A sink that writes
-seldom (each write opens a DuckDB file: ~20 ms of CPU the training competes for,
-whatever the batch's size) is written once per ``flush_interval``, and sooner only
+seldom (each write opens a DuckDB file: CPU the training competes for, whatever
+the batch's size) is written once per ``flush_interval``, and sooner only
 once `SELDOM_MAX_CALLS` calls are pending.
 
 When the store refuses a batch (unstored.py tells the errors apart):
@@ -41,7 +41,7 @@ __all__ = ["BackgroundWriter", "Sink", "Target"]
 
 log = logging.getLogger(__name__)
 
-#: pending calls that wake a writer whose sink writes seldom (~10 MiB of 10-key calls)
+#: pending calls that wake a writer whose sink writes seldom (bounds the buffer's memory between flushes)
 SELDOM_MAX_CALLS = 10_000
 #: consecutive failed cycles before the writer warns (a reader holding a DuckDB file is normal)
 _WARN_AFTER_FAILURES = 5
@@ -290,7 +290,7 @@ class BackgroundWriter:
     def _write_all(self, sink: Sink) -> bool:
         """Held rows, side rows and run updates, on one connection. False on a transient failure."""
         if not (self._held or self._side_retry):
-            return self._write_rest(sink)  # no connection opened for nothing (a DuckDB open: ~20 ms)
+            return self._write_rest(sink)  # no connection opened for nothing (a DuckDB open costs CPU)
         try:
             with sink.writing():
                 return self._write_held(sink) and self._write_rest(sink)

@@ -84,7 +84,7 @@ class Backend:
     #: True when several processes may write the store at once.
     concurrent_writers = True
     #: True when every transaction opens and closes the database (so that readers get in
-    #: between): a write costs ~20 ms whatever its size, and writers should write seldom.
+    #: between): a write costs an open whatever its size, and writers should write seldom.
     opens_per_transaction = False
 
     def __init__(self, url: URL) -> None:

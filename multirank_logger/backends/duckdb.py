@@ -43,7 +43,7 @@ class DuckDBBackend(Backend):
         return None if db in (None, "", ":memory:") else Path(db)
 
     def create_engine(self, readonly: bool = False) -> sa.Engine:
-        # Rows come and go as Arrow tables: load pyarrow with the store (~0.15 s of CPU), not
+        # Rows come and go as Arrow tables: load pyarrow (a noticeable import) with the store, not
         # in the writer thread's first flush, where it competes with the training for a core.
         import pyarrow  # noqa: F401
 
@@ -61,7 +61,8 @@ class DuckDBBackend(Backend):
         return sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
-        # DuckDB's executemany runs row by row (~1,400 rows/s); from Arrow it takes millions.
+        # DuckDB's executemany runs row by row; from Arrow it reads whole columns (the gap is in
+        # benchmarks/RESULTS.md's cited figures).
         # duckdb_engine turns the "register" statement into DuckDBPyConnection.register.
         view = "_multirank_batch"
         conn.exec_driver_sql("register", (view, batch))  # read in place: no copy, no Python row
@@ -70,7 +71,7 @@ class DuckDBBackend(Backend):
         driver_connection(conn).unregister(view)
 
     def insert_rows(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> int:
-        # executemany runs row by row here (~1,400 rows/s): go through Arrow as the metrics do
+        # executemany runs row by row here: go through Arrow as the metrics do
         import pyarrow as pa
 
         if not rows:
@@ -175,8 +176,8 @@ def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
     """Run a SELECT on DuckDB's own connection; returns the driver's result, to read as Arrow."""
     compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     params = [compiled.params[name] for name in compiled.positiontup or ()]
-    # execute(), not sql(): a relation with parameters ran ~100x slower here
-    # (duckdb 1.5: 4.2 s vs 0.05 s for one key of a 3.2M-row store)
+    # execute(), not sql(): a relation with parameters ran orders of magnitude slower here
+    # (duckdb 1.5, one key of a large store: benchmarks/RESULTS.md's cited figures)
     return driver_connection(conn).execute(str(compiled), params)
 
 

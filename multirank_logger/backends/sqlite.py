@@ -41,7 +41,7 @@ _MAX_ROWS_PER_INSERT = 1_024
 # dtype codes are below this, so seq * _DTYPE_SPAN + dtype carries both (seq < 2**59: a call counter)
 _DTYPE_SPAN = 8
 assert max(DTYPE_OF_TYPE.values()) < _DTYPE_SPAN and max(DTYPE_NAN, DTYPE_NEG_ZERO) < _DTYPE_SPAN
-# seq and dtype come packed in one int: each column fetched costs ~0.1 us/row
+# seq and dtype come packed in one int: each column fetched costs time per row
 _SEQ_DTYPE = (metrics.c.seq * _DTYPE_SPAN + metrics.c.dtype).label("seq_dtype")
 # the ranks that logged one key of a run, skipping along the primary key
 _KEY_RANKS = sa.text(
@@ -111,9 +111,9 @@ class SQLiteBackend(Backend):
         # row tuples, all alive at once, kept the cyclic collector running full passes over
         # the process's heap. Many rows per statement: pysqlite gives the GIL up around each
         # statement's step, and a training thread busy in Python hands it back only every
-        # switch interval (5 ms). One row per statement (executemany), a 20k-row flush took
-        # 9.7 s beside such a thread (31 ms alone), and each hand-over stalled the training
-        # thread; 1,024 rows per statement: 0.18 s (28 ms alone).
+        # switch interval. One row per statement (executemany), a flush beside such a thread took
+        # hundreds of times longer than alone, each hand-over stalling the training thread;
+        # 1,024 rows per statement took about as long as alone (benchmarks/RESULTS.md).
         columns = [c.name for c in table.columns]
         sql = str(table.insert().compile(dialect=conn.dialect, column_keys=columns))
         driver = driver_connection(conn)
@@ -140,7 +140,7 @@ class SQLiteBackend(Backend):
     sql_infinity = "9e999"
 
     def row_chunks(self, conn: sa.Connection, stmt: sa.Select, rows: int = 0) -> Iterator[list[Any]]:
-        # the driver's own cursor: SQLAlchemy's Row objects cost ~1 s per million rows
+        # the driver's own cursor: SQLAlchemy's Row objects cost more than the fetch itself
         compiled = stmt.compile(dialect=conn.dialect)
         params = [compiled.params[name] for name in compiled.positiontup or ()]
         fetch = driver_connection(conn).execute(str(compiled), params).fetchmany
@@ -168,8 +168,8 @@ class SQLiteBackend(Backend):
 
     def rank_calls(self, conn: sa.Connection, run_id: int, rank: int) -> tuple[list[str], Iterator[LongRows]]:
         # One range read per key, each in call order, merged by `in_call_order`. The key comes
-        # from the loop instead of a str per row, seq and dtype as one int (~0.5 against
-        # ~1.1 us/row for every column).
+        # from the loop instead of a str per row, seq and dtype as one int (half the time per
+        # row of reading every column).
         by_key = sa.select(_SEQ_DTYPE, metrics.c.step, metrics.c.value).where(
             metrics.c.run_id == run_id, metrics.c.rank == rank
         )
