@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench bench-quick clean
+.PHONY: demo test test-fast lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,12 +19,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# the suite's workers: its trainings are CPU-bound, and each already runs 2-8 processes
+TEST_WORKERS ?= 2
+
+test: lint
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# ruff and mypy as configured in pyproject.toml (CI runs them through `make test`)
+lint: $(STAMP)
+	$(PY) -m ruff check multirank_logger tests benchmarks examples migrations
+	$(PY) -m mypy
 
 # the tests that launch no multi-process training (see SLOW_MODULES in tests/conftest.py)
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
