@@ -106,6 +106,15 @@ def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(tmp_path / f"runs{BACKEND_SUFFIXES[request.param]}")
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def many_writers_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new store of each backend that several processes may write at once (not DuckDB: one
+    writing process per file)."""
+    if request.param == "postgresql":
+        return new_postgres_database(request.getfixturevalue("postgres_server"))
+    return str(tmp_path / "runs.sqlite")
+
+
 @pytest.fixture
 def postgres_url(postgres_server) -> str:
     """A new, empty database on the session's server, for one test."""

@@ -121,8 +121,9 @@ def test_schema_at_head_equals_metadata_duckdb(tmp_path: Path) -> None:
     assert {(t, k, tuple(cols)) for t, k, cols in keys} == expected_keys
 
 
-def test_store_behind_head_is_refused(db_path: Path) -> None:
+def test_store_behind_head_is_refused(any_db: str) -> None:
     """A store at an older revision is refused with the upgrade command to run."""
+    db_path = any_db
     revisions = _revisions_base_first()
     if len(revisions) < 2:
         pytest.skip("only one revision exists: no older schema to refuse yet")

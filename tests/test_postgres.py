@@ -8,18 +8,14 @@ DDP trainings on PostgreSQL are in test_logger_ddp.py, beside SQLite's and DuckD
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from multirank_logger.errors import SchemaOutdated
 from multirank_logger.query import open_store
-from multirank_logger.schema import metadata, runs
-from multirank_logger.store import Store, head_revision
-from tests import test_migrations, test_store
+from multirank_logger.schema import metadata
+from multirank_logger.store import Store
 
 
 def test_plain_postgresql_url_uses_the_installed_driver(postgres_url: str) -> None:
@@ -35,36 +31,6 @@ def test_schema_at_head_equals_metadata(postgres_url: str) -> None:
     store = Store(postgres_url)
     with store.begin() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-    store.close()
-
-
-def test_store_behind_head_is_refused_with_the_upgrade_command(postgres_url: str) -> None:
-    revisions = test_migrations._revisions_base_first()
-    old = Store.for_upgrade(postgres_url)
-    old.upgrade(revisions[-2])
-    old.close()
-    with pytest.raises(SchemaOutdated, match="multirank-logger db upgrade"):
-        Store(postgres_url)
-    Store.for_upgrade(postgres_url).upgrade()
-    assert Store(postgres_url).current_revision() == head_revision()
-
-
-def test_concurrent_creation_and_runs_do_not_race(postgres_url: str) -> None:
-    """Eight processes creating the schema and a run at once (the advisory lock) all succeed,
-    with distinct versions."""
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(8), ctx.Queue()
-    procs = [ctx.Process(target=test_store._open_and_create_run, args=(postgres_url, barrier, out)) for _ in range(8)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=120)
-    assert [proc.exitcode for proc in procs] == [0] * 8
-    versions = sorted(out.get(timeout=5)[1] for _ in procs)
-    assert versions == list(range(8))
-    store = Store(postgres_url)
-    with store.begin() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar_one() == 8
     store.close()
 
 

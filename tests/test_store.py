@@ -280,9 +280,10 @@ def _open_and_create_run(path: str, barrier: mp.Barrier, out: mp.Queue) -> None:
     store.close()
 
 
-def test_concurrent_creation_and_runs_do_not_race(tmp_path: Path) -> None:
-    """Eight processes creating one SQLite store at once all succeed, with distinct runs."""
-    path = str(tmp_path / "runs.sqlite")
+def test_concurrent_creation_and_runs_do_not_race(many_writers_db: str) -> None:
+    """Eight processes creating one store at once all succeed, with distinct runs (SQLite's
+    write lock; PostgreSQL's advisory lock)."""
+    path = many_writers_db
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(8), ctx.Queue()
     procs = [ctx.Process(target=_open_and_create_run, args=(path, barrier, out)) for _ in range(8)]
