@@ -56,7 +56,7 @@ _PROCESS_ONLY = ("buffer", "side", "lock", "store", "sink", "writer", "spiller",
 class RunSettings:
     """What the logger was built with that the run needs (checked by the logger)."""
 
-    #: the db argument as given (shown in messages and the spill file's import command)
+    #: the store's path or URL as the user gave it (shown in messages and import commands)
     db: str
     url: URL
     name: str
@@ -80,6 +80,7 @@ class RunSettings:
 
     @property
     def url_text(self) -> str:
+        """The URL as text, password included: a run identity a rank inherits must name this store."""
         return self.url.render_as_string(hide_password=False)
 
     @property
@@ -96,7 +97,6 @@ class RankRun:
 
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
-        self.url_text = settings.url_text
         self.log_files = LogDir(settings.save_dir)
         self.board = IdentityBoard(next(_INSTANCES), settings.timeout)
         # a run dropped without finalize leaves no variable behind (it is for its own launch)
@@ -125,7 +125,7 @@ class RankRun:
         self.rank = 0
         self.transport: str | None = None
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
-        self.live = False
+        self.live = False  # a log call of this phase started the writer and the SIGTERM hook
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
         self.writer = BackgroundWriter(
             self.buffer,
@@ -196,7 +196,7 @@ class RankRun:
                 if rank == 0:
                     self.identity = self.open_run()
                 else:
-                    found = self.board.from_env(self.url_text) or self.board.fetch(rank, self.settings.owner)
+                    found = self.board.from_env(self.settings.url_text) or self.board.fetch(rank, self.settings.owner)
                     if found is None:
                         who = f"Rank {rank}" if rank > 0 else "A process that is not certainly rank 0"
                         raise MultiRankLoggerError(
@@ -220,7 +220,7 @@ class RankRun:
             settings.timeout,
         )
         identity = RunIdentity(
-            run.id, run.name, run.version, self.url_text, os.getpid(), run.version_name, run.started_at
+            run.id, run.name, run.version, self.settings.url_text, os.getpid(), run.version_name, run.started_at
         )
         log_dir = os.path.join(settings.root_dir, identity.dir_name)
         if not run.resumed and os.path.isdir(log_dir) and os.listdir(log_dir):
