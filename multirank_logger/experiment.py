@@ -43,12 +43,12 @@ class RunExperiment:
 
     @property
     def hparams(self) -> dict[str, Any]:
-        return self._logger._hparams
+        return self._logger._run.hparams
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
         """The calls logged and not written yet, with their ``step`` (CSVLogger's unsaved rows)."""
-        return [{**values, "step": step} for _, step, _, values in list(self._logger._buffer._calls)]
+        return [{**values, "step": step} for _, step, _, values in list(self._logger._run.buffer._calls)]
 
     @property
     def run_id(self) -> int:

@@ -55,8 +55,10 @@ _ISOLATE_ATTEMPTS = 64
 class Sink(Protocol):
     """Where drained batches go (see sinks.py)."""
 
-    #: True when each write is costly whatever its size: write once per flush interval
-    writes_seldom: bool
+    @property
+    def writes_seldom(self) -> bool:
+        """True when each write is costly whatever its size: write once per flush interval."""
+
     #: where rows go that the store refused (None: they stay in memory)
     spiller: Spiller | None
 

@@ -32,7 +32,7 @@ def main() -> None:
     logger = MultiRankLogger(db=args.db, spill_dir=args.spill_dir, timeout=args.timeout, flush_interval=0.2,
                              flush_logs_every_n_steps=100)
     if args.max_held is not None:
-        logger._writer.max_held_values = args.max_held
+        logger._run.writer.max_held_values = args.max_held
     keys = [f"k{k}" for k in range(args.keys)]
     half = args.calls // 2
     for seq in range(args.calls):
@@ -41,7 +41,7 @@ def main() -> None:
         if seq == half - 1 and (args.ready or args.delete):
             # the first half stored before the test's fault (a full disk needs no such point: it
             # fills as the run goes, and waiting here on it would only burn the 30 s)
-            written = logger._writer.flush_until(time.monotonic() + 30)
+            written = logger._run.writer.flush_until(time.monotonic() + 30)
             assert written, "the first half was not written before the fault"
             if args.delete:
                 for suffix in ("", "-wal", "-shm", ".wal"):

@@ -23,11 +23,11 @@ def fork(db: str) -> None:
     logger = MultiRankLogger(db=db, flush_interval=0.05, timeout=30)
     for i in range(50):
         logger.log_metrics({"a": float(i)}, step=i)
-    assert logger.experiment is not None and logger._writer.flush(10)  # rows 0..49 stored
+    assert logger.experiment is not None and logger._run.writer.flush(10)  # rows 0..49 stored
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a writer cycle in progress at the moment of the fork
-        with logger._lock, logger._writer._io_lock:
+        with logger._run.lock, logger._run.writer._io_lock:
             held.set()
             release.wait(30)
 

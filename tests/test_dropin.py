@@ -68,7 +68,7 @@ def test_csvloggers_positional_order(tmp_path: Path) -> None:
     assert (logger.save_dir, logger.name, logger.version) == (str(tmp_path), "exp", 3)
     assert logger.log_dir == str(tmp_path / "exp" / "version_3")
     assert logger._prefix == "pre" and logger._flush_every == 7
-    assert (tmp_path / "runs.sqlite").is_file() and logger._url.get_backend_name() == "sqlite"
+    assert (tmp_path / "runs.sqlite").is_file() and logger._run.settings.url.get_backend_name() == "sqlite"
     logger.log_metrics({"a": 1.0}, step=0)
     logger.finalize("success")
     assert (tmp_path / "exp" / "version_3" / "metrics.csv").read_bytes() == b"pre-a,step\r\n1.0,0\r\n"
@@ -355,7 +355,7 @@ def test_built_and_dropped_leaves_no_thread_and_no_variable(tmp_path: Path, db_p
     before = set(threading.enumerate())
     logger = MultiRankLogger(tmp_path, db=db_path)
     assert set(threading.enumerate()) == before
-    variable = logger._board.env_var
+    variable = logger._run.board.env_var
     del logger
     gc.collect()
     assert variable not in os.environ
@@ -365,7 +365,7 @@ def test_finalize_stops_the_writer_and_removes_the_variable(tmp_path: Path, db_p
     """After a run, the writer thread is gone and no MULTIRANK_LOGGER_RUN_N variable is left."""
     before = set(threading.enumerate())
     logger = MultiRankLogger(tmp_path, db=db_path)
-    variable = logger._board.env_var
+    variable = logger._run.board.env_var
     logger.log_metrics({"a": 1.0}, step=0)
     assert logger.version == 0  # the run is allocated when first needed: now
     assert variable in os.environ

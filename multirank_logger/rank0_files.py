@@ -1,0 +1,111 @@
+"""Rank 0's CSVLogger files: ``metrics.csv`` (written as the run goes) and ``hparams.yaml``.
+
+The writer thread hands every batch rank 0 drained to `Rank0Files.tap_csv`, which grows the
+live file (live_csv.py) as CSVLogger's grows. At a successful end the file is kept when it
+holds every row rank 0 logged; otherwise it is rebuilt from the store, and only when the
+store holds every value: never a short file passed off as CSVLogger's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.core.saving import save_hparams_to_yaml
+
+from multirank_logger.live_csv import LiveCsv
+from multirank_logger.query import StoreReader
+from multirank_logger.run_end import run_lacks_values
+from multirank_logger.run_finish import safely
+from multirank_logger.store import Store, retry_while_locked
+
+if TYPE_CHECKING:
+    from multirank_logger.rank_run import RankRun
+
+__all__ = ["NAME_HPARAMS_FILE", "NAME_METRICS_FILE", "Rank0Files"]
+
+log = logging.getLogger(__name__)
+NAME_METRICS_FILE = "metrics.csv"
+NAME_HPARAMS_FILE = "hparams.yaml"
+
+
+class Rank0Files:
+    """The files CSVLogger would have written for this run, in its ``log_dir`` (one process's).
+
+    Args:
+        run: this process's part in the run (its log_dir, store, attempt, hyperparameters).
+    """
+
+    def __init__(self, run: RankRun) -> None:
+        self.run = run
+        self.live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
+        self.csv_gaps = 0  # batches the live file missed
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.run.log_dir, NAME_METRICS_FILE)
+
+    def tap_csv(self, batch: Any, rank: int) -> None:
+        """Writer thread, each drained batch: rank 0's metrics.csv grows as CSVLogger's does."""
+        run = self.run
+        if rank != 0 or not run.settings.export_csv:
+            return
+        if self.live_csv is None:
+            path = safely(lambda: self.metrics_path, "opening metrics.csv")
+            if path is None:
+                self.csv_gaps += 1  # the file would miss these rows: the end exports from the store
+                return
+            self.live_csv = LiveCsv(path)
+            if run.attempt:  # a later launch of the run: the file continues the earlier launches'
+                reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
+                live, run_id = self.live_csv, run.resolve().run_id
+                if safely(lambda: live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0)),
+                          "continuing metrics.csv from the earlier launches") is None:
+                    self.csv_gaps += 1  # the end exports the whole history from the store instead
+        self.live_csv.add(batch)
+
+    def live_csv_whole(self) -> bool:
+        """The live metrics.csv holds every row rank 0 logged (none missed, none left to write)."""
+        live = self.live_csv
+        return live is not None and live.complete and not self.csv_gaps and live.write_pending()
+
+    def write_hparams(self) -> None:
+        log_dir = self.run.log_dir
+        self.run.log_files.makedirs(log_dir)
+        save_hparams_to_yaml(os.path.join(log_dir, NAME_HPARAMS_FILE), self.run.hparams)  # through fsspec
+
+    def export_if_complete(self, store: Store, run_id: int, wait: float = 5.0) -> None:
+        """metrics.csv only when it holds every value: never a short file passed off as CSVLogger's.
+
+        The file written as the run went (live_csv.py) was fed every row rank 0 logged, before
+        the store saw them: it is whole whatever the store refused. Only a file rebuilt from the
+        store at the end depends on the store holding every value."""
+        if self.live_csv_whole():
+            safely(self.export_files, "writing metrics.csv and hparams.yaml")
+            return
+        lacks = safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), wait), "reading the run")
+        if lacks is None or any(lacks):
+            why = "the store could not be read" if lacks is None else (
+                f"the store lacks {lacks[0]} value(s) kept in spill files and {lacks[1]} lost"
+            )
+            log.error(
+                "multirank_logger: metrics.csv was not written: %s. Import the spill files named above, then write "
+                "it with: multirank-logger export %s --run %s -o %s",
+                why, self.run.settings.db, run_id, self.metrics_path,
+            )
+            return
+        safely(self.export_files, "writing metrics.csv and hparams.yaml")
+
+    def export_files(self) -> None:
+        """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
+        run = self.run
+        run.log_files.makedirs(run.log_dir)
+        if run.hparams_logged:
+            self.write_hparams()
+        if self.live_csv_whole():
+            return  # the file written as the run went holds every row of rank 0 (live_csv.py)
+        # one implementation of CSVLogger's format: the query side's, reading back what was stored
+        # (through this run's store: no second engine, no second schema check)
+        reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
+        run.log_files.export_csv(reader, self.metrics_path, run=run.resolve().run_id, rank=0)
