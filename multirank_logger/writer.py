@@ -18,7 +18,9 @@ At the end (`spill_held`, from finalize) whatever the store still refuses goes t
 file, whose message names the command that imports it.
 
 One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
-(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it.
+(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it. A cycle may take
+the run's set-up lock inside it (``RankRun.setup_sink``), so the order is always this lock
+first: no code may wait for it while holding the set-up lock.
 """
 
 from __future__ import annotations

@@ -27,12 +27,14 @@ def fork(db: str) -> None:
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a writer cycle in progress at the moment of the fork
-        with logger._run.lock, logger._run.writer._io_lock:
+        # in the writer's order (its cycle takes the I/O lock, then the set-up lock in setup_sink):
+        # the other order deadlocks with a cycle that starts meanwhile
+        with logger._run.writer._io_lock, logger._run.lock:
             held.set()
             release.wait(30)
 
     threading.Thread(target=hold, daemon=True).start()
-    held.wait(10)
+    assert held.wait(10), "the holding thread never got the locks"
     for i in range(50, 60):  # the parent's, still buffered at the fork: written once, by the parent
         logger.log_metrics({"a": float(i)}, step=i)
     pid = os.fork()

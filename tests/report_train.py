@@ -4,7 +4,7 @@ With ``--faults``: rank 1's data loader sleeps 30 ms per batch (a slow shard), r
 train_loss 20x its own from step 20 on, and rank 2 logs NaN for weight_norm from step 25 on.
 Without: the same model and data, nothing injected.
 
-Usage: python tests/report_train.py --db DB --save-dir DIR --name NAME [--faults] [--steps N]
+Usage: python tests/report_train.py --db DB --save-dir DIR --name NAME [--faults] [--steps N] [--seed S]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from multirank_logger import MultiRankLogger, StepTimer
@@ -62,7 +62,9 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    seed_everything(args.seed, verbose=False)  # the initial weights too: one trajectory, the same findings every run
     torch.set_num_threads(1)
     trainer = Trainer(
         accelerator="cpu", devices=3, strategy="ddp", max_steps=args.steps, log_every_n_steps=1,
