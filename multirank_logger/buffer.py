@@ -95,6 +95,14 @@ class RecordBuffer:
         """Log calls recorded so far, drained or not."""
         return self._next_seq
 
+    def pending_calls(self) -> list[tuple[int, dict[str, bool | int | float]]]:
+        """(step, values) of each call not drained yet, oldest first: a copy."""
+        return [(step, dict(values)) for _, step, _, values in list(self._calls)]
+
+    def continue_numbering(self, other: RecordBuffer) -> None:
+        """Number the next calls after ``other``'s (a forked child's fresh buffer after its parent's)."""
+        self._next_seq = max(self._next_seq, other._next_seq)
+
     def drain(self, run_id: int, rank: int) -> pa.RecordBatch:
         """Remove every call recorded so far and return its rows as one batch, in call order.
 

@@ -48,7 +48,7 @@ class RunExperiment:
     @property
     def metrics(self) -> list[dict[str, Any]]:
         """The calls logged and not written yet, with their ``step`` (CSVLogger's unsaved rows)."""
-        return [{**values, "step": step} for _, step, _, values in list(self._logger._run.buffer._calls)]
+        return [{**values, "step": step} for step, values in self._logger._run.buffer.pending_calls()]
 
     @property
     def run_id(self) -> int:

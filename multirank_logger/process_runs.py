@@ -122,7 +122,7 @@ def _reset_after_fork() -> None:
         old = (run.buffer, run.side, run.lock, run.store, run.sink, run.writer, run.spiller)
         _FORK_ORPHANS.append(old)
         run.init_runtime()
-        run.buffer._next_seq = old[0]._next_seq  # the child never reuses the parent's seq
+        run.buffer.continue_numbering(old[0])  # the child never reuses the parent's seq
 
 
 process_hooks.after_fork_in_child(_reset_after_fork)
