@@ -118,9 +118,11 @@ ranks = sa.Table(
 #   not one row lookup per value; inserts cost a third less than into a rowid table
 #   and two secondary indexes, and the file is half the size. (run_id, rank, seq, key) is
 #   also the identity of a row (spill.py skips rows the store already holds by it).
-# - DuckDB: no key and no index. It answers range scans from its min-max zone maps; an
-#   ART index there only slows bulk inserts (RESULTS.md, "Figures the source cites").
-# - PostgreSQL: a heap with the two secondary indexes below.
+# - DuckDB: one unique index, on (run_id, rank, seq, key) (migration 0004), for identity
+#   alone: a row stored twice (a relaunch that restarted seq, an import) is an error someone
+#   sees, never a silent duplicate. It is kept although an ART index slows DuckDB's bulk
+#   inserts (RESULTS.md, "Figures the source cites"); reads still scan by min-max zone maps.
+# - PostgreSQL: a heap with the same unique index and the two secondary indexes below.
 metrics = sa.Table(
     "metrics",
     metadata,
