@@ -49,6 +49,8 @@ def one_round(steps: int, reader: bool, timeout: float) -> dict[str, float]:
             ready = Path(tmp) / "ready"
             holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(db), str(ready)])
             while not ready.exists():
+                if holder.poll() is not None:  # never wait forever on a reader that could not open the file
+                    raise RuntimeError(f"the reader process could not open {db} (exit code {holder.returncode})")
                 time.sleep(0.01)
         keys = [f"metric_{k}" for k in range(10)]
         t0 = time.perf_counter()

@@ -64,12 +64,26 @@ def _spill_files(output: str) -> list[str]:
 
 
 def _hold_duckdb(db: Path, seconds: float, ready: Path) -> subprocess.Popen:
-    """A second process holding a read-only connection, as a notebook or the DuckDB CLI does."""
-    code = (
-        "import duckdb, sys, time, pathlib; c = duckdb.connect(sys.argv[1], read_only=True); "
-        "c.execute('SELECT COUNT(*) FROM metrics').fetchall(); pathlib.Path(sys.argv[2]).touch(); "
-        "time.sleep(float(sys.argv[3])); c.close()"
-    )
+    """A second process holding a read-only connection, as a notebook or the DuckDB CLI does.
+
+    It opens the file as a person does: again, when the writer happens to hold it at that instant.
+    """
+    code = """
+import duckdb, pathlib, sys, time
+until = time.monotonic() + 30
+while True:
+    try:
+        c = duckdb.connect(sys.argv[1], read_only=True)
+        break
+    except duckdb.IOException:  # the writer holds the file for the moment of a flush
+        if time.monotonic() > until:
+            raise
+        time.sleep(0.01)
+c.execute("SELECT COUNT(*) FROM metrics").fetchall()
+pathlib.Path(sys.argv[2]).touch()
+time.sleep(float(sys.argv[3]))
+c.close()
+"""
     proc = subprocess.Popen([sys.executable, "-c", code, str(db), str(ready), str(seconds)])
     deadline = time.monotonic() + 60
     while not ready.exists():
