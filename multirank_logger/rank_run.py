@@ -122,6 +122,8 @@ class RankRun:
         self.sink_world = 0
         self.spiller: Spiller | None = None  # one per run: every phase spills into one file
         self.unstored_recorded = (0, 0)  # (spilled, lost) values already added to the run's row
+        #: gather rank 0: the senders' (spilled, lost) reported in a phase whose end the store did not take
+        self.others_unrecorded = (0, 0)
         self.rank = 0
         self.transport: str | None = None
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
@@ -292,7 +294,7 @@ class RankRun:
             if transport == "gather" and channel is not None and rank == 0:
                 sink = GatherReceiver(self.open_store(), identity.run_id, channel, spiller)
             elif transport == "gather" and channel is not None:
-                sink = GatherSender(channel, spiller)
+                sink = GatherSender(channel, spiller, counted=self.unstored_recorded)
                 publish_facts(channel)  # rank 0 records this rank's host and pid at the end
             else:
                 store = self.open_store()
@@ -320,7 +322,7 @@ class RankRun:
             path = backend_for(self.settings.url).path
             shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command
             self.spiller = Spiller(spill, shown, rank)
-            self.unstored_recorded = (0, 0)
+            self.unstored_recorded = self.others_unrecorded = (0, 0)
         return self.spiller
 
     def _register(

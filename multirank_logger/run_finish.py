@@ -20,7 +20,7 @@ from multirank_logger.errors import StoreLocked
 from multirank_logger.identity import current_rank
 from multirank_logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, record_end
 from multirank_logger.run_lifecycle import end_attempt
-from multirank_logger.sinks import DirectSink, GatherReceiver
+from multirank_logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.unstored import describe
 
@@ -95,8 +95,13 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
         channel = sink.channel
         facts = safely(lambda: fetch_facts(channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
     sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
+    if isinstance(sink, GatherSender):
+        run.unstored_recorded = sink.counted  # what rank 0 took into the run's totals
     spilled, lost = _unstored_since_recorded(run)
-    others_spilled, others_lost = sink.others_unstored  # gather rank 0: what the senders reported
+    # gather rank 0: what the senders reported, and what they reported in a phase whose end
+    # could not be recorded (acknowledged to them: they will not report it again)
+    others_spilled = sink.others_unstored[0] + run.others_unrecorded[0]
+    others_lost = sink.others_unstored[1] + run.others_unrecorded[1]
     if store is not None and isinstance(sink, DirectSink) and _store_still_there(sink):
 
         def record() -> bool:
@@ -107,11 +112,12 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             return True
 
         if safely(record):
-            run.unstored_recorded = run.unstored_totals()
+            run.unstored_recorded, run.others_unrecorded = run.unstored_totals(), (0, 0)
         else:
             log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
+            run.others_unrecorded = (others_spilled, others_lost)
             if run.spiller is not None:  # importing the spill file records it (spill.import_spill)
-                run.spiller.end(status, *run.unstored_totals())
+                run.spiller.end(status, spilled + others_spilled, lost + others_lost)
         if run.rank == 0 and run.attempt is not None:
             attempt = run.attempt
             safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5))

@@ -185,6 +185,7 @@ class GatherReceiver(DirectSink):
         wait = min(max(deadline - time.monotonic(), _REPORT_WAIT_MIN_S), _REPORT_WAIT_MAX_S)
         reports = self.channel.unstored_reports(sorted(done), wait if status == "success" else 0.0)
         self.others_unstored = (sum(s for s, _ in reports.values()), sum(lost for _, lost in reports.values()))
+        self.channel.acknowledge_reports(sorted(reports))  # in the totals: not to be reported again
         if status != "success":
             reports = {**dict.fromkeys(done, (0, 0)), **reports}  # their end is known: done
         missing = sorted(expected - reports.keys())
@@ -216,11 +217,13 @@ class GatherSender:
     writes_seldom = False
     others_unstored = (0, 0)
 
-    def __init__(self, channel: RowChannel, spiller: Spiller | None = None) -> None:
+    def __init__(self, channel: RowChannel, spiller: Spiller | None = None, counted: tuple[int, int] = (0, 0)) -> None:
         self.channel = channel
         self.spiller = spiller
-        # the spiller lives for the run, this sink for one phase: report this phase's values only
-        self._unstored_before = _unstored(spiller)
+        #: the spiller's (spilled, lost) totals that rank 0 has counted in the run (it lives for
+        #: the run, this sink for one phase): an earlier phase's counts rank 0 never took (it gave
+        #: up waiting, and recorded this rank "missing") are reported again with this phase's
+        self.counted = counted
         #: batches neither delivered nor spilled (no spiller)
         self.undelivered: list[pa.RecordBatch] = []
         #: side rows that could not be delivered (rank 0 gone): counted in the message
@@ -269,11 +272,17 @@ class GatherSender:
             left = self.channel.wait_delivered(timeout)
             if left:
                 self._spill(f"rank 0 did not acknowledge rank {self.channel.rank}'s last rows in {timeout:g} s", left)
-        (spilled, lost), (s0, l0) = _unstored(self.spiller), self._unstored_before
-        lost += sum(map(len, self.undelivered))  # no spiller: gone with this process
-        self.channel.report_unstored(spilled - s0, lost - l0)
-        if self.spiller is not None and (spilled - s0 or lost - l0 or self.spiller.side_rows_spilled):
-            self.spiller.end(status, spilled - s0, lost - l0)
+        totals = _unstored(self.spiller)
+        spilled, lost = totals[0] - self.counted[0], totals[1] - self.counted[1]
+        undelivered = sum(map(len, self.undelivered))  # no spiller: gone with this process
+        # rank 0 waits for the reports only at a success (a job torn down must not wait)
+        counted = self.channel.report_unstored(spilled, lost + undelivered) and status == "success" and (
+            self.channel.report_counted(_REPORT_WAIT_MAX_S + 1.0)
+        )
+        if counted:
+            self.counted = totals
+        if self.spiller is not None and (spilled or lost or self.spiller.side_rows_spilled):
+            self.spiller.end(status, spilled, lost, counted=counted)
         return {}
 
     def close(self) -> None:

@@ -13,9 +13,12 @@ footer loses them all. Payload kinds:
 - metric rows: one Arrow IPC stream (``wire.encode_batch``, version 3); versions 1 and 2 hold
   the ``MRB1`` encoding (wire_mrb1.py), still read (version 1 files hold nothing else);
 - side-table rows (version 2): ``MRS1`` + ``side_records.encode_side``'s JSON;
-- the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost"}``,
-  written at finalize, so that importing the file tells the store how a rank ended whose end
-  rank 0 never heard (gather: the channel was down).
+- the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost",
+  "counted"}``, written at finalize, so that importing the file tells the store how a rank ended
+  whose end rank 0 never heard (gather: the channel was down). The counts are the values this
+  rank did not deliver that the run's totals lacked when it wrote them: everything since the
+  last end the run counted, earlier phases included. ``counted`` (absent in older files: false)
+  says the run took them after all (rank 0 acknowledged the report).
 
 Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
 read, and rows the store already holds (same run, rank, seq and key: rank 0 may have
@@ -130,14 +133,14 @@ class SpillWriter:
             self._append([_SIDE + encode_side(tables)])
         return rows
 
-    def write_end(self, status: str, values_spilled: int, values_lost: int) -> None:
+    def write_end(self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False) -> None:
         """Append how this rank ended (only to a file that exists: a rank with nothing spilled needs none).
 
         Raises:
             OSError: as `write` does.
         """
         if self.path.exists():
-            facts = {"status": status, "values_spilled": values_spilled, "values_lost": values_lost}
+            facts = {"status": status, "values_spilled": values_spilled, "values_lost": values_lost, "counted": counted}
             self._append([_END + json.dumps(facts).encode()])
 
     def _append(self, payloads: list[bytes]) -> None:
@@ -320,8 +323,9 @@ def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[st
 
 def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]) -> str | None:
     """A rank whose end the store never heard ("missing": gather rank 0 did not; "running": the rank
-    could not write the store at its end): record the end its spill file holds, and
-    count the values it spilled (this file's, taken off again below) and lost in the run.
+    could not write the store at its end): record the last end its spill file holds, and
+    count the values it spilled (this file's, taken off again below) and lost in the run. That
+    end's counts cover every earlier phase whose counts the run lacks (spill.py's header).
 
     Returns:
         The rank's status, when it was missing; None when the store knew its end already.
@@ -330,16 +334,21 @@ def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any
     if status not in ("missing", "running"):
         return None  # the store heard its end, and counted its values then (run_end.record_end)
     conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+    if end.get("counted"):
+        end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
+    if end["status"] in ("failed", "interrupted"):  # a rank that failed, as rank 0 would have recorded had it heard
+        run_status: Any = sa.case((runs.c.status.in_(("incomplete", "running")), end["status"]), else_=runs.c.status)
+    elif rank == 0:  # rank 0 could not record the run's end: it is over, whole or not (_settle_run)
+        run_status = sa.case((runs.c.status == "running", "incomplete"), else_=runs.c.status)
+    else:
+        run_status = runs.c.status
     conn.execute(
         runs.update()
         .where(runs.c.id == run_id)
         .values(
             values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + int(end.get("values_spilled", 0)),
             values_lost=sa.func.coalesce(runs.c.values_lost, 0) + int(end.get("values_lost", 0)),
-            # a rank that failed, as rank 0 would have recorded had it heard
-            status=sa.case((runs.c.status == "incomplete", end["status"]), else_=runs.c.status)
-            if end["status"] in ("failed", "interrupted")
-            else runs.c.status,
+            status=run_status,
         )
     )
     return str(end["status"])

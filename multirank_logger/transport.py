@@ -19,6 +19,8 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
   items in all and will send no more.
 - ``end/{r}``: ``"{spilled} {lost}"`` set by ``report_unstored`` once rank ``r`` knows what
   it could not deliver (after rank 0 acknowledged its last rows, or gave up waiting).
+- ``counted/{r}``: set by rank 0 once it took rank ``r``'s ``end/{r}`` (``acknowledge_reports``):
+  those counts are in the run's totals, and the sender's next phase reports only what follows.
 - ``kv/{key}``: small values published by rank 0 (``publish``/``fetch``).
 """
 
@@ -354,6 +356,31 @@ class RowChannel:
                 continue  # never reported: rank 0 records it as missing
             out[r] = (spilled, lost)
         return out
+
+    def acknowledge_reports(self, ranks: list[int]) -> None:
+        """Rank 0: tell `ranks` that the counts they reported are taken. Best effort: a sender that
+        hears nothing reports the same counts again with its next phase's (counted twice at worst,
+        never not at all)."""
+        self._require_rank0("acknowledge_reports")
+        with self._lock:
+            try:
+                store = self._client()
+
+                def tell() -> None:
+                    for r in ranks:
+                        store.set(f"counted/{r}", b"1")
+
+                _bounded(tell, self.timeout)
+            except Exception:  # noqa: BLE001 - see above
+                pass
+
+    def report_counted(self, timeout: float) -> bool:
+        """Sender: whether rank 0 took this rank's `report_unstored` counts, waiting up to `timeout` s."""
+        try:
+            _bounded(lambda: self._fetch_raw(f"counted/{self.rank}", timeout, "counted"), timeout + 1.0)
+        except Exception:  # noqa: BLE001 - ChannelError, TimeoutError: rank 0 did not take them
+            return False
+        return True
 
     def _has(self, key: str) -> bool:
         try:

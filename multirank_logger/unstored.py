@@ -167,11 +167,12 @@ class Spiller:
             )
         return rows
 
-    def end(self, status: str, values_spilled: int, values_lost: int) -> None:
-        """Record in the spill file (when there is one) how this rank ended and what it did not
-        deliver, for a store that never heard it (spill.import_spill). Best effort."""
+    def end(self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False) -> None:
+        """Record in the spill file (when there is one) how this rank ended and the values it did
+        not deliver that the run's totals lack (`counted`: the run has them already), for a store
+        that never heard its end (spill.import_spill). Best effort."""
         try:
-            self.spill.write_end(status, values_spilled, values_lost)
+            self.spill.write_end(status, values_spilled, values_lost, counted=counted)
         except OSError:
             pass  # the file's rows are still importable; the run then stays "incomplete"
 

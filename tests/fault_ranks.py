@@ -54,9 +54,13 @@ def _store_read_only(store_dir: str) -> None:
 
 
 def rank_main(rank: int, world: int, port: int, db: str, spill_dir: str, calls: int, sync_dir: str,
-              transport: str, timeout: float, fault_rank: int = -1, spill_full: bool = False) -> None:
+              transport: str, timeout: float, fault_rank: int = -1, spill_full: bool = False,
+              second_phase: int = 0) -> None:
     """`fault_rank` sees the store's directory turn read-only after its first half (spilling the
-    rest, onto a full disk with `spill_full`); the other ranks see nothing wrong."""
+    rest, onto a full disk with `spill_full`); the other ranks see nothing wrong. With
+    `second_phase`, each rank then waits for ``go2`` and logs that many more calls (steps from
+    `calls` on) in a second phase of the same run, as ``trainer.test`` after ``fit``, and
+    finalizes again (``done2{rank}.json``)."""
     faulty = rank == fault_rank
     if faulty:
         _own_mounts(os.path.dirname(db), spill_dir.format(rank) if spill_full else None)
@@ -88,16 +92,26 @@ def rank_main(rank: int, world: int, port: int, db: str, spill_dir: str, calls: 
                     logger._run.store.engine.dispose()
                     _store_read_only(os.path.dirname(db))
             (sync / f"ready{rank}").touch()
-            deadline = time.monotonic() + 60
-            while not (sync / "go").exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _wait_file(sync / "go")
         if call % 100 == 0:
             time.sleep(0.02)  # let the writer meet the fault during the run, not only at its end
     logger.finalize("success")
     (sync / f"done{rank}.json").write_text(json.dumps({"rank": rank, "run_id": logger.run_id}))
+    if second_phase:
+        _wait_file(sync / "go2")
+        for call in range(calls, calls + second_phase):
+            logger.log_metrics({"value": value(rank, call), "call": call}, step=call)
+        logger.finalize("success")
+        (sync / f"done2{rank}.json").write_text(json.dumps({"rank": rank, "run_id": logger.run_id}))
     # no barrier (a rank whose peer was stopped must not wait on it), and no interpreter teardown:
     # torch's C++ teardown with a peer that was stopped mid-call sometimes aborts ("terminate
     # called without an active exception"), after everything this test checks is done
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _wait_file(path: Path, bound: float = 60) -> None:
+    deadline = time.monotonic() + bound
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)

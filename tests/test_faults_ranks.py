@@ -103,6 +103,42 @@ def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success
     assert rows == [(c, value(1, c)) for c in range(calls)]
 
 
+
+def test_gather_sender_unheard_in_fit_keeps_the_run_incomplete_after_a_clean_test_phase(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """As above for the first phase (fit); then both ranks run a second phase (test) of the same
+    run in the same processes, with nothing wrong. Rank 0 hears rank 1's second end, but rank 1's
+    first-phase rows are still only in its spill file: the run must not say "success" until that
+    file is imported."""
+    db, sync, calls, more = tmp_path / "runs.duckdb", tmp_path / "sync", 400, 60
+    sync.mkdir()
+    procs = _start(2, db, str(tmp_path / "spill{}"), calls, sync, "gather", 2.0, -1, False, more)
+    try:
+        _wait_for(sync / "ready0", procs)
+        _wait_for(sync / "ready1", procs)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        (sync / "go").touch()
+        _wait_for(sync / "done1.json", procs)
+    finally:
+        os.kill(procs[0].pid, signal.SIGCONT)
+    _wait_for(sync / "done0.json", procs)
+    assert query(db, "SELECT status FROM runs") == [("incomplete",)]
+    (sync / "go2").touch()
+    assert _join(procs) == [0, 0]
+    err = capfd.readouterr().err
+    assert (sync / "done20.json").exists() and (sync / "done21.json").exists(), err[-3000:]
+    assert query(db, "SELECT status FROM runs") == [("incomplete",)], err[-3000:]
+    (stored1,), = query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 1 AND key = 'value'")
+    assert stored1 < calls + more
+    files = _spill_files(err)
+    assert len(files) == 1 and "rank1" in files[0], err[-3000:]
+    output = _import(db, files)
+    assert query(db, "SELECT status, values_spilled, values_lost FROM runs") == [("success", 0, 0)], output
+    rows = query(db, "SELECT step, value FROM metrics WHERE rank = 1 AND key = 'value' ORDER BY step")
+    assert rows == [(c, value(1, c)) for c in range(calls + more)]
+
+
 def _can_unshare() -> str | None:
     if sys.platform != "linux" or shutil.which("unshare") is None:
         return "needs Linux mount namespaces (the unshare command)"

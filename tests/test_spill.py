@@ -231,7 +231,7 @@ def test_side_rows_and_a_ranks_end_round_trip(tmp_path: Path) -> None:
     contents = read_spill_contents(spill.path)
     assert [kind for kind, _ in contents.frames] == ["metrics", "side", "end"]
     assert contents.frames[1][1] == side
-    assert contents.frames[2][1] == {"status": "success", "values_spilled": 4, "values_lost": 1}
+    assert contents.frames[2][1] == {"status": "success", "values_spilled": 4, "values_lost": 1, "counted": False}
     assert read_spill(spill.path)[1] == [batch]  # the metrics-only view of it
 
 
@@ -288,3 +288,33 @@ def test_import_of_a_missing_ranks_file_records_its_end_and_completes_the_run(db
         again = import_spill(store, spill.path)
         assert again.already_imported
         store.close()
+
+
+def test_an_end_the_run_counted_already_settles_the_rank_without_counting_it_twice(db_path: Path, tmp_path: Path) -> None:
+    """Gather rank 0 took rank 1's report (6 values spilled) and acknowledged it, then could not
+    record the run's end: both ranks stay "running", and rank 0's own spill file carries rank 1's
+    counts with its own. Rank 1's file says its end was counted: importing both files counts
+    those 6 values once, and the run is whole."""
+    import sqlalchemy as sa
+
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    for rank in (0, 1):
+        store.register_rank(run.id, rank, status="running")
+    files = []
+    for rank, values, end in ((0, 2, {"values_spilled": 2 + 6}), (1, 6, {"values_spilled": 6, "counted": True})):
+        spill = SpillWriter(tmp_path / str(rank), run_id=run.id, name="exp", version=run.version, rank=rank)
+        spill.write([_batch(0, values // 2, run_id=run.id, rank=rank)])
+        spill.write_end("success", values_lost=0, **end)  # type: ignore[arg-type]
+        files.append(spill.path)
+
+    def state() -> tuple:
+        with store.begin() as conn:
+            return tuple(conn.execute(sa.text(f"SELECT status, values_spilled FROM runs WHERE id = {run.id}")).one())
+
+    assert state() == ("running", None)
+    assert import_spill(store, files[0]).rank_status == "success"
+    assert state() == ("incomplete", 6)  # over, but rank 1's 6 values are still only in its file
+    assert import_spill(store, files[1]).rank_status == "success"
+    assert state() == ("success", 0)
+    store.close()
