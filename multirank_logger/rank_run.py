@@ -317,7 +317,8 @@ class RankRun:
         """This run's spill file on this rank (created on its first row): every phase spills into it."""
         if self.spiller is None or self.spiller.spill.header["run_id"] != identity.run_id:
             spill = SpillWriter(
-                self.settings.spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank
+                self.settings.spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank,
+                attempt=self.attempt,
             )
             path = backend_for(self.settings.url).path
             shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from multirank_logger.process_hooks import sigterm_received
-from multirank_logger.schema import attempts, ranks, runs
+from multirank_logger.schema import attempts, ranks, runs, unheard_ends
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import ChannelError, RowChannel
 
@@ -79,6 +79,7 @@ def record_end(
     values_spilled: int = 0,
     values_lost: int = 0,
     now: float | None = None,
+    attempt: int | None = None,
 ) -> None:
     """Write how the run ended for this rank and, on rank 0 in gather mode (``gather_world > 1``),
     for every other rank: the status it reported ("missing" when it did not) and its facts.
@@ -87,7 +88,9 @@ def record_end(
     ``values_lost``; a run with any is never recorded as "success" but as "incomplete", whichever
     rank finalizes last (importing the spill files brings it back: spill.import_spill). So is a
     gather run with a rank whose end never reached rank 0 (what it did not deliver is unknown
-    here: its spill file, imported, records it)."""
+    here: its spill file, imported, records it). Such a rank is also kept in ``unheard_ends`` under
+    this launch's `attempt`, so that a later launch, which registers the rank again, cannot make
+    the run a success before that file is imported."""
     now = time.time() if now is None else now
 
     def write() -> None:
@@ -99,6 +102,12 @@ def record_end(
                 for other in range(1, gather_world):
                     values = {**facts.get(other, {}), "status": others.get(other, "missing"), "ended_at": now}
                     store.update_rank(run_id, other, **values)
+                if attempt is not None and gather_world > 1:
+                    # a success takes every heard rank's report, which covers what that rank's
+                    # earlier phases of this launch did not get counted (sinks.GatherSender)
+                    heard = [o for o in range(1, gather_world) if o in others] if status == "success" else []
+                    unheard = [o for o in range(1, gather_world) if o not in others]
+                    _record_unheard(store, run_id, attempt, unheard, heard, now)
             if values_spilled or values_lost:
                 _count_unstored(store, run_id, values_spilled, values_lost)
             if rank == 0 or status != "success":
@@ -109,6 +118,20 @@ def record_end(
                 _settle_incomplete(store, run_id)
 
     retry_while_locked(write, timeout)
+
+
+def _record_unheard(store: Store, run_id: int, attempt: int, unheard: list[int], heard: list[int], now: float) -> None:
+    """Keep this launch's `unheard` ranks in ``unheard_ends``; drop the `heard` ones (a later phase's
+    report counted what the earlier phase's did not)."""
+    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.attempt == attempt)
+    with store.begin() as conn:
+        if heard:
+            conn.execute(unheard_ends.delete().where(this_launch, unheard_ends.c.rank.in_(heard)))
+        known = set(conn.execute(sa.select(unheard_ends.c.rank).where(this_launch)).scalars())
+        new = sorted(set(unheard) - known)  # the block may be retried: each step is idempotent
+        if new:
+            rows = [{"run_id": run_id, "rank": r, "attempt": attempt, "recorded_at": now} for r in new]
+            conn.execute(unheard_ends.insert(), rows)
 
 
 def _count_unstored(store: Store, run_id: int, spilled: int, lost: int) -> None:
@@ -128,14 +151,16 @@ def _count_unstored(store: Store, run_id: int, spilled: int, lost: int) -> None:
 def _whole() -> Any:
     """SQL: true when the run lacks nothing known: no value spilled or lost, and no rank whose end is
     unknown ("running": a rank writing the store itself that has not recorded its end, or cannot;
-    "missing": a gather rank whose end never reached rank 0)."""
+    "missing": a gather rank whose end never reached rank 0), in this launch or an earlier one
+    (``unheard_ends``)."""
     unstored = sa.func.coalesce(runs.c.values_spilled, 0) + sa.func.coalesce(runs.c.values_lost, 0)
     unended = (
         sa.select(ranks.c.rank)
         .where(ranks.c.run_id == runs.c.id, ranks.c.status.in_(("running", "missing")))
         .exists()
     )
-    return sa.and_(unstored == 0, ~unended)
+    unheard = sa.select(unheard_ends.c.rank).where(unheard_ends.c.run_id == runs.c.id).exists()
+    return sa.and_(unstored == 0, ~unended, ~unheard)
 
 
 def _end_run(store: Store, run_id: int, status: str, now: float) -> None:

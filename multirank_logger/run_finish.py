@@ -108,6 +108,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             record_end(
                 store, run_id, rank=run.rank, gather_world=gather_world, status=status, others=others, facts=facts,
                 timeout=min(left(), 5.0), values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
+                attempt=run.attempt,
             )
             return True
 

@@ -33,6 +33,7 @@ __all__ = [
     "decisions",
     "logs",
     "step_timing",
+    "unheard_ends",
     "decode_value",
     "encode_value",
     "imports",
@@ -160,6 +161,20 @@ imports = sa.Table(
     sa.Column("source", sa.Text, nullable=True, comment="path of the file when it was imported"),
     sa.Column("imported_at", sa.Float(53), nullable=False, comment="unix time of the import"),
     sa.PrimaryKeyConstraint("spill_id", "first_frame", name="pk_imports"),
+)
+
+# One row per (rank, launch) whose end gather rank 0 never heard: what that rank could not deliver
+# is in its spill file, counted nowhere. The ranks table keeps only a rank's latest launch (a new
+# launch registers it again), so this is what keeps the run from "success" after a later launch
+# goes well; importing that launch's spill file deletes the row (spill.import_spill).
+unheard_ends = sa.Table(
+    "unheard_ends",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False, comment="global rank"),
+    sa.Column("attempt", sa.Integer, nullable=False, comment="the launch (attempts.attempt)"),
+    sa.Column("recorded_at", sa.Float(53), nullable=False, comment="unix time rank 0 recorded the rank missing"),
+    sa.PrimaryKeyConstraint("run_id", "rank", "attempt", name="pk_unheard_ends"),
 )
 
 

@@ -4,7 +4,8 @@ When rank 0 is gone (or stops taking rows), a sending rank appends the undeliver
 batches to its own spill file; ``multirank-logger import DB FILE...`` merges them later.
 
 File format: one line of JSON (the header: ``spill_id``, the run's ``run_id``, ``name`` and
-``version``, ``rank``, ``host``, ``pid``, ``created_at``), then frames, each
+``version``, ``rank``, the launch's ``attempt`` (absent or null in older files), ``host``,
+``pid``, ``created_at``), then frames, each
 ``<u64 length><payload><u32 crc32(payload)>``. A frame is written, flushed and fsynced in one
 go, so a crash can tear at most the last frame, which the reader drops. The frames are ours,
 not an Arrow IPC file's: that file's footer indexes every batch, and a crash that tears the
@@ -45,7 +46,7 @@ import sqlalchemy as sa
 
 from multirank_logger.batch import column_lists, concat_batches, take_rows, with_run_id
 from multirank_logger.errors import LookupFailed, MultiRankLoggerError
-from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs
+from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs, unheard_ends
 from multirank_logger.side_records import decode_side, encode_side
 from multirank_logger.store import unseen_side_rows
 from multirank_logger.wire import decode_batch, encode_batch
@@ -88,7 +89,10 @@ class SpillWriter:
         spill.write(exc.undelivered)   # after a ChannelError
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, run_id: int, name: str, version: int, rank: int) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, run_id: int, name: str, version: int, rank: int,
+        attempt: int | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.header: dict[str, Any] = {
             "format": _FORMAT,
@@ -98,6 +102,7 @@ class SpillWriter:
             "name": name,
             "version": version,
             "rank": rank,
+            "attempt": attempt,  # the launch (attempts.attempt); None in files written before it was kept
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "created_at": time.time(),
@@ -290,7 +295,7 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
             store.backend.insert_metrics(conn, metrics, fresh)
         side_added = sum(_insert_side(store, conn, obj, run_id) for kind, obj in new if kind == "side")
         ends = [obj for kind, obj in new if kind == "end"]
-        rank_status = _settle_rank(conn, run_id, rank, ends[-1]) if ends else None
+        rank_status = _settle_rank(conn, run_id, rank, ends[-1], header.get("attempt")) if ends else None
         conn.execute(
             imports.insert().values(
                 spill_id=spill_id,
@@ -321,23 +326,35 @@ def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[st
     return added
 
 
-def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]) -> str | None:
+def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any], attempt: int | None) -> str | None:
     """A rank whose end the store never heard ("missing": gather rank 0 did not; "running": the rank
-    could not write the store at its end): record the last end its spill file holds, and
-    count the values it spilled (this file's, taken off again below) and lost in the run. That
-    end's counts cover every earlier phase whose counts the run lacks (spill.py's header).
+    could not write the store at its end; or in ``unheard_ends`` for the file's launch, which a later
+    launch registered again): record the last end its spill file holds, and count the values it
+    spilled (this file's, taken off again below) and lost in the run. That end's counts cover
+    every earlier phase whose counts the run lacks (spill.py's header).
 
     Returns:
-        The rank's status, when it was missing; None when the store knew its end already.
+        The rank's status, when its end was unknown; None when the store knew its end already.
     """
+    latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
+    # the ranks row is the file's launch's unless a later launch registered the rank again
+    current = attempt is None or latest is None or int(attempt) == int(latest)
     status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
-    if status not in ("missing", "running"):
+    row_unended = current and status in ("missing", "running")
+    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
+    unheard = attempt is not None and conn.execute(sa.select(sa.exists().where(this_launch))).scalar()
+    if not (row_unended or unheard):
         return None  # the store heard its end, and counted its values then (run_end.record_end)
-    conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+    if unheard:
+        conn.execute(unheard_ends.delete().where(this_launch))
+    if row_unended:
+        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
     if end.get("counted"):
         end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
-    if end["status"] in ("failed", "interrupted"):  # a rank that failed, as rank 0 would have recorded had it heard
-        run_status: Any = sa.case((runs.c.status.in_(("incomplete", "running")), end["status"]), else_=runs.c.status)
+    if not current:  # a later launch owns the run's status now: only the counts are this file's
+        run_status: Any = runs.c.status
+    elif end["status"] in ("failed", "interrupted"):  # a rank that failed, as rank 0 would have recorded had it heard
+        run_status = sa.case((runs.c.status.in_(("incomplete", "running")), end["status"]), else_=runs.c.status)
     elif rank == 0:  # rank 0 could not record the run's end: it is over, whole or not (_settle_run)
         run_status = sa.case((runs.c.status == "running", "incomplete"), else_=runs.c.status)
     else:
@@ -372,8 +389,10 @@ def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
 
 
 def _unended_ranks(conn: sa.Connection, run_id: int) -> int:
+    """Ranks whose end the store does not know, in the latest launch or (``unheard_ends``) an earlier one."""
     query = sa.select(sa.func.count()).where(ranks.c.run_id == run_id, ranks.c.status.in_(("missing", "running")))
-    return int(conn.execute(query).scalar_one())
+    unheard = sa.select(sa.func.count()).where(unheard_ends.c.run_id == run_id)
+    return int(conn.execute(query).scalar_one()) + int(conn.execute(unheard).scalar_one())
 
 
 # at most this many keys are named in the query above (SQLite allows 32,766 parameters)

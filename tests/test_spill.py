@@ -318,3 +318,71 @@ def test_an_end_the_run_counted_already_settles_the_rank_without_counting_it_twi
     assert import_spill(store, files[1]).rank_status == "success"
     assert state() == ("success", 0)
     store.close()
+
+
+def _unheard(store: Store) -> list[tuple]:
+    import sqlalchemy as sa
+
+    with store.begin() as conn:
+        return [tuple(r) for r in conn.execute(sa.text("SELECT rank, attempt FROM unheard_ends ORDER BY rank, attempt"))]
+
+
+def _run_state(store: Store, run_id: int) -> tuple:
+    import sqlalchemy as sa
+
+    with store.begin() as conn:
+        return tuple(conn.execute(sa.text(f"SELECT status, values_spilled, values_lost FROM runs WHERE id = {run_id}")).one())
+
+
+def _gather_launch(store: Store, run_id: int, heard: dict[int, str]) -> int:
+    """One launch of 2 gather ranks, as rank 0 records it: its attempt, both ranks registered, its end."""
+    from multirank_logger.run_end import record_end
+    from multirank_logger.run_lifecycle import begin_attempt
+
+    attempt = begin_attempt(store, run_id, 2)
+    for rank in (0, 1):
+        store.register_rank(run_id, rank)
+    record_end(store, run_id, rank=0, gather_world=2, status="success", others=heard, facts={}, timeout=5, attempt=attempt)
+    return attempt
+
+
+def test_a_rank_unheard_in_one_launch_keeps_the_run_incomplete_after_the_next_launch(db_path: Path, tmp_path: Path) -> None:
+    """Launch 0: rank 0 never heard rank 1's end, whose undelivered rows went to its spill file.
+    Launch 1 (a requeue, or ddp_spawn's test after fit) registers rank 1 again and hears it. The
+    run stays "incomplete": rank 1's launch-0 rows are only in that file. Importing it completes
+    the run."""
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    first = _gather_launch(store, run.id, heard={})
+    assert _run_state(store, run.id) == ("incomplete", None, None) and _unheard(store) == [(1, first)]
+    spill = SpillWriter(tmp_path, run_id=run.id, name="exp", version=run.version, rank=1, attempt=first)
+    spill.write([_batch(0, 3, run_id=run.id)])
+    spill.write_end("success", 6, 0)
+
+    _gather_launch(store, run.id, heard={1: "success"})
+    assert _run_state(store, run.id)[0] == "incomplete"
+    assert _unheard(store) == [(1, first)]
+
+    report = import_spill(store, spill.path)
+    assert (report.rows_added, report.rank_status) == (6, "success")
+    assert _run_state(store, run.id) == ("success", 0, 0)
+    assert _unheard(store) == []
+    store.close()
+
+
+def test_a_later_phase_that_hears_the_rank_settles_its_earlier_unheard_end(db_path: Path) -> None:
+    """Within one launch (fit, then test in the same processes), the sender's report at its next
+    end covers what its unheard end did not get counted (sinks.GatherSender): hearing it settles
+    the rank, and with nothing spilled the run is a success."""
+    from multirank_logger.run_end import record_end
+
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    attempt = _gather_launch(store, run.id, heard={})
+    assert _unheard(store) == [(1, attempt)]
+    store.register_rank(run.id, 1)  # the test phase's set-up
+    record_end(store, run.id, rank=0, gather_world=2, status="success", others={1: "success"}, facts={}, timeout=5,
+               attempt=attempt)
+    assert _unheard(store) == []
+    assert _run_state(store, run.id)[0] == "success"
+    store.close()
