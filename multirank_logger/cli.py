@@ -123,11 +123,15 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def _status_text(status: str, started: Any, last_value: Any) -> str:
+def _status_text(status: str, started: Any, last_value: Any, spilled: int, lost: int, unknown: int) -> str:
     """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
-    killer) never records its end, and only its silence tells it from a live one."""
+    killer) never records its end, and only its silence tells it from a live one. Any other
+    run with what it lacks (an incomplete one: why it is not a success)."""
     if status != "running":
-        return status
+        lacks = [f"{spilled} value(s) in spill files" if spilled else "", f"{lost} lost" if lost else "",
+                 f"{unknown} rank end(s) never heard" if unknown else ""]
+        lacks = [text for text in lacks if text]
+        return f"{status} ({', '.join(lacks)})" if lacks else status
     import pandas as pd
 
     now = time.time()
@@ -151,8 +155,9 @@ def runs_cmd(db_path: str) -> None:
     if df.empty:
         click.echo(f"No runs in {db_path}.")
         return
-    df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"])]
-    df = df.drop(columns=["name", "version", "last_value"])
+    lacks = ("values_spilled", "values_lost", "ends_unknown")
+    df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"], *(df[c] for c in lacks))]
+    df = df.drop(columns=["name", "version", "last_value", *lacks])
     df["started"] = df["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
     df["duration_s"] = df["duration_s"].map(_duration)
     names = {"duration_s": "duration", "world_size": "ranks", "started": "started (UTC)"}

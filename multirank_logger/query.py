@@ -39,6 +39,7 @@ from multirank_logger.schema import (
     metrics,
     ranks,
     runs,
+    unheard_ends,
 )
 from multirank_logger.side_query import SideTablesReader
 from multirank_logger.store import Store, retry_while_locked
@@ -147,11 +148,15 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
 
     def runs(self) -> Any:
         """One row per run: id, run (label), name, version, status, world_size, started,
-        duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none).
+        duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none),
+        values_spilled, values_lost, ends_unknown.
 
         ``duration_s`` runs to ``ended_at``, or to the last logged value while a run is
         still running. ``steps`` counts the distinct steps rank 0 logged; ``keys`` the
-        distinct keys any rank logged.
+        distinct keys any rank logged. What keeps an ``incomplete`` run from success:
+        ``values_spilled`` (in spill files, not imported yet), ``values_lost``, and
+        ``ends_unknown``, the ranks whose end the store never heard (``missing``, or
+        ``running`` in a run that is over; an earlier launch's, in ``unheard_ends``).
         """
         import pandas as pd
 
@@ -165,9 +170,13 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             .group_by(metrics.c.run_id)
             .subquery()
         )
+        unended = sa.select(sa.func.count()).where(ranks.c.run_id == runs.c.id, ranks.c.status.in_(("missing", "running")))
+        unheard = sa.select(sa.func.count()).where(unheard_ends.c.run_id == runs.c.id)
         stmt = (
             sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
-                      runs.c.started_at, runs.c.ended_at, per_run.c.n_steps, per_run.c.n_keys, per_run.c.last_time)
+                      runs.c.started_at, runs.c.ended_at, per_run.c.n_steps, per_run.c.n_keys, per_run.c.last_time,
+                      runs.c.values_spilled, runs.c.values_lost, unended.scalar_subquery().label("n_unended"),
+                      unheard.scalar_subquery().label("n_unheard"))
             .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
             .order_by(runs.c.id)
         )
@@ -187,6 +196,11 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
                 "keys": df["n_keys"].fillna(0).astype("int64"),
                 # a "running" run whose last value is hours old has likely died unrecorded (SIGKILL)
                 "last_value": pd.to_datetime(df["last_time"].astype("float64"), unit="s", utc=True),
+                "values_spilled": df["values_spilled"].fillna(0).astype("int64"),
+                "values_lost": df["values_lost"].fillna(0).astype("int64"),
+                "ends_unknown": (
+                    df["n_unended"].where(df["status"] != "running", 0).fillna(0) + df["n_unheard"].fillna(0)
+                ).astype("int64"),
             }
         )
         return out

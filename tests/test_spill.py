@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -362,11 +363,15 @@ def test_a_rank_unheard_in_one_launch_keeps_the_run_incomplete_after_the_next_la
     _gather_launch(store, run.id, heard={1: "success"})
     assert _run_state(store, run.id)[0] == "incomplete"
     assert _unheard(store) == [(1, first)]
+    shown = CliRunner().invoke(main, ["runs", str(db_path)])  # why it is not a success
+    assert shown.exit_code == 0 and "incomplete (1 rank end(s) never heard)" in shown.output, shown.output
 
     report = import_spill(store, spill.path)
     assert (report.rows_added, report.rank_status) == (6, "success")
     assert _run_state(store, run.id) == ("success", 0, 0)
     assert _unheard(store) == []
+    shown = CliRunner().invoke(main, ["runs", str(db_path)])
+    assert re.search(r"\bsuccess\s", shown.output) and "never heard" not in shown.output, shown.output
     store.close()
 
 
