@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.schema import SEQ_ATTEMPT_SHIFT, attempts, metrics, ranks, runs
+from multirank_logger.schema import SEQ_ATTEMPT_SHIFT, attempts, metrics, ranks, runs, unheard_ends
 from multirank_logger.store import Store
 
 __all__ = [
@@ -243,9 +243,20 @@ def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
 
     Earlier attempts still ``running`` are closed as `VANISHED` (their ``ended_at`` stays
     unknown), and ranks still ``running`` become ``missing``, as in `finalize`: launches of a
-    run follow one another, so the new one means the old one is gone.
+    run follow one another, so the new one means the old one is gone. A rank still ``running``
+    in a launch that did end (rank 0 recorded it) never recorded its own end (its store was
+    unwritable): what it did not store is in its spill file only, so it is kept in
+    ``unheard_ends``, which this launch's registering the rank again does not clear.
     """
     with store.begin() as conn:
+        previous = conn.execute(
+            sa.select(attempts.c.attempt, attempts.c.status)
+            .where(attempts.c.run_id == run_id)
+            .order_by(attempts.c.attempt.desc())
+            .limit(1)
+        ).first()
+        if previous is not None and previous.status != "running":
+            _keep_unrecorded_ends(conn, run_id, int(previous.attempt))
         conn.execute(
             attempts.update()
             .where(attempts.c.run_id == run_id, attempts.c.status == "running")
@@ -273,6 +284,17 @@ def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
         )
         conn.execute(runs.update().where(runs.c.id == run_id).values(status="running", ended_at=None))
     return attempt
+
+
+def _keep_unrecorded_ends(conn: sa.Connection, run_id: int, attempt: int) -> None:
+    unrecorded = set(conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == run_id, ranks.c.status == "running")).scalars())
+    known = conn.execute(
+        sa.select(unheard_ends.c.rank).where(unheard_ends.c.run_id == run_id, unheard_ends.c.attempt == attempt)
+    ).scalars()
+    now = time.time()
+    rows = [{"run_id": run_id, "rank": r, "attempt": attempt, "recorded_at": now} for r in sorted(unrecorded - set(known))]
+    if rows:
+        conn.execute(unheard_ends.insert(), rows)
 
 
 def end_attempt(store: Store, run_id: int, attempt: int, status: str) -> None:

@@ -391,3 +391,40 @@ def test_a_later_phase_that_hears_the_rank_settles_its_earlier_unheard_end(db_pa
     assert _unheard(store) == []
     assert _run_state(store, run.id)[0] == "success"
     store.close()
+
+
+def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_after_the_next_launch(
+    db_path: Path, tmp_path: Path
+) -> None:
+    """Direct mode, launch 0: rank 1's store turned unwritable, so it never recorded its end (it
+    stays "running"; its last rows and its end are in its spill file); rank 0 recorded the run
+    "incomplete" and ended the launch. Launch 1 registers rank 1 again and both ranks end well:
+    the run stays "incomplete" until rank 1's launch-0 file is imported. A launch that vanished
+    (still "running": SIGKILL) keeps nothing: the resumed run is a success (test_run_lifecycle)."""
+    from multirank_logger.run_end import record_end
+    from multirank_logger.run_lifecycle import begin_attempt, end_attempt
+
+    def launch() -> int:
+        attempt = begin_attempt(store, run.id, 2)
+        for rank in (0, 1):
+            store.register_rank(run.id, rank)
+        return attempt
+
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    first = launch()
+    record_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={}, timeout=5, attempt=first)
+    end_attempt(store, run.id, first, "success")
+    assert _run_state(store, run.id)[0] == "incomplete"
+    spill = SpillWriter(tmp_path, run_id=run.id, name="exp", version=run.version, rank=1, attempt=first)
+    spill.write([_batch(0, 2, run_id=run.id)])
+    spill.write_end("success", 4, 0)
+
+    second = launch()
+    assert _unheard(store) == [(1, first)]
+    for rank in (0, 1):
+        record_end(store, run.id, rank=rank, gather_world=0, status="success", others={}, facts={}, timeout=5,
+                   attempt=second)
+    assert _run_state(store, run.id)[0] == "incomplete"
+    assert (import_spill(store, spill.path).rows_added, _run_state(store, run.id)) == (4, ("success", 0, 0))
+    store.close()
