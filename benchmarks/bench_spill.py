@@ -55,7 +55,8 @@ def _fill(calls: int) -> Any:
 def measure(case: str, frames: int, calls: int) -> float:
     """Rows per second of one case, in this process (the tree on sys.path)."""
     from multirank_logger import wire
-    from multirank_logger.spill import SpillWriter, import_spill, read_spill
+    from multirank_logger.spill import SpillWriter, read_spill
+    from multirank_logger.spill_import import import_spill
     from multirank_logger.store import Store
 
     rows = frames * calls * len(KEYS)

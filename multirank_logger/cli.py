@@ -87,7 +87,7 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
 
     Importing a file again adds nothing again.
     """
-    from multirank_logger.spill import import_spill  # the CLI's other commands never need it
+    from multirank_logger.spill_import import import_spill  # the CLI's other commands never need it
 
     store = Store(db_path)
     try:

@@ -86,7 +86,7 @@ def record_end(
 
     Values this rank put in its spill file or lost are added to the run's ``values_spilled`` /
     ``values_lost``; a run with any is never recorded as "success" but as "incomplete", whichever
-    rank finalizes last (importing the spill files brings it back: spill.import_spill). So is a
+    rank finalizes last (importing the spill files brings it back: spill_import.import_spill). So is a
     gather run with a rank whose end never reached rank 0 (what it did not deliver is unknown
     here: its spill file, imported, records it). Such a rank is also kept in ``unheard_ends`` under
     this launch's `attempt`, so that a later launch, which registers the rank again, cannot make

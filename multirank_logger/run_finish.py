@@ -117,7 +117,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
         else:
             log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
             run.others_unrecorded = (others_spilled, others_lost)
-            if run.spiller is not None:  # importing the spill file records it (spill.import_spill)
+            if run.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
                 run.spiller.end(status, spilled + others_spilled, lost + others_lost)
         if run.rank == 0 and run.attempt is not None:
             attempt = run.attempt

@@ -166,7 +166,7 @@ imports = sa.Table(
 # One row per (rank, launch) whose end gather rank 0 never heard: what that rank could not deliver
 # is in its spill file, counted nowhere. The ranks table keeps only a rank's latest launch (a new
 # launch registers it again), so this is what keeps the run from "success" after a later launch
-# goes well; importing that launch's spill file deletes the row (spill.import_spill).
+# goes well; importing that launch's spill file deletes the row (spill_import.import_spill).
 unheard_ends = sa.Table(
     "unheard_ends",
     metadata,

@@ -263,7 +263,7 @@ class GatherSender:
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
         """Say this rank is done, wait (bounded) for rank 0 to take its last rows; spill the rest.
         Then tell rank 0 how many values this phase spilled or lost, and write the same in the
-        spill file: importing it tells a store whose rank 0 never heard (spill.import_spill)."""
+        spill file: importing it tells a store whose rank 0 never heard (spill_import.import_spill)."""
         try:
             self.channel.mark_done(status)
         except ChannelError as exc:

@@ -21,9 +21,7 @@ footer loses them all. Payload kinds:
   last end the run counted, earlier phases included. ``counted`` (absent in older files: false)
   says the run took them after all (rank 0 acknowledged the report).
 
-Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
-read, and rows the store already holds (same run, rank, seq and key: rank 0 may have
-stored a batch that its sender never saw acknowledged) are skipped.
+Importing a file into a store is spill_import.py's.
 """
 
 from __future__ import annotations
@@ -40,22 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import sqlalchemy as sa
 
-from multirank_logger.batch import column_lists, concat_batches, take_rows, with_run_id
-from multirank_logger.errors import LookupFailed, MultiRankLoggerError
-from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs, unheard_ends
+from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.side_records import decode_side, encode_side
-from multirank_logger.store import unseen_side_rows
 from multirank_logger.wire import decode_batch, encode_batch
 from multirank_logger.wire_mrb1 import decode_mrb1
 
-__all__ = [
-    "SPILL_SUFFIX", "ImportReport", "SpillContents", "SpillCorrupt", "SpillWriter", "import_spill", "read_spill",
-    "read_spill_contents",
-]
+__all__ = ["SPILL_SUFFIX", "SpillContents", "SpillCorrupt", "SpillWriter", "read_spill", "read_spill_contents"]
 
 SPILL_SUFFIX = ".mrspill"
 _FORMAT = "multirank-spill"
@@ -235,185 +225,3 @@ def _decode_frame(payload: bytes, decode_metrics: Callable[[bytes], pa.RecordBat
             raise ValueError("not a rank's end")
         return "end", facts
     return "metrics", decode_metrics(payload)
-
-
-@dataclass(frozen=True)
-class ImportReport:
-    """What `import_spill` did with one file."""
-
-    path: str
-    spill_id: str
-    run_id: int
-    name: str
-    version: int
-    rank: int
-    rows_added: int
-    rows_skipped: int
-    frames_read: int
-    side_rows_added: int = 0
-    #: how the rank ended, when the file says so and the store had it as "missing"
-    rank_status: str | None = None
-
-    @property
-    def already_imported(self) -> bool:
-        return self.frames_read == 0
-
-
-def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
-    """Merge a spill file into `store` (a writable Store), in one transaction. Idempotent.
-
-    The run is found by its (name, version), so the file imports into any store that holds
-    that run, whatever its id there. Metric rows and side-table rows the store holds already
-    are skipped. A rank the store has as "missing" (rank 0 never heard its end) takes the end
-    the file records, and the values it spilled or lost count in the run's totals.
-
-    Raises:
-        SpillCorrupt: when the file cannot be read as a spill file.
-        LookupFailed: when the store holds no run with the file's name and version.
-    """
-    contents = read_spill_contents(path)
-    header, frames = contents.header, contents.frames
-    spill_id = str(header["spill_id"])
-    name, version, rank = str(header["name"]), int(header["version"]), int(header["rank"])
-    with store.begin() as conn:
-        done = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.max(imports.c.end_frame), 0)).where(imports.c.spill_id == spill_id)
-        ).scalar_one()
-        run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name, runs.c.version == version)).scalar()
-        if run_id is None:
-            labels = conn.execute(sa.select(runs.c.name, runs.c.version)).all()
-            raise LookupFailed("run", f"{name}/version_{version}", [f"{n}/version_{v}" for n, v in labels])
-        report = {"path": str(path), "spill_id": spill_id, "run_id": run_id, "name": name, "version": version}
-        report["rank"] = rank
-        if done >= len(frames):
-            return ImportReport(**report, rows_added=0, rows_skipped=0, frames_read=0)
-        new = frames[done:]
-        # the store's id for the run, not the one the rank knew
-        batch = with_run_id(concat_batches([obj for kind, obj in new if kind == "metrics"]), run_id)
-        fresh = _without_stored_rows(conn, batch, run_id) if len(batch) else batch
-        if len(fresh):
-            store.backend.insert_metrics(conn, metrics, fresh)
-        side_added = sum(_insert_side(store, conn, obj, run_id) for kind, obj in new if kind == "side")
-        ends = [obj for kind, obj in new if kind == "end"]
-        rank_status = _settle_rank(conn, run_id, rank, ends[-1], header.get("attempt")) if ends else None
-        conn.execute(
-            imports.insert().values(
-                spill_id=spill_id,
-                first_frame=done,
-                end_frame=len(frames),
-                run_id=run_id,
-                rank=rank,
-                rows=len(fresh),
-                source=str(Path(path).resolve()),
-                imported_at=time.time(),
-            )
-        )
-        _settle_run(conn, run_id, len(batch))
-    return ImportReport(
-        **report, rows_added=len(fresh), rows_skipped=len(batch) - len(fresh), frames_read=len(frames) - done,
-        side_rows_added=side_added, rank_status=rank_status,
-    )
-
-
-def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[str, Any]]], run_id: int) -> int:
-    added = 0
-    for table, rows in tables.items():
-        for row in rows:
-            row["run_id"] = run_id
-        if rows:
-            added += store.backend.insert_rows(conn, SIDE_TABLES[table],
-                unseen_side_rows(conn, SIDE_TABLES[table], rows))
-    return added
-
-
-def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any], attempt: int | None) -> str | None:
-    """A rank whose end the store never heard ("missing": gather rank 0 did not; "running": the rank
-    could not write the store at its end; or in ``unheard_ends`` for the file's launch, which a later
-    launch registered again): record the last end its spill file holds, and count the values it
-    spilled (this file's, taken off again below) and lost in the run. That end's counts cover
-    every earlier phase whose counts the run lacks (spill.py's header).
-
-    Returns:
-        The rank's status, when its end was unknown; None when the store knew its end already.
-    """
-    latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
-    # the ranks row is the file's launch's unless a later launch registered the rank again
-    current = attempt is None or latest is None or int(attempt) == int(latest)
-    status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
-    row_unended = current and status in ("missing", "running")
-    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
-    unheard = attempt is not None and conn.execute(sa.select(sa.exists().where(this_launch))).scalar()
-    if not (row_unended or unheard):
-        return None  # the store heard its end, and counted its values then (run_end.record_end)
-    if unheard:
-        conn.execute(unheard_ends.delete().where(this_launch))
-    if row_unended:
-        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
-    if end.get("counted"):
-        end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
-    if not current:  # a later launch owns the run's status now: only the counts are this file's
-        run_status: Any = runs.c.status
-    elif end["status"] in ("failed", "interrupted"):  # a rank that failed, as rank 0 would have recorded had it heard
-        run_status = sa.case((runs.c.status.in_(("incomplete", "running")), end["status"]), else_=runs.c.status)
-    elif rank == 0:  # rank 0 could not record the run's end: it is over, whole or not (_settle_run)
-        run_status = sa.case((runs.c.status == "running", "incomplete"), else_=runs.c.status)
-    else:
-        run_status = runs.c.status
-    conn.execute(
-        runs.update()
-        .where(runs.c.id == run_id)
-        .values(
-            values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + int(end.get("values_spilled", 0)),
-            values_lost=sa.func.coalesce(runs.c.values_lost, 0) + int(end.get("values_lost", 0)),
-            status=run_status,
-        )
-    )
-    return str(end["status"])
-
-
-def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
-    """`values` spilled values are in the store now: count them off the run's ``values_spilled``;
-    a run left "incomplete" only for want of them (no value lost, no rank whose end is unknown)
-    is a success again."""
-    row = conn.execute(sa.select(runs.c.status, runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).one()
-    spilled = max((row.values_spilled or 0) - values, 0)
-    status = row.status
-    if status == "incomplete" and spilled == 0 and not row.values_lost and not _unended_ranks(conn, run_id):
-        status = "success"  # only a run that ended in success is recorded as incomplete (run_end.py)
-    if spilled != (row.values_spilled or 0) or status != row.status:
-        conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled, status=status))
-    if status == "success" and row.status == "incomplete":  # its launches were recorded as it stood then
-        conn.execute(
-            attempts.update().where(attempts.c.run_id == run_id, attempts.c.status == "incomplete").values(status="success")
-        )
-
-
-def _unended_ranks(conn: sa.Connection, run_id: int) -> int:
-    """Ranks whose end the store does not know, in the latest launch or (``unheard_ends``) an earlier one."""
-    query = sa.select(sa.func.count()).where(ranks.c.run_id == run_id, ranks.c.status.in_(("missing", "running")))
-    unheard = sa.select(sa.func.count()).where(unheard_ends.c.run_id == run_id)
-    return int(conn.execute(query).scalar_one()) + int(conn.execute(unheard).scalar_one())
-
-
-# at most this many keys are named in the query above (SQLite allows 32,766 parameters)
-_KEYS_IN_QUERY = 1_000
-
-
-def _without_stored_rows(conn: sa.Connection, batch: pa.RecordBatch, run_id: int) -> pa.RecordBatch:
-    """`batch` minus the rows whose (rank, seq, key) the run already holds."""
-    rank, seq, key = column_lists(batch, ("rank", "seq", "key"))
-    query = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.key).where(
-        metrics.c.run_id == run_id,
-        metrics.c.rank.in_(sorted(set(rank))),
-        metrics.c.seq.between(min(seq), max(seq)),
-    )
-    keys = set(key)
-    if len(keys) <= _KEYS_IN_QUERY:
-        # SQLite's metrics is keyed (run_id, key, rank, seq): naming the keys makes this a few
-        # range seeks instead of a scan of the whole run
-        query = query.where(metrics.c.key.in_(sorted(keys)))
-    stored = {tuple(row) for row in conn.execute(query)}
-    if not stored:
-        return batch
-    keep = np.fromiter((row not in stored for row in zip(rank, seq, key)), bool, len(batch))
-    return take_rows(batch, keep)

@@ -170,7 +170,7 @@ class Spiller:
     def end(self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False) -> None:
         """Record in the spill file (when there is one) how this rank ended and the values it did
         not deliver that the run's totals lack (`counted`: the run has them already), for a store
-        that never heard its end (spill.import_spill). Best effort."""
+        that never heard its end (spill_import.import_spill). Best effort."""
         try:
             self.spill.write_end(status, values_spilled, values_lost, counted=counted)
         except OSError:

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from multirank_logger.batch import empty_batch
 from multirank_logger.buffer import RecordBuffer
 from multirank_logger.cli import main
-from multirank_logger.spill import SpillCorrupt, SpillWriter, import_spill, read_spill, read_spill_contents
+from multirank_logger.spill import SpillCorrupt, SpillWriter, read_spill, read_spill_contents
+from multirank_logger.spill_import import import_spill
 from multirank_logger.store import Store
 
 #: written by the SpillWriter of commit f090cc9 (format version 1, MRB1 payloads): run exp/version_0,
