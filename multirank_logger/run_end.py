@@ -88,9 +88,10 @@ def record_end(
     ``values_lost``; a run with any is never recorded as "success" but as "incomplete", whichever
     rank finalizes last (importing the spill files brings it back: spill_import.import_spill). So is a
     gather run with a rank whose end never reached rank 0 (what it did not deliver is unknown
-    here: its spill file, imported, records it). Such a rank is also kept in ``unheard_ends`` under
-    this launch's `attempt`, so that a later launch, which registers the rank again, cannot make
-    the run a success before that file is imported."""
+    here: its spill file, imported, records it). At a success, such a rank is also kept in
+    ``unheard_ends`` under this launch's `attempt`, so that a later launch (``test`` after
+    ``fit``), which registers the rank again, cannot make the run a success before that file is
+    imported."""
     now = time.time() if now is None else now
 
     def write() -> None:
@@ -102,10 +103,12 @@ def record_end(
                 for other in range(1, gather_world):
                     values = {**facts.get(other, {}), "status": others.get(other, "missing"), "ended_at": now}
                     store.update_rank(run_id, other, **values)
-                if attempt is not None and gather_world > 1:
+                if attempt is not None and gather_world > 1 and status == "success":
                     # a success takes every heard rank's report, which covers what that rank's
-                    # earlier phases of this launch did not get counted (sinks.GatherSender)
-                    heard = [o for o in range(1, gather_world) if o in others] if status == "success" else []
+                    # earlier phases of this launch did not get counted (sinks.GatherSender). A
+                    # launch that did not succeed keeps none: a resume supersedes its last rows,
+                    # as it does a vanished launch's (run_lifecycle.begin_attempt)
+                    heard = [o for o in range(1, gather_world) if o in others]
                     unheard = [o for o in range(1, gather_world) if o not in others]
                     _record_unheard(store, run_id, attempt, unheard, heard, now)
             if values_spilled or values_lost:

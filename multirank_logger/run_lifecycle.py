@@ -244,9 +244,11 @@ def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
     Earlier attempts still ``running`` are closed as `VANISHED` (their ``ended_at`` stays
     unknown), and ranks still ``running`` become ``missing``, as in `finalize`: launches of a
     run follow one another, so the new one means the old one is gone. A rank still ``running``
-    in a launch that did end (rank 0 recorded it) never recorded its own end (its store was
-    unwritable): what it did not store is in its spill file only, so it is kept in
-    ``unheard_ends``, which this launch's registering the rank again does not clear.
+    in a launch that ended well (rank 0 recorded "success", or "incomplete" for want of that
+    rank) never recorded its own end (its store was unwritable): what it did not store is in
+    its spill file only, so it is kept in ``unheard_ends``, which this launch's registering the
+    rank again does not clear. A launch that was interrupted or failed keeps none: what its
+    ranks logged last is what a resume logs again, as for a vanished launch.
     """
     with store.begin() as conn:
         previous = conn.execute(
@@ -255,7 +257,7 @@ def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
             .order_by(attempts.c.attempt.desc())
             .limit(1)
         ).first()
-        if previous is not None and previous.status != "running":
+        if previous is not None and previous.status in ("success", "incomplete"):
             _keep_unrecorded_ends(conn, run_id, int(previous.attempt))
         conn.execute(
             attempts.update()

@@ -336,7 +336,7 @@ def _run_state(store: Store, run_id: int) -> tuple:
         return tuple(conn.execute(sa.text(f"SELECT status, values_spilled, values_lost FROM runs WHERE id = {run_id}")).one())
 
 
-def _gather_launch(store: Store, run_id: int, heard: dict[int, str]) -> int:
+def _gather_launch(store: Store, run_id: int, heard: dict[int, str], status: str = "success") -> int:
     """One launch of 2 gather ranks, as rank 0 records it: its attempt, both ranks registered, its end."""
     from multirank_logger.run_end import record_end
     from multirank_logger.run_lifecycle import begin_attempt
@@ -344,7 +344,7 @@ def _gather_launch(store: Store, run_id: int, heard: dict[int, str]) -> int:
     attempt = begin_attempt(store, run_id, 2)
     for rank in (0, 1):
         store.register_rank(run_id, rank)
-    record_end(store, run_id, rank=0, gather_world=2, status="success", others=heard, facts={}, timeout=5, attempt=attempt)
+    record_end(store, run_id, rank=0, gather_world=2, status=status, others=heard, facts={}, timeout=5, attempt=attempt)
     return attempt
 
 
@@ -428,4 +428,17 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
                    attempt=second)
     assert _run_state(store, run.id)[0] == "incomplete"
     assert (import_spill(store, spill.path).rows_added, _run_state(store, run.id)) == (4, ("success", 0, 0))
+    store.close()
+
+
+def test_an_interrupted_launch_keeps_no_unheard_end_and_its_resume_is_a_success(db_path: Path) -> None:
+    """A preemption (SIGTERM: "interrupted") in which rank 0 never heard rank 1: the resume logs
+    again from the checkpoint what that launch logged last, as after a vanished launch, so the
+    run that resumes and ends well is a success."""
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    _gather_launch(store, run.id, heard={}, status="interrupted")
+    assert _unheard(store) == [] and _run_state(store, run.id)[0] == "interrupted"
+    _gather_launch(store, run.id, heard={1: "success"})
+    assert _run_state(store, run.id)[0] == "success"
     store.close()
