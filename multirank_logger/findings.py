@@ -161,15 +161,23 @@ def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]
 
 
 def _persistent(depart: np.ndarray, min_steps: int) -> np.ndarray:
-    """The departing steps inside stretches where most steps depart and that last ``min_steps``."""
+    """The departing steps inside stretches where most steps depart and that last ``min_steps``,
+    each with the shorter such stretches just before it (fewer than ``MIN_STEPS`` steps apart):
+    a few steps where the other ranks were noisy too (a loaded host) do not move where a
+    departure began. A short stretch alone is still no finding."""
     import pandas as pd
 
     most = pd.Series(depart.astype(float)).rolling(5, center=True, min_periods=1).mean().to_numpy() > 0.5
     keep = np.zeros(len(depart), bool)
     edges = np.flatnonzero(np.diff(np.r_[0, most.astype(np.int8), 0]))
-    for start, stop in zip(edges[::2], edges[1::2]):
-        if stop - start >= min_steps:
-            keep[start:stop] = True
+    stretches = list(zip(edges[::2], edges[1::2]))
+    for i, (start, stop) in enumerate(stretches):
+        if stop - start < min_steps:
+            continue
+        first = i
+        while first > 0 and stretches[first][0] - stretches[first - 1][1] < MIN_STEPS:
+            first -= 1
+        keep[stretches[first][0] : stop] = True
     return keep & depart
 
 

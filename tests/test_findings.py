@@ -55,6 +55,33 @@ def test_small_persistent_shift_found() -> None:
     assert [i["rank"] for i in departures(_table(shifted))] == [3]
 
 
+# data_s (ms) of a 3-rank run whose rank 1 waits 30 ms for every batch, steps 1-13 as a fresh-clone
+# `make test` measured them on a loaded 2-core machine: at steps 5-7 the other ranks waited too
+_LOADED_STEPS = [
+    (7.6, 35.8, 2.8), (1.1, 34.0, 2.9), (2.7, 37.3, 4.2), (0.8, 35.3, 4.3), (21.4, 38.1, 19.0), (18.0, 37.3, 0.8),
+    (20.5, 31.1, 10.7), (4.2, 42.3, 0.6), (2.1, 34.5, 3.5), (2.1, 37.6, 2.6), (4.2, 41.7, 16.0), (2.8, 36.5, 2.2),
+    (13.8, 35.9, 0.6),
+]
+
+
+def test_a_straggler_is_found_from_its_first_step_through_a_few_noisy_steps() -> None:
+    """A slow shard from step 1, with steps 5-7 where the other ranks were slow too (the host was
+    busy): one straggler from step 1, not from step 8, where its uninterrupted stretch begins."""
+    rng = np.random.default_rng(0)
+    steady = np.abs(3.0 + 1.5 * rng.standard_normal((36, 3))) + np.array([0.0, 32.0, 0.0])
+    values = np.vstack([np.array(_LOADED_STEPS), steady]) / 1000
+    (item,) = departures(_table(values), higher_only=True)
+    assert (item["rank"], item["first_step"], item["last_step"]) == (1, 0, 48)
+    assert 0.025 < item["excess"] < 0.040
+
+
+def test_a_short_stretch_alone_is_no_finding() -> None:
+    """Four departing steps, then the rank back among the others: no persistent departure."""
+    values = _noisy(4, 4)
+    values[100:104, 1] *= 30
+    assert departures(_table(values)) == []
+
+
 def test_spikes_are_not_persistent() -> None:
     """Single-step spikes on one rank (every 10th step) are not a persistent departure."""
     values = _noisy(3, 4)
