@@ -1,7 +1,7 @@
 """`multirank-logger report` on real 3-rank DDP runs over gloo on CPU, with StepTimer.
 
 One store, two launches of tests/report_train.py on the same model: `faulty` (rank 1's data
-loader sleeps 30 ms per batch, rank 2's train_loss is 20x from step 20, rank 2 logs NaN for
+loader sleeps 100 ms per batch, rank 2's train_loss is 20x from step 20, rank 2 logs NaN for
 weight_norm from step 25) and `clean` (nothing injected).
 """
 
@@ -57,7 +57,7 @@ def test_report_names_the_faulty_ranks(db: Path) -> None:
     with open_store(db) as reader:
         found = reader.report(run="faulty")
     assert [(s["rank"], s["phase"]) for s in found.stragglers] == [(1, "data")]
-    assert found.stragglers[0]["first_step"] <= 3 and 0.020 < found.stragglers[0]["excess_s"] < 0.060
+    assert found.stragglers[0]["first_step"] <= 3 and 0.080 < found.stragglers[0]["excess_s"] < 0.150
     assert [(o["rank"], o["key"]) for o in found.outliers] == [(2, "train_loss")]
     assert 19 <= found.outliers[0]["first_step"] <= 21 and found.outliers[0]["last_step"] == STEPS - 1
     assert found.outliers[0]["ratio"] > 5
