@@ -316,6 +316,8 @@ def _log_messages(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
         item["count"] += 1
         if int(r.rank) not in item["ranks"]:
             item["ranks"].append(int(r.rank))
+    for item in out.values():
+        item["ranks"].sort()
     ordered = sorted(out.values(), key=lambda i: -_LEVELS.get(i["level"], 0))  # stable: errors first, then by time
     return ordered[:MAX_LOG_MESSAGES]
 

@@ -35,7 +35,7 @@ def _num(value: Any, unit: str = "") -> str:
 def _lines(f: Findings) -> list[tuple[str, list[str]]]:
     """The findings as (section title, lines); shared by the text and the HTML."""
     ranks = [
-        f"rank {r['rank']}: {r['status']} on {r['host'] or '?'}, {r['steps']} steps, "
+        f"rank {r['rank']}: {r['status']} on {r['host'] or '?'}, {r['steps']} logged steps, "
         f"{_num(r['duration_s'])} s" for r in f.ranks
     ]  # fmt: skip
     timing = [
@@ -85,8 +85,16 @@ def findings_text(f: Findings) -> str:
     for title, lines in _lines(f):
         out += ["", f"{title}:"] + [f"  {line}" for line in lines or ["none"]]
     out += [""] + f.notes if f.notes else []
-    out += ["", "Nothing stands out." if not f.problems else "See above: which rank, from which step, how much."]
+    out += ["", _verdict(f)]
     return "\n".join(out)
+
+
+def _verdict(f: Findings) -> str:
+    if not f.problems:
+        return "Nothing stands out."
+    if f.log_messages and not any((f.stragglers, f.outliers, f.non_finite, f.memory, f.decisions)):
+        return "No rank stands out in the numbers; read the warnings and errors above."
+    return "See above: which rank, from which step, how much."
 
 
 def _plot_keys(reader: Any, f: Findings) -> list[str]:

@@ -167,7 +167,7 @@ def side_store(any_db):
             for seq, votes in enumerate([(True, True, True), (True, False, False)]) for r, vote in enumerate(votes)
         ])  # fmt: skip
         conn.execute(sa.insert(logs), [
-            {"run_id": 1, "rank": r, "seq": s, "time": now + s, "level": level, "levelno": no, "logger": "train",
+            {"run_id": 1, "rank": r, "seq": s, "time": now + s - r / 10, "level": level, "levelno": no, "logger": "train",
              "message": msg}
             for r in range(3) for s, (level, no, msg) in enumerate([("INFO", 20, "epoch done"),
                                                                     ("WARNING", 30, "slow batch")])
@@ -205,3 +205,22 @@ def test_report_reads_decisions_logs_and_memory(side_store) -> None:
         ("grad", 2, 3, 0, 2), ("loss", 1, 7, 2, 0)
     ]
     assert found.stragglers == [] and found.outliers == [] and found.problems
+
+
+def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None:
+    """Warnings every rank logged alike are worth reading but name no rank; a straggler does."""
+    from multirank_logger.findings import Findings
+    from multirank_logger.report import findings_text
+
+    warning = {"level": "WARNING", "logger": "py.warnings", "message": "deprecated", "ranks": [0, 1], "count": 2}
+    straggler = {"rank": 1, "phase": "data", "excess_s": 0.1, "share_of_step": 0.5, "first_step": 1,
+                 "last_step": 9, "steps": 9}  # fmt: skip
+    quiet = findings_text(Findings(run="r/version_0", run_id=1, world_size=2))
+    only_logs = findings_text(Findings(run="r/version_0", run_id=1, world_size=2, log_messages=[warning]))
+    both = findings_text(Findings(run="r/version_0", run_id=1, world_size=2, log_messages=[warning],
+                                  stragglers=[straggler]))  # fmt: skip
+    assert quiet.endswith("Nothing stands out.")
+    assert "WARNING on ranks [0, 1] (2x): deprecated" in only_logs
+    assert only_logs.endswith("No rank stands out in the numbers; read the warnings and errors above.")
+    assert "rank 1: data 100 ms longer than the other ranks per step" in both
+    assert both.endswith("See above: which rank, from which step, how much.")
