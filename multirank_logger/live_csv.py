@@ -17,6 +17,7 @@ file from the store, so the file at the end is CSVLogger's byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import os
@@ -90,8 +91,7 @@ class LiveCsv:
                 if columns != self._columns:
                     # CSVLogger's rule: a new key (header) rewrites the file
                     self._rewrite(columns)
-                with self._fs.open(self.path, "a", newline="") as fp:
-                    self.rows += write_rows(fp, columns, [rows])
+                self._append(columns, rows)
         except Exception as exc:  # noqa: BLE001 - kept for the next batch; the store has the rows anyway
             if not self._warned:
                 self._warned = True
@@ -124,12 +124,44 @@ class LiveCsv:
                 self._columns = next(csv.reader(fp))
             self.rows = rows
 
+    def _append(self, columns: list[str], rows: LongRows) -> None:
+        """The batch's lines at the end of the file; all of them or none (a full disk).
+
+        An append cut short leaves part of a line: that tail is cut off again, so the file
+        keeps whole lines and the retry does not write the first lines twice."""
+        local = self._local_path()
+        size = None
+        if local is not None:
+            with contextlib.suppress(OSError):
+                size = os.path.getsize(local)
+        try:
+            with self._fs.open(self.path, "a", newline="") as fp:
+                written = write_rows(fp, columns, [rows])
+        except BaseException:
+            if local is not None and size is not None:
+                with contextlib.suppress(OSError):
+                    os.truncate(local, size)  # frees blocks: works on a full disk
+            raise
+        self.rows += written
+
+    def _local_path(self) -> str | None:
+        """The file's path on this machine, or None on a remote filesystem (appends there are
+        uploads of the whole file: no torn tail to cut)."""
+        protocol = self._fs.protocol
+        protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+        return self._fs._strip_protocol(self.path) if "file" in protocols else None
+
     def _start(self, columns: list[str], rows: LongRows) -> None:
         """The first write of this run: a fresh file, replacing one a former run left."""
         self._fs.makedirs(posixpath.dirname(self.path) or ".", exist_ok=True)
-        with self._fs.open(self.path, "w", newline="") as fp:
-            write_header(fp, columns)
-            self.rows = write_rows(fp, columns, [rows])
+        try:
+            with self._fs.open(self.path, "w", newline="") as fp:
+                write_header(fp, columns)
+                self.rows = write_rows(fp, columns, [rows])
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._fs.rm(self.path)  # no header cut short left behind; the retry starts again
+            raise
         self._columns = columns
 
     def _rewrite(self, columns: list[str]) -> None:
@@ -141,12 +173,17 @@ class LiveCsv:
         # one more field, always empty, for the columns the old lines do not have
         pick = itemgetter(*[where.get(name, len(old)) for name in columns])
         tmp = f"{self.path}.{os.getpid()}.tmp"
-        with self._fs.open(self.path, "r", newline="") as src, self._fs.open(tmp, "w", newline="") as dst:
-            src.readline()  # the old header: known, and it may hold quoted keys
-            write_header(dst, columns)
-            for line in src:
-                fields = line[: -len(_LINE_END)].split(",")
-                fields.append("")
-                dst.write(",".join(pick(fields)) + _LINE_END)
-        self._fs.mv(tmp, self.path)
+        try:
+            with self._fs.open(self.path, "r", newline="") as src, self._fs.open(tmp, "w", newline="") as dst:
+                src.readline()  # the old header: known, and it may hold quoted keys
+                write_header(dst, columns)
+                for line in src:
+                    fields = line[: -len(_LINE_END)].split(",")
+                    fields.append("")
+                    dst.write(",".join(pick(fields)) + _LINE_END)
+            self._fs.mv(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._fs.rm(tmp)  # a half copy on a full disk takes the room the retry needs
+            raise
         self._columns = columns

@@ -28,6 +28,8 @@ __all__ = ["NAME_HPARAMS_FILE", "NAME_METRICS_FILE", "Rank0Files"]
 log = logging.getLogger(__name__)
 NAME_METRICS_FILE = "metrics.csv"
 NAME_HPARAMS_FILE = "hparams.yaml"
+#: what the live metrics.csv held, when the whole file could not be written at the end
+NAME_PARTIAL_METRICS_FILE = "metrics.partial.csv"
 
 
 class Rank0Files:
@@ -89,13 +91,30 @@ class Rank0Files:
             why = "the store could not be read" if lacks is None else (
                 f"the store lacks {lacks[0]} value(s) kept in spill files and {lacks[1]} lost"
             )
-            log.error(
-                "multirank_logger: metrics.csv was not written: %s. Import the spill files named above, then write "
-                "it with: multirank-logger export %s --run %s -o %s",
-                why, self.run.settings.db, run_id, self.metrics_path,
-            )
+            self._not_written(why, run_id, "Import the spill files named above, then write")
             return
-        safely(self.export_files, "writing metrics.csv and hparams.yaml")
+        if safely(self._export_files_done, "writing metrics.csv and hparams.yaml") is None:
+            self._not_written("it could not be written from the store (above)", run_id, "The store holds it: write")
+
+    def _not_written(self, why: str, run_id: int, how: str) -> None:
+        """Say that metrics.csv is not whole, and set aside what the live file holds: a file
+        named metrics.csv is CSVLogger's whole file or nothing, and a short one kept under
+        another name still shows how far the run got."""
+        path, aside = self.metrics_path, os.path.join(self.run.log_dir, NAME_PARTIAL_METRICS_FILE)
+        fs = self.run.log_files.fs
+        live = self.live_csv
+        moved = safely(lambda: fs.exists(path) and (fs.mv(path, aside) or True), f"moving {path} aside")
+        kept = (
+            f" Its first {live.rows if live is not None else 'few'} row(s) of rank 0 are in {aside}." if moved else ""
+        )
+        log.error(
+            "multirank_logger: metrics.csv was not written: %s.%s %s it with: multirank-logger export %s --run %s -o %s",
+            why, kept, how, self.run.settings.db, run_id, path,
+        )
+
+    def _export_files_done(self) -> bool:
+        self.export_files()
+        return True
 
     def export_files(self) -> None:
         """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""

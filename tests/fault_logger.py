@@ -27,10 +27,11 @@ def main() -> None:
     p.add_argument("--go", default=None)
     p.add_argument("--delete", action="store_true")
     p.add_argument("--status", default="success")
+    p.add_argument("--save-dir", default=None, help="where metrics.csv goes (default: the store's directory)")
     args = p.parse_args()
 
-    logger = MultiRankLogger(db=args.db, spill_dir=args.spill_dir, timeout=args.timeout, flush_interval=0.2,
-                             flush_logs_every_n_steps=100)
+    logger = MultiRankLogger(args.save_dir, db=args.db, spill_dir=args.spill_dir, timeout=args.timeout,
+                             flush_interval=0.2, flush_logs_every_n_steps=100)
     if args.max_held is not None:
         logger._run.writer.max_held_values = args.max_held
     keys = [f"k{k}" for k in range(args.keys)]

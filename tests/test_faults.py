@@ -266,6 +266,41 @@ def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -
     assert status != "success"
 
 
+@_slow
+@_needs_unshare
+def test_full_log_dir_leaves_no_short_metrics_csv_and_sets_the_rows_written_aside(tmp_path: Path) -> None:
+    """The store on a disk with room, log_dir on a full one: the store holds every value (success),
+    but no metrics.csv passes for CSVLogger's; the whole lines written so far are set aside under a
+    name that says so, each once; the message gives the export command, which writes the whole file."""
+    disk, out, store_dir = tmp_path / "disk", tmp_path / "out", tmp_path / "store"
+    for d in (disk, out, store_dir):
+        d.mkdir()
+    db, calls, keys = store_dir / "runs.sqlite", 20_000, 5
+    cmd = " ".join(_log_cmd(db, store_dir / "spill", "--calls", str(calls), "--keys", str(keys),
+                            "--save-dir", str(disk)))  # fmt: skip
+    script = f"mount -t tmpfs -o size=256k none {disk} && {cmd}; rc=$?; cp -r {disk}/lightning_logs {out}/; exit $rc"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-4000:]
+    count, total, status = _stored(db)
+    assert (count, total, status) == (*_expected(calls, keys), "success")
+    version = out / "lightning_logs" / "version_0"
+    assert not (version / "metrics.csv").exists(), done.stderr[-3000:]
+    partial = (version / "metrics.partial.csv").read_bytes().decode().split("\r\n")
+    assert partial[-1] == "" and partial[0] == "k0,k1,k2,k3,k4,step"
+    steps = [int(line.split(",")[-1]) for line in partial[1:-1] if line.count(",") == keys]
+    assert steps == list(range(len(partial) - 2)) and 0 < len(steps) < calls  # whole lines, each once, in order
+    assert f"Its first {len(steps)} row(s) of rank 0 are in {disk}/lightning_logs/version_0/metrics.partial.csv" in (
+        done.stderr
+    ), done.stderr[-3000:]
+    export = re.search(r"multirank-logger export (\S+) --run (\S+) -o (\S+)", done.stderr)
+    assert export and export.group(1, 2) == (str(db), "1"), done.stderr[-3000:]
+    whole = out / "metrics.csv"
+    CliRunner().invoke(cli, ["export", str(db), "--run", "1", "-o", str(whole)])
+    lines = whole.read_bytes().decode().split("\r\n")
+    assert len(lines) == calls + 2 and lines[: len(partial) - 1] == partial[:-1]
+
+
 @pytest.mark.slow  # launches processes
 def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -> None:
     """The PostgreSQL server stops under a running logger and comes back: every row is written once
