@@ -12,6 +12,7 @@ MultiRankLoggerError
  │    ├── SchemaOutdated         the store is behind the code: run `db upgrade`
  │    ├── SchemaTooNew           the store was written by a newer multirank_logger
  │    └── ReadOnlyViolation      a write statement sent through the read-only query path
+ ├── DirNotWritable              save_dir or spill_dir cannot be written
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
  ├── InvalidMetric               a logged value that is not a scalar
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 __all__ = [
+    "DirNotWritable",
     "InvalidMetric",
     "LookupFailed",
     "MissingExtra",
@@ -79,6 +81,14 @@ class StoreNotWritable(StoreError):
         super().__init__(
             f"Cannot write the store at {path}: {reason}. "
             "Pass a db path in a directory you can write to."
+        )
+
+
+class DirNotWritable(MultiRankLoggerError):
+    def __init__(self, argument: str, path: str, use: str, reason: str) -> None:
+        self.path = path
+        super().__init__(
+            f"Cannot write {argument}={path!r} ({use}): {reason}. Pass a {argument} in a directory you can write to."
         )
 
 

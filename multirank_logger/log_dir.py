@@ -19,12 +19,12 @@ from fsspec.utils import get_protocol
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
 from multirank_logger.backends import SUFFIXES
-from multirank_logger.errors import RemoteStore
+from multirank_logger.errors import DirNotWritable, RemoteStore
 
 if TYPE_CHECKING:
     from multirank_logger.query import StoreReader
 
-__all__ = ["DEFAULT_DB_NAME", "LogDir", "check_store_is_local", "is_remote"]
+__all__ = ["DEFAULT_DB_NAME", "LogDir", "check_dir_writable", "check_store_is_local", "is_remote"]
 
 #: the store's file inside save_dir when no db is given (SQLite: see the README's "Which store")
 DEFAULT_DB_NAME = "runs.sqlite"
@@ -60,6 +60,28 @@ def check_store_is_local(db: str | None, save_dir: str | os.PathLike[str] | None
     if is_remote(db):
         raise RemoteStore(db, get_protocol(db))
     return db
+
+
+def check_dir_writable(path: str, argument: str, use: str) -> None:
+    """Fail at construction, not at the first file an hour in, when `path` cannot be written.
+
+    Creates nothing that stays: the directory may not exist yet (it is made when first
+    needed), so the probe is a temporary file in its nearest existing ancestor. A real file,
+    not ``os.access``, which says yes to root on a read-only mount.
+
+    Raises:
+        DirNotWritable: naming the argument, what goes there and why it cannot.
+    """
+    ancestor = Path(os.path.abspath(path))
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise DirNotWritable(argument, path, use, f"{ancestor} is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".multirank-probe-"):
+            pass
+    except OSError as exc:
+        raise DirNotWritable(argument, path, use, f"{ancestor}: {exc.strerror or exc}") from exc
 
 
 def _names_a_store(path: str) -> bool:

@@ -9,6 +9,7 @@ CSVLogger files rank0_files.py, the process-wide hooks process_runs.py.
 
 from __future__ import annotations
 
+import math
 import os
 from argparse import Namespace
 from collections.abc import Mapping
@@ -123,6 +124,9 @@ class MultiRankLogger(Logger):
         if transport not in TRANSPORTS:
             raise InvalidTransport(transport)
         check_run_choice(version, resume, run_key)
+        for argument, seconds in (("flush_interval", flush_interval), ("timeout", timeout)):
+            if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
+                raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
         if db is None:
             if save_dir is None:
                 raise TypeError("MultiRankLogger needs save_dir (as CSVLogger does), or db=, or both")

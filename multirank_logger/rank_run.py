@@ -31,7 +31,7 @@ from multirank_logger.buffer import RecordBuffer
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.identity import IdentityBoard, RunIdentity, current_rank, current_world_size
 from multirank_logger.log_capture import LogCapture
-from multirank_logger.log_dir import LogDir
+from multirank_logger.log_dir import LogDir, check_dir_writable
 from multirank_logger.placement import choose_transport
 from multirank_logger.process_runs import dist_up, track
 from multirank_logger.rank0_files import Rank0Files
@@ -183,6 +183,10 @@ class RankRun:
         # would otherwise create a store (and a run) of its own there
         if current_rank() == 0:
             self.open_store()
+            settings = self.settings
+            check_dir_writable(settings.spill_dir, "spill_dir", "rows the store cannot take are kept there")
+            if not self.log_files.remote:
+                check_dir_writable(settings.save_dir, "save_dir", "metrics.csv, hparams.yaml and checkpoints go there")
 
     def open_store(self) -> Store:
         if self.store is None:

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from multirank_logger import MultiRankLogger
-from multirank_logger.errors import InvalidMetric, StoreNotWritable
+from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWritable
 from multirank_logger.writer import SELDOM_MAX_CALLS
 from tests.logger_helpers import query
 
@@ -191,6 +191,57 @@ def test_unwritable_db_path_fails_at_construction(tmp_path: Path, backend: str) 
     blocker.write_text("")
     with pytest.raises(StoreNotWritable, match="not_a_dir"):
         MultiRankLogger(db=str(blocker / f"runs.{'sqlite' if backend == 'sqlite' else 'duckdb'}"))
+
+
+@pytest.mark.parametrize("argument", ["save_dir", "spill_dir"])
+def test_unwritable_save_or_spill_dir_fails_at_construction_and_creates_nothing(tmp_path: Path, argument: str) -> None:
+    """A save_dir or spill_dir under a file fails in the constructor, naming the argument and
+    what goes there; no directory is created for it (the probe leaves nothing behind)."""
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    kwargs = {"save_dir": str(tmp_path / "logs"), argument: str(blocker / "sub")}
+    with pytest.raises(DirNotWritable, match=rf"Cannot write {argument}='.*not_a_dir/sub'.*is not a directory"):
+        MultiRankLogger(db=str(tmp_path / "store" / "runs.sqlite"), **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not_a_dir", "store"]  # logs/ is made when first needed
+
+
+def test_a_rank_other_than_0_does_not_judge_rank_0s_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On another host, rank 0's save_dir may not exist at all: rank 1 checks nothing there."""
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    monkeypatch.setenv("RANK", "1")
+    MultiRankLogger(str(blocker / "logs"), db=str(blocker / "runs.sqlite"), spill_dir=str(blocker / "spill"))
+    assert [p.name for p in tmp_path.iterdir()] == ["not_a_dir"]
+
+
+def test_save_dir_on_a_read_only_mount_fails_at_construction(tmp_path: Path) -> None:
+    """Root ignores mode bits: only a real file tells a read-only mount (unshare -m, ro tmpfs)."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"mount namespaces are not permitted here: {probe.stderr.decode().strip()}")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    script = (
+        "from multirank_logger import MultiRankLogger\n"
+        "from multirank_logger.errors import DirNotWritable\n"
+        "try:\n"
+        f"    MultiRankLogger({str(ro / 'logs')!r}, db={str(tmp_path / 'runs.sqlite')!r})\n"
+        "except DirNotWritable as exc:\n"
+        "    print(exc)\n"
+    )
+    shell = f"mount -t tmpfs -o ro none {ro} && exec {sys.executable} -c \"$0\""
+    result = subprocess.run(["unshare", "-m", "sh", "-c", shell, script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"Cannot write save_dir='{ro}/logs' (metrics.csv, hparams.yaml and checkpoints "
+                                    f"go there): {ro}: Read-only file system."), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("argument", ["flush_interval", "timeout"])
+@pytest.mark.parametrize("seconds", [0, -1.0, math.inf, math.nan, "5"])
+def test_seconds_that_are_not_a_positive_number_are_refused(db_path: Path, argument: str, seconds: object) -> None:
+    """flush_interval or timeout of 0, negative, infinite or not a number: a clear error, no run."""
+    with pytest.raises(ValueError, match=rf"{argument}=.*: pass a number of seconds greater than 0"):
+        MultiRankLogger(db=str(db_path), **{argument: seconds})
 
 
 def test_pickled_logger_keeps_its_run(db_path: Path) -> None:
