@@ -8,6 +8,7 @@ store holds every value: never a short file passed off as CSVLogger's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -73,9 +74,19 @@ class Rank0Files:
         return live is not None and live.complete and not self.csv_gaps and live.write_pending()
 
     def write_hparams(self) -> None:
-        log_dir = self.run.log_dir
+        """hparams.yaml, through Lightning's writer (fsspec, OmegaConf), written aside and moved
+        over the file: a full disk leaves the former file or none, never a torn one."""
+        log_dir, fs = self.run.log_dir, self.run.log_files.fs
         self.run.log_files.makedirs(log_dir)
-        save_hparams_to_yaml(os.path.join(log_dir, NAME_HPARAMS_FILE), self.run.hparams)  # through fsspec
+        path = os.path.join(log_dir, NAME_HPARAMS_FILE)
+        tmp = os.path.join(log_dir, f".{NAME_HPARAMS_FILE}.{os.getpid()}.tmp")
+        try:
+            save_hparams_to_yaml(tmp, self.run.hparams)
+            fs.mv(tmp, path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                fs.rm(tmp)
+            raise
 
     def export_if_complete(self, store: Store, run_id: int, wait: float = 5.0) -> None:
         """metrics.csv only when it holds every value: never a short file passed off as CSVLogger's.
@@ -84,7 +95,7 @@ class Rank0Files:
         the store saw them: it is whole whatever the store refused. Only a file rebuilt from the
         store at the end depends on the store holding every value."""
         if self.live_csv_whole():
-            safely(self.export_files, "writing metrics.csv and hparams.yaml")
+            safely(self.export_files, "writing metrics.csv")
             return
         lacks = safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), wait), "reading the run")
         if lacks is None or any(lacks):
@@ -93,7 +104,7 @@ class Rank0Files:
             )
             self._not_written(why, run_id, "Import the spill files named above, then write")
             return
-        if safely(self._export_files_done, "writing metrics.csv and hparams.yaml") is None:
+        if safely(self._export_files_done, "writing metrics.csv") is None:
             self._not_written("it could not be written from the store (above)", run_id, "The store holds it: write")
 
     def _not_written(self, why: str, run_id: int, how: str) -> None:
@@ -121,7 +132,7 @@ class Rank0Files:
         run = self.run
         run.log_files.makedirs(run.log_dir)
         if run.hparams_logged:
-            self.write_hparams()
+            safely(self.write_hparams, "writing hparams.yaml")  # metrics.csv is written whatever this does
         if self.live_csv_whole():
             return  # the file written as the run went holds every row of rank 0 (live_csv.py)
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
