@@ -6,7 +6,9 @@ registered at import, act on them:
 - at exit after an uncaught exception: a run never finalized is recorded as ended
   (`_end_runs_never_finalized`);
 - before a fork (ddp_notebook's launch): rank 0 allocates each run that has none yet, so
-  every forked launch continues it (`_own_runs_before_fork`);
+  every forked launch continues it (`_own_runs_before_fork`); at exit, such a run that no
+  launch began (the fork was a DataLoader worker's, a pool's) is removed again
+  (`_drop_runs_never_launched`);
 - in the forked child: each run keeps its identity, none of the parent's runtime
   (`_reset_after_fork`).
 """
@@ -14,6 +16,8 @@ registered at import, act on them:
 from __future__ import annotations
 
 import atexit
+import functools
+import os
 import sys
 import threading
 import time
@@ -24,7 +28,7 @@ from multirank_logger import process_hooks
 from multirank_logger.exit_logging import quiet_logging_errors
 from multirank_logger.identity import current_rank
 from multirank_logger.run_finish import safely
-from multirank_logger.run_lifecycle import end_attempt
+from multirank_logger.run_lifecycle import drop_if_never_launched, end_attempt
 from multirank_logger.store import Store, retry_while_locked
 
 if TYPE_CHECKING:
@@ -34,6 +38,8 @@ __all__ = ["dist_up", "track"]
 
 _LIVE: weakref.WeakSet[RankRun] = weakref.WeakSet()
 _FORK_ORPHANS: list[Any] = []  # the parent's engines and threads' state, never touched in a child
+# (pid, store, run id) of each new run allocated ahead of a fork
+_ALLOCATED_FOR_A_FORK: list[tuple[int, Store, int]] = []
 
 
 def track(run: RankRun) -> None:
@@ -107,9 +113,25 @@ def _own_runs_before_fork() -> None:
             with run.lock:
                 if run.identity is None:
                     run.identity = run.open_run()
+                    if run.created_run:
+                        _ALLOCATED_FOR_A_FORK.append((os.getpid(), run.store, run.identity.run_id))
 
 
 process_hooks.before_fork(_own_runs_before_fork)
+
+
+def _drop_runs_never_launched() -> None:
+    """At exit: Lightning calls nothing on the logger before its ddp_notebook fork, so every fork
+    of rank 0's main thread allocates the runs that have none, DataLoader workers' and
+    multiprocessing pools' too. A run no launch began by now was one of those: removed, as a
+    logger built and never used leaves no run."""
+    for pid, store, run_id in _ALLOCATED_FOR_A_FORK:
+        if pid == os.getpid():  # never in a forked child: the run is its parent's
+            drop = functools.partial(drop_if_never_launched, store, run_id)
+            safely(lambda: retry_while_locked(drop, 5), "removing a run allocated for a fork that no launch used")  # noqa: B023
+
+
+atexit.register(quiet_logging_errors(_drop_runs_never_launched))
 
 
 def _reset_after_fork() -> None:

@@ -103,6 +103,7 @@ class RankRun:
         weakref.finalize(self, os.environ.pop, self.board.env_var, None)
         self.identity: RunIdentity | None = None
         self.published = False
+        self.created_run = False  # rank 0 allocated a new run (not a resumed one)
         self.hparams: dict[str, Any] = {}
         self.hparams_logged = False
         self.phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
@@ -225,6 +226,7 @@ class RankRun:
             ),
             settings.timeout,
         )
+        self.created_run = not run.resumed
         identity = RunIdentity(
             run.id, run.name, run.version, self.settings.url_text, os.getpid(), run.version_name, run.started_at
         )

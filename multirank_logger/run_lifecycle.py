@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.schema import SEQ_ATTEMPT_SHIFT, attempts, metrics, ranks, runs, unheard_ends
+from multirank_logger.schema import SEQ_ATTEMPT_SHIFT, attempts, metadata, metrics, ranks, runs, unheard_ends
 from multirank_logger.store import Store
 
 __all__ = [
@@ -327,6 +327,20 @@ def check_same_run(store: Store, rank: int, run_id: int, name: str, version: int
     if (row.name, int(row.version)) != (name, version) or (started_at and abs(float(row.started_at) - started_at) > 1e-3):
         found = f"{row.name}/version_{row.version} (id {run_id}, started at {row.started_at})"
         raise RunIdentityMismatch(rank, expected, found, str(store.url.database))
+
+
+def drop_if_never_launched(store: Store, run_id: int) -> bool:
+    """Remove a run no launch ever began: no row of any table names it. True when removed.
+
+    For a run allocated ahead of a fork that was not a launch (process_runs.py): a logger
+    built and never used leaves no run, with or without a fork in between."""
+    with store.begin() as conn:
+        for table in metadata.sorted_tables:
+            if table is not runs and "run_id" in table.c:
+                if conn.execute(sa.select(table.c.run_id).where(table.c.run_id == run_id).limit(1)).first():
+                    return False
+        conn.execute(sa.delete(runs).where(runs.c.id == run_id, runs.c.status == "running"))
+    return True
 
 
 def orphan_runs(conn: sa.Connection) -> list[tuple[int, int]]:

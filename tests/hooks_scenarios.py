@@ -1,5 +1,5 @@
 """Scenarios for tests/test_process_hooks.py, each run as its own process (forks and signals
-must not touch pytest's). Usage: python tests/hooks_scenarios.py fork|sigterm-in-setup DB"""
+must not touch pytest's). Usage: python tests/hooks_scenarios.py fork|unused-fork|release|sigterm-in-setup DB"""
 
 from __future__ import annotations
 
@@ -110,6 +110,19 @@ def sigterm_in_setup(db: str, marker: str) -> None:
     print(json.dumps({"chained": chained, "released_by": released_by, "rows": rows}))
 
 
+def unused_fork(db: str) -> None:
+    """A logger built and never used, then a fork that is no launch (a DataLoader worker's, a
+    pool's): the before-fork hook allocates its run, and the exit removes it again."""
+    logger = MultiRankLogger(db=db, flush_interval=3600)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with Store(db).begin() as conn:
+        runs = conn.exec_driver_sql("SELECT count(*) FROM runs").scalar()
+    print(json.dumps({"runs_after_the_fork": runs, "run_id": logger._run.identity and logger._run.identity.run_id}))
+
+
 def release(db: str) -> None:
     """The handler from before ours is back after finalize, once no writer runs."""
     from multirank_logger import process_hooks
@@ -129,6 +142,8 @@ def release(db: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "fork":
         fork(sys.argv[2])
+    elif sys.argv[1] == "unused-fork":
+        unused_fork(sys.argv[2])
     elif sys.argv[1] == "release":
         release(sys.argv[2])
     else:

@@ -37,6 +37,16 @@ def test_forked_child_neither_hangs_nor_writes_the_parents_rows(tmp_path: Path) 
     assert out["integrity"] == "ok"
 
 
+@pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
+def test_a_fork_that_is_no_launch_leaves_no_run_behind(tmp_path: Path, suffix: str) -> None:
+    """The before-fork hook allocates an unused logger's run (it cannot tell a DataLoader
+    worker's fork from ddp_notebook's); the process's exit removes it, since no launch began."""
+    db = tmp_path / f"runs{suffix}"
+    out = _run("unused-fork", str(db))
+    assert out == {"runs_after_the_fork": 1, "run_id": 1}
+    assert query(db, "SELECT count(*) FROM runs") == [(0,)]
+
+
 def test_sigterm_during_setup_chains_without_waiting_for_the_setup(tmp_path: Path) -> None:
     """SIGTERM while the main thread holds the logger's set-up lock: our handler does not wait for a
     flush that needs that lock (it chains at once, so the set-up can finish), and the rows are stored."""
