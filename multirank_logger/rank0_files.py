@@ -44,6 +44,7 @@ class Rank0Files:
         self.run = run
         self.live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
         self.csv_gaps = 0  # batches the live file missed
+        self.continued = False  # the live file began with earlier launches' rows, read from the store
 
     @property
     def metrics_path(self) -> str:
@@ -61,6 +62,7 @@ class Rank0Files:
                 return
             self.live_csv = LiveCsv(path)
             if run.attempt:  # a later launch of the run: the file continues the earlier launches'
+                self.continued = True
                 reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
                 live, run_id = self.live_csv, run.resolve().run_id
                 if safely(lambda: live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0)),
@@ -92,15 +94,17 @@ class Rank0Files:
         """metrics.csv only when it holds every value: never a short file passed off as CSVLogger's.
 
         The file written as the run went (live_csv.py) was fed every row rank 0 logged, before
-        the store saw them: it is whole whatever the store refused. Only a file rebuilt from the
-        store at the end depends on the store holding every value."""
-        if self.live_csv_whole():
+        the store saw them: it is whole whatever the store refused. A file rebuilt from the
+        store at the end, or one that began with earlier launches' rows read from the store (a
+        resume), depends on the store holding every value."""
+        if self.live_csv_whole() and not self.continued:
             safely(self.export_files, "writing metrics.csv")
             return
         lacks = safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), wait), "reading the run")
         if lacks is None or any(lacks):
             why = "the store could not be read" if lacks is None else (
                 f"the store lacks {lacks[0]} value(s) kept in spill files and {lacks[1]} lost"
+                + (f", and what {lacks[2]} rank end(s) it never heard hold" if lacks[2] else "")
             )
             self._not_written(why, run_id, "Import the spill files named above, then write")
             return

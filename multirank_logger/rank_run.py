@@ -40,6 +40,7 @@ from multirank_logger.run_lifecycle import begin_attempt, check_same_run, open_r
 from multirank_logger.side_records import SideRecords
 from multirank_logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.spill import SpillWriter
+from multirank_logger.spill_import import import_earlier_launches
 from multirank_logger.store import Store, retry_while_locked
 from multirank_logger.transport import RowChannel
 from multirank_logger.unstored import Spiller
@@ -250,6 +251,10 @@ class RankRun:
             attempt = retry_while_locked(lambda: begin_attempt(store, run_id, world), timeout)
             if channel is not None:
                 channel.publish("attempt", str(attempt).encode())
+            if attempt:  # a resume: what earlier launches spilled here joins the run first
+                identity, spill_dir = self.identity, self.settings.spill_dir
+                retry_while_locked(lambda: import_earlier_launches(
+                    store, spill_dir, run_id, identity.name, identity.version, attempt), timeout)  # fmt: skip
         else:
             assert channel is not None, "a rank other than 0 runs with a process group"
             attempt = int(channel.fetch("attempt", timeout))

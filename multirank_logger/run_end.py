@@ -189,11 +189,13 @@ def _settle_incomplete(store: Store, run_id: int) -> None:
             )
 
 
-def run_lacks_values(store: Store, run_id: int) -> tuple[int, int]:
-    """(values_spilled, values_lost) the store records for the run."""
+def run_lacks_values(store: Store, run_id: int) -> tuple[int, int, int]:
+    """(values_spilled, values_lost, ends never heard) the store records for the run: a rank
+    end in ``unheard_ends`` may hold rows the store lacks, in a number nobody knows yet."""
     with store.begin() as conn:
         row = conn.execute(sa.select(runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).first()
-    return (0, 0) if row is None else (row[0] or 0, row[1] or 0)
+        unheard = conn.execute(sa.select(sa.func.count()).where(unheard_ends.c.run_id == run_id)).scalar_one()
+    return (0, 0, int(unheard)) if row is None else (row[0] or 0, row[1] or 0, int(unheard))
 
 
 def final_status(status: str) -> str:

@@ -45,7 +45,9 @@ from multirank_logger.side_records import decode_side, encode_side
 from multirank_logger.wire import decode_batch, encode_batch
 from multirank_logger.wire_mrb1 import decode_mrb1
 
-__all__ = ["SPILL_SUFFIX", "SpillContents", "SpillCorrupt", "SpillWriter", "read_spill", "read_spill_contents"]
+__all__ = [
+    "SPILL_SUFFIX", "SpillContents", "SpillCorrupt", "SpillWriter", "read_spill", "read_spill_contents", "read_spill_header",
+]
 
 SPILL_SUFFIX = ".mrspill"
 _FORMAT = "multirank-spill"
@@ -173,6 +175,17 @@ def read_spill(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[pa.Re
     """
     contents = read_spill_contents(path)
     return contents.header, contents.batches
+
+
+def read_spill_header(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The header of a spill file (its first line only), or None when it has none."""
+    with open(path, "rb") as fp:
+        line = fp.readline(1 << 16)
+    try:
+        header = json.loads(line)
+    except ValueError:
+        return None
+    return header if isinstance(header, dict) and header.get("format") == _FORMAT else None
 
 
 def read_spill_contents(path: str | os.PathLike[str]) -> SpillContents:

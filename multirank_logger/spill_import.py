@@ -9,6 +9,8 @@ once nothing is spilled, lost or unheard.
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -22,10 +24,12 @@ import sqlalchemy as sa
 from multirank_logger.batch import column_lists, concat_batches, take_rows, with_run_id
 from multirank_logger.errors import LookupFailed
 from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs, unheard_ends
-from multirank_logger.spill import read_spill_contents
+from multirank_logger.spill import SPILL_SUFFIX, read_spill_contents, read_spill_header
 from multirank_logger.store import unseen_side_rows
 
-__all__ = ["ImportReport", "import_spill"]
+__all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,46 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
     )
 
 
+def import_earlier_launches(store: Any, spill_dir: str, run_id: int, name: str, version: int, attempt: int) -> int:
+    """A resumed launch's rank 0: import the spill files earlier launches of the run left in
+    `spill_dir` (this host's), before this launch adds to the run. Returns the rows added.
+
+    An earlier launch that could not write the store at its end (a reader held it past
+    `timeout`, the disk was full) could not record that end either: the next launch finds it
+    still "running" and takes it for one that vanished (killed), which keeps nothing, so
+    without this the resumed run would end in success with those rows only in a file. Here
+    they join the run first (and its metrics.csv, which begins with the earlier launches'
+    rows). A file that cannot be imported keeps the run from success: its launch's rank goes
+    into ``unheard_ends``, which importing the file by hand clears.
+    """
+    pattern = os.path.join(glob.escape(spill_dir), f"{glob.escape(name)}-version_{version}-rank*{SPILL_SUFFIX}")
+    added = 0
+    for path in sorted(glob.glob(pattern)):
+        header = read_spill_header(path)
+        if header is None or header.get("attempt") is None or int(header["attempt"]) >= attempt:
+            continue  # not a spill file, one written before files named their launch, or this launch's
+        try:
+            report = import_spill(store, path)
+        except Exception as exc:  # noqa: BLE001 - the launch goes on; the run stays short of success
+            with store.begin() as conn:
+                key = {"run_id": run_id, "rank": int(header["rank"]), "attempt": int(header["attempt"])}
+                if not conn.execute(sa.select(sa.exists().where(*(unheard_ends.c[k] == v for k, v in key.items())))).scalar():
+                    conn.execute(unheard_ends.insert().values(**key, recorded_at=time.time()))
+            log.error(
+                "multirank_logger: an earlier launch's spill file could not be imported (%s: %s); the run is not "
+                "recorded as success until it is: multirank-logger import %s %s",
+                type(exc).__name__, exc, store.backend.path or store.url.render_as_string(hide_password=True), path,
+            )
+            continue
+        if report.rows_added or report.side_rows_added or report.rank_status:
+            added += report.rows_added
+            log.warning(
+                "multirank_logger: imported %d row(s) that launch %s of this run (rank %d) had spilled to %s",
+                report.rows_added, header["attempt"], report.rank, path,
+            )
+    return added
+
+
 def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[str, Any]]], run_id: int) -> int:
     added = 0
     for table, rows in tables.items():
@@ -130,6 +174,9 @@ def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any
     latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
     # the ranks row is the file's launch's unless a later launch registered the rank again
     current = attempt is None or latest is None or int(attempt) == int(latest)
+    if not current and rank == 0:  # that launch did end: the store, never told, took it for one that vanished
+        conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
+                                             attempts.c.status == "vanished").values(status=end["status"]))  # fmt: skip
     status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
     row_unended = current and status in ("missing", "running")
     this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)

@@ -28,10 +28,11 @@ def main() -> None:
     p.add_argument("--delete", action="store_true")
     p.add_argument("--status", default="success")
     p.add_argument("--save-dir", default=None, help="where metrics.csv goes (default: the store's directory)")
+    p.add_argument("--version", type=int, default=None, help="an existing run's version: this launch resumes it")
     args = p.parse_args()
 
-    logger = MultiRankLogger(args.save_dir, db=args.db, spill_dir=args.spill_dir, timeout=args.timeout,
-                             flush_interval=0.2, flush_logs_every_n_steps=100)
+    logger = MultiRankLogger(args.save_dir, version=args.version, db=args.db, spill_dir=args.spill_dir,
+                             timeout=args.timeout, flush_interval=0.2, flush_logs_every_n_steps=100)
     if args.max_held is not None:
         logger._run.writer.max_held_values = args.max_held
     keys = [f"k{k}" for k in range(args.keys)]

@@ -136,6 +136,57 @@ def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) 
     assert (count, total) == _expected(4000)
 
 
+def _resume_after_a_spilled_end(tmp_path: Path, damage: bool) -> tuple[subprocess.CompletedProcess, Path, list[bytes]]:
+    """Launch 1 cannot write the store at its end (a reader holds it past `timeout`): rank 0's
+    last rows, and the end itself, are only in its spill file; its metrics.csv is whole (fed
+    before the store). Launch 2 resumes the run (version 0) before anyone imports anything."""
+    done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)
+    files = _spill_files(done.stderr)
+    assert len(files) == 1, done.stderr[-3000:]
+    assert query(db, "SELECT status FROM runs") == [("running",)]  # its end could not be recorded either
+    first = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
+    assert len(first) == 4000 + 2  # header, 4000 calls, the last line's end
+    if damage:  # a frame in the middle fails its checksum: the file cannot be imported
+        data = bytearray(Path(files[0]).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        Path(files[0]).write_bytes(bytes(data))
+    again = subprocess.run(_log_cmd(db, tmp_path / "spill", "--calls", "100", "--version", "0"), env=_env(),
+                           capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert again.returncode == 0 and "FINALIZED" in again.stdout, again.stderr[-4000:]
+    return again, db, first
+
+
+@pytest.mark.slow  # launches processes
+def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(tmp_path: Path) -> None:
+    """Launch 2 finds launch 1's spill file in its spill_dir and imports it first: every value of
+    both launches is stored, the run is a success for it, launch 1 is recorded as ended (not
+    vanished), and metrics.csv holds launch 1's rows, then launch 2's. Without the import the
+    run said success with 20,000 values only in the file."""
+    again, db, first = _resume_after_a_spilled_end(tmp_path, damage=False)
+    assert "imported 20000 row(s) that launch 0 of this run (rank 0) had spilled to" in again.stderr, again.stderr[-3000:]
+    assert _stored(db) == (40_000 + 1_000, float(sum(range(40_000)) + sum(range(1_000))), "success")
+    assert query(db, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "success"), (1, "success")]
+    lines = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
+    assert lines[:4001] == first[:4001] and len(lines) == 4000 + 100 + 2
+
+
+@pytest.mark.slow  # launches processes
+def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(tmp_path: Path) -> None:
+    """The same with launch 1's file damaged: the run stays short of success until the file is
+    imported, the message gives the import command, and no short metrics.csv passes for
+    CSVLogger's (launch 1's rows are read back from a store that lacks some)."""
+    again, db, _ = _resume_after_a_spilled_end(tmp_path, damage=True)
+    assert "an earlier launch's spill file could not be imported (SpillCorrupt" in again.stderr, again.stderr[-3000:]
+    assert f"multirank-logger import {db} " in again.stderr
+    assert query(db, "SELECT status FROM runs") == [("incomplete",)]
+    assert query(db, "SELECT rank, attempt FROM unheard_ends") == [(0, 0)]
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert not (version / "metrics.csv").exists() and (version / "metrics.partial.csv").exists()
+    assert "metrics.csv was not written: the store lacks 0 value(s) kept in spill files and 0 lost, and what 1 rank" in (
+        again.stderr
+    )
+
+
 def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """A row colliding with a stored one on (run, rank, seq, key) is spilled alone; the rest and
     every later batch are stored; the run is incomplete until the spill is imported."""
