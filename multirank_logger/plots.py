@@ -90,7 +90,10 @@ def plot_key(
                     color="red")  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel(key)
-    ax.set_title(title or key)
+    # one line hides the others when every rank logged the same values (sync_dist=True): say so
+    with np.errstate(invalid="ignore"):
+        same = values.shape[1] > 1 and bool(np.all((values == values[:, :1]) | np.isnan(values)))
+    ax.set_title((title or key) + (": every rank logged the same values" if same else ""))
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     figure.tight_layout()

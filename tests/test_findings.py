@@ -119,6 +119,19 @@ def test_plot_one_line_per_rank() -> None:
     assert _png_size(figure_png(figure)) == SIZE_PX
 
 
+def test_plot_says_when_every_rank_logged_the_same_values() -> None:
+    """A synced value draws one line over the others: the title says why only one shows."""
+    from multirank_logger.plots import plot_key
+
+    table = _table(_noisy(0, 3))
+    synced = table.copy()
+    for rank in synced.columns:
+        synced[rank] = table[0]
+    synced.iloc[3, 1] = float("nan")  # a rank's missing value is no difference
+    assert plot_key(synced, "mean_loss", title="t").axes[0].get_title() == "t: every rank logged the same values"
+    assert plot_key(table, "train_loss", title="t").axes[0].get_title() == "t"
+
+
 def test_plot_many_ranks_as_a_band() -> None:
     """Past MAX_LINES ranks: the others' range as a band and their median, the outliers drawn on top."""
     from multirank_logger.plots import MAX_LINES, plot_key
