@@ -87,6 +87,8 @@ class LiveCsv:
         try:
             if not self._columns:
                 self._start(columns, rows)
+            elif self._removed_under_us():
+                self._start_again(columns, rows)
             else:
                 if columns != self._columns:
                     # CSVLogger's rule: a new key (header) rewrites the file
@@ -143,6 +145,21 @@ class LiveCsv:
                     os.truncate(local, size)  # frees blocks: works on a full disk
             raise
         self.rows += written
+
+    def _removed_under_us(self) -> bool:
+        local = self._local_path()
+        return local is not None and not os.path.lexists(local)
+
+    def _start_again(self, columns: list[str], rows: LongRows) -> None:
+        """The file was deleted under the run (by hand, a cleanup job): appending would make a
+        file with no header and no earlier rows. It starts again from this batch, and the end
+        writes the whole file from the store (the file no longer holds every row)."""
+        log.warning(
+            "multirank_logger: %s was removed during the run; it starts again from here, and the whole file "
+            "is written from the store at the end", self.path,
+        )  # fmt: skip
+        self.complete = False
+        self._start(columns, rows)
 
     def _local_path(self) -> str | None:
         """The file's path on this machine, or None on a remote filesystem (appends there are

@@ -300,6 +300,25 @@ def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> No
     assert (blocker / "metrics.csv").read_bytes() == b"a,b,step\r\n1,,0\r\n,2.5,1\r\n"
 
 
+def test_file_removed_during_the_run_is_whole_at_the_end(tmp_path: Path, db_path: Path) -> None:
+    """metrics.csv deleted mid-run (by hand, a cleanup job): the next write starts a file with its
+    header, not a headerless append, and the end writes CSVLogger's whole file from the store."""
+    ours, theirs = _pair(tmp_path, db_path)
+    calls = list(_calls(0, steps=30))
+    for metrics, step in calls[:15]:
+        _both((ours, theirs), metrics, step)
+    ours.experiment.save()
+    path = Path(ours.log_dir) / "metrics.csv"
+    path.unlink()
+    for metrics, step in calls[15:]:
+        _both((ours, theirs), metrics, step)
+    ours.experiment.save()
+    assert b"step" in path.read_bytes().split(b"\r\n")[0].split(b",")  # a header, not a data line
+    ours.finalize("success")
+    theirs.finalize("success")
+    assert _file(ours) == _file(theirs)
+
+
 def test_unfinalized_logger_at_exit_leaves_the_file_and_no_logging_error(tmp_path: Path) -> None:
     """A pytest run whose test never finalizes its logger: metrics.csv is written at exit, and
     nothing is logged onto pytest's closed streams ("--- Logging error ---")."""
