@@ -35,6 +35,9 @@ __all__ = ["LiveCsv"]
 
 log = logging.getLogger(__name__)
 _LINE_END = "\r\n"
+#: log calls kept for a file that cannot be written, at most: past it the file gives up for the
+#: run (the store has the rows; the end writes the file from it), so memory stays bounded
+MAX_PENDING_CALLS = 200_000
 
 
 class LiveCsv:
@@ -58,6 +61,8 @@ class LiveCsv:
         self.complete = True
         #: data rows (log calls) in the file
         self.rows = 0
+        #: True once the file could not be written for MAX_PENDING_CALLS calls: no more writes
+        self.gave_up = False
 
     @property
     def pending(self) -> int:
@@ -66,6 +71,8 @@ class LiveCsv:
 
     def add(self, batch: pa.RecordBatch) -> None:
         """Write one drained batch of rank 0's rows (called by the writer thread). Never raises."""
+        if self.gave_up:
+            return
         try:
             rows = LongRows.from_arrow(batch)
         except Exception as exc:  # noqa: BLE001 - the writer must go on storing rows
@@ -104,6 +111,12 @@ class LiveCsv:
                     exc,
                 )
             self._pending = [rows]
+            if self.pending > MAX_PENDING_CALLS:
+                log.error(
+                    "multirank_logger: %s could not be written for %d log calls; it is no longer written as the run "
+                    "goes (the store has the rows), and the end writes it from the store", self.path, self.pending,
+                )  # fmt: skip
+                self._pending, self.complete, self.gave_up = [], False, True
             return False
         self._pending = []
         self._warned = False

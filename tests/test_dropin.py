@@ -300,6 +300,28 @@ def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> No
     assert (blocker / "metrics.csv").read_bytes() == b"a,b,step\r\n1,,0\r\n,2.5,1\r\n"
 
 
+def test_a_file_never_writable_keeps_a_bounded_number_of_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows kept for a file that cannot be written are bounded: past MAX_PENDING_CALLS the file
+    gives up for the run (the end writes it from the store), even if it becomes writable."""
+    from multirank_logger import live_csv
+    from multirank_logger.buffer import RecordBuffer
+
+    monkeypatch.setattr(live_csv, "MAX_PENDING_CALLS", 25)
+    blocker = tmp_path / "dir"
+    blocker.write_text("not a directory")
+    live = LiveCsv(str(blocker / "metrics.csv"))
+    buffer = RecordBuffer()
+    for step in range(3):
+        for call in range(10):
+            buffer.append(step * 10 + call, {"a": 1.0})
+        live.add(buffer.drain(10, 0))
+    assert (live.pending, live.complete, live.gave_up) == (0, False, True)
+    blocker.unlink()
+    buffer.append(30, {"a": 1.0})
+    live.add(buffer.drain(1, 0))
+    assert not blocker.exists() and live.pending == 0
+
+
 def test_file_removed_during_the_run_is_whole_at_the_end(tmp_path: Path, db_path: Path) -> None:
     """metrics.csv deleted mid-run (by hand, a cleanup job): the next write starts a file with its
     header, not a headerless append, and the end writes CSVLogger's whole file from the store."""
