@@ -167,10 +167,11 @@ class LiveCsv:
         """The file was deleted under the run (by hand, a cleanup job): appending would make a
         file with no header and no earlier rows. It starts again from this batch, and the end
         writes the whole file from the store (the file no longer holds every row)."""
-        log.warning(
-            "multirank_logger: %s was removed during the run; it starts again from here, and the whole file "
-            "is written from the store at the end", self.path,
-        )  # fmt: skip
+        if self.complete:  # once, not at each retry of a start that fails
+            log.warning(
+                "multirank_logger: %s was removed during the run; it starts again from here, and the whole file "
+                "is written from the store at the end", self.path,
+            )  # fmt: skip
         self.complete = False
         self._start(columns, rows)
 

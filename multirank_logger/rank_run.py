@@ -13,6 +13,7 @@ again after unpickling and in a forked child (process_runs.py).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -36,6 +37,7 @@ from multirank_logger.placement import choose_transport
 from multirank_logger.process_runs import dist_up, track
 from multirank_logger.rank0_files import Rank0Files
 from multirank_logger.run_end import publish_facts, rank_facts
+from multirank_logger.run_finish import safely
 from multirank_logger.run_lifecycle import begin_attempt, check_same_run, open_run, seq_base
 from multirank_logger.side_records import SideRecords
 from multirank_logger.sinks import DirectSink, GatherReceiver, GatherSender
@@ -251,15 +253,15 @@ class RankRun:
             attempt = retry_while_locked(lambda: begin_attempt(store, run_id, world), timeout)
             if channel is not None:
                 channel.publish("attempt", str(attempt).encode())
-            if attempt:  # a resume: what earlier launches spilled here joins the run first
-                identity, spill_dir = self.identity, self.settings.spill_dir
-                retry_while_locked(lambda: import_earlier_launches(
-                    store, spill_dir, run_id, identity.name, identity.version, attempt), timeout)  # fmt: skip
         else:
             assert channel is not None, "a rank other than 0 runs with a process group"
             attempt = int(channel.fetch("attempt", timeout))
         self.attempt = attempt
         self.buffer.seq_base = self.side.seq_base = seq_base(attempt)
+        if rank == 0 and attempt:  # a resume: what earlier launches spilled here joins the run first
+            earlier = functools.partial(import_earlier_launches, self.open_store(), self.settings.spill_dir,
+                                        self.identity.run_id, self.identity.name, self.identity.version, attempt)
+            safely(lambda: retry_while_locked(earlier, timeout), "importing the run's earlier launches' spill files")
 
     def log_hparams(self, params: dict[str, Any]) -> None:
         """Keep hyperparameters; rank 0's sink stores them with the run (by the writer)."""

@@ -22,7 +22,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from multirank_logger.batch import column_lists, concat_batches, take_rows, with_run_id
-from multirank_logger.errors import LookupFailed
+from multirank_logger.errors import LookupFailed, StoreLocked
 from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs, unheard_ends
 from multirank_logger.spill import SPILL_SUFFIX, read_spill_contents, read_spill_header
 from multirank_logger.store import unseen_side_rows
@@ -130,6 +130,8 @@ def import_earlier_launches(store: Any, spill_dir: str, run_id: int, name: str, 
             continue  # not a spill file, one written before files named their launch, or this launch's
         try:
             report = import_spill(store, path)
+        except StoreLocked:
+            raise  # the caller waits for the store, and tries again
         except Exception as exc:  # noqa: BLE001 - the launch goes on; the run stays short of success
             with store.begin() as conn:
                 key = {"run_id": run_id, "rank": int(header["rank"]), "attempt": int(header["attempt"])}
