@@ -23,9 +23,9 @@ whatever point its main thread was, for instance rank 0 right after it queued th
 of a ``sync_dist`` reduction and rank 1 in its data loader: rank 1's broadcast then pairs
 with rank 0's barrier and both ranks wait forever (issue 13 item 5, reproduced: 1 launch in
 3 to 8 hung). Lightning's training loop already broadcasts the SIGTERM flag at every batch,
-in lockstep, from a safe point; so when we chain to Lightning's handler we do what it does
-(log, stop the launcher's children, set ``received_sigterm``) without the broadcast from the
-handler (`_chain`).
+in lockstep, from a safe point. So we do what Lightning's handler does without its
+broadcast: signal the launcher's children at once, as it does, before our wait; then, once
+the flush is over, log and set ``received_sigterm`` (`_chain`).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class _State:
         self.previous: Any = _UNSET  # the handler ours replaced (what we chain to)
         self.base: Any = _UNSET  # the handler before our first install (restored at release)
         self.chained = False  # one preemption, one chain (see _on_sigterm)
+        self.forward_lock = threading.Lock()  # taken by the one forward to the launched ranks
         self.flush_lock = threading.Lock()  # taken by the one flush a SIGTERM triggers
         self.flushed = threading.Event()  # set when that flush is over
 
@@ -191,6 +192,7 @@ def _watch(read_fd: int) -> None:
         if not data:
             return
         if signal.SIGTERM in data:
+            _forward_once(signal.SIGTERM)
             _flush_for_sigterm()
 
 
@@ -237,6 +239,7 @@ def release_sigterm() -> None:
         return
     _state.previous = _state.base
     _state.chained = False
+    _state.forward_lock = threading.Lock()
     if threading.current_thread() is threading.main_thread():
         try:
             if signal.getsignal(signal.SIGTERM) is _on_sigterm:
@@ -266,6 +269,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if _state.chained:
         return
     _state.chained = True
+    _forward_once(signum)  # the watcher did, unless the wakeup fd is not ours
     _wake_watcher()
     if _WRITERS:
         _state.flushed.wait(SETUP_WAIT_S if _setup_in_progress() else HANDLER_WAIT_S)
@@ -281,20 +285,19 @@ def _chain(previous: Any, signum: int, frame: FrameType | None) -> None:
         return
     if previous == signal.SIG_IGN:
         return
-    handlers = getattr(previous, "signal_handlers", None)  # Lightning's _HandlersCompose
-    if isinstance(handlers, list):
-        for handler in handlers:
-            if isinstance(handler, int):
-                handler = signal.getsignal(handler)
-            if _is_lightning_notifier(handler):
-                _lightning_notify(handler.__self__, signum)
-            elif callable(handler):
-                handler(signum, frame)
-        return
-    if _is_lightning_notifier(previous):
-        _lightning_notify(previous.__self__, signum)
-    elif callable(previous):
-        previous(signum, frame)
+    for handler in _handlers_in(previous):
+        if _is_lightning_notifier(handler):
+            _lightning_notify(handler.__self__, signum)
+        elif callable(handler):
+            handler(signum, frame)
+
+
+def _handlers_in(previous: Any) -> list[Any]:
+    """The handlers `previous` runs: Lightning's _HandlersCompose holds several (or signal numbers)."""
+    handlers = getattr(previous, "signal_handlers", None)
+    if not isinstance(handlers, list):
+        return [previous]
+    return [signal.getsignal(h) if isinstance(h, int) else h for h in handlers]
 
 
 def _is_lightning_notifier(handler: Any) -> bool:
@@ -302,15 +305,36 @@ def _is_lightning_notifier(handler: Any) -> bool:
     return getattr(handler, "__name__", "") == "_sigterm_notifier_fn" and hasattr(owner, "received_sigterm")
 
 
+def _lightning_connectors(previous: Any) -> list[Any]:
+    """Lightning's signal connectors among the handlers we chain to."""
+    if previous is _UNSET or previous is None or previous in (signal.SIG_DFL, signal.SIG_IGN):
+        return []
+    return [h.__self__ for h in _handlers_in(previous) if _is_lightning_notifier(h)]
+
+
+def _forward_once(signum: int) -> None:
+    """What Lightning's notifier does first: signal the ranks its launcher started. At once, from
+    the watcher (the main thread may be blocked in a collective) or our handler, whichever comes
+    first; never after our wait. A rank that ended meanwhile (its own SIGTERM, its finalize,
+    Lightning's teardown back to SIG_DFL) dies of a late forward (-15), and Lightning's child
+    observer then SIGKILLs rank 0 before it records the run's end: it stayed "running"."""
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        return  # not our chain: Lightning's handler, if it is there, forwards itself
+    if not _state.forward_lock.acquire(blocking=False):
+        return  # done, or being done
+    for connector in _lightning_connectors(_state.previous):
+        if not connector.received_sigterm:
+            launcher = getattr(connector.trainer.strategy, "launcher", None)
+            if launcher is not None:
+                launcher.kill(signum)
+
+
 def _lightning_notify(connector: Any, signum: int) -> None:
-    """`_SignalConnector._sigterm_notifier_fn` minus its `dist.broadcast`: the training loop
-    broadcasts ``received_sigterm`` at every batch from a point all ranks reach in order."""
+    """The rest of `_SignalConnector._sigterm_notifier_fn` (`_on_sigterm` forwarded the signal
+    already), minus its `dist.broadcast`: the training loop broadcasts ``received_sigterm`` at
+    every batch from a point all ranks reach in order."""
     trainer = connector.trainer
     log.info("[rank: %s] Received SIGTERM: %s", getattr(trainer, "local_rank", "?"), signum)
-    if not connector.received_sigterm:
-        launcher = getattr(trainer.strategy, "launcher", None)
-        if launcher is not None:
-            launcher.kill(signum)
     connector.received_sigterm = True
 
 

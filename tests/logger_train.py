@@ -16,13 +16,14 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from multirank_logger import MultiRankLogger
+from multirank_logger import MultiRankLogger, process_hooks
 
 
 class TinyModel(LightningModule):
@@ -57,6 +58,12 @@ class TinyModel(LightningModule):
             print(f"rank {rank} step {step}", flush=True)
         return loss
 
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        # work after the optimizer step (a callback's, an EMA update): no collective until the next step
+        if getattr(self, "sleep_after", 0.0):
+            print(f"rank {self.global_rank} step {self.global_step}", flush=True)
+            time.sleep(self.sleep_after)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
@@ -64,6 +71,18 @@ class TinyModel(LightningModule):
         g = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
         return DataLoader(data, batch_size=4)
+
+
+def slow_sigterm_flush(seconds: float) -> None:
+    """The flush SIGTERM triggers takes `seconds` more, as a large backlog on a slow disk would."""
+    flush_all = process_hooks.flush_all
+
+    def slow(*args: Any, **kwargs: Any) -> None:
+        flush_all(*args, **kwargs)
+        if process_hooks.sigterm_received.is_set():
+            time.sleep(seconds)
+
+    process_hooks.flush_all = slow  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -78,11 +97,16 @@ def main() -> None:
     parser.add_argument("--csv-dir", default=None, help="also log with CSVLogger (first) into this dir")
     parser.add_argument("--read-version", action="store_true", help="read logger.version before fit")
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--sleep-after", type=float, default=0.0, help="sleep after each optimizer step")
+    parser.add_argument("--linger", type=float, default=0.0, help="every rank takes this long to exit after fit")
+    parser.add_argument("--slow-sigterm-flush", type=float, default=0.0, help="rank 0's SIGTERM flush takes this long")
     parser.add_argument("--flush-interval", type=float, default=0.2)
     parser.add_argument("--report", default=None, help="each rank writes {rank: version, log_dir} here")
     parser.add_argument("--timeout", type=float, default=60.0, help="the logger's timeout")
     parser.add_argument("--spill-dir", default=None)
     args = parser.parse_args()
+    if args.slow_sigterm_flush and os.environ.get("LOCAL_RANK", "0") == "0":  # the launcher's process: rank 0
+        slow_sigterm_flush(args.slow_sigterm_flush)
 
     logger = MultiRankLogger(
         db=args.db, save_dir=args.save_dir, flush_interval=args.flush_interval, timeout=args.timeout, spill_dir=args.spill_dir
@@ -101,7 +125,13 @@ def main() -> None:
         enable_model_summary=False,
         enable_checkpointing=args.mode == "checkpoint",
     )
-    trainer.fit(TinyModel(mode=args.mode, sleep=args.sleep))
+    model = TinyModel(mode=args.mode, sleep=args.sleep)
+    model.sleep_after = args.sleep_after  # not a hyperparameter: the stored hparams stay as the tests expect
+    try:
+        trainer.fit(model)
+    finally:
+        if args.linger:
+            time.sleep(args.linger)  # slow to exit after fit: a DataLoader's workers, an upload at exit
     if args.report and args.strategy != "ddp_spawn":
         rank = trainer.global_rank
         with open(f"{args.report}.{rank}", "w") as fh:

@@ -60,3 +60,36 @@ def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, backend
     # a rank that printed step S had its steps 0..S-1 through log_metrics before the signal
     assert counts.get(0, 0) >= SEEN_STEPS and counts.get(1, 0) >= SEEN_STEPS, (counts, rest[-3000:])
     assert query(db, "SELECT status FROM runs") == [("interrupted",)], rest[-3000:]
+
+
+def test_sigterm_reaches_every_rank_at_once_while_rank_0_flushes(tmp_path: Path) -> None:
+    """kill -TERM -PGID landing in the work after a step, while rank 0's flush takes seconds.
+
+    Rank 1 needs nothing from rank 0 until the next step: it ends its run, and Lightning's
+    teardown puts the default SIGTERM action back, while rank 0 still flushes. Lightning's
+    launcher forwards SIGTERM to the ranks it started. Sent once rank 0's flush was over, that
+    forward killed rank 1 while it took its time to exit (-15); Lightning's child observer then
+    SIGKILLed rank 0, in CI before it recorded the run's end, which stayed "running". The
+    forward now goes out at once, from the watcher thread.
+    """
+    db = tmp_path / "runs.duckdb"
+    cmd = train_cmd(
+        db, tmp_path, "--steps", "400", "--sleep-after", "0.5", "--slow-sigterm-flush", "3", "--linger", "9",
+        "--flush-interval", "3600",
+    )
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_steps(proc, SEEN_STEPS, timeout=90)  # both ranks just printed: they sleep after their step
+        os.killpg(proc.pid, signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=GRACE_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "terminated with code" not in rest and proc.returncode == 0, (proc.returncode, rest[-3000:])
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)], rest[-3000:]
+    counts = dict(query(db, "SELECT rank, COUNT(*) FROM metrics WHERE key = 'rank_value' GROUP BY rank"))
+    assert counts.get(0, 0) >= SEEN_STEPS and counts.get(1, 0) >= SEEN_STEPS, (counts, rest[-3000:])
