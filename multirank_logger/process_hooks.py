@@ -74,7 +74,7 @@ class Flushable(Protocol):
 
     def flush(self, timeout: float = ...) -> bool: ...
 
-    def report_unwritten(self) -> None: ...
+    def report_unwritten(self, at_exit: bool = ...) -> None: ...
 
     def wake(self) -> None: ...
 
@@ -133,14 +133,14 @@ def guard_setup(lock: Any) -> None:
     _SETUP_LOCKS.add(lock)
 
 
-def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
+def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT, at_exit: bool = True) -> None:
     """Flush every live writer of this process (bounded per writer)."""
     for writer in list(_WRITERS):
         try:
             if not writer.flush(timeout):
-                writer.report_unwritten()
+                writer.report_unwritten(at_exit)
         except Exception:
-            log.exception("multirank_logger: flush at exit failed")
+            log.exception("multirank_logger: the flush at exit or SIGTERM failed")
 
 
 def _flush_for_sigterm() -> None:
@@ -149,7 +149,7 @@ def _flush_for_sigterm() -> None:
     if not _state.flush_lock.acquire(blocking=False):
         return  # done, or being done
     try:
-        flush_all()
+        flush_all(at_exit=False)
         for writer in list(_WRITERS):
             # the process may now wait in Lightning's loop until the scheduler's SIGKILL: keep
             # the threads draining meanwhile (rank 0 takes in the rows the others just shipped)

@@ -225,11 +225,13 @@ class BackgroundWriter:
             for tables in side:
                 self._spill_side(tables, why)
 
-    def report_unwritten(self) -> None:
-        """As the process exits: spill what the store never took, or say what is lost with it."""
+    def report_unwritten(self, at_exit: bool = True) -> None:
+        """As the process exits, or at SIGTERM (a preemption: the scheduler's SIGKILL may follow
+        at any time): spill what the store never took, or say what is lost with it."""
+        when = "the process is exiting" if at_exit else "SIGTERM came (a preemption)"
         if self.held_values and self.spiller is not None:
             error = f" ({describe(self.last_error)})" if self.last_error is not None else ""
-            self.spill_held(f"the process is exiting and the store has not taken these rows{error}")
+            self.spill_held(f"{when} and the store has not taken these rows{error}")
         calls, rows = self._buffer.calls_pending, self.held_values
         if not (calls or rows):
             return
@@ -239,8 +241,9 @@ class BackgroundWriter:
             "torch.distributed is initialized, e.g. inside Trainer.fit)"
         )
         log.error(
-            "multirank_logger: exiting with %d log call(s) and %d row(s) not written (%s); they are lost.",
-            calls, rows, why,
+            "multirank_logger: %s with %d log call(s) and %d row(s) not written (%s); they are lost%s.",
+            "exiting" if at_exit else "SIGTERM came", calls, rows, why,
+            "" if at_exit else " unless they are written before the process ends",
         )
 
     def _run(self) -> None:

@@ -74,7 +74,7 @@ def test_sigterm_reaches_every_rank_at_once_while_rank_0_flushes(tmp_path: Path)
     """
     db = tmp_path / "runs.duckdb"
     cmd = train_cmd(
-        db, tmp_path, "--steps", "400", "--sleep-after", "0.5", "--slow-sigterm-flush", "3", "--linger", "9",
+        db, tmp_path, "--steps", "400", "--sleep-after", "0.5", "--slow-sigterm-flush", "3", "--linger", "7",
         "--flush-interval", "3600",
     )
     proc = subprocess.Popen(
