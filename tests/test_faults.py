@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store import Store
-from tests.logger_helpers import query
+from tests.logger_helpers import query, train_cmd, train_env, wait_for_steps
 
 SCRIPT = Path(__file__).with_name("fault_logger.py")
 REPO = Path(__file__).resolve().parents[1]
@@ -120,6 +120,42 @@ def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     done, db = _run_with_reader(tmp_path, hold_s=4, timeout_s=30)
     assert _stored(db) == (*_expected(4000), "success"), done.stderr[-3000:]
     assert _spill_files(done.stderr) == []
+
+
+@pytest.mark.slow  # launches processes
+def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes(tmp_path: Path) -> None:
+    """kill -TERM -PGID to a 2-rank DuckDB (gather) job while a reader holds the file to the end:
+    rank 0 cannot write its own rows, rank 1's or the run's end. They go to the spill file the
+    output names, said as a preemption; importing it brings every step of both ranks, and the
+    run's end: interrupted, never success."""
+    db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
+    cmd = train_cmd(db, tmp_path, "--steps", "400", "--sleep", "0.1", "--flush-interval", "3600", "--timeout", "3",
+                    "--spill-dir", str(spill))  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    reader = None
+    try:
+        wait_for_steps(proc, 1, timeout=90)  # the run is set up and registered
+        reader = _hold_duckdb(db, 600, tmp_path / "held")
+        wait_for_steps(proc, 2, timeout=60)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if reader is not None:
+            reader.kill()
+            reader.wait(30)
+    assert "SIGTERM came (a preemption) and the store has not taken these rows" in out, out[-3000:]
+    files = _spill_files(out)
+    assert files, out[-3000:]
+    assert query(db, "SELECT status FROM runs") != [("success",)]
+    _import(db, files)
+    for rank in (0, 1):  # every step a rank logged, none missing in between
+        steps = [int(s) for s, in query(db, f"SELECT step FROM metrics WHERE key = 'rank_value' AND rank = {rank}")]
+        assert sorted(steps) == list(range(max(steps) + 1)) and max(steps) >= 2, (rank, sorted(steps), out[-3000:])
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)], out[-3000:]
 
 
 @pytest.mark.slow  # launches processes
