@@ -112,7 +112,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             )
             return True
 
-        if safely(record):
+        if safely(record, "recording the run's end"):
             run.unstored_recorded, run.others_unrecorded = run.unstored_totals(), (0, 0)
         else:
             log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
@@ -121,7 +121,8 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
                 run.spiller.end(status, spilled + others_spilled, lost + others_lost)
         if run.rank == 0 and run.attempt is not None:
             attempt = run.attempt
-            safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5))
+            safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
+                   "recording this launch's end (attempts)")  # fmt: skip
         if run.rank == 0 and status == "success" and run.settings.export_csv:
             run.files.export_if_complete(store, run_id, left())
     spiller = run.spiller
