@@ -23,6 +23,9 @@ from multirank_logger import MultiRankLogger, StepTimer
 # 100 ms: well above the 10-50 ms waits a loaded 2-core CI host puts on every rank's data now and
 # then (with 30 ms, those moved the straggler's first step found from 1 to 8 or 13)
 SLOW_RANK, SLOW_S = 1, 0.100
+# every rank's compute per step, in both runs: a step of 20 ms made a loaded host's few extra ms
+# of data wait on one rank (3.5 ms over 7 steps in CI) a tenth of a step, a straggler in the clean run
+COMPUTE_S = 0.050
 BAD_RANK, LOSS_FROM, LOSS_FACTOR, NAN_FROM = 2, 20, 20.0, 25
 
 
@@ -34,6 +37,7 @@ class Regression(LightningModule):
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
+        time.sleep(COMPUTE_S)  # the model's compute, the same on every rank
         loss = torch.nn.functional.mse_loss(self.layer(x), y)
         bad = self.hparams.faults and self.global_rank == BAD_RANK
         self.log("train_loss", loss * (LOSS_FACTOR if bad and self.global_step >= LOSS_FROM else 1.0))
