@@ -260,7 +260,7 @@ class RankRun:
         self.buffer.seq_base = self.side.seq_base = seq_base(attempt)
         if rank == 0 and attempt:  # a resume: what earlier launches spilled here joins the run first
             earlier = functools.partial(import_earlier_launches, self.open_store(), self.settings.spill_dir,
-                                        self.identity.run_id, self.identity.name, self.identity.version, attempt)
+                                        self.identity, attempt)
             safely(lambda: retry_while_locked(earlier, timeout), "importing the run's earlier launches' spill files")
 
     def log_hparams(self, params: dict[str, Any]) -> None:
@@ -331,7 +331,7 @@ class RankRun:
         if self.spiller is None or self.spiller.spill.header["run_id"] != identity.run_id:
             spill = SpillWriter(
                 self.settings.spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank,
-                attempt=self.attempt,
+                attempt=self.attempt, run_started_at=identity.started_at,
             )
             path = backend_for(self.settings.url).path
             shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command

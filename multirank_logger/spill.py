@@ -74,6 +74,9 @@ class SpillWriter:
         directory: where to put the file (created if missing); a disk local to this rank.
         run_id, name, version: the run the rows belong to, as rank 0 published it.
         rank: this process's global rank.
+        attempt: the launch of the run (``attempts.attempt``).
+        run_started_at: when rank 0 allocated the run: with run_id, what tells this run from
+            another store's run of the same name, version and id (spill_import.import_earlier_launches).
 
     Example::
 
@@ -83,7 +86,7 @@ class SpillWriter:
 
     def __init__(
         self, directory: str | os.PathLike[str], *, run_id: int, name: str, version: int, rank: int,
-        attempt: int | None = None,
+        attempt: int | None = None, run_started_at: float | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.header: dict[str, Any] = {
@@ -95,6 +98,7 @@ class SpillWriter:
             "version": version,
             "rank": rank,
             "attempt": attempt,  # the launch (attempts.attempt); None in files written before it was kept
+            "run_started_at": run_started_at,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "created_at": time.time(),

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,9 @@ from multirank_logger.errors import LookupFailed, StoreLocked
 from multirank_logger.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs, unheard_ends
 from multirank_logger.spill import SPILL_SUFFIX, read_spill_contents, read_spill_header
 from multirank_logger.store import unseen_side_rows
+
+if TYPE_CHECKING:
+    from multirank_logger.identity import RunIdentity
 
 __all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
 
@@ -110,9 +113,13 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
     )
 
 
-def import_earlier_launches(store: Any, spill_dir: str, run_id: int, name: str, version: int, attempt: int) -> int:
+def import_earlier_launches(store: Any, spill_dir: str, run: RunIdentity, attempt: int) -> int:
     """A resumed launch's rank 0: import the spill files earlier launches of the run left in
     `spill_dir` (this host's), before this launch adds to the run. Returns the rows added.
+
+    Only this run's files: the header's run id and allocation time are this run's. The name
+    alone would take another store's run of the same name and version, whose files share a
+    spill_dir (by default the stores' directory) and whose id may be the same too.
 
     An earlier launch that could not write the store at its end (a reader held it past
     `timeout`, the disk was full) could not record that end either: the next launch finds it
@@ -122,12 +129,15 @@ def import_earlier_launches(store: Any, spill_dir: str, run_id: int, name: str, 
     rows). A file that cannot be imported keeps the run from success: its launch's rank goes
     into ``unheard_ends``, which importing the file by hand clears.
     """
-    pattern = os.path.join(glob.escape(spill_dir), f"{glob.escape(name)}-version_{version}-rank*{SPILL_SUFFIX}")
+    name = f"{glob.escape(run.name)}-version_{run.version}-rank*{SPILL_SUFFIX}"
+    run_id = run.run_id
     added = 0
-    for path in sorted(glob.glob(pattern)):
+    for path in sorted(glob.glob(os.path.join(glob.escape(spill_dir), name))):
         header = read_spill_header(path)
-        if header is None or header.get("attempt") is None or int(header["attempt"]) >= attempt:
-            continue  # not a spill file, one written before files named their launch, or this launch's
+        if header is None or header.get("run_id") != run_id or header.get("run_started_at") != run.started_at:
+            continue  # not a spill file, or another run's (or written before files said when their run began)
+        if header.get("attempt") is None or int(header["attempt"]) >= attempt:
+            continue  # written before files named their launch, or this launch's
         try:
             report = import_spill(store, path)
         except StoreLocked:

@@ -205,6 +205,17 @@ def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(tmp_pat
     assert query(db, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "success"), (1, "success")]
     lines = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
     assert lines[:4001] == first[:4001] and len(lines) == 4000 + 100 + 2
+    # another store beside it, sharing the spill dir, with a run of the same name, version and
+    # id: its resume imports only its own run's files (by then that one is imported, but the
+    # file stays: it must never join a run it was not written for)
+    other, other_logs = tmp_path / "other.duckdb", tmp_path / "other_logs"
+    for extra in ((), ("--version", "0")):
+        done = subprocess.run(_log_cmd(other, tmp_path / "spill", "--calls", "100", "--save-dir", str(other_logs), *extra),
+                              env=_env(), capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+        assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-3000:]
+    assert "imported" not in done.stderr, done.stderr[-3000:]
+    assert query(other, "SELECT id, name, version FROM runs") == [(1, "lightning_logs", 0)]
+    assert _stored(other) == (2 * 1_000, float(2 * sum(range(1_000))), "success")
 
 
 @pytest.mark.slow  # launches processes
