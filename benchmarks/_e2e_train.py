@@ -147,7 +147,7 @@ def _logger(variant: str, root: Path) -> Any:
         from lightning.pytorch.loggers import TensorBoardLogger
 
         return TensorBoardLogger(root, name="tb")
-    from multirank_logger.logger import MultiRankLogger
+    from multirank_logger.logger.multi_rank_logger import MultiRankLogger
 
     if variant == "MultiRankLogger direct":
         return MultiRankLogger(db=root / "direct.sqlite", name="e2e", save_dir=root, transport="direct")

@@ -64,9 +64,9 @@ def launch(variants: list[str], steps: int, metrics: int, timeout_s: float = 600
     """One DDP launch running `variants` in order; per variant, rank 0's times and the max RSS."""
     # find_spec, not import: importing the logger pulls in lightning (~4 s) in this parent process
     if any(v.startswith("MultiRankLogger") for v in variants) and importlib.util.find_spec(
-        "multirank_logger.logger"
+        "multirank_logger.logger.multi_rank_logger"
     ) is None:
-        raise Unavailable("multirank_logger.logger is not there yet")
+        raise Unavailable("multirank_logger.logger.multi_rank_logger is not there yet")
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as root:
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
         for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK"):

@@ -103,7 +103,7 @@ def _rank(rank: int, port: int, db: str, calls: int, work_us: float, period_us: 
         lag = time.perf_counter() - t if rank == 0 else None
     result: dict[str, Any] = {"rank": rank, "elapsed": elapsed, "lag": lag}
     if logger is not None and rank == 0:
-        from multirank_logger.store import Store
+        from multirank_logger.store.sql_store import Store
 
         store = Store(db, readonly=True)
         with store.begin() as conn:

@@ -48,10 +48,10 @@ def _free_port() -> int:
 
 
 def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start_at: float, out: str) -> None:
-    from multirank_logger.buffer import RecordBuffer
-    from multirank_logger.sinks import GatherSender
-    from multirank_logger.transport import RowChannel
-    from multirank_logger.writer import BackgroundWriter
+    from multirank_logger.logger.buffer import RecordBuffer
+    from multirank_logger.logger.sinks import GatherSender
+    from multirank_logger.logger.writer import BackgroundWriter
+    from multirank_logger.transport.row_channel import RowChannel
 
     channel = RowChannel("load", rank, world, host="127.0.0.1", port=port, timeout=FINISH_TIMEOUT)
     sink = GatherSender(channel)
@@ -84,11 +84,11 @@ def _receiver(
 ) -> None:
     import torch.distributed as dist
 
-    from multirank_logger.buffer import RecordBuffer
-    from multirank_logger.sinks import GatherReceiver
-    from multirank_logger.store import Store
-    from multirank_logger.transport import RowChannel
-    from multirank_logger.writer import BackgroundWriter
+    from multirank_logger.logger.buffer import RecordBuffer
+    from multirank_logger.logger.sinks import GatherReceiver
+    from multirank_logger.logger.writer import BackgroundWriter
+    from multirank_logger.store.sql_store import Store
+    from multirank_logger.transport.row_channel import RowChannel
 
     server = dist.TCPStore("127.0.0.1", port, world, True, timedelta(seconds=FINISH_TIMEOUT), wait_for_workers=False)
     ready.set()
@@ -125,7 +125,7 @@ def run_load(senders: int, seconds: float, db: str) -> dict[str, Any]:
     Raises:
         AssertionError: when a row is missing, duplicated, or was not delivered.
     """
-    from multirank_logger.store import Store
+    from multirank_logger.store.sql_store import Store
 
     store = Store(db)
     run_id = store.create_run("load", world_size=senders + 1).id
@@ -194,7 +194,7 @@ def _start_time(start_box: Path) -> float:
 
 def _stored(db: str, run_id: int) -> dict[int, tuple[int, int, int, int, int]]:
     """Per rank: rows, distinct (seq, key), distinct seq, min seq, max seq."""
-    from multirank_logger.store import Store
+    from multirank_logger.store.sql_store import Store
 
     store = Store(db, readonly=True)
     try:

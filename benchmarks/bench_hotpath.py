@@ -51,14 +51,14 @@ def _make_logger(kind: str, root: str) -> Any:
 
         return TensorBoardLogger(root, name="bench")
     if kind == "RecordBuffer.append (component)":
-        from multirank_logger.buffer import RecordBuffer
+        from multirank_logger.logger.buffer import RecordBuffer
 
         return _BufferOnly(RecordBuffer())
     if kind.startswith("MultiRankLogger"):
         try:
-            from multirank_logger.logger import MultiRankLogger
+            from multirank_logger.logger.multi_rank_logger import MultiRankLogger
         except ImportError as exc:
-            raise Unavailable(f"multirank_logger.logger: {exc}") from exc
+            raise Unavailable(f"multirank_logger.logger.multi_rank_logger: {exc}") from exc
         suffix = ".sqlite" if "SQLite" in kind else ".duckdb"
         export = not kind.endswith("export_csv=False")
         return MultiRankLogger(db=f"{root}/runs{suffix}", name="bench", save_dir=root, export_csv=export)

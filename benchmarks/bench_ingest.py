@@ -40,7 +40,7 @@ KEYS = 10
 
 def make_batches(batches: int, rows: int, rank: int = 0, run_id: int = 1) -> list[Any]:
     """`batches` Arrow record batches of `rows` rows, seq/step continuing across batches."""
-    from multirank_logger.buffer import RecordBuffer
+    from multirank_logger.logger.buffer import RecordBuffer
 
     rng = random.Random(rank)
     names = [f"metric_{i}" for i in range(KEYS)]
@@ -54,7 +54,7 @@ def make_batches(batches: int, rows: int, rank: int = 0, run_id: int = 1) -> lis
 
 
 def _new_store(root: str, suffix: str) -> tuple[Any, int]:
-    from multirank_logger.store import Store
+    from multirank_logger.store.sql_store import Store
 
     store = Store(Path(root) / f"ingest{suffix}")
     run = store.create_run("bench", world_size=1)
@@ -113,8 +113,8 @@ def store_write(backend: str, batches: int, rows: int, held: bool = False, busy:
 
 def raw_sqlite(batches: int, rows: int, busy: bool = False) -> dict[str, Any]:
     """sqlite3 executemany of prebuilt tuples, one transaction per batch (with `busy`: `_timed`)."""
-    from multirank_logger.batch import column_lists
-    from multirank_logger.schema import METRIC_COLUMNS
+    from multirank_logger.model.batch import column_lists
+    from multirank_logger.model.schema import METRIC_COLUMNS
 
     data = [list(zip(*column_lists(b, METRIC_COLUMNS))) for b in make_batches(batches, rows)]
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
@@ -144,7 +144,7 @@ def raw_duckdb(batches: int, rows: int, without_index: bool = False) -> dict[str
     (``without_index``: into a table without the unique index on the row's identity)."""
     import duckdb
 
-    from multirank_logger.schema import METRIC_COLUMNS
+    from multirank_logger.model.schema import METRIC_COLUMNS
 
     tables = make_batches(batches, rows)
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
@@ -172,7 +172,7 @@ def raw_duckdb(batches: int, rows: int, without_index: bool = False) -> dict[str
 
 def buffer_drain(batches: int, rows: int) -> dict[str, Any]:
     """RecordBuffer.drain: buffered log calls of 10 keys -> one Arrow record batch, rows/s."""
-    from multirank_logger.buffer import RecordBuffer
+    from multirank_logger.logger.buffer import RecordBuffer
 
     rng = random.Random(0)
     names = [f"metric_{i}" for i in range(KEYS)]

@@ -65,9 +65,9 @@ def _make_logger(kind: str, root: str) -> Any:
 
         return CSVLogger(root, name="bench")
     try:
-        from multirank_logger.logger import MultiRankLogger
+        from multirank_logger.logger.multi_rank_logger import MultiRankLogger
     except ImportError as exc:
-        raise Unavailable(f"multirank_logger.logger: {exc}") from exc
+        raise Unavailable(f"multirank_logger.logger.multi_rank_logger: {exc}") from exc
     suffix = ".sqlite" if "SQLite" in kind else ".duckdb"
     return MultiRankLogger(db=f"{root}/runs{suffix}", name="bench", save_dir=root, flush_interval=0.5)
 

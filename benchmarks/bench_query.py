@@ -39,7 +39,7 @@ _CHUNK_STEPS = 1_000
 def store_path(ranks: int, steps: int, keys: int, backend: str = "duckdb") -> Path:
     import duckdb
 
-    from multirank_logger.store import head_revision
+    from multirank_logger.store.sql_store import head_revision
 
     suffix = ".sqlite" if backend == "sqlite" else ".duckdb"
     # keyed by the DuckDB version too: a file written by a newer DuckDB cannot be read by an older one
@@ -50,8 +50,8 @@ def build_store(ranks: int, steps: int, keys: int) -> Path:
     """The cached store, generated if missing (raw DuckDB bulk insert, not the logger)."""
     import duckdb
 
-    from multirank_logger.schema import METRIC_COLUMNS
-    from multirank_logger.store import Store
+    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.store.sql_store import Store
 
     path = store_path(ranks, steps, keys)
     if path.is_file():
@@ -98,8 +98,8 @@ def build_sqlite_store(ranks: int, steps: int, keys: int) -> Path:
 
     import duckdb
 
-    from multirank_logger.schema import METRIC_COLUMNS
-    from multirank_logger.store import Store
+    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.store.sql_store import Store
 
     path = store_path(ranks, steps, keys, "sqlite")
     if path.is_file():
@@ -146,9 +146,9 @@ def _sha(path: Path) -> str:
 
 def _open_store() -> Any:
     try:
-        from multirank_logger.query import open_store
+        from multirank_logger.query.reader import open_store
     except ImportError as exc:
-        raise Unavailable(f"multirank_logger.query: {exc}") from exc
+        raise Unavailable(f"multirank_logger.query.reader: {exc}") from exc
     return open_store
 
 

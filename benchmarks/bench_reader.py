@@ -39,7 +39,7 @@ def _step_work() -> float:
 
 def one_round(steps: int, reader: bool, timeout: float) -> dict[str, float]:
     from multirank_logger import MultiRankLogger
-    from multirank_logger.store import Store
+    from multirank_logger.store.sql_store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "runs.duckdb"

@@ -31,7 +31,7 @@ CASES = ("drain+encode", "decode", "spill write", "spill read", "import sqlite",
 
 
 def _batches(frames: int, calls: int) -> list[Any]:
-    from multirank_logger.buffer import RecordBuffer
+    from multirank_logger.logger.buffer import RecordBuffer
 
     out = []
     buf = RecordBuffer()
@@ -44,7 +44,7 @@ def _batches(frames: int, calls: int) -> list[Any]:
 
 
 def _fill(calls: int) -> Any:
-    from multirank_logger.buffer import RecordBuffer
+    from multirank_logger.logger.buffer import RecordBuffer
 
     buf = RecordBuffer()
     for step in range(calls):
@@ -54,10 +54,10 @@ def _fill(calls: int) -> Any:
 
 def measure(case: str, frames: int, calls: int) -> float:
     """Rows per second of one case, in this process (the tree on sys.path)."""
-    from multirank_logger import wire
-    from multirank_logger.spill import SpillWriter, read_spill
-    from multirank_logger.spill_import import import_spill
-    from multirank_logger.store import Store
+    from multirank_logger.model import wire
+    from multirank_logger.store.spill_file import SpillWriter, read_spill
+    from multirank_logger.store.spill_import import import_spill
+    from multirank_logger.store.sql_store import Store
 
     rows = frames * calls * len(KEYS)
     # the code before issue 18 decoded to Arrow for DuckDB (decode_table) and to lists for

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from multirank_logger.tensor_gather import all_gather  # noqa: E402
+from multirank_logger.ddp import all_gather  # noqa: E402
 
 
 def _check(rank: int, world: int, device: str) -> str:

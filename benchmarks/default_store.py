@@ -82,8 +82,8 @@ def readers_during_training(backend: str, seconds: float) -> dict[str, Any]:
 
 
 def _write(db: str, batches: int, rank: int, start: Any, out: Any) -> None:
-    from multirank_logger.buffer import RecordBuffer
-    from multirank_logger.store import Store
+    from multirank_logger.logger.buffer import RecordBuffer
+    from multirank_logger.store.sql_store import Store
 
     try:
         store = Store(db)
@@ -107,7 +107,7 @@ def _write(db: str, batches: int, rank: int, start: Any, out: Any) -> None:
 
 def ranks_writing_one_file(backend: str, writers: int, batches: int = 50) -> dict[str, Any]:
     """`writers` processes write 1,000-row batches into one store at once."""
-    from multirank_logger.store import Store
+    from multirank_logger.store.sql_store import Store
 
     with tempfile.TemporaryDirectory(prefix="default-store-") as root:
         db = str(Path(root) / f"runs{SUFFIX[backend]}")

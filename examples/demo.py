@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from multirank_logger import MultiRankLogger, StepTimer
 from multirank_logger.errors import SchemaOutdated
-from multirank_logger.query import open_store
-from multirank_logger.store import Store
+from multirank_logger.query.reader import open_store
+from multirank_logger.store.sql_store import Store
 
 DB = Path("demo_runs") / "runs.duckdb"
 
@@ -90,7 +90,7 @@ def main() -> None:
 def _report(run_id: int) -> None:
     """This run's report (which rank is the problem), as report.html next to the store."""
     from multirank_logger.errors import MissingExtra
-    from multirank_logger.report import write_html
+    from multirank_logger.report.render import write_html
 
     page = DB.parent / "report.html"
     with open_store(str(DB)) as store:

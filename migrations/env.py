@@ -1,6 +1,6 @@
 """Alembic environment for multirank_logger stores (SQLite, DuckDB, PostgreSQL).
 
-The package runs migrations through `multirank_logger.store.Store`, which passes an
+The package runs migrations through `multirank_logger.store.sql_store.Store`, which passes an
 open connection in `config.attributes["connection"]`, already inside a transaction
 that holds the backend's migration lock.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-import multirank_logger.backends  # noqa: F401  (registers Alembic's DuckDB dialect)
-from multirank_logger.schema import metadata
+import multirank_logger.store.backends  # noqa: F401  (registers Alembic's DuckDB dialect)
+from multirank_logger.model.schema import metadata
 
 
 def _run(connection) -> None:

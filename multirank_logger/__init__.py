@@ -1,23 +1,26 @@
-"""multirank_logger: every rank's metrics from a Lightning DDP run, in one SQL store."""
+"""multirank_logger: every rank's metrics from a Lightning DDP run, in one SQL store.
+
+The public names are here; the layers below are described in docs/architecture.md.
+"""
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from multirank_logger._version import __version__
-from multirank_logger.console import rank_aware_console
-from multirank_logger.query import open_store
-from multirank_logger.store import Store
+from multirank_logger.ddp.console import rank_aware_console
+from multirank_logger.query.reader import StoreReader, open_store
+from multirank_logger.store.sql_store import Store
 
 if TYPE_CHECKING:
-    from multirank_logger.decisions import DecisionAudit
-    from multirank_logger.logger import MultiRankLogger
-    from multirank_logger.step_timer import StepTimer
-    from multirank_logger.tensor_gather import all_gather
+    from multirank_logger.callbacks.decision_audit import DecisionAudit
+    from multirank_logger.callbacks.step_timer import StepTimer
+    from multirank_logger.logger.multi_rank_logger import MultiRankLogger
 
 __all__ = [
-    "DecisionAudit", "MultiRankLogger", "StepTimer", "Store", "__version__", "all_gather", "open_store",
+    "DecisionAudit", "MultiRankLogger", "StepTimer", "Store", "StoreReader", "__version__", "open_store",
     "rank_aware_console",
 ]
 
@@ -25,14 +28,21 @@ __all__ = [
 # query side start fast. (With lightning loaded, DuckDB 2.0 also prints nanobind "leaked
 # instances" noise at interpreter exit.)
 _LAZY = {
-    "MultiRankLogger": "multirank_logger.logger",
-    "DecisionAudit": "multirank_logger.decisions",
-    "StepTimer": "multirank_logger.step_timer",
-    "all_gather": "multirank_logger.tensor_gather",
+    "MultiRankLogger": "multirank_logger.logger.multi_rank_logger",
+    "DecisionAudit": "multirank_logger.callbacks.decision_audit",
+    "StepTimer": "multirank_logger.callbacks.step_timer",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name == "all_gather":
+        warnings.warn(
+            "multirank_logger.all_gather moved: import it from multirank_logger.ddp "
+            "(from multirank_logger.ddp import all_gather). The old name will be removed.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("multirank_logger.ddp.tensor_gather").all_gather
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ import click
 
 from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.store import Store, head_revision
+from multirank_logger.store.sql_store import Store, head_revision
 
 __all__ = ["main"]
 
@@ -87,7 +87,7 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
 
     Importing a file again adds nothing again.
     """
-    from multirank_logger.spill_import import import_spill  # the CLI's other commands never need it
+    from multirank_logger.store.spill_import import import_spill  # the CLI's other commands never need it
 
     store = Store(db_path)
     try:
@@ -105,7 +105,7 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
 
 # -- reading a store: runs, export, ranks, sql (all read-only, over query.py) ------------
 
-from multirank_logger.query import RankSpread, StoreReader, open_store  # noqa: E402
+from multirank_logger.query.reader import RankSpread, StoreReader, open_store  # noqa: E402
 
 _TABLE_ROWS = 10  # rows shown by `ranks` before it elides the middle
 
@@ -286,7 +286,7 @@ def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> N
     """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
     import json
 
-    from multirank_logger.report import findings_text, write_html
+    from multirank_logger.report.render import findings_text, write_html
 
     with open_store(db_path) as reader:
         found = reader.report(run)
@@ -305,8 +305,8 @@ def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> N
 @_friendly_errors
 def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> None:
     """Plot KEY against step, one line per rank (many ranks: their range, the outliers on top)."""
-    from multirank_logger.findings import departures
-    from multirank_logger.plots import figure_png, plot_key
+    from multirank_logger.report.findings import departures
+    from multirank_logger.report.plots import figure_png, plot_key
 
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
@@ -317,7 +317,7 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
 # -- decisions and logs: the side tables (side_query.py) -------------------------------------
 
-from multirank_logger.side_query import disagreements, format_ranks, group_alike  # noqa: E402
+from multirank_logger.query.side_tables import disagreements, format_ranks, group_alike  # noqa: E402
 
 _DECIDED = {"ModelCheckpoint": ("saved", "not saved"), "EarlyStopping": ("stop", "continue")}
 

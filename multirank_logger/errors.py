@@ -11,22 +11,38 @@ MultiRankLoggerError
  │    ├── StoreLocked            another process holds a DuckDB file open for writing
  │    ├── SchemaOutdated         the store is behind the code: run `db upgrade`
  │    ├── SchemaTooNew           the store was written by a newer multirank_logger
- │    └── ReadOnlyViolation      a write statement sent through the read-only query path
+ │    ├── ReadOnlyViolation      a write statement sent through the read-only query path
+ │    └── StoreGone              the store's file was deleted or replaced during the run
  ├── DirNotWritable              save_dir or spill_dir cannot be written
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
  ├── InvalidMetric               a logged value that is not a scalar
+ ├── InvalidTransport            a transport= the logger does not know (also a ValueError)
  ├── MissingExtra                an optional dependency (an extra) is not installed
- └── NoMultiRankLogger           DecisionAudit in a Trainer that logs to no MultiRankLogger
+ ├── NoMultiRankLogger           DecisionAudit in a Trainer that logs to no MultiRankLogger
+ ├── RunIdentityMismatch         a rank's store holds another run than rank 0 announced
+ ├── ResumeRefused               resume= asked for a run that cannot be resumed
+ ├── IdentityTimeout             rank 0 never published the run identity in time
+ ├── SpillCorrupt                a spill file that cannot be read
+ └── ChannelError                the channel to rank 0 cannot be used
+      └── ChannelTimeout         a bounded wait on the channel ran out
+GatherMismatch (ValueError)      all_gather's ranks passed tensors that cannot be gathered together
+TorchTooOld (ImportError)        the installed torch lacks the TCPStore queues the channel needs
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
+    "ChannelError",
+    "ChannelTimeout",
     "DirNotWritable",
+    "GatherMismatch",
+    "IdentityTimeout",
     "InvalidMetric",
+    "InvalidTransport",
     "LookupFailed",
     "MissingExtra",
     "MultiRankLoggerError",
@@ -35,11 +51,16 @@ __all__ = [
     "QueryFailed",
     "ReadOnlyViolation",
     "RemoteStore",
+    "ResumeRefused",
+    "RunIdentityMismatch",
     "SchemaOutdated",
     "SchemaTooNew",
+    "SpillCorrupt",
     "StoreError",
+    "StoreGone",
     "StoreLocked",
     "StoreNotWritable",
+    "TorchTooOld",
     "UnsupportedStore",
 ]
 
@@ -185,4 +206,84 @@ class NoMultiRankLogger(MultiRankLoggerError):
         super().__init__(
             f"DecisionAudit records into the Trainer's MultiRankLogger, and this Trainer has none (loggers: {found}). "
             "Add one: Trainer(logger=MultiRankLogger(db=...), callbacks=[..., DecisionAudit()])."
+        )
+
+
+class InvalidTransport(MultiRankLoggerError, ValueError):
+    def __init__(self, requested: object, choices: tuple[str, ...], detail: str = "") -> None:
+        super().__init__(
+            detail
+            or f"transport={requested!r} is not one of {', '.join(map(repr, choices))}. "
+            "Use 'auto' (the default) to let the logger choose, 'direct' for every rank to write "
+            "the store, or 'gather' for rank 0 alone to write it."
+        )
+
+
+class IdentityTimeout(MultiRankLoggerError):
+    def __init__(self, rank: int, seconds: float, what: str) -> None:
+        super().__init__(
+            f"Rank {rank} waited {seconds:.0f} s for rank 0 to publish the run identity of {what}. "
+            "Check that rank 0 is alive and builds the same MultiRankLogger (same db and name, "
+            "created in the same order), or raise the logger's timeout."
+        )
+
+
+class RunIdentityMismatch(MultiRankLoggerError):
+    def __init__(self, rank: int, expected: str, found: str, db: str) -> None:
+        super().__init__(
+            f"Rank {rank} was told by rank 0 to write run {expected}, but the store it opened ({db}) holds "
+            f"{found}: this rank does not see rank 0's store (another disk, or another file of the same name). "
+            "Point db at a filesystem every rank shares, or pass transport='gather' so only rank 0 writes."
+        )
+
+
+class ResumeRefused(MultiRankLoggerError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class SpillCorrupt(MultiRankLoggerError):
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        super().__init__(f"{path} is not a readable spill file ({detail}). It was left untouched; nothing was imported.")
+
+
+class TorchTooOld(ImportError):
+    def __init__(self, found: str, missing: list[str], floor: str) -> None:
+        super().__init__(
+            f"multirank_logger needs torch>={floor}: its rank-to-rank channel uses the TCPStore "
+            f"queues ({', '.join(missing)} missing in torch {found}). Upgrade: pip install 'torch>={floor}'"
+        )
+
+
+class ChannelError(MultiRankLoggerError):
+    """The channel to rank 0 cannot be used.
+
+    Attributes:
+        undelivered: batches that may not have reached rank 0's store; the caller spills them
+            (``spill.SpillWriter``). Each batch is handed out once: a later error carries only
+            the batches given to that later call.
+    """
+
+    def __init__(self, message: str, undelivered: list[Any] | None = None) -> None:
+        self.undelivered: list[Any] = list(undelivered or [])
+        super().__init__(message)
+
+
+class ChannelTimeout(ChannelError):
+    """A bounded wait on the channel ran out (``fetch``, ``wait_delivered``)."""
+
+
+class GatherMismatch(ValueError):
+    """The ranks passed tensors that cannot be gathered together (dtype or number of dimensions)."""
+
+
+class StoreGone(StoreError):
+    """The store's file was deleted or replaced while the run wrote it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"The store file {path} was deleted or replaced during the run. Rows are kept and retried; put the file back "
+            "to have them written, or they go to a spill file at the end."
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from multirank_logger.store import Store
+from multirank_logger.store.sql_store import Store
 
 TRAIN = Path(__file__).with_name("logger_train.py")
 

@@ -23,7 +23,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from multirank_logger import MultiRankLogger, process_hooks
+from multirank_logger import MultiRankLogger
+from multirank_logger.logger import process_hooks
 
 
 class TinyModel(LightningModule):

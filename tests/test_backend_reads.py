@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from multirank_logger.backends import Backend, DuckDBBackend, SQLiteBackend
 from multirank_logger.errors import ReadOnlyViolation
-from multirank_logger.schema import encode_value, metrics
-from multirank_logger.store import Store
+from multirank_logger.model.schema import encode_value, metrics
+from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend
+from multirank_logger.store.sql_store import Store
 
 # (rank, seq, step, key, value): three calls of rank 0, two of rank 1, seq per rank; "c" only
 # rank 0 logged, "d" only rank 1; rank 2 is in the run (world_size 3) and logged nothing

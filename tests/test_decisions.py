@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from multirank_logger import DecisionAudit, MultiRankLogger, open_store
 from multirank_logger.cli import main as cli
 from multirank_logger.errors import NoMultiRankLogger
-from multirank_logger.side_query import disagreements, format_ranks, group_alike
+from multirank_logger.query.side_tables import disagreements, format_ranks, group_alike
 
 SCORES = [3.0, 4.0, 2.0]  # epoch 1 is worse: not saved
 

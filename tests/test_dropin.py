@@ -32,9 +32,9 @@ from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import RemoteStore
-from multirank_logger.experiment import RunExperiment
-from multirank_logger.identity import ENV_PREFIX
-from multirank_logger.live_csv import LiveCsv
+from multirank_logger.logger.experiment import RunExperiment
+from multirank_logger.logger.live_csv import LiveCsv
+from multirank_logger.transport.identity import ENV_PREFIX
 from tests.logger_helpers import query
 from tests.test_query import _calls
 
@@ -284,7 +284,7 @@ def test_left_in_place_after_a_failed_run(tmp_path: Path, db_path: Path) -> None
 def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> None:
     """A write that fails (here: the directory is a file for a while) loses nothing: the rows go
     out with the next batch."""
-    from multirank_logger.buffer import RecordBuffer
+    from multirank_logger.logger.buffer import RecordBuffer
 
     blocker = tmp_path / "dir"
     blocker.write_text("not a directory")
@@ -303,8 +303,8 @@ def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> No
 def test_a_file_never_writable_keeps_a_bounded_number_of_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows kept for a file that cannot be written are bounded: past MAX_PENDING_CALLS the file
     gives up for the run (the end writes it from the store), even if it becomes writable."""
-    from multirank_logger import live_csv
-    from multirank_logger.buffer import RecordBuffer
+    from multirank_logger.logger import live_csv
+    from multirank_logger.logger.buffer import RecordBuffer
 
     monkeypatch.setattr(live_csv, "MAX_PENDING_CALLS", 25)
     blocker = tmp_path / "dir"

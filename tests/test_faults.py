@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
-from multirank_logger.store import Store
+from multirank_logger.store.sql_store import Store
 from tests.logger_helpers import query, train_cmd, train_env, wait_for_steps
 
 SCRIPT = Path(__file__).with_name("fault_logger.py")
@@ -487,7 +487,7 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     assert "already in the store" not in output, output
     (after,), = query(db, "SELECT COUNT(*) FROM metrics")
     assert after - before == spilled > 0
-    from multirank_logger.spill import read_spill
+    from multirank_logger.store.spill_file import read_spill
 
     spilled_ranks = {r for f in files for batch in read_spill(f)[1] for r in batch.column("rank").to_pylist()}
     assert spilled_ranks == {0, 1}  # rank 0 held both its own rows and those rank 1 shipped

@@ -21,8 +21,8 @@ os.umask(int(sys.argv[2], 8))
 from pathlib import Path
 from lightning.pytorch.loggers import CSVLogger
 from multirank_logger import MultiRankLogger
-from multirank_logger.buffer import RecordBuffer
-from multirank_logger.spill import SpillWriter
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.store.spill_file import SpillWriter
 
 out = Path(sys.argv[1])
 ours = MultiRankLogger(db=str(out / "runs.sqlite"), save_dir=str(out / "ours"))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from multirank_logger.findings import departures
+from multirank_logger.report.findings import departures
 
 pytest.importorskip("matplotlib", reason="the plot tests need matplotlib (pip install -e '.[test]')")
 
@@ -110,7 +110,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 def test_plot_one_line_per_rank() -> None:
     """Up to MAX_LINES ranks: one line per rank, the outlier labelled; the PNG has SIZE_PX pixels."""
-    from multirank_logger.plots import SIZE_PX, figure_png, plot_key
+    from multirank_logger.report.plots import SIZE_PX, figure_png, plot_key
 
     figure = plot_key(_table(_noisy(0, 4)), "train_loss", outliers=[2])
     (ax,) = figure.axes
@@ -121,7 +121,7 @@ def test_plot_one_line_per_rank() -> None:
 
 def test_plot_says_when_every_rank_logged_the_same_values() -> None:
     """A synced value draws one line over the others: the title says why only one shows."""
-    from multirank_logger.plots import plot_key
+    from multirank_logger.report.plots import plot_key
 
     table = _table(_noisy(0, 3))
     synced = table.copy()
@@ -134,7 +134,7 @@ def test_plot_says_when_every_rank_logged_the_same_values() -> None:
 
 def test_plot_many_ranks_as_a_band() -> None:
     """Past MAX_LINES ranks: the others' range as a band and their median, the outliers drawn on top."""
-    from multirank_logger.plots import MAX_LINES, plot_key
+    from multirank_logger.report.plots import MAX_LINES, plot_key
 
     figure = plot_key(_table(_noisy(0, MAX_LINES * 4)), "train_loss", outliers=[5, 17])
     (ax,) = figure.axes
@@ -147,7 +147,7 @@ def test_missing_matplotlib_says_how_to_install() -> None:
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
         "import pandas as pd\n"
-        "from multirank_logger.plots import plot_key\n"
+        "from multirank_logger.report.plots import plot_key\n"
         "try:\n    plot_key(pd.DataFrame({0: [1.0]}), 'k')\n"
         "except ImportError as exc:\n    print(type(exc).__name__, exc)\n"
     )
@@ -164,8 +164,8 @@ def side_store(any_db):
 
     import sqlalchemy as sa
 
-    from multirank_logger.schema import decisions, encode_value, logs, metrics, ranks, runs, step_timing
-    from multirank_logger.store import Store
+    from multirank_logger.model.schema import decisions, encode_value, logs, metrics, ranks, runs, step_timing
+    from multirank_logger.store.sql_store import Store
 
     now = time.time()
     store = Store(any_db)
@@ -222,8 +222,8 @@ def test_report_reads_decisions_logs_and_memory(side_store) -> None:
 
 def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None:
     """Warnings every rank logged alike are worth reading but name no rank; a straggler does."""
-    from multirank_logger.findings import Findings
-    from multirank_logger.report import findings_text
+    from multirank_logger.report.findings import Findings
+    from multirank_logger.report.render import findings_text
 
     warning = {"level": "WARNING", "logger": "py.warnings", "message": "deprecated", "ranks": [0, 1], "count": 2}
     straggler = {"rank": 1, "phase": "data", "excess_s": 0.1, "share_of_step": 0.5, "first_step": 1,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.query import open_store
+from multirank_logger.query.reader import open_store
 from tests.conftest import free_port
 from tests.logger_helpers import query, rank_reports, train_cmd, train_env
 

@@ -143,7 +143,7 @@ def console_logger():
 def _as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world: int) -> None:
     # Lightning's rank, as its launcher sets it from the environment for each process
     monkeypatch.setattr(rank_zero_only, "rank", rank)
-    monkeypatch.setenv("RANK", str(rank))  # what identity.current_rank trusts before the process group
+    monkeypatch.setenv("RANK", str(rank))  # what dist_env.current_rank trusts before the process group
     monkeypatch.setenv("WORLD_SIZE", str(world))
     # warnings printed as Python prints them outside pytest (which records them instead)
     monkeypatch.setattr(warnings, "showwarning", _print_warning)

@@ -17,7 +17,7 @@ from lightning.pytorch import Trainer
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWritable
-from multirank_logger.writer import SELDOM_MAX_CALLS
+from multirank_logger.logger.writer import SELDOM_MAX_CALLS
 from tests.logger_helpers import query
 
 
@@ -368,7 +368,7 @@ def test_a_crash_after_a_finished_run_leaves_its_status(db_path: Path) -> None:
     worker, while this parent never finalizes) keeps its status."""
     script = (
         "from multirank_logger import MultiRankLogger\n"
-        "from multirank_logger.store import Store\n"
+        "from multirank_logger.store.sql_store import Store\n"
         f"logger = MultiRankLogger(db={str(db_path)!r}, flush_interval=3600)\n"
         f"Store({str(db_path)!r}).update_run(logger.run_id, status='success')  # as a worker's finalize\n"
         "raise RuntimeError('after fit')\n"

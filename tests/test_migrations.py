@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main
 from multirank_logger.errors import SchemaOutdated, SchemaTooNew, StoreError
-from multirank_logger.schema import metadata
-from multirank_logger.store import Store, _script, head_revision
+from multirank_logger.model.schema import metadata
+from multirank_logger.store.sql_store import Store, _script, head_revision
 
 REPO = Path(__file__).resolve().parent.parent
 

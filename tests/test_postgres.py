@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from multirank_logger.query import open_store
-from multirank_logger.schema import metadata
-from multirank_logger.store import Store
+from multirank_logger.model.schema import metadata
+from multirank_logger.query.reader import open_store
+from multirank_logger.store.sql_store import Store
 
 
 def test_plain_postgresql_url_uses_the_installed_driver(postgres_url: str) -> None:

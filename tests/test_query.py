@@ -16,11 +16,11 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import open_store
-from multirank_logger.backends import Backend, DuckDBBackend, SQLiteBackend, backend_for, resolve_url
-from multirank_logger.buffer import RecordBuffer
-from multirank_logger.csv_format import write_csv
 from multirank_logger.errors import LookupFailed, QueryFailed, ReadOnlyViolation, StoreLocked
-from multirank_logger.store import Store
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.model.csv_layout import write_csv
+from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend, backend_for, resolve_url
+from multirank_logger.store.sql_store import Store
 
 Call = tuple[Mapping[str, Any], int]
 ODD_KEYS = ['it\'s "quoted", comma', "naïve ключ", "x; DROP TABLE metrics; --"]
@@ -148,7 +148,7 @@ def test_export_reads_one_state_of_a_store_still_written(any_db: str, tmp_path: 
     in part nor as a key its header lacks: the file is the store as the export found it."""
     import sqlalchemy as sa
 
-    from multirank_logger.schema import metrics
+    from multirank_logger.model.schema import metrics
 
     if str(any_db).endswith(".duckdb"):
         pytest.skip("no one can write a DuckDB file while a reader holds it")

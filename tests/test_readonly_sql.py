@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from multirank_logger import open_store
-from multirank_logger.buffer import RecordBuffer
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation
-from multirank_logger.store import Store
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.store.sql_store import Store
 from tests.conftest import BACKEND_SUFFIXES, new_postgres_database
 
 COUNT = "SELECT count(*) AS n FROM metrics"
@@ -162,7 +162,7 @@ def test_sql_still_reads(filled: str, query: str) -> None:
 
 def test_postgres_statement_timeout_bounds_a_query(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A query past the statement timeout is cancelled by the server, with its message."""
-    from multirank_logger.backends import PostgreSQLBackend
+    from multirank_logger.store.backends import PostgreSQLBackend
 
     _fill(postgres_url)
     monkeypatch.setattr(PostgreSQLBackend, "statement_timeout_s", 0.2)

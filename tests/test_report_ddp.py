@@ -102,7 +102,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 def test_plot_command_writes_png(db: Path, tmp_path: Path) -> None:
     """`plot DB KEY -o FILE`: a PNG of the documented size, naming the outlier rank."""
-    from multirank_logger.plots import SIZE_PX
+    from multirank_logger.report.plots import SIZE_PX
 
     out = tmp_path / "loss.png"
     result = CliRunner().invoke(main, ["plot", str(db), "train_loss", "--run", "faulty", "-o", str(out)])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from multirank_logger.query import open_store
-from multirank_logger.schema import SEQ_ATTEMPT_SHIFT
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
+from multirank_logger.query.reader import open_store
 from tests.logger_helpers import query, train_env, wait_for_steps
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]  # real multi-process trainings

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from multirank_logger.store import Store
+from multirank_logger.store.sql_store import Store
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -236,7 +236,7 @@ def test_host_1_with_its_own_store_allocates_nothing(tmp_path: Path, db_name: st
     both ranks lands in host 0's store under its one run (no orphan rows)."""
     db = tmp_path / "store" / db_name
     seed = (
-        f"{sys.executable} -c \"from multirank_logger.store import Store; s = Store('{db}'); "
+        f"{sys.executable} -c \"from multirank_logger.store.sql_store import Store; s = Store('{db}'); "
         f"[s.create_run('sn') for _ in range({_SEED_RUNS})]; s.close()\" && "
         f"sha256sum {db} > {tmp_path / 'out' / 'host1-before.sha'}"
     )

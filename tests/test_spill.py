@@ -11,12 +11,13 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from multirank_logger.batch import empty_batch
-from multirank_logger.buffer import RecordBuffer
 from multirank_logger.cli import main
-from multirank_logger.spill import SpillCorrupt, SpillWriter, read_spill, read_spill_contents
-from multirank_logger.spill_import import import_spill
-from multirank_logger.store import Store
+from multirank_logger.errors import SpillCorrupt
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.model.batch import empty_batch
+from multirank_logger.store.spill_file import SpillWriter, read_spill, read_spill_contents
+from multirank_logger.store.spill_import import import_spill
+from multirank_logger.store.sql_store import Store
 
 #: written by the SpillWriter of commit f090cc9 (format version 1, MRB1 payloads): run exp/version_0,
 #: rank 1, two frames; see _V1_ROWS
@@ -210,7 +211,7 @@ def test_cli_import_into_a_store_without_the_run(tmp_path: Path) -> None:
 
 def _side_rows(rank: int = 1, run_id: int = 99) -> dict:
     """Side-table rows as a rank's writer drains them (side_records.SideRecords)."""
-    from multirank_logger.side_records import SideRecords
+    from multirank_logger.model.side_records import SideRecords
 
     side = SideRecords()
     for i in range(3):
@@ -221,7 +222,7 @@ def _side_rows(rank: int = 1, run_id: int = 99) -> dict:
 
 def test_side_rows_and_a_ranks_end_round_trip(tmp_path: Path) -> None:
     """Version 2 frames: side-table rows and the rank's end come back in file order with the metrics."""
-    from multirank_logger.spill import read_spill_contents
+    from multirank_logger.store.spill_file import read_spill_contents
 
     spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
     spill.write_end("success", 0, 0)  # no file yet: a rank with nothing spilled writes none
@@ -264,7 +265,7 @@ def test_import_of_a_missing_ranks_file_records_its_end_and_completes_the_run(db
     and the run is a success only when nothing is lost."""
     import sqlalchemy as sa
 
-    from multirank_logger.run_end import record_end
+    from multirank_logger.logger.run_end import record_end
 
     for lost, expected in ((0, "success"), (2, "incomplete")):
         store = Store(db_path)
@@ -338,8 +339,8 @@ def _run_state(store: Store, run_id: int) -> tuple:
 
 def _gather_launch(store: Store, run_id: int, heard: dict[int, str], status: str = "success") -> int:
     """One launch of 2 gather ranks, as rank 0 records it: its attempt, both ranks registered, its end."""
-    from multirank_logger.run_end import record_end
-    from multirank_logger.run_lifecycle import begin_attempt
+    from multirank_logger.logger.run_end import record_end
+    from multirank_logger.store.run_lifecycle import begin_attempt
 
     attempt = begin_attempt(store, run_id, 2)
     for rank in (0, 1):
@@ -380,7 +381,7 @@ def test_a_later_phase_that_hears_the_rank_settles_its_earlier_unheard_end(db_pa
     """Within one launch (fit, then test in the same processes), the sender's report at its next
     end covers what its unheard end did not get counted (sinks.GatherSender): hearing it settles
     the rank, and with nothing spilled the run is a success."""
-    from multirank_logger.run_end import record_end
+    from multirank_logger.logger.run_end import record_end
 
     store = Store(db_path)
     run = store.create_run("exp", world_size=2)
@@ -402,8 +403,8 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
     "incomplete" and ended the launch. Launch 1 registers rank 1 again and both ranks end well:
     the run stays "incomplete" until rank 1's launch-0 file is imported. A launch that vanished
     (still "running": SIGKILL) keeps nothing: the resumed run is a success (test_run_lifecycle)."""
-    from multirank_logger.run_end import record_end
-    from multirank_logger.run_lifecycle import begin_attempt, end_attempt
+    from multirank_logger.logger.run_end import record_end
+    from multirank_logger.store.run_lifecycle import begin_attempt, end_attempt
 
     def launch() -> int:
         attempt = begin_attempt(store, run.id, 2)

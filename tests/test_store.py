@@ -17,11 +17,11 @@ import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
-from multirank_logger.batch import METRICS_SCHEMA, column_lists, concat_batches
-from multirank_logger.buffer import RecordBuffer
 from multirank_logger.errors import InvalidMetric, NotADatabase, StoreLocked, StoreNotWritable, UnsupportedStore
-from multirank_logger.schema import DTYPE_NAN, METRIC_COLUMNS, decode_value, encode_value, metrics, runs
-from multirank_logger.store import Store, head_revision
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.model.batch import METRICS_SCHEMA, column_lists, concat_batches
+from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS, decode_value, encode_value, metrics, runs
+from multirank_logger.store.sql_store import Store, head_revision
 
 TRICKY_KEYS = ["a'b", 'x"; DROP TABLE metrics; --', "späce ключ 指标", "with,comma", "tab\tand\nnewline", ""]
 
@@ -213,7 +213,7 @@ def test_directory_that_cannot_be_written_fails_at_construction(tmp_path: Path, 
     suffix = {"sqlite": ".sqlite", "duckdb": ".duckdb"}[backend]
     script = textwrap.dedent(
         f"""
-        from multirank_logger.store import Store
+        from multirank_logger.store.sql_store import Store
         from multirank_logger.errors import StoreNotWritable
         try:
             Store({str(ro / ("runs" + suffix))!r})
@@ -405,7 +405,7 @@ def test_duckdb_newer_storage_message_names_both_versions(tmp_path: Path) -> Non
     """DuckDB's own words for a file from a newer DuckDB become one clear StoreError."""
     import duckdb
 
-    from multirank_logger.backends import backend_for, resolve_url
+    from multirank_logger.store.backends import backend_for, resolve_url
 
     # the text duckdb 1.5 gives for a file written by duckdb 2.0 (seen on this machine)
     text = (

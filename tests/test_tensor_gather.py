@@ -1,4 +1,4 @@
-"""multirank_logger.all_gather over real gloo process groups of 2 and 3 ranks (spawned processes).
+"""multirank_logger.ddp.all_gather over real gloo process groups of 2 and 3 ranks (spawned processes).
 
 Each rank runs every case and writes what it saw to a JSON file; the test reads them all.
 """
@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from multirank_logger.tensor_gather import GatherMismatch, all_gather
+from multirank_logger.ddp import all_gather
+from multirank_logger.errors import GatherMismatch
 from tests.conftest import spawn_ranks
 
 pytestmark = pytest.mark.timeout(180)
@@ -215,3 +216,12 @@ def test_without_process_group_returns_the_input() -> None:
     """One process, no group: the list holds the input itself."""
     x = torch.ones(3, requires_grad=True)
     assert all_gather(x)[0] is x and len(all_gather(x)) == 1
+
+
+def test_the_old_top_level_name_still_imports_with_a_deprecation_warning() -> None:
+    """`from multirank_logger import all_gather` keeps working, and says where the name moved."""
+    import multirank_logger
+
+    with pytest.warns(DeprecationWarning, match="multirank_logger.ddp"):
+        old = multirank_logger.all_gather
+    assert old is all_gather

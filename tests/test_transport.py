@@ -16,15 +16,11 @@ import pyarrow.ipc
 import pytest
 import torch.distributed as dist
 
-from multirank_logger.batch import METRICS_SCHEMA, empty_batch
-from multirank_logger.buffer import RecordBuffer
-from multirank_logger.transport import (
-    CHUNK_ROWS,
-    ChannelError,
-    ChannelTimeout,
-    RowChannel,
-)
-from multirank_logger.wire import decode_batch, encode_batch
+from multirank_logger.errors import ChannelError, ChannelTimeout
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.model.batch import METRICS_SCHEMA, empty_batch
+from multirank_logger.model.wire import decode_batch, encode_batch
+from multirank_logger.transport.row_channel import CHUNK_ROWS, RowChannel
 from tests.conftest import free_port, spawn_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -148,7 +144,7 @@ def test_a_damaged_payload_is_reported_and_the_rest_arrives(
     rank1.send(first)
     rank1._client().queue_push("rows/1", encode_batch(_batch(1, 4, first_seq=9))[:-20])
     rank1.send(last)
-    with caplog.at_level("ERROR", logger="multirank_logger.transport"):
+    with caplog.at_level("ERROR", logger="multirank_logger.transport.row_channel"):
         got = rank0.receive()
     assert [b.equals(want) for b, want in zip(got, [first, last])] == [True, True] and len(got) == 2
     assert rank0.damaged_batches == 1

@@ -1,0 +1,1 @@
+"""Lightning callbacks that record into the run's store: DecisionAudit and StepTimer."""

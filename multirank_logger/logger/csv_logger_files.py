@@ -1,0 +1,145 @@
+"""Rank 0's CSVLogger files: ``metrics.csv`` (written as the run goes) and ``hparams.yaml``.
+
+The writer thread hands every batch rank 0 drained to `Rank0Files.tap_csv`, which grows the
+live file (live_csv.py) as CSVLogger's grows. At a successful end the file is kept when it
+holds every row rank 0 logged; otherwise it is rebuilt from the store, and only when the
+store holds every value: never a short file passed off as CSVLogger's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.core.saving import save_hparams_to_yaml
+
+from multirank_logger._util.best_effort import safely
+from multirank_logger.logger.live_csv import LiveCsv
+from multirank_logger.logger.run_end import run_lacks_values
+from multirank_logger.query.reader import StoreReader
+from multirank_logger.store.sql_store import Store, retry_while_locked
+
+if TYPE_CHECKING:
+    from multirank_logger.logger.rank_run import RankRun
+
+__all__ = ["NAME_HPARAMS_FILE", "NAME_METRICS_FILE", "Rank0Files"]
+
+log = logging.getLogger(__name__)
+NAME_METRICS_FILE = "metrics.csv"
+NAME_HPARAMS_FILE = "hparams.yaml"
+#: what the live metrics.csv held, when the whole file could not be written at the end
+NAME_PARTIAL_METRICS_FILE = "metrics.partial.csv"
+
+
+class Rank0Files:
+    """The files CSVLogger would have written for this run, in its ``log_dir`` (one process's).
+
+    Args:
+        run: this process's part in the run (its log_dir, store, attempt, hyperparameters).
+    """
+
+    def __init__(self, run: RankRun) -> None:
+        self.run = run
+        self.live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
+        self.csv_gaps = 0  # batches the live file missed
+        self.continued = False  # the live file began with earlier launches' rows, read from the store
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.run.log_dir, NAME_METRICS_FILE)
+
+    def tap_csv(self, batch: Any, rank: int) -> None:
+        """Writer thread, each drained batch: rank 0's metrics.csv grows as CSVLogger's does."""
+        run = self.run
+        if rank != 0 or not run.settings.export_csv:
+            return
+        if self.live_csv is None:
+            path = safely(lambda: self.metrics_path, "opening metrics.csv")
+            if path is None:
+                self.csv_gaps += 1  # the file would miss these rows: the end exports from the store
+                return
+            self.live_csv = LiveCsv(path)
+            if run.attempt:  # a later launch of the run: the file continues the earlier launches'
+                self.continued = True
+                reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
+                live, run_id = self.live_csv, run.resolve().run_id
+                if safely(lambda: live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0)),
+                          "continuing metrics.csv from the earlier launches") is None:
+                    self.csv_gaps += 1  # the end exports the whole history from the store instead
+        self.live_csv.add(batch)
+
+    def live_csv_whole(self) -> bool:
+        """The live metrics.csv holds every row rank 0 logged (none missed, none left to write)."""
+        live = self.live_csv
+        return live is not None and live.complete and not self.csv_gaps and live.write_pending()
+
+    def write_hparams(self) -> None:
+        """hparams.yaml, through Lightning's writer (fsspec, OmegaConf), written aside and moved
+        over the file: a full disk leaves the former file or none, never a torn one."""
+        log_dir, fs = self.run.log_dir, self.run.log_files.fs
+        self.run.log_files.makedirs(log_dir)
+        path = os.path.join(log_dir, NAME_HPARAMS_FILE)
+        tmp = os.path.join(log_dir, f".{NAME_HPARAMS_FILE}.{os.getpid()}.tmp")
+        try:
+            save_hparams_to_yaml(tmp, self.run.hparams)
+            fs.mv(tmp, path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                fs.rm(tmp)
+            raise
+
+    def export_if_complete(self, store: Store, run_id: int, wait: float = 5.0) -> None:
+        """metrics.csv only when it holds every value: never a short file passed off as CSVLogger's.
+
+        The file written as the run went (live_csv.py) was fed every row rank 0 logged, before
+        the store saw them: it is whole whatever the store refused. A file rebuilt from the
+        store at the end, or one that began with earlier launches' rows read from the store (a
+        resume), depends on the store holding every value."""
+        if self.live_csv_whole() and not self.continued:
+            safely(self.export_files, "writing metrics.csv")
+            return
+        lacks = safely(lambda: retry_while_locked(lambda: run_lacks_values(store, run_id), wait), "reading the run")
+        if lacks is None or any(lacks):
+            why = "the store could not be read" if lacks is None else (
+                f"the store lacks {lacks[0]} value(s) kept in spill files and {lacks[1]} lost"
+                + (f", and what {lacks[2]} rank end(s) it never heard hold" if lacks[2] else "")
+            )
+            self._not_written(why, run_id, "Import the spill files named above, then write")
+            return
+        if safely(self._export_files_done, "writing metrics.csv") is None:
+            self._not_written("it could not be written from the store (above)", run_id, "The store holds it: write")
+
+    def _not_written(self, why: str, run_id: int, how: str) -> None:
+        """Say that metrics.csv is not whole, and set aside what the live file holds: a file
+        named metrics.csv is CSVLogger's whole file or nothing, and a short one kept under
+        another name still shows how far the run got."""
+        path, aside = self.metrics_path, os.path.join(self.run.log_dir, NAME_PARTIAL_METRICS_FILE)
+        fs = self.run.log_files.fs
+        live = self.live_csv
+        moved = safely(lambda: fs.exists(path) and (fs.mv(path, aside) or True), f"moving {path} aside")
+        kept = (
+            f" Its first {live.rows if live is not None else 'few'} row(s) of rank 0 are in {aside}." if moved else ""
+        )
+        log.error(
+            "multirank_logger: metrics.csv was not written: %s.%s %s it with: multirank-logger export %s --run %s -o %s",
+            why, kept, how, self.run.settings.db, run_id, path,
+        )
+
+    def _export_files_done(self) -> bool:
+        self.export_files()
+        return True
+
+    def export_files(self) -> None:
+        """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
+        run = self.run
+        run.log_files.makedirs(run.log_dir)
+        if run.hparams_logged:
+            safely(self.write_hparams, "writing hparams.yaml")  # metrics.csv is written whatever this does
+        if self.live_csv_whole():
+            return  # the file written as the run went holds every row of rank 0 (live_csv.py)
+        # one implementation of CSVLogger's format: the query side's, reading back what was stored
+        # (through this run's store: no second engine, no second schema check)
+        reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
+        run.log_files.export_csv(reader, self.metrics_path, run=run.resolve().run_id, rank=0)

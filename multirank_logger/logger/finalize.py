@@ -1,0 +1,161 @@
+"""The end of this process's part in a run: what ``MultiRankLogger.finalize`` does.
+
+Flush the rows, let the sink finish (a sender waits for rank 0 to take its last rows; rank 0
+receives the others'), record how the run ended (run_end.py), end the attempt, and on rank 0
+after a success write CSVLogger's files (rank0_files.py). Never a collective and never an
+unbounded wait: with ``"failed"`` a peer may be dead. Nothing here raises over Lightning's
+own error (`safely`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from multirank_logger._util.best_effort import safely
+from multirank_logger._util.dist_env import current_rank
+from multirank_logger.errors import StoreLocked
+from multirank_logger.logger import process_hooks
+from multirank_logger.logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, record_end
+from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.store.run_lifecycle import end_attempt
+from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.store.write_errors import describe
+
+if TYPE_CHECKING:
+    from multirank_logger.logger.rank_run import RankRun
+
+__all__ = ["FAILED_TIMEOUT", "finish_run"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: the longest a failing rank spends on the store or the channel in finalize("failed")
+FAILED_TIMEOUT = 5.0
+
+
+def finish_run(run: RankRun, status: str) -> None:
+    """Flush everything, record how the run ended, and (rank 0, success) write the CSV files."""
+    run.finalized = True
+    run.capture_logs(False)  # what it kept is flushed below
+    status = final_status(status)
+    timeout = run.settings.timeout if status == "success" else min(run.settings.timeout, FAILED_TIMEOUT)
+    if run.buffer.calls_pending and run.sink is None:
+        safely(run.setup_sink)
+    run.writer.stop(timeout)  # from here on only this thread writes
+    run.live = False
+    process_hooks.release_sigterm()  # the handler from before ours, once no writer needs it
+    if run.sink is None or run.identity is None:
+        run.writer.flush(timeout)
+        _end_unset_run(run, status)
+        run.board.withdraw()
+        return
+    deadline = time.monotonic() + timeout  # the end's waits share `timeout`
+    with _held(run.store, timeout):  # store: None on a rank that only sends
+        _finish_sink(run, status, timeout, deadline)
+    run.phase += 1
+    run.sink = None  # a later fit/test sets up again, on a fresh channel
+    run.board.withdraw()  # the launch is over: leave no variable behind in this process
+
+
+def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> None:
+    """The end with a sink: its last rows, the other ranks' ends, the run's row, the files."""
+    sink, writer, store = run.sink, run.writer, run.store
+    assert sink is not None and run.identity is not None
+    run_id = run.identity.run_id
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 1.0)
+
+    def cycle() -> bool:
+        return writer.flush(timeout, now=False)  # receive; write when due
+
+    writer.flush(timeout)
+    others = safely(lambda: sink.finish(status, timeout, cycle)) or {}
+    # rows rank 0 received while finishing, and rows a busy store refused so far: the last wait
+    if not writer.flush_until(max(deadline, time.monotonic() + 1.0)):
+        error = writer.last_error
+        writer.spill_held(
+            f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})"
+        )
+    gather_world = run.sink_world if sink.transport == "gather" else 0
+    facts: dict[int, dict[str, Any]] = {}
+    if gather_world and run.rank == 0 and isinstance(sink, GatherReceiver):
+        channel = sink.channel
+        facts = safely(lambda: fetch_facts(channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
+    sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
+    if isinstance(sink, GatherSender):
+        run.unstored_recorded = sink.counted  # what rank 0 took into the run's totals
+    spilled, lost = _unstored_since_recorded(run)
+    # gather rank 0: what the senders reported, and what they reported in a phase whose end
+    # could not be recorded (acknowledged to them: they will not report it again)
+    others_spilled = sink.others_unstored[0] + run.others_unrecorded[0]
+    others_lost = sink.others_unstored[1] + run.others_unrecorded[1]
+    if store is not None and isinstance(sink, DirectSink) and _store_still_there(sink):
+
+        def record() -> bool:
+            record_end(
+                store, run_id, rank=run.rank, gather_world=gather_world, status=status, others=others, facts=facts,
+                timeout=min(left(), 5.0), values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
+                attempt=run.attempt,
+            )
+            return True
+
+        if safely(record, "recording the run's end"):
+            run.unstored_recorded, run.others_unrecorded = run.unstored_totals(), (0, 0)
+        else:
+            log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
+            run.others_unrecorded = (others_spilled, others_lost)
+            if run.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
+                run.spiller.end(status, spilled + others_spilled, lost + others_lost)
+        if run.rank == 0 and run.attempt is not None:
+            attempt = run.attempt
+            safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
+                   "recording this launch's end (attempts)")  # fmt: skip
+        if run.rank == 0 and status == "success" and run.settings.export_csv:
+            run.files.export_if_complete(store, run_id, left())
+    spiller = run.spiller
+    summary = spiller.summary() if spiller is not None else None
+    if spiller is not None and summary:
+        spiller.say(summary)
+
+
+def _store_still_there(sink: DirectSink) -> bool:
+    def check() -> bool:
+        sink.check_store()
+        return True
+
+    return bool(safely(check, "checking the store file"))
+
+
+def _unstored_since_recorded(run: RankRun) -> tuple[int, int]:
+    """(spilled, lost) values not yet added to the run's row."""
+    (spilled, lost), (s0, l0) = run.unstored_totals(), run.unstored_recorded
+    return spilled - s0, lost - l0
+
+
+@contextlib.contextmanager
+def _held(store: Store | None, timeout: float) -> Iterator[None]:
+    """One connection for the end of the run, where each write would open the file again.
+
+    Opening a DuckDB file costs far more than a small write, and the end takes five or more
+    writes (last rows, the other ranks' rows, the run's status, the export). Readers
+    wait meanwhile: normally a fraction of a second, at most the bounded wait for ranks that do
+    not finish. If a reader holds the file now, each step opens it on its own, with its own retries.
+    """
+    with contextlib.ExitStack() as stack:
+        if store is not None and store.backend.opens_per_transaction:
+            with contextlib.suppress(StoreLocked):
+                retry_while_locked(lambda: stack.enter_context(store.writing()), min(timeout, 5.0))
+        yield
+
+
+def _end_unset_run(run: RankRun, status: str) -> None:
+    """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
+    if run.identity is not None and current_rank() == 0 and run.store is not None:
+        store, run_id = run.store, run.identity.run_id
+        safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
+        if status == "success" and run.settings.export_csv:
+            run.files.export_if_complete(store, run_id)

@@ -1,0 +1,297 @@
+"""MultiRankLogger: the Lightning front-end. Naming, versioning, rank, and Lightning's hooks.
+
+The hot path (`log_metrics`, `save`) only appends to this rank's `RecordBuffer` and may
+wake the `BackgroundWriter`; the writer thread moves rows into a sink (sinks.py). This
+process's part in the run (store, identity, sink, writer) is a `RankRun` (rank_run.py), which
+also carries the run through pickling (ddp_spawn) and fork; its end is run_finish.py, rank 0's
+CSVLogger files rank0_files.py, the process-wide hooks process_runs.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.fabric.loggers.logger import _DummyExperiment
+from lightning.fabric.utilities.logger import _add_prefix, _convert_params
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.logger import Logger
+from typing_extensions import override
+
+from multirank_logger._util.best_effort import safely
+from multirank_logger._util.dist_env import current_rank
+from multirank_logger._util.torch_version import require_store_queues
+from multirank_logger.ddp.log_capture import capture_level
+from multirank_logger.errors import InvalidTransport
+from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_METRICS_FILE
+from multirank_logger.logger.experiment import RunExperiment
+from multirank_logger.logger.finalize import finish_run
+from multirank_logger.logger.rank_run import RankRun, RunSettings
+from multirank_logger.logger.save_dir import DEFAULT_DB_NAME, check_store_is_local
+from multirank_logger.logger.transport_choice import TRANSPORTS
+from multirank_logger.store.backends import backend_for, resolve_url
+from multirank_logger.store.run_lifecycle import check_run_choice
+
+__all__ = ["MultiRankLogger"]
+
+
+class MultiRankLogger(Logger):
+    r"""Record every rank's own metrics from Lightning (or Fabric) into one SQL store.
+
+    Laid out like `CSVLogger` (``save_dir/name/version_N``), so checkpoints land where they
+    would with it; rank 0 also writes the ``metrics.csv`` (as the run goes, live_csv.py) and
+    ``hparams.yaml`` that `CSVLogger` would have written.
+
+    The first five parameters are CSVLogger's, in its order: ``CSVLogger("logs")`` becomes
+    ``MultiRankLogger("logs")``.
+
+    Args:
+        save_dir: where ``name/version_N`` lives (local, or any fsspec URL such as ``s3://...``,
+            as with CSVLogger); defaults to the db file's directory (the working directory for a
+            server URL).
+        name: experiment name; ``None`` means ``""``, as in CSVLogger.
+        version: version number within `name`, or a str for a named version (its directory is
+            the str itself, as in CSVLogger); ``None`` takes the next version free both in the
+            store and on disk (a ``version_N`` of another logger is never reused).
+        prefix: a string put before every metric key (joined with ``"-"``).
+        flush_logs_every_n_steps: pending log calls that make the writer flush early (and write
+            rank 0's ``metrics.csv``, as CSVLogger does every that many steps); a DuckDB store,
+            which each write opens, is written once per ``flush_interval`` or at
+            ``writer.SELDOM_MAX_CALLS`` pending calls instead.
+        db: the store: a path ending in ``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``, or a
+            SQLAlchemy URL. Created at the current schema when missing. Defaults to
+            ``save_dir/runs.sqlite``: SQLite never blocks a reader and lets every rank of a node
+            write (see the README). A local file or a server: never a remote filesystem.
+        flush_interval: seconds between two flushes of the background writer.
+        transport: ``"direct"`` (every rank writes the store), ``"gather"`` (rank 0 writes,
+            the others ship their rows to it) or ``"auto"`` (gather for DuckDB with several
+            ranks, direct otherwise).
+        export_csv: rank 0 writes ``metrics.csv`` into `log_dir` as the run goes (and leaves it
+            after a failure) and ``hparams.yaml`` when hyperparameters are logged, as CSVLogger does.
+        timeout: the longest any wait on another rank or on a busy store lasts, in seconds.
+        spill_dir: where a rank that cannot deliver its rows to rank 0 (gather transport, rank 0
+            gone) writes them, for ``multirank-logger import``; defaults to the db file's
+            directory (the working directory for a server URL), as seen by that rank.
+        capture_logs: keep every rank's `logging` records at or above this level (a name or
+            number; ``True`` is INFO) and its `warnings` in the store's ``logs`` table, from
+            construction to `finalize`; ``False`` or ``None`` keeps none. On by default: a
+            record costs an append in memory, off the metrics path, and the console shows
+            what it showed before (see log_capture.py).
+        resume: whether an existing run (the `version` or `run_key` given) is continued as a
+            new attempt: ``"allow"`` (default), ``"must"`` (it must exist; with neither given,
+            the latest run of `name`) or ``"never"``. See run_lifecycle.py.
+        run_key: your key for the run, e.g. the scheduler's job id: a launch with the same
+            key and name continues that run, so a requeue needs no version bookkeeping.
+
+    Raises:
+        StoreError: when the store cannot be written (checked at construction); RemoteStore for
+            a db on a remote filesystem.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from multirank_logger import MultiRankLogger
+
+        logger = MultiRankLogger("logs", name="my_model")  # the store: logs/runs.sqlite
+        trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=logger)
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+    NAME_METRICS_FILE = NAME_METRICS_FILE
+    NAME_HPARAMS_FILE = NAME_HPARAMS_FILE
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str] | None = None,
+        name: str | None = "lightning_logs",
+        version: int | None = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+        *,
+        db: str | os.PathLike[str] | None = None,
+        flush_interval: float = 5.0,
+        transport: str = "auto",
+        export_csv: bool = True,
+        timeout: float = 60.0,
+        spill_dir: str | os.PathLike[str] | None = None,
+        capture_logs: bool | int | str | None = "INFO",
+        resume: str = "allow",
+        run_key: str | None = None,
+    ) -> None:
+        super().__init__()
+        require_store_queues()  # a clear error now, not an AttributeError in the writer thread
+        if transport not in TRANSPORTS:
+            raise InvalidTransport(transport, TRANSPORTS)
+        check_run_choice(version, resume, run_key)
+        for argument, seconds in (("flush_interval", flush_interval), ("timeout", timeout)):
+            if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
+                raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
+        if db is None:
+            if save_dir is None:
+                raise TypeError("MultiRankLogger needs save_dir (as CSVLogger does), or db=, or both")
+            db = os.path.join(check_store_is_local(None, save_dir), DEFAULT_DB_NAME)
+        db = check_store_is_local(os.fspath(db))
+        url = resolve_url(db)
+        path = backend_for(url).path
+        default_dir = str(path.parent) if path is not None else os.getcwd()
+        self._prefix = prefix
+        self._flush_every = max(1, int(flush_logs_every_n_steps))
+        settings = RunSettings(
+            db=db,
+            url=url,
+            name=name or "",
+            version=version,
+            resume=resume,
+            run_key=run_key,
+            save_dir=os.fspath(save_dir) if save_dir is not None else default_dir,
+            spill_dir=os.fspath(spill_dir) if spill_dir is not None else default_dir,
+            transport=transport,
+            export_csv=export_csv,
+            timeout=float(timeout),
+            flush_interval=float(flush_interval),
+            flush_every=self._flush_every,
+            capture_level=capture_level(capture_logs),
+            owner=f"MultiRankLogger(db={db!r}, name={name or ''!r}, version={version!r})",
+            owner_class=type(self).__name__,
+        )
+        #: this process's part in the run: store, identity, sink, writer (pickled with its run
+        #: for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
+        self._run = RankRun(settings)
+        self._run.capture_logs(True)
+        # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
+        # built and never used leaves nothing running
+
+    def __repr__(self) -> str:
+        return self._run.settings.owner
+
+    # -- CSVLogger's properties ---------------------------------------------------------------
+
+    @property
+    @override
+    def name(self) -> str:
+        return self._run.settings.name
+
+    @property
+    @override
+    def version(self) -> int | str:
+        """The run's version: agreed by every rank, allocated by rank 0 in the store."""
+        version = self._run.settings.version
+        if version is not None:
+            return version
+        return self._run.resolve().version
+
+    @property
+    @override
+    def save_dir(self) -> str:
+        return self._run.settings.save_dir
+
+    @property
+    @override
+    def root_dir(self) -> str:
+        return self._run.settings.root_dir
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        return self._run.log_dir
+
+    @property
+    def run_id(self) -> int:
+        """The run's id in the store's ``runs`` table."""
+        return self._run.resolve().run_id
+
+    @property
+    def transport(self) -> str | None:
+        """``"direct"`` or ``"gather"`` once decided (when the process group is up), else None."""
+        return self._run.transport
+
+    @property
+    def experiment(self) -> RunExperiment | _DummyExperiment:
+        """CSVLogger's experiment for user code: on rank 0 a `RunExperiment` (``log_metrics``,
+        ``log_hparams``, ``save``, ``metrics_file_path``), elsewhere a do-nothing one.
+
+        Lightning reads this on every rank once the process group is up: the moment each rank
+        learns the run and sets up its sink. Bounded waits, no collective.
+        """
+        run = self._run
+        run.setup_sink()
+        if not run.writer.running:
+            run.writer.start()
+        run.capture_logs(True)  # again for a later phase (fit, then test), and in ddp_spawn workers
+        return RunExperiment(self) if current_rank() == 0 else _DummyExperiment()
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    @override
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        # Runs every logging step on every rank: no I/O, no SQL, no collective, no lock.
+        if self._prefix:
+            metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+        self._record_call(metrics, step)
+
+    def _record_call(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        """One log call into the buffer (`log_metrics`, and the experiment's, which has no prefix)."""
+        run = self._run
+        if step is None:
+            step = run.unsaved
+        run.buffer.append(step, metrics)
+        run.unsaved += 1
+        if (step + 1) % self._flush_every == 0:
+            run.unsaved = 0  # where CSVLogger saves, and so restarts its count
+        if not run.live:
+            run.start()
+
+    def record(self, table: str, **values: Any) -> None:
+        """Keep one row for a side table (``decisions``, ``logs``, ``step_timing``: see schema.py)
+        from this rank; the writer stores it with the metrics. Appends to memory only.
+
+        Raises:
+            KeyError: for a table or column the schema does not have.
+        """
+        run = self._run
+        run.side.add(table, values)
+        if not run.live:
+            run.start()
+
+    @override
+    def save(self) -> None:
+        # Lightning calls this after every log_metrics: a counter check, at most an Event.set()
+        run = self._run
+        run.unsaved = 0
+        run.writer.maybe_wake()
+
+    @override
+    def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:
+        """Keep the hyperparameters and store them with the run; rank 0 writes hparams.yaml now,
+        as CSVLogger does."""
+        self._run.log_hparams(_convert_params(params))
+        if self._run.settings.export_csv and current_rank() == 0:
+            safely(self._run.files.write_hparams, "writing hparams.yaml")
+
+    def _flush_now(self) -> None:
+        """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
+        run = self._run
+        if run.buffer.calls_pending and run.sink is None:
+            run.setup_sink()
+        run.unsaved = 0  # as CSVLogger's save empties its unsaved rows
+        run.writer.flush(run.settings.timeout)
+
+    # -- the end ---------------------------------------------------------------------------
+
+    @override
+    def finalize(self, status: str) -> None:
+        """Flush everything, record how the run ended, and (rank 0, success) write the CSV files.
+
+        Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
+        """
+        finish_run(self._run, status)
+
+
+# Lightning's Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to
+# decide whether the first logger has a per-version log_dir, and falls back to save_dir
+# otherwise (so LightningCLI would write config.yaml into save_dir and refuse a 2nd run). Ours
+# has CSVLogger's layout: say so to that check, without inheriting CSVLogger's file writing.
+CSVLogger.register(MultiRankLogger)

@@ -1,0 +1,150 @@
+"""The runs of this process, and what happens to them at exit and around a fork.
+
+Every `RankRun` registers here when its runtime is built (`track`). Three process-wide hooks,
+registered at import, act on them:
+
+- at exit after an uncaught exception: a run never finalized is recorded as ended
+  (`_end_runs_never_finalized`);
+- before a fork (ddp_notebook's launch): rank 0 allocates each run that has none yet, so
+  every forked launch continues it (`_own_runs_before_fork`); at exit, such a run that no
+  launch began (the fork was a DataLoader worker's, a pool's) is removed again
+  (`_drop_runs_never_launched`);
+- in the forked child: each run keeps its identity, none of the parent's runtime
+  (`_reset_after_fork`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from multirank_logger._util.best_effort import safely
+from multirank_logger._util.dist_env import current_rank
+from multirank_logger._util.exit_logging import quiet_logging_errors
+from multirank_logger.logger import process_hooks
+from multirank_logger.store.run_lifecycle import drop_if_never_launched, end_attempt
+from multirank_logger.store.sql_store import Store, retry_while_locked
+
+if TYPE_CHECKING:
+    from multirank_logger.logger.rank_run import RankRun
+
+__all__ = ["dist_up", "track"]
+
+_LIVE: weakref.WeakSet[RankRun] = weakref.WeakSet()
+_FORK_ORPHANS: list[Any] = []  # the parent's engines and threads' state, never touched in a child
+# (pid, store, run id) of each new run allocated ahead of a fork
+_ALLOCATED_FOR_A_FORK: list[tuple[int, Store, int]] = []
+
+
+def track(run: RankRun) -> None:
+    """A run's runtime was built in this process: end it at exit, carry it over a fork."""
+    _LIVE.add(run)
+
+
+def dist_up() -> bool:
+    """Whether this process is in a torch.distributed process group now."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _end_runs_never_finalized() -> None:
+    """At exit after an uncaught exception: a run this process allocated (rank 0) and never
+    finalized, because the script failed before or outside Lightning's loops, is recorded as
+    failed (interrupted for Ctrl-C) instead of staying "running", and so is the rank's own row
+    on every rank that writes the store itself. In gather mode rank 0 writes the other ranks'
+    rows: those still running become "missing" (their end never reached rank 0), as `finalize`
+    records them. A normal exit leaves all of it."""
+    exc = getattr(sys, "last_value", None)  # set when the interpreter printed an uncaught exception
+    if exc is None:
+        return
+    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    now = time.time()
+    for run in list(_LIVE):
+        _end_at_exit(run, status, now)
+
+
+def _end_at_exit(run: RankRun, status: str, now: float) -> None:
+    store, identity, sink = run.store, run.identity, run.sink
+    if run.finalized or store is None or identity is None:
+        return
+    # the process group may be gone by now: the rank the sink was set up with
+    rank = run.rank if sink is not None else current_rank()
+    if rank != 0 and (sink is None or sink.transport == "gather"):
+        return  # a sender's row is rank 0's to write, and the store may not be reachable here
+    gather = sink is not None and sink.transport == "gather"
+    senders = range(1, run.sink_world) if gather else range(0)
+    run_id, attempt = identity.run_id, run.attempt
+
+    def end(store: Store = store) -> None:
+        # only what is still running: a ddp_spawn parent never finalizes, its workers did
+        with store.writing():
+            store.update_rank(run_id, rank, where_status="running", status=status, ended_at=now)
+            for other in senders:
+                store.update_rank(run_id, other, where_status="running", status="missing", ended_at=now)
+            if rank == 0:
+                store.update_run(run_id, where_status="running", status=status, ended_at=now)
+                if attempt is not None:
+                    end_attempt(store, run_id, attempt, status)
+
+    safely(lambda: retry_while_locked(end, 5), "recording the run's end at exit")
+
+
+# registered at import, before any writer's exit flush: atexit runs last-in first-out, so the
+# rows are flushed before the run's status is written
+atexit.register(quiet_logging_errors(_end_runs_never_finalized))
+
+
+def _own_runs_before_fork() -> None:
+    """Before a fork (ddp_notebook's launch, once for fit and again for test): a process certain
+    to be rank 0, outside any process group, allocates the run of each logger that has none yet.
+    The forked ranks inherit it, so every fork launch of this process continues one run (each an
+    attempt of its own) instead of its rank 0 allocating a run the parent never learns."""
+    if threading.current_thread() is not threading.main_thread() or dist_up() or current_rank() != 0:
+        return
+    for run in list(_LIVE):
+        if run.identity is None and run.store is not None and not run.finalized:
+            with run.lock:
+                if run.identity is None:
+                    run.identity = run.open_run()
+                    if run.created_run:
+                        _ALLOCATED_FOR_A_FORK.append((os.getpid(), run.store, run.identity.run_id))
+
+
+process_hooks.before_fork(_own_runs_before_fork)
+
+
+def _drop_runs_never_launched() -> None:
+    """At exit: Lightning calls nothing on the logger before its ddp_notebook fork, so every fork
+    of rank 0's main thread allocates the runs that have none, DataLoader workers' and
+    multiprocessing pools' too. A run no launch began by now was one of those: removed, as a
+    logger built and never used leaves no run."""
+    for pid, store, run_id in _ALLOCATED_FOR_A_FORK:
+        if pid == os.getpid():  # never in a forked child: the run is its parent's
+            drop = functools.partial(drop_if_never_launched, store, run_id)
+            safely(lambda: retry_while_locked(drop, 5), "removing a run allocated for a fork that no launch used")  # noqa: B023
+
+
+atexit.register(quiet_logging_errors(_drop_runs_never_launched))
+
+
+def _reset_after_fork() -> None:
+    """In a forked child (ddp_notebook): each run keeps its identity but none of the parent's
+    runtime. The parent's store connection (a DuckDB instance, a PostgreSQL socket) must not
+    be used or even closed here (closing sends a goodbye on the parent's socket, or checkpoints
+    the parent's DuckDB file); its locks may be held by threads that do not exist here; its
+    buffered rows are the parent's to write. They are kept unreachable, never collected."""
+    for run in list(_LIVE):
+        old = (run.buffer, run.side, run.lock, run.store, run.sink, run.writer, run.spiller)
+        _FORK_ORPHANS.append(old)
+        run.init_runtime()
+        run.buffer.continue_numbering(old[0])  # the child never reuses the parent's seq
+
+
+process_hooks.after_fork_in_child(_reset_after_fork)

@@ -1,0 +1,402 @@
+"""RankRun: this process's part in one run, behind the Lightning front-end (logger.py).
+
+It opens the store (rank 0 at construction, the others once their transport is direct),
+learns the run's identity (allocated by rank 0, run_lifecycle.py; shared through
+identity.py), numbers this launch's attempt, sets up the sink its rows go to (sinks.py) and
+owns the writer thread that moves them there (writer.py).
+
+What it holds lives in two parts. The run (settings, identity, hyperparameters) survives
+pickling into ddp_spawn's workers and a fork (ddp_notebook). The runtime (buffer, writer,
+store engine, sink, locks, rank 0's files) belongs to one process: `init_runtime` builds it,
+again after unpickling and in a forked child (process_runs.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+from argparse import Namespace
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from sqlalchemy.engine import URL
+
+from multirank_logger._util.best_effort import safely
+from multirank_logger._util.dist_env import current_rank, current_world_size
+from multirank_logger.ddp.log_capture import LogCapture
+from multirank_logger.errors import MultiRankLoggerError, StoreLocked
+from multirank_logger.logger import process_hooks
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.logger.csv_logger_files import Rank0Files
+from multirank_logger.logger.process_registry import dist_up, track
+from multirank_logger.logger.run_end import publish_facts, rank_facts
+from multirank_logger.logger.save_dir import LogDir, check_dir_writable
+from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.logger.transport_choice import choose_transport
+from multirank_logger.logger.writer import BackgroundWriter, Sink
+from multirank_logger.model.side_records import SideRecords
+from multirank_logger.store.backends import backend_for
+from multirank_logger.store.run_lifecycle import begin_attempt, check_same_run, open_run, seq_base
+from multirank_logger.store.spill_file import SpillWriter
+from multirank_logger.store.spill_import import import_earlier_launches
+from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.store.write_errors import Spiller
+from multirank_logger.transport.identity import IdentityBoard, RunIdentity
+from multirank_logger.transport.row_channel import RowChannel
+
+__all__ = ["RankRun", "RunSettings"]
+
+_INSTANCES = count()
+#: the runtime's parts that stay in their process when the run is pickled (engines, threads, sockets, locks)
+_PROCESS_ONLY = ("buffer", "side", "lock", "store", "sink", "writer", "spiller", "capture", "files")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the logger was built with that the run needs (checked by the logger)."""
+
+    #: the store's path or URL as the user gave it (shown in messages and import commands)
+    db: str
+    url: URL
+    name: str
+    #: the version asked for (None: rank 0 allocates the next one)
+    version: int | str | None
+    resume: str
+    run_key: str | None
+    save_dir: str
+    spill_dir: str
+    #: the transport asked for: "direct", "gather" or "auto"
+    transport: str
+    export_csv: bool
+    timeout: float
+    flush_interval: float
+    flush_every: int
+    #: the level of `logging` records kept in the logs table (None: none)
+    capture_level: int | None
+    #: the logger's repr and class name, for the messages that name it
+    owner: str
+    owner_class: str
+
+    @property
+    def url_text(self) -> str:
+        """The URL as text, password included: a run identity a rank inherits must name this store."""
+        return self.url.render_as_string(hide_password=False)
+
+    @property
+    def root_dir(self) -> str:
+        return os.path.join(self.save_dir, self.name)
+
+
+class RankRun:
+    """This process's part in one run: store, identity, attempt, sink and writer.
+
+    Args:
+        settings: the logger's arguments.
+    """
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+        self.log_files = LogDir(settings.save_dir)
+        self.board = IdentityBoard(next(_INSTANCES), settings.timeout)
+        # a run dropped without finalize leaves no variable behind (it is for its own launch)
+        weakref.finalize(self, os.environ.pop, self.board.env_var, None)
+        self.identity: RunIdentity | None = None
+        self.published = False
+        self.created_run = False  # rank 0 allocated a new run (not a resumed one)
+        self.hparams: dict[str, Any] = {}
+        self.hparams_logged = False
+        self.phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
+        self.finalized = False  # ever: a run never finalized is ended at exit after a crash
+        self.init_runtime()
+        self.check_store()  # the run itself is allocated when first needed (`resolve`)
+
+    def init_runtime(self) -> None:
+        """State that lives in one process only (rebuilt after unpickling and in a forked child)."""
+        self.buffer = RecordBuffer()
+        self.side = SideRecords()
+        self.unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
+        self.lock = threading.RLock()  # identity and sink set-up; never taken by log_metrics/save
+        process_hooks.guard_setup(self.lock)  # a SIGTERM inside a set-up must not wait for it
+        self.store: Store | None = None
+        self.sink: DirectSink | GatherSender | None = None
+        self.sink_world = 0
+        self.spiller: Spiller | None = None  # one per run: every phase spills into one file
+        self.unstored_recorded = (0, 0)  # (spilled, lost) values already added to the run's row
+        #: gather rank 0: the senders' (spilled, lost) reported in a phase whose end the store did not take
+        self.others_unrecorded = (0, 0)
+        self.rank = 0
+        self.transport: str | None = None
+        self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
+        self.live = False  # a log call of this phase started the writer and the SIGTERM hook
+        self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
+        self.writer = BackgroundWriter(
+            self.buffer,
+            self.target,
+            flush_interval=self.settings.flush_interval,
+            flush_every=self.settings.flush_every,
+            side=self.side,
+            tap=self.files.tap_csv,
+        )
+        # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
+        level = self.settings.capture_level
+        self.capture = None if level is None else LogCapture(self.side.add, level)
+        track(self)
+
+    # -- pickling (ddp_spawn) ---------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.identity is None and current_rank() == 0:
+            # pickled for ddp_spawn's workers: each launch of them must write under one run
+            self.resolve()
+        state = self.__dict__.copy()
+        for key in _PROCESS_ONLY:
+            del state[key]  # engines, threads and sockets stay in this process
+        state["published"] = False  # the new process's rank 0 publishes into its own launch
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.init_runtime()
+
+    # -- where the run's files go ----------------------------------------------------------
+
+    @property
+    def log_dir(self) -> str:
+        """CSVLogger's ``save_dir/name/version_N`` (or the named version's directory)."""
+        version = self.settings.version
+        if isinstance(version, str):
+            return os.path.join(self.settings.root_dir, version)
+        return os.path.join(
+            self.settings.root_dir, f"version_{version}" if version is not None else self.resolve().dir_name
+        )
+
+    # -- the store and the run's identity ---------------------------------------------------
+
+    def check_store(self) -> None:
+        """Fail at construction, not an hour in, when the store cannot be used; rank 0 allocates.
+
+        Other ranks only check that the file could be written: opening it would create a store
+        of their own on a host that does not share rank 0's disk. They open it once the
+        transport is "direct" (`setup_sink`).
+        """
+        # only a process certain to be rank 0 touches the disk: the first process of node 1
+        # would otherwise create a store (and a run) of its own there
+        if current_rank() == 0:
+            self.open_store()
+            settings = self.settings
+            check_dir_writable(settings.spill_dir, "spill_dir", "rows the store cannot take are kept there")
+            if not self.log_files.remote:
+                check_dir_writable(settings.save_dir, "save_dir", "metrics.csv, hparams.yaml and checkpoints go there")
+
+    def open_store(self) -> Store:
+        if self.store is None:
+            url = self.settings.url
+            self.store = retry_while_locked(lambda: Store(url), self.settings.timeout)
+        return self.store
+
+    def resolve(self) -> RunIdentity:
+        """This run's identity: allocated here on rank 0, learned from rank 0 elsewhere."""
+        with self.lock:
+            rank = current_rank()
+            if self.identity is None:
+                if rank == 0:
+                    self.identity = self.open_run()
+                else:
+                    found = self.board.from_env(self.settings.url_text) or self.board.fetch(rank, self.settings.owner)
+                    if found is None:
+                        who = f"Rank {rank}" if rank > 0 else "A process that is not certainly rank 0"
+                        raise MultiRankLoggerError(
+                            f"{who} cannot know the run's version yet: rank 0 allocates it and the "
+                            f"process group is not up. Read {self.settings.owner_class}.version after fit starts, "
+                            "or pass version=N."
+                        )
+                    self.identity = found
+            if rank == 0 and not self.published:
+                self.published = self.board.publish(self.identity)
+            return self.identity
+
+    def open_run(self) -> RunIdentity:
+        """Rank 0: the run this launch writes under, new or continued (run_lifecycle.py)."""
+        store, settings = self.open_store(), self.settings
+        run = retry_while_locked(
+            lambda: open_run(
+                store, settings.name, version=settings.version, resume=settings.resume, run_key=settings.run_key,
+                world_size=current_world_size(), root_dir=settings.root_dir,
+            ),
+            settings.timeout,
+        )
+        self.created_run = not run.resumed
+        identity = RunIdentity(
+            run.id, run.name, run.version, self.settings.url_text, os.getpid(), run.version_name, run.started_at
+        )
+        log_dir = os.path.join(settings.root_dir, identity.dir_name)
+        if not run.resumed and os.path.isdir(log_dir) and os.listdir(log_dir):
+            rank_zero_warn(
+                f"Experiment logs directory {log_dir} exists and is not empty. This new run's files "
+                "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones."
+            )
+        return identity
+
+    def begin_attempt(self, rank: int, world: int, channel: RowChannel | None) -> None:
+        """Number this process's launch of the run (rank 0 records it, the others learn it), so
+        that its rows' seq never repeats an earlier launch's: ddp_spawn's fit and test, a resume."""
+        if self.attempt is not None:
+            return
+        assert self.identity is not None
+        timeout = self.settings.timeout
+        if rank == 0:
+            store, run_id = self.open_store(), self.identity.run_id
+            attempt = retry_while_locked(lambda: begin_attempt(store, run_id, world), timeout)
+            if channel is not None:
+                channel.publish("attempt", str(attempt).encode())
+        else:
+            assert channel is not None, "a rank other than 0 runs with a process group"
+            attempt = int(channel.fetch("attempt", timeout))
+        self.attempt = attempt
+        self.buffer.seq_base = self.side.seq_base = seq_base(attempt)
+        if rank == 0 and attempt:  # a resume: what earlier launches spilled here joins the run first
+            earlier = functools.partial(import_earlier_launches, self.open_store(), self.settings.spill_dir,
+                                        self.identity, attempt)
+            safely(lambda: retry_while_locked(earlier, timeout), "importing the run's earlier launches' spill files")
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        """Keep hyperparameters; rank 0's sink stores them with the run (by the writer)."""
+        with self.lock:
+            self.hparams.update(params)
+            self.hparams_logged = True
+            if self.sink is not None and self.rank == 0:
+                self.sink.update_run(hparams=_jsonable(self.hparams))
+
+    # -- the sink ------------------------------------------------------------------------------
+
+    def target(self) -> tuple[Sink, int, int] | None:
+        """For the writer thread: where rows go, once that is known."""
+        if self.sink is None and self.buffer.calls_pending == 0:
+            return None  # nothing to write: leave the set-up to `experiment`, in the main thread
+        sink = self.setup_sink()
+        if sink is None:
+            return None
+        assert self.identity is not None
+        return sink, self.identity.run_id, self.rank
+
+    def setup_sink(self) -> DirectSink | GatherSender | None:
+        """Decide the transport and build the sink; None while the process group is not up."""
+        with self.lock:
+            world = current_world_size()
+            if self.sink is not None and self.sink_world == world:
+                return self.sink
+            if world > 1 and not dist_up():
+                return None  # a launched rank before its process group: rank and peers unknown
+            identity = self.resolve()
+            rank = current_rank()
+            timeout = self.settings.timeout
+            channel = None
+            if world > 1:
+                # one channel per phase (fit, test...): a finished phase's "done" keys stay behind
+                channel = RowChannel(f"{self.board.namespace}-phase{self.phase}", rank, world, timeout=timeout)
+            transport, why = choose_transport(
+                self.settings.transport, backend_for(self.settings.url), world, rank=rank, channel=channel, timeout=timeout
+            )
+            self.begin_attempt(rank, world, channel)
+            spiller = self._spiller_for(identity, rank)
+            sink: DirectSink | GatherSender
+            if transport == "gather" and channel is not None and rank == 0:
+                sink = GatherReceiver(self.open_store(), identity.run_id, channel, spiller)
+            elif transport == "gather" and channel is not None:
+                sink = GatherSender(channel, spiller, counted=self.unstored_recorded)
+                publish_facts(channel)  # rank 0 records this rank's host and pid at the end
+            else:
+                store = self.open_store()
+                if rank != 0:  # before its first write: is rank 0's run the one this store holds?
+                    check_same_run(store, rank, identity.run_id, identity.name, identity.version, identity.started_at)
+                sink = DirectSink(store, identity.run_id, spiller)
+            self.rank, self.transport, self.sink_world = rank, transport, world
+            self.sink = sink
+            if self.store is not None:
+                try:
+                    self._register(sink, identity, rank, world, transport, why)
+                except BaseException:
+                    self.sink = None  # set up again, registration included, on the next call
+                    raise
+            if rank == 0 and self.hparams_logged:
+                sink.update_run(hparams=_jsonable(self.hparams))
+            return sink
+
+    def _spiller_for(self, identity: RunIdentity, rank: int) -> Spiller:
+        """This run's spill file on this rank (created on its first row): every phase spills into it."""
+        if self.spiller is None or self.spiller.spill.header["run_id"] != identity.run_id:
+            spill = SpillWriter(
+                self.settings.spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank,
+                attempt=self.attempt, run_started_at=identity.started_at,
+            )
+            path = backend_for(self.settings.url).path
+            shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command
+            self.spiller = Spiller(spill, shown, rank)
+            self.unstored_recorded = self.others_unrecorded = (0, 0)
+        return self.spiller
+
+    def _register(
+        self, sink: DirectSink | GatherSender, identity: RunIdentity, rank: int, world: int, transport: str, why: str
+    ) -> None:
+        store = self.store
+        assert store is not None
+        facts = rank_facts()
+
+        def write() -> None:
+            with store.writing():  # one connection, one retry unit: every step is idempotent
+                store.register_rank(identity.run_id, rank, **facts)
+                if transport == "gather":
+                    for other in range(1, world):  # they cannot write: rank 0 keeps their rows
+                        store.register_rank(identity.run_id, other)
+                if rank == 0:
+                    store.update_run(identity.run_id, transport=transport, world_size=world)
+
+        try:
+            retry_while_locked(write, min(self.settings.timeout, 1.0))
+        except StoreLocked:
+            # a reader holds the DuckDB file (a notebook): the rows must not wait for it, nor the
+            # training; the writer registers the rank with its retries, before its next rows
+            if not isinstance(sink, DirectSink):
+                raise  # a sender never writes the store: there is no writer to defer to
+            sink.defer(write)
+        if rank == 0:
+            rank_zero_info(
+                f"MultiRankLogger: run {identity.name}/{identity.dir_name} (id {identity.run_id}) in "
+                f"{self.settings.db}, {world} rank(s), transport={transport} ({why})"
+            )
+
+    # -- the writer thread and the log capture ---------------------------------------------
+
+    def start(self) -> None:
+        """The first log call of a phase (and construction): writer thread up, SIGTERM hook on top."""
+        if not self.writer.running:
+            self.writer.start()
+        # by the first log call Lightning has installed its SIGTERM handler: wrap it, so that a
+        # preemption flushes before Lightning's handler runs its broadcast
+        process_hooks.outermost_sigterm()
+        self.live = True
+
+    def capture_logs(self, on: bool) -> None:
+        if self.capture is not None:
+            self.capture.install() if on else self.capture.remove()
+
+    def unstored_totals(self) -> tuple[int, int]:
+        """(spilled, lost) values of this run on this rank so far."""
+        spiller = self.spiller
+        return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
+
+
+def _jsonable(value: Any) -> Any:
+    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

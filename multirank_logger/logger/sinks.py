@@ -1,0 +1,312 @@
+"""Where the writer thread puts a drained batch: straight into the store, or to rank 0.
+
+- `DirectSink`: this rank writes its own rows into the store (SQLite, PostgreSQL: backends
+  that take several writing processes).
+- Gather transport (DuckDB admits one writing process per file): `GatherReceiver` on rank 0
+  writes its own rows and hands the writer whatever the other ranks ship through the
+  `RowChannel`; `GatherSender` on the other ranks only sends.
+
+Every sink has a `Spiller` (unstored.py): the writer puts there what the store refuses, and a
+sender what it cannot deliver to rank 0 (rank 0 died, or stopped taking rows). Run-level
+updates (hparams) are queued here and applied by the writer thread with its retries, never
+by the training thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from multirank_logger.errors import ChannelError, StoreGone
+from multirank_logger.model.batch import with_run_id
+from multirank_logger.model.side_records import decode_side, encode_side
+from multirank_logger.store.sql_store import Store
+from multirank_logger.store.write_errors import Spiller
+from multirank_logger.transport.row_channel import RowChannel
+
+__all__ = ["DirectSink", "GatherReceiver", "GatherSender"]
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.01
+#: bounds on rank 0's wait for the senders' last word (their spilled/lost counts) at the end
+_REPORT_WAIT_MIN_S = 0.5
+_REPORT_WAIT_MAX_S = 2.0
+#: what the logger passes to `finish`: one writer cycle (receive, then write what it can)
+Cycle = Callable[[], Any]
+
+
+class DirectSink:
+    """This rank's batches go straight into the store (one transaction per batch).
+
+    Args:
+        store: an open Store (writing).
+        run_id: the run that run-level updates apply to.
+        spiller: where the writer puts rows the store refuses.
+    """
+
+    transport = "direct"
+    #: (spilled, lost) values the other ranks reported at the end (gather rank 0), for the run's totals
+    others_unstored: tuple[int, int] = (0, 0)
+
+    def __init__(self, store: Store, run_id: int, spiller: Spiller | None = None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.spiller = spiller
+        self._run_updates: dict[str, Any] = {}
+        self._deferred: list[Callable[[], None]] = []  # bookkeeping writes a held store refused
+        self._file = _file_identity(store)
+
+    @property
+    def writes_seldom(self) -> bool:
+        """True when each write opens the store (DuckDB): the writer then writes once per
+        flush interval instead of every N calls (see writer.BackgroundWriter)."""
+        return self.store.backend.opens_per_transaction
+
+    def update_run(self, **values: Any) -> None:
+        """Queue column updates for the run row; applied by the writer (`write_run`)."""
+        self._run_updates.update(values)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """One connection for a cycle's writes (each DuckDB open costs CPU, whatever the write)."""
+        self.check_store()
+        with self.store.writing():
+            yield
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.check_store()
+        self.store.write(batch)
+
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        """Side-table rows (decisions, logs, step timing); raise to have them retried."""
+        self.store.write_side(tables)
+
+    def defer(self, write: Callable[[], None]) -> None:
+        """Have the writer run `write` (idempotent bookkeeping) with its retries, before the run updates."""
+        self._deferred.append(write)
+
+    def write_run(self) -> None:
+        while self._deferred:
+            self._deferred[0]()
+            self._deferred.pop(0)
+        if self._run_updates:
+            updates = dict(self._run_updates)
+            self.store.update_run(self.run_id, **updates)
+            for key, value in updates.items():
+                if self._run_updates.get(key) is value:
+                    del self._run_updates[key]
+
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
+        return [], []  # no other rank ships rows here
+
+    def close(self) -> None:
+        """End of the phase: release what the sink holds besides the store."""
+
+    def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
+        """Nothing to wait for: every rank wrote its own rows. Returns no other rank's status."""
+        return {}
+
+    def check_store(self) -> None:
+        """A store file deleted or replaced under a run would take every later row with it
+        silently (SQLite keeps writing the unlinked file; DuckDB would create an empty one)."""
+        if self._file is None:
+            return
+        path, identity = self._file
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.store.engine.dispose()  # drop the connection to the unlinked file
+            raise StoreGone(path) from None
+        if (st.st_dev, st.st_ino) != identity:
+            self.store.engine.dispose()
+            raise StoreGone(path)
+
+
+def _file_identity(store: Store | None) -> tuple[str, tuple[int, int]] | None:
+    path = None if store is None else store.backend.path
+    if path is None:
+        return None
+    st = os.stat(path)
+    return str(path), (st.st_dev, st.st_ino)
+
+
+class GatherReceiver(DirectSink):
+    """Rank 0 of a gather run: writes its own rows, and receives the other ranks' rows for the
+    writer, which writes them with its own in one transaction (as Arrow record batches: no
+    Python object per row on rank 0 for a store that reads Arrow in place, DuckDB).
+
+    Args:
+        store: the open Store.
+        run_id: the run's id.
+        channel: the RowChannel of this logger's launch.
+        spiller: where the writer puts rows (its own and received) the store refuses.
+    """
+
+    transport = "gather"
+
+    def __init__(self, store: Store, run_id: int, channel: RowChannel, spiller: Spiller | None = None) -> None:
+        super().__init__(store, run_id, spiller)
+        self.channel = channel
+
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
+        # each call acknowledges the previous call's batches: the writer holds them (or spilled them)
+        # filed under rank 0's run, whatever id the sender put there (never a silent orphan)
+        batches = [with_run_id(batch, self.run_id) for batch in self.channel.receive()]
+        side = [_stamp_side(decode_side(payload), self.run_id) for payload in self.channel.receive_side()]
+        return batches, side
+
+    def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
+        """Keep the writer cycling (receiving) until every other rank is done or `timeout` runs out,
+        then take each rank's count of the values it spilled or lost (`others_unstored`).
+
+        Returns:
+            The status of each other rank whose end is known (its rows all received, its
+            counts reported); the others are absent: recorded "missing", the run "incomplete".
+        """
+        deadline = time.monotonic() + timeout
+        expected = set(range(1, self.channel.world_size))
+        while True:
+            cycle()
+            done = self.channel.done_ranks()
+            if expected <= done.keys() or time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S)
+        cycle()  # takes the last batches...
+        cycle()  # ...and acknowledges them, so the senders stop waiting and report
+        # a sender reports once it sees its last rows acknowledged (within one of its polls). A run
+        # that did not succeed takes only the reports already there: a job being torn down
+        # (SIGTERM: Lightning's launcher kills rank 0 within seconds of a dead child) must record
+        # its end now, and its status is no success whatever the counts say
+        wait = min(max(deadline - time.monotonic(), _REPORT_WAIT_MIN_S), _REPORT_WAIT_MAX_S)
+        reports = self.channel.unstored_reports(sorted(done), wait if status == "success" else 0.0)
+        self.others_unstored = (sum(s for s, _ in reports.values()), sum(lost for _, lost in reports.values()))
+        self.channel.acknowledge_reports(sorted(reports))  # in the totals: not to be reported again
+        if status != "success":
+            reports = {**dict.fromkeys(done, (0, 0)), **reports}  # their end is known: done
+        missing = sorted(expected - reports.keys())
+        if missing:
+            log.warning(
+                "multirank_logger: ranks %s did not finish sending within %.0f s: the run is recorded 'incomplete' "
+                "and those ranks 'missing'. Rows they could not deliver are in their own spill files (each rank "
+                "names its file and the import command in its output); importing them completes the run.",
+                missing, timeout,
+            )
+        return {r: done[r] for r in reports}
+
+    def close(self) -> None:
+        """Drop the channel's connection; this sends the last acknowledgements."""
+        self.channel.close()
+
+
+class GatherSender:
+    """A rank other than 0 of a gather run: ships its batches to rank 0; what cannot be
+    delivered goes to its spill file, on its own disk.
+
+    Args:
+        channel: the RowChannel of this logger's launch.
+        spiller: where undelivered rows go (None: they are kept in memory and counted).
+    """
+
+    transport = "gather"
+    # a push to the TCPStore is cheap, and frequent pushes keep rank 0's lag short
+    writes_seldom = False
+    others_unstored = (0, 0)
+
+    def __init__(self, channel: RowChannel, spiller: Spiller | None = None, counted: tuple[int, int] = (0, 0)) -> None:
+        self.channel = channel
+        self.spiller = spiller
+        #: the spiller's (spilled, lost) totals that rank 0 has counted in the run (it lives for
+        #: the run, this sink for one phase): an earlier phase's counts rank 0 never took (it gave
+        #: up waiting, and recorded this rank "missing") are reported again with this phase's
+        self.counted = counted
+        #: batches neither delivered nor spilled (no spiller)
+        self.undelivered: list[pa.RecordBatch] = []
+        #: side rows that could not be delivered (rank 0 gone): counted in the message
+        self.side_undelivered = 0
+
+    def update_run(self, **values: Any) -> None:
+        """Rank 0 records the run; nothing to do here."""
+
+    def writing(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        try:
+            self.channel.send(batch)
+        except ChannelError as exc:
+            # rank 0 is gone: the writer must not retry into a dead channel forever
+            self._spill(str(exc), exc.undelivered)
+
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        try:
+            self.channel.send_side(encode_side(tables))
+        except ChannelError as exc:
+            if self.spiller is not None:
+                self.spiller.put_side(tables, f"rank {self.channel.rank} could not deliver side-table rows to rank 0 ({exc})")
+                return
+            rows = sum(map(len, tables.values()))
+            self.side_undelivered += rows
+            log.error("multirank_logger: rank %d lost %d side-table row(s) (decisions, logs, timing): %s",
+                      self.channel.rank, rows, exc)
+
+    def write_run(self) -> None:
+        pass
+
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
+        return [], []
+
+    def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
+        """Say this rank is done, wait (bounded) for rank 0 to take its last rows; spill the rest.
+        Then tell rank 0 how many values this phase spilled or lost, and write the same in the
+        spill file: importing it tells a store whose rank 0 never heard (spill_import.import_spill)."""
+        try:
+            self.channel.mark_done(status)
+        except ChannelError as exc:
+            self._spill(str(exc), exc.undelivered)
+        else:
+            left = self.channel.wait_delivered(timeout)
+            if left:
+                self._spill(f"rank 0 did not acknowledge rank {self.channel.rank}'s last rows in {timeout:g} s", left)
+        totals = _unstored(self.spiller)
+        spilled, lost = totals[0] - self.counted[0], totals[1] - self.counted[1]
+        undelivered = sum(map(len, self.undelivered))  # no spiller: gone with this process
+        # rank 0 waits for the reports only at a success (a job torn down must not wait)
+        counted = self.channel.report_unstored(spilled, lost + undelivered) and status == "success" and (
+            self.channel.report_counted(_REPORT_WAIT_MAX_S + 1.0)
+        )
+        if counted:
+            self.counted = totals
+        if self.spiller is not None and (spilled or lost or self.spiller.side_rows_spilled):
+            self.spiller.end(status, spilled, lost, counted=counted)
+        return {}
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _spill(self, why: str, batches: list[pa.RecordBatch]) -> None:
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return
+        if self.spiller is None:
+            self.undelivered.extend(batches)
+            log.error("multirank_logger: %s (%d rows kept in memory only)", why, sum(map(len, batches)))
+            return
+        self.spiller.put(batches, f"rank {self.channel.rank} could not deliver its rows to rank 0 ({why})")
+
+
+def _unstored(spiller: Spiller | None) -> tuple[int, int]:
+    return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
+
+
+def _stamp_side(tables: dict[str, list[dict[str, Any]]], run_id: int) -> dict[str, list[dict[str, Any]]]:
+    """Received side rows under rank 0's run, as `batch.with_run_id` does for metric rows."""
+    for rows in tables.values():
+        for row in rows:
+            row["run_id"] = run_id
+    return tables

@@ -1,0 +1,190 @@
+"""Where rows are written: every rank straight into the store ("direct"), or rank 0 alone ("gather").
+
+`choose_transport` decides once per run, identically on every rank: rank 0 looks at the
+store (backend, filesystem, whether every rank sees it) and publishes the choice through
+the RowChannel; the other ranks take it from there. No collective is used, and every wait
+is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from multirank_logger.errors import InvalidTransport, MultiRankLoggerError
+
+if TYPE_CHECKING:
+    from multirank_logger.store.backends import Backend
+    from multirank_logger.transport.row_channel import RowChannel
+
+__all__ = ["NETWORK_FILESYSTEMS", "TRANSPORTS", "choose_transport", "filesystem_type"]
+
+TRANSPORTS = ("auto", "direct", "gather")
+
+#: Filesystems on which SQLite's locking is unsafe (or which are shared between hosts).
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb", "smb2", "smb3", "smbfs", "ceph", "fuse.ceph",
+        "glusterfs", "fuse.glusterfs", "beegfs", "fuse.sshfs", "sshfs", "afs", "ocfs2", "gfs2",
+        "panfs", "wekafs", "9p", "fuse.juicefs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone",
+    }
+)
+
+_KEY_PROBE = "placement/probe"
+_KEY_CHOICE = "placement/choice"
+
+
+def filesystem_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str | None:
+    """The type of the filesystem holding `path` (``ext4``, ``nfs4``...), from the mount table.
+
+    Returns None where there is no readable mount table (not Linux).
+    """
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as fh:
+            table = [line.split() for line in fh]
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for fields in table:
+        if len(fields) < 3:
+            continue
+        # the mount table escapes spaces as \040
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):  # the last, deepest mount wins
+            best, kind = point, fields[2]
+    return kind
+
+
+def choose_transport(
+    requested: str,
+    backend: Backend,
+    world_size: int,
+    *,
+    rank: int = 0,
+    channel: RowChannel | None = None,
+    timeout: float = 30.0,
+) -> tuple[str, str]:
+    """Decide "direct" or "gather" for this run; the same answer on every rank.
+
+    Call it on every rank at the same point of the setup (all ranks arrive there): with
+    ``requested="auto"`` and a file store, rank 0 asks the other ranks, through `channel`,
+    whether they see a marker file next to the store, waiting at most `timeout` seconds.
+
+    Args:
+        requested: "auto", "direct" or "gather".
+        backend: the store's backend (``Store.backend`` or ``backends.backend_for(url)``).
+        world_size: number of ranks.
+        rank: this process's global rank.
+        channel: the run's RowChannel; needed when ``requested="auto"`` and ``world_size > 1``.
+        timeout: seconds to wait for the other ranks (rank 0) or for rank 0's choice (others).
+
+    Returns:
+        ``(choice, reason)``: the transport and one sentence saying why, for rank 0's console.
+
+    Raises:
+        InvalidTransport: for an unknown value, or "direct" with a backend that takes one writer.
+        ChannelTimeout: on a rank other than 0, when rank 0 published no choice within `timeout`.
+    """
+    if requested not in TRANSPORTS:
+        raise InvalidTransport(requested, TRANSPORTS)
+    if requested == "gather":
+        return "gather", "transport='gather' was requested: rank 0 writes every rank's rows"
+    if requested == "direct":
+        if world_size > 1 and not backend.concurrent_writers:
+            raise InvalidTransport(
+                requested,
+                TRANSPORTS,
+                f"transport='direct' needs a store that several processes can write, and "
+                f"{backend.name} takes one writing process per file. Use transport='gather' "
+                "(or 'auto'), or a SQLite/PostgreSQL store.",
+            )
+        _warn_if_network(backend, rank)
+        return "direct", "transport='direct' was requested: every rank writes the store"
+    if world_size < 2:
+        return "direct", "one rank: it writes the store itself"
+    if channel is None:
+        raise ValueError("choose_transport(requested='auto') with several ranks needs the run's RowChannel")
+    if rank == 0:
+        choice, reason = _decide_on_rank0(backend, world_size, channel, timeout)
+        channel.publish(_KEY_CHOICE, f"{choice}\n{reason}".encode())
+        return choice, reason
+    _answer_probe(channel, timeout)
+    choice, _, reason = channel.fetch(_KEY_CHOICE, timeout).decode().partition("\n")
+    return choice, reason
+
+
+def _warn_if_network(backend: Backend, rank: int) -> None:
+    path = backend.path
+    if rank == 0 and path is not None and backend.name == "sqlite":
+        kind = filesystem_type(path.parent)
+        if kind in NETWORK_FILESYSTEMS:
+            warnings.warn(
+                f"transport='direct' with a SQLite store on {kind} ({path}): SQLite's locking is "
+                "unsafe on network filesystems. Use transport='gather' (or 'auto').",
+                stacklevel=3,
+            )
+
+
+def _decide_on_rank0(backend: Backend, world_size: int, channel: RowChannel, timeout: float) -> tuple[str, str]:
+    """Rank 0's reasoning, cheapest facts first; the visibility probe only when it matters."""
+    if not backend.concurrent_writers:
+        channel.publish(_KEY_PROBE, b"")
+        return "gather", f"{backend.name} takes one writing process per file: rank 0 writes every rank's rows"
+    path = backend.path
+    if path is None:
+        channel.publish(_KEY_PROBE, b"")
+        return "direct", f"{backend.name} is a server that takes concurrent writers: every rank writes"
+    kind = filesystem_type(path.parent)
+    if kind in NETWORK_FILESYSTEMS:
+        channel.publish(_KEY_PROBE, b"")
+        return "gather", f"the store is on {kind}, where {backend.name}'s locking is unsafe: rank 0 writes every rank's rows"
+    blind = _probe_visibility(path.parent, world_size, channel, timeout)
+    if blind:
+        ranks = ", ".join(map(str, blind))
+        return "gather", f"rank(s) {ranks} cannot see {path.parent} (no shared disk): rank 0 writes every rank's rows"
+    return "direct", f"{backend.name} on a local {kind or 'disk'} that all {world_size} ranks see: every rank writes"
+
+
+def _probe_visibility(directory: Path, world_size: int, channel: RowChannel, timeout: float) -> list[int]:
+    """Ranks that do not see a marker file rank 0 creates in `directory` (or do not answer)."""
+    token = secrets.token_hex(16)
+    marker = directory / f".multirank-probe-{token}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        marker.write_text(token)
+    except OSError:
+        channel.publish(_KEY_PROBE, b"")
+        return list(range(1, world_size))  # cannot tell: the safe answer is gather
+    try:
+        channel.publish(_KEY_PROBE, f"{marker}\n{token}".encode())
+        blind = []
+        deadline = time.monotonic() + timeout  # one bound for all ranks, not one each
+        for r in range(1, world_size):
+            try:
+                left = max(0.05, deadline - time.monotonic())
+                seen = channel.fetch(f"placement/seen/{r}", left) == b"1"
+            except MultiRankLoggerError:
+                seen = False  # a rank that does not answer in time must not get a direct write
+            if not seen:
+                blind.append(r)
+        return blind
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _answer_probe(channel: RowChannel, timeout: float) -> None:
+    probe = channel.fetch(_KEY_PROBE, timeout).decode()
+    if not probe:
+        return
+    path, _, token = probe.partition("\n")
+    try:
+        seen = Path(path).read_text() == token
+    except OSError:
+        seen = False
+    channel.publish(f"placement/seen/{channel.rank}", b"1" if seen else b"0")

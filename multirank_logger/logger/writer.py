@@ -1,0 +1,417 @@
+"""BackgroundWriter: the thread that moves this rank's buffered rows into a sink.
+
+The training thread only appends to a `RecordBuffer`. This thread wakes every
+``flush_interval`` seconds, or sooner when `wake()` says enough calls are pending,
+drains the buffer into one batch and hands it to the sink. A sink that writes
+seldom (each write opens a DuckDB file: CPU the training competes for, whatever
+the batch's size) is written once per ``flush_interval``, and sooner only
+once `SELDOM_MAX_CALLS` calls are pending.
+
+When the store refuses a batch (unstored.py tells the errors apart):
+- transient (a reader holding the DuckDB file, a busy SQLite file, a full disk, a server
+  restarting): the rows stay in memory and are retried with backoff, up to
+  ``max_held_values``; past that bound they go to this rank's spill file;
+- permanent (a row colliding with a stored one): the batch is cut in halves until the rows
+  that fail are isolated; those go to the spill file, the others are written. Later batches
+  are never merged into a failing one.
+At the end (`spill_held`, from finalize) whatever the store still refuses goes to the spill
+file, whose message names the command that imports it.
+
+One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
+(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it. A cycle may take
+the run's set-up lock inside it (``RankRun.setup_sink``), so the order is always this lock
+first: no code may wait for it while holding the set-up lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from multirank_logger.logger import process_hooks
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.model.batch import concat_batches
+from multirank_logger.model.side_records import SideRecords
+from multirank_logger.store.write_errors import HELD_VALUES_LIMIT, Spiller, describe, is_transient
+
+__all__ = ["BackgroundWriter", "Sink", "Target"]
+
+log = logging.getLogger(__name__)
+
+#: pending calls that wake a writer whose sink writes seldom (bounds the buffer's memory between flushes)
+SELDOM_MAX_CALLS = 10_000
+#: consecutive failed cycles before the writer warns (a reader holding a DuckDB file is normal)
+_WARN_AFTER_FAILURES = 5
+#: the longest wait between two attempts on a failing store (backoff doubles up to it)
+MAX_BACKOFF_S = 30.0
+#: writes spent cutting a permanently refused batch in halves (down to single rows) before the
+#: pieces still failing are spilled whole: a batch where every row collides costs ~64 writes, not 2n
+_ISOLATE_ATTEMPTS = 64
+
+
+class Sink(Protocol):
+    """Where drained batches go (see sinks.py)."""
+
+    @property
+    def writes_seldom(self) -> bool:
+        """True when each write is costly whatever its size: write once per flush interval."""
+
+    #: where rows go that the store refused (None: they stay in memory)
+    spiller: Spiller | None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Store or ship one batch; raise to have it retried (transient) or isolated (permanent)."""
+
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        """Store or ship side-table rows (decisions, logs, step timing); raise to retry."""
+
+    def write_run(self) -> None:
+        """Apply queued run-level updates (hparams); raise to retry."""
+
+    def writing(self) -> Any:
+        """A context holding one connection for a cycle's writes (raises when it cannot be opened)."""
+
+    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
+        """Batches and side rows other ranks sent (rank 0 of a gather run), now this writer's to store."""
+
+
+#: what the writer needs before it can drain: (sink, run_id, global rank), or None while unknown
+Target = Callable[[], "tuple[Sink, int, int] | None"]
+
+
+class BackgroundWriter:
+    """Drains a RecordBuffer into a sink from a daemon thread.
+
+    Args:
+        buffer: the rank's buffer; the writer only drains it.
+        target: called on the writer's side; returns (sink, run_id, rank) once the run's
+            identity is known, None before (rows then wait in the buffer).
+        flush_interval: seconds between two cycles.
+        flush_every: pending log calls that make `wake()` start a cycle early.
+        tap: called with each batch as it is drained, and the rank (rank 0's live metrics.csv).
+        max_held_values: values kept in memory while the store refuses them; past it they
+            are spilled (see unstored.HELD_VALUES_LIMIT).
+        name: the thread's name, for debugging.
+    """
+
+    def __init__(
+        self,
+        buffer: RecordBuffer,
+        target: Target,
+        *,
+        flush_interval: float,
+        flush_every: int,
+        side: SideRecords | None = None,
+        tap: Callable[[pa.RecordBatch, int], None] | None = None,
+        max_held_values: int = HELD_VALUES_LIMIT,
+        name: str = "multirank-writer",
+    ) -> None:
+        self._buffer = buffer
+        self._tap = tap  # sees each drained batch once, with the rank (live_csv.LiveCsv)
+        self._side = side if side is not None else SideRecords()
+        self._side_retry: list[dict[str, list[dict[str, Any]]]] = []
+        self._target = target
+        self.flush_interval = flush_interval
+        self.flush_every = max(1, int(flush_every))
+        self.max_held_values = max_held_values
+        self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
+        self._name = name
+        self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
+        self._wake = threading.Event()
+        self._stop = False
+        self._held: list[pa.RecordBatch] = []  # batches the store has not taken yet, oldest first
+        self._sink: Sink | None = None  # the last sink the target gave: its spiller takes the rest
+        self._last_ids: tuple[int, int] | None = None  # (run_id, rank) of that sink
+        self._failures = 0
+        self._failing_since = 0.0
+        self._next_try = 0.0  # monotonic time before which a failing store is left alone
+        self.last_error: BaseException | None = None
+        self.rows_written = 0
+        self.side_rows_lost = 0
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread (idempotent) and register the exit hooks."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        process_hooks.register(self)  # SIGTERM and exit flush this writer while it runs
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wake(self) -> None:
+        """Ask for a cycle now. Cheap: sets an Event the thread waits on."""
+        self._wake.set()
+
+    def maybe_wake(self) -> None:
+        """Hot path (`save()`): wake the thread only when enough calls are pending."""
+        if self._buffer.calls_pending >= self._wake_at:
+            self._wake.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the thread (waiting up to `timeout` for its cycle); rows stay for `flush`."""
+        self._stop = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
+        process_hooks.unregister(self)
+
+    # -- flushing ------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Log calls in the buffer plus rows held for a retry."""
+        return self._buffer.calls_pending + self.held_values
+
+    @property
+    def held_values(self) -> int:
+        return sum(len(b) for b in self._held)
+
+    @property
+    def spiller(self) -> Spiller | None:
+        return None if self._sink is None else self._sink.spiller
+
+    def flush(self, timeout: float = 30.0, now: bool = True) -> bool:
+        """Run one cycle in the calling thread (`now`: ignoring the backoff of a failing store),
+        waiting at most `timeout` for a running one.
+
+        Returns:
+            True when nothing is left to write.
+        """
+        if not self._io_lock.acquire(timeout=max(timeout, 0.0)):
+            log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
+            return False
+        try:
+            self._cycle(now=now)
+        finally:
+            self._io_lock.release()
+        return self.pending == 0 and not self._side_retry
+
+    def flush_until(self, deadline: float) -> bool:
+        """Flush, retrying a store that refuses rows (short backoff) until `deadline` (monotonic).
+
+        Returns:
+            True when nothing is left to write.
+        """
+        delay = 0.02
+        while True:
+            done = self.flush(max(deadline - time.monotonic(), 0.0))
+            if done or self._failures == 0 or time.monotonic() + delay > deadline:
+                return done
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def spill_held(self, why: str) -> None:
+        """Put every row still unwritten (metrics and side tables) into the spill file (the end of
+        the run: the wait is over)."""
+        with self._io_lock:
+            if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
+                self._held.append(self._buffer.drain(*self._last_ids))
+            self._spill_all(why)
+            side, self._side_retry = self._side_retry, []
+            for tables in side:
+                self._spill_side(tables, why)
+
+    def report_unwritten(self, at_exit: bool = True) -> None:
+        """As the process exits, or at SIGTERM (a preemption: the scheduler's SIGKILL may follow
+        at any time): spill what the store never took, or say what is lost with it."""
+        when = "the process is exiting" if at_exit else "SIGTERM came (a preemption)"
+        if self.held_values and self.spiller is not None:
+            error = f" ({describe(self.last_error)})" if self.last_error is not None else ""
+            self.spill_held(f"{when} and the store has not taken these rows{error}")
+        calls, rows = self._buffer.calls_pending, self.held_values
+        if not (calls or rows):
+            return
+        last = self.last_error
+        why = describe(last) if last is not None else (
+            "this rank never learnt its run: the process group never started (log after "
+            "torch.distributed is initialized, e.g. inside Trainer.fit)"
+        )
+        log.error(
+            "multirank_logger: %s with %d log call(s) and %d row(s) not written (%s); they are lost%s.",
+            "exiting" if at_exit else "SIGTERM came", calls, rows, why,
+            "" if at_exit else " unless they are written before the process ends",
+        )
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            if self._stop:
+                break
+            with self._io_lock:
+                self._cycle()
+
+    def _cycle(self, now: bool = False) -> None:
+        """Drain, receive, write. Never raises: what the store refuses is held, retried or spilled."""
+        try:
+            target = self._target()
+        except BaseException as exc:  # noqa: BLE001 - the thread must survive to retry
+            self._note_failure(exc)
+            return
+        if target is None:
+            return  # identity not known yet: rows wait in the buffer
+        sink, run_id, rank = target
+        self._sink, self._last_ids = sink, (run_id, rank)
+        self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
+        if self._buffer.calls_pending:
+            try:
+                self._held.append(self._buffer.drain(run_id, rank))
+            except Exception as exc:  # noqa: BLE001 - the thread must live on for the next calls
+                # unreachable for what append accepts; were it reached, say so now, not at exit
+                log.error("multirank_logger: log calls could not be encoded and are dropped: %s", describe(exc))
+                self._note_failure(exc)
+                return
+            if self._tap is not None:
+                self._tap(self._held[-1], rank)  # never raises; before the store, which may refuse it
+        if len(self._side):
+            self._side_retry.append(self._side.drain(run_id, rank))
+        try:
+            batches, side = sink.receive()  # rank 0 of a gather run: these rows are ours to store now
+            self._held.extend(b for b in batches if len(b))
+            self._side_retry.extend(side)
+        except BaseException as exc:  # noqa: BLE001
+            self._note_failure(exc)
+        if (now or time.monotonic() >= self._next_try) and self._write_all(sink):
+            self._recovered(sink)
+        if self.held_values > self.max_held_values:
+            self._spill_all(
+                f"the store has refused rows for {time.monotonic() - self._failing_since:.0f} s "
+                f"({describe(self.last_error) if self.last_error else 'unknown error'}) and the "
+                f"{self.max_held_values} values this rank keeps in memory meanwhile are used up"
+            )
+
+    def _write_all(self, sink: Sink) -> bool:
+        """Held rows, side rows and run updates, on one connection. False on a transient failure."""
+        if not (self._held or self._side_retry):
+            return self._write_rest(sink)  # no connection opened for nothing (a DuckDB open costs CPU)
+        try:
+            with sink.writing():
+                return self._write_held(sink) and self._write_rest(sink)
+        except BaseException as exc:  # noqa: BLE001 - the connection could not be opened
+            self._note_failure(exc)
+            return False
+
+    def _write_held(self, sink: Sink) -> bool:
+        """Write the held batches, oldest first, as one transaction. False on a transient failure."""
+        if len(self._held) > 1:  # one transaction for all of it
+            self._held = [concat_batches(self._held)]
+        while self._held:
+            batch = self._held[0]
+            try:
+                sink.write(batch)
+            except BaseException as exc:  # noqa: BLE001
+                if is_transient(exc):
+                    self._note_failure(exc)
+                    return False
+                self._held.pop(0)
+                if not self._isolate(sink, batch, exc):
+                    return False
+                continue
+            self.rows_written += len(batch)
+            self._held.pop(0)
+        return True
+
+    def _isolate(self, sink: Sink, batch: pa.RecordBatch, exc: BaseException) -> bool:
+        """`batch` failed for good: write it in halves until the failing rows are cut out and
+        spilled; the others get stored. False when a transient failure interrupts (rest held)."""
+        why = f"the store refused {{n}} value(s) for good ({describe(exc)}); the rows after them are written as usual"
+        pieces, attempts = [batch], 0
+        while pieces:
+            piece = pieces.pop(0)
+            if len(piece) == 1 or attempts >= _ISOLATE_ATTEMPTS:
+                self._spill([piece], why.format(n=len(piece)))
+                continue
+            halves = _halves(piece)
+            for i, half in enumerate(halves):
+                attempts += 1
+                try:
+                    sink.write(half)
+                except BaseException as err:  # noqa: BLE001
+                    if is_transient(err):
+                        self._held[0:0] = [*halves[i:], *pieces]
+                        self._note_failure(err)
+                        return False
+                    pieces.append(half)
+                    continue
+                self.rows_written += len(half)
+        return True
+
+    def _write_rest(self, sink: Sink) -> bool:
+        """Side rows and run updates. False on a transient failure."""
+        try:
+            while self._side_retry:
+                try:
+                    sink.write_side(self._side_retry[0])
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    self._spill_side(self._side_retry[0], f"the store refused side-table rows for good ({describe(exc)})")
+                self._side_retry.pop(0)
+            sink.write_run()
+        except BaseException as exc:  # noqa: BLE001
+            self._note_failure(exc)
+            return False
+        return True
+
+    def _recovered(self, sink: Sink) -> None:
+        if self._failures >= _WARN_AFTER_FAILURES:
+            log.warning("multirank_logger: the store takes rows again after %d failed flushes", self._failures)
+        self._failures = 0
+        self._next_try = 0.0
+        if sink.spiller is not None:
+            sink.spiller.episode_over()
+
+    def _spill(self, batches: list[pa.RecordBatch], why: str) -> None:
+        spiller = self.spiller
+        if spiller is None:
+            self._held.extend(batches)  # nowhere to put them: keep them, say so at exit
+            return
+        spiller.put(batches, why)
+
+    def _spill_side(self, tables: dict[str, list[dict[str, Any]]], why: str) -> None:
+        spiller = self.spiller
+        if spiller is None:
+            rows = sum(map(len, tables.values()))
+            self.side_rows_lost += rows
+            log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", rows, why)
+            return
+        spiller.put_side(tables, why)
+
+    def _spill_all(self, why: str) -> None:
+        held, self._held = self._held, []
+        if held:
+            self._spill(held, why)
+
+    def _note_failure(self, exc: BaseException) -> None:
+        self.last_error = exc
+        if self._failures == 0:
+            self._failing_since = time.monotonic()
+        self._failures += 1
+        backoff = min(self.flush_interval * 2 ** (self._failures - 1), MAX_BACKOFF_S)
+        self._next_try = time.monotonic() + backoff
+        if self._failures == _WARN_AFTER_FAILURES:
+            log.warning(
+                "multirank_logger: %d flushes in a row failed (%s); %d values are kept in memory and retried "
+                "(up to %d, then they go to the spill file).",
+                self._failures, describe(exc), self.held_values, self.max_held_values,
+            )
+
+
+def _halves(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """`batch` cut in two (views, no copy)."""
+    half = len(batch) // 2
+    return [batch.slice(0, half), batch.slice(half)]

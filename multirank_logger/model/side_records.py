@@ -1,0 +1,84 @@
+"""Rows for the side tables (decisions, logs, step_timing): kept in memory until the writer drains them.
+
+The callbacks and the log capture call `MultiRankLogger.record(table, **values)`; that only
+appends here (no I/O, no lock that I/O holds), and the logger's background writer hands
+the drained rows to its sink with the metrics: straight into the store where this rank
+writes it, or to rank 0 over the run's channel (gather). `run_id`, `rank` and `seq` are
+filled in at drain time, when the run is known.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from multirank_logger.model.schema import SIDE_TABLES
+
+__all__ = ["SideRecords", "decode_side", "encode_side"]
+
+#: rows kept at most per process while the run is not known yet or the store is unreachable;
+#: past that the oldest are dropped and counted (`dropped`): these tables are diagnostics,
+#: never worth the training's memory
+MAX_PENDING = 200_000
+# each table's column names, once: SQLAlchemy's ColumnCollection.keys() costs more than the
+# rest of add() (StepTimer records a row every step; see benchmarks/RESULTS.md's cited figures)
+_COLUMNS = {name: frozenset(table.columns.keys()) for name, table in SIDE_TABLES.items()}
+
+
+class SideRecords:
+    """This rank's side-table rows, in the order they were recorded."""
+
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        self._rows: deque[tuple[str, dict[str, Any]]] = deque()
+        self._next_seq: dict[str, int] = {}
+        self._lock = threading.Lock()  # several threads record (logging from any thread)
+        self.max_pending = max_pending
+        self.dropped = 0
+        #: the default `seq_base` of `drain`: this launch's attempt in the high bits
+        self.seq_base = 0
+
+    def add(self, table: str, values: Mapping[str, Any]) -> None:
+        """Keep one row of `table` (a name in `schema.SIDE_TABLES`).
+
+        Raises:
+            KeyError: for a table or a column the schema does not have.
+        """
+        unknown = values.keys() - _COLUMNS[table]
+        if unknown:
+            columns = list(SIDE_TABLES[table].columns.keys())
+            raise KeyError(f"{table} has no column(s) {sorted(unknown)}; its columns are {columns}")
+        with self._lock:
+            seq = self._next_seq.get(table, 0)
+            self._next_seq[table] = seq + 1
+            self._rows.append((table, {**values, "seq": seq}))
+            if len(self._rows) > self.max_pending:
+                self._rows.popleft()
+                self.dropped += 1
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def drain(self, run_id: int, rank: int, seq_base: int | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Every row kept so far, by table, with its run, rank and seq (offset by `seq_base`)."""
+        seq_base = self.seq_base if seq_base is None else seq_base
+        with self._lock:
+            rows, self._rows = self._rows, deque()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for table, values in rows:
+            out.setdefault(table, []).append({**values, "run_id": run_id, "rank": rank, "seq": seq_base + values["seq"]})
+        return out
+
+
+def encode_side(tables: Mapping[str, list[dict[str, Any]]]) -> bytes:
+    """The wire form of drained side rows (JSON: they are few, and text anyway)."""
+    return json.dumps(tables, separators=(",", ":")).encode()
+
+
+def decode_side(data: bytes) -> dict[str, list[dict[str, Any]]]:
+    tables = json.loads(data)
+    if not isinstance(tables, dict) or not set(tables) <= set(SIDE_TABLES):
+        raise ValueError("not a side-record payload")
+    return tables

@@ -1,0 +1,1 @@
+"""The read-only side: runs, the long and per-rank tables, metrics.csv rebuilt, side tables, user SQL."""

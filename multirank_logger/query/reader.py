@@ -1,0 +1,394 @@
+"""The read-only query side: runs, the long table, per-rank tables, metrics.csv rebuilt.
+
+Everything here opens the store through ``Store(db, readonly=True)``: SQLite with
+``mode=ro`` (a WAL reader never blocks the writers), DuckDB with ``read_only=True``
+and a connection held only while one query runs, so a training run that flushes
+into the same file waits at most that long. Filters are pushed into SQL; the bulk
+rows come back as Arrow (DuckDB) and are pivoted in NumPy, never as a dict per row.
+
+Example::
+
+    store = open_store("runs.duckdb")
+    store.runs()                                  # one row per run
+    store.per_rank("train_loss")                  # step x rank, latest run
+    store.export_csv("metrics.csv", run="lightning_logs/version_3", rank=0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from multirank_logger._util.atomic_file import replace_atomically
+from multirank_logger.errors import LookupFailed
+from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
+from multirank_logger.model.schema import (
+    SEQ_ATTEMPT_SHIFT,
+    attempts,
+    metrics,
+    ranks,
+    runs,
+    unheard_ends,
+)
+from multirank_logger.query.rank_spread import RankSpread, neg_zero, pivot_step_rank
+from multirank_logger.query.side_tables import SideTablesReader
+from multirank_logger.report.findings import FindingsMixin
+from multirank_logger.store.readonly_sql import run_readonly
+from multirank_logger.store.run_lifecycle import orphan_runs
+from multirank_logger.store.sql_store import Store, retry_while_locked
+
+__all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
+
+# A DuckDB file is locked while the training run flushes into it (each flush opens it: RESULTS.md, "Figures the source cites"):
+# wait this long for the lock before reporting StoreLocked.
+LOCK_TIMEOUT_S = 5.0
+_RUN_LABEL = re.compile(r"^(?P<name>.+)/(?:version_)?(?P<version>\d+)$")
+
+
+def open_store(db: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT_S) -> StoreReader:
+    """Open a store for reading only; it never takes a write lock.
+
+    Args:
+        db: a path (``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``) or a SQLAlchemy URL.
+        lock_timeout: seconds to wait for a DuckDB file that a writer holds for a flush.
+
+    Raises:
+        StoreError: when the store is missing, outdated, or stays locked past ``lock_timeout``.
+    """
+    store = retry_while_locked(lambda: Store(db, readonly=True), lock_timeout)
+    return StoreReader(store, lock_timeout=lock_timeout)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run of the store, as resolved from an id or a ``name/version_N`` label."""
+
+    id: int
+    name: str
+    version: int
+    world_size: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/version_{self.version}"
+
+
+class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_query.py), report (findings.py)
+    """Read-only views of one store, as pandas DataFrames.
+
+    ``run`` arguments take a run id (``3``, ``"3"``), a label (``"lightning_logs/version_3"``,
+    ``"lightning_logs/3"``), or a name (its latest version); ``None`` is the latest run.
+    """
+
+    def __init__(self, store: Store, *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
+        self.store = store
+        self.lock_timeout = lock_timeout
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StoreReader({self.store.url.render_as_string(hide_password=True)!r})"
+
+    # -- connections -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sa.Connection]:
+        """One short-lived connection; a DuckDB file locked by a flush is waited for.
+
+        Inside the store's `writing()` (the logger exporting at the end of a run) the held
+        connection is used instead: a second one would open the DuckDB file again (a DuckDB open: RESULTS.md),
+        and a read-only one cannot be opened beside it in the same process.
+        """
+        held = self.store.held_connection
+        if held is not None:
+            if held.in_transaction():
+                yield held
+            else:
+                with held.begin():  # ends the transaction a SELECT starts, for the next writer
+                    yield held
+            return
+
+        def connect() -> sa.Connection:
+            try:
+                return self.store.engine.connect()
+            except sa.exc.DBAPIError as exc:
+                ours = self.store.backend.translate_error(exc)
+                if ours is not None:
+                    raise ours from exc
+                raise
+
+        conn = retry_while_locked(connect, self.lock_timeout)
+        with conn:
+            yield conn
+
+    def _fetch_arrow(self, stmt: sa.Select) -> Any:
+        """Run a SELECT and return a pyarrow Table (DuckDB hands Arrow over without Python rows)."""
+        with self._connect() as conn:
+            return self.store.backend.fetch_arrow(conn, stmt)
+
+    def _scalars(self, stmt: sa.Select) -> list[Any]:
+        with self._connect() as conn:
+            return list(conn.execute(stmt).scalars())
+
+    # -- runs and keys -----------------------------------------------------------------
+
+    def runs(self) -> Any:
+        """One row per run: id, run (label), name, version, status, world_size, started,
+        duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none),
+        values_spilled, values_lost, ends_unknown.
+
+        ``duration_s`` runs to ``ended_at``, or to the last logged value while a run is
+        still running. ``steps`` counts the distinct steps rank 0 logged; ``keys`` the
+        distinct keys any rank logged. What keeps an ``incomplete`` run from success:
+        ``values_spilled`` (in spill files, not imported yet), ``values_lost``, and
+        ``ends_unknown``, the ranks whose end the store never heard (``missing``, or
+        ``running`` in a run that is over; an earlier launch's, in ``unheard_ends``).
+        """
+        import pandas as pd
+
+        per_run = (
+            sa.select(
+                metrics.c.run_id,
+                sa.func.count(sa.distinct(sa.case((metrics.c.rank == 0, metrics.c.step)))).label("n_steps"),
+                sa.func.count(sa.distinct(metrics.c.key)).label("n_keys"),
+                sa.func.max(metrics.c.time).label("last_time"),
+            )
+            .group_by(metrics.c.run_id)
+            .subquery()
+        )
+        unended = sa.select(sa.func.count()).where(ranks.c.run_id == runs.c.id, ranks.c.status.in_(("missing", "running")))
+        unheard = sa.select(sa.func.count()).where(unheard_ends.c.run_id == runs.c.id)
+        stmt = (
+            sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
+                      runs.c.started_at, runs.c.ended_at, per_run.c.n_steps, per_run.c.n_keys, per_run.c.last_time,
+                      runs.c.values_spilled, runs.c.values_lost, unended.scalar_subquery().label("n_unended"),
+                      unheard.scalar_subquery().label("n_unheard"))
+            .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
+            .order_by(runs.c.id)
+        )
+        df = self._fetch_arrow(stmt).to_pandas()
+        end = df["ended_at"].astype("float64").fillna(df["last_time"].astype("float64"))
+        out = pd.DataFrame(
+            {
+                "id": df["id"].astype("int64"),
+                "run": [f"{n}/{vn}" if isinstance(vn, str) else f"{n}/version_{v}" for n, v, vn in zip(df["name"], df["version"], df["version_name"])],
+                "name": df["name"],
+                "version": df["version"].astype("int64"),
+                "status": df["status"],
+                "world_size": df["world_size"].astype("int64"),
+                "started": pd.to_datetime(df["started_at"].astype("float64"), unit="s", utc=True),
+                "duration_s": end - df["started_at"].astype("float64"),
+                "steps": df["n_steps"].fillna(0).astype("int64"),
+                "keys": df["n_keys"].fillna(0).astype("int64"),
+                # a "running" run whose last value is hours old has likely died unrecorded (SIGKILL)
+                "last_value": pd.to_datetime(df["last_time"].astype("float64"), unit="s", utc=True),
+                "values_spilled": df["values_spilled"].fillna(0).astype("int64"),
+                "values_lost": df["values_lost"].fillna(0).astype("int64"),
+                "ends_unknown": (
+                    df["n_unended"].where(df["status"] != "running", 0).fillna(0) + df["n_unheard"].fillna(0)
+                ).astype("int64"),
+            }
+        )
+        return out
+
+    def resolve_run(self, run: int | str | None = None) -> RunRef:
+        """The run meant by ``run`` (see the class docstring).
+
+        Raises:
+            LookupFailed: listing the runs there are, when none matches.
+        """
+        cols = (runs.c.id, runs.c.name, runs.c.version, runs.c.world_size)
+        stmt = sa.select(*cols).order_by(runs.c.id.desc()).limit(1)
+        text = None if run is None else str(run).strip()
+        if text is not None:
+            label = _RUN_LABEL.match(text)
+            if text.isdigit():
+                stmt = stmt.where(runs.c.id == int(text))
+            elif label:
+                stmt = stmt.where(runs.c.name == label["name"], runs.c.version == int(label["version"]))
+            elif "/" in text:  # NAME/VERSION_NAME: a named version
+                name, version_name = text.rsplit("/", 1)
+                stmt = stmt.where(runs.c.name == name, runs.c.version_name == version_name)
+            else:
+                stmt = stmt.where(runs.c.name == text)
+        with self._connect() as conn:
+            row = conn.execute(stmt).first()
+            if row is None:
+                everything = conn.execute(sa.select(*cols).order_by(runs.c.id)).all()
+                labels = [f"{r.name}/version_{r.version} (id {r.id})" for r in everything]
+                raise LookupFailed("run", text or "(latest)", labels)
+        return RunRef(int(row.id), row.name, int(row.version), int(row.world_size))
+
+    def keys(self, run: int | str | None = None) -> list[str]:
+        """The metric keys of a run, any rank, sorted."""
+        ref = self.resolve_run(run)
+        with self._connect() as conn:
+            return sorted(self.store.backend.run_keys(conn, ref.id))
+
+    def ranks(self, run: int | str | None = None) -> list[int]:
+        """The ranks of a run: 0..world_size-1, plus any other rank registered or logging."""
+        ref = self.resolve_run(run)
+        with self._connect() as conn:
+            return _run_ranks(conn, ref)
+
+    def _check_keys(self, ref: RunRef, wanted: Iterable[str]) -> None:
+        wanted = list(wanted)
+        present = set(self._scalars(
+            sa.select(metrics.c.key).where(metrics.c.run_id == ref.id, metrics.c.key.in_(wanted)).distinct()
+        ))
+        missing = [k for k in wanted if k not in present]
+        if missing:
+            raise LookupFailed("key", missing[0], self.keys(ref.id))
+
+    # -- tables ------------------------------------------------------------------------
+
+    def metrics(
+        self,
+        run: int | str | None = None,
+        ranks: Iterable[int] | None = None,
+        keys: Iterable[str] | None = None,
+        all_attempts: bool = False,
+    ) -> Any:
+        """The long table of one run: rank, seq, step, key, value, dtype, time, attempt.
+
+        ``value`` is a float (NaN where NaN was logged); ``dtype`` says what was logged
+        (``schema.DTYPE_*``); ``attempt`` is the launch that logged it (run_lifecycle.py). Rows
+        come sorted by rank, then call order. A value a later launch logged again for the same
+        (rank, key, step) (a resume from a checkpoint older than the preemption) supersedes the
+        earlier one, which is left out unless ``all_attempts``.
+
+        Raises:
+            LookupFailed: for an unknown run, or a key the run does not hold.
+        """
+        ref = self.resolve_run(run)
+        cols = [metrics.c.run_id, metrics.c.rank, metrics.c.seq, metrics.c.step,
+                metrics.c.key, metrics.c.value, metrics.c.dtype, metrics.c.time]
+        stmt = sa.select(*cols).where(metrics.c.run_id == ref.id)
+        if ranks is not None:
+            stmt = stmt.where(metrics.c.rank.in_([int(r) for r in ranks]))
+        if keys is not None:
+            keys = list(keys)
+            self._check_keys(ref, keys)
+            stmt = stmt.where(metrics.c.key.in_(keys))
+        df = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq)).to_pandas()
+        df["value"] = neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
+        df["attempt"] = df["seq"].to_numpy() >> SEQ_ATTEMPT_SHIFT
+        if not all_attempts and len(df) and df["attempt"].max() > 0:
+            latest = df.groupby(["rank", "key", "step"])["attempt"].transform("max")
+            df = df[df["attempt"] == latest].reset_index(drop=True)
+        return df
+
+    def attempts(self, run: int | str | None = None) -> Any:
+        """The launches of one run: attempt, world_size, status, started_at, ended_at, host, job_id."""
+        ref = self.resolve_run(run)
+        cols = [attempts.c.attempt, attempts.c.world_size, attempts.c.status, attempts.c.started_at,
+                attempts.c.ended_at, attempts.c.host, attempts.c.job_id]
+        stmt = sa.select(*cols).where(attempts.c.run_id == ref.id).order_by(attempts.c.attempt)
+        return self._fetch_arrow(stmt).to_pandas()
+
+    def orphans(self) -> list[tuple[int, int]]:
+        """(run id, rows) of metric rows under a run id with no ``runs`` row (none expected)."""
+        with self._connect() as conn:
+            return orphan_runs(conn)
+
+    def per_rank(self, key: str, run: int | str | None = None) -> Any:
+        """One key as a step x rank table (index ``step``, one float column per rank).
+
+        Where a rank logged the key twice at one step, its later call wins: of a run resumed
+        from a checkpoint, the latest launch's value (``metrics(all_attempts=True)`` shows all).
+
+        Raises:
+            LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
+        """
+        ref = self.resolve_run(run)
+        with self._connect() as conn:
+            columns = self.store.backend.per_rank_columns(conn, ref.id, key)
+        if len(columns[0]) == 0:
+            self._check_keys(ref, [key])
+        return pivot_step_rank(*columns)
+
+    def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
+        """One key per rank, with how far the ranks spread and which rank stands out."""
+        return RankSpread.of(key, self.resolve_run(run), self.per_rank(key, run))
+
+    @contextlib.contextmanager
+    def _rank_pieces(self, ref: RunRef, rank: int) -> Iterator[tuple[list[str], Iterator[LongRows]]]:
+        """One rank's keys, and its rows as pieces of whole calls in call order, read while
+        the connection stays open: a long run's export holds a few fetches, not every row.
+
+        Raises:
+            LookupFailed: for a rank the run does not have.
+        """
+        with self._connect() as conn:
+            self.store.backend.hold_snapshot(conn)
+            keys, pieces = self.store.backend.rank_calls(conn, ref.id, rank)
+            if not keys and rank not in (known := _run_ranks(conn, ref)):
+                raise LookupFailed("rank", str(rank), [str(r) for r in known])
+            yield keys, pieces
+
+    def _rank_rows(self, ref: RunRef, rank: int) -> LongRows:
+        """One rank's rows, all at once (for a DataFrame, which holds them all anyway)."""
+        with self._rank_pieces(ref, rank) as (_, pieces):
+            return LongRows.concat(list(pieces))
+
+    def rank_frame(self, run: int | str | None = None, rank: int = 0) -> Any:
+        """One rank's values in CSVLogger's layout: one row per log call, sorted columns with ``step``."""
+        return to_frame(self._rank_rows(self.resolve_run(run), rank))
+
+    def export_csv(self, path: str | os.PathLike[str], run: int | str | None = None, rank: int = 0) -> int:
+        """Write one rank's values to ``path`` exactly as CSVLogger writes ``metrics.csv``.
+
+        The file is replaced atomically. A rank that logged nothing gets no file, as
+        CSVLogger writes none. The rows stream from the store into the file; on DuckDB the
+        file stays open for reading until the export is written (a training run that flushes
+        into it meanwhile keeps its rows, and writes them at its next flush).
+
+        Returns:
+            The number of rows (log calls) written.
+
+        Raises:
+            LookupFailed: for an unknown run or rank.
+        """
+        path = Path(path)
+        with self._rank_pieces(self.resolve_run(run), rank) as (keys, pieces):
+            if not keys:
+                return 0
+            path.parent.mkdir(parents=True, exist_ok=True)  # as CSVLogger makes its log_dir
+            # newline="": the csv module writes its own "\r\n", as in CSVLogger's open()
+            with replace_atomically(path, newline="") as fp:
+                count = write_csv(fp, keys, pieces)
+        return count
+
+    def write_csv(self, fp: Any, run: int | str | None = None, rank: int = 0) -> int:
+        """Like ``export_csv``, onto an open text file (``newline=""``), e.g. stdout."""
+        with self._rank_pieces(self.resolve_run(run), rank) as (keys, pieces):
+            return write_csv(fp, keys, pieces) if keys else 0
+
+    def sql(self, query: str) -> Any:
+        """Run one read-only query and return its result as a DataFrame.
+
+        Raises:
+            ReadOnlyViolation: for a statement that would write; nothing is changed.
+            QueryFailed: with the engine's own message, for an invalid query.
+        """
+        with self._connect() as conn:
+            return run_readonly(conn, self.store.backend, query)
+
+
+def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
+    registered = conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id)).scalars()
+    return sorted(set(range(ref.world_size)) | set(registered))

@@ -1,0 +1,334 @@
+"""Which rank is the problem: a run's findings, read through the query side.
+
+For one run: the ranks (status, host, steps, duration); stragglers (a rank whose data wait or
+forward time stands out, from ``StepTimer``'s ``step_timing``); outlier ranks per key; non-finite
+values; ranks whose peak memory stands out; decisions the ranks disagreed on; warnings and errors
+from the ranks' logs. Nothing here writes: every read goes through a ``StoreReader``.
+
+How a rank *departs* (outliers and stragglers), with no fixed threshold on the values:
+
+1. at each step, the median of the ranks, and each rank's deviation from it;
+2. the ranks' typical spread at that step: the median of the ranks' absolute deviations
+   (robust to one rank in three going astray), smoothed over neighbouring steps so that a step
+   where two ranks happen to agree does not make every other rank look far;
+3. a rank departs at a step when its deviation is over ``DEPART_SPREADS`` typical spreads, and
+   it *persistently* departs when it does so on most steps of a stretch of at least
+   ``MIN_STEPS`` steps (or 5% of the run), so a one-off spike or the noise of normal shards is
+   no finding. The finding gives the stretch's first step and the size of the departure.
+
+It takes three ranks: with two, each is as far from their median as the other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from multirank_logger.query.reader import RunRef, StoreReader
+
+__all__ = ["Findings", "FindingsMixin", "departures", "find"]
+
+#: a rank departs at a step when it is this many typical spreads of the ranks from their median
+DEPART_SPREADS = 8.0
+#: a departure is persistent over at least this many steps (or 5% of the run's steps, if more)
+MIN_STEPS = 5
+#: steps each side whose typical spreads are pooled (a rolling median)
+SPREAD_WINDOW = 5
+#: a straggler's extra time must be at least this share of a step to be worth a finding
+STRAGGLER_MIN_SHARE = 0.1
+#: a rank's peak memory stands out at this many times the other ranks' median peak
+MEMORY_RATIO = 1.25
+#: warnings/errors listed at most (distinct messages)
+MAX_LOG_MESSAGES = 20
+
+
+class FindingsMixin:
+    """Gives ``StoreReader`` its ``report(run=...)``."""
+
+    def report(self: StoreReader, run: int | str | None = None) -> Findings:  # type: ignore[misc]
+        """The findings for one run (the latest by default): see ``multirank_logger.report.findings``."""
+        return find(self, run)
+
+
+@dataclass
+class Findings:
+    """What ``multirank-logger report`` says about one run; lists of plain dicts, JSON-ready."""
+
+    run: str
+    run_id: int
+    world_size: int
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    timing: list[dict[str, Any]] = field(default_factory=list)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    outliers: list[dict[str, Any]] = field(default_factory=list)
+    non_finite: list[dict[str, Any]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    log_messages: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> bool:
+        """Whether anything was found (the ranks' table and the notes are no finding)."""
+        return any((self.stragglers, self.outliers, self.non_finite, self.memory, self.decisions, self.log_messages))
+
+    def keys_with_findings(self) -> list[str]:
+        seen = dict.fromkeys(item["key"] for item in self.outliers + self.non_finite)
+        return list(seen)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find(reader: StoreReader, run: int | str | None = None) -> Findings:
+    """Every finding for one run (the latest by default).
+
+    Raises:
+        LookupFailed: for an unknown run.
+    """
+    ref = reader.resolve_run(run)
+    out = Findings(run=ref.label, run_id=ref.id, world_size=ref.world_size)
+    out.ranks = _ranks(reader, ref)
+    timing = _sql(reader, f"SELECT * FROM step_timing WHERE run_id = {ref.id}")
+    if len(timing):
+        out.timing, out.stragglers = _timing(timing)
+        out.memory = _memory(timing)
+    else:
+        out.notes.append("No step timing in this run: add multirank_logger.StepTimer() to the Trainer's callbacks.")
+    out.non_finite = _non_finite(reader, ref)
+    if ref.world_size < 3:
+        out.notes.append(f"Outlier ranks need 3 ranks or more (this run has {ref.world_size}).")
+    else:
+        for key in reader.keys(ref.id):
+            for item in departures(reader.per_rank(key, ref.id)):
+                out.outliers.append({"rank": item.pop("rank"), "key": key, **item})
+    out.decisions = _decisions(reader, ref)
+    out.log_messages = _log_messages(reader, ref)
+    return out
+
+
+# -- the robust departure test -------------------------------------------------------------
+
+
+def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]:
+    """Ranks departing persistently from the others in a step x rank table (see the module doc).
+
+    Returns:
+        One dict per departing rank: rank, first_step, last_step, steps (departing), ratio
+        (its median value over the ranks' median, where that is not 0), spreads (its median
+        deviation in typical spreads), excess (its median deviation, in the values' unit).
+    """
+    import pandas as pd
+
+    values = table.to_numpy(dtype=float, copy=True)
+    values[~np.isfinite(values)] = np.nan  # NaN/inf are the non-finite finding's
+    counted = (~np.isnan(values)).sum(axis=1) >= 3
+    values, steps = values[counted], table.index.to_numpy()[counted]
+    if len(steps) < MIN_STEPS:
+        return []
+    median = np.nanmedian(values, axis=1)
+    dev = values - median[:, None]
+    per_step = np.nanmedian(np.abs(dev), axis=1)
+    window = 2 * SPREAD_WINDOW + 1
+    spread = pd.Series(per_step).rolling(window, center=True, min_periods=1).median().to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(dev == 0, 0.0, (dev if higher_only else np.abs(dev)) / spread[:, None])
+    depart = np.nan_to_num(score, nan=0.0) > DEPART_SPREADS
+    min_steps = max(MIN_STEPS, math.ceil(0.05 * len(steps)))
+    found = []
+    for col, rank in enumerate(table.columns):
+        where = _persistent(depart[:, col], min_steps)
+        if not where.any():
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.nanmedian(np.where(median[where] != 0, values[where, col] / median[where], np.nan))
+        found.append(
+            {
+                "rank": int(rank),
+                "first_step": int(steps[where][0]),
+                "last_step": int(steps[where][-1]),
+                "steps": int(where.sum()),
+                "ratio": None if np.isnan(ratio) else float(ratio),
+                "spreads": float(np.nanmedian(np.minimum(score[where, col], 1e300))),
+                "excess": float(np.nanmedian(dev[where, col])),
+            }
+        )
+    return found
+
+
+def _persistent(depart: np.ndarray, min_steps: int) -> np.ndarray:
+    """The departing steps inside stretches where most steps depart and that last ``min_steps``,
+    each with the shorter such stretches just before it (fewer than ``MIN_STEPS`` steps apart):
+    a few steps where the other ranks were noisy too (a loaded host) do not move where a
+    departure began. A short stretch alone is still no finding."""
+    import pandas as pd
+
+    most = pd.Series(depart.astype(float)).rolling(5, center=True, min_periods=1).mean().to_numpy() > 0.5
+    keep = np.zeros(len(depart), bool)
+    edges = np.flatnonzero(np.diff(np.r_[0, most.astype(np.int8), 0]))
+    stretches = list(zip(edges[::2], edges[1::2]))
+    for i, (start, stop) in enumerate(stretches):
+        if stop - start < min_steps:
+            continue
+        first = i
+        while first > 0 and stretches[first][0] - stretches[first - 1][1] < MIN_STEPS:
+            first -= 1
+        keep[stretches[first][0] : stop] = True
+    return keep & depart
+
+
+# -- each finding ----------------------------------------------------------------------------
+
+
+def _sql(reader: StoreReader, query: str) -> Any:
+    return reader.sql(query)
+
+
+def _ranks(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
+    registered = _sql(reader, f"SELECT rank, host, status, started_at, ended_at FROM ranks WHERE run_id = {ref.id}")
+    steps = _sql(
+        reader,
+        f"SELECT rank, COUNT(DISTINCT step) AS steps, MAX(step) AS last_step FROM metrics "
+        f"WHERE run_id = {ref.id} GROUP BY rank",
+    )
+    by_rank = {int(r.rank): r for r in registered.itertuples()}
+    logged = {int(r.rank): r for r in steps.itertuples()}
+    out = []
+    for rank in sorted(set(range(ref.world_size)) | set(by_rank) | set(logged)):
+        reg, log = by_rank.get(rank), logged.get(rank)
+        ended = None if reg is None or reg.ended_at is None or reg.ended_at != reg.ended_at else reg.ended_at
+        out.append(
+            {
+                "rank": rank,
+                "status": reg.status if reg is not None else "unregistered",
+                "host": reg.host if reg is not None else None,
+                "steps": int(log.steps) if log is not None else 0,
+                "last_step": int(log.last_step) if log is not None else None,
+                "duration_s": float(ended - reg.started_at) if ended is not None and reg is not None else None,
+            }
+        )
+    return out
+
+
+def _timing(timing: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per-rank medians of the step's parts, and the ranks whose data wait or forward stands out."""
+    summary = [
+        {
+            "rank": int(rank),
+            "steps": int(len(rows)),
+            **{col: _median(rows[col]) for col in ("data_s", "forward_s", "rest_s")},
+            "batch_size": _median(rows["batch_size"]),
+        }
+        for rank, rows in timing.groupby("rank")
+    ]
+    parts = timing[["data_s", "forward_s", "rest_s"]].astype(float)
+    step_time = float(np.nanmedian(parts.sum(axis=1, min_count=1))) if len(parts) else math.nan
+    stragglers = []
+    for phase in ("data_s", "forward_s"):
+        # steps with gradient accumulation share a global_step: a step's time is their sum
+        table = timing.dropna(subset=[phase]).pivot_table(index="step", columns="rank", values=phase, aggfunc="sum")
+        for item in departures(table, higher_only=True):
+            share = item["excess"] / step_time if step_time > 0 else math.nan
+            if not share >= STRAGGLER_MIN_SHARE:
+                continue
+            stragglers.append(
+                {"rank": item["rank"], "phase": phase.removesuffix("_s"), "first_step": item["first_step"],
+                 "last_step": item["last_step"], "steps": item["steps"], "excess_s": item["excess"],
+                 "share_of_step": share, "spreads": item["spreads"]}
+            )  # fmt: skip
+    return summary, stragglers
+
+
+def _memory(timing: Any) -> list[dict[str, Any]]:
+    """Ranks whose peak memory (CUDA reserved, else RSS) is well above the other ranks'."""
+    cuda = timing["mem_reserved_peak"].notna().any()
+    measure = "mem_reserved_peak" if cuda else "rss"
+    peaks = timing.groupby("rank")[measure].max().dropna().astype(float)
+    retries = timing.groupby("rank")["alloc_retries"].max().fillna(0) if cuda else None
+    out = []
+    for rank, peak in peaks.items():
+        others = float(peaks.drop(rank).median()) if len(peaks) > 1 else math.nan
+        ratio = peak / others if others > 0 else math.nan
+        retried = int(retries[rank]) if retries is not None else 0
+        if ratio >= MEMORY_RATIO or retried:
+            out.append({"rank": int(rank), "measure": measure, "peak_bytes": int(peak),
+                        "others_median_bytes": None if math.isnan(others) else int(others),
+                        "ratio": None if math.isnan(ratio) else ratio, "alloc_retries": retried})  # fmt: skip
+    return out
+
+
+def _non_finite(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
+    """Per key and rank: the first step with NaN or inf, and how many (NaN is stored as dtype 3)."""
+    from multirank_logger.model.schema import DTYPE_NAN
+
+    inf = reader.store.backend.sql_infinity
+    rows = _sql(
+        reader,
+        f"SELECT key, rank, MIN(step) AS first_step, SUM(CASE WHEN dtype = {DTYPE_NAN} THEN 1 ELSE 0 END) AS nan, "
+        f"COUNT(*) AS count FROM metrics WHERE run_id = {ref.id} "
+        f"AND (dtype = {DTYPE_NAN} OR value = {inf} OR value = -{inf}) GROUP BY key, rank ORDER BY key, rank",
+    )
+    return [
+        {"rank": int(r.rank), "key": r.key, "first_step": int(r.first_step), "count": int(r.count),
+         "nan": int(r.nan), "inf": int(r.count) - int(r.nan)}
+        for r in rows.itertuples()
+    ]  # fmt: skip
+
+
+def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
+    """Checkpoint/early-stopping decisions where the ranks' own votes differed."""
+    rows = _sql(
+        reader,
+        "SELECT seq, step, callback, monitor, rank, value, vote, decision FROM decisions "
+        f"WHERE run_id = {ref.id} ORDER BY seq, rank",
+    )
+    out = []
+    for seq, group in rows.groupby("seq", sort=True):
+        votes = {int(r): None if v is None or v != v else bool(v) for r, v in zip(group["rank"], group["vote"])}
+        if len({v for v in votes.values() if v is not None}) < 2:
+            continue
+        first = group.iloc[0]
+        decision = None if _float(first["decision"]) is None else bool(first["decision"])
+        out.append(
+            {"seq": int(seq), "step": int(first["step"]), "callback": first["callback"], "monitor": first["monitor"],
+             "decision": decision, "votes": votes,
+             "values": {int(r): _float(v) for r, v in zip(group["rank"], group["value"])},
+             "ranks": [r for r, v in votes.items() if v is not None and v != decision]}
+        )  # fmt: skip
+    return out
+
+
+def _log_messages(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
+    """Warnings and errors the ranks logged, one item per distinct message, first seen first."""
+    rows = _sql(
+        reader,
+        f"SELECT rank, level, levelno, logger, message, time FROM logs WHERE run_id = {ref.id} AND levelno >= 30 "
+        "ORDER BY time LIMIT 100000",
+    )
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows.itertuples():
+        item = out.setdefault((r.level, r.message), {"level": r.level, "logger": r.logger, "message": r.message,
+                                                     "ranks": [], "count": 0})  # fmt: skip
+        item["count"] += 1
+        if int(r.rank) not in item["ranks"]:
+            item["ranks"].append(int(r.rank))
+    for item in out.values():
+        item["ranks"].sort()
+    ordered = sorted(out.values(), key=lambda i: -_LEVELS.get(i["level"], 0))  # stable: errors first, then by time
+    return ordered[:MAX_LOG_MESSAGES]
+
+
+_LEVELS = {"CRITICAL": 50, "ERROR": 40, "WARNING": 30}
+
+
+def _median(column: Any) -> float | None:
+    values = column.dropna().astype(float)
+    return float(values.median()) if len(values) else None
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None or value != value else float(value)

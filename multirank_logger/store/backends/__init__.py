@@ -1,0 +1,37 @@
+"""What differs between SQLite, DuckDB and PostgreSQL: the one place backend-specific code lives.
+
+One module per backend (`sqlite`, `duckdb`, `postgresql`), each a subclass of `base.Backend`;
+`backend_for` picks one for a resolved URL.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import URL
+
+from multirank_logger.store.backends.base import SUFFIXES, Backend, resolve_url
+from multirank_logger.store.backends.duckdb import AlembicDuckDBImpl, DuckDBBackend
+from multirank_logger.store.backends.postgresql import PostgreSQLBackend
+from multirank_logger.store.backends.sqlite import SQLITE_BUSY_TIMEOUT_MS, SQLiteBackend
+
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "SUFFIXES",
+    "AlembicDuckDBImpl",
+    "Backend",
+    "DuckDBBackend",
+    "PostgreSQLBackend",
+    "SQLiteBackend",
+    "backend_for",
+    "resolve_url",
+]
+
+_BACKENDS: dict[str, type[Backend]] = {
+    "sqlite": SQLiteBackend,
+    "duckdb": DuckDBBackend,
+    "postgresql": PostgreSQLBackend,
+}
+
+
+def backend_for(url: URL) -> Backend:
+    """The Backend object for a resolved URL."""
+    return _BACKENDS[url.get_backend_name()](url)

@@ -1,0 +1,224 @@
+"""What the SQL backends share: URL resolution and the Backend defaults each backend overrides.
+
+Everything else talks SQLAlchemy Core. Each backend (one module per backend, next to this one)
+says how to build its engine, how to bulk-insert a batch of metric rows in one transaction, how
+to serialize schema creation between processes, and how to turn its driver's errors into ours.
+
+On the read side (query.py asks, the backend answers, over a connection query.py opened):
+
+- ``fetch_arrow``: any SELECT as a pyarrow Table;
+- ``run_keys``: the distinct keys of a run;
+- ``per_rank_columns``: one key of every rank, sorted by rank then call order (``per_rank``);
+- ``rank_calls``: one rank's keys and its rows in call order, streamed (the CSV export);
+- ``hold_snapshot``: make the reads that follow see one state of a store still written;
+- ``run_readonly``: a user's SQL, refused when it would write (readonly_sql.py);
+- ``sql_infinity``: the SQL literal for +infinity.
+
+The defaults below are a server's (PostgreSQL); SQLite and DuckDB override what their layout
+makes faster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+from multirank_logger.errors import QueryFailed, UnsupportedStore
+from multirank_logger.model.csv_layout import LongRows, row_columns, whole_calls
+from multirank_logger.model.schema import metrics
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["PER_RANK_TYPES", "SUFFIXES", "Backend", "per_rank_columns", "resolve_url"]
+
+# filesystem suffix -> SQLAlchemy drivername
+SUFFIXES = {".duckdb": "duckdb", ".db": "sqlite", ".sqlite": "sqlite", ".sqlite3": "sqlite"}
+
+
+def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
+    """Turn a filesystem path or a SQLAlchemy URL into a URL, choosing the backend by suffix.
+
+    Raises:
+        UnsupportedStore: for a path whose suffix names no backend we write.
+    """
+    if isinstance(db, URL):
+        return db
+    text = os.fspath(db)
+    if re.match(r"^[a-z][a-z0-9+]*://", text):
+        url = make_url(text)
+        if url.get_backend_name() not in ("sqlite", "duckdb", "postgresql"):
+            raise UnsupportedStore(text, SUFFIXES)
+        return _with_postgres_driver(url)
+    suffix = Path(text).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise UnsupportedStore(text, SUFFIXES)
+    return URL.create(SUFFIXES[suffix], database=str(Path(text).expanduser().resolve()))
+
+
+def _with_postgres_driver(url: URL) -> URL:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; our ``postgres`` extra installs psycopg 3.
+    Take psycopg 3 when the URL names no driver and psycopg2 is not there."""
+    if (
+        url.drivername == "postgresql"
+        and importlib.util.find_spec("psycopg2") is None
+        and importlib.util.find_spec("psycopg") is not None
+    ):
+        return url.set(drivername="postgresql+psycopg")
+    return url
+
+
+class Backend:
+    """Defaults shared by the SQL backends; subclasses override what differs."""
+
+    name = "generic"
+    #: True when several processes may write the store at once.
+    concurrent_writers = True
+    #: True when every transaction opens and closes the database (so that readers get in
+    #: between): a write costs an open whatever its size, and writers should write seldom.
+    opens_per_transaction = False
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+
+    @property
+    def path(self) -> Path | None:
+        """The database file, or None for a server."""
+        return None
+
+    def create_engine(self, readonly: bool = False) -> sa.Engine:
+        return sa.create_engine(self.url)
+
+    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
+        """Insert one batch of metric rows (`batch.METRICS_SCHEMA`) on an open transaction
+        (SQLAlchemy's executemany)."""
+        from multirank_logger.model.batch import column_lists  # pyarrow: not for a store opened to read
+
+        columns = [c.name for c in table.columns]
+        conn.execute(table.insert(), [dict(zip(columns, row)) for row in zip(*column_lists(batch, columns))])
+
+    def insert_rows(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> int:
+        """Insert a few rows of any table given as dicts (the side tables); returns how many."""
+        if rows:
+            columns = [c.name for c in table.columns]
+            conn.execute(table.insert(), [{c: row.get(c) for c in columns} for row in rows])
+        return len(rows)
+
+    def lock_for_migration(self, conn: sa.Connection) -> None:
+        """Serialize schema creation between processes, on `conn`'s open transaction."""
+
+    def translate_error(self, exc: Exception) -> Exception | None:
+        """Our error for a driver error met while opening the store, or None."""
+        return None
+
+    # -- reading (query.py): each on a connection the caller holds open ------------------
+
+    #: rows per fetch: bounds what is alive at once while exporting
+    fetch_rows = 65_536
+    #: the SQL literal for +infinity (findings.py looks for logged infinities with it)
+    sql_infinity = "CAST('Infinity' AS DOUBLE PRECISION)"
+
+    def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:
+        """Run a SELECT and return its result as a pyarrow Table."""
+        import pyarrow as pa
+
+        result = conn.execute(stmt)
+        names = list(result.keys())
+        data = result.fetchall()
+        columns: list[Any] = list(zip(*data)) if data else [[] for _ in names]
+        return pa.table({name: pa.array(col) for name, col in zip(names, columns)})
+
+    def row_chunks(self, conn: sa.Connection, stmt: sa.Select, rows: int = 0) -> Iterator[list[Any]]:
+        """A SELECT's rows as driver tuples, `rows` (default `fetch_rows`) at a time; no empty chunk."""
+        # a server: its own cursor (stream_results), in its driver's own parameter style
+        fetch = conn.execute(stmt, execution_options={"stream_results": True}).fetchmany
+        yield from _chunks(fetch, rows or self.fetch_rows)
+
+    def run_keys(self, conn: sa.Connection, run_id: int) -> list[str]:
+        """The distinct metric keys of a run, any rank, in no particular order."""
+        return list(conn.execute(sa.select(metrics.c.key).where(metrics.c.run_id == run_id).distinct()).scalars())
+
+    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
+        """One key's rows of every rank as columns (rank, seq, step, value, dtype) of
+        `PER_RANK_TYPES`, sorted by rank, then call order; empty when no rank logged it."""
+        stmt = (
+            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
+            .where(metrics.c.run_id == run_id, metrics.c.key == key)
+            .order_by(metrics.c.rank, metrics.c.seq)
+        )
+        return per_rank_columns([row_columns(chunk, PER_RANK_TYPES) for chunk in self.row_chunks(conn, stmt)])
+
+    def hold_snapshot(self, conn: sa.Connection) -> None:
+        """Make the reads that follow on `conn` see one state of the store, though a run may
+        still be writing (the export reads the keys, then the rows: a key first logged between
+        the two would miss the header). Call before the first read."""
+        if not conn.in_transaction():
+            conn.execution_options(isolation_level="REPEATABLE READ")
+
+    def rank_calls(self, conn: sa.Connection, run_id: int, rank: int) -> tuple[list[str], Iterator[LongRows]]:
+        """The keys one rank logged, and its rows as pieces of whole calls in call order,
+        fetched while the caller keeps `conn` open: a long run's export holds a few fetches,
+        never every row. Both empty for a rank that logged nothing."""
+        where = (metrics.c.run_id == run_id, metrics.c.rank == rank)
+        keys = list(conn.execute(sa.select(metrics.c.key).where(*where).distinct()).scalars())
+        stmt = sa.select(metrics.c.seq, metrics.c.step, metrics.c.key, metrics.c.value, metrics.c.dtype)
+        return keys, whole_calls(self._in_call_order(conn, stmt.where(*where).order_by(metrics.c.seq), where))
+
+    def _in_call_order(self, conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]) -> Iterator[LongRows]:
+        """`stmt` (one rank's rows, ordered by seq) as LongRows pieces; calls may straddle two."""
+        return (LongRows.from_rows([chunk]) for chunk in self.row_chunks(conn, stmt))
+
+    def run_readonly(self, conn: sa.Connection, query: str) -> Any:
+        """Run a user's ``query`` and return its last statement's result as a pandas DataFrame.
+
+        Raises:
+            ReadOnlyViolation: the query would write; it was not run.
+            QueryFailed: the engine rejected it (syntax, unknown table...), with its message.
+        """
+        raise QueryFailed(self.name, "sql() knows how to keep DuckDB, SQLite and PostgreSQL read-only, not this engine")
+
+
+# the NumPy types of per_rank_columns: rank, seq, step, value, dtype
+PER_RANK_TYPES = (np.int64, np.int64, np.int64, np.float64, np.int16)
+
+
+def per_rank_columns(parts: list[Any]) -> list[np.ndarray]:
+    """per_rank_columns' columns, one part (a list of columns) per fetch, joined."""
+    return [np.concatenate(col) for col in zip(*parts)] if parts else [np.zeros(0, t) for t in PER_RANK_TYPES]
+
+
+def _chunks(fetch: Callable[[int], Any], rows: int) -> Iterator[list[Any]]:
+    """What `fetch(rows)` returns, call after call, until a short one; no empty chunk."""
+    while True:
+        chunk = fetch(rows)
+        if chunk:
+            yield chunk
+        if len(chunk) < rows:  # the last: no second round trip to learn that
+            return
+
+
+def driver_connection(conn: sa.Connection) -> Any:
+    """The driver's own connection under `conn` (sqlite3, duckdb, psycopg), for what SQLAlchemy does slower."""
+    raw = conn.connection.driver_connection
+    assert raw is not None, "a connection that is open has its driver's connection"
+    return raw
+
+
+@contextlib.contextmanager
+def _raised_as_sqlalchemy_would(conn: sa.Connection, sql: str) -> Iterator[None]:
+    """A driver error met on the driver's own cursor, raised as SQLAlchemy's DBAPIError, as
+    for every other statement (the store translates those: a locked file, not a database)."""
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    try:
+        yield
+    except dbapi_error as exc:
+        raise sa.exc.DBAPIError.instance(sql, None, exc, dbapi_error) from exc

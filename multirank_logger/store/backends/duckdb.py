@@ -1,0 +1,195 @@
+"""DuckDB: one writing process per file, opened only inside a transaction; rows go in as Arrow.
+
+Reads come back as Arrow from the driver's own connection, never as Python rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import sqlalchemy as sa
+from alembic.ddl.impl import DefaultImpl
+from sqlalchemy.pool import NullPool
+
+from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
+from multirank_logger.model.csv_layout import LongRows
+from multirank_logger.model.schema import metrics
+from multirank_logger.store.backends.base import Backend, driver_connection
+from multirank_logger.store.readonly_sql import refusal_or_failure
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["AlembicDuckDBImpl", "DuckDBBackend"]
+
+# Statement types that only read (SHOW, DESCRIBE, SUMMARIZE, FROM-first parse as SELECT).
+# Not PRAGMA or CALL: both run functions that change settings or files (CALL checkpoint,
+# PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
+_READ_STATEMENTS = {"SELECT", "EXPLAIN"}
+
+
+class DuckDBBackend(Backend):
+    name = "duckdb"
+    concurrent_writers = False
+    opens_per_transaction = True  # see create_engine
+
+    @property
+    def path(self) -> Path | None:
+        db = self.url.database
+        return None if db in (None, "", ":memory:") else Path(db)
+
+    def create_engine(self, readonly: bool = False) -> sa.Engine:
+        # Rows come and go as Arrow tables: load pyarrow (a noticeable import) with the store, not
+        # in the writer thread's first flush, where it competes with the training for a core.
+        import pyarrow  # noqa: F401
+
+        # NullPool: the file is open only inside a transaction, so that between two
+        # flushes another process (a reader, `multirank-logger sql`) can open it.
+        connect_args: dict[str, Any] = {"read_only": readonly}
+        if readonly:
+            # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL
+            connect_args["config"] = {"enable_external_access": False}
+        else:
+            # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
+            # rows then checkpointing gains nothing from them but CPU taken from the training
+            # (measured: -30% CPU per 20k-row flush, wall time the same)
+            connect_args["config"] = {"threads": 1}
+        return sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
+
+    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
+        # DuckDB's executemany runs row by row; from Arrow it reads whole columns (the gap is in
+        # benchmarks/RESULTS.md's cited figures).
+        # duckdb_engine turns the "register" statement into DuckDBPyConnection.register.
+        view = "_multirank_batch"
+        conn.exec_driver_sql("register", (view, batch))  # read in place: no copy, no Python row
+        cols = ", ".join(f'"{c.name}"' for c in table.columns)
+        conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
+        driver_connection(conn).unregister(view)
+
+    def insert_rows(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> int:
+        # executemany runs row by row here: go through Arrow as the metrics do
+        import pyarrow as pa
+
+        if not rows:
+            return 0
+        columns = [c.name for c in table.columns]
+        view = f"_multirank_{table.name}"
+        data = pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows])
+        conn.exec_driver_sql("register", (view, data))
+        cols = ", ".join(f'"{c}"' for c in columns)
+        conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({cols}) SELECT {cols} FROM {view}')
+        driver_connection(conn).unregister(view)
+        return len(rows)
+
+    def translate_error(self, exc: Exception) -> Exception | None:
+        text = str(getattr(exc, "orig", exc))
+        if "Could not set lock on file" in text:
+            holder = re.search(r"Conflicting lock is held in (.*?)(?: See also|$)", text)
+            return StoreLocked(str(self.path), holder.group(1).strip().rstrip(".") if holder else text)
+        if "not a valid DuckDB database file" in text:
+            return NotADatabase(str(self.path), "DuckDB", "no DuckDB header")
+        if "Corrupt database file" in text:
+            return NotADatabase(str(self.path), "DuckDB", "its header checksum does not match")
+        if "created with a newer version of DuckDB" in text:
+            import duckdb
+
+            found = re.search(r"version number (\d+)", text)
+            detail = f"storage version {found.group(1)}" if found else "a newer storage format"
+            return StoreError(
+                f"{self.path} was written by a newer DuckDB ({detail}) than the duckdb {duckdb.__version__} "
+                "installed here, which cannot read it. It was left untouched; open it where that newer "
+                "DuckDB is installed, or log to another file."
+            )
+        return None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    #: rows sorted at once for an export (see _windows)
+    sort_window_rows = 524_288
+
+    def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:
+        return _execute(conn, stmt).to_arrow_table()
+
+    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
+        # in call order per rank: DuckDB sorts with all its threads
+        stmt = (
+            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
+            .where(metrics.c.run_id == run_id, metrics.c.key == key)
+            .order_by(metrics.c.rank, metrics.c.seq)
+        )
+        table = self.fetch_arrow(conn, stmt)
+        return [_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")]
+
+    def hold_snapshot(self, conn: sa.Connection) -> None:
+        """Nothing to do: no one writes a DuckDB file that a reader holds open."""
+
+    def _in_call_order(self, conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]) -> Iterator[LongRows]:
+        return map(LongRows.from_arrow, self._windows(conn, stmt, where))
+
+    def _windows(self, conn: sa.Connection, stmt: sa.Select, where: tuple[Any, ...]) -> Iterator[Any]:
+        """`stmt` (ordered by seq) as Arrow batches, sorted a window of seq at a time.
+
+        One ORDER BY over a rank's rows sorts them all before the first comes back (~57 bytes a
+        row: 280 MiB for 5M). A window of about `sort_window_rows` rows holds that many, and
+        costs a scan of only the row groups its seq range overlaps (DuckDB's min/max per row
+        group skips the rest, as a rank's seq rises with the file). The window is sized from
+        the rank's mean rows per call: a stretch of calls with many more keys makes it larger.
+        """
+        low, high, count = conn.execute(
+            sa.select(sa.func.min(metrics.c.seq), sa.func.max(metrics.c.seq), sa.func.count()).where(*where)
+        ).one()
+        if not count:
+            return
+        calls_per_window = max(1, self.sort_window_rows * (high - low + 1) // count)
+        for start in range(low, high + 1, calls_per_window):
+            window = stmt.where(metrics.c.seq >= start, metrics.c.seq < start + calls_per_window)
+            result = _execute(conn, window)
+            # to_arrow_reader in newer duckdb; fetch_record_batch in older ones (deprecated in 1.5)
+            to_reader = getattr(result, "to_arrow_reader", None) or result.fetch_record_batch
+            yield from to_reader(self.fetch_rows)
+
+    def run_readonly(self, conn: sa.Connection, query: str) -> Any:
+        # The connection is read_only with enable_external_access off (create_engine); DuckDB's
+        # own parser classifies each statement, as read-only still lets COPY ... TO, SET through.
+        import duckdb
+        import pandas as pd
+
+        try:
+            statements = duckdb.extract_statements(query)
+        except duckdb.Error as exc:
+            raise QueryFailed("DuckDB", str(exc)) from None
+        for statement in statements:
+            if statement.type.name not in _READ_STATEMENTS:
+                raise ReadOnlyViolation(statement.query)
+        try:
+            relation = driver_connection(conn).sql(query)
+            return pd.DataFrame() if relation is None else relation.df()
+        except duckdb.Error as exc:
+            raise refusal_or_failure("DuckDB", query, exc) from None
+
+
+def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
+    """Run a SELECT on DuckDB's own connection; returns the driver's result, to read as Arrow."""
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    params = [compiled.params[name] for name in compiled.positiontup or ()]
+    # execute(), not sql(): a relation with parameters ran orders of magnitude slower here
+    # (duckdb 1.5, one key of a large store: benchmarks/RESULTS.md's cited figures)
+    return driver_connection(conn).execute(str(compiled), params)
+
+
+def _numpy(table: Any, name: str) -> np.ndarray:
+    column = table.column(name)
+    if name == "value":
+        return column.cast("double").fill_null(np.nan).to_numpy()  # NULL is a logged NaN
+    return column.to_numpy().astype(np.int64, copy=False)
+
+
+class AlembicDuckDBImpl(DefaultImpl):
+    """Lets Alembic accept the duckdb dialect (duckdb_engine's documented recipe)."""
+
+    __dialect__ = "duckdb"
+    transactional_ddl = True

@@ -1,0 +1,128 @@
+"""PostgreSQL: a server that many processes write at once; COPY for bulk rows (psycopg 3).
+
+Reads take Backend's defaults (a server's own cursor, one snapshot per export).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from multirank_logger.errors import QueryFailed, ReadOnlyViolation
+from multirank_logger.store.backends.base import Backend, _raised_as_sqlalchemy_would, driver_connection
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["PostgreSQLBackend"]
+
+# The first keywords of every statement that is not a read (SELECT, WITH, VALUES, TABLE,
+# EXPLAIN, SHOW): these never reach the server. WITH ... DELETE is stopped by the read-only
+# transaction; a word that starts no statement (a typo) gets the server's syntax error.
+_NOT_READS = {
+    "abort", "alter", "analyze", "analyse", "begin", "call", "checkpoint", "close", "cluster", "comment",
+    "commit", "copy", "create", "deallocate", "declare", "delete", "discard", "do", "drop", "end", "execute",
+    "fetch", "grant", "import", "insert", "listen", "load", "lock", "merge", "move", "notify", "prepare",
+    "reassign", "refresh", "reindex", "release", "reset", "revoke", "rollback", "savepoint", "security", "set",
+    "start", "truncate", "unlisten", "update", "vacuum",
+}  # fmt: skip
+# SQLSTATEs of a refused write: read_only_sql_transaction, insufficient_privilege (what the
+# reading role may not do), active_sql_transaction (a SET TRANSACTION too late)
+_REFUSALS = {"25006", "42501", "25001"}
+
+
+class PostgreSQLBackend(Backend):
+    name = "postgresql"
+
+    def create_engine(self, readonly: bool = False) -> sa.Engine:
+        options = "-c default_transaction_read_only=on" if readonly else ""
+        return sa.create_engine(self.url, connect_args={"options": options} if options else {})
+
+    def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
+        from multirank_logger.model.batch import column_lists
+
+        cursor = driver_connection(conn).cursor()
+        if not hasattr(cursor, "copy"):  # psycopg2: SQLAlchemy's executemany
+            super().insert_metrics(conn, table, batch)
+            return
+        # psycopg 3: COPY streams the rows in one statement, the server's own bulk path
+        columns = [c.name for c in table.columns]
+        sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+        with _raised_as_sqlalchemy_would(conn, sql), cursor.copy(sql) as copy:
+            for row in zip(*column_lists(batch, columns)):
+                copy.write_row(row)
+
+    def lock_for_migration(self, conn: sa.Connection) -> None:
+        # a transaction-scoped advisory lock: released at commit, even if the process dies
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x6D726C67})
+
+    #: how long one user query (run_readonly) may run on the server (it holds a snapshot meanwhile)
+    statement_timeout_s = 300.0
+
+    def run_readonly(self, conn: sa.Connection, query: str) -> Any:
+        # Exactly one statement (the extended query protocol refuses "a; b"), inside a
+        # transaction made READ ONLY before any of the user's SQL and always rolled back, a
+        # statement_timeout, and, for a superuser, SET LOCAL ROLE pg_read_all_data: the query
+        # keeps read access to every table but loses what only a superuser may do (COPY ... TO
+        # PROGRAM, pg_read_file, lo_import, pg_terminate_backend of others).
+        import pandas as pd
+        import psycopg
+
+        if _first_keyword(query) in _NOT_READS:
+            raise ReadOnlyViolation(query)
+        raw = driver_connection(conn)
+        if not hasattr(raw, "pgconn"):  # psycopg2 and others send "a; b" as one string
+            raise QueryFailed(
+                "PostgreSQL", "sql() needs the psycopg 3 driver (pip install 'multirank-logger[postgres]')"
+            )
+        raw.rollback()  # start from no transaction, whatever the pool handed back
+        try:
+            with raw.cursor() as cur:
+                # before any of the user's SQL: read only, bounded, and no superuser powers
+                cur.execute("SET TRANSACTION READ ONLY")
+                cur.execute(f"SET LOCAL statement_timeout = {int(self.statement_timeout_s * 1000)}")
+                cur.execute("SET LOCAL idle_in_transaction_session_timeout = 60000")
+                cur.execute(
+                    "SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_data', 'MEMBER') "
+                    "FROM pg_roles WHERE rolname = current_user"
+                )
+                if cur.fetchone()[0]:
+                    cur.execute("SET LOCAL ROLE pg_read_all_data")
+                # prepare=True: the extended protocol, which takes exactly one statement
+                cur.execute(query, prepare=True)
+                if cur.description is None:
+                    return pd.DataFrame()
+                names = [d.name for d in cur.description]
+                return pd.DataFrame.from_records(cur.fetchall(), columns=names)
+        except psycopg.Error as exc:
+            if exc.sqlstate in _REFUSALS or "multiple commands" in str(exc):
+                raise ReadOnlyViolation(query) from None
+            raise QueryFailed(conn.dialect.name, str(exc)) from None  # "postgresql", as before
+        finally:
+            raw.rollback()  # whatever ran, nothing of it stays
+
+
+def _first_keyword(query: str) -> str:
+    """The statement's first word, past whitespace and ``--``/``/* */`` comments (nested, as PostgreSQL's)."""
+    i, n = 0, len(query)
+    while i < n:
+        if query[i].isspace() or query[i] == "(":
+            i += 1
+        elif query.startswith("--", i):
+            end = query.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif query.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if query.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif query.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        else:
+            break
+    match = re.match(r"[A-Za-z_]+", query[i:])
+    return match.group(0).lower() if match else ""

@@ -1,0 +1,53 @@
+"""Run a user's SQL on a read-only connection, refusing anything that writes.
+
+Locks on the door, each kept by its backend (``Backend.run_readonly`` in ``backends/``):
+
+- the connection itself is read-only (SQLite ``mode=ro``, DuckDB ``read_only=True`` and
+  ``enable_external_access=false``: no file, no ATTACH, no extension outside the store;
+  PostgreSQL ``default_transaction_read_only``);
+- the engine's own parser classifies the statement (DuckDB ``extract_statements``: only
+  SELECT-like and EXPLAIN statements; SQLite's authorizer callback), because a read-only
+  connection still lets some statements through that change things outside the store:
+  DuckDB's ``COPY ... TO 'file'``, ``SET``, ``PRAGMA``/``CALL``, SQLite's ``ATTACH``;
+- PostgreSQL: exactly one statement (the extended query protocol refuses ``a; b``), inside a
+  transaction made ``READ ONLY`` before any of the user's SQL and always rolled back, a
+  ``statement_timeout``, and, for a superuser, ``SET LOCAL ROLE pg_read_all_data``. The
+  statement must start with a reading keyword.
+
+Either way the user gets ``ReadOnlyViolation`` with the statement, and the store is
+unchanged. Any other engine error becomes ``QueryFailed`` with the engine's message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from multirank_logger.errors import QueryFailed, ReadOnlyViolation
+
+if TYPE_CHECKING:
+    from multirank_logger.store.backends import Backend
+
+__all__ = ["refusal_or_failure", "run_readonly"]
+
+# the markers each engine puts in its message when a read-only connection refuses a write
+_ENGINE_REFUSALS = ("read-only mode", "readonly database", "read-only transaction", "not authorized", "external access")
+
+
+def run_readonly(conn: sa.Connection, backend: Backend, query: str) -> Any:
+    """Run ``query`` on ``conn`` and return the last statement's result as a pandas DataFrame.
+
+    Raises:
+        ReadOnlyViolation: the query would write; it was not run.
+        QueryFailed: the engine rejected it (syntax, unknown table...), with its message.
+    """
+    return backend.run_readonly(conn, query)
+
+
+def refusal_or_failure(engine: str, query: str, exc: BaseException) -> Exception:
+    """The error to raise for an engine error met running ``query``: a refused write, or a failure."""
+    text = str(getattr(exc, "orig", exc))
+    if any(marker in text for marker in _ENGINE_REFUSALS):
+        return ReadOnlyViolation(query)
+    return QueryFailed(engine, text)

@@ -1,0 +1,238 @@
+"""Spill files: rows a rank could not deliver to rank 0, kept on its local disk for a later import.
+
+When rank 0 is gone (or stops taking rows), a sending rank appends the undelivered
+batches to its own spill file; ``multirank-logger import DB FILE...`` merges them later.
+
+File format: one line of JSON (the header: ``spill_id``, the run's ``run_id``, ``name`` and
+``version``, ``rank``, the launch's ``attempt`` (absent or null in older files), ``host``,
+``pid``, ``created_at``), then frames, each
+``<u64 length><payload><u32 crc32(payload)>``. A frame is written, flushed and fsynced in one
+go, so a crash can tear at most the last frame, which the reader drops. The frames are ours,
+not an Arrow IPC file's: that file's footer indexes every batch, and a crash that tears the
+footer loses them all. Payload kinds:
+
+- metric rows: one Arrow IPC stream (``wire.encode_batch``, version 3); versions 1 and 2 hold
+  the ``MRB1`` encoding (wire_mrb1.py), still read (version 1 files hold nothing else);
+- side-table rows (version 2): ``MRS1`` + ``side_records.encode_side``'s JSON;
+- the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost",
+  "counted"}``, written at finalize, so that importing the file tells the store how a rank ended
+  whose end rank 0 never heard (gather: the channel was down). The counts are the values this
+  rank did not deliver that the run's totals lacked when it wrote them: everything since the
+  last end the run counted, earlier phases included. ``counted`` (absent in older files: false)
+  says the run took them after all (rank 0 acknowledged the report).
+
+Importing a file into a store is spill_import.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from multirank_logger.errors import SpillCorrupt
+from multirank_logger.model.side_records import decode_side, encode_side
+from multirank_logger.model.wire import decode_batch, encode_batch
+from multirank_logger.model.wire_v1 import decode_mrb1
+
+__all__ = [
+    "SPILL_SUFFIX", "SpillContents", "SpillWriter", "read_spill", "read_spill_contents", "read_spill_header",
+]
+
+SPILL_SUFFIX = ".mrspill"
+_FORMAT = "multirank-spill"
+_FORMAT_VERSION = 3
+# the decoder of the metric rows' payload in each format version this code reads
+_METRICS_DECODERS: dict[int, Callable[[bytes], pa.RecordBatch]] = {1: decode_mrb1, 2: decode_mrb1, 3: decode_batch}
+# payload prefixes of the frames that are not metric rows (wire.py's batches start otherwise)
+_SIDE = b"MRS1"
+_END = b"MRE1"
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+class SpillWriter:
+    """Appends undelivered batches to one spill file, created on the first write.
+
+    Args:
+        directory: where to put the file (created if missing); a disk local to this rank.
+        run_id, name, version: the run the rows belong to, as rank 0 published it.
+        rank: this process's global rank.
+        attempt: the launch of the run (``attempts.attempt``).
+        run_started_at: when rank 0 allocated the run: with run_id, what tells this run from
+            another store's run of the same name, version and id (spill_import.import_earlier_launches).
+
+    Example::
+
+        spill = SpillWriter(Path("spill"), run_id=3, name="lightning_logs", version=0, rank=1)
+        spill.write(exc.undelivered)   # after a ChannelError
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], *, run_id: int, name: str, version: int, rank: int,
+        attempt: int | None = None, run_started_at: float | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.header: dict[str, Any] = {
+            "format": _FORMAT,
+            "format_version": _FORMAT_VERSION,
+            "spill_id": uuid.uuid4().hex,
+            "run_id": run_id,
+            "name": name,
+            "version": version,
+            "rank": rank,
+            "attempt": attempt,  # the launch (attempts.attempt); None in files written before it was kept
+            "run_started_at": run_started_at,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "created_at": time.time(),
+        }
+        self.path = self.directory / f"{name}-version_{version}-rank{rank}-{self.header['spill_id'][:12]}{SPILL_SUFFIX}"
+        self.rows_written = 0
+
+    def write(self, batches: Iterable[pa.RecordBatch]) -> int:
+        """Append `batches` (empty ones skipped) as durable frames.
+
+        Returns:
+            The number of rows written by this call.
+
+        Raises:
+            OSError: when the file cannot be written (the caller warns: the rows are lost).
+        """
+        frames = [b for b in batches if len(b)]
+        if not frames:
+            return 0
+        self._append([encode_batch(batch) for batch in frames])
+        rows = sum(len(b) for b in frames)
+        self.rows_written += rows
+        return rows
+
+    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> int:
+        """Append side-table rows (decisions, logs, step timing) as one frame.
+
+        Returns:
+            The number of rows written. Raises OSError as `write` does.
+        """
+        rows = sum(map(len, tables.values()))
+        if rows:
+            self._append([_SIDE + encode_side(tables)])
+        return rows
+
+    def write_end(self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False) -> None:
+        """Append how this rank ended (only to a file that exists: a rank with nothing spilled needs none).
+
+        Raises:
+            OSError: as `write` does.
+        """
+        if self.path.exists():
+            facts = {"status": status, "values_spilled": values_spilled, "values_lost": values_lost, "counted": counted}
+            self._append([_END + json.dumps(facts).encode()])
+
+    def _append(self, payloads: list[bytes]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        with open(self.path, "ab") as fh:
+            if new:
+                fh.write(json.dumps(self.header, sort_keys=True).encode() + b"\n")
+            fh.writelines(_LENGTH.pack(len(payload)) + payload + _CRC.pack(zlib.crc32(payload)) for payload in payloads)
+            fh.flush()
+            # these are the only copies of the rows: make them survive a node crash
+            os.fsync(fh.fileno())
+
+
+@dataclass
+class SpillContents:
+    """A spill file as read: its header and its frames in file order, by kind.
+
+    `frames` holds ("metrics", pa.RecordBatch), ("side", {table: rows}) and ("end", facts) pairs.
+    """
+
+    header: dict[str, Any]
+    frames: list[tuple[str, Any]]
+
+    @property
+    def batches(self) -> list[pa.RecordBatch]:
+        return [obj for kind, obj in self.frames if kind == "metrics"]
+
+
+def read_spill(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[pa.RecordBatch]]:
+    """The header and the metric batches of a spill file (a torn last frame is dropped).
+
+    Raises:
+        SpillCorrupt: when the file has no spill header, or a frame in the middle is damaged.
+    """
+    contents = read_spill_contents(path)
+    return contents.header, contents.batches
+
+
+def read_spill_header(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The header of a spill file (its first line only), or None when it has none."""
+    with open(path, "rb") as fp:
+        line = fp.readline(1 << 16)
+    try:
+        header = json.loads(line)
+    except ValueError:
+        return None
+    return header if isinstance(header, dict) and header.get("format") == _FORMAT else None
+
+
+def read_spill_contents(path: str | os.PathLike[str]) -> SpillContents:
+    """Every complete frame of a spill file, of every kind (a torn last frame is dropped).
+
+    Raises:
+        SpillCorrupt: when the file has no spill header, or a frame in the middle is damaged.
+    """
+    data = Path(path).read_bytes()
+    line, sep, rest = data.partition(b"\n")
+    try:
+        header = json.loads(line) if sep else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != _FORMAT:
+        raise SpillCorrupt(str(path), "no multirank-spill header line")
+    decode_metrics = _METRICS_DECODERS.get(header.get("format_version", 1))
+    if decode_metrics is None:
+        raise SpillCorrupt(
+            str(path), f"format version {header.get('format_version')}: written by a newer multirank-logger; upgrade it"
+        )
+    frames: list[tuple[str, Any]] = []
+    view, pos = memoryview(rest), 0
+    while pos < len(view):
+        if pos + _LENGTH.size > len(view):
+            break  # torn length: the writer died mid-frame
+        (size,) = _LENGTH.unpack_from(view, pos)
+        end = pos + _LENGTH.size + size + _CRC.size
+        if end > len(view):
+            break  # torn frame
+        payload = view[pos + _LENGTH.size : end - _CRC.size]
+        (crc,) = _CRC.unpack_from(view, end - _CRC.size)
+        if zlib.crc32(payload) != crc:
+            raise SpillCorrupt(str(path), f"frame {len(frames)} fails its checksum")
+        try:
+            # a copy: aligned for Arrow, and apart from the whole file's bytes
+            frames.append(_decode_frame(bytes(payload), decode_metrics))
+        except ValueError as exc:
+            raise SpillCorrupt(str(path), f"frame {len(frames)}: {exc}") from exc
+        pos = end
+    return SpillContents(header, frames)
+
+
+def _decode_frame(payload: bytes, decode_metrics: Callable[[bytes], pa.RecordBatch]) -> tuple[str, Any]:
+    if payload.startswith(_SIDE):
+        return "side", decode_side(payload[len(_SIDE) :])
+    if payload.startswith(_END):
+        facts = json.loads(payload[len(_END) :])
+        if not isinstance(facts, dict) or not isinstance(facts.get("status"), str):
+            raise ValueError("not a rank's end")
+        return "end", facts
+    return "metrics", decode_metrics(payload)

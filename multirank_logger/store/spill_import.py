@@ -1,0 +1,269 @@
+"""Merging a spill file (spill.py) into a store: its rows, its side rows, and the rank's end.
+
+Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
+read, and rows the store already holds (same run, rank, seq and key: rank 0 may have
+stored a batch that its sender never saw acknowledged) are skipped. The rank's end, when the
+store never heard it, is recorded, and the run settles: ``incomplete`` becomes ``success``
+once nothing is spilled, lost or unheard.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import sqlalchemy as sa
+
+from multirank_logger.errors import LookupFailed, StoreLocked
+from multirank_logger.model.batch import column_lists, concat_batches, take_rows, with_run_id
+from multirank_logger.model.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs, unheard_ends
+from multirank_logger.store.spill_file import SPILL_SUFFIX, read_spill_contents, read_spill_header
+from multirank_logger.store.sql_store import unseen_side_rows
+
+if TYPE_CHECKING:
+    from multirank_logger.transport.identity import RunIdentity
+
+__all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    """What `import_spill` did with one file."""
+
+    path: str
+    spill_id: str
+    run_id: int
+    name: str
+    version: int
+    rank: int
+    rows_added: int
+    rows_skipped: int
+    frames_read: int
+    side_rows_added: int = 0
+    #: how the rank ended, when the file says so and the store had it as "missing"
+    rank_status: str | None = None
+
+    @property
+    def already_imported(self) -> bool:
+        return self.frames_read == 0
+
+
+def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
+    """Merge a spill file into `store` (a writable Store), in one transaction. Idempotent.
+
+    The run is found by its (name, version), so the file imports into any store that holds
+    that run, whatever its id there. Metric rows and side-table rows the store holds already
+    are skipped. A rank the store has as "missing" (rank 0 never heard its end) takes the end
+    the file records, and the values it spilled or lost count in the run's totals.
+
+    Raises:
+        SpillCorrupt: when the file cannot be read as a spill file.
+        LookupFailed: when the store holds no run with the file's name and version.
+    """
+    contents = read_spill_contents(path)
+    header, frames = contents.header, contents.frames
+    spill_id = str(header["spill_id"])
+    name, version, rank = str(header["name"]), int(header["version"]), int(header["rank"])
+    with store.begin() as conn:
+        done = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.max(imports.c.end_frame), 0)).where(imports.c.spill_id == spill_id)
+        ).scalar_one()
+        run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name, runs.c.version == version)).scalar()
+        if run_id is None:
+            labels = conn.execute(sa.select(runs.c.name, runs.c.version)).all()
+            raise LookupFailed("run", f"{name}/version_{version}", [f"{n}/version_{v}" for n, v in labels])
+        report = {"path": str(path), "spill_id": spill_id, "run_id": run_id, "name": name, "version": version}
+        report["rank"] = rank
+        if done >= len(frames):
+            return ImportReport(**report, rows_added=0, rows_skipped=0, frames_read=0)
+        new = frames[done:]
+        # the store's id for the run, not the one the rank knew
+        batch = with_run_id(concat_batches([obj for kind, obj in new if kind == "metrics"]), run_id)
+        fresh = _without_stored_rows(conn, batch, run_id) if len(batch) else batch
+        if len(fresh):
+            store.backend.insert_metrics(conn, metrics, fresh)
+        side_added = sum(_insert_side(store, conn, obj, run_id) for kind, obj in new if kind == "side")
+        ends = [obj for kind, obj in new if kind == "end"]
+        rank_status = _settle_rank(conn, run_id, rank, ends[-1], header.get("attempt")) if ends else None
+        conn.execute(
+            imports.insert().values(
+                spill_id=spill_id,
+                first_frame=done,
+                end_frame=len(frames),
+                run_id=run_id,
+                rank=rank,
+                rows=len(fresh),
+                source=str(Path(path).resolve()),
+                imported_at=time.time(),
+            )
+        )
+        _settle_run(conn, run_id, len(batch))
+    return ImportReport(
+        **report, rows_added=len(fresh), rows_skipped=len(batch) - len(fresh), frames_read=len(frames) - done,
+        side_rows_added=side_added, rank_status=rank_status,
+    )
+
+
+def import_earlier_launches(store: Any, spill_dir: str, run: RunIdentity, attempt: int) -> int:
+    """A resumed launch's rank 0: import the spill files earlier launches of the run left in
+    `spill_dir` (this host's), before this launch adds to the run. Returns the rows added.
+
+    Only this run's files: the header's run id and allocation time are this run's. The name
+    alone would take another store's run of the same name and version, whose files share a
+    spill_dir (by default the stores' directory) and whose id may be the same too.
+
+    An earlier launch that could not write the store at its end (a reader held it past
+    `timeout`, the disk was full) could not record that end either: the next launch finds it
+    still "running" and takes it for one that vanished (killed), which keeps nothing, so
+    without this the resumed run would end in success with those rows only in a file. Here
+    they join the run first (and its metrics.csv, which begins with the earlier launches'
+    rows). A file that cannot be imported keeps the run from success: its launch's rank goes
+    into ``unheard_ends``, which importing the file by hand clears.
+    """
+    name = f"{glob.escape(run.name)}-version_{run.version}-rank*{SPILL_SUFFIX}"
+    run_id = run.run_id
+    added = 0
+    for path in sorted(glob.glob(os.path.join(glob.escape(spill_dir), name))):
+        header = read_spill_header(path)
+        if header is None or header.get("run_id") != run_id or header.get("run_started_at") != run.started_at:
+            continue  # not a spill file, or another run's (or written before files said when their run began)
+        if header.get("attempt") is None or int(header["attempt"]) >= attempt:
+            continue  # written before files named their launch, or this launch's
+        try:
+            report = import_spill(store, path)
+        except StoreLocked:
+            raise  # the caller waits for the store, and tries again
+        except Exception as exc:  # noqa: BLE001 - the launch goes on; the run stays short of success
+            with store.begin() as conn:
+                key = {"run_id": run_id, "rank": int(header["rank"]), "attempt": int(header["attempt"])}
+                if not conn.execute(sa.select(sa.exists().where(*(unheard_ends.c[k] == v for k, v in key.items())))).scalar():
+                    conn.execute(unheard_ends.insert().values(**key, recorded_at=time.time()))
+            log.error(
+                "multirank_logger: an earlier launch's spill file could not be imported (%s: %s); the run is not "
+                "recorded as success until it is: multirank-logger import %s %s",
+                type(exc).__name__, exc, store.backend.path or store.url.render_as_string(hide_password=True), path,
+            )
+            continue
+        if report.rows_added or report.side_rows_added or report.rank_status:
+            added += report.rows_added
+            log.warning(
+                "multirank_logger: imported %d row(s) that launch %s of this run (rank %d) had spilled to %s",
+                report.rows_added, header["attempt"], report.rank, path,
+            )
+    return added
+
+
+def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[str, Any]]], run_id: int) -> int:
+    added = 0
+    for table, rows in tables.items():
+        for row in rows:
+            row["run_id"] = run_id
+        if rows:
+            added += store.backend.insert_rows(conn, SIDE_TABLES[table],
+                unseen_side_rows(conn, SIDE_TABLES[table], rows))
+    return added
+
+
+def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any], attempt: int | None) -> str | None:
+    """A rank whose end the store never heard ("missing": gather rank 0 did not; "running": the rank
+    could not write the store at its end; or in ``unheard_ends`` for the file's launch, which a later
+    launch registered again): record the last end its spill file holds, and count the values it
+    spilled (this file's, taken off again below) and lost in the run. That end's counts cover
+    every earlier phase whose counts the run lacks (spill.py's header).
+
+    Returns:
+        The rank's status, when its end was unknown; None when the store knew its end already.
+    """
+    latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
+    # the ranks row is the file's launch's unless a later launch registered the rank again
+    current = attempt is None or latest is None or int(attempt) == int(latest)
+    if not current and rank == 0:  # that launch did end: the store, never told, took it for one that vanished
+        conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
+                                             attempts.c.status == "vanished").values(status=end["status"]))  # fmt: skip
+    status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
+    row_unended = current and status in ("missing", "running")
+    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
+    unheard = attempt is not None and conn.execute(sa.select(sa.exists().where(this_launch))).scalar()
+    if not (row_unended or unheard):
+        return None  # the store heard its end, and counted its values then (run_end.record_end)
+    if unheard:
+        conn.execute(unheard_ends.delete().where(this_launch))
+    if row_unended:
+        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+    if end.get("counted"):
+        end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
+    if not current:  # a later launch owns the run's status now: only the counts are this file's
+        run_status: Any = runs.c.status
+    elif end["status"] in ("failed", "interrupted"):  # a rank that failed, as rank 0 would have recorded had it heard
+        run_status = sa.case((runs.c.status.in_(("incomplete", "running")), end["status"]), else_=runs.c.status)
+    elif rank == 0:  # rank 0 could not record the run's end: it is over, whole or not (_settle_run)
+        run_status = sa.case((runs.c.status == "running", "incomplete"), else_=runs.c.status)
+    else:
+        run_status = runs.c.status
+    conn.execute(
+        runs.update()
+        .where(runs.c.id == run_id)
+        .values(
+            values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + int(end.get("values_spilled", 0)),
+            values_lost=sa.func.coalesce(runs.c.values_lost, 0) + int(end.get("values_lost", 0)),
+            status=run_status,
+        )
+    )
+    return str(end["status"])
+
+
+def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
+    """`values` spilled values are in the store now: count them off the run's ``values_spilled``;
+    a run left "incomplete" only for want of them (no value lost, no rank whose end is unknown)
+    is a success again."""
+    row = conn.execute(sa.select(runs.c.status, runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).one()
+    spilled = max((row.values_spilled or 0) - values, 0)
+    status = row.status
+    if status == "incomplete" and spilled == 0 and not row.values_lost and not _unended_ranks(conn, run_id):
+        status = "success"  # only a run that ended in success is recorded as incomplete (run_end.py)
+    if spilled != (row.values_spilled or 0) or status != row.status:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled, status=status))
+    if status == "success" and row.status == "incomplete":  # its launches were recorded as it stood then
+        conn.execute(
+            attempts.update().where(attempts.c.run_id == run_id, attempts.c.status == "incomplete").values(status="success")
+        )
+
+
+def _unended_ranks(conn: sa.Connection, run_id: int) -> int:
+    """Ranks whose end the store does not know, in the latest launch or (``unheard_ends``) an earlier one."""
+    query = sa.select(sa.func.count()).where(ranks.c.run_id == run_id, ranks.c.status.in_(("missing", "running")))
+    unheard = sa.select(sa.func.count()).where(unheard_ends.c.run_id == run_id)
+    return int(conn.execute(query).scalar_one()) + int(conn.execute(unheard).scalar_one())
+
+
+# at most this many keys are named in the query above (SQLite allows 32,766 parameters)
+_KEYS_IN_QUERY = 1_000
+
+
+def _without_stored_rows(conn: sa.Connection, batch: pa.RecordBatch, run_id: int) -> pa.RecordBatch:
+    """`batch` minus the rows whose (rank, seq, key) the run already holds."""
+    rank, seq, key = column_lists(batch, ("rank", "seq", "key"))
+    query = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.key).where(
+        metrics.c.run_id == run_id,
+        metrics.c.rank.in_(sorted(set(rank))),
+        metrics.c.seq.between(min(seq), max(seq)),
+    )
+    keys = set(key)
+    if len(keys) <= _KEYS_IN_QUERY:
+        # SQLite's metrics is keyed (run_id, key, rank, seq): naming the keys makes this a few
+        # range seeks instead of a scan of the whole run
+        query = query.where(metrics.c.key.in_(sorted(keys)))
+    stored = {tuple(row) for row in conn.execute(query)}
+    if not stored:
+        return batch
+    keep = np.fromiter((row not in stored for row in zip(rank, seq, key)), bool, len(batch))
+    return take_rows(batch, keep)

@@ -1,0 +1,409 @@
+"""The store: engine creation, the schema check and upgrade, run bookkeeping, batched inserts.
+
+A `Store` is opened either for writing (the logger, `db upgrade`) or read-only (the
+query side). Opening for writing creates a missing store at the migrations' head;
+a store at another revision is refused with the command to run. Nothing here knows
+about torch.distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL
+
+from multirank_logger._version import __version__
+from multirank_logger.errors import (
+    SchemaOutdated,
+    SchemaTooNew,
+    StoreError,
+    StoreLocked,
+    StoreNotWritable,
+)
+from multirank_logger.model.schema import SIDE_TABLES, metrics, ranks, runs
+from multirank_logger.store.backends import Backend, backend_for, resolve_url
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["RunRecord", "Store", "head_revision", "migrations_dir", "retry_while_locked"]
+
+T = TypeVar("T")
+
+_CREATE_RUN_ATTEMPTS = 50
+
+
+def migrations_dir() -> Path:
+    """Where the Alembic scripts are: inside the wheel, or at the top of a source checkout."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "migrations", package.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError(f"no migrations/ folder next to {package}; the installation is incomplete")
+
+
+def _alembic_config(url: URL | str) -> Config:
+    """The one Alembic Config this package uses (script_location set, no alembic.ini)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    cfg.set_main_option("sqlalchemy.url", text.replace("%", "%%"))
+    return cfg
+
+
+@functools.lru_cache(maxsize=1)
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_alembic_config("sqlite://"))
+
+
+def head_revision() -> str:
+    """The schema revision this version of the code reads and writes."""
+    head = _script().get_current_head()
+    assert head is not None, "migrations/versions holds no revision"
+    return head
+
+
+def _check_writable(path: Path) -> None:
+    """Fail now, not an hour into training, if the store file cannot be written."""
+    if path.is_dir():
+        raise StoreNotWritable(str(path), "it is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with open(path, "r+b"):
+                pass
+        else:
+            # a real probe: os.access says yes to root even on a read-only mount
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".multirank-probe-"):
+                pass
+    except OSError as exc:
+        raise StoreNotWritable(str(path), exc.strerror or str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The identity of a run in the store."""
+
+    id: int
+    name: str
+    version: int
+
+
+class Store:
+    """One SQL store of runs and metrics.
+
+    Args:
+        db: a filesystem path (``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``) or a SQLAlchemy URL.
+        readonly: open for reading only; never creates, migrates or writes.
+
+    Raises:
+        UnsupportedStore, StoreNotWritable, NotADatabase, StoreLocked, SchemaOutdated,
+        SchemaTooNew: when the store cannot be used as it is; the file is left untouched.
+
+    Example::
+
+        store = Store("runs.duckdb")
+        run = store.create_run("lightning_logs", world_size=2)
+    """
+
+    def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False) -> None:
+        self.url = resolve_url(db)
+        self._shown = None if isinstance(db, URL) else os.fspath(db)
+        self.backend: Backend = backend_for(self.url)
+        self.readonly = readonly
+        path = self.backend.path
+        if path is not None:
+            if readonly and not path.is_file():
+                raise StoreError(f"No store at {path}. Check the path; a store is created by the first run logged to it.")
+            if not readonly:
+                _check_writable(path)
+        self.engine = self.backend.create_engine(readonly=readonly)
+        self._holding = threading.local()  # writing()'s connection, per thread
+        self._check_schema(upgrade_empty=not readonly)
+
+    # -- connections -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        """Driver errors met inside become ours where we know them (a held file, not a database)."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            ours = self.backend.translate_error(exc)
+            if ours is not None:
+                raise ours from exc
+            raise
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[sa.Connection]:
+        """A connection in one transaction, with driver errors translated into ours."""
+        with self._translated():
+            held = self.held_connection
+            if held is not None:
+                with held.begin():
+                    yield held
+            else:
+                with self.engine.begin() as conn:
+                    yield conn
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[Store]:
+        """Hold one connection across several transactions, for a burst of writes.
+
+        Without it a DuckDB store opens and closes its file around every transaction
+        (so readers get in between), and each open costs CPU whatever the write. Other threads keep
+        opening their own connections.
+
+        Raises:
+            StoreLocked: when another process holds the DuckDB file.
+        """
+        if self.held_connection is not None:
+            yield self
+            return
+        with self._translated():
+            conn = self.engine.connect()
+        with conn:
+            self._holding.conn = conn
+            try:
+                yield self
+            finally:
+                self._holding.conn = None
+
+    @property
+    def held_connection(self) -> sa.Connection | None:
+        """The connection this thread's `writing()` holds, or None (readers share it: see query.py).
+
+        Per thread: a flush from the SIGTERM watcher thread must not use the main thread's
+        connection mid-transaction; it opens its own (one DuckDB instance per process).
+        """
+        return getattr(self._holding, "conn", None)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url.render_as_string(hide_password=True)!r})"
+
+    # -- schema ------------------------------------------------------------------------
+
+    def current_revision(self) -> str | None:
+        """The store's schema revision, or None for an empty store."""
+        with self.begin() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def _check_schema(self, upgrade_empty: bool) -> None:
+        head = head_revision()
+        with self.begin() as conn:
+            self.backend.lock_for_migration(conn)
+            found = MigrationContext.configure(conn).get_current_revision()
+            if found == head:
+                return
+            if found is None and upgrade_empty and not sa.inspect(conn).has_table(runs.name):
+                self._run_alembic(conn, "upgrade", "head")
+                return
+            self._raise_for_revision(found, head)
+
+    def _raise_for_revision(self, found: str | None, head: str) -> None:
+        # name the store as the user wrote it, so the suggested command can be pasted as is
+        url = getattr(self, "_shown", None) or self.url.render_as_string(hide_password=True)
+        if found is None:
+            raise StoreError(f"{url} holds no multirank_logger schema. Log a run to it first, or check the path.")
+        known = {rev.revision for rev in _script().walk_revisions()}
+        if found in known:
+            raise SchemaOutdated(url, found, head, __version__)
+        raise SchemaTooNew(url, found, __version__)
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring the store to `revision` (head by default). Back it up first."""
+        with self.begin() as conn:
+            self.backend.lock_for_migration(conn)
+            self._run_alembic(conn, "upgrade", revision)
+
+    def downgrade(self, revision: str) -> None:
+        with self.begin() as conn:
+            self.backend.lock_for_migration(conn)
+            self._run_alembic(conn, "downgrade", revision)
+
+    def _run_alembic(self, conn: sa.Connection, verb: str, revision: str) -> None:
+        cfg = _alembic_config(self.url)
+        cfg.attributes["connection"] = conn  # migrate on this transaction, under its lock
+        getattr(command, verb)(cfg, revision)
+
+    @classmethod
+    def for_upgrade(cls, db: str | os.PathLike[str] | URL) -> Store:
+        """Open a store without the schema check, for `db upgrade` and `db current`."""
+        self = cls.__new__(cls)
+        self.url = resolve_url(db)
+        self.backend = backend_for(self.url)
+        self.readonly = False
+        self.engine = self.backend.create_engine()
+        self._holding = threading.local()
+        return self
+
+    # -- runs and ranks ----------------------------------------------------------------
+
+    def create_run(
+        self,
+        name: str,
+        *,
+        version: int | None = None,
+        world_size: int = 1,
+        transport: str | None = None,
+        hparams: Mapping[str, Any] | None = None,
+        at_least: int = 0,
+        version_name: str | None = None,
+        run_key: str | None = None,
+    ) -> RunRecord:
+        """Register a new run; `version=None` takes the next free version for `name` (and no
+        lower than `at_least`: versions already taken on disk, see run_lifecycle.py).
+
+        Two processes creating runs at once get different ids and versions: the
+        (name, version) pair is unique, and a lost race is retried.
+
+        Raises:
+            StoreError: if `version` is given and already taken for `name`.
+        """
+        for _ in range(_CREATE_RUN_ATTEMPTS):
+            try:
+                with self.begin() as conn:
+                    run_id = conn.execute(sa.select(sa.func.coalesce(sa.func.max(runs.c.id), 0) + 1)).scalar_one()
+                    chosen = version
+                    if chosen is None:
+                        latest = sa.select(sa.func.coalesce(sa.func.max(runs.c.version), -1) + 1)
+                        chosen = max(conn.execute(latest.where(runs.c.name == name)).scalar_one(), at_least)
+                    conn.execute(
+                        runs.insert().values(
+                            id=run_id,
+                            name=name,
+                            version=chosen,
+                            status="running",
+                            world_size=world_size,
+                            transport=transport,
+                            started_at=time.time(),
+                            hparams=_to_json(hparams),
+                            version_name=version_name,
+                            run_key=run_key,
+                        )
+                    )
+                    return RunRecord(run_id, name, int(chosen))
+            except sa.exc.IntegrityError as exc:
+                if version is not None and self.find_run(name, version) is not None:
+                    raise StoreError(
+                        f"Run {name}/version_{version} already exists in {self.url.database}. "
+                        "Pass version=None to take the next free version, or another name."
+                    ) from exc
+        raise StoreError(f"Could not allocate a run id after {_CREATE_RUN_ATTEMPTS} attempts; too many concurrent launches?")
+
+    def find_run(self, name: str, version: int) -> RunRecord | None:
+        with self.begin() as conn:
+            row = conn.execute(
+                sa.select(runs.c.id).where(runs.c.name == name, runs.c.version == version)
+            ).first()
+        return None if row is None else RunRecord(row.id, name, version)
+
+    def update_run(self, run_id: int, *, where_status: str | None = None, **values: Any) -> None:
+        """Set columns of a run: status, ended_at, transport, world_size, hparams (a mapping);
+        with `where_status`, only while the run's status is that one."""
+        if "hparams" in values:
+            values["hparams"] = _to_json(values["hparams"])
+        stmt = runs.update().where(runs.c.id == run_id)
+        if where_status is not None:
+            stmt = stmt.where(runs.c.status == where_status)
+        with self.begin() as conn:
+            conn.execute(stmt.values(**values))
+
+    def register_rank(self, run_id: int, rank: int, **facts: Any) -> None:
+        """Record (or refresh) one rank's facts: local_rank, node_rank, host, pid, status."""
+        facts.setdefault("status", "running")
+        with self.begin() as conn:
+            conn.execute(ranks.delete().where(ranks.c.run_id == run_id, ranks.c.rank == rank))
+            conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), **facts))
+
+    def update_rank(self, run_id: int, rank: int, *, where_status: str | None = None, **values: Any) -> None:
+        """Set columns of one rank's row; with `where_status`, only while its status is that one."""
+        stmt = ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank)
+        if where_status is not None:
+            stmt = stmt.where(ranks.c.status == where_status)
+        with self.begin() as conn:
+            conn.execute(stmt.values(**values))
+
+    # -- metrics -----------------------------------------------------------------------
+
+    def write(self, batch: pa.RecordBatch) -> int:
+        """Insert a batch of metric rows (`batch.METRICS_SCHEMA`) in one transaction, by the
+        backend's fastest path.
+
+        Returns:
+            The number of rows written.
+        """
+        if len(batch) == 0:
+            return 0
+        with self.begin() as conn:
+            self.backend.insert_metrics(conn, metrics, batch)
+        return len(batch)
+
+    def write_side(self, tables: Mapping[str, list[dict[str, Any]]]) -> int:
+        """Insert side-table rows (`schema.SIDE_TABLES`: decisions, logs, step_timing) in one
+        transaction. Rows already stored (same run, rank and seq: a batch retried after its
+        commit was not seen) are skipped.
+
+        Returns:
+            The number of rows written.
+        """
+        written = 0
+        with self.begin() as conn:
+            for name, rows in tables.items():
+                if rows:
+                    table = SIDE_TABLES[name]
+                    written += self.backend.insert_rows(conn, table, unseen_side_rows(conn, table, rows))
+        return written
+
+
+def unseen_side_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` minus those whose (run_id, rank, seq) `table` holds already."""
+    run_ids = {row["run_id"] for row in rows}
+    ranks_ = {row["rank"] for row in rows}
+    lo, hi = min(row["seq"] for row in rows), max(row["seq"] for row in rows)
+    query = sa.select(table.c.run_id, table.c.rank, table.c.seq).where(
+        table.c.run_id.in_(sorted(run_ids)), table.c.rank.in_(sorted(ranks_)), table.c.seq.between(lo, hi)
+    )
+    stored = {tuple(row) for row in conn.execute(query)}
+    return [row for row in rows if (row["run_id"], row["rank"], row["seq"]) not in stored] if stored else rows
+
+
+def retry_while_locked(fn: Callable[[], T], timeout: float) -> T:
+    """Run `fn`, retrying while another process holds the DuckDB file (a flush, a reader).
+
+    Raises:
+        StoreLocked: when the file is still held after `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        try:
+            return fn()
+        except StoreLocked:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _to_json(hparams: Mapping[str, Any] | None) -> str | None:
+    # default=str: a user's hyperparameters may hold paths, dtypes, classes...
+    return None if hparams is None else json.dumps(hparams, default=str, sort_keys=True)

@@ -1,0 +1,141 @@
+"""One run, one identity: how every rank of a launch learns the (run id, version) rank 0 took.
+
+Rank 0 allocates the run in the store; the other ranks never guess. They learn it from
+the first of these that applies:
+
+1. the pickled logger (``ddp_spawn``, ``ddp_notebook``): state travels with the object;
+2. an environment variable rank 0 set before the launch, which Lightning's and Fabric's
+   subprocess launchers pass on to the child processes they start;
+3. a key rank 0 published in the job's TCPStore (the server on MASTER_ADDR:MASTER_PORT),
+   read with a bounded wait. No collective: a rank that reads it alone cannot hang the others.
+
+Keys are scoped by the logger's construction index in its process (every rank runs the
+same script, so the k-th logger of rank 0 pairs with the k-th logger of rank 1) and by
+torchrun's restart count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from multirank_logger._util.dist_env import current_world_size, dist_if_initialized
+from multirank_logger.errors import ChannelTimeout, IdentityTimeout
+from multirank_logger.transport.row_channel import RowChannel
+
+__all__ = ["IdentityBoard", "RunIdentity"]
+
+ENV_PREFIX = "MULTIRANK_LOGGER_RUN_"
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What rank 0 tells the others: enough to write under the same run."""
+
+    run_id: int
+    name: str
+    version: int
+    db: str  # the store's URL, so a stale variable for another store is never adopted
+    pid: int = 0  # rank 0's process: only its own children adopt the environment variable
+    version_name: str | None = None  # a named version's directory (version="2020-02-05")
+    started_at: float = 0.0  # the runs row's, so a direct-writing rank can tell it is rank 0's run
+
+    @property
+    def dir_name(self) -> str:
+        """The run's directory under ``save_dir/name``: ``version_N``, or a named version."""
+        return self.version_name if self.version_name is not None else f"version_{self.version}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunIdentity:
+        return cls(**json.loads(text))
+
+
+class IdentityBoard:
+    """Where rank 0 leaves the run identity for the other ranks (env and TCPStore).
+
+    Args:
+        instance: the logger's construction index in this process.
+        timeout: the longest a rank waits for rank 0.
+    """
+
+    def __init__(self, instance: int, timeout: float) -> None:
+        self.instance = instance
+        self.timeout = timeout
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        #: the RowChannel namespace of this logger in this launch (rows travel under it too)
+        self.namespace = f"logger{instance}-restart{restart}"
+        self._channel: RowChannel | None = None
+        self._withdrawn = False
+
+    @property
+    def env_var(self) -> str:
+        return f"{ENV_PREFIX}{self.instance}"
+
+    def channel(self, rank: int, world_size: int) -> RowChannel | None:
+        """The channel to the job's TCPStore, or None while no store is up to connect to."""
+        if self._channel is not None:
+            return self._channel
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        if dist_if_initialized() is None and not agent_store:
+            return None  # nothing listens on MASTER_PORT before the process group is up
+        if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+            return None
+        self._channel = RowChannel(self.namespace, rank, world_size, timeout=self.timeout)
+        return self._channel
+
+    def publish(self, identity: RunIdentity) -> bool:
+        """Rank 0: leave the identity in the environment and, when one is up, the TCPStore.
+
+        Returns:
+            True when it reached the TCPStore.
+        """
+        if not self._withdrawn:
+            os.environ[self.env_var] = identity.to_json()
+        channel = self.channel(0, current_world_size())
+        if channel is None:
+            return False
+        channel.publish("identity", identity.to_json().encode())
+        return True
+
+    def withdraw(self) -> None:
+        """Rank 0, once its launch is over: remove the variable `publish` set (leave no environment
+        behind), for good: every process of the launch has started by then."""
+        self._withdrawn = True
+        os.environ.pop(self.env_var, None)
+
+    def from_env(self, db: str) -> RunIdentity | None:
+        """Ranks > 0: the identity rank 0 set before launching this process, if it is for `db`."""
+        text = os.environ.get(self.env_var)
+        if not text:
+            return None
+        try:
+            identity = RunIdentity.from_json(text)
+        except (ValueError, TypeError):
+            return None
+        # the variable is inherited further than we want (a test runner's children, torchrun's
+        # workers): only the children rank 0 itself started may trust it
+        return identity if identity.db == db and identity.pid == os.getppid() else None
+
+    def fetch(self, rank: int, what: str) -> RunIdentity | None:
+        """Ranks > 0: wait (bounded) for rank 0's key; None when no TCPStore is up yet.
+
+        Raises:
+            IdentityTimeout: when rank 0 did not publish within the timeout.
+        """
+        channel = self.channel(rank, current_world_size())
+        if channel is None:
+            return None
+        try:
+            return RunIdentity.from_json(channel.fetch("identity", self.timeout))
+        except ChannelTimeout as exc:
+            raise IdentityTimeout(rank, self.timeout, what) from exc
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_channel"] = None  # holds a socket; the new process connects its own
+        return state

@@ -1,0 +1,523 @@
+"""RowChannel: ship batches of metric rows (Arrow record batches) from every rank to rank 0 without a collective.
+
+The channel is a client of the torch.distributed TCPStore that the launch already runs
+(``MASTER_ADDR:MASTER_PORT``; it lives in rank 0's process under Lightning's launcher, and
+in the agent under torchrun), wrapped in a PrefixStore so that our keys never meet
+torch's. Nothing here is a collective: a rank that logs nothing, or dies, never makes
+another wait beyond a bounded time. It knows nothing about SQL.
+
+Wire format, under the prefix ``multirank_logger/{namespace}/``:
+
+- ``rows/{r}``: a TCPStore queue per sending rank ``r``; each item is one encoded batch
+  (``wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop``
+  removes what rank 0 consumed, so the server's memory stays flat.
+- ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
+  writer (an item is acknowledged at the ``receive`` call after the one that returned
+  it, i.e. once the writer came back for more). A sender keeps unacknowledged batches,
+  so that when rank 0 is gone it can spill every row that may not have been stored.
+- ``done/{r}``: ``"{items} {status}"`` set by ``mark_done``: rank ``r`` sent ``items``
+  items in all and will send no more.
+- ``end/{r}``: ``"{spilled} {lost}"`` set by ``report_unstored`` once rank ``r`` knows what
+  it could not deliver (after rank 0 acknowledged its last rows, or gave up waiting).
+- ``counted/{r}``: set by rank 0 once it took rank ``r``'s ``end/{r}`` (``acknowledge_reports``):
+  those counts are in the run's totals, and the sender's next phase reports only what follows.
+- ``kv/{key}``: small values published by rank 0 (``publish``/``fetch``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from multirank_logger._util.torch_version import require_store_queues
+from multirank_logger.errors import ChannelError, ChannelTimeout
+from multirank_logger.model.wire import decode_batch, encode_batch
+
+__all__ = ["RowChannel"]
+
+log = logging.getLogger(__name__)
+#: Rows per queue item: big batches are cut so that one item stays a few MiB.
+CHUNK_ROWS = 65_536
+_POLL_S = 0.02
+T = TypeVar("T")
+
+
+def _chunks(batch: pa.RecordBatch, size: int) -> list[pa.RecordBatch]:
+    if len(batch) <= size:
+        return [batch]
+    return [batch.slice(i, size) for i in range(0, len(batch), size)]  # views; the wire writes each one's rows
+
+
+def _bounded(call: Callable[[], T], timeout: float) -> T:
+    """`call` (TCPStore operations that wait for a reply) in a helper thread, given up after `timeout`.
+
+    A client's own timeout does not cover a server that stopped answering: with rank 0 stopped
+    (SIGSTOP, a hung host), `add` and `set` wait forever (seen with torch 2.13), and so would the
+    sender's writer and its finalize. A call given up on leaves its thread blocked until the
+    server answers or goes away; the caller fails the channel and never uses that client again.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="multirank-tcpstore-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"rank 0's TCPStore did not answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class RowChannel:
+    """Rows from ranks 1..N-1 to rank 0 over the launch's TCPStore; never a collective.
+
+    Args:
+        namespace: keys live under ``multirank_logger/{namespace}/``; identical on every rank
+            and unique per channel within one launch (e.g. one per logger instance and run).
+        rank: this process's global rank.
+        world_size: number of ranks in the launch.
+        host: the TCPStore's host; defaults to ``$MASTER_ADDR``.
+        port: the TCPStore's port; defaults to ``$MASTER_PORT``.
+        timeout: the bound, in seconds, on connecting, on every store operation, and on how long
+            rank 0 may leave a sender's rows unacknowledged before the sender gives up on it.
+
+    Senders (rank != 0) call `send` from a background thread and `mark_done` at the end;
+    rank 0 calls `receive` and `done_ranks`. On `ChannelError`, spill ``exc.undelivered``.
+
+    Example::
+
+        channel = RowChannel("run-7", rank, world_size)
+        if rank == 0:
+            for batch in channel.receive():
+                store.write(batch)
+        else:
+            channel.send(buffer.drain(run_id, rank))
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        rank: int,
+        world_size: int,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        require_store_queues()
+        self.namespace = namespace
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._store: Any = None
+        self._failed: str | None = None
+        # sender side: items are numbered from `_base` (the ack counter when we connected)
+        self._base = 0
+        self._sent = 0
+        self._inflight: deque[tuple[int, pa.RecordBatch, float]] = deque()
+        # receiver side (rank 0), per sending rank
+        self._taken: dict[int, int] = {}
+        self._to_ack: dict[int, int] = {}
+        self._done_totals: dict[int, tuple[int, str]] = {}
+        #: payloads `receive` could not read (and dropped)
+        self.damaged_batches = 0
+
+    # ddp_spawn pickles the logger into its workers: never ship a socket, reconnect lazily
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: self.__dict__[k] for k in ("namespace", "rank", "world_size", "host", "port", "timeout")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def __repr__(self) -> str:
+        return f"RowChannel({self.namespace!r}, rank={self.rank}, world_size={self.world_size})"
+
+    # -- connection --------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        if self._store is not None:
+            return self._store
+        import torch.distributed as dist
+
+        host = self.host or os.environ.get("MASTER_ADDR")
+        port = self.port or os.environ.get("MASTER_PORT")
+        if not host or not port:
+            raise ChannelError(
+                "Cannot reach rank 0: MASTER_ADDR and MASTER_PORT are not set. Run under a DDP "
+                "launcher (Lightning, torchrun), or pass host= and port= to RowChannel."
+            )
+        try:
+            # a client of the launch's own store: no new server, no collective
+            client = dist.TCPStore(
+                str(host), int(port), None, False, timedelta(seconds=self.timeout), wait_for_workers=False
+            )
+        except Exception as exc:  # DistNetworkError, TimeoutError, RuntimeError
+            raise ChannelError(f"Rank {self.rank} cannot connect to the TCPStore at {host}:{port}: {exc}") from exc
+        store = dist.PrefixStore(f"multirank_logger/{self.namespace}/", client)
+        if self.rank == 0:
+            self._taken = {r: store.add(f"ack/{r}", 0) for r in range(1, self.world_size)}
+            self._to_ack = dict.fromkeys(self._taken, 0)
+        else:
+            self._base = store.add(f"ack/{self.rank}", 0)
+        self._store = store
+        return store
+
+    # -- small values ------------------------------------------------------------------
+
+    def publish(self, key: str, value: bytes) -> None:
+        """Make `value` readable by every rank under `key` (typically from rank 0).
+
+        Raises:
+            ChannelError: when the store cannot be reached.
+        """
+        with self._lock:
+            try:
+                self._client().set(f"kv/{key}", value)
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise ChannelError(f"Rank {self.rank} could not publish {key!r}: {exc}") from exc
+
+    def fetch(self, key: str, timeout: float) -> bytes:
+        """The value published under `key`, waiting up to `timeout` seconds for it.
+
+        Raises:
+            ChannelTimeout: when nothing was published under `key` within `timeout`.
+            ChannelError: when the store cannot be reached.
+        """
+        return self._fetch_raw(f"kv/{key}", timeout, key)
+
+    def _fetch_raw(self, raw_key: str, timeout: float, key: str) -> bytes:
+        """The value under the channel's `raw_key` (`key` in messages), as `fetch` describes."""
+        import torch.distributed as dist
+
+        store = self._client_locked()
+        try:
+            store.wait([raw_key], timedelta(seconds=timeout))
+            return bytes(store.get(raw_key))
+        except dist.DistNetworkError as exc:
+            raise ChannelError(f"Rank {self.rank} lost the TCPStore while waiting for {key!r}: {exc}") from exc
+        except Exception as exc:
+            raise ChannelTimeout(
+                f"Rank {self.rank} waited {timeout:g} s for {key!r} from rank 0 and it never came. "
+                f"Check that rank 0 is alive and that every rank uses namespace {self.namespace!r}."
+            ) from exc
+
+    def _client_locked(self) -> Any:
+        with self._lock:
+            return self._client()
+
+    # -- sending (rank != 0) -----------------------------------------------------------
+
+    def send(self, batch: pa.RecordBatch) -> None:
+        """Queue `batch` for rank 0. Costs a round trip to the store per 64k rows, no waiting.
+
+        The batch is kept until rank 0 acknowledges it, so that none is lost unseen.
+
+        Raises:
+            ChannelError: when rank 0 is gone or has taken nothing for `timeout` seconds;
+                ``exc.undelivered`` holds every batch not acknowledged (this one included).
+                Once failed, the channel fails at once on every later call.
+        """
+        if self.rank == 0:
+            raise ValueError("rank 0 writes its own rows; RowChannel.send is for the other ranks")
+        if len(batch) == 0:
+            return
+        with self._lock:
+            if self._failed is not None:
+                raise ChannelError(self._failed, [batch])
+            now = time.monotonic()
+            first = len(self._inflight)
+            for chunk in _chunks(batch, CHUNK_ROWS):
+                # kept before pushing: a push can "succeed" into a dead peer's socket buffer
+                self._inflight.append((self._sent, chunk, now))
+                self._sent += 1
+            try:
+                store = self._client()
+
+                def push() -> None:
+                    for i in range(first, len(self._inflight)):
+                        store.queue_push(f"rows/{self.rank}", encode_batch(self._inflight[i][1]))
+                    self._collect_acks(store)
+
+                _bounded(push, self.timeout)
+            except Exception as exc:
+                raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+            oldest = self._inflight[0][2] if self._inflight else now
+            if now - oldest > self.timeout:
+                raise self._fail(
+                    f"Rank 0 has taken no rows from rank {self.rank} for {now - oldest:.0f} s "
+                    f"(timeout={self.timeout:g})"
+                )
+
+    def _collect_acks(self, store: Any) -> None:
+        acked = store.add(f"ack/{self.rank}", 0) - self._base
+        while self._inflight and self._inflight[0][0] < acked:
+            self._inflight.popleft()
+
+    def _fail(self, reason: str) -> ChannelError:
+        self._failed = reason  # the caller says what becomes of the rows (sinks.py spills them)
+        undelivered = [batch for _, batch, _ in self._inflight]
+        self._inflight.clear()
+        return ChannelError(self._failed, undelivered)
+
+    def pending(self) -> int:
+        """Batches sent and not yet acknowledged by rank 0."""
+        return len(self._inflight)
+
+    def mark_done(self, status: str) -> None:
+        """Tell rank 0 that this rank sends no more rows, and how it ended.
+
+        Raises:
+            ChannelError: when rank 0's store is gone (``undelivered`` as for `send`).
+        """
+        if self.rank == 0:
+            raise ValueError("rank 0 is the receiver; it does not mark itself done")
+        if " " in status:
+            raise ValueError(f"status must be one word, got {status!r}")
+        with self._lock:
+            if self._failed is not None:
+                raise ChannelError(self._failed)
+            try:
+                store = self._client()
+                _bounded(lambda: store.set(f"done/{self.rank}", f"{self._base + self._sent} {status}"), self.timeout)
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+
+    def report_unstored(self, spilled: int, lost: int) -> bool:
+        """Tell rank 0 how many values this rank put in its spill file or lost (its last word).
+
+        Returns:
+            False when rank 0's store cannot be reached (rank 0 then records this rank as missing).
+        """
+        with self._lock:
+            try:
+                store = self._client()
+                _bounded(lambda: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"), self.timeout)
+            except Exception:  # noqa: BLE001 - ChannelError, or the store gone with rank 0
+                return False
+        return True
+
+    def unstored_reports(self, ranks: list[int], timeout: float) -> dict[int, tuple[int, int]]:
+        """Rank 0: the (spilled, lost) counts `ranks` reported, waiting at most `timeout` for all of them."""
+        self._require_rank0("unstored_reports")
+        deadline = time.monotonic() + timeout
+        out: dict[int, tuple[int, int]] = {}
+        for r in ranks:
+            try:
+                if timeout <= 0:  # only what is there already
+                    raw = self._fetch_raw(f"end/{r}", 0.001, f"end/{r}") if self._has(f"end/{r}") else b""
+                else:
+                    raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01), f"end/{r}")
+                spilled, lost = (int(n) for n in raw.decode().split())
+            except (ChannelError, ValueError):
+                continue  # never reported: rank 0 records it as missing
+            out[r] = (spilled, lost)
+        return out
+
+    def acknowledge_reports(self, ranks: list[int]) -> None:
+        """Rank 0: tell `ranks` that the counts they reported are taken. Best effort: a sender that
+        hears nothing reports the same counts again with its next phase's (counted twice at worst,
+        never not at all)."""
+        self._require_rank0("acknowledge_reports")
+        with self._lock:
+            try:
+                store = self._client()
+
+                def tell() -> None:
+                    for r in ranks:
+                        store.set(f"counted/{r}", b"1")
+
+                _bounded(tell, self.timeout)
+            except Exception:  # noqa: BLE001 - see above
+                pass
+
+    def report_counted(self, timeout: float) -> bool:
+        """Sender: whether rank 0 took this rank's `report_unstored` counts, waiting up to `timeout` s."""
+        try:
+            _bounded(lambda: self._fetch_raw(f"counted/{self.rank}", timeout, "counted"), timeout + 1.0)
+        except Exception:  # noqa: BLE001 - ChannelError, TimeoutError: rank 0 did not take them
+            return False
+        return True
+
+    def _has(self, key: str) -> bool:
+        try:
+            return bool(self._client_locked().check([key]))
+        except Exception:  # noqa: BLE001 - the store gone: nothing there to read
+            return False
+
+    def wait_delivered(self, timeout: float) -> list[pa.RecordBatch]:
+        """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
+
+        Returns:
+            The batches still unacknowledged (to spill); empty when all were delivered.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._failed is not None or not self._inflight:
+                    return []  # a failure already handed its batches to the caller
+                try:
+                    store = self._client()
+                    _bounded(functools.partial(self._collect_acks, store), self.timeout)
+                except Exception as exc:
+                    return self._fail(f"Rank {self.rank} lost rank 0's TCPStore ({exc})").undelivered
+                if not self._inflight:
+                    return []
+                if time.monotonic() >= deadline:
+                    return self._fail(f"Rank 0 did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
+            time.sleep(_POLL_S)
+
+    # -- receiving (rank 0) ------------------------------------------------------------
+
+    def receive(self) -> list[pa.RecordBatch]:
+        """Every batch the other ranks sent since the last call, in each rank's order. Never blocks.
+
+        Calling again acknowledges what the previous call returned: call it once the previous
+        batches are written (or at least owned by the writer). A payload that is not a whole
+        row batch (cut short, damaged) is logged as an error, counted in `damaged_batches`
+        and skipped: the batches after it still arrive.
+
+        Raises:
+            ChannelError: when the store cannot be reached.
+        """
+        self._require_rank0("receive")
+        if self.world_size < 2:
+            return []
+        import torch.distributed as dist
+
+        out: list[pa.RecordBatch] = []
+        with self._lock:
+            try:
+                store = self._client()
+                self._send_acks(store)
+                for r in range(1, self.world_size):
+                    queue = f"rows/{r}"
+                    for _ in range(store.queue_len(queue)):
+                        try:
+                            payload = store.queue_pop(queue, False)
+                        except dist.QueueEmptyError:
+                            break
+                        self._taken[r] += 1
+                        self._to_ack[r] += 1
+                        try:
+                            out.append(decode_batch(payload))
+                        except ValueError as exc:
+                            self.damaged_batches += 1
+                            log.error("multirank_logger: rank 0 dropped a row batch from rank %d that it cannot "
+                                      "read (%d bytes): %s", r, len(payload), exc)
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise ChannelError(f"Rank 0 cannot read rows from the TCPStore: {exc}") from exc
+        return out
+
+    # -- side-table rows (decisions, logs, step timing) --------------------------------------
+    # A queue of their own, without the acknowledgements the metrics get: they are few, and a
+    # sender whose rank 0 is gone says how many it could not deliver (sinks.py).
+
+    def send_side(self, payload: bytes) -> None:
+        """Queue one encoded set of side rows (`side_records.encode_side`) for rank 0.
+
+        Raises:
+            ChannelError: when rank 0's store cannot be reached.
+        """
+        if self.rank == 0:
+            raise ValueError("rank 0 writes its own side rows; RowChannel.send_side is for the other ranks")
+        with self._lock:
+            if self._failed is not None:
+                raise ChannelError(self._failed)
+            try:
+                self._client().queue_push(f"side/{self.rank}", payload)
+            except Exception as exc:
+                raise ChannelError(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+
+    def receive_side(self) -> list[bytes]:
+        """Rank 0: every side payload the other ranks queued since the last call. Never blocks."""
+        self._require_rank0("receive_side")
+        if self.world_size < 2:
+            return []
+        import torch.distributed as dist
+
+        out: list[bytes] = []
+        with self._lock:
+            try:
+                store = self._client()
+                for r in range(1, self.world_size):
+                    queue = f"side/{r}"
+                    for _ in range(store.queue_len(queue)):
+                        try:
+                            out.append(bytes(store.queue_pop(queue, False)))
+                        except dist.QueueEmptyError:
+                            break
+            except Exception as exc:
+                raise ChannelError(f"Rank 0 cannot read side rows from the TCPStore: {exc}") from exc
+        return out
+
+    def _send_acks(self, store: Any) -> None:
+        for r, n in self._to_ack.items():
+            if n:
+                store.add(f"ack/{r}", n)
+                self._to_ack[r] = 0
+
+    def done_ranks(self) -> dict[int, str]:
+        """Ranks that called `mark_done` and whose every row `receive` has returned, with status.
+
+        Raises:
+            ChannelError: when the store cannot be reached.
+        """
+        self._require_rank0("done_ranks")
+        out: dict[int, str] = {}
+        with self._lock:
+            try:
+                store = self._client()
+                for r in range(1, self.world_size):
+                    if r not in self._done_totals and store.check([f"done/{r}"]):
+                        count, _, status = bytes(store.get(f"done/{r}")).decode().partition(" ")
+                        self._done_totals[r] = (int(count), status)
+            except Exception as exc:
+                raise ChannelError(f"Rank 0 cannot read the ranks' status from the TCPStore: {exc}") from exc
+            for r, (total, status) in self._done_totals.items():
+                if self._taken.get(r, 0) >= total:
+                    out[r] = status
+        return out
+
+    def _require_rank0(self, what: str) -> None:
+        if self.rank != 0:
+            raise ValueError(f"RowChannel.{what} runs on rank 0 only (this is rank {self.rank})")
+
+    def close(self) -> None:
+        """Acknowledge what rank 0 took, and drop the connection. Best effort: never raises."""
+        with self._lock:
+            store, self._store = self._store, None
+            if store is None:
+                return
+            try:
+                if self.rank == 0:
+                    self._send_acks(store)
+            except Exception:
+                pass  # the store is gone with its host; nothing left to tell anyone
