@@ -121,7 +121,7 @@ def test_html_report_renders_in_headless_chromium(db: Path, tmp_path: Path) -> N
     screenshot is not blank and holds the plots' coloured lines."""
     browser = _browser()
     if browser is None:
-        pytest.skip("no chromium on PATH (apt-get install chromium); CI installs it (.ci/run)")
+        pytest.skip("no chromium on PATH (apt-get install chromium); make test installs it")
     import numpy as np
     from PIL import Image
 
