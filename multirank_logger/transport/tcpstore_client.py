@@ -189,8 +189,8 @@ def pop_all(store: Any, queue: str) -> Iterator[bytes]:
             return
 
 
-def split_rows(batch: pa.RecordBatch, size: int = CHUNK_ROWS) -> list[pa.RecordBatch]:
-    """`batch` cut into pieces of at most `size` rows (views: the wire writes each one's rows)."""
-    if len(batch) <= size:
+def split_rows(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """`batch` cut into queue items of at most `CHUNK_ROWS` rows (views: the wire writes each one's rows)."""
+    if len(batch) <= CHUNK_ROWS:
         return [batch]
-    return [batch.slice(i, size) for i in range(0, len(batch), size)]
+    return [batch.slice(i, CHUNK_ROWS) for i in range(0, len(batch), CHUNK_ROWS)]
