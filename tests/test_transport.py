@@ -20,7 +20,8 @@ from multirank_logger.errors import ChannelError, ChannelTimeout
 from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.model.batch import METRICS_SCHEMA, empty_batch
 from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.transport.row_channel import CHUNK_ROWS, RowChannel
+from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.transport.tcpstore_client import CHUNK_ROWS
 from tests.conftest import free_port, spawn_ranks
 
 pytestmark = pytest.mark.timeout(120)

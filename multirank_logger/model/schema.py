@@ -118,7 +118,7 @@ ranks = sa.Table(
 #   One key's rows of one rank sit together, so an export or per_rank(key) reads ranges,
 #   not one row lookup per value; inserts cost a third less than into a rowid table
 #   and two secondary indexes, and the file is half the size. (run_id, rank, seq, key) is
-#   also the identity of a row (spill.py skips rows the store already holds by it).
+#   also the identity of a row (store/spill_import.py skips rows the store already holds by it).
 # - DuckDB: one unique index, on (run_id, rank, seq, key) (migration 0004), for identity
 #   alone: a row stored twice (a relaunch that restarted seq, an import) is an error someone
 #   sees, never a silent duplicate. It is kept although an ART index slows DuckDB's bulk
@@ -146,7 +146,7 @@ sa.Index("ix_metrics_run_key", metrics.c.run_id, metrics.c.key).ddl_if(dialect="
 
 METRIC_COLUMNS: tuple[str, ...] = tuple(c.name for c in metrics.columns)
 
-# One row per import of a spill file (spill.py). Insert-only, keyed by the file's id and the
+# One row per import of a spill file (store/spill_import.py). Insert-only, keyed by the file's id and the
 # first frame read, so a file imported twice adds nothing twice, and a file that grew after
 # an import adds only its new frames.
 imports = sa.Table(
@@ -166,7 +166,7 @@ imports = sa.Table(
 # One row per (rank, launch) whose end gather rank 0 never heard: what that rank could not deliver
 # is in its spill file, counted nowhere. The ranks table keeps only a rank's latest launch (a new
 # launch registers it again), so this is what keeps the run from "success" after a later launch
-# goes well; importing that launch's spill file deletes the row (spill_import.import_spill).
+# goes well; importing that launch's spill file deletes the row (store.spill_import.import_spill).
 unheard_ends = sa.Table(
     "unheard_ends",
     metadata,
@@ -182,7 +182,7 @@ unheard_ends = sa.Table(
 # the attempt in its high bits, as in metrics); rows reach the store as metrics rows do.
 
 # A ModelCheckpoint / EarlyStopping decision, one row per (decision, rank): the rank's own
-# monitored value and vote, and what the reduced decision was (decisions.py).
+# monitored value and vote, and what the reduced decision was (callbacks/decision_audit.py).
 decisions = sa.Table(
     "decisions",
     metadata,
@@ -203,7 +203,7 @@ decisions = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_decisions"),
 )
 
-# Every rank's Python logging records and warnings during the run (log_capture.py).
+# Every rank's Python logging records and warnings during the run (ddp/log_capture.py).
 logs = sa.Table(
     "logs",
     metadata,
@@ -218,7 +218,7 @@ logs = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_logs"),
 )
 
-# Where each rank's training steps went (step_timer.py): waiting for data, forward, the rest
+# Where each rank's training steps went (callbacks/step_timer.py): waiting for data, forward, the rest
 # (backward, optimizer, DDP's all-reduce), and its memory and batch size.
 step_timing = sa.Table(
     "step_timing",

@@ -20,7 +20,7 @@ from multirank_logger.model.schema import SIDE_TABLES
 __all__ = ["SideRecords", "decode_side", "encode_side"]
 
 #: rows kept at most per process while the run is not known yet or the store is unreachable;
-#: past that the oldest are dropped and counted (`dropped`): these tables are diagnostics,
+#: past that the oldest are dropped: these tables are diagnostics,
 #: never worth the training's memory
 MAX_PENDING = 200_000
 # each table's column names, once: SQLAlchemy's ColumnCollection.keys() costs more than the
@@ -31,17 +31,15 @@ _COLUMNS = {name: frozenset(table.columns.keys()) for name, table in SIDE_TABLES
 class SideRecords:
     """This rank's side-table rows, in the order they were recorded."""
 
-    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+    def __init__(self) -> None:
         self._rows: deque[tuple[str, dict[str, Any]]] = deque()
         self._next_seq: dict[str, int] = {}
         self._lock = threading.Lock()  # several threads record (logging from any thread)
-        self.max_pending = max_pending
-        self.dropped = 0
-        #: the default `seq_base` of `drain`: this launch's attempt in the high bits
+        #: added to the seq of every row `drain` returns: this launch's attempt in the high bits
         self.seq_base = 0
 
     def add(self, table: str, values: Mapping[str, Any]) -> None:
-        """Keep one row of `table` (a name in `schema.SIDE_TABLES`).
+        """Keep one row of `table` (a name in `model.schema.SIDE_TABLES`).
 
         Raises:
             KeyError: for a table or a column the schema does not have.
@@ -54,16 +52,15 @@ class SideRecords:
             seq = self._next_seq.get(table, 0)
             self._next_seq[table] = seq + 1
             self._rows.append((table, {**values, "seq": seq}))
-            if len(self._rows) > self.max_pending:
+            if len(self._rows) > MAX_PENDING:
                 self._rows.popleft()
-                self.dropped += 1
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def drain(self, run_id: int, rank: int, seq_base: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    def drain(self, run_id: int, rank: int) -> dict[str, list[dict[str, Any]]]:
         """Every row kept so far, by table, with its run, rank and seq (offset by `seq_base`)."""
-        seq_base = self.seq_base if seq_base is None else seq_base
+        seq_base = self.seq_base
         with self._lock:
             rows, self._rows = self._rows, deque()
         out: dict[str, list[dict[str, Any]]] = {}

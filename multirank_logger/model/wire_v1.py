@@ -1,8 +1,10 @@
-"""The ``MRB1`` payload of spill files of format version 1 (before issue 18), read only.
+"""Version 1 of the wire, read only: the ``MRB1`` encoding of a batch of metric rows.
 
-A fixed header (magic, rows, distinct keys), a key table, then one little-endian packed
-array per column. New spill files hold Arrow IPC payloads (wire.py); this keeps the files
-that ranks spilled before that importable.
+The metric payloads of spill files of format versions 1 and 2 (written before issue 18) are
+in it: a fixed header (magic, rows, distinct keys), a key table, then one little-endian packed
+array per column. Nothing writes it any more: the channel and new spill files (format version
+3) carry model/wire.py's Arrow IPC streams. This keeps the files ranks spilled before that
+importable (store/spill_file.py picks the decoder by the file's format version).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pyarrow as pa
 from multirank_logger.model.batch import metrics_batch
 from multirank_logger.model.schema import DTYPE_NAN
 
-__all__ = ["decode_mrb1"]
+__all__ = ["decode_batch_v1"]
 
 _MAGIC = b"MRB1"
 _HEADER = struct.Struct("<4sII")  # magic, rows, distinct keys
@@ -32,7 +34,7 @@ _COLUMNS = (
 )
 
 
-def decode_mrb1(data: bytes | memoryview) -> pa.RecordBatch:
+def decode_batch_v1(data: bytes | memoryview) -> pa.RecordBatch:
     """The rows of one ``MRB1`` payload as a batch (NaN values a NULL, as the schema stores them).
 
     Raises:

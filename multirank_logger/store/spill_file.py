@@ -11,9 +11,9 @@ go, so a crash can tear at most the last frame, which the reader drops. The fram
 not an Arrow IPC file's: that file's footer indexes every batch, and a crash that tears the
 footer loses them all. Payload kinds:
 
-- metric rows: one Arrow IPC stream (``wire.encode_batch``, version 3); versions 1 and 2 hold
-  the ``MRB1`` encoding (wire_mrb1.py), still read (version 1 files hold nothing else);
-- side-table rows (version 2): ``MRS1`` + ``side_records.encode_side``'s JSON;
+- metric rows: one Arrow IPC stream (``model.wire.encode_batch``, version 3); versions 1 and 2 hold
+  the ``MRB1`` encoding (``model.wire_v1``), still read (version 1 files hold nothing else);
+- side-table rows (version 2): ``MRS1`` + ``model.side_records.encode_side``'s JSON;
 - the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost",
   "counted"}``, written at finalize, so that importing the file tells the store how a rank ended
   whose end rank 0 never heard (gather: the channel was down). The counts are the values this
@@ -21,7 +21,7 @@ footer loses them all. Payload kinds:
   last end the run counted, earlier phases included. ``counted`` (absent in older files: false)
   says the run took them after all (rank 0 acknowledged the report).
 
-Importing a file into a store is spill_import.py's.
+Importing a file into a store is store/spill_import.py's.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import pyarrow as pa
 from multirank_logger.errors import SpillCorrupt
 from multirank_logger.model.side_records import decode_side, encode_side
 from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.model.wire_v1 import decode_mrb1
+from multirank_logger.model.wire_v1 import decode_batch_v1
 
 __all__ = [
     "SPILL_SUFFIX", "SpillContents", "SpillWriter", "read_spill", "read_spill_contents", "read_spill_header",
@@ -53,8 +53,8 @@ SPILL_SUFFIX = ".mrspill"
 _FORMAT = "multirank-spill"
 _FORMAT_VERSION = 3
 # the decoder of the metric rows' payload in each format version this code reads
-_METRICS_DECODERS: dict[int, Callable[[bytes], pa.RecordBatch]] = {1: decode_mrb1, 2: decode_mrb1, 3: decode_batch}
-# payload prefixes of the frames that are not metric rows (wire.py's batches start otherwise)
+_METRICS_DECODERS: dict[int, Callable[[bytes], pa.RecordBatch]] = {1: decode_batch_v1, 2: decode_batch_v1, 3: decode_batch}
+# payload prefixes of the frames that are not metric rows (model/wire.py's batches start otherwise)
 _SIDE = b"MRS1"
 _END = b"MRE1"
 _LENGTH = struct.Struct("<Q")
@@ -70,7 +70,7 @@ class SpillWriter:
         rank: this process's global rank.
         attempt: the launch of the run (``attempts.attempt``).
         run_started_at: when rank 0 allocated the run: with run_id, what tells this run from
-            another store's run of the same name, version and id (spill_import.import_earlier_launches).
+            another store's run of the same name, version and id (store.spill_import.import_earlier_launches).
 
     Example::
 
@@ -98,7 +98,6 @@ class SpillWriter:
             "created_at": time.time(),
         }
         self.path = self.directory / f"{name}-version_{version}-rank{rank}-{self.header['spill_id'][:12]}{SPILL_SUFFIX}"
-        self.rows_written = 0
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> int:
         """Append `batches` (empty ones skipped) as durable frames.
@@ -113,9 +112,7 @@ class SpillWriter:
         if not frames:
             return 0
         self._append([encode_batch(batch) for batch in frames])
-        rows = sum(len(b) for b in frames)
-        self.rows_written += rows
-        return rows
+        return sum(len(b) for b in frames)
 
     def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> int:
         """Append side-table rows (decisions, logs, step timing) as one frame.

@@ -1,15 +1,15 @@
 """RowChannel: ship batches of metric rows (Arrow record batches) from every rank to rank 0 without a collective.
 
 The channel is a client of the torch.distributed TCPStore that the launch already runs
-(``MASTER_ADDR:MASTER_PORT``; it lives in rank 0's process under Lightning's launcher, and
-in the agent under torchrun), wrapped in a PrefixStore so that our keys never meet
-torch's. Nothing here is a collective: a rank that logs nothing, or dies, never makes
-another wait beyond a bounded time. It knows nothing about SQL.
+(tcpstore_client.py: connecting, bounded calls, the size of a queue item); this module is the
+protocol over it: batches, acknowledgements, side rows, end reports. Nothing here is a
+collective: a rank that logs nothing, or dies, never makes another wait beyond a bounded time.
+It knows nothing about SQL.
 
 Wire format, under the prefix ``multirank_logger/{namespace}/``:
 
 - ``rows/{r}``: a TCPStore queue per sending rank ``r``; each item is one encoded batch
-  (``wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop``
+  (``model.wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop``
   removes what rank 0 consumed, so the server's memory stays flat.
 - ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
   writer (an item is acknowledged at the ``receive`` call after the one that returned
@@ -28,62 +28,24 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 
 from multirank_logger._util.torch_version import require_store_queues
-from multirank_logger.errors import ChannelError, ChannelTimeout
+from multirank_logger.errors import ChannelError
 from multirank_logger.model.wire import decode_batch, encode_batch
+from multirank_logger.transport.tcpstore_client import StoreClient, bounded, pop_all, split_rows
 
 __all__ = ["RowChannel"]
 
 log = logging.getLogger(__name__)
-#: Rows per queue item: big batches are cut so that one item stays a few MiB.
-CHUNK_ROWS = 65_536
 _POLL_S = 0.02
-T = TypeVar("T")
 
 
-def _chunks(batch: pa.RecordBatch, size: int) -> list[pa.RecordBatch]:
-    if len(batch) <= size:
-        return [batch]
-    return [batch.slice(i, size) for i in range(0, len(batch), size)]  # views; the wire writes each one's rows
-
-
-def _bounded(call: Callable[[], T], timeout: float) -> T:
-    """`call` (TCPStore operations that wait for a reply) in a helper thread, given up after `timeout`.
-
-    A client's own timeout does not cover a server that stopped answering: with rank 0 stopped
-    (SIGSTOP, a hung host), `add` and `set` wait forever (seen with torch 2.13), and so would the
-    sender's writer and its finalize. A call given up on leaves its thread blocked until the
-    server answers or goes away; the caller fails the channel and never uses that client again.
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="multirank-tcpstore-call", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"rank 0's TCPStore did not answer within {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-class RowChannel:
+class RowChannel(StoreClient):
     """Rows from ranks 1..N-1 to rank 0 over the launch's TCPStore; never a collective.
 
     Args:
@@ -98,6 +60,7 @@ class RowChannel:
 
     Senders (rank != 0) call `send` from a background thread and `mark_done` at the end;
     rank 0 calls `receive` and `done_ranks`. On `ChannelError`, spill ``exc.undelivered``.
+    Small values go through `publish` and `fetch` (`StoreClient`'s).
 
     Example::
 
@@ -120,17 +83,10 @@ class RowChannel:
         timeout: float = 30.0,
     ) -> None:
         require_store_queues()
-        self.namespace = namespace
-        self.rank = rank
-        self.world_size = world_size
-        self.host = host
-        self.port = port
-        self.timeout = timeout
-        self._init_state()
+        super().__init__(namespace, rank, world_size, host=host, port=port, timeout=timeout)
 
     def _init_state(self) -> None:
-        self._lock = threading.Lock()
-        self._store: Any = None
+        super()._init_state()
         self._failed: str | None = None
         # sender side: items are numbered from `_base` (the ack counter when we connected)
         self._base = 0
@@ -143,91 +99,15 @@ class RowChannel:
         #: payloads `receive` could not read (and dropped)
         self.damaged_batches = 0
 
-    # ddp_spawn pickles the logger into its workers: never ship a socket, reconnect lazily
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: self.__dict__[k] for k in ("namespace", "rank", "world_size", "host", "port", "timeout")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_state()
-
     def __repr__(self) -> str:
         return f"RowChannel({self.namespace!r}, rank={self.rank}, world_size={self.world_size})"
 
-    # -- connection --------------------------------------------------------------------
-
-    def _client(self) -> Any:
-        if self._store is not None:
-            return self._store
-        import torch.distributed as dist
-
-        host = self.host or os.environ.get("MASTER_ADDR")
-        port = self.port or os.environ.get("MASTER_PORT")
-        if not host or not port:
-            raise ChannelError(
-                "Cannot reach rank 0: MASTER_ADDR and MASTER_PORT are not set. Run under a DDP "
-                "launcher (Lightning, torchrun), or pass host= and port= to RowChannel."
-            )
-        try:
-            # a client of the launch's own store: no new server, no collective
-            client = dist.TCPStore(
-                str(host), int(port), None, False, timedelta(seconds=self.timeout), wait_for_workers=False
-            )
-        except Exception as exc:  # DistNetworkError, TimeoutError, RuntimeError
-            raise ChannelError(f"Rank {self.rank} cannot connect to the TCPStore at {host}:{port}: {exc}") from exc
-        store = dist.PrefixStore(f"multirank_logger/{self.namespace}/", client)
+    def _connected(self, store: Any) -> None:
         if self.rank == 0:
             self._taken = {r: store.add(f"ack/{r}", 0) for r in range(1, self.world_size)}
             self._to_ack = dict.fromkeys(self._taken, 0)
         else:
             self._base = store.add(f"ack/{self.rank}", 0)
-        self._store = store
-        return store
-
-    # -- small values ------------------------------------------------------------------
-
-    def publish(self, key: str, value: bytes) -> None:
-        """Make `value` readable by every rank under `key` (typically from rank 0).
-
-        Raises:
-            ChannelError: when the store cannot be reached.
-        """
-        with self._lock:
-            try:
-                self._client().set(f"kv/{key}", value)
-            except ChannelError:
-                raise
-            except Exception as exc:
-                raise ChannelError(f"Rank {self.rank} could not publish {key!r}: {exc}") from exc
-
-    def fetch(self, key: str, timeout: float) -> bytes:
-        """The value published under `key`, waiting up to `timeout` seconds for it.
-
-        Raises:
-            ChannelTimeout: when nothing was published under `key` within `timeout`.
-            ChannelError: when the store cannot be reached.
-        """
-        return self._fetch_raw(f"kv/{key}", timeout, key)
-
-    def _fetch_raw(self, raw_key: str, timeout: float, key: str) -> bytes:
-        """The value under the channel's `raw_key` (`key` in messages), as `fetch` describes."""
-        import torch.distributed as dist
-
-        store = self._client_locked()
-        try:
-            store.wait([raw_key], timedelta(seconds=timeout))
-            return bytes(store.get(raw_key))
-        except dist.DistNetworkError as exc:
-            raise ChannelError(f"Rank {self.rank} lost the TCPStore while waiting for {key!r}: {exc}") from exc
-        except Exception as exc:
-            raise ChannelTimeout(
-                f"Rank {self.rank} waited {timeout:g} s for {key!r} from rank 0 and it never came. "
-                f"Check that rank 0 is alive and that every rank uses namespace {self.namespace!r}."
-            ) from exc
-
-    def _client_locked(self) -> Any:
-        with self._lock:
-            return self._client()
 
     # -- sending (rank != 0) -----------------------------------------------------------
 
@@ -250,7 +130,7 @@ class RowChannel:
                 raise ChannelError(self._failed, [batch])
             now = time.monotonic()
             first = len(self._inflight)
-            for chunk in _chunks(batch, CHUNK_ROWS):
+            for chunk in split_rows(batch):
                 # kept before pushing: a push can "succeed" into a dead peer's socket buffer
                 self._inflight.append((self._sent, chunk, now))
                 self._sent += 1
@@ -262,7 +142,7 @@ class RowChannel:
                         store.queue_push(f"rows/{self.rank}", encode_batch(self._inflight[i][1]))
                     self._collect_acks(store)
 
-                _bounded(push, self.timeout)
+                bounded(push, self.timeout)
             except Exception as exc:
                 raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
             oldest = self._inflight[0][2] if self._inflight else now
@@ -278,7 +158,7 @@ class RowChannel:
             self._inflight.popleft()
 
     def _fail(self, reason: str) -> ChannelError:
-        self._failed = reason  # the caller says what becomes of the rows (sinks.py spills them)
+        self._failed = reason  # the caller says what becomes of the rows (logger/sinks.py spills them)
         undelivered = [batch for _, batch, _ in self._inflight]
         self._inflight.clear()
         return ChannelError(self._failed, undelivered)
@@ -302,7 +182,7 @@ class RowChannel:
                 raise ChannelError(self._failed)
             try:
                 store = self._client()
-                _bounded(lambda: store.set(f"done/{self.rank}", f"{self._base + self._sent} {status}"), self.timeout)
+                bounded(lambda: store.set(f"done/{self.rank}", f"{self._base + self._sent} {status}"), self.timeout)
             except ChannelError:
                 raise
             except Exception as exc:
@@ -317,7 +197,7 @@ class RowChannel:
         with self._lock:
             try:
                 store = self._client()
-                _bounded(lambda: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"), self.timeout)
+                bounded(lambda: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"), self.timeout)
             except Exception:  # noqa: BLE001 - ChannelError, or the store gone with rank 0
                 return False
         return True
@@ -352,23 +232,17 @@ class RowChannel:
                     for r in ranks:
                         store.set(f"counted/{r}", b"1")
 
-                _bounded(tell, self.timeout)
+                bounded(tell, self.timeout)
             except Exception:  # noqa: BLE001 - see above
                 pass
 
     def report_counted(self, timeout: float) -> bool:
         """Sender: whether rank 0 took this rank's `report_unstored` counts, waiting up to `timeout` s."""
         try:
-            _bounded(lambda: self._fetch_raw(f"counted/{self.rank}", timeout, "counted"), timeout + 1.0)
+            bounded(lambda: self._fetch_raw(f"counted/{self.rank}", timeout, "counted"), timeout + 1.0)
         except Exception:  # noqa: BLE001 - ChannelError, TimeoutError: rank 0 did not take them
             return False
         return True
-
-    def _has(self, key: str) -> bool:
-        try:
-            return bool(self._client_locked().check([key]))
-        except Exception:  # noqa: BLE001 - the store gone: nothing there to read
-            return False
 
     def wait_delivered(self, timeout: float) -> list[pa.RecordBatch]:
         """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
@@ -383,7 +257,7 @@ class RowChannel:
                     return []  # a failure already handed its batches to the caller
                 try:
                     store = self._client()
-                    _bounded(functools.partial(self._collect_acks, store), self.timeout)
+                    bounded(functools.partial(self._collect_acks, store), self.timeout)
                 except Exception as exc:
                     return self._fail(f"Rank {self.rank} lost rank 0's TCPStore ({exc})").undelivered
                 if not self._inflight:
@@ -408,20 +282,13 @@ class RowChannel:
         self._require_rank0("receive")
         if self.world_size < 2:
             return []
-        import torch.distributed as dist
-
         out: list[pa.RecordBatch] = []
         with self._lock:
             try:
                 store = self._client()
                 self._send_acks(store)
                 for r in range(1, self.world_size):
-                    queue = f"rows/{r}"
-                    for _ in range(store.queue_len(queue)):
-                        try:
-                            payload = store.queue_pop(queue, False)
-                        except dist.QueueEmptyError:
-                            break
+                    for payload in pop_all(store, f"rows/{r}"):
                         self._taken[r] += 1
                         self._to_ack[r] += 1
                         try:
@@ -438,10 +305,10 @@ class RowChannel:
 
     # -- side-table rows (decisions, logs, step timing) --------------------------------------
     # A queue of their own, without the acknowledgements the metrics get: they are few, and a
-    # sender whose rank 0 is gone says how many it could not deliver (sinks.py).
+    # sender whose rank 0 is gone says how many it could not deliver (logger/sinks.py).
 
     def send_side(self, payload: bytes) -> None:
-        """Queue one encoded set of side rows (`side_records.encode_side`) for rank 0.
+        """Queue one encoded set of side rows (`model.side_records.encode_side`) for rank 0.
 
         Raises:
             ChannelError: when rank 0's store cannot be reached.
@@ -461,19 +328,12 @@ class RowChannel:
         self._require_rank0("receive_side")
         if self.world_size < 2:
             return []
-        import torch.distributed as dist
-
         out: list[bytes] = []
         with self._lock:
             try:
                 store = self._client()
                 for r in range(1, self.world_size):
-                    queue = f"side/{r}"
-                    for _ in range(store.queue_len(queue)):
-                        try:
-                            out.append(bytes(store.queue_pop(queue, False)))
-                        except dist.QueueEmptyError:
-                            break
+                    out.extend(bytes(payload) for payload in pop_all(store, f"side/{r}"))
             except Exception as exc:
                 raise ChannelError(f"Rank 0 cannot read side rows from the TCPStore: {exc}") from exc
         return out

@@ -1,0 +1,196 @@
+"""The bounded client of the launch's TCPStore that `RowChannel` is built on.
+
+The TCPStore is the one the launch already runs (``MASTER_ADDR:MASTER_PORT``; it lives in rank
+0's process under Lightning's launcher, and in the agent under torchrun). `StoreClient`
+connects to it as a client on first use (no new server, no collective), in a PrefixStore so
+that our keys never meet torch's, never pickles its socket, and carries the small values
+rank 0 publishes (``kv/{key}``). `bounded` bounds the calls that wait for a reply: with rank 0
+stopped, no call made through it waits longer than its timeout. Nothing here knows what a row
+means: only keys, queues (`pop_all`) and the size of one queue item (`CHUNK_ROWS`, `split_rows`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from multirank_logger.errors import ChannelError, ChannelTimeout
+
+__all__ = ["CHUNK_ROWS", "StoreClient", "bounded", "connect", "pop_all", "split_rows"]
+
+#: Rows per queue item: big batches are cut so that one item stays a few MiB.
+CHUNK_ROWS = 65_536
+T = TypeVar("T")
+
+
+def connect(namespace: str, rank: int, host: str | None, port: int | None, timeout: float) -> Any:
+    """A client of the launch's TCPStore, under the prefix ``multirank_logger/{namespace}/``.
+
+    Args:
+        host, port: the TCPStore's address; default to ``$MASTER_ADDR`` and ``$MASTER_PORT``.
+        timeout: the client's bound, in seconds, on connecting and on each operation.
+
+    Raises:
+        ChannelError: when no address is known or the store cannot be reached.
+    """
+    import torch.distributed as dist
+
+    host = host or os.environ.get("MASTER_ADDR")
+    where: int | str | None = port or os.environ.get("MASTER_PORT")
+    if not host or not where:
+        raise ChannelError(
+            "Cannot reach rank 0: MASTER_ADDR and MASTER_PORT are not set. Run under a DDP "
+            "launcher (Lightning, torchrun), or pass host= and port= to RowChannel."
+        )
+    try:
+        # a client of the launch's own store: no new server, no collective
+        client = dist.TCPStore(str(host), int(where), None, False, timedelta(seconds=timeout), wait_for_workers=False)
+    except Exception as exc:  # DistNetworkError, TimeoutError, RuntimeError
+        raise ChannelError(f"Rank {rank} cannot connect to the TCPStore at {host}:{where}: {exc}") from exc
+    return dist.PrefixStore(f"multirank_logger/{namespace}/", client)
+
+
+def bounded(call: Callable[[], T], timeout: float) -> T:
+    """`call` (TCPStore operations that wait for a reply) in a helper thread, given up after `timeout`.
+
+    A client's own timeout does not cover a server that stopped answering: with rank 0 stopped
+    (SIGSTOP, a hung host), `add` and `set` wait forever (seen with torch 2.13), and so would the
+    sender's writer and its finalize. A call given up on leaves its thread blocked until the
+    server answers or goes away; the caller fails the channel and never uses that client again.
+
+    Raises:
+        TimeoutError: when `call` did not return within `timeout`; else whatever `call` raised.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="multirank-tcpstore-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"rank 0's TCPStore did not answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class StoreClient:
+    """One rank's client of the TCPStore under ``multirank_logger/{namespace}/``, connected on first use.
+
+    Args are `RowChannel`'s. Subclasses set up what depends on the connection in `_connected`
+    and their per-process state in `_init_state` (run again in a process that unpickles one).
+    """
+
+    def __init__(
+        self, namespace: str, rank: int, world_size: int, *, host: str | None, port: int | None, timeout: float
+    ) -> None:
+        self.namespace = namespace
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._store: Any = None
+
+    # ddp_spawn pickles the logger into its workers: never ship a socket, reconnect lazily
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: self.__dict__[k] for k in ("namespace", "rank", "world_size", "host", "port", "timeout")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def _client(self) -> Any:
+        """The connected store, connecting on first use (the caller holds `_lock`)."""
+        if self._store is None:
+            store = connect(self.namespace, self.rank, self.host, self.port, self.timeout)
+            self._connected(store)
+            self._store = store
+        return self._store
+
+    def _connected(self, store: Any) -> None:
+        """Called once `store` is connected, before anything else uses it."""
+
+    def _client_locked(self) -> Any:
+        with self._lock:
+            return self._client()
+
+    # -- small values ------------------------------------------------------------------
+
+    def publish(self, key: str, value: bytes) -> None:
+        """Make `value` readable by every rank under `key` (typically from rank 0).
+
+        Raises:
+            ChannelError: when the store cannot be reached.
+        """
+        with self._lock:
+            try:
+                self._client().set(f"kv/{key}", value)
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise ChannelError(f"Rank {self.rank} could not publish {key!r}: {exc}") from exc
+
+    def fetch(self, key: str, timeout: float) -> bytes:
+        """The value published under `key`, waiting up to `timeout` seconds for it.
+
+        Raises:
+            ChannelTimeout: when nothing was published under `key` within `timeout`.
+            ChannelError: when the store cannot be reached.
+        """
+        return self._fetch_raw(f"kv/{key}", timeout, key)
+
+    def _fetch_raw(self, raw_key: str, timeout: float, key: str) -> bytes:
+        """The value under the channel's `raw_key` (`key` in messages), as `fetch` describes."""
+        import torch.distributed as dist
+
+        store = self._client_locked()
+        try:
+            store.wait([raw_key], timedelta(seconds=timeout))
+            return bytes(store.get(raw_key))
+        except dist.DistNetworkError as exc:
+            raise ChannelError(f"Rank {self.rank} lost the TCPStore while waiting for {key!r}: {exc}") from exc
+        except Exception as exc:
+            raise ChannelTimeout(
+                f"Rank {self.rank} waited {timeout:g} s for {key!r} from rank 0 and it never came. "
+                f"Check that rank 0 is alive and that every rank uses namespace {self.namespace!r}."
+            ) from exc
+
+    def _has(self, key: str) -> bool:
+        """Whether `key` is set now (False when the store cannot be asked)."""
+        try:
+            return bool(self._client_locked().check([key]))
+        except Exception:  # noqa: BLE001 - the store gone: nothing there to read
+            return False
+
+
+def pop_all(store: Any, queue: str) -> Iterator[bytes]:
+    """The items in `queue` when called, oldest first, each removed from the store as it is taken."""
+    import torch.distributed as dist
+
+    for _ in range(store.queue_len(queue)):
+        try:
+            yield store.queue_pop(queue, False)
+        except dist.QueueEmptyError:
+            return
+
+
+def split_rows(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """`batch` cut into queue items of at most `CHUNK_ROWS` rows (views: the wire writes each one's rows)."""
+    if len(batch) <= CHUNK_ROWS:
+        return [batch]
+    return [batch.slice(i, CHUNK_ROWS) for i in range(0, len(batch), CHUNK_ROWS)]
