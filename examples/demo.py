@@ -90,12 +90,13 @@ def main() -> None:
 def _report(run_id: int) -> None:
     """This run's report (which rank is the problem), as report.html next to the store."""
     from multirank_logger.errors import MissingExtra
+    from multirank_logger.report import find
     from multirank_logger.report.render import write_html
 
     page = DB.parent / "report.html"
     with open_store(str(DB)) as store:
         try:
-            write_html(store, store.report(run=run_id), page)
+            write_html(store, find(store, run=run_id), page)
         except MissingExtra as exc:  # the plots' extra: the terminal report still works
             print(f"\nNo {page}: {exc}")
         else:

@@ -1,4 +1,4 @@
-"""The `multirank-logger` command: a thin layer over the store and the query module.
+"""The `multirank-logger` command: a thin layer over the store, the query side and the report.
 
 Each command parses its arguments, calls the library, and prints. Library errors
 become one `Error: ...` line (click.ClickException), never a traceback.
@@ -103,9 +103,10 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
         store.close()
 
 
-# -- reading a store: runs, export, ranks, sql (all read-only, over query.py) ------------
+# -- reading a store: runs, export, ranks, sql (all read-only, over query/reader.py) -----
 
-from multirank_logger.query.reader import RankSpread, StoreReader, open_store  # noqa: E402
+from multirank_logger.query.rank_spread import RankSpread  # noqa: E402
+from multirank_logger.query.reader import StoreReader, open_store  # noqa: E402
 
 _TABLE_ROWS = 10  # rows shown by `ranks` before it elides the middle
 
@@ -150,7 +151,7 @@ def runs_cmd(db_path: str) -> None:
         orphans = reader.orphans()
     for run_id, rows in orphans:
         # rows written under an identity this store never allocated: a rank that took itself for
-        # rank 0 somewhere else (see run_lifecycle.py); they belong to no run shown below
+        # rank 0 somewhere else (see store/run_lifecycle.py); they belong to no run shown below
         click.echo(f"Warning: {rows} metric row(s) under run id {run_id}, which has no runs row (orphans).", err=True)
     if df.empty:
         click.echo(f"No runs in {db_path}.")
@@ -272,7 +273,7 @@ def sql_cmd(db_path: str, query: str, fmt: str) -> None:
         click.echo(_frame_text(df, index=False))
 
 
-# -- which rank is the problem: report and plot (findings.py, report.py, plots.py) -------------
+# -- which rank is the problem: report and plot (report/: findings.py, render.py, plots.py) ----
 
 
 @main.command("report")
@@ -286,10 +287,11 @@ def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> N
     """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
     import json
 
+    from multirank_logger.report import find
     from multirank_logger.report.render import findings_text, write_html
 
     with open_store(db_path) as reader:
-        found = reader.report(run)
+        found = find(reader, run)
         if output:
             write_html(reader, found, output)
     click.echo(json.dumps(found.to_dict(), indent=2) if fmt == "json" else findings_text(found))
@@ -315,7 +317,7 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
     path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}")))
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
-# -- decisions and logs: the side tables (side_query.py) -------------------------------------
+# -- decisions and logs: the side tables (query/side_tables.py) ------------------------------
 
 from multirank_logger.query.side_tables import disagreements, format_ranks, group_alike  # noqa: E402
 

@@ -89,7 +89,7 @@ def test_per_rank_columns_sorted_by_rank_then_call(reader: tuple[Backend, sa.Con
 
 
 def test_per_rank_columns_of_a_key_no_rank_logged_are_empty(reader: tuple[Backend, sa.Connection, int]) -> None:
-    """A key the run does not hold: five empty columns, not an error (query.py names the keys)."""
+    """A key the run does not hold: five empty columns, not an error (query/reader.py names the keys)."""
     backend, conn, run_id = reader
     columns = backend.per_rank_columns(conn, run_id, "z")  # the other run's key
     assert len(columns) == 5 and all(len(c) == 0 for c in columns)

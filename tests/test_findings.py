@@ -206,9 +206,10 @@ def test_report_reads_decisions_logs_and_memory(side_store) -> None:
     """From the side tables: the decision the ranks split on (and only it), warnings and errors
     once per message with their ranks (the error first), rank 0's memory, NaN and +-inf per key and rank."""
     from multirank_logger import open_store
+    from multirank_logger.report import find
 
     with open_store(side_store) as reader:
-        found = reader.report()
+        found = find(reader)
     assert [(d["step"], d["votes"], d["ranks"]) for d in found.decisions] == [(20, {0: True, 1: False, 2: False}, [0])]
     assert [(m["level"], m["message"], m["ranks"], m["count"]) for m in found.log_messages] == [
         ("ERROR", "CUDA error", [2], 1), ("WARNING", "slow batch", [0, 1, 2], 3)

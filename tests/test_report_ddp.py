@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from multirank_logger import open_store
 from multirank_logger.cli import main
+from multirank_logger.report import find
 from tests.logger_helpers import query, train_env
 
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ def test_step_timer_records_every_rank_and_step(db: Path) -> None:
 def test_report_names_the_faulty_ranks(db: Path) -> None:
     """Rank 1 the data straggler, rank 2 the train_loss outlier from step 20, rank 2's first NaN at 25."""
     with open_store(db) as reader:
-        found = reader.report(run="faulty")
+        found = find(reader, run="faulty")
     assert [(s["rank"], s["phase"]) for s in found.stragglers] == [(1, "data")]
     assert found.stragglers[0]["first_step"] <= 3 and 0.080 < found.stragglers[0]["excess_s"] < 0.150
     assert [(o["rank"], o["key"]) for o in found.outliers] == [(2, "train_loss")]
@@ -70,7 +71,7 @@ def test_report_names_the_faulty_ranks(db: Path) -> None:
 def test_clean_run_reports_nothing(db: Path) -> None:
     """The same model with no fault injected: no straggler, no outlier, no NaN, no memory finding."""
     with open_store(db) as reader:
-        found = reader.report(run="clean")
+        found = find(reader, run="clean")
     assert found.stragglers == [] and found.outliers == [] and found.non_finite == [] and found.memory == []
     assert not found.problems and len(found.timing) == 3
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import DTYPE_NEG_ZERO
-
-if TYPE_CHECKING:
-    from multirank_logger.query.reader import RunRef
 
 __all__ = ["RankSpread", "neg_zero", "pivot_step_rank"]
 

@@ -20,7 +20,6 @@ import contextlib
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import sqlalchemy as sa
 from multirank_logger._util.atomic_file import replace_atomically
 from multirank_logger.errors import LookupFailed
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import (
     SEQ_ATTEMPT_SHIFT,
     attempts,
@@ -38,13 +38,11 @@ from multirank_logger.model.schema import (
     unheard_ends,
 )
 from multirank_logger.query.rank_spread import RankSpread, neg_zero, pivot_step_rank
-from multirank_logger.query.side_tables import SideTablesReader
-from multirank_logger.report.findings import FindingsMixin
-from multirank_logger.store.readonly_sql import run_readonly
+from multirank_logger.query.side_tables import read_decisions, read_logs
 from multirank_logger.store.run_lifecycle import orphan_runs
 from multirank_logger.store.sql_store import Store, retry_while_locked
 
-__all__ = ["RankSpread", "RunRef", "StoreReader", "open_store"]
+__all__ = ["RankSpread", "StoreReader", "open_store"]
 
 # A DuckDB file is locked while the training run flushes into it (each flush opens it: RESULTS.md, "Figures the source cites"):
 # wait this long for the lock before reporting StoreLocked.
@@ -66,25 +64,13 @@ def open_store(db: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT
     return StoreReader(store, lock_timeout=lock_timeout)
 
 
-@dataclass(frozen=True)
-class RunRef:
-    """A run of the store, as resolved from an id or a ``name/version_N`` label."""
-
-    id: int
-    name: str
-    version: int
-    world_size: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}/version_{self.version}"
-
-
-class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_query.py), report (findings.py)
+class StoreReader:
     """Read-only views of one store, as pandas DataFrames.
 
     ``run`` arguments take a run id (``3``, ``"3"``), a label (``"lightning_logs/version_3"``,
     ``"lightning_logs/3"``), or a name (its latest version); ``None`` is the latest run.
+    The side tables' reads live in ``query/side_tables.py``; a run's findings (which rank is
+    the problem) are the report layer's: ``multirank_logger.report.find(reader, run)``.
     """
 
     def __init__(self, store: Store, *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
@@ -211,7 +197,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
         Raises:
             LookupFailed: listing the runs there are, when none matches.
         """
-        cols = (runs.c.id, runs.c.name, runs.c.version, runs.c.world_size)
+        cols = (runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.started_at, runs.c.world_size)
         stmt = sa.select(*cols).order_by(runs.c.id.desc()).limit(1)
         text = None if run is None else str(run).strip()
         if text is not None:
@@ -231,7 +217,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
                 everything = conn.execute(sa.select(*cols).order_by(runs.c.id)).all()
                 labels = [f"{r.name}/version_{r.version} (id {r.id})" for r in everything]
                 raise LookupFailed("run", text or "(latest)", labels)
-        return RunRef(int(row.id), row.name, int(row.version), int(row.world_size))
+        return RunRef(int(row.id), row.name, int(row.version), row.version_name, float(row.started_at), int(row.world_size))
 
     def keys(self, run: int | str | None = None) -> list[str]:
         """The metric keys of a run, any rank, sorted."""
@@ -266,7 +252,7 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
         """The long table of one run: rank, seq, step, key, value, dtype, time, attempt.
 
         ``value`` is a float (NaN where NaN was logged); ``dtype`` says what was logged
-        (``schema.DTYPE_*``); ``attempt`` is the launch that logged it (run_lifecycle.py). Rows
+        (``schema.DTYPE_*``); ``attempt`` is the launch that logged it (store/run_lifecycle.py). Rows
         come sorted by rank, then call order. A value a later launch logged again for the same
         (rank, key, step) (a resume from a checkpoint older than the preemption) supersedes the
         earlier one, which is left out unless ``all_attempts``.
@@ -386,7 +372,42 @@ class StoreReader(SideTablesReader, FindingsMixin):  # decisions/logs (side_quer
             QueryFailed: with the engine's own message, for an invalid query.
         """
         with self._connect() as conn:
-            return run_readonly(conn, self.store.backend, query)
+            return self.store.backend.run_readonly(conn, query)
+
+    # -- side tables (query/side_tables.py) ----------------------------------------------
+
+    def decisions(self, run: int | str | None = None) -> Any:
+        """Every ModelCheckpoint / EarlyStopping decision of a run, one row per (decision, rank).
+
+        Columns: ``seq`` (the decision's number, the same on every rank), ``step``, ``epoch``,
+        ``callback``, ``monitor``, ``mode``, ``rank``, ``value`` (the rank's own monitored
+        value), ``vote`` (this rank alone would save / stop), ``decision`` (what was done),
+        ``path`` (the checkpoint saved), ``best`` (the callback's best score after it) and
+        ``time`` (unix seconds). Sorted by decision, then rank. Empty when the run had no
+        `DecisionAudit`.
+
+        Raises:
+            LookupFailed: for an unknown run.
+        """
+        return read_decisions(self._fetch_arrow, self.resolve_run(run))
+
+    def logs(self, run: int | str | None = None, rank: int | None = None, level: int | str | None = None) -> Any:
+        """Every rank's logging records and warnings kept during a run (``capture_logs``).
+
+        Args:
+            run: see the class docstring.
+            rank: only this rank's records.
+            level: only records at or above this level (``"WARNING"``, ``30``).
+
+        Returns:
+            Columns ``rank``, ``seq`` (the rank's record number), ``time`` (unix seconds),
+            ``level``, ``levelno``, ``logger``, ``message``; in time order.
+
+        Raises:
+            LookupFailed: for an unknown run.
+            ValueError: for a level name logging does not know.
+        """
+        return read_logs(self._fetch_arrow, self.resolve_run(run), rank, level)
 
 
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:

@@ -1,9 +1,9 @@
 """Read side of the side tables: checkpoint / early-stopping decisions and every rank's log.
 
-`SideTablesReader` is a mixin of `query.StoreReader` (it uses its `resolve_run` and
-`_fetch_arrow`), so ``open_store(db).decisions()`` and ``.logs()`` sit beside ``.metrics()``.
-The pure helpers below (`disagreements`, `group_alike`, `format_ranks`) shape those frames
-for the CLI and for anyone reading them.
+`read_decisions` and `read_logs` build the queries and shape their frames; `StoreReader`
+(``query/reader.py``) delegates to them with its ``_fetch_arrow``, so ``open_store(db).decisions()``
+and ``.logs()`` sit beside ``.metrics()``. The pure helpers below (`disagreements`,
+`group_alike`, `format_ranks`) shape those frames for the CLI and for anyone reading them.
 
 Example::
 
@@ -15,79 +15,59 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import sqlalchemy as sa
 
 from multirank_logger.ddp.log_capture import level_number
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import decisions, logs
 
-__all__ = ["SideTablesReader", "disagreements", "format_ranks", "group_alike"]
+__all__ = ["disagreements", "format_ranks", "group_alike", "read_decisions", "read_logs"]
+
+#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
+FetchArrow = Callable[[sa.Select], Any]
 
 DECISION_COLUMNS = ("seq", "step", "epoch", "callback", "monitor", "mode", "rank", "value", "vote", "decision",
                     "path", "best", "time")  # fmt: skip
 LOG_COLUMNS = ("rank", "seq", "time", "level", "levelno", "logger", "message")
 
 
-class SideTablesReader:
-    """``decisions()`` and ``logs()`` of a run, as pandas DataFrames (mixed into StoreReader)."""
+def read_decisions(fetch_arrow: FetchArrow, run: RunRef) -> Any:
+    """A run's decisions, one row per (decision, rank): ``StoreReader.decisions`` (its columns)."""
+    stmt = (
+        sa.select(*(decisions.c[name] for name in DECISION_COLUMNS))
+        .where(decisions.c.run_id == run.id)
+        .order_by(decisions.c.seq, decisions.c.rank)
+    )
+    df = _frame(fetch_arrow, stmt, DECISION_COLUMNS)
+    for name in ("vote", "decision"):  # SQLite hands back 0/1
+        df[name] = df[name].astype("boolean")
+    return df
 
-    def decisions(self, run: int | str | None = None) -> Any:
-        """Every ModelCheckpoint / EarlyStopping decision of a run, one row per (decision, rank).
 
-        Columns: ``seq`` (the decision's number, the same on every rank), ``step``, ``epoch``,
-        ``callback``, ``monitor``, ``mode``, ``rank``, ``value`` (the rank's own monitored
-        value), ``vote`` (this rank alone would save / stop), ``decision`` (what was done),
-        ``path`` (the checkpoint saved), ``best`` (the callback's best score after it) and
-        ``time`` (unix seconds). Sorted by decision, then rank. Empty when the run had no
-        `DecisionAudit`.
+def read_logs(fetch_arrow: FetchArrow, run: RunRef, rank: int | None = None, level: int | str | None = None) -> Any:
+    """A run's log records, in time order: ``StoreReader.logs`` (its columns and filters).
 
-        Raises:
-            LookupFailed: for an unknown run.
-        """
-        ref = self.resolve_run(run)  # type: ignore[attr-defined]
-        stmt = (
-            sa.select(*(decisions.c[name] for name in DECISION_COLUMNS))
-            .where(decisions.c.run_id == ref.id)
-            .order_by(decisions.c.seq, decisions.c.rank)
-        )
-        df = self._frame(stmt, DECISION_COLUMNS)
-        for name in ("vote", "decision"):  # SQLite hands back 0/1
-            df[name] = df[name].astype("boolean")
-        return df
+    Raises:
+        ValueError: for a level name logging does not know.
+    """
+    stmt = sa.select(*(logs.c[name] for name in LOG_COLUMNS)).where(logs.c.run_id == run.id)
+    if rank is not None:
+        stmt = stmt.where(logs.c.rank == int(rank))
+    if level is not None:
+        stmt = stmt.where(logs.c.levelno >= level_number(level))
+    return _frame(fetch_arrow, stmt.order_by(logs.c.time, logs.c.rank, logs.c.seq), LOG_COLUMNS)
 
-    def logs(self, run: int | str | None = None, rank: int | None = None, level: int | str | None = None) -> Any:
-        """Every rank's logging records and warnings kept during a run (``capture_logs``).
 
-        Args:
-            run: see the class docstring of StoreReader.
-            rank: only this rank's records.
-            level: only records at or above this level (``"WARNING"``, ``30``).
-
-        Returns:
-            Columns ``rank``, ``seq`` (the rank's record number), ``time`` (unix seconds),
-            ``level``, ``levelno``, ``logger``, ``message``; in time order.
-
-        Raises:
-            LookupFailed: for an unknown run.
-            ValueError: for a level name logging does not know.
-        """
-        ref = self.resolve_run(run)  # type: ignore[attr-defined]
-        stmt = sa.select(*(logs.c[name] for name in LOG_COLUMNS)).where(logs.c.run_id == ref.id)
-        if rank is not None:
-            stmt = stmt.where(logs.c.rank == int(rank))
-        if level is not None:
-            stmt = stmt.where(logs.c.levelno >= level_number(level))
-        return self._frame(stmt.order_by(logs.c.time, logs.c.rank, logs.c.seq), LOG_COLUMNS)
-
-    def _frame(self, stmt: sa.Select, columns: Iterable[str]) -> Any:
-        df = self._fetch_arrow(stmt).to_pandas()  # type: ignore[attr-defined]
-        return df[list(columns)] if len(df.columns) else df.reindex(columns=list(columns))
+def _frame(fetch_arrow: FetchArrow, stmt: sa.Select, columns: Iterable[str]) -> Any:
+    df = fetch_arrow(stmt).to_pandas()
+    return df[list(columns)] if len(df.columns) else df.reindex(columns=list(columns))
 
 
 def disagreements(decided: Any) -> list[int]:
-    """The decisions (``seq``) of a `SideTablesReader.decisions` frame where the ranks' votes differ."""
+    """The decisions (``seq``) of a `StoreReader.decisions` frame where the ranks' votes differ."""
     if decided.empty:
         return []
     votes = decided.groupby("seq")["vote"].nunique(dropna=False)

@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from multirank_logger.query.reader import RunRef, StoreReader
+from multirank_logger.model.run_ref import RunRef
 
-__all__ = ["Findings", "FindingsMixin", "departures", "find"]
+if TYPE_CHECKING:
+    from multirank_logger.query.reader import StoreReader
+
+__all__ = ["Findings", "departures", "find"]
 
 #: a rank departs at a step when it is this many typical spreads of the ranks from their median
 DEPART_SPREADS = 8.0
@@ -44,14 +46,6 @@ STRAGGLER_MIN_SHARE = 0.1
 MEMORY_RATIO = 1.25
 #: warnings/errors listed at most (distinct messages)
 MAX_LOG_MESSAGES = 20
-
-
-class FindingsMixin:
-    """Gives ``StoreReader`` its ``report(run=...)``."""
-
-    def report(self: StoreReader, run: int | str | None = None) -> Findings:  # type: ignore[misc]
-        """The findings for one run (the latest by default): see ``multirank_logger.report.findings``."""
-        return find(self, run)
 
 
 @dataclass
@@ -85,7 +79,9 @@ class Findings:
 
 
 def find(reader: StoreReader, run: int | str | None = None) -> Findings:
-    """Every finding for one run (the latest by default).
+    """Every finding for one run (the latest by default), read through ``reader``.
+
+    ``multirank_logger.report.find(open_store(db), run=...)``; the CLI's ``report`` prints it.
 
     Raises:
         LookupFailed: for an unknown run.

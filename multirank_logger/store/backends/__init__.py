@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL
 
-from multirank_logger.store.backends.base import SUFFIXES, Backend, resolve_url
+from multirank_logger.store.backends.base import BACKEND_NAMES, SUFFIXES, Backend, names_a_store, resolve_url
 from multirank_logger.store.backends.duckdb import AlembicDuckDBImpl, DuckDBBackend
 from multirank_logger.store.backends.postgresql import PostgreSQLBackend
 from multirank_logger.store.backends.sqlite import SQLITE_BUSY_TIMEOUT_MS, SQLiteBackend
 
 __all__ = [
+    "BACKEND_NAMES",
     "SQLITE_BUSY_TIMEOUT_MS",
     "SUFFIXES",
     "AlembicDuckDBImpl",
@@ -22,14 +23,11 @@ __all__ = [
     "PostgreSQLBackend",
     "SQLiteBackend",
     "backend_for",
+    "names_a_store",
     "resolve_url",
 ]
 
-_BACKENDS: dict[str, type[Backend]] = {
-    "sqlite": SQLiteBackend,
-    "duckdb": DuckDBBackend,
-    "postgresql": PostgreSQLBackend,
-}
+_BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (SQLiteBackend, DuckDBBackend, PostgreSQLBackend)}
 
 
 def backend_for(url: URL) -> Backend:

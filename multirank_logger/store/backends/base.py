@@ -4,14 +4,14 @@ Everything else talks SQLAlchemy Core. Each backend (one module per backend, nex
 says how to build its engine, how to bulk-insert a batch of metric rows in one transaction, how
 to serialize schema creation between processes, and how to turn its driver's errors into ours.
 
-On the read side (query.py asks, the backend answers, over a connection query.py opened):
+On the read side (``query/reader.py`` asks, the backend answers, over a connection the reader opened):
 
 - ``fetch_arrow``: any SELECT as a pyarrow Table;
 - ``run_keys``: the distinct keys of a run;
 - ``per_rank_columns``: one key of every rank, sorted by rank then call order (``per_rank``);
 - ``rank_calls``: one rank's keys and its rows in call order, streamed (the CSV export);
 - ``hold_snapshot``: make the reads that follow see one state of a store still written;
-- ``run_readonly``: a user's SQL, refused when it would write (readonly_sql.py);
+- ``run_readonly``: a user's SQL, refused when it would write (``readonly_sql.py``, next to this one);
 - ``sql_infinity``: the SQL literal for +infinity.
 
 The defaults below are a server's (PostgreSQL); SQLite and DuckDB override what their layout
@@ -39,10 +39,18 @@ from multirank_logger.model.schema import metrics
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["PER_RANK_TYPES", "SUFFIXES", "Backend", "per_rank_columns", "resolve_url"]
+__all__ = ["BACKEND_NAMES", "PER_RANK_TYPES", "SUFFIXES", "Backend", "names_a_store", "per_rank_columns", "resolve_url"]
 
 # filesystem suffix -> SQLAlchemy drivername
 SUFFIXES = {".duckdb": "duckdb", ".db": "sqlite", ".sqlite": "sqlite", ".sqlite3": "sqlite"}
+#: the SQLAlchemy backend names we write (one module next to this one each)
+BACKEND_NAMES = ("sqlite", "duckdb", "postgresql")
+_STORE_URL = re.compile(rf"^({'|'.join(BACKEND_NAMES)})[a-z0-9+]*://")
+
+
+def names_a_store(text: str) -> bool:
+    """Whether ``text`` names a store: one of our backends' URLs, or a path with a store's suffix."""
+    return bool(_STORE_URL.match(text)) or Path(text).suffix.lower() in SUFFIXES
 
 
 def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
@@ -56,7 +64,7 @@ def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
     text = os.fspath(db)
     if re.match(r"^[a-z][a-z0-9+]*://", text):
         url = make_url(text)
-        if url.get_backend_name() not in ("sqlite", "duckdb", "postgresql"):
+        if url.get_backend_name() not in BACKEND_NAMES:
             raise UnsupportedStore(text, SUFFIXES)
         return _with_postgres_driver(url)
     suffix = Path(text).suffix.lower()
@@ -86,6 +94,9 @@ class Backend:
     #: True when every transaction opens and closes the database (so that readers get in
     #: between): a write costs an open whatever its size, and writers should write seldom.
     opens_per_transaction = False
+    #: True when the engine's file locking is unsafe on a network filesystem (NFS, CIFS...):
+    #: ranks writing the file there themselves (transport='direct') may corrupt it.
+    locking_unsafe_on_network_fs = False
 
     def __init__(self, url: URL) -> None:
         self.url = url
@@ -120,11 +131,11 @@ class Backend:
         """Our error for a driver error met while opening the store, or None."""
         return None
 
-    # -- reading (query.py): each on a connection the caller holds open ------------------
+    # -- reading (query/reader.py): each on a connection the caller holds open -----------
 
     #: rows per fetch: bounds what is alive at once while exporting
     fetch_rows = 65_536
-    #: the SQL literal for +infinity (findings.py looks for logged infinities with it)
+    #: the SQL literal for +infinity (report/findings.py looks for logged infinities with it)
     sql_infinity = "CAST('Infinity' AS DOUBLE PRECISION)"
 
     def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:

@@ -19,7 +19,7 @@ from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation
 from multirank_logger.model.csv_layout import LongRows
 from multirank_logger.model.schema import metrics
 from multirank_logger.store.backends.base import Backend, driver_connection
-from multirank_logger.store.readonly_sql import refusal_or_failure
+from multirank_logger.store.backends.readonly_sql import refusal_or_failure
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -28,7 +28,7 @@ from multirank_logger.store.backends.base import (
     driver_connection,
     per_rank_columns,
 )
-from multirank_logger.store.readonly_sql import refusal_or_failure
+from multirank_logger.store.backends.readonly_sql import refusal_or_failure
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,6 +71,7 @@ _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNC
 
 class SQLiteBackend(Backend):
     name = "sqlite"
+    locking_unsafe_on_network_fs = True  # SQLite's own FAQ: its POSIX locks are broken on NFS
 
     @property
     def path(self) -> Path | None:

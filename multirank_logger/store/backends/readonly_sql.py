@@ -1,6 +1,7 @@
 """Run a user's SQL on a read-only connection, refusing anything that writes.
 
-Locks on the door, each kept by its backend (``Backend.run_readonly`` in ``backends/``):
+``StoreReader.sql`` calls its backend's ``run_readonly``; the locks on the door are each kept
+by that backend (``sqlite.py``, ``duckdb.py``, ``postgresql.py`` next to this module):
 
 - the connection itself is read-only (SQLite ``mode=ro``, DuckDB ``read_only=True`` and
   ``enable_external_access=false``: no file, no ATTACH, no extension outside the store;
@@ -20,29 +21,12 @@ unchanged. Any other engine error becomes ``QueryFailed`` with the engine's mess
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import sqlalchemy as sa
-
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation
 
-if TYPE_CHECKING:
-    from multirank_logger.store.backends import Backend
-
-__all__ = ["refusal_or_failure", "run_readonly"]
+__all__ = ["refusal_or_failure"]
 
 # the markers each engine puts in its message when a read-only connection refuses a write
 _ENGINE_REFUSALS = ("read-only mode", "readonly database", "read-only transaction", "not authorized", "external access")
-
-
-def run_readonly(conn: sa.Connection, backend: Backend, query: str) -> Any:
-    """Run ``query`` on ``conn`` and return the last statement's result as a pandas DataFrame.
-
-    Raises:
-        ReadOnlyViolation: the query would write; it was not run.
-        QueryFailed: the engine rejected it (syntax, unknown table...), with its message.
-    """
-    return backend.run_readonly(conn, query)
 
 
 def refusal_or_failure(engine: str, query: str, exc: BaseException) -> Exception:
