@@ -378,3 +378,7 @@ def logs_cmd(db_path: str, run: str | None, rank: int | None, level: str | None)
     for g in group_alike(records).itertuples():
         when = datetime.datetime.fromtimestamp(g.time, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
         click.echo(f"{when} {g.level:<8} [{format_ranks(g.ranks)}] {g.logger}: {g.message}")
+
+
+if __name__ == "__main__":  # python -m multirank_logger.cli
+    main()
