@@ -433,6 +433,29 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
     store.close()
 
 
+def test_a_rank_ending_well_leaves_a_run_that_still_lacks_values_and_its_launch_incomplete(db_path: Path) -> None:
+    """Direct mode: rank 0 ends first, with values spilled: the run and its launch are "incomplete".
+    Rank 1 ends well later: the run still lacks those values, so neither the run nor its launch
+    becomes a success (on DuckDB, whose UPDATE reports no rowcount, the launch did)."""
+    from multirank_logger.store.run_end import record_end
+    from multirank_logger.store.run_lifecycle import begin_attempt
+    from multirank_logger.store.status import end_attempt
+
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    attempt = begin_attempt(store, run.id, 2)
+    for rank in (0, 1):
+        store.register_rank(run.id, rank)
+    record_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={}, timeout=5,
+               values_spilled=3, attempt=attempt)
+    end_attempt(store, run.id, attempt, "success")
+    record_end(store, run.id, rank=1, gather_world=0, status="success", others={}, facts={}, timeout=5, attempt=attempt)
+    with store.begin() as conn:
+        launches = conn.exec_driver_sql("SELECT status FROM attempts").scalars().all()
+    assert (_run_state(store, run.id)[0], launches) == ("incomplete", ["incomplete"])
+    store.close()
+
+
 def test_an_interrupted_launch_keeps_no_unheard_end_and_its_resume_is_a_success(db_path: Path) -> None:
     """A preemption (SIGTERM: "interrupted") in which rank 0 never heard rank 1: the resume logs
     again from the checkpoint what that launch logged last, as after a vanished launch, so the

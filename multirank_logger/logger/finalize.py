@@ -3,9 +3,8 @@
 Flush the rows, let the sink finish (a sender waits for rank 0 to take its last rows; rank 0
 receives the others'), record how the run ended (store/run_end.py; each status is
 store/status.py's), end the attempt, and on rank 0 after a success write CSVLogger's files
-(csv_logger_files.py). Never a collective and never an
-unbounded wait: with ``"failed"`` a peer may be dead. Nothing here raises over Lightning's
-own error (`safely`).
+(csv_logger_files.py). Never a collective and never an unbounded wait: with ``"failed"`` a
+peer may be dead. Nothing here raises over Lightning's own error (`safely`).
 """
 
 from __future__ import annotations
