@@ -265,7 +265,7 @@ def test_import_of_a_missing_ranks_file_records_its_end_and_completes_the_run(db
     and the run is a success only when nothing is lost."""
     import sqlalchemy as sa
 
-    from multirank_logger.logger.run_end import record_end
+    from multirank_logger.store.run_end import record_end
 
     for lost, expected in ((0, "success"), (2, "incomplete")):
         store = Store(db_path)
@@ -339,7 +339,7 @@ def _run_state(store: Store, run_id: int) -> tuple:
 
 def _gather_launch(store: Store, run_id: int, heard: dict[int, str], status: str = "success") -> int:
     """One launch of 2 gather ranks, as rank 0 records it: its attempt, both ranks registered, its end."""
-    from multirank_logger.logger.run_end import record_end
+    from multirank_logger.store.run_end import record_end
     from multirank_logger.store.run_lifecycle import begin_attempt
 
     attempt = begin_attempt(store, run_id, 2)
@@ -381,7 +381,7 @@ def test_a_later_phase_that_hears_the_rank_settles_its_earlier_unheard_end(db_pa
     """Within one launch (fit, then test in the same processes), the sender's report at its next
     end covers what its unheard end did not get counted (sinks.GatherSender): hearing it settles
     the rank, and with nothing spilled the run is a success."""
-    from multirank_logger.logger.run_end import record_end
+    from multirank_logger.store.run_end import record_end
 
     store = Store(db_path)
     run = store.create_run("exp", world_size=2)
@@ -403,8 +403,9 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
     "incomplete" and ended the launch. Launch 1 registers rank 1 again and both ranks end well:
     the run stays "incomplete" until rank 1's launch-0 file is imported. A launch that vanished
     (still "running": SIGKILL) keeps nothing: the resumed run is a success (test_run_lifecycle)."""
-    from multirank_logger.logger.run_end import record_end
-    from multirank_logger.store.run_lifecycle import begin_attempt, end_attempt
+    from multirank_logger.store.run_end import record_end
+    from multirank_logger.store.run_lifecycle import begin_attempt
+    from multirank_logger.store.status import end_attempt
 
     def launch() -> int:
         attempt = begin_attempt(store, run.id, 2)
@@ -429,6 +430,29 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
                    attempt=second)
     assert _run_state(store, run.id)[0] == "incomplete"
     assert (import_spill(store, spill.path).rows_added, _run_state(store, run.id)) == (4, ("success", 0, 0))
+    store.close()
+
+
+def test_a_rank_ending_well_leaves_a_run_that_still_lacks_values_and_its_launch_incomplete(db_path: Path) -> None:
+    """Direct mode: rank 0 ends first, with values spilled: the run and its launch are "incomplete".
+    Rank 1 ends well later: the run still lacks those values, so neither the run nor its launch
+    becomes a success (on DuckDB, whose UPDATE reports no rowcount, the launch did)."""
+    from multirank_logger.store.run_end import record_end
+    from multirank_logger.store.run_lifecycle import begin_attempt
+    from multirank_logger.store.status import end_attempt
+
+    store = Store(db_path)
+    run = store.create_run("exp", world_size=2)
+    attempt = begin_attempt(store, run.id, 2)
+    for rank in (0, 1):
+        store.register_rank(run.id, rank)
+    record_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={}, timeout=5,
+               values_spilled=3, attempt=attempt)
+    end_attempt(store, run.id, attempt, "success")
+    record_end(store, run.id, rank=1, gather_world=0, status="success", others={}, facts={}, timeout=5, attempt=attempt)
+    with store.begin() as conn:
+        launches = conn.exec_driver_sql("SELECT status FROM attempts").scalars().all()
+    assert (_run_state(store, run.id)[0], launches) == ("incomplete", ["incomplete"])
     store.close()
 
 

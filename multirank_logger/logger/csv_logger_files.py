@@ -17,9 +17,9 @@ from lightning.pytorch.core.saving import save_hparams_to_yaml
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger.logger.live_csv import LiveCsv
-from multirank_logger.logger.run_end import run_lacks_values
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.store.status import run_lacks_values
 
 if TYPE_CHECKING:
     from multirank_logger.logger.rank_run import RankRun
@@ -64,7 +64,7 @@ class Rank0Files:
             if run.attempt:  # a later launch of the run: the file continues the earlier launches'
                 self.continued = True
                 reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
-                live, run_id = self.live_csv, run.resolve().run_id
+                live, run_id = self.live_csv, run.resolve().id
                 if safely(lambda: live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0)),
                           "continuing metrics.csv from the earlier launches") is None:
                     self.csv_gaps += 1  # the end exports the whole history from the store instead
@@ -142,4 +142,4 @@ class Rank0Files:
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
         # (through this run's store: no second engine, no second schema check)
         reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
-        run.log_files.export_csv(reader, self.metrics_path, run=run.resolve().run_id, rank=0)
+        run.log_files.export_csv(reader, self.metrics_path, run=run.resolve().id, rank=0)

@@ -1,10 +1,10 @@
 """The end of this process's part in a run: what ``MultiRankLogger.finalize`` does.
 
 Flush the rows, let the sink finish (a sender waits for rank 0 to take its last rows; rank 0
-receives the others'), record how the run ended (run_end.py), end the attempt, and on rank 0
-after a success write CSVLogger's files (rank0_files.py). Never a collective and never an
-unbounded wait: with ``"failed"`` a peer may be dead. Nothing here raises over Lightning's
-own error (`safely`).
+receives the others'), record how the run ended (store/run_end.py; each status is
+store/status.py's), end the attempt, and on rank 0 after a success write CSVLogger's files
+(csv_logger_files.py). Never a collective and never an unbounded wait: with ``"failed"`` a
+peer may be dead. Nothing here raises over Lightning's own error (`safely`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
 from multirank_logger.logger import process_hooks
-from multirank_logger.logger.run_end import FACTS_WAIT_S, fetch_facts, final_status, record_end
+from multirank_logger.logger.rank_facts import FACTS_WAIT_S, fetch_facts
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
-from multirank_logger.store.run_lifecycle import end_attempt
+from multirank_logger.store.run_end import record_end
 from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.store.status import SUCCESS, end_attempt, final_status
 from multirank_logger.store.write_errors import describe
 
 if TYPE_CHECKING:
@@ -40,8 +41,8 @@ def finish_run(run: RankRun, status: str) -> None:
     """Flush everything, record how the run ended, and (rank 0, success) write the CSV files."""
     run.finalized = True
     run.capture_logs(False)  # what it kept is flushed below
-    status = final_status(status)
-    timeout = run.settings.timeout if status == "success" else min(run.settings.timeout, FAILED_TIMEOUT)
+    status = final_status(status, terminated=process_hooks.sigterm_received.is_set())
+    timeout = run.settings.timeout if status == SUCCESS else min(run.settings.timeout, FAILED_TIMEOUT)
     if run.buffer.calls_pending and run.sink is None:
         safely(run.setup_sink)
     run.writer.stop(timeout)  # from here on only this thread writes
@@ -64,7 +65,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     """The end with a sink: its last rows, the other ranks' ends, the run's row, the files."""
     sink, writer, store = run.sink, run.writer, run.store
     assert sink is not None and run.identity is not None
-    run_id = run.identity.run_id
+    run_id = run.identity.run.id
 
     def left() -> float:
         return max(deadline - time.monotonic(), 1.0)
@@ -114,7 +115,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             attempt = run.attempt
             safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
                    "recording this launch's end (attempts)")  # fmt: skip
-        if run.rank == 0 and status == "success" and run.settings.export_csv:
+        if run.rank == 0 and status == SUCCESS and run.settings.export_csv:
             run.files.export_if_complete(store, run_id, left())
     spiller = run.spiller
     summary = spiller.summary() if spiller is not None else None
@@ -155,7 +156,7 @@ def _held(store: Store | None, timeout: float) -> Iterator[None]:
 def _end_unset_run(run: RankRun, status: str) -> None:
     """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
     if run.identity is not None and current_rank() == 0 and run.store is not None:
-        store, run_id = run.store, run.identity.run_id
+        store, run_id = run.store, run.identity.run.id
         safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))
-        if status == "success" and run.settings.export_csv:
+        if status == SUCCESS and run.settings.export_csv:
             run.files.export_if_complete(store, run_id)

@@ -201,7 +201,7 @@ class MultiRankLogger(Logger):
     @property
     def run_id(self) -> int:
         """The run's id in the store's ``runs`` table."""
-        return self._run.resolve().run_id
+        return self._run.resolve().id
 
     @property
     def transport(self) -> str | None:

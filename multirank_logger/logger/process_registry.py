@@ -28,8 +28,9 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.exit_logging import quiet_logging_errors
 from multirank_logger.logger import process_hooks
-from multirank_logger.store.run_lifecycle import drop_if_never_launched, end_attempt
+from multirank_logger.store.run_lifecycle import drop_if_never_launched
 from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.store.status import end_at_exit, exit_status
 
 if TYPE_CHECKING:
     from multirank_logger.logger.rank_run import RankRun
@@ -64,7 +65,7 @@ def _end_runs_never_finalized() -> None:
     exc = getattr(sys, "last_value", None)  # set when the interpreter printed an uncaught exception
     if exc is None:
         return
-    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    status = exit_status(exc)
     now = time.time()
     for run in list(_LIVE):
         _end_at_exit(run, status, now)
@@ -80,18 +81,10 @@ def _end_at_exit(run: RankRun, status: str, now: float) -> None:
         return  # a sender's row is rank 0's to write, and the store may not be reachable here
     gather = sink is not None and sink.transport == "gather"
     senders = range(1, run.sink_world) if gather else range(0)
-    run_id, attempt = identity.run_id, run.attempt
+    run_id, attempt = identity.run.id, run.attempt
 
     def end(store: Store = store) -> None:
-        # only what is still running: a ddp_spawn parent never finalizes, its workers did
-        with store.writing():
-            store.update_rank(run_id, rank, where_status="running", status=status, ended_at=now)
-            for other in senders:
-                store.update_rank(run_id, other, where_status="running", status="missing", ended_at=now)
-            if rank == 0:
-                store.update_run(run_id, where_status="running", status=status, ended_at=now)
-                if attempt is not None:
-                    end_attempt(store, run_id, attempt, status)
+        end_at_exit(store, run_id, rank=rank, senders=senders, status=status, now=now, attempt=attempt)
 
     safely(lambda: retry_while_locked(end, 5), "recording the run's end at exit")
 
@@ -114,7 +107,7 @@ def _own_runs_before_fork() -> None:
                 if run.identity is None:
                     run.identity = run.open_run()
                     if run.created_run:
-                        _ALLOCATED_FOR_A_FORK.append((os.getpid(), run.store, run.identity.run_id))
+                        _ALLOCATED_FOR_A_FORK.append((os.getpid(), run.store, run.identity.run.id))
 
 
 process_hooks.before_fork(_own_runs_before_fork)

@@ -1,14 +1,14 @@
-"""RankRun: this process's part in one run, behind the Lightning front-end (logger.py).
+"""RankRun: this process's part in one run, behind the Lightning front-end (multi_rank_logger.py).
 
 It opens the store (rank 0 at construction, the others once their transport is direct),
-learns the run's identity (allocated by rank 0, run_lifecycle.py; shared through
-identity.py), numbers this launch's attempt, sets up the sink its rows go to (sinks.py) and
-owns the writer thread that moves them there (writer.py).
+learns the run's identity (allocated by rank 0, store/run_lifecycle.py; shared through
+transport/identity.py), numbers this launch's attempt, sets up the sink its rows go to (sinks.py)
+and owns the writer thread that moves them there (writer.py).
 
 What it holds lives in two parts. The run (settings, identity, hyperparameters) survives
 pickling into ddp_spawn's workers and a fork (ddp_notebook). The runtime (buffer, writer,
 store engine, sink, locks, rank 0's files) belongs to one process: `init_runtime` builds it,
-again after unpickling and in a forked child (process_runs.py).
+again after unpickling and in a forked child (process_registry.py).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.process_registry import dist_up, track
-from multirank_logger.logger.run_end import publish_facts, rank_facts
+from multirank_logger.logger.rank_facts import publish_facts, rank_facts
 from multirank_logger.logger.save_dir import LogDir, check_dir_writable
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.logger.transport_choice import choose_transport
 from multirank_logger.logger.writer import BackgroundWriter, Sink
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.backends import backend_for
 from multirank_logger.store.run_lifecycle import begin_attempt, check_same_run, open_run, seq_base
@@ -105,6 +106,7 @@ class RankRun:
         self.board = IdentityBoard(next(_INSTANCES), settings.timeout)
         # a run dropped without finalize leaves no variable behind (it is for its own launch)
         weakref.finalize(self, os.environ.pop, self.board.env_var, None)
+        #: the run, as rank 0 publishes it (with the store and the process that opened it)
         self.identity: RunIdentity | None = None
         self.published = False
         self.created_run = False  # rank 0 allocated a new run (not a resumed one)
@@ -199,8 +201,8 @@ class RankRun:
             self.store = retry_while_locked(lambda: Store(url), self.settings.timeout)
         return self.store
 
-    def resolve(self) -> RunIdentity:
-        """This run's identity: allocated here on rank 0, learned from rank 0 elsewhere."""
+    def resolve(self) -> RunRef:
+        """This run: allocated here on rank 0, learned from rank 0 elsewhere."""
         with self.lock:
             rank = current_rank()
             if self.identity is None:
@@ -218,29 +220,26 @@ class RankRun:
                     self.identity = found
             if rank == 0 and not self.published:
                 self.published = self.board.publish(self.identity)
-            return self.identity
+            return self.identity.run
 
     def open_run(self) -> RunIdentity:
-        """Rank 0: the run this launch writes under, new or continued (run_lifecycle.py)."""
+        """Rank 0: the run this launch writes under, new or continued (store/run_lifecycle.py)."""
         store, settings = self.open_store(), self.settings
-        run = retry_while_locked(
+        run, resumed = retry_while_locked(
             lambda: open_run(
                 store, settings.name, version=settings.version, resume=settings.resume, run_key=settings.run_key,
                 world_size=current_world_size(), root_dir=settings.root_dir,
             ),
             settings.timeout,
         )
-        self.created_run = not run.resumed
-        identity = RunIdentity(
-            run.id, run.name, run.version, self.settings.url_text, os.getpid(), run.version_name, run.started_at
-        )
-        log_dir = os.path.join(settings.root_dir, identity.dir_name)
-        if not run.resumed and os.path.isdir(log_dir) and os.listdir(log_dir):
+        self.created_run = not resumed
+        log_dir = os.path.join(settings.root_dir, run.dir_name)
+        if not resumed and os.path.isdir(log_dir) and os.listdir(log_dir):
             rank_zero_warn(
                 f"Experiment logs directory {log_dir} exists and is not empty. This new run's files "
                 "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones."
             )
-        return identity
+        return RunIdentity(run, self.settings.url_text, os.getpid())
 
     def begin_attempt(self, rank: int, world: int, channel: RowChannel | None) -> None:
         """Number this process's launch of the run (rank 0 records it, the others learn it), so
@@ -250,7 +249,7 @@ class RankRun:
         assert self.identity is not None
         timeout = self.settings.timeout
         if rank == 0:
-            store, run_id = self.open_store(), self.identity.run_id
+            store, run_id = self.open_store(), self.identity.run.id
             attempt = retry_while_locked(lambda: begin_attempt(store, run_id, world), timeout)
             if channel is not None:
                 channel.publish("attempt", str(attempt).encode())
@@ -261,7 +260,7 @@ class RankRun:
         self.buffer.seq_base = self.side.seq_base = seq_base(attempt)
         if rank == 0 and attempt:  # a resume: what earlier launches spilled here joins the run first
             earlier = functools.partial(import_earlier_launches, self.open_store(), self.settings.spill_dir,
-                                        self.identity, attempt)
+                                        self.identity.run, attempt)
             safely(lambda: retry_while_locked(earlier, timeout), "importing the run's earlier launches' spill files")
 
     def log_hparams(self, params: dict[str, Any]) -> None:
@@ -282,7 +281,7 @@ class RankRun:
         if sink is None:
             return None
         assert self.identity is not None
-        return sink, self.identity.run_id, self.rank
+        return sink, self.identity.run.id, self.rank
 
     def setup_sink(self) -> DirectSink | GatherSender | None:
         """Decide the transport and build the sink; None while the process group is not up."""
@@ -292,7 +291,7 @@ class RankRun:
                 return self.sink
             if world > 1 and not dist_up():
                 return None  # a launched rank before its process group: rank and peers unknown
-            identity = self.resolve()
+            run = self.resolve()
             rank = current_rank()
             timeout = self.settings.timeout
             channel = None
@@ -303,23 +302,23 @@ class RankRun:
                 self.settings.transport, backend_for(self.settings.url), world, rank=rank, channel=channel, timeout=timeout
             )
             self.begin_attempt(rank, world, channel)
-            spiller = self._spiller_for(identity, rank)
+            spiller = self._spiller_for(run, rank)
             sink: DirectSink | GatherSender
             if transport == "gather" and channel is not None and rank == 0:
-                sink = GatherReceiver(self.open_store(), identity.run_id, channel, spiller)
+                sink = GatherReceiver(self.open_store(), run.id, channel, spiller)
             elif transport == "gather" and channel is not None:
                 sink = GatherSender(channel, spiller, counted=self.unstored_recorded)
                 publish_facts(channel)  # rank 0 records this rank's host and pid at the end
             else:
                 store = self.open_store()
                 if rank != 0:  # before its first write: is rank 0's run the one this store holds?
-                    check_same_run(store, rank, identity.run_id, identity.name, identity.version, identity.started_at)
-                sink = DirectSink(store, identity.run_id, spiller)
+                    check_same_run(store, rank, run.id, run.name, run.version, run.started_at)
+                sink = DirectSink(store, run.id, spiller)
             self.rank, self.transport, self.sink_world = rank, transport, world
             self.sink = sink
             if self.store is not None:
                 try:
-                    self._register(sink, identity, rank, world, transport, why)
+                    self._register(sink, run, rank, world, transport, why)
                 except BaseException:
                     self.sink = None  # set up again, registration included, on the next call
                     raise
@@ -327,12 +326,12 @@ class RankRun:
                 sink.update_run(hparams=_jsonable(self.hparams))
             return sink
 
-    def _spiller_for(self, identity: RunIdentity, rank: int) -> Spiller:
+    def _spiller_for(self, run: RunRef, rank: int) -> Spiller:
         """This run's spill file on this rank (created on its first row): every phase spills into it."""
-        if self.spiller is None or self.spiller.spill.header["run_id"] != identity.run_id:
+        if self.spiller is None or self.spiller.spill.header["run_id"] != run.id:
             spill = SpillWriter(
-                self.settings.spill_dir, run_id=identity.run_id, name=identity.name, version=identity.version, rank=rank,
-                attempt=self.attempt, run_started_at=identity.started_at,
+                self.settings.spill_dir, run_id=run.id, name=run.name, version=run.version, rank=rank,
+                attempt=self.attempt, run_started_at=run.started_at,
             )
             path = backend_for(self.settings.url).path
             shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command
@@ -341,7 +340,7 @@ class RankRun:
         return self.spiller
 
     def _register(
-        self, sink: DirectSink | GatherSender, identity: RunIdentity, rank: int, world: int, transport: str, why: str
+        self, sink: DirectSink | GatherSender, run: RunRef, rank: int, world: int, transport: str, why: str
     ) -> None:
         store = self.store
         assert store is not None
@@ -349,12 +348,12 @@ class RankRun:
 
         def write() -> None:
             with store.writing():  # one connection, one retry unit: every step is idempotent
-                store.register_rank(identity.run_id, rank, **facts)
+                store.register_rank(run.id, rank, **facts)
                 if transport == "gather":
                     for other in range(1, world):  # they cannot write: rank 0 keeps their rows
-                        store.register_rank(identity.run_id, other)
+                        store.register_rank(run.id, other)
                 if rank == 0:
-                    store.update_run(identity.run_id, transport=transport, world_size=world)
+                    store.update_run(run.id, transport=transport, world_size=world)
 
         try:
             retry_while_locked(write, min(self.settings.timeout, 1.0))
@@ -366,7 +365,7 @@ class RankRun:
             sink.defer(write)
         if rank == 0:
             rank_zero_info(
-                f"MultiRankLogger: run {identity.name}/{identity.dir_name} (id {identity.run_id}) in "
+                f"MultiRankLogger: run {run.name}/{run.dir_name} (id {run.id}) in "
                 f"{self.settings.db}, {world} rank(s), transport={transport} ({why})"
             )
 

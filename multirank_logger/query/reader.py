@@ -35,12 +35,12 @@ from multirank_logger.model.schema import (
     metrics,
     ranks,
     runs,
-    unheard_ends,
 )
 from multirank_logger.query.rank_spread import RankSpread, neg_zero, pivot_step_rank
 from multirank_logger.query.side_tables import read_decisions, read_logs
 from multirank_logger.store.run_lifecycle import orphan_runs
 from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.store.status import ends_unknown
 
 __all__ = ["RankSpread", "StoreReader", "open_store"]
 
@@ -142,7 +142,7 @@ class StoreReader:
         distinct keys any rank logged. What keeps an ``incomplete`` run from success:
         ``values_spilled`` (in spill files, not imported yet), ``values_lost``, and
         ``ends_unknown``, the ranks whose end the store never heard (``missing``, or
-        ``running`` in a run that is over; an earlier launch's, in ``unheard_ends``).
+        ``running`` in a run that is over; an earlier launch's, in ``unheard_ends``: status.py).
         """
         import pandas as pd
 
@@ -156,13 +156,10 @@ class StoreReader:
             .group_by(metrics.c.run_id)
             .subquery()
         )
-        unended = sa.select(sa.func.count()).where(ranks.c.run_id == runs.c.id, ranks.c.status.in_(("missing", "running")))
-        unheard = sa.select(sa.func.count()).where(unheard_ends.c.run_id == runs.c.id)
         stmt = (
             sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
                       runs.c.started_at, runs.c.ended_at, per_run.c.n_steps, per_run.c.n_keys, per_run.c.last_time,
-                      runs.c.values_spilled, runs.c.values_lost, unended.scalar_subquery().label("n_unended"),
-                      unheard.scalar_subquery().label("n_unheard"))
+                      runs.c.values_spilled, runs.c.values_lost, ends_unknown().label("n_ends_unknown"))
             .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
             .order_by(runs.c.id)
         )
@@ -184,9 +181,7 @@ class StoreReader:
                 "last_value": pd.to_datetime(df["last_time"].astype("float64"), unit="s", utc=True),
                 "values_spilled": df["values_spilled"].fillna(0).astype("int64"),
                 "values_lost": df["values_lost"].fillna(0).astype("int64"),
-                "ends_unknown": (
-                    df["n_unended"].where(df["status"] != "running", 0).fillna(0) + df["n_unheard"].fillna(0)
-                ).astype("int64"),
+                "ends_unknown": df["n_ends_unknown"].fillna(0).astype("int64"),
             }
         )
         return out

@@ -25,27 +25,26 @@ or ``"never"`` (a fresh run, or an error).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
 import time
-from dataclasses import dataclass
 
 import sqlalchemy as sa
 
 from multirank_logger.errors import ResumeRefused, RunIdentityMismatch
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, attempts, metadata, metrics, ranks, runs, unheard_ends
+from multirank_logger.model.run_ref import RunRef
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, attempts, metadata, metrics, runs
 from multirank_logger.store.sql_store import Store
+from multirank_logger.store.status import RUNNING, close_earlier_launches
 
 __all__ = [
     "RESUME_MODES",
-    "VANISHED",
-    "OpenedRun",
     "begin_attempt",
     "check_run_choice",
     "check_same_run",
     "elastic_run_key",
-    "end_attempt",
     "next_free_on_disk",
     "open_run",
     "orphan_runs",
@@ -56,18 +55,6 @@ RESUME_MODES = ("allow", "must", "never")
 _VERSION_DIR = re.compile(r"^version_(\d+)$")
 #: scheduler variables naming the job: recorded with each attempt
 _JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "TORCHELASTIC_RUN_ID")
-
-
-@dataclass(frozen=True)
-class OpenedRun:
-    """The run a launch writes under."""
-
-    id: int
-    name: str
-    version: int
-    version_name: str | None
-    started_at: float
-    resumed: bool
 
 
 def check_run_choice(version: object, resume: str, run_key: object) -> None:
@@ -136,8 +123,9 @@ def open_run(
     run_key: str | None,
     world_size: int,
     root_dir: str,
-) -> OpenedRun:
-    """The run this launch writes under: an existing one continued, or a new one (module docstring).
+) -> tuple[RunRef, bool]:
+    """The run this launch writes under, and whether it is an existing one continued (resumed)
+    rather than a new one (module docstring).
 
     Under torchelastic with neither `version` nor `run_key` (and ``resume="allow"``), the
     first worker group creates a run carrying the job's key (`elastic_run_key`) and a
@@ -161,7 +149,7 @@ def open_run(
 def _open_run(
     store: Store, name: str, *, version: int | str | None, resume: str, run_key: str | None, new_key: str | None,
     world_size: int, root_dir: str,
-) -> OpenedRun:
+) -> tuple[RunRef, bool]:
     found = _find(store, name, version, run_key, latest=resume == "must" and version is None and run_key is None)
     what = _describe(name, version, run_key)
     if found is not None:
@@ -170,9 +158,8 @@ def _open_run(
                 f"Run {what} already exists in {store.url.database}. Pass resume='allow' to continue it, "
                 "version=None for the next free version, or another name."
             )
-        run_id, found_number, version_name, started_at = found
-        store.update_run(run_id, status="running", ended_at=None, world_size=world_size)
-        return OpenedRun(run_id, name, found_number, version_name, started_at, resumed=True)
+        store.update_run(found.id, status=RUNNING, ended_at=None, world_size=world_size)
+        return dataclasses.replace(found, world_size=world_size), True
     if resume == "must":
         raise ResumeRefused(
             f"resume='must', but the store {store.url.database} holds no run {what} to continue. "
@@ -187,15 +174,14 @@ def _open_run(
         version_name=version if isinstance(version, str) else None,
         run_key=new_key,
     )
-    found = _find(store, name, record.version, None, latest=False)
+    found = _find(store, name, record.version, None, latest=False)  # as stored (started_at)
     assert found is not None
-    return OpenedRun(record.id, name, record.version, found[2], found[3], resumed=False)
+    return found, False
 
 
-def _find(
-    store: Store, name: str, version: int | str | None, run_key: str | None, *, latest: bool
-) -> tuple[int, int, str | None, float] | None:
-    stmt = sa.select(runs.c.id, runs.c.version, runs.c.version_name, runs.c.started_at).where(runs.c.name == name)
+def _find(store: Store, name: str, version: int | str | None, run_key: str | None, *, latest: bool) -> RunRef | None:
+    cols = (runs.c.id, runs.c.version, runs.c.version_name, runs.c.started_at, runs.c.world_size)
+    stmt = sa.select(*cols).where(runs.c.name == name)
     if run_key is not None:
         stmt = stmt.where(runs.c.run_key == run_key)
     elif isinstance(version, str):
@@ -206,7 +192,9 @@ def _find(
         return None
     with store.begin() as conn:
         row = conn.execute(stmt.order_by(runs.c.id.desc()).limit(1)).first()
-    return None if row is None else (int(row.id), int(row.version), row.version_name, float(row.started_at))
+    if row is None:
+        return None
+    return RunRef(int(row.id), name, int(row.version), row.version_name, float(row.started_at), int(row.world_size))
 
 
 def _describe(name: str, version: int | str | None, run_key: str | None) -> str:
@@ -217,39 +205,14 @@ def _describe(name: str, version: int | str | None, run_key: str | None) -> str:
     return f"{name}/version_{version}" if version is not None else f"{name!r} (latest)"
 
 
-#: the status of an earlier attempt still ``running`` when a new one begins: it stopped without
-#: recording any end (SIGKILL, the OOM killer, a node lost, a scheduler's kill after its grace
-#: period). "vanished", not "killed": the store saw it go silent, not why.
-VANISHED = "vanished"
-
-
 def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
     """Record a new launch of `run_id` and return its number (0 for the first).
 
-    Earlier attempts still ``running`` are closed as `VANISHED` (their ``ended_at`` stays
-    unknown), and ranks still ``running`` become ``missing``, as in `finalize`: launches of a
-    run follow one another, so the new one means the old one is gone. A rank still ``running``
-    in a launch that ended well (rank 0 recorded "success", or "incomplete" for want of that
-    rank) never recorded its own end (its store was unwritable): what it did not store is in
-    its spill file only, so it is kept in ``unheard_ends``, which this launch's registering the
-    rank again does not clear. A launch that was interrupted or failed keeps none: what its
-    ranks logged last is what a resume logs again, as for a vanished launch.
+    The earlier launch is gone: what was still running of it is closed first
+    (status.close_earlier_launches: vanished launches, missing ranks, unheard ends).
     """
     with store.begin() as conn:
-        previous = conn.execute(
-            sa.select(attempts.c.attempt, attempts.c.status)
-            .where(attempts.c.run_id == run_id)
-            .order_by(attempts.c.attempt.desc())
-            .limit(1)
-        ).first()
-        if previous is not None and previous.status in ("success", "incomplete"):
-            _keep_unrecorded_ends(conn, run_id, int(previous.attempt))
-        conn.execute(
-            attempts.update()
-            .where(attempts.c.run_id == run_id, attempts.c.status == "running")
-            .values(status=VANISHED)
-        )
-        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.status == "running").values(status="missing"))
+        close_earlier_launches(conn, run_id)
         last = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
         if last is not None:
             attempt = int(last) + 1
@@ -263,37 +226,14 @@ def begin_attempt(store: Store, run_id: int, world_size: int) -> int:
                 run_id=run_id,
                 attempt=attempt,
                 world_size=world_size,
-                status="running",
+                status=RUNNING,
                 started_at=time.time(),
                 host=socket.gethostname(),
                 job_id=next((os.environ[v] for v in _JOB_ID_VARS if os.environ.get(v)), None),
             )
         )
-        conn.execute(runs.update().where(runs.c.id == run_id).values(status="running", ended_at=None))
+        conn.execute(runs.update().where(runs.c.id == run_id).values(status=RUNNING, ended_at=None))
     return attempt
-
-
-def _keep_unrecorded_ends(conn: sa.Connection, run_id: int, attempt: int) -> None:
-    unrecorded = set(conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == run_id, ranks.c.status == "running")).scalars())
-    known = conn.execute(
-        sa.select(unheard_ends.c.rank).where(unheard_ends.c.run_id == run_id, unheard_ends.c.attempt == attempt)
-    ).scalars()
-    now = time.time()
-    rows = [{"run_id": run_id, "rank": r, "attempt": attempt, "recorded_at": now} for r in sorted(unrecorded - set(known))]
-    if rows:
-        conn.execute(unheard_ends.insert(), rows)
-
-
-def end_attempt(store: Store, run_id: int, attempt: int, status: str) -> None:
-    """Record how this launch ended: as the run's end was recorded (a run whose ranks went
-    missing is not a success), else `status`."""
-    recorded = sa.select(runs.c.status).where(runs.c.id == run_id, runs.c.status != "running").scalar_subquery()
-    with store.begin() as conn:
-        conn.execute(
-            attempts.update()
-            .where(attempts.c.run_id == run_id, attempts.c.attempt == attempt)
-            .values(status=sa.func.coalesce(recorded, status), ended_at=time.time())
-        )
 
 
 def check_same_run(store: Store, rank: int, run_id: int, name: str, version: int, started_at: float) -> None:
@@ -317,14 +257,14 @@ def check_same_run(store: Store, rank: int, run_id: int, name: str, version: int
 def drop_if_never_launched(store: Store, run_id: int) -> bool:
     """Remove a run no launch ever began: no row of any table names it. True when removed.
 
-    For a run allocated ahead of a fork that was not a launch (process_runs.py): a logger
+    For a run allocated ahead of a fork that was not a launch (logger/process_registry.py): a logger
     built and never used leaves no run, with or without a fork in between."""
     with store.begin() as conn:
         for table in metadata.sorted_tables:
             if table is not runs and "run_id" in table.c:
                 if conn.execute(sa.select(table.c.run_id).where(table.c.run_id == run_id).limit(1)).first():
                     return False
-        conn.execute(sa.delete(runs).where(runs.c.id == run_id, runs.c.status == "running"))
+        conn.execute(sa.delete(runs).where(runs.c.id == run_id, runs.c.status == RUNNING))
     return True
 
 

@@ -1,10 +1,10 @@
-"""Merging a spill file (spill.py) into a store: its rows, its side rows, and the rank's end.
+"""Merging a spill file (spill_file.py) into a store: its rows, its side rows, and the rank's end.
 
 Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
 read, and rows the store already holds (same run, rank, seq and key: rank 0 may have
 stored a batch that its sender never saw acknowledged) are skipped. The rank's end, when the
 store never heard it, is recorded, and the run settles: ``incomplete`` becomes ``success``
-once nothing is spilled, lost or unheard.
+once nothing is spilled, lost or unheard (status.py decides both: `settle_rank`, `settle_imported`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +23,11 @@ import sqlalchemy as sa
 
 from multirank_logger.errors import LookupFailed, StoreLocked
 from multirank_logger.model.batch import column_lists, concat_batches, take_rows, with_run_id
-from multirank_logger.model.schema import SIDE_TABLES, attempts, imports, metrics, ranks, runs, unheard_ends
+from multirank_logger.model.run_ref import RunRef
+from multirank_logger.model.schema import SIDE_TABLES, imports, metrics, runs
 from multirank_logger.store.spill_file import SPILL_SUFFIX, read_spill_contents, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
-
-if TYPE_CHECKING:
-    from multirank_logger.transport.identity import RunIdentity
+from multirank_logger.store.status import keep_unheard, settle_imported, settle_rank
 
 __all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
 
@@ -93,7 +92,7 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
             store.backend.insert_metrics(conn, metrics, fresh)
         side_added = sum(_insert_side(store, conn, obj, run_id) for kind, obj in new if kind == "side")
         ends = [obj for kind, obj in new if kind == "end"]
-        rank_status = _settle_rank(conn, run_id, rank, ends[-1], header.get("attempt")) if ends else None
+        rank_status = settle_rank(conn, run_id, rank, ends[-1], header.get("attempt")) if ends else None
         conn.execute(
             imports.insert().values(
                 spill_id=spill_id,
@@ -106,14 +105,14 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
                 imported_at=time.time(),
             )
         )
-        _settle_run(conn, run_id, len(batch))
+        settle_imported(conn, run_id, len(batch))
     return ImportReport(
         **report, rows_added=len(fresh), rows_skipped=len(batch) - len(fresh), frames_read=len(frames) - done,
         side_rows_added=side_added, rank_status=rank_status,
     )
 
 
-def import_earlier_launches(store: Any, spill_dir: str, run: RunIdentity, attempt: int) -> int:
+def import_earlier_launches(store: Any, spill_dir: str, run: RunRef, attempt: int) -> int:
     """A resumed launch's rank 0: import the spill files earlier launches of the run left in
     `spill_dir` (this host's), before this launch adds to the run. Returns the rows added.
 
@@ -130,7 +129,7 @@ def import_earlier_launches(store: Any, spill_dir: str, run: RunIdentity, attemp
     into ``unheard_ends``, which importing the file by hand clears.
     """
     name = f"{glob.escape(run.name)}-version_{run.version}-rank*{SPILL_SUFFIX}"
-    run_id = run.run_id
+    run_id = run.id
     added = 0
     for path in sorted(glob.glob(os.path.join(glob.escape(spill_dir), name))):
         header = read_spill_header(path)
@@ -144,9 +143,7 @@ def import_earlier_launches(store: Any, spill_dir: str, run: RunIdentity, attemp
             raise  # the caller waits for the store, and tries again
         except Exception as exc:  # noqa: BLE001 - the launch goes on; the run stays short of success
             with store.begin() as conn:
-                key = {"run_id": run_id, "rank": int(header["rank"]), "attempt": int(header["attempt"])}
-                if not conn.execute(sa.select(sa.exists().where(*(unheard_ends.c[k] == v for k, v in key.items())))).scalar():
-                    conn.execute(unheard_ends.insert().values(**key, recorded_at=time.time()))
+                keep_unheard(conn, run_id, int(header["attempt"]), [int(header["rank"])], time.time())
             log.error(
                 "multirank_logger: an earlier launch's spill file could not be imported (%s: %s); the run is not "
                 "recorded as success until it is: multirank-logger import %s %s",
@@ -171,78 +168,6 @@ def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[st
             added += store.backend.insert_rows(conn, SIDE_TABLES[table],
                 unseen_side_rows(conn, SIDE_TABLES[table], rows))
     return added
-
-
-def _settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any], attempt: int | None) -> str | None:
-    """A rank whose end the store never heard ("missing": gather rank 0 did not; "running": the rank
-    could not write the store at its end; or in ``unheard_ends`` for the file's launch, which a later
-    launch registered again): record the last end its spill file holds, and count the values it
-    spilled (this file's, taken off again below) and lost in the run. That end's counts cover
-    every earlier phase whose counts the run lacks (spill.py's header).
-
-    Returns:
-        The rank's status, when its end was unknown; None when the store knew its end already.
-    """
-    latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
-    # the ranks row is the file's launch's unless a later launch registered the rank again
-    current = attempt is None or latest is None or int(attempt) == int(latest)
-    if not current and rank == 0:  # that launch did end: the store, never told, took it for one that vanished
-        conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
-                                             attempts.c.status == "vanished").values(status=end["status"]))  # fmt: skip
-    status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
-    row_unended = current and status in ("missing", "running")
-    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
-    unheard = attempt is not None and conn.execute(sa.select(sa.exists().where(this_launch))).scalar()
-    if not (row_unended or unheard):
-        return None  # the store heard its end, and counted its values then (run_end.record_end)
-    if unheard:
-        conn.execute(unheard_ends.delete().where(this_launch))
-    if row_unended:
-        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
-    if end.get("counted"):
-        end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
-    if not current:  # a later launch owns the run's status now: only the counts are this file's
-        run_status: Any = runs.c.status
-    elif end["status"] in ("failed", "interrupted"):  # a rank that failed, as rank 0 would have recorded had it heard
-        run_status = sa.case((runs.c.status.in_(("incomplete", "running")), end["status"]), else_=runs.c.status)
-    elif rank == 0:  # rank 0 could not record the run's end: it is over, whole or not (_settle_run)
-        run_status = sa.case((runs.c.status == "running", "incomplete"), else_=runs.c.status)
-    else:
-        run_status = runs.c.status
-    conn.execute(
-        runs.update()
-        .where(runs.c.id == run_id)
-        .values(
-            values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + int(end.get("values_spilled", 0)),
-            values_lost=sa.func.coalesce(runs.c.values_lost, 0) + int(end.get("values_lost", 0)),
-            status=run_status,
-        )
-    )
-    return str(end["status"])
-
-
-def _settle_run(conn: sa.Connection, run_id: int, values: int) -> None:
-    """`values` spilled values are in the store now: count them off the run's ``values_spilled``;
-    a run left "incomplete" only for want of them (no value lost, no rank whose end is unknown)
-    is a success again."""
-    row = conn.execute(sa.select(runs.c.status, runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).one()
-    spilled = max((row.values_spilled or 0) - values, 0)
-    status = row.status
-    if status == "incomplete" and spilled == 0 and not row.values_lost and not _unended_ranks(conn, run_id):
-        status = "success"  # only a run that ended in success is recorded as incomplete (run_end.py)
-    if spilled != (row.values_spilled or 0) or status != row.status:
-        conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled, status=status))
-    if status == "success" and row.status == "incomplete":  # its launches were recorded as it stood then
-        conn.execute(
-            attempts.update().where(attempts.c.run_id == run_id, attempts.c.status == "incomplete").values(status="success")
-        )
-
-
-def _unended_ranks(conn: sa.Connection, run_id: int) -> int:
-    """Ranks whose end the store does not know, in the latest launch or (``unheard_ends``) an earlier one."""
-    query = sa.select(sa.func.count()).where(ranks.c.run_id == run_id, ranks.c.status.in_(("missing", "running")))
-    unheard = sa.select(sa.func.count()).where(unheard_ends.c.run_id == run_id)
-    return int(conn.execute(query).scalar_one()) + int(conn.execute(unheard).scalar_one())
 
 
 # at most this many keys are named in the query above (SQLite allows 32,766 parameters)

@@ -16,7 +16,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,13 +34,15 @@ from multirank_logger.errors import (
     StoreLocked,
     StoreNotWritable,
 )
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import SIDE_TABLES, metrics, ranks, runs
 from multirank_logger.store.backends import Backend, backend_for, resolve_url
+from multirank_logger.store.status import RUNNING
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["RunRecord", "Store", "head_revision", "migrations_dir", "retry_while_locked"]
+__all__ = ["Store", "head_revision", "migrations_dir", "retry_while_locked"]
 
 T = TypeVar("T")
 
@@ -93,15 +94,6 @@ def _check_writable(path: Path) -> None:
                 pass
     except OSError as exc:
         raise StoreNotWritable(str(path), exc.strerror or str(exc)) from exc
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """The identity of a run in the store."""
-
-    id: int
-    name: str
-    version: int
 
 
 class Store:
@@ -186,7 +178,7 @@ class Store:
 
     @property
     def held_connection(self) -> sa.Connection | None:
-        """The connection this thread's `writing()` holds, or None (readers share it: see query.py).
+        """The connection this thread's `writing()` holds, or None (readers share it: see query/reader.py).
 
         Per thread: a flush from the SIGTERM watcher thread must not use the main thread's
         connection mid-transaction; it opens its own (one DuckDB instance per process).
@@ -268,7 +260,7 @@ class Store:
         at_least: int = 0,
         version_name: str | None = None,
         run_key: str | None = None,
-    ) -> RunRecord:
+    ) -> RunRef:
         """Register a new run; `version=None` takes the next free version for `name` (and no
         lower than `at_least`: versions already taken on disk, see run_lifecycle.py).
 
@@ -286,21 +278,22 @@ class Store:
                     if chosen is None:
                         latest = sa.select(sa.func.coalesce(sa.func.max(runs.c.version), -1) + 1)
                         chosen = max(conn.execute(latest.where(runs.c.name == name)).scalar_one(), at_least)
+                    started_at = time.time()
                     conn.execute(
                         runs.insert().values(
                             id=run_id,
                             name=name,
                             version=chosen,
-                            status="running",
+                            status=RUNNING,
                             world_size=world_size,
                             transport=transport,
-                            started_at=time.time(),
+                            started_at=started_at,
                             hparams=_to_json(hparams),
                             version_name=version_name,
                             run_key=run_key,
                         )
                     )
-                    return RunRecord(run_id, name, int(chosen))
+                    return RunRef(run_id, name, int(chosen), version_name, started_at, world_size)
             except sa.exc.IntegrityError as exc:
                 if version is not None and self.find_run(name, version) is not None:
                     raise StoreError(
@@ -309,12 +302,13 @@ class Store:
                     ) from exc
         raise StoreError(f"Could not allocate a run id after {_CREATE_RUN_ATTEMPTS} attempts; too many concurrent launches?")
 
-    def find_run(self, name: str, version: int) -> RunRecord | None:
+    def find_run(self, name: str, version: int) -> RunRef | None:
+        cols = (runs.c.id, runs.c.version_name, runs.c.started_at, runs.c.world_size)
         with self.begin() as conn:
-            row = conn.execute(
-                sa.select(runs.c.id).where(runs.c.name == name, runs.c.version == version)
-            ).first()
-        return None if row is None else RunRecord(row.id, name, version)
+            row = conn.execute(sa.select(*cols).where(runs.c.name == name, runs.c.version == version)).first()
+        if row is None:
+            return None
+        return RunRef(int(row.id), name, version, row.version_name, float(row.started_at), int(row.world_size))
 
     def update_run(self, run_id: int, *, where_status: str | None = None, **values: Any) -> None:
         """Set columns of a run: status, ended_at, transport, world_size, hparams (a mapping);
@@ -329,7 +323,7 @@ class Store:
 
     def register_rank(self, run_id: int, rank: int, **facts: Any) -> None:
         """Record (or refresh) one rank's facts: local_rank, node_rank, host, pid, status."""
-        facts.setdefault("status", "running")
+        facts.setdefault("status", RUNNING)
         with self.begin() as conn:
             conn.execute(ranks.delete().where(ranks.c.run_id == run_id, ranks.c.rank == rank))
             conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), **facts))

@@ -23,6 +23,7 @@ from typing import Any
 
 from multirank_logger._util.dist_env import current_world_size, dist_if_initialized
 from multirank_logger.errors import ChannelTimeout, IdentityTimeout
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.transport.row_channel import RowChannel
 
 __all__ = ["IdentityBoard", "RunIdentity"]
@@ -32,27 +33,29 @@ ENV_PREFIX = "MULTIRANK_LOGGER_RUN_"
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """What rank 0 tells the others: enough to write under the same run."""
+    """What rank 0 tells the others: the run (its ``started_at`` lets a direct-writing rank tell
+    it is rank 0's run), and whom the message is for.
 
-    run_id: int
-    name: str
-    version: int
+    A message that carries the `RunRef`, not a RunRef itself: `db` and `pid` say nothing about the
+    run but who may adopt the message, and the store's URL (its password included) has no place
+    in every reference to a run that the other layers pass around and print.
+    """
+
+    run: RunRef
     db: str  # the store's URL, so a stale variable for another store is never adopted
-    pid: int = 0  # rank 0's process: only its own children adopt the environment variable
-    version_name: str | None = None  # a named version's directory (version="2020-02-05")
-    started_at: float = 0.0  # the runs row's, so a direct-writing rank can tell it is rank 0's run
-
-    @property
-    def dir_name(self) -> str:
-        """The run's directory under ``save_dir/name``: ``version_N``, or a named version."""
-        return self.version_name if self.version_name is not None else f"version_{self.version}"
+    pid: int = 0  # the process that opened the run: only its own children adopt the environment variable
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunIdentity:
-        return cls(**json.loads(text))
+        """Raises ValueError for text that is no identity (an older release's, say)."""
+        message = json.loads(text)
+        try:
+            return cls(RunRef(**message["run"]), message["db"], message["pid"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError("not a run identity") from exc
 
 
 class IdentityBoard:

@@ -1,0 +1,368 @@
+"""Run, rank and launch statuses: the one place that decides them, and whether a run is whole.
+
+A run (``runs.status``), each of its launches (``attempts.status``) and each rank
+(``ranks.status``) is ``running`` until its end is recorded:
+
+- ``success``, ``failed``, ``interrupted`` (a preemption, Ctrl-C: `final_status`), as reported;
+- ``incomplete``: a run (or launch) that ended in success but is not *whole* (`run_is_whole`):
+  values went to spill files or were lost, or a rank's end was never heard. Importing the spill
+  files settles it back to ``success`` (`settle_imported`, `settle_rank`);
+- ``missing``: a gather rank whose end never reached rank 0 (or a rank still ``running`` when a
+  new launch began);
+- ``vanished``: an earlier launch still ``running`` when a new one began (`close_earlier_launches`).
+
+A rank's end the store does not know is *unended*: its row says ``running`` or ``missing``, or
+(an earlier launch's, which the ranks table no longer shows) it is kept in ``unheard_ends``.
+
+Every transition takes the store (anything with `StatusStore`'s methods: ``sql_store.Store``) or
+an open connection; none retries while the store is locked: the caller does (run_end.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+from multirank_logger.model.schema import attempts, ranks, runs, unheard_ends
+
+__all__ = [
+    "FAILED",
+    "INCOMPLETE",
+    "INTERRUPTED",
+    "MISSING",
+    "RUNNING",
+    "SUCCESS",
+    "UNENDED",
+    "VANISHED",
+    "StatusStore",
+    "close_earlier_launches",
+    "end_at_exit",
+    "end_attempt",
+    "ends_unknown",
+    "exit_status",
+    "final_status",
+    "keep_unheard",
+    "record_rank_end",
+    "run_is_whole",
+    "run_lacks_values",
+    "settle_imported",
+    "settle_rank",
+]
+
+RUNNING = "running"
+SUCCESS = "success"
+FAILED = "failed"
+#: a preemption (SIGTERM) or Ctrl-C: not the training's own failure
+INTERRUPTED = "interrupted"
+#: the run ended in success, but lacks values (spill files, lost) or a rank's end
+INCOMPLETE = "incomplete"
+#: a rank whose end never reached the rank that records it
+MISSING = "missing"
+#: an earlier launch still ``running`` when a new one begins: it stopped without recording any end
+#: (SIGKILL, the OOM killer, a node lost, a scheduler's kill after its grace period). "vanished",
+#: not "killed": the store saw it go silent, not why.
+VANISHED = "vanished"
+#: a rank's row whose end the store does not know
+UNENDED = (RUNNING, MISSING)
+
+
+class StatusStore(Protocol):
+    """What the transitions use of a store (``sql_store.Store`` has it)."""
+
+    def begin(self) -> AbstractContextManager[sa.Connection]: ...
+
+    def writing(self) -> AbstractContextManager[Any]: ...
+
+    def update_rank(self, run_id: int, rank: int, *, where_status: str | None = None, **values: Any) -> None: ...
+
+    def update_run(self, run_id: int, *, where_status: str | None = None, **values: Any) -> None: ...
+
+
+# -- the rule: is the run whole? ---------------------------------------------------------------
+
+
+def _unended_rank() -> Any:
+    """SQL, for the ``runs`` row of the query: a rank of the run whose end the store does not know
+    ("running": a rank writing the store itself that has not recorded its end, or cannot;
+    "missing": a gather rank whose end never reached rank 0)."""
+    return sa.and_(ranks.c.run_id == runs.c.id, ranks.c.status.in_(UNENDED))
+
+
+def _unheard_end() -> Any:
+    """SQL: an earlier launch's rank of the run whose end was never heard (``unheard_ends``)."""
+    return unheard_ends.c.run_id == runs.c.id
+
+
+def run_is_whole() -> Any:
+    """SQL, for the ``runs`` row of the query: true when the run lacks nothing known: no value
+    spilled or lost, and no rank whose end is unknown, in this launch or an earlier one."""
+    unstored = sa.func.coalesce(runs.c.values_spilled, 0) + sa.func.coalesce(runs.c.values_lost, 0)
+    unended = sa.select(ranks.c.rank).where(_unended_rank()).exists()
+    unheard = sa.select(unheard_ends.c.rank).where(_unheard_end()).exists()
+    return sa.and_(unstored == 0, ~unended, ~unheard)
+
+
+def ends_unknown() -> Any:
+    """SQL, for the ``runs`` row of the query: how many rank ends the store never heard, as the
+    query side shows it: the unended ranks of a run that is over (a running run's ranks are still
+    to end), plus the earlier launches' unheard ends."""
+    unended = sa.select(sa.func.count()).where(_unended_rank()).scalar_subquery()
+    unheard = sa.select(sa.func.count()).where(_unheard_end()).scalar_subquery()
+    return sa.case((runs.c.status == RUNNING, 0), else_=unended) + unheard
+
+
+def run_lacks_values(store: StatusStore, run_id: int) -> tuple[int, int, int]:
+    """(values_spilled, values_lost, ends never heard) the store records for the run: a rank
+    end in ``unheard_ends`` may hold rows the store lacks, in a number nobody knows yet."""
+    with store.begin() as conn:
+        row = conn.execute(sa.select(runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).first()
+        unheard = conn.execute(sa.select(sa.func.count()).where(unheard_ends.c.run_id == run_id)).scalar_one()
+    return (0, 0, int(unheard)) if row is None else (row[0] or 0, row[1] or 0, int(unheard))
+
+
+# -- the status a process reports --------------------------------------------------------------
+
+
+def final_status(status: str, *, terminated: bool) -> str:
+    """Lightning reports every exception as "failed": tell a preemption (`terminated`: SIGTERM
+    received) or Ctrl-C apart, by the exception being handled."""
+    if status != FAILED:
+        return status
+    exc = sys.exc_info()[1]
+    if terminated or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return INTERRUPTED
+    return status
+
+
+def exit_status(exc: BaseException) -> str:
+    """The status of a run never finalized, at exit after the uncaught `exc`."""
+    return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else FAILED
+
+
+# -- a run's end -------------------------------------------------------------------------------
+
+
+def record_rank_end(
+    store: StatusStore,
+    run_id: int,
+    *,
+    rank: int,
+    gather_world: int,
+    status: str,
+    others: dict[int, str],
+    facts: dict[int, dict[str, Any]],
+    now: float,
+    values_spilled: int = 0,
+    values_lost: int = 0,
+    attempt: int | None = None,
+) -> None:
+    """Write how the run ended for this rank and, on rank 0 in gather mode (``gather_world > 1``),
+    for every other rank: the status it reported (`MISSING` when it did not) and its facts.
+
+    Values this rank put in its spill file or lost are added to the run's ``values_spilled`` /
+    ``values_lost``; a run with any is never recorded as "success" but as "incomplete", whichever
+    rank finalizes last (importing the spill files brings it back: `settle_imported`). So is a
+    gather run with a rank whose end never reached rank 0 (what it did not deliver is unknown
+    here: its spill file, imported, records it). At a success, such a rank is also kept in
+    ``unheard_ends`` under this launch's `attempt`, so that a later launch (``test`` after
+    ``fit``), which registers the rank again, cannot make the run a success before that file is
+    imported. Each step is idempotent: the caller retries the whole on a busy store."""
+    store.update_rank(run_id, rank, status=status, ended_at=now)
+    if rank == 0:
+        for other in range(1, gather_world):
+            values = {**facts.get(other, {}), "status": others.get(other, MISSING), "ended_at": now}
+            store.update_rank(run_id, other, **values)
+        if attempt is not None and gather_world > 1 and status == SUCCESS:
+            # a success takes every heard rank's report, which covers what that rank's earlier
+            # phases of this launch did not get counted (sinks.GatherSender). A launch that did not
+            # succeed keeps none: a resume supersedes its last rows, as it does a vanished launch's
+            # (close_earlier_launches)
+            heard = [o for o in range(1, gather_world) if o in others]
+            unheard = [o for o in range(1, gather_world) if o not in others]
+            with store.begin() as conn:
+                keep_unheard(conn, run_id, attempt, unheard, now, heard=heard)
+    if values_spilled or values_lost:
+        with store.begin() as conn:
+            _count_unstored(conn, run_id, values_spilled, values_lost)
+    with store.begin() as conn:
+        if rank == 0 or status != SUCCESS:
+            # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
+            missing = rank == 0 and any(other not in others for other in range(1, gather_world))
+            _end_run(conn, run_id, INCOMPLETE if missing and status == SUCCESS else status, now)
+        else:
+            # a rank (not 0) that ended well after rank 0 recorded the run "incomplete" for want of it
+            _settle_incomplete(conn, run_id)
+
+
+def keep_unheard(
+    conn: sa.Connection, run_id: int, attempt: int, unheard: Iterable[int], now: float, *, heard: Iterable[int] = ()
+) -> None:
+    """Keep the ends of launch `attempt`'s `unheard` ranks in ``unheard_ends`` (once each); drop the
+    `heard` ones (a later phase's report counted what the earlier phase's did not)."""
+    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.attempt == attempt)
+    heard = list(heard)
+    if heard:
+        conn.execute(unheard_ends.delete().where(this_launch, unheard_ends.c.rank.in_(heard)))
+    known = set(conn.execute(sa.select(unheard_ends.c.rank).where(this_launch)).scalars())
+    new = sorted(set(unheard) - known)  # a block may be retried: each step is idempotent
+    if new:
+        rows = [{"run_id": run_id, "rank": r, "attempt": attempt, "recorded_at": now} for r in new]
+        conn.execute(unheard_ends.insert(), rows)
+
+
+def _count_unstored(conn: sa.Connection, run_id: int, spilled: int, lost: int) -> None:
+    conn.execute(
+        runs.update()
+        .where(runs.c.id == run_id)
+        .values(
+            values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + spilled,
+            values_lost=sa.func.coalesce(runs.c.values_lost, 0) + lost,
+            # rank 0 may have ended the run already
+            status=sa.case((runs.c.status == SUCCESS, INCOMPLETE), else_=runs.c.status),
+        )
+    )
+
+
+def _end_run(conn: sa.Connection, run_id: int, status: str, now: float) -> None:
+    value: Any = status
+    if status == SUCCESS:  # another rank (or an earlier phase) may have spilled or lost values
+        value = sa.case((run_is_whole(), SUCCESS), else_=INCOMPLETE)
+    conn.execute(runs.update().where(runs.c.id == run_id).values(status=value, ended_at=now))
+
+
+def _settle_incomplete(conn: sa.Connection, run_id: int) -> None:
+    """A run "incomplete" that lacks nothing now is a success, and so are its launches recorded
+    "incomplete" (as the run stood at their end: `end_attempt`)."""
+    settles = runs.c.id == run_id, runs.c.status == INCOMPLETE, run_is_whole()
+    # asked first: DuckDB reports no rowcount for an UPDATE
+    if conn.execute(sa.select(sa.exists().where(*settles))).scalar():
+        conn.execute(runs.update().where(*settles).values(status=SUCCESS))
+        conn.execute(
+            attempts.update().where(attempts.c.run_id == run_id, attempts.c.status == INCOMPLETE).values(status=SUCCESS)
+        )
+
+
+def end_at_exit(
+    store: StatusStore, run_id: int, *, rank: int, senders: Iterable[int], status: str, now: float, attempt: int | None
+) -> None:
+    """At exit after an uncaught exception, for a run never finalized: only what is still running
+    ends (a ddp_spawn parent never finalizes, its workers did): this rank's row as `status`, the
+    gather `senders`' rows as `MISSING` (their end never reached rank 0), and on rank 0 the run
+    and this launch."""
+    with store.writing():
+        store.update_rank(run_id, rank, where_status=RUNNING, status=status, ended_at=now)
+        for other in senders:
+            store.update_rank(run_id, other, where_status=RUNNING, status=MISSING, ended_at=now)
+        if rank == 0:
+            store.update_run(run_id, where_status=RUNNING, status=status, ended_at=now)
+            if attempt is not None:
+                end_attempt(store, run_id, attempt, status)
+
+
+# -- launches ----------------------------------------------------------------------------------
+
+
+def close_earlier_launches(conn: sa.Connection, run_id: int) -> None:
+    """A new launch of `run_id` begins: launches of a run follow one another, so the earlier one
+    is gone. Its attempts still ``running`` become `VANISHED` (their ``ended_at`` stays unknown),
+    and ranks still ``running`` become `MISSING`, as at a run's end.
+
+    A rank still ``running`` in a launch that ended well (rank 0 recorded "success", or
+    "incomplete" for want of that rank) never recorded its own end (its store was unwritable):
+    what it did not store is in its spill file only, so it is kept in ``unheard_ends``, which
+    the new launch's registering the rank again does not clear. A launch that was interrupted or
+    failed keeps none: what its ranks logged last is what a resume logs again, as for a vanished
+    launch."""
+    previous = conn.execute(
+        sa.select(attempts.c.attempt, attempts.c.status)
+        .where(attempts.c.run_id == run_id)
+        .order_by(attempts.c.attempt.desc())
+        .limit(1)
+    ).first()
+    if previous is not None and previous.status in (SUCCESS, INCOMPLETE):
+        unrecorded = conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == run_id, ranks.c.status == RUNNING))
+        keep_unheard(conn, run_id, int(previous.attempt), unrecorded.scalars().all(), time.time())
+    conn.execute(
+        attempts.update().where(attempts.c.run_id == run_id, attempts.c.status == RUNNING).values(status=VANISHED)
+    )
+    conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.status == RUNNING).values(status=MISSING))
+
+
+def end_attempt(store: StatusStore, run_id: int, attempt: int, status: str) -> None:
+    """Record how this launch ended: as the run's end was recorded (a run whose ranks went
+    missing is not a success), else `status`."""
+    recorded = sa.select(runs.c.status).where(runs.c.id == run_id, runs.c.status != RUNNING).scalar_subquery()
+    with store.begin() as conn:
+        conn.execute(
+            attempts.update()
+            .where(attempts.c.run_id == run_id, attempts.c.attempt == attempt)
+            .values(status=sa.func.coalesce(recorded, status), ended_at=time.time())
+        )
+
+
+# -- importing spill files ---------------------------------------------------------------------
+
+
+def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any], attempt: int | None) -> str | None:
+    """A spill file's rank, whose end the store never heard (`UNENDED`: gather rank 0 did not, or
+    the rank could not write the store at its end; or in ``unheard_ends`` for the file's launch,
+    which a later launch registered again): record the last end its file holds (`end`), and count
+    the values it spilled (this file's, taken off again by `settle_imported`) and lost in the run.
+    That end's counts cover every earlier phase whose counts the run lacks (spill_file.py's
+    header), unless the end says rank 0 ``counted`` them already.
+
+    Returns:
+        The rank's status, when its end was unknown; None when the store knew its end already.
+    """
+    latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
+    # the ranks row is the file's launch's unless a later launch registered the rank again
+    current = attempt is None or latest is None or int(attempt) == int(latest)
+    if not current and rank == 0:  # that launch did end: the store, never told, took it for one that vanished
+        conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
+                                             attempts.c.status == VANISHED).values(status=end["status"]))  # fmt: skip
+    status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
+    row_unended = current and status in UNENDED
+    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
+    unheard = attempt is not None and conn.execute(sa.select(sa.exists().where(this_launch))).scalar()
+    if not (row_unended or unheard):
+        return None  # the store heard its end, and counted its values then (record_rank_end)
+    if unheard:
+        conn.execute(unheard_ends.delete().where(this_launch))
+    if row_unended:
+        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+    if end.get("counted"):
+        end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
+    if not current:  # a later launch owns the run's status now: only the counts are this file's
+        run_status: Any = runs.c.status
+    elif end["status"] in (FAILED, INTERRUPTED):  # a rank that failed, as rank 0 would have recorded had it heard
+        run_status = sa.case((runs.c.status.in_((INCOMPLETE, RUNNING)), end["status"]), else_=runs.c.status)
+    elif rank == 0:  # rank 0 could not record the run's end: it is over, whole or not (settle_imported)
+        run_status = sa.case((runs.c.status == RUNNING, INCOMPLETE), else_=runs.c.status)
+    else:
+        run_status = runs.c.status
+    conn.execute(
+        runs.update()
+        .where(runs.c.id == run_id)
+        .values(
+            values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + int(end.get("values_spilled", 0)),
+            values_lost=sa.func.coalesce(runs.c.values_lost, 0) + int(end.get("values_lost", 0)),
+            status=run_status,
+        )
+    )
+    return str(end["status"])
+
+
+def settle_imported(conn: sa.Connection, run_id: int, values: int) -> None:
+    """`values` spilled values are in the store now: count them off the run's ``values_spilled``;
+    a run left "incomplete" only for want of them (no value lost, no rank whose end is unknown)
+    is a success again (only a run that ended in success is recorded as incomplete)."""
+    before = conn.execute(sa.select(runs.c.values_spilled).where(runs.c.id == run_id)).scalar_one()
+    spilled = max((before or 0) - values, 0)
+    if spilled != (before or 0):
+        conn.execute(runs.update().where(runs.c.id == run_id).values(values_spilled=spilled))
+    _settle_incomplete(conn, run_id)
