@@ -37,6 +37,7 @@ from multirank_logger.logger.process_registry import dist_up, track
 from multirank_logger.logger.run_end import publish_facts, rank_facts
 from multirank_logger.logger.save_dir import LogDir, check_dir_writable
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.logger.spiller import Spiller
 from multirank_logger.logger.transport_choice import choose_transport
 from multirank_logger.logger.writer import BackgroundWriter, Sink
 from multirank_logger.model.side_records import SideRecords
@@ -45,7 +46,6 @@ from multirank_logger.store.run_lifecycle import begin_attempt, check_same_run, 
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.store.write_errors import Spiller
 from multirank_logger.transport.identity import IdentityBoard, RunIdentity
 from multirank_logger.transport.row_channel import RowChannel
 
