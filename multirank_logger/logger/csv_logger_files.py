@@ -4,6 +4,9 @@ The writer thread hands every batch rank 0 drained to `Rank0Files.tap_csv`, whic
 live file (live_csv.py) as CSVLogger's grows. At a successful end the file is kept when it
 holds every row rank 0 logged; otherwise it is rebuilt from the store, and only when the
 store holds every value: never a short file passed off as CSVLogger's.
+
+The files belong to a run (rank_run.RankRun builds them with itself); what they read of it is
+the `RunForFiles` protocol, so this module does not import the run.
 """
 
 from __future__ import annotations
@@ -11,26 +14,48 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger.logger.live_csv import LiveCsv
 from multirank_logger.logger.run_end import run_lacks_values
+from multirank_logger.logger.run_settings import RunSettings
+from multirank_logger.logger.save_dir import LogDir
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.transport.identity import RunIdentity
 
-if TYPE_CHECKING:
-    from multirank_logger.logger.rank_run import RankRun
-
-__all__ = ["NAME_HPARAMS_FILE", "NAME_METRICS_FILE", "Rank0Files"]
+__all__ = ["NAME_HPARAMS_FILE", "NAME_METRICS_FILE", "Rank0Files", "RunForFiles"]
 
 log = logging.getLogger(__name__)
 NAME_METRICS_FILE = "metrics.csv"
 NAME_HPARAMS_FILE = "hparams.yaml"
 #: what the live metrics.csv held, when the whole file could not be written at the end
 NAME_PARTIAL_METRICS_FILE = "metrics.partial.csv"
+
+
+class RunForFiles(Protocol):
+    """What `Rank0Files` reads of its run (rank_run.RankRun); it changes none of it."""
+
+    settings: RunSettings
+    #: ``save_dir``'s filesystem (local or fsspec)
+    log_files: LogDir
+    hparams: dict[str, Any]
+    hparams_logged: bool
+    #: this launch's attempt (0: the run's first), once set up
+    attempt: int | None
+
+    @property
+    def log_dir(self) -> str:
+        """CSVLogger's ``save_dir/name/version_N``."""
+
+    def open_store(self) -> Store:
+        """The run's store, opened."""
+
+    def resolve(self) -> RunIdentity:
+        """The run's identity (its id in the store)."""
 
 
 class Rank0Files:
@@ -40,7 +65,7 @@ class Rank0Files:
         run: this process's part in the run (its log_dir, store, attempt, hyperparameters).
     """
 
-    def __init__(self, run: RankRun) -> None:
+    def __init__(self, run: RunForFiles) -> None:
         self.run = run
         self.live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
         self.csv_gaps = 0  # batches the live file missed
