@@ -22,7 +22,7 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger.logger.live_csv import LiveCsv
 from multirank_logger.logger.run_end import run_lacks_values
 from multirank_logger.logger.run_settings import RunSettings
-from multirank_logger.logger.save_dir import LogDir
+from multirank_logger.logger.save_dir import SaveDir
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.transport.identity import RunIdentity
@@ -41,7 +41,7 @@ class RunForFiles(Protocol):
 
     settings: RunSettings
     #: ``save_dir``'s filesystem (local or fsspec)
-    log_files: LogDir
+    save_dir: SaveDir
     hparams: dict[str, Any]
     hparams_logged: bool
     #: this launch's attempt (0: the run's first), once set up
@@ -103,8 +103,8 @@ class Rank0Files:
     def write_hparams(self) -> None:
         """hparams.yaml, through Lightning's writer (fsspec, OmegaConf), written aside and moved
         over the file: a full disk leaves the former file or none, never a torn one."""
-        log_dir, fs = self.run.log_dir, self.run.log_files.fs
-        self.run.log_files.makedirs(log_dir)
+        log_dir, fs = self.run.log_dir, self.run.save_dir.fs
+        self.run.save_dir.makedirs(log_dir)
         path = os.path.join(log_dir, NAME_HPARAMS_FILE)
         tmp = os.path.join(log_dir, f".{NAME_HPARAMS_FILE}.{os.getpid()}.tmp")
         try:
@@ -141,7 +141,7 @@ class Rank0Files:
         named metrics.csv is CSVLogger's whole file or nothing, and a short one kept under
         another name still shows how far the run got."""
         path, aside = self.metrics_path, os.path.join(self.run.log_dir, NAME_PARTIAL_METRICS_FILE)
-        fs = self.run.log_files.fs
+        fs = self.run.save_dir.fs
         live = self.live_csv
         moved = safely(lambda: fs.exists(path) and (fs.mv(path, aside) or True), f"moving {path} aside")
         kept = (
@@ -159,7 +159,7 @@ class Rank0Files:
     def export_files(self) -> None:
         """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
         run = self.run
-        run.log_files.makedirs(run.log_dir)
+        run.save_dir.makedirs(run.log_dir)
         if run.hparams_logged:
             safely(self.write_hparams, "writing hparams.yaml")  # metrics.csv is written whatever this does
         if self.live_csv_whole():
@@ -167,4 +167,4 @@ class Rank0Files:
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
         # (through this run's store: no second engine, no second schema check)
         reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
-        run.log_files.export_csv(reader, self.metrics_path, run=run.resolve().run_id, rank=0)
+        run.save_dir.export_csv(reader, self.metrics_path, run=run.resolve().run_id, rank=0)

@@ -40,7 +40,7 @@ from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.process_registry import UnfinishedRun, dist_up, track
 from multirank_logger.logger.run_end import publish_facts, rank_facts
 from multirank_logger.logger.run_settings import RunSettings
-from multirank_logger.logger.save_dir import LogDir, check_dir_writable
+from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.logger.spiller import Spiller
 from multirank_logger.logger.transport_choice import choose_transport
@@ -70,7 +70,7 @@ class RankRun:
 
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
-        self.log_files = LogDir(settings.save_dir)
+        self.save_dir = SaveDir(settings.save_dir)  # its filesystem: where log_dir and its files are
         self.board = IdentityBoard(next(_INSTANCES), settings.timeout)
         # a run dropped without finalize leaves no variable behind (it is for its own launch)
         weakref.finalize(self, os.environ.pop, self.board.env_var, None)
@@ -167,7 +167,7 @@ class RankRun:
             self.open_store()
             settings = self.settings
             check_dir_writable(settings.spill_dir, "spill_dir", "rows the store cannot take are kept there")
-            if not self.log_files.remote:
+            if not self.save_dir.remote:
                 check_dir_writable(settings.save_dir, "save_dir", "metrics.csv, hparams.yaml and checkpoints go there")
 
     def open_store(self) -> Store:
@@ -350,7 +350,7 @@ class RankRun:
                 f"{self.settings.db}, {world} rank(s), transport={transport} ({why})"
             )
 
-    # -- the writer thread and the log capture ---------------------------------------------
+    # -- the hot path, the writer thread and the log capture -------------------------------
 
     def record_call(self, metrics: Mapping[str, Any], step: int | None) -> None:
         """Hot path: one log call into the buffer (the logger's `log_metrics`, the experiment's)."""
