@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_METRICS_FILE
 from multirank_logger.logger.rank_run import RankRun
 
 __all__ = ["RunExperiment"]
@@ -26,8 +27,8 @@ class RunExperiment:
         run: this process's part in the logger's run.
     """
 
-    NAME_METRICS_FILE = "metrics.csv"
-    NAME_HPARAMS_FILE = "hparams.yaml"
+    NAME_METRICS_FILE = NAME_METRICS_FILE
+    NAME_HPARAMS_FILE = NAME_HPARAMS_FILE
 
     def __init__(self, run: RankRun) -> None:
         self._run = run

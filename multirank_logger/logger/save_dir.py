@@ -98,7 +98,6 @@ class SaveDir:
     """
 
     def __init__(self, save_dir: str) -> None:
-        self.save_dir = save_dir
         self.remote = is_remote(save_dir)
         self.fs: Any = get_filesystem(save_dir)
 
