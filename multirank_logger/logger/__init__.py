@@ -1,2 +1,14 @@
-"""The Lightning front-end (MultiRankLogger) and what one rank does behind it: the buffer, the writer
-thread, the sinks, finalize, the process-wide hooks (SIGTERM, exit, fork), CSVLogger's files."""
+"""The Lightning front-end (MultiRankLogger) and what one rank does behind it.
+
+Top down (each module imports only those below it):
+
+- multi_rank_logger.py: `MultiRankLogger`, Lightning's hooks; experiment.py: what user code
+  gets as ``logger.experiment``; finalize.py: the end of the run (``finalize``).
+- rank_run.py: `RankRun`, this process's part in the run (store, identity, sink, writer), built
+  from run_settings.py's `RunSettings`.
+- Below the run: csv_logger_files.py and live_csv.py (rank 0's CSVLogger files), transport_choice.py
+  (direct or gather), sinks.py (where rows go), writer.py (the thread that moves them), buffer.py
+  (the hot path's memory), spiller.py (rows the store did not take), run_end.py (how a run's end
+  is recorded), save_dir.py (the files' filesystem), process_registry.py and process_hooks.py
+  (exit, SIGTERM and fork, process-wide).
+"""

@@ -4,6 +4,9 @@ The writer thread hands every batch rank 0 drained to `Rank0Files.tap_csv`, whic
 live file (live_csv.py) as CSVLogger's grows. At a successful end the file is kept when it
 holds every row rank 0 logged; otherwise it is rebuilt from the store, and only when the
 store holds every value: never a short file passed off as CSVLogger's.
+
+The files belong to a run (rank_run.RankRun builds them with itself); what they read of it is
+the `RunForFiles` protocol, so this module does not import the run.
 """
 
 from __future__ import annotations
@@ -11,26 +14,48 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger.logger.live_csv import LiveCsv
+from multirank_logger.logger.run_settings import RunSettings
+from multirank_logger.logger.save_dir import SaveDir
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import run_lacks_values
 
-if TYPE_CHECKING:
-    from multirank_logger.logger.rank_run import RankRun
-
-__all__ = ["NAME_HPARAMS_FILE", "NAME_METRICS_FILE", "Rank0Files"]
+__all__ = ["NAME_HPARAMS_FILE", "NAME_METRICS_FILE", "Rank0Files", "RunForFiles"]
 
 log = logging.getLogger(__name__)
 NAME_METRICS_FILE = "metrics.csv"
 NAME_HPARAMS_FILE = "hparams.yaml"
 #: what the live metrics.csv held, when the whole file could not be written at the end
 NAME_PARTIAL_METRICS_FILE = "metrics.partial.csv"
+
+
+class RunForFiles(Protocol):
+    """What `Rank0Files` reads of its run (rank_run.RankRun); it changes none of it."""
+
+    settings: RunSettings
+    #: ``save_dir``'s filesystem (local or fsspec)
+    save_dir: SaveDir
+    hparams: dict[str, Any]
+    hparams_logged: bool
+    #: this launch's attempt (0: the run's first), once set up
+    attempt: int | None
+
+    @property
+    def log_dir(self) -> str:
+        """CSVLogger's ``save_dir/name/version_N``."""
+
+    def open_store(self) -> Store:
+        """The run's store, opened."""
+
+    def resolve(self) -> RunRef:
+        """The run (its id in the store)."""
 
 
 class Rank0Files:
@@ -40,7 +65,7 @@ class Rank0Files:
         run: this process's part in the run (its log_dir, store, attempt, hyperparameters).
     """
 
-    def __init__(self, run: RankRun) -> None:
+    def __init__(self, run: RunForFiles) -> None:
         self.run = run
         self.live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
         self.csv_gaps = 0  # batches the live file missed
@@ -78,8 +103,8 @@ class Rank0Files:
     def write_hparams(self) -> None:
         """hparams.yaml, through Lightning's writer (fsspec, OmegaConf), written aside and moved
         over the file: a full disk leaves the former file or none, never a torn one."""
-        log_dir, fs = self.run.log_dir, self.run.log_files.fs
-        self.run.log_files.makedirs(log_dir)
+        log_dir, fs = self.run.log_dir, self.run.save_dir.fs
+        self.run.save_dir.makedirs(log_dir)
         path = os.path.join(log_dir, NAME_HPARAMS_FILE)
         tmp = os.path.join(log_dir, f".{NAME_HPARAMS_FILE}.{os.getpid()}.tmp")
         try:
@@ -116,7 +141,7 @@ class Rank0Files:
         named metrics.csv is CSVLogger's whole file or nothing, and a short one kept under
         another name still shows how far the run got."""
         path, aside = self.metrics_path, os.path.join(self.run.log_dir, NAME_PARTIAL_METRICS_FILE)
-        fs = self.run.log_files.fs
+        fs = self.run.save_dir.fs
         live = self.live_csv
         moved = safely(lambda: fs.exists(path) and (fs.mv(path, aside) or True), f"moving {path} aside")
         kept = (
@@ -134,7 +159,7 @@ class Rank0Files:
     def export_files(self) -> None:
         """Rank 0: the metrics.csv and hparams.yaml CSVLogger would have written for this run."""
         run = self.run
-        run.log_files.makedirs(run.log_dir)
+        run.save_dir.makedirs(run.log_dir)
         if run.hparams_logged:
             safely(self.write_hparams, "writing hparams.yaml")  # metrics.csv is written whatever this does
         if self.live_csv_whole():
@@ -142,4 +167,4 @@ class Rank0Files:
         # one implementation of CSVLogger's format: the query side's, reading back what was stored
         # (through this run's store: no second engine, no second schema check)
         reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
-        run.log_files.export_csv(reader, self.metrics_path, run=run.resolve().id, rank=0)
+        run.save_dir.export_csv(reader, self.metrics_path, run=run.resolve().id, rank=0)

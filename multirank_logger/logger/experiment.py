@@ -3,18 +3,19 @@
 Code written for CSVLogger calls ``logger.experiment.log_metrics(...)``, ``.log_hparams(...)``,
 ``.save()`` and reads ``.metrics_file_path`` on rank 0; on the other ranks CSVLogger gives
 Lightning's do-nothing ``_DummyExperiment``, which is what code guarded for rank 0 expects.
-`RunExperiment` offers the same surface over this logger's rows: a call goes into the
-store for rank 0 like any other, and ``save()`` writes ``metrics.csv`` now.
+`RunExperiment` offers the same surface over the run (rank_run.RankRun) the logger writes
+through: a call goes into the store for rank 0 like any other, and ``save()`` writes
+``metrics.csv`` now.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from multirank_logger.logger.multi_rank_logger import MultiRankLogger
+from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_METRICS_FILE
+from multirank_logger.logger.rank_run import RankRun
 
 __all__ = ["RunExperiment"]
 
@@ -23,18 +24,18 @@ class RunExperiment:
     """Rank 0's experiment: CSVLogger's ``ExperimentWriter`` methods, and the run's identity.
 
     Args:
-        logger: the logger whose run this is.
+        run: this process's part in the logger's run.
     """
 
-    NAME_METRICS_FILE = "metrics.csv"
-    NAME_HPARAMS_FILE = "hparams.yaml"
+    NAME_METRICS_FILE = NAME_METRICS_FILE
+    NAME_HPARAMS_FILE = NAME_HPARAMS_FILE
 
-    def __init__(self, logger: MultiRankLogger) -> None:
-        self._logger = logger
+    def __init__(self, run: RankRun) -> None:
+        self._run = run
 
     @property
     def log_dir(self) -> str:
-        return self._logger.log_dir
+        return self._run.log_dir
 
     @property
     def metrics_file_path(self) -> str:
@@ -43,38 +44,38 @@ class RunExperiment:
 
     @property
     def hparams(self) -> dict[str, Any]:
-        return self._logger._run.hparams
+        return self._run.hparams
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
         """The calls logged and not written yet, with their ``step`` (CSVLogger's unsaved rows)."""
-        return [{**values, "step": step} for step, values in self._logger._run.buffer.pending_calls()]
+        return [{**values, "step": step} for step, values in self._run.buffer.pending_calls()]
 
     @property
     def run_id(self) -> int:
-        return self._logger.run_id
+        return self._run.resolve().id
 
     @property
     def name(self) -> str:
-        return self._logger.name
+        return self._run.settings.name
 
     @property
     def version(self) -> int | str:
-        return self._logger.version
+        return self._run.version
 
     def log_metrics(self, metrics_dict: Mapping[str, Any], step: int | None = None) -> None:
         """Record one call, as CSVLogger's writer does (no prefix; the step defaults to the
         count of unsaved calls). Appends to memory only."""
-        self._logger._record_call(metrics_dict, step)
+        self._run.record_call(metrics_dict, step)
 
     def log_hparams(self, params: Mapping[str, Any]) -> None:
         """Add hyperparameters and write hparams.yaml now."""
-        self._logger.log_hyperparams(dict(params))
+        self._run.log_hparams(dict(params))
 
     def save(self) -> None:
         """Write what was logged: into the store, and into metrics.csv, before returning
         (CSVLogger's ``save`` writes the file; the logger's own ``save`` stays a counter check)."""
-        self._logger._flush_now()
+        self._run.flush_now()
 
     def __repr__(self) -> str:
         return f"RunExperiment(log_dir={self.log_dir!r})"

@@ -1,10 +1,13 @@
-"""The end of this process's part in a run: what ``MultiRankLogger.finalize`` does.
+"""The end of this process's part in a run (rank_run.RankRun): what ``MultiRankLogger.finalize`` does.
 
 Flush the rows, let the sink finish (a sender waits for rank 0 to take its last rows; rank 0
 receives the others'), record how the run ended (store/run_end.py; each status is
 store/status.py's), end the attempt, and on rank 0 after a success write CSVLogger's files
 (csv_logger_files.py). Never a collective and never an unbounded wait: with ``"failed"`` a
 peer may be dead. Nothing here raises over Lightning's own error (`safely`).
+
+It sits above the run: it imports RankRun, and nothing the run imports comes back here. The
+end of a run whose process dies without `finalize` is process_registry.py's.
 """
 
 from __future__ import annotations
@@ -13,26 +16,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.rank_facts import FACTS_WAIT_S, fetch_facts
+from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.store.run_end import record_end
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import SUCCESS, end_attempt, final_status
 from multirank_logger.store.write_errors import describe
 
-if TYPE_CHECKING:
-    from multirank_logger.logger.rank_run import RankRun
-
 __all__ = ["FAILED_TIMEOUT", "finish_run"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 #: the longest a failing rank spends on the store or the channel in finalize("failed")
 FAILED_TIMEOUT = 5.0
 

@@ -11,7 +11,7 @@ from the file itself (its rows are rank 0's rows so far, and a data field is a n
 empty, so a line is split on commas). So the file does not depend on the transport, on a
 reader holding a DuckDB file, or on how far rank 0 is behind in storing the other ranks'
 rows. Files go through fsspec (`get_filesystem`), as CSVLogger's do: ``save_dir`` may be
-``memory://``, ``s3://``... The bytes come from `csv_format`, the code that rebuilds the
+``memory://``, ``s3://``... The bytes come from model/csv_layout.py, the code that rebuilds the
 file from the store, so the file at the end is CSVLogger's byte for byte.
 """
 

@@ -2,9 +2,11 @@
 
 The hot path (`log_metrics`, `save`) only appends to this rank's `RecordBuffer` and may
 wake the `BackgroundWriter`; the writer thread moves rows into a sink (sinks.py). This
-process's part in the run (store, identity, sink, writer) is a `RankRun` (rank_run.py), which
-also carries the run through pickling (ddp_spawn) and fork; its end is run_finish.py, rank 0's
-CSVLogger files rank0_files.py, the process-wide hooks process_runs.py.
+process's part in the run (store, identity, sink, writer) is a `RankRun` (rank_run.py), built
+from the checked arguments (run_settings.py), which also carries the run through pickling
+(ddp_spawn) and fork. Its end is finalize.py, rank 0's CSVLogger files csv_logger_files.py,
+what user code gets as ``logger.experiment`` experiment.py, the process-wide hooks
+process_registry.py and process_hooks.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import Logger
 from typing_extensions import override
 
-from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.ddp.log_capture import capture_level
@@ -29,7 +30,8 @@ from multirank_logger.errors import InvalidTransport
 from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_METRICS_FILE
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.finalize import finish_run
-from multirank_logger.logger.rank_run import RankRun, RunSettings
+from multirank_logger.logger.rank_run import RankRun
+from multirank_logger.logger.run_settings import RunSettings
 from multirank_logger.logger.save_dir import DEFAULT_DB_NAME, check_store_is_local
 from multirank_logger.logger.transport_choice import TRANSPORTS
 from multirank_logger.store.backends import backend_for, resolve_url
@@ -107,7 +109,7 @@ class MultiRankLogger(Logger):
         self,
         save_dir: str | os.PathLike[str] | None = None,
         name: str | None = "lightning_logs",
-        version: int | None = None,
+        version: int | str | None = None,
         prefix: str = "",
         flush_logs_every_n_steps: int = 100,
         *,
@@ -178,10 +180,7 @@ class MultiRankLogger(Logger):
     @override
     def version(self) -> int | str:
         """The run's version: agreed by every rank, allocated by rank 0 in the store."""
-        version = self._run.settings.version
-        if version is not None:
-            return version
-        return self._run.resolve().version
+        return self._run.version
 
     @property
     @override
@@ -221,7 +220,7 @@ class MultiRankLogger(Logger):
         if not run.writer.running:
             run.writer.start()
         run.capture_logs(True)  # again for a later phase (fit, then test), and in ddp_spawn workers
-        return RunExperiment(self) if current_rank() == 0 else _DummyExperiment()
+        return RunExperiment(run) if current_rank() == 0 else _DummyExperiment()
 
     # -- the hot path ------------------------------------------------------------------------
 
@@ -230,19 +229,7 @@ class MultiRankLogger(Logger):
         # Runs every logging step on every rank: no I/O, no SQL, no collective, no lock.
         if self._prefix:
             metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
-        self._record_call(metrics, step)
-
-    def _record_call(self, metrics: Mapping[str, Any], step: int | None) -> None:
-        """One log call into the buffer (`log_metrics`, and the experiment's, which has no prefix)."""
-        run = self._run
-        if step is None:
-            step = run.unsaved
-        run.buffer.append(step, metrics)
-        run.unsaved += 1
-        if (step + 1) % self._flush_every == 0:
-            run.unsaved = 0  # where CSVLogger saves, and so restarts its count
-        if not run.live:
-            run.start()
+        self._run.record_call(metrics, step)
 
     def record(self, table: str, **values: Any) -> None:
         """Keep one row for a side table (``decisions``, ``logs``, ``step_timing``: see schema.py)
@@ -268,16 +255,6 @@ class MultiRankLogger(Logger):
         """Keep the hyperparameters and store them with the run; rank 0 writes hparams.yaml now,
         as CSVLogger does."""
         self._run.log_hparams(_convert_params(params))
-        if self._run.settings.export_csv and current_rank() == 0:
-            safely(self._run.files.write_hparams, "writing hparams.yaml")
-
-    def _flush_now(self) -> None:
-        """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
-        run = self._run
-        if run.buffer.calls_pending and run.sink is None:
-            run.setup_sink()
-        run.unsaved = 0  # as CSVLogger's save empties its unsaved rows
-        run.writer.flush(run.settings.timeout)
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -133,11 +133,11 @@ def guard_setup(lock: Any) -> None:
     _SETUP_LOCKS.add(lock)
 
 
-def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT, at_exit: bool = True) -> None:
-    """Flush every live writer of this process (bounded per writer)."""
+def flush_all(at_exit: bool = True) -> None:
+    """Flush every live writer of this process (each for EXIT_FLUSH_TIMEOUT at most)."""
     for writer in list(_WRITERS):
         try:
-            if not writer.flush(timeout):
+            if not writer.flush(EXIT_FLUSH_TIMEOUT):
                 writer.report_unwritten(at_exit)
         except Exception:
             log.exception("multirank_logger: the flush at exit or SIGTERM failed")

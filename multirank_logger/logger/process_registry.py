@@ -1,10 +1,11 @@
 """The runs of this process, and what happens to them at exit and around a fork.
 
-Every `RankRun` registers here when its runtime is built (`track`). Three process-wide hooks,
-registered at import, act on them:
+Every run (rank_run.RankRun) registers here when its runtime is built (`track`). Three
+process-wide hooks, registered at import, act on them through the `ProcessRun` protocol, so
+that this module knows what a run does at those moments, never how it is built:
 
 - at exit after an uncaught exception: a run never finalized is recorded as ended
-  (`_end_runs_never_finalized`);
+  (`_end_runs_never_finalized`, with what `ProcessRun.unfinished` says is left);
 - before a fork (ddp_notebook's launch): rank 0 allocates each run that has none yet, so
   every forked launch continues it (`_own_runs_before_fork`); at exit, such a run that no
   launch began (the fork was a DataLoader worker's, a pool's) is removed again
@@ -22,7 +23,8 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
@@ -32,18 +34,41 @@ from multirank_logger.store.run_lifecycle import drop_if_never_launched
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import end_at_exit, exit_status
 
-if TYPE_CHECKING:
-    from multirank_logger.logger.rank_run import RankRun
+__all__ = ["ProcessRun", "UnfinishedRun", "dist_up", "track"]
 
-__all__ = ["dist_up", "track"]
 
-_LIVE: weakref.WeakSet[RankRun] = weakref.WeakSet()
+class UnfinishedRun(NamedTuple):
+    """What a run never finalized leaves to record at exit, on a rank that writes the store itself."""
+
+    store: Store
+    run_id: int
+    #: this rank: its row, and on rank 0 the run's row and this launch's attempt
+    rank: int
+    #: gather rank 0: the ranks whose rows it writes (recorded "missing": their end never reached it)
+    senders: range
+    attempt: int | None
+
+
+class ProcessRun(Protocol):
+    """What the hooks ask of each run of this process (rank_run.RankRun)."""
+
+    def unfinished(self) -> UnfinishedRun | None:
+        """At exit after an uncaught exception: what is left to record as ended, if anything."""
+
+    def allocate_before_fork(self) -> tuple[Store, int] | None:
+        """Rank 0 before a fork: allocate the run if it has none; (store, run id) of a new one."""
+
+    def reset_after_fork(self, keep: Callable[[object], None]) -> None:
+        """In a forked child: hand the parent's runtime to `keep`, build this process's own."""
+
+
+_LIVE: weakref.WeakSet[ProcessRun] = weakref.WeakSet()
 _FORK_ORPHANS: list[Any] = []  # the parent's engines and threads' state, never touched in a child
 # (pid, store, run id) of each new run allocated ahead of a fork
 _ALLOCATED_FOR_A_FORK: list[tuple[int, Store, int]] = []
 
 
-def track(run: RankRun) -> None:
+def track(run: ProcessRun) -> None:
     """A run's runtime was built in this process: end it at exit, carry it over a fork."""
     _LIVE.add(run)
 
@@ -68,23 +93,16 @@ def _end_runs_never_finalized() -> None:
     status = exit_status(exc)
     now = time.time()
     for run in list(_LIVE):
-        _end_at_exit(run, status, now)
+        unfinished = run.unfinished()
+        if unfinished is not None:
+            _end_at_exit(unfinished, status, now)
 
 
-def _end_at_exit(run: RankRun, status: str, now: float) -> None:
-    store, identity, sink = run.store, run.identity, run.sink
-    if run.finalized or store is None or identity is None:
-        return
-    # the process group may be gone by now: the rank the sink was set up with
-    rank = run.rank if sink is not None else current_rank()
-    if rank != 0 and (sink is None or sink.transport == "gather"):
-        return  # a sender's row is rank 0's to write, and the store may not be reachable here
-    gather = sink is not None and sink.transport == "gather"
-    senders = range(1, run.sink_world) if gather else range(0)
-    run_id, attempt = identity.run.id, run.attempt
-
-    def end(store: Store = store) -> None:
-        end_at_exit(store, run_id, rank=rank, senders=senders, status=status, now=now, attempt=attempt)
+def _end_at_exit(run: UnfinishedRun, status: str, now: float) -> None:
+    def end() -> None:
+        end_at_exit(
+            run.store, run.run_id, rank=run.rank, senders=run.senders, status=status, now=now, attempt=run.attempt
+        )
 
     safely(lambda: retry_while_locked(end, 5), "recording the run's end at exit")
 
@@ -102,12 +120,9 @@ def _own_runs_before_fork() -> None:
     if threading.current_thread() is not threading.main_thread() or dist_up() or current_rank() != 0:
         return
     for run in list(_LIVE):
-        if run.identity is None and run.store is not None and not run.finalized:
-            with run.lock:
-                if run.identity is None:
-                    run.identity = run.open_run()
-                    if run.created_run:
-                        _ALLOCATED_FOR_A_FORK.append((os.getpid(), run.store, run.identity.run.id))
+        allocated = run.allocate_before_fork()
+        if allocated is not None:
+            _ALLOCATED_FOR_A_FORK.append((os.getpid(), *allocated))
 
 
 process_hooks.before_fork(_own_runs_before_fork)
@@ -134,10 +149,7 @@ def _reset_after_fork() -> None:
     the parent's DuckDB file); its locks may be held by threads that do not exist here; its
     buffered rows are the parent's to write. They are kept unreachable, never collected."""
     for run in list(_LIVE):
-        old = (run.buffer, run.side, run.lock, run.store, run.sink, run.writer, run.spiller)
-        _FORK_ORPHANS.append(old)
-        run.init_runtime()
-        run.buffer.continue_numbering(old[0])  # the child never reuses the parent's seq
+        run.reset_after_fork(_FORK_ORPHANS.append)
 
 
 process_hooks.after_fork_in_child(_reset_after_fork)

@@ -2,13 +2,19 @@
 
 It opens the store (rank 0 at construction, the others once their transport is direct),
 learns the run's identity (allocated by rank 0, store/run_lifecycle.py; shared through
-transport/identity.py), numbers this launch's attempt, sets up the sink its rows go to (sinks.py)
-and owns the writer thread that moves them there (writer.py).
+transport/identity.py), numbers this launch's attempt, sets up the sink its rows go to
+(sinks.py) and owns the writer thread that moves them there (writer.py).
 
 What it holds lives in two parts. The run (settings, identity, hyperparameters) survives
 pickling into ddp_spawn's workers and a fork (ddp_notebook). The runtime (buffer, writer,
 store engine, sink, locks, rank 0's files) belongs to one process: `init_runtime` builds it,
-again after unpickling and in a forked child (process_registry.py).
+again after unpickling and in a forked child.
+
+Imports point one way, down from here. Below: rank 0's CSVLogger files (csv_logger_files.py,
+which reads the run through its `RunForFiles` protocol) and the process-wide registry
+(process_registry.py, which at exit and around a fork calls this run's methods for those
+moments, through its `ProcessRun` protocol). Above: the logger, its `experiment`
+(experiment.py) and the run's end (finalize.py), which take a RankRun.
 """
 
 from __future__ import annotations
@@ -18,13 +24,11 @@ import os
 import threading
 import weakref
 from argparse import Namespace
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from sqlalchemy.engine import URL
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
@@ -33,10 +37,12 @@ from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.csv_logger_files import Rank0Files
-from multirank_logger.logger.process_registry import dist_up, track
+from multirank_logger.logger.process_registry import UnfinishedRun, dist_up, track
 from multirank_logger.logger.rank_facts import publish_facts, rank_facts
-from multirank_logger.logger.save_dir import LogDir, check_dir_writable
+from multirank_logger.logger.run_settings import RunSettings
+from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.logger.spiller import Spiller
 from multirank_logger.logger.transport_choice import choose_transport
 from multirank_logger.logger.writer import BackgroundWriter, Sink
 from multirank_logger.model.run_ref import RunRef
@@ -46,51 +52,14 @@ from multirank_logger.store.run_lifecycle import begin_attempt, check_same_run, 
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.store.write_errors import Spiller
 from multirank_logger.transport.identity import IdentityBoard, RunIdentity
 from multirank_logger.transport.row_channel import RowChannel
 
-__all__ = ["RankRun", "RunSettings"]
+__all__ = ["RankRun"]
 
 _INSTANCES = count()
 #: the runtime's parts that stay in their process when the run is pickled (engines, threads, sockets, locks)
 _PROCESS_ONLY = ("buffer", "side", "lock", "store", "sink", "writer", "spiller", "capture", "files")
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What the logger was built with that the run needs (checked by the logger)."""
-
-    #: the store's path or URL as the user gave it (shown in messages and import commands)
-    db: str
-    url: URL
-    name: str
-    #: the version asked for (None: rank 0 allocates the next one)
-    version: int | str | None
-    resume: str
-    run_key: str | None
-    save_dir: str
-    spill_dir: str
-    #: the transport asked for: "direct", "gather" or "auto"
-    transport: str
-    export_csv: bool
-    timeout: float
-    flush_interval: float
-    flush_every: int
-    #: the level of `logging` records kept in the logs table (None: none)
-    capture_level: int | None
-    #: the logger's repr and class name, for the messages that name it
-    owner: str
-    owner_class: str
-
-    @property
-    def url_text(self) -> str:
-        """The URL as text, password included: a run identity a rank inherits must name this store."""
-        return self.url.render_as_string(hide_password=False)
-
-    @property
-    def root_dir(self) -> str:
-        return os.path.join(self.save_dir, self.name)
 
 
 class RankRun:
@@ -102,7 +71,7 @@ class RankRun:
 
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
-        self.log_files = LogDir(settings.save_dir)
+        self.save_dir = SaveDir(settings.save_dir)  # its filesystem: where log_dir and its files are
         self.board = IdentityBoard(next(_INSTANCES), settings.timeout)
         # a run dropped without finalize leaves no variable behind (it is for its own launch)
         weakref.finalize(self, os.environ.pop, self.board.env_var, None)
@@ -177,6 +146,14 @@ class RankRun:
             self.settings.root_dir, f"version_{version}" if version is not None else self.resolve().dir_name
         )
 
+    @property
+    def version(self) -> int | str:
+        """The run's version: the one asked for, else the one rank 0 allocated in the store."""
+        version = self.settings.version
+        if version is not None:
+            return version
+        return self.resolve().version
+
     # -- the store and the run's identity ---------------------------------------------------
 
     def check_store(self) -> None:
@@ -192,7 +169,7 @@ class RankRun:
             self.open_store()
             settings = self.settings
             check_dir_writable(settings.spill_dir, "spill_dir", "rows the store cannot take are kept there")
-            if not self.log_files.remote:
+            if not self.save_dir.remote:
                 check_dir_writable(settings.save_dir, "save_dir", "metrics.csv, hparams.yaml and checkpoints go there")
 
     def open_store(self) -> Store:
@@ -264,12 +241,15 @@ class RankRun:
             safely(lambda: retry_while_locked(earlier, timeout), "importing the run's earlier launches' spill files")
 
     def log_hparams(self, params: dict[str, Any]) -> None:
-        """Keep hyperparameters; rank 0's sink stores them with the run (by the writer)."""
+        """Keep hyperparameters; rank 0's sink stores them with the run (by the writer), and rank 0
+        writes hparams.yaml now, as CSVLogger does."""
         with self.lock:
             self.hparams.update(params)
             self.hparams_logged = True
             if self.sink is not None and self.rank == 0:
                 self.sink.update_run(hparams=_jsonable(self.hparams))
+        if self.settings.export_csv and current_rank() == 0:
+            safely(self.files.write_hparams, "writing hparams.yaml")
 
     # -- the sink ------------------------------------------------------------------------------
 
@@ -369,7 +349,25 @@ class RankRun:
                 f"{self.settings.db}, {world} rank(s), transport={transport} ({why})"
             )
 
-    # -- the writer thread and the log capture ---------------------------------------------
+    # -- the hot path, the writer thread and the log capture -------------------------------
+
+    def record_call(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        """Hot path: one log call into the buffer (the logger's `log_metrics`, the experiment's)."""
+        if step is None:
+            step = self.unsaved
+        self.buffer.append(step, metrics)
+        self.unsaved += 1
+        if (step + 1) % self.settings.flush_every == 0:
+            self.unsaved = 0  # where CSVLogger saves, and so restarts its count
+        if not self.live:
+            self.start()
+
+    def flush_now(self) -> None:
+        """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
+        if self.buffer.calls_pending and self.sink is None:
+            self.setup_sink()
+        self.unsaved = 0  # as CSVLogger's save empties its unsaved rows
+        self.writer.flush(self.settings.timeout)
 
     def start(self) -> None:
         """The first log call of a phase (and construction): writer thread up, SIGTERM hook on top."""
@@ -388,6 +386,49 @@ class RankRun:
         """(spilled, lost) values of this run on this rank so far."""
         spiller = self.spiller
         return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
+
+    # -- at exit and around a fork (called by process_registry.py's hooks) ------------------
+
+    def unfinished(self) -> UnfinishedRun | None:
+        """At exit after an uncaught exception: what of this run is left to record as ended, when
+        it was never finalized and this rank writes the store itself; else None."""
+        store, identity, sink = self.store, self.identity, self.sink
+        if self.finalized or store is None or identity is None:
+            return None
+        # the process group may be gone by now: the rank the sink was set up with
+        rank = self.rank if sink is not None else current_rank()
+        if rank != 0 and (sink is None or sink.transport == "gather"):
+            return None  # a sender's row is rank 0's to write, and the store may not be reachable here
+        gather = sink is not None and sink.transport == "gather"
+        senders = range(1, self.sink_world) if gather else range(0)
+        return UnfinishedRun(store, identity.run.id, rank, senders, self.attempt)
+
+    def allocate_before_fork(self) -> tuple[Store, int] | None:
+        """Rank 0, before a fork: allocate the run now when it has none, so that every forked
+        launch continues this one run.
+
+        Returns:
+            (store, run id) when this allocated a new run (not a resumed one), else None.
+        """
+        if self.identity is None and self.store is not None and not self.finalized:
+            with self.lock:
+                if self.identity is None:
+                    self.identity = self.open_run()
+                    if self.created_run:
+                        return self.store, self.identity.run.id
+        return None
+
+    def reset_after_fork(self, keep: Callable[[object], None]) -> None:
+        """In a forked child: keep the identity, build a runtime of this process's own.
+
+        The parent's runtime goes to `keep` first, to stay unreachable and never collected: its
+        store connection must not be used or even closed here, its locks may be held by threads
+        that do not exist here, its buffered rows are the parent's to write.
+        """
+        old = (self.buffer, self.side, self.lock, self.store, self.sink, self.writer, self.spiller)
+        keep(old)
+        self.init_runtime()
+        self.buffer.continue_numbering(old[0])  # the child never reuses the parent's seq
 
 
 def _jsonable(value: Any) -> Any:

@@ -24,7 +24,7 @@ from multirank_logger.store.backends import SUFFIXES
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["DEFAULT_DB_NAME", "LogDir", "check_dir_writable", "check_store_is_local", "is_remote"]
+__all__ = ["DEFAULT_DB_NAME", "SaveDir", "check_dir_writable", "check_store_is_local", "is_remote"]
 
 #: the store's file inside save_dir when no db is given (SQLite: see the README's "Which store")
 DEFAULT_DB_NAME = "runs.sqlite"
@@ -90,7 +90,7 @@ def _names_a_store(path: str) -> bool:
     return Path(path).suffix.lower() in SUFFIXES
 
 
-class LogDir:
+class SaveDir:
     """Writes under one ``save_dir`` through its fsspec filesystem.
 
     Args:
@@ -98,7 +98,6 @@ class LogDir:
     """
 
     def __init__(self, save_dir: str) -> None:
-        self.save_dir = save_dir
         self.remote = is_remote(save_dir)
         self.fs: Any = get_filesystem(save_dir)
 

@@ -6,7 +6,7 @@
   writes its own rows and hands the writer whatever the other ranks ship through the
   `RowChannel`; `GatherSender` on the other ranks only sends.
 
-Every sink has a `Spiller` (unstored.py): the writer puts there what the store refuses, and a
+Every sink has a `Spiller` (spiller.py): the writer puts there what the store refuses, and a
 sender what it cannot deliver to rank 0 (rank 0 died, or stopped taking rows). Run-level
 updates (hparams) are queued here and applied by the writer thread with its retries, never
 by the training thread.
@@ -24,10 +24,10 @@ from typing import Any
 import pyarrow as pa
 
 from multirank_logger.errors import ChannelError, StoreGone
+from multirank_logger.logger.spiller import Spiller
 from multirank_logger.model.batch import with_run_id
 from multirank_logger.model.side_records import decode_side, encode_side
 from multirank_logger.store.sql_store import Store
-from multirank_logger.store.write_errors import Spiller
 from multirank_logger.transport.row_channel import RowChannel
 
 __all__ = ["DirectSink", "GatherReceiver", "GatherSender"]
@@ -227,8 +227,6 @@ class GatherSender:
         self.counted = counted
         #: batches neither delivered nor spilled (no spiller)
         self.undelivered: list[pa.RecordBatch] = []
-        #: side rows that could not be delivered (rank 0 gone): counted in the message
-        self.side_undelivered = 0
 
     def update_run(self, **values: Any) -> None:
         """Rank 0 records the run; nothing to do here."""
@@ -251,7 +249,6 @@ class GatherSender:
                 self.spiller.put_side(tables, f"rank {self.channel.rank} could not deliver side-table rows to rank 0 ({exc})")
                 return
             rows = sum(map(len, tables.values()))
-            self.side_undelivered += rows
             log.error("multirank_logger: rank %d lost %d side-table row(s) (decisions, logs, timing): %s",
                       self.channel.rank, rows, exc)
 

@@ -34,8 +34,10 @@ NETWORK_FILESYSTEMS = frozenset(
     }
 )
 
-_KEY_PROBE = "placement/probe"
-_KEY_CHOICE = "placement/choice"
+# the channel keys of the choice (the same code on every rank of a launch)
+_KEY_PROBE = "transport/probe"
+_KEY_CHOICE = "transport/choice"
+_KEY_SEEN = "transport/seen/{rank}"
 
 
 def filesystem_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str | None:
@@ -168,7 +170,7 @@ def _probe_visibility(directory: Path, world_size: int, channel: RowChannel, tim
         for r in range(1, world_size):
             try:
                 left = max(0.05, deadline - time.monotonic())
-                seen = channel.fetch(f"placement/seen/{r}", left) == b"1"
+                seen = channel.fetch(_KEY_SEEN.format(rank=r), left) == b"1"
             except MultiRankLoggerError:
                 seen = False  # a rank that does not answer in time must not get a direct write
             if not seen:
@@ -187,4 +189,4 @@ def _answer_probe(channel: RowChannel, timeout: float) -> None:
         seen = Path(path).read_text() == token
     except OSError:
         seen = False
-    channel.publish(f"placement/seen/{channel.rank}", b"1" if seen else b"0")
+    channel.publish(_KEY_SEEN.format(rank=channel.rank), b"1" if seen else b"0")

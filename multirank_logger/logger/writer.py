@@ -7,10 +7,10 @@ seldom (each write opens a DuckDB file: CPU the training competes for, whatever
 the batch's size) is written once per ``flush_interval``, and sooner only
 once `SELDOM_MAX_CALLS` calls are pending.
 
-When the store refuses a batch (unstored.py tells the errors apart):
+When the store refuses a batch (store/write_errors.py tells the errors apart):
 - transient (a reader holding the DuckDB file, a busy SQLite file, a full disk, a server
   restarting): the rows stay in memory and are retried with backoff, up to
-  ``max_held_values``; past that bound they go to this rank's spill file;
+  `HELD_VALUES_LIMIT` values; past that bound they go to this rank's spill file (spiller.py);
 - permanent (a row colliding with a stored one): the batch is cut in halves until the rows
   that fail are isolated; those go to the spill file, the others are written. Later batches
   are never merged into a failing one.
@@ -35,13 +35,18 @@ import pyarrow as pa
 
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.logger.spiller import Spiller
 from multirank_logger.model.batch import concat_batches
 from multirank_logger.model.side_records import SideRecords
-from multirank_logger.store.write_errors import HELD_VALUES_LIMIT, Spiller, describe, is_transient
+from multirank_logger.store.write_errors import describe, is_transient
 
-__all__ = ["BackgroundWriter", "Sink", "Target"]
+__all__ = ["HELD_VALUES_LIMIT", "BackgroundWriter", "Sink", "Target"]
 
 log = logging.getLogger(__name__)
+
+#: values a writer keeps in memory while the store refuses them; past it they go to the spill
+#: file. Its memory, as Arrow and as Python lists: benchmarks/RESULTS.md ("Figures the source cites")
+HELD_VALUES_LIMIT = 500_000
 
 #: pending calls that wake a writer whose sink writes seldom (bounds the buffer's memory between flushes)
 SELDOM_MAX_CALLS = 10_000
@@ -93,10 +98,8 @@ class BackgroundWriter:
             identity is known, None before (rows then wait in the buffer).
         flush_interval: seconds between two cycles.
         flush_every: pending log calls that make `wake()` start a cycle early.
+        side: the rank's side-table rows (decisions, logs, step timing); none when not given.
         tap: called with each batch as it is drained, and the rank (rank 0's live metrics.csv).
-        max_held_values: values kept in memory while the store refuses them; past it they
-            are spilled (see unstored.HELD_VALUES_LIMIT).
-        name: the thread's name, for debugging.
     """
 
     def __init__(
@@ -108,8 +111,6 @@ class BackgroundWriter:
         flush_every: int,
         side: SideRecords | None = None,
         tap: Callable[[pa.RecordBatch, int], None] | None = None,
-        max_held_values: int = HELD_VALUES_LIMIT,
-        name: str = "multirank-writer",
     ) -> None:
         self._buffer = buffer
         self._tap = tap  # sees each drained batch once, with the rank (live_csv.LiveCsv)
@@ -118,9 +119,9 @@ class BackgroundWriter:
         self._target = target
         self.flush_interval = flush_interval
         self.flush_every = max(1, int(flush_every))
-        self.max_held_values = max_held_values
+        #: values kept in memory while the store refuses them; past it they are spilled
+        self.max_held_values = HELD_VALUES_LIMIT
         self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
-        self._name = name
         self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
         self._wake = threading.Event()
         self._stop = False
@@ -132,7 +133,6 @@ class BackgroundWriter:
         self._next_try = 0.0  # monotonic time before which a failing store is left alone
         self.last_error: BaseException | None = None
         self.rows_written = 0
-        self.side_rows_lost = 0
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -142,7 +142,7 @@ class BackgroundWriter:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="multirank-writer", daemon=True)
         self._thread.start()
         process_hooks.register(self)  # SIGTERM and exit flush this writer while it runs
 
@@ -386,7 +386,6 @@ class BackgroundWriter:
         spiller = self.spiller
         if spiller is None:
             rows = sum(map(len, tables.values()))
-            self.side_rows_lost += rows
             log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", rows, why)
             return
         spiller.put_side(tables, why)

@@ -1,0 +1,51 @@
+"""RunSettings: what the logger was built with that its run needs, checked by the logger.
+
+The logger (multi_rank_logger.py) checks its arguments and builds one; the run (rank_run.py)
+and rank 0's CSVLogger files (csv_logger_files.py) read it. Frozen: it is pickled with the
+run into ddp_spawn's workers and never changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sqlalchemy.engine import URL
+
+__all__ = ["RunSettings"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the logger was built with that the run needs (checked by the logger)."""
+
+    #: the store's path or URL as the user gave it (shown in messages and import commands)
+    db: str
+    url: URL
+    name: str
+    #: the version asked for: an int, a str for a named version, None for the next free one
+    version: int | str | None
+    resume: str
+    run_key: str | None
+    save_dir: str
+    spill_dir: str
+    #: the transport asked for: "direct", "gather" or "auto"
+    transport: str
+    export_csv: bool
+    timeout: float
+    flush_interval: float
+    flush_every: int
+    #: the level of `logging` records kept in the logs table (None: none)
+    capture_level: int | None
+    #: the logger's repr and class name, for the messages that name it
+    owner: str
+    owner_class: str
+
+    @property
+    def url_text(self) -> str:
+        """The URL as text, password included: a run identity a rank inherits must name this store."""
+        return self.url.render_as_string(hide_password=False)
+
+    @property
+    def root_dir(self) -> str:
+        return os.path.join(self.save_dir, self.name)
