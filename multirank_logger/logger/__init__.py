@@ -8,7 +8,7 @@ Top down (each module imports only those below it):
   from run_settings.py's `RunSettings`.
 - Below the run: csv_logger_files.py and live_csv.py (rank 0's CSVLogger files), transport_choice.py
   (direct or gather), sinks.py (where rows go), writer.py (the thread that moves them), buffer.py
-  (the hot path's memory), spiller.py (rows the store did not take), run_end.py (how a run's end
-  is recorded), save_dir.py (the files' filesystem), process_registry.py and process_hooks.py
+  (the hot path's memory), spiller.py (rows the store did not take), rank_facts.py (what each rank
+  tells rank 0 of itself at its end), save_dir.py (the files' filesystem), process_registry.py and process_hooks.py
   (exit, SIGTERM and fork, process-wide).
 """
