@@ -9,7 +9,6 @@ a store on a remote filesystem is refused with a message that says what to pass 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from fsspec.utils import get_protocol
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
 from multirank_logger.errors import DirNotWritable, RemoteStore
-from multirank_logger.store.backends import SUFFIXES
+from multirank_logger.store.backends import names_a_store
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
@@ -48,7 +47,7 @@ def check_store_is_local(db: str | None, save_dir: str | os.PathLike[str] | None
         save_dir = os.fspath(save_dir)
         if is_remote(save_dir):
             raise RemoteStore(os.path.join(save_dir, DEFAULT_DB_NAME), get_protocol(save_dir), save_dir)
-        if _names_a_store(save_dir) and not os.path.isdir(save_dir):
+        if names_a_store(save_dir) and not os.path.isdir(save_dir):
             # db was the first parameter before CSVLogger's order was taken: say so, rather
             # than make a directory named like the store
             raise TypeError(
@@ -82,12 +81,6 @@ def check_dir_writable(path: str, argument: str, use: str) -> None:
             pass
     except OSError as exc:
         raise DirNotWritable(argument, path, use, f"{ancestor}: {exc.strerror or exc}") from exc
-
-
-def _names_a_store(path: str) -> bool:
-    if re.match(r"^(sqlite|duckdb|postgresql)[a-z0-9+]*://", path):
-        return True
-    return Path(path).suffix.lower() in SUFFIXES
 
 
 class SaveDir:

@@ -123,7 +123,7 @@ def choose_transport(
 
 def _warn_if_network(backend: Backend, rank: int) -> None:
     path = backend.path
-    if rank == 0 and path is not None and backend.name == "sqlite":
+    if rank == 0 and path is not None and backend.locking_unsafe_on_network_fs:
         kind = filesystem_type(path.parent)
         if kind in NETWORK_FILESYSTEMS:
             warnings.warn(
