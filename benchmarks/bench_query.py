@@ -36,24 +36,45 @@ KEY = "metric_0"
 _CHUNK_STEPS = 1_000
 
 
-def store_path(ranks: int, steps: int, keys: int, backend: str = "duckdb") -> Path:
+#: the scale store of the "hundreds of ranks" figures: 256 ranks x 20,000 steps x 10 keys = 51.2M rows,
+#: with one outlier rank (its KEY shifted up) and one NaN, as a real problem run would hold them
+SCALE = {"ranks": 256, "steps": 20_000, "keys": 10}
+SCALE_OUTLIER_RANK = 137
+SCALE_NAN = (42, 12_345)  # (rank, step) whose KEY is NaN
+
+
+def store_path(ranks: int, steps: int, keys: int, backend: str = "duckdb", *, faults: bool = False) -> Path:
     import duckdb
 
     from multirank_logger.store.sql_store import head_revision
 
     suffix = ".sqlite" if backend == "sqlite" else ".duckdb"
+    kind = "scale" if faults else "query"
     # keyed by the DuckDB version too: a file written by a newer DuckDB cannot be read by an older one
-    return CACHE_DIR / f"query-{ranks}x{steps}x{keys}-{head_revision()}-duckdb{duckdb.__version__}{suffix}"
+    return CACHE_DIR / f"{kind}-{ranks}x{steps}x{keys}-{head_revision()}-duckdb{duckdb.__version__}{suffix}"
 
 
-def build_store(ranks: int, steps: int, keys: int) -> Path:
-    """The cached store, generated if missing (raw DuckDB bulk insert, not the logger)."""
+def build_scale_store(ranks: int = SCALE["ranks"], steps: int = SCALE["steps"], keys: int = SCALE["keys"]) -> Path:
+    """The cached store with an outlier rank (SCALE_OUTLIER_RANK, or the last rank when there are fewer)
+    and a NaN (SCALE_NAN, clipped to the size): what the report, per_rank and the ui are measured on."""
+    outlier = SCALE_OUTLIER_RANK if SCALE_OUTLIER_RANK < ranks else ranks - 1
+    nan_rank = SCALE_NAN[0] if SCALE_NAN[0] < ranks else ranks // 3  # never the outlier rank
+    nan_step = min(SCALE_NAN[1], steps - 1)
+    return build_store(ranks, steps, keys, faults=(outlier, nan_rank, nan_step))
+
+
+def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, int] | None = None) -> Path:
+    """The cached store, generated if missing (raw DuckDB bulk insert, not the logger).
+
+    ``faults``: (outlier rank, NaN rank, NaN step): the outlier rank's KEY is shifted by +3 from
+    step steps // 2 on (the other ranks' values are uniform in [0, 1)), and KEY is NaN at one
+    (rank, step)."""
     import duckdb
 
-    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
 
-    path = store_path(ranks, steps, keys)
+    path = store_path(ranks, steps, keys, faults=faults is not None)
     if path.is_file():
         return path
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -79,6 +100,12 @@ def build_store(ranks: int, steps: int, keys: int) -> Path:
         ORDER BY s.range // {_CHUNK_STEPS}, r.range, s.range, k.range
         """
     )
+    if faults is not None:
+        outlier, nan_rank, nan_step = faults
+        con.execute(f"UPDATE metrics SET value = value + 3 WHERE rank = {outlier} AND key = '{KEY}' "
+                    f"AND step >= {steps // 2}")
+        con.execute(f"UPDATE metrics SET value = NULL, dtype = {DTYPE_NAN} WHERE rank = {nan_rank} "
+                    f"AND step = {nan_step} AND key = '{KEY}'")
     con.execute("CHECKPOINT")
     con.close()
     os.replace(tmp, path)
