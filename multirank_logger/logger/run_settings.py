@@ -44,6 +44,13 @@ class RunSettings:
     #: the logger's repr and class name, for the messages that name it
     owner: str
     owner_class: str
+    #: the longest `finalize` may last (None: `finalize_bound`'s default)
+    finalize_timeout: float | None = None
+
+    def finalize_bound(self, timeout: float) -> float:
+        """The longest `finalize` lasts, its end's own waits sharing `timeout` (the flush, the other
+        ranks' last rows, the run's row): past it, what is unwritten goes to the spill file."""
+        return self.finalize_timeout if self.finalize_timeout is not None else 2 * timeout + 30.0
 
     @property
     def store_identity(self) -> str:

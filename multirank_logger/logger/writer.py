@@ -18,7 +18,11 @@ At the end (`spill_held`, from finalize) whatever the store still refuses goes t
 file, whose message names the command that imports it.
 
 One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
-(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it. A cycle may take
+(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it, and never waits on
+the store itself: a flush asked for on the main thread runs in a helper thread the main thread
+waits for, bounded (a server stopped mid-call never answers; Ctrl-C reaches the caller while
+the write goes on). `spill_held` waits for the lock bounded too, and spills without it when a
+write is stuck (the rows may then land twice: importing the spill file skips those stored). A cycle may take
 the run's set-up lock inside it (``RankRun.setup_sink``), so the order is always this lock
 first: no code may wait for it while holding the set-up lock.
 """
@@ -33,6 +37,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from multirank_logger._util.best_effort import bounded
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.spiller import Spiller
@@ -57,6 +62,8 @@ MAX_BACKOFF_S = 30.0
 #: writes spent cutting a permanently refused batch in halves (down to single rows) before the
 #: pieces still failing are spilled whole: a batch where every row collides costs ~64 writes, not 2n
 _ISOLATE_ATTEMPTS = 64
+#: the longest `spill_held` waits for another thread's spill (a local file write) to end
+_SPILL_WAIT_S = 30.0
 
 
 class Sink(Protocol):
@@ -123,6 +130,7 @@ class BackgroundWriter:
         self.max_held_values = HELD_VALUES_LIMIT
         self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
         self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
+        self._spill_lock = threading.Lock()  # `spill_held`'s, which may run without the I/O lock
         self._wake = threading.Event()
         self._stop = False
         self._held: list[pa.RecordBatch] = []  # batches the store has not taken yet, oldest first
@@ -191,6 +199,15 @@ class BackgroundWriter:
         Returns:
             True when nothing is left to write.
         """
+        if threading.current_thread() is threading.main_thread():
+            try:
+                return bounded(lambda: self._flush(timeout, now), timeout, "the flush")
+            except TimeoutError:
+                log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
+                return False
+        return self._flush(timeout, now)
+
+    def _flush(self, timeout: float, now: bool) -> bool:
         if not self._io_lock.acquire(timeout=max(timeout, 0.0)):
             log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
             return False
@@ -214,16 +231,32 @@ class BackgroundWriter:
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    def spill_held(self, why: str) -> None:
+    def spill_held(self, why: str, timeout: float = 5.0) -> None:
         """Put every row still unwritten (metrics and side tables) into the spill file (the end of
-        the run: the wait is over)."""
-        with self._io_lock:
+        the run: the wait is over).
+
+        Waits at most `timeout` for a cycle in progress; a cycle stuck in a store call longer (a
+        server stopped mid-write) does not keep the rows from the spill file: they are spilled
+        without it, and may also be stored should that call ever return (an import skips them).
+        """
+        locked = self._io_lock.acquire(timeout=max(timeout, 0.0))
+        if not locked:
+            why = f"{why}; a write stuck for over {timeout:g} s may store some of them too (the import skips those)"
+        # one spill at a time: a caller that gave up on another thread's spill_held (finalize's bound)
+        # waits for its file write to end (local disk I/O) rather than exit with the rows in memory
+        spilling = self._spill_lock.acquire(timeout=_SPILL_WAIT_S)
+        try:
             if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
                 self._held.append(self._buffer.drain(*self._last_ids))
             self._spill_all(why)
             side, self._side_retry = self._side_retry, []
             for tables in side:
                 self._spill_side(tables, why)
+        finally:
+            if spilling:
+                self._spill_lock.release()
+            if locked:
+                self._io_lock.release()
 
     def report_unwritten(self, at_exit: bool = True) -> None:
         """As the process exits, or at SIGTERM (a preemption: the scheduler's SIGKILL may follow
@@ -259,7 +292,7 @@ class BackgroundWriter:
         """Drain, receive, write. Never raises: what the store refuses is held, retried or spilled."""
         try:
             target = self._target()
-        except BaseException as exc:  # noqa: BLE001 - the thread must survive to retry
+        except Exception as exc:  # noqa: BLE001 - the thread must survive to retry (Ctrl-C goes on to the caller)
             self._note_failure(exc)
             return
         if target is None:
@@ -283,7 +316,7 @@ class BackgroundWriter:
             batches, side = sink.receive()  # rank 0 of a gather run: these rows are ours to store now
             self._held.extend(b for b in batches if len(b))
             self._side_retry.extend(side)
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self._note_failure(exc)
         if (now or time.monotonic() >= self._next_try) and self._write_all(sink):
             self._recovered(sink)
@@ -301,7 +334,7 @@ class BackgroundWriter:
         try:
             with sink.writing():
                 return self._write_held(sink) and self._write_rest(sink)
-        except BaseException as exc:  # noqa: BLE001 - the connection could not be opened
+        except Exception as exc:  # noqa: BLE001 - the connection could not be opened
             self._note_failure(exc)
             return False
 
@@ -309,20 +342,21 @@ class BackgroundWriter:
         """Write the held batches, oldest first, as one transaction. False on a transient failure."""
         if len(self._held) > 1:  # one transaction for all of it
             self._held = [concat_batches(self._held)]
-        while self._held:
-            batch = self._held[0]
+        held = self._held  # this cycle's list: `spill_held` swaps in another when it gives up on us
+        while held:
+            batch = held[0]
             try:
                 sink.write(batch)
-            except BaseException as exc:  # noqa: BLE001
+            except Exception as exc:  # not Ctrl-C: no verdict on the rows (they stay held, unsplit)
                 if is_transient(exc):
                     self._note_failure(exc)
                     return False
-                self._held.pop(0)
+                held.pop(0)
                 if not self._isolate(sink, batch, exc):
                     return False
                 continue
             self.rows_written += len(batch)
-            self._held.pop(0)
+            held.pop(0)
         return True
 
     def _isolate(self, sink: Sink, batch: pa.RecordBatch, exc: BaseException) -> bool:
@@ -340,7 +374,7 @@ class BackgroundWriter:
                 attempts += 1
                 try:
                     sink.write(half)
-                except BaseException as err:  # noqa: BLE001
+                except Exception as err:
                     if is_transient(err):
                         self._held[0:0] = [*halves[i:], *pieces]
                         self._note_failure(err)
@@ -362,7 +396,7 @@ class BackgroundWriter:
                     self._spill_side(self._side_retry[0], f"the store refused side-table rows for good ({describe(exc)})")
                 self._side_retry.pop(0)
             sink.write_run()
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self._note_failure(exc)
             return False
         return True
