@@ -48,9 +48,12 @@
     let first = true, shown = "";
     async function refresh() {
       let runs;
-      try { runs = await api("runs"); } catch (e) { fail(table, e); return; }
-      if (first && runs.length === 1) { location.replace(runHref(runs[0].id)); return; }
+      // only a store that holds one run when the page opens goes straight to it; a run that
+      // appears later is listed (the page never navigates away under its reader)
+      const opening = first;
       first = false;
+      try { runs = await api("runs"); } catch (e) { shown = ""; fail(table, e); return; }
+      if (opening && runs.length === 1) { location.replace(runHref(runs[0].id)); return; }
       const token = JSON.stringify(runs);
       if (token === shown) return;
       shown = token;
