@@ -1,6 +1,6 @@
 """The benchmark suite: ``make bench`` (full), ``make bench-quick`` (sanity check, < 2 min).
 
-    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load]
+    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load,ui]
                                        [--out FILE] [--json FILE] [--in-process]
 
 Sections: hotpath (log_metrics + save per call), memory (RSS over a long run),
@@ -40,7 +40,7 @@ from benchmarks._harness import (  # noqa: E402
     targets_summary,
 )
 
-SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load")
+SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "ui")
 
 SIZES = {
     "full": Sizes(

@@ -337,6 +337,7 @@ def ui_cmd(db_path: str, port: int, host: str) -> None:
         server = UiServer(db_path, host, port)
     except OSError as exc:
         raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}. Pick another --port.") from exc
+    server.warm_up()
     click.echo(f"multirank-logger ui: {server.url}  (store {db_path}; Ctrl-C stops it)")
     sys.stdout.flush()  # the URL, at once, also when stdout is a pipe
     try:

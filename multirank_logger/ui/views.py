@@ -70,6 +70,10 @@ def runs_view(reader: StoreReader) -> list[dict[str, Any]]:
     return out
 
 
+def run_status(reader: StoreReader, run_id: int) -> str | None:
+    return reader._scalars(sa.select(runs.c.status).where(runs.c.id == run_id))[0]
+
+
 def run_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
     """A run's header, its ranks grouped by node, and its series (keys first, then StepTimer's)."""
     ref = reader.resolve_run(run)

@@ -76,7 +76,10 @@
     const charts = el("section", { id: "charts" }), logs = el("section", { id: "logs" });
     main.replaceChildren(head, found, charts, logs);
     let run;
-    try { run = await api("run/" + id); } catch (e) { fail(main, e); return; }
+    for (;;) {  // a store being created, or a run not there yet: say so, and look again
+      try { run = await api("run/" + id); break; }
+      catch (e) { fail(head, e); if (STATIC) return; await new Promise((ok) => setTimeout(ok, POLL_MS)); }
+    }
     const sections = new Map();
     const drawHead = () => head.replaceChildren(
       el("h1", {}, run.run), el("p", {}, `run ${run.id}, `, el("span", { class: "st-" + run.status, id: "status" }, run.status),
@@ -319,6 +322,8 @@
     }
     document.body.dataset.drawn = "1";
   }
+
+  window.MRL_DRAW = { bandChart, heatmap };  // for benchmarks/bench_ui.py's render timings
 
   // -- route ------------------------------------------------------------------------------
   const where = STATIC ? STATIC.route : location.pathname;
