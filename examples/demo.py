@@ -102,6 +102,7 @@ def _report(run_id: int) -> None:
         else:
             print(f"\nThis run's report: {page.resolve()}")
     print(f"In the terminal: multirank-logger report {DB} --run {run_id}")
+    print(f"Live in a browser (runs, heatmaps, findings): multirank-logger ui {DB}")
 
 
 if __name__ == "__main__":

@@ -263,7 +263,8 @@
       const code = codes[at[0] * C + at[1]], rank = d.ranks[at[0]], s0 = d.steps[at[1]];
       const what = code === 127 ? "NaN or inf here" : code === -128 ? "no value" : num(code / 10) + " typical spreads from the ranks' median";
       tip.textContent = `rank ${rank} (${nodeOf[at[0]]}, steps ${s0}–${s0 + d.width - 1}): ${what}`;
-      tip.style.display = "block"; tip.style.left = ev.offsetX + 12 + "px"; tip.style.top = ev.offsetY + 12 + "px";
+      tip.style.display = "block"; tip.style.top = ev.offsetY + 12 + "px";
+      tip.style.left = (ev.offsetX > width / 2 ? ev.offsetX - tip.offsetWidth - 12 : ev.offsetX + 12) + "px";
     });
     cv.addEventListener("mouseleave", () => { tip.style.display = "none"; });
     cv.addEventListener("click", (ev) => { const at = cell(ev); if (at) onRow(d.ranks[at[0]]); });
