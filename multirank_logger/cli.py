@@ -281,19 +281,21 @@ def sql_cmd(db_path: str, query: str, fmt: str) -> None:
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Also write the report, with per-rank plots, to this HTML file (needs matplotlib).")  # fmt: skip
+              help="Also write the report to this HTML file: the ui's page of the run, self-contained, offline.")  # fmt: skip
 @_friendly_errors
 def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> None:
     """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
     import json
 
     from multirank_logger.report import find
-    from multirank_logger.report.render import findings_text, write_html
+    from multirank_logger.report.render import findings_text
 
     with open_store(db_path) as reader:
         found = find(reader, run)
         if output:
-            write_html(reader, found, output)
+            from multirank_logger.ui.report_page import write_report
+
+            write_report(reader, found, output)
     click.echo(json.dumps(found.to_dict(), indent=2) if fmt == "json" else findings_text(found))
     if output:
         click.echo(f"Wrote {output}", err=fmt == "json")
