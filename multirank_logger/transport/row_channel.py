@@ -47,6 +47,7 @@ __all__ = ["RowChannel"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.02
+_POLL_MAX_S = 0.25
 
 
 class RowChannel(StoreClient):
@@ -285,6 +286,7 @@ class RowChannel(StoreClient):
             The batches still unacknowledged (to spill); empty when all were delivered.
         """
         deadline = time.monotonic() + timeout
+        delay = _POLL_S
         while True:
             with self._lock:
                 if self._failed is not None or not self._inflight:
@@ -298,7 +300,9 @@ class RowChannel(StoreClient):
                     return []
                 if time.monotonic() >= deadline:
                     return self._fail(f"Rank 0 did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
-            time.sleep(_POLL_S)
+            # backing off: hundreds of senders finishing at once must not flood rank 0's TCPStore
+            time.sleep(delay)
+            delay = min(delay * 1.5, _POLL_MAX_S)
 
     # -- receiving (rank 0) ------------------------------------------------------------
 
