@@ -267,6 +267,7 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
         "steady_lag_s_max": round(max(lags), 2) if lags else None,
         "end_lag_s": round(recv["finished_at"] - last_append, 3),
         "rank0_cpu_per_wall_s": round(recv["cpu_s"] / recv["wall_s"], 3),
+        "rank0_cpu_us_per_row": round(recv["cpu_s"] / rows * 1e6, 2),
         "rank0_peak_rss_mib": round(recv["rss_mib"], 1),
         "senders_pss_mib_total": round(senders_pss, 1),
         "sender_peak_rss_mib_max": round(max(s["rss_mib"] for s in sent), 1),
