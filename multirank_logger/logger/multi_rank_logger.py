@@ -34,7 +34,7 @@ from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.logger.run_settings import RunSettings
 from multirank_logger.logger.save_dir import DEFAULT_DB_NAME, check_store_is_local
 from multirank_logger.logger.transport_choice import TRANSPORTS
-from multirank_logger.store.backends import backend_for, resolve_url
+from multirank_logger.store.backends import backend_for, public_name, resolve_url
 from multirank_logger.store.run_lifecycle import check_run_choice
 
 __all__ = ["MultiRankLogger"]
@@ -148,8 +148,9 @@ class MultiRankLogger(Logger):
         default_dir = str(path.parent) if path is not None else os.getcwd()
         self._prefix = prefix
         self._flush_every = max(1, int(flush_logs_every_n_steps))
+        shown = public_name(db)  # the password stays in `url`, in this process
         settings = RunSettings(
-            db=db,
+            db=shown,
             url=url,
             name=name or "",
             version=version,
@@ -164,7 +165,7 @@ class MultiRankLogger(Logger):
             flush_interval=float(flush_interval),
             flush_every=self._flush_every,
             capture_level=capture_level(capture_logs),
-            owner=f"MultiRankLogger(db={db!r}, name={name or ''!r}, version={version!r})",
+            owner=f"MultiRankLogger(db={shown!r}, name={name or ''!r}, version={version!r})",
             owner_class=type(self).__name__,
         )
         #: this process's part in the run: store, identity, sink, writer (pickled with its run

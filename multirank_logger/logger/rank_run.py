@@ -186,7 +186,7 @@ class RankRun:
                 if rank == 0:
                     self.identity = self.open_run()
                 else:
-                    found = self.board.from_env(self.settings.url_text) or self.board.fetch(rank, self.settings.owner)
+                    found = self.board.from_env(self.settings.store_identity) or self.board.fetch(rank, self.settings.owner)
                     if found is None:
                         who = f"Rank {rank}" if rank > 0 else "A process that is not certainly rank 0"
                         raise MultiRankLoggerError(
@@ -216,7 +216,7 @@ class RankRun:
                 f"Experiment logs directory {log_dir} exists and is not empty. This new run's files "
                 "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones."
             )
-        return RunIdentity(run, self.settings.url_text, os.getpid())
+        return RunIdentity(run, self.settings.store_identity, os.getpid())
 
     def begin_attempt(self, rank: int, world: int, channel: RowChannel | None) -> None:
         """Number this process's launch of the run (rank 0 records it, the others learn it), so

@@ -15,6 +15,8 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from multirank_logger.store.backends import public_name
+
 __all__ = ["RunSettings", "jsonable"]
 
 
@@ -22,8 +24,10 @@ __all__ = ["RunSettings", "jsonable"]
 class RunSettings:
     """What the logger was built with that the run needs (checked by the logger)."""
 
-    #: the store's path or URL as the user gave it (shown in messages and import commands)
+    #: the store's path or URL as the user gave it, less its password (shown in messages and
+    #: import commands, and what ranks agree on: `store_identity`)
     db: str
+    #: the URL this process connects with, password included: never shown, never sent to another rank
     url: URL
     name: str
     #: the version asked for: an int, a str for a named version, None for the next free one
@@ -47,9 +51,10 @@ class RunSettings:
     max_writers: int | None = None
 
     @property
-    def url_text(self) -> str:
-        """The URL as text, password included: a run identity a rank inherits must name this store."""
-        return self.url.render_as_string(hide_password=False)
+    def store_identity(self) -> str:
+        """The store as ranks name it to each other: its resolved URL without the password (each
+        rank brings its own credentials), so a stale identity for another store is never adopted."""
+        return public_name(self.url)
 
     @property
     def root_dir(self) -> str:

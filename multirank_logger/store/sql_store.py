@@ -36,7 +36,7 @@ from multirank_logger.errors import (
 )
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import SIDE_TABLES, metrics, ranks, runs
-from multirank_logger.store.backends import Backend, backend_for, resolve_url
+from multirank_logger.store.backends import Backend, backend_for, public_name, resolve_url
 from multirank_logger.store.status import RUNNING
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class Store:
 
     def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False) -> None:
         self.url = resolve_url(db)
-        self._shown = None if isinstance(db, URL) else os.fspath(db)
+        self._shown = public_name(db)  # as the user wrote it (a pasteable command), less its password
         self.backend: Backend = backend_for(self.url)
         self.readonly = readonly
         path = self.backend.path
@@ -212,7 +212,7 @@ class Store:
 
     def _raise_for_revision(self, found: str | None, head: str) -> None:
         # name the store as the user wrote it, so the suggested command can be pasted as is
-        url = getattr(self, "_shown", None) or self.url.render_as_string(hide_password=True)
+        url = getattr(self, "_shown", None) or public_name(self.url)
         if found is None:
             raise StoreError(f"{url} holds no multirank_logger schema. Log a run to it first, or check the path.")
         known = {rev.revision for rev in _script().walk_revisions()}
