@@ -46,6 +46,7 @@ __all__ = ["RowChannel"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.02
+_POLL_MAX_S = 0.25
 
 
 class RowChannel(StoreClient):
@@ -195,7 +196,7 @@ class RowChannel(StoreClient):
         with self._lock:
             if refresh and self._failed is None and self._store is not None and self._inflight:
                 try:
-                    bounded(functools.partial(self._collect_acks, self._store), self.timeout)
+                    self._call(self._collect_acks)
                 except Exception:  # noqa: BLE001 - the next send says what is wrong
                     pass
             return sum(len(batch) for _, batch, _ in self._inflight)
@@ -281,6 +282,7 @@ class RowChannel(StoreClient):
             The batches still unacknowledged (to spill); empty when all were delivered.
         """
         deadline = time.monotonic() + timeout
+        delay = _POLL_S
         while True:
             with self._lock:
                 if self._failed is not None or not self._inflight:
@@ -293,7 +295,9 @@ class RowChannel(StoreClient):
                     return []
                 if time.monotonic() >= deadline:
                     return self._fail(f"Rank 0 did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
-            time.sleep(_POLL_S)
+            # backing off: hundreds of senders finishing at once must not flood rank 0's TCPStore
+            time.sleep(delay)
+            delay = min(delay * 1.5, _POLL_MAX_S)
 
     # -- receiving (rank 0) ------------------------------------------------------------
 
