@@ -8,13 +8,16 @@ run into ddp_spawn's workers and never changes.
 from __future__ import annotations
 
 import os
+from argparse import Namespace
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.engine import URL
 
 from multirank_logger.store.backends import public_name
 
-__all__ = ["RunSettings"]
+__all__ = ["RunSettings", "jsonable"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class RunSettings:
     run_key: str | None
     save_dir: str
     spill_dir: str
-    #: the transport asked for: "direct", "gather" or "auto"
+    #: the transport asked for: "direct", "gather", "node" or "auto"
     transport: str
     export_csv: bool
     timeout: float
@@ -44,6 +47,8 @@ class RunSettings:
     #: the logger's repr and class name, for the messages that name it
     owner: str
     owner_class: str
+    #: the most processes that write a server store at once (None: its free connections say)
+    max_writers: int | None = None
     #: the longest `finalize` may last (None: `finalize_bound`'s default)
     finalize_timeout: float | None = None
 
@@ -61,3 +66,14 @@ class RunSettings:
     @property
     def root_dir(self) -> str:
         return os.path.join(self.save_dir, self.name)
+
+
+def jsonable(value: Any) -> Any:
+    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value

@@ -328,6 +328,22 @@ class Store:
             conn.execute(ranks.delete().where(ranks.c.run_id == run_id, ranks.c.rank == rank))
             conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), **facts))
 
+    def register_absent_ranks(self, run_id: int, ranks_: range) -> None:
+        """Record `ranks_` as running where they have no row yet (a rank registering itself at the
+        same time wins: its row has its facts)."""
+        for _ in range(_CREATE_RUN_ATTEMPTS):
+            try:
+                with self.begin() as conn:
+                    known = set(conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == run_id)).scalars())
+                    now = time.time()
+                    rows = [{"run_id": run_id, "rank": r, "status": RUNNING, "started_at": now} for r in ranks_]
+                    rows = [row for row in rows if row["rank"] not in known]
+                    if rows:
+                        conn.execute(ranks.insert(), rows)
+                return
+            except sa.exc.IntegrityError:
+                continue  # a rank registered itself meanwhile: read again
+
     def update_rank(self, run_id: int, rank: int, *, where_status: str | None = None, **values: Any) -> None:
         """Set columns of one rank's row; with `where_status`, only while its status is that one."""
         stmt = ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank)

@@ -22,6 +22,10 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
 - ``counted/{r}``: set by rank 0 once it took rank ``r``'s ``end/{r}`` (``acknowledge_reports``):
   those counts are in the run's totals, and the sender's next phase reports only what follows.
 - ``kv/{key}``: small values published by rank 0 (``publish``/``fetch``).
+
+By default rank 0 receives from every other rank (the gather transport). `route` makes the
+channel one node's (the node transport): its writer receives from the ranks it names, the
+others send to it; the keys are per sending rank, so one namespace holds every node's route.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ __all__ = ["RowChannel"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.02
+_POLL_MAX_S = 0.25
 
 
 class RowChannel(StoreClient):
@@ -86,6 +91,9 @@ class RowChannel(StoreClient):
 
     def _init_state(self) -> None:
         super()._init_state()
+        #: the rank that receives this rank's rows (or, on it, from `senders`): rank 0 until `route`
+        self.writer = 0
+        self.senders: tuple[int, ...] = tuple(range(1, self.world_size)) if self.rank == 0 else ()
         self._failed: str | None = None
         # sender side: items are numbered from `_base` (the ack counter when we connected)
         self._base = 0
@@ -103,11 +111,24 @@ class RowChannel(StoreClient):
         return f"RowChannel({self.namespace!r}, rank={self.rank}, world_size={self.world_size})"
 
     def _connected(self, store: Any) -> None:
-        if self.rank == 0:
-            self._taken = {r: store.add(f"ack/{r}", 0) for r in range(1, self.world_size)}
+        if self.rank == self.writer:
+            self._taken = {r: store.add(f"ack/{r}", 0) for r in self.senders}
             self._to_ack = dict.fromkeys(self._taken, 0)
         else:
             self._base = store.add(f"ack/{self.rank}", 0)
+
+    def route(self, writer: int, senders: tuple[int, ...] | list[int]) -> None:
+        """Make `writer` the rank this rank's rows go to, and (on `writer`) `senders` the ranks it
+        receives from. Call it before any row goes through the channel, identically on those ranks."""
+        with self._lock:
+            self.writer, self.senders = writer, tuple(senders) if self.rank == writer else ()
+            if self._store is not None:
+                self._connected(self._store)
+
+    @property
+    def receives(self) -> bool:
+        """True on the rank that receives rows (rank 0, or a node's writer)."""
+        return self.rank == self.writer
 
     # -- sending (rank != 0) -----------------------------------------------------------
 
@@ -121,8 +142,8 @@ class RowChannel(StoreClient):
                 ``exc.undelivered`` holds every batch not acknowledged (this one included).
                 Once failed, the channel fails at once on every later call.
         """
-        if self.rank == 0:
-            raise ValueError("rank 0 writes its own rows; RowChannel.send is for the other ranks")
+        if self.receives:
+            raise ValueError(f"rank {self.rank} writes its own rows; RowChannel.send is for the ranks that send")
         if len(batch) == 0:
             return
         with self._lock:
@@ -147,7 +168,7 @@ class RowChannel(StoreClient):
             oldest = self._inflight[0][2] if self._inflight else now
             if now - oldest > self.timeout:
                 raise self._fail(
-                    f"Rank 0 has taken no rows from rank {self.rank} for {now - oldest:.0f} s "
+                    f"Rank {self.writer} has taken no rows from rank {self.rank} for {now - oldest:.0f} s "
                     f"(timeout={self.timeout:g})"
                 )
 
@@ -166,14 +187,28 @@ class RowChannel(StoreClient):
         """Batches sent and not yet acknowledged by rank 0."""
         return len(self._inflight)
 
+    def unacknowledged_values(self, refresh: bool = True) -> int:
+        """Values sent and not yet acknowledged (this sender's memory held for the writer).
+
+        With `refresh`, asks the store for the acknowledgements first (bounded; a store that does
+        not answer leaves the count as it was: the next `send` fails the channel).
+        """
+        with self._lock:
+            if refresh and self._failed is None and self._store is not None and self._inflight:
+                try:
+                    self._call(self._collect_acks)
+                except Exception:  # noqa: BLE001 - the next send says what is wrong
+                    pass
+            return sum(len(batch) for _, batch, _ in self._inflight)
+
     def mark_done(self, status: str) -> None:
         """Tell rank 0 that this rank sends no more rows, and how it ended.
 
         Raises:
             ChannelError: when rank 0's store is gone (``undelivered`` as for `send`).
         """
-        if self.rank == 0:
-            raise ValueError("rank 0 is the receiver; it does not mark itself done")
+        if self.receives:
+            raise ValueError(f"rank {self.rank} is the receiver; it does not mark itself done")
         if " " in status:
             raise ValueError(f"status must be one word, got {status!r}")
         with self._lock:
@@ -247,6 +282,7 @@ class RowChannel(StoreClient):
             The batches still unacknowledged (to spill); empty when all were delivered.
         """
         deadline = time.monotonic() + timeout
+        delay = _POLL_S
         while True:
             with self._lock:
                 if self._failed is not None or not self._inflight:
@@ -259,7 +295,9 @@ class RowChannel(StoreClient):
                     return []
                 if time.monotonic() >= deadline:
                     return self._fail(f"Rank 0 did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
-            time.sleep(_POLL_S)
+            # backing off: hundreds of senders finishing at once must not flood rank 0's TCPStore
+            time.sleep(delay)
+            delay = min(delay * 1.5, _POLL_MAX_S)
 
     # -- receiving (rank 0) ------------------------------------------------------------
 
@@ -275,7 +313,7 @@ class RowChannel(StoreClient):
             ChannelError: when the store cannot be reached.
         """
         self._require_rank0("receive")
-        if self.world_size < 2:
+        if not self.senders:
             return []
         out: list[pa.RecordBatch] = []
         with self._lock:
@@ -299,7 +337,7 @@ class RowChannel(StoreClient):
         """Acknowledge what the last `receive` returned; take every rank's queued payloads."""
         self._send_acks(store)
         taken = []
-        for r in range(1, self.world_size):
+        for r in self.senders:
             for payload in pop_all(store, f"rows/{r}"):
                 self._taken[r] += 1
                 self._to_ack[r] += 1
@@ -316,8 +354,8 @@ class RowChannel(StoreClient):
         Raises:
             ChannelError: when rank 0's store cannot be reached.
         """
-        if self.rank == 0:
-            raise ValueError("rank 0 writes its own side rows; RowChannel.send_side is for the other ranks")
+        if self.receives:
+            raise ValueError(f"rank {self.rank} writes its own side rows; RowChannel.send_side is for the ranks that send")
         with self._lock:
             if self._failed is not None:
                 raise ChannelError(self._failed)
@@ -329,14 +367,14 @@ class RowChannel(StoreClient):
     def receive_side(self) -> list[bytes]:
         """Rank 0: every side payload the other ranks queued since the last call. Never blocks."""
         self._require_rank0("receive_side")
-        if self.world_size < 2:
+        if not self.senders:
             return []
         out: list[bytes] = []
         with self._lock:
             try:
 
                 def take_side(store: Any) -> list[bytes]:
-                    return [bytes(p) for r in range(1, self.world_size) for p in pop_all(store, f"side/{r}")]
+                    return [bytes(p) for r in self.senders for p in pop_all(store, f"side/{r}")]
 
                 out.extend(self._call(take_side))
             except Exception as exc:
@@ -361,7 +399,7 @@ class RowChannel(StoreClient):
             try:
 
                 def read_done(store: Any) -> None:
-                    for r in range(1, self.world_size):
+                    for r in self.senders:
                         if r not in self._done_totals and store.check([f"done/{r}"]):
                             count, _, status = bytes(store.get(f"done/{r}")).decode().partition(" ")
                             self._done_totals[r] = (int(count), status)
@@ -375,8 +413,8 @@ class RowChannel(StoreClient):
         return out
 
     def _require_rank0(self, what: str) -> None:
-        if self.rank != 0:
-            raise ValueError(f"RowChannel.{what} runs on rank 0 only (this is rank {self.rank})")
+        if not self.receives:
+            raise ValueError(f"RowChannel.{what} runs on rank {self.writer} only (this is rank {self.rank})")
 
     def close(self) -> None:
         """Acknowledge what rank 0 took, and drop the connection. Best effort: never raises."""
@@ -385,7 +423,7 @@ class RowChannel(StoreClient):
             if store is None:
                 return
             try:
-                if self.rank == 0:
+                if self.receives:
                     self._send_acks(store)
             except Exception:
                 pass  # the store is gone with its host; nothing left to tell anyone
