@@ -42,6 +42,7 @@ from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.spiller import Spiller
 from multirank_logger.model.batch import concat_batches
+from multirank_logger.model.side_records import MAX_PENDING as SIDE_MAX_PENDING
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
 
@@ -252,6 +253,7 @@ class BackgroundWriter:
             side, self._side_retry = self._side_retry, []
             for tables in side:
                 self._spill_side(tables, why)
+            self._count_dropped_side()
         finally:
             if spilling:
                 self._spill_lock.release()
@@ -312,6 +314,7 @@ class BackgroundWriter:
                 self._tap(self._held[-1], rank)  # never raises; before the store, which may refuse it
         if len(self._side):
             self._side_retry.append(self._side.drain(run_id, rank))
+        self._count_dropped_side()
         try:
             batches, side = sink.receive()  # rank 0 of a gather run: these rows are ours to store now
             self._held.extend(b for b in batches if len(b))
@@ -423,6 +426,18 @@ class BackgroundWriter:
             log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", rows, why)
             return
         spiller.put_side(tables, why)
+
+    def _count_dropped_side(self) -> None:
+        """Side rows the buffer dropped past its bound (the store or the run unknown for long): lost, counted."""
+        dropped = self._side.take_dropped()
+        if not dropped:
+            return
+        why = f"more than {SIDE_MAX_PENDING} side-table rows waited for the store; the oldest were dropped"
+        spiller = self.spiller
+        if spiller is None:
+            log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", dropped, why)
+        else:
+            spiller.count_side_lost(dropped, why)
 
     def _spill_all(self, why: str) -> None:
         held, self._held = self._held, []
