@@ -1,11 +1,9 @@
 """BackgroundWriter: the thread that moves this rank's buffered rows into a sink.
 
-The training thread only appends to a `RecordBuffer`. This thread wakes every
-``flush_interval`` seconds, or sooner when `wake()` says enough calls are pending,
-drains the buffer into one batch and hands it to the sink. A sink that writes
-seldom (each write opens a DuckDB file: CPU the training competes for, whatever
-the batch's size) is written once per ``flush_interval``, and sooner only
-once `SELDOM_MAX_CALLS` calls are pending.
+The training thread only appends to a `RecordBuffer`. This thread wakes every ``flush_interval``
+seconds, or sooner when `wake()` says enough calls are pending, drains the buffer into one batch
+and hands it to the sink. A sink that writes seldom (each write opens a DuckDB file: CPU the
+training competes for) is written once per ``flush_interval``, sooner at `SELDOM_MAX_CALLS` calls.
 
 When the store refuses a batch (store/write_errors.py tells the errors apart):
 - transient (a reader holding the DuckDB file, a busy SQLite file, a full disk, a server
@@ -14,17 +12,14 @@ When the store refuses a batch (store/write_errors.py tells the errors apart):
 - permanent (a row colliding with a stored one): the batch is cut in halves until the rows
   that fail are isolated; those go to the spill file, the others are written. Later batches
   are never merged into a failing one.
-At the end (`spill_held`, from finalize) whatever the store still refuses goes to the spill
-file, whose message names the command that imports it.
+At the end (`spill_held`, from finalize) the rest goes to the spill file (its message names the import).
 
-One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
-(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it, and never waits on
-the store itself: a flush asked for on the main thread runs in a helper thread the main thread
-waits for, bounded (a server stopped mid-call never answers; Ctrl-C reaches the caller while
-the write goes on). `spill_held` waits for the lock bounded too, and spills without it when a
-write is stuck (the rows may then land twice: importing the spill file skips those stored). A cycle may take
-the run's set-up lock inside it (``RankRun.setup_sink``), so the order is always this lock
-first: no code may wait for it while holding the set-up lock.
+One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes (`flush`
+after `stop`, SIGTERM, atexit). The training thread never takes it nor waits on the store: a
+flush on the main thread runs in a helper thread it waits for, bounded (a stopped server never
+answers; Ctrl-C reaches the caller). `spill_held` waits for the lock bounded too, and spills
+without it when a write is stuck (rows may land twice: the import skips those stored). A cycle
+may take the set-up lock inside it (``RankRun.setup_sink``): never wait for this lock holding that one.
 """
 
 from __future__ import annotations
@@ -200,18 +195,17 @@ class BackgroundWriter:
         Returns:
             True when nothing is left to write.
         """
-        if threading.current_thread() is threading.main_thread():
-            try:
+        try:
+            if threading.current_thread() is threading.main_thread():
                 return bounded(lambda: self._flush(timeout, now), timeout, "the flush")
-            except TimeoutError:
-                log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
-                return False
-        return self._flush(timeout, now)
+            return self._flush(timeout, now)
+        except TimeoutError:  # the lock not had, or the cycle stuck: a flush is still running
+            log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
+            return False
 
     def _flush(self, timeout: float, now: bool) -> bool:
         if not self._io_lock.acquire(timeout=max(timeout, 0.0)):
-            log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
-            return False
+            raise TimeoutError
         try:
             self._cycle(now=now)
         finally:
@@ -233,18 +227,13 @@ class BackgroundWriter:
             delay = min(delay * 2, 0.5)
 
     def spill_held(self, why: str, timeout: float = 5.0) -> None:
-        """Put every row still unwritten (metrics and side tables) into the spill file (the end of
-        the run: the wait is over).
-
-        Waits at most `timeout` for a cycle in progress; a cycle stuck in a store call longer (a
-        server stopped mid-write) does not keep the rows from the spill file: they are spilled
-        without it, and may also be stored should that call ever return (an import skips them).
-        """
+        """Put every row still unwritten (metrics, side tables) into the spill file (the run's end).
+        Waits at most `timeout` for a cycle in progress: the rows of a store call stuck longer (a server
+        stopped mid-write) are spilled without it (stored too should it return: the import skips those)."""
         locked = self._io_lock.acquire(timeout=max(timeout, 0.0))
         if not locked:
             why = f"{why}; a write stuck for over {timeout:g} s may store some of them too (the import skips those)"
-        # one spill at a time: a caller that gave up on another thread's spill_held (finalize's bound)
-        # waits for its file write to end (local disk I/O) rather than exit with the rows in memory
+        # one spill at a time: a caller that gave up on another thread's waits for its file write
         spilling = self._spill_lock.acquire(timeout=_SPILL_WAIT_S)
         try:
             if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
@@ -420,24 +409,20 @@ class BackgroundWriter:
         spiller.put(batches, why)
 
     def _spill_side(self, tables: dict[str, list[dict[str, Any]]], why: str) -> None:
-        spiller = self.spiller
-        if spiller is None:
-            rows = sum(map(len, tables.values()))
-            log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", rows, why)
-            return
-        spiller.put_side(tables, why)
+        if self.spiller is not None:
+            self.spiller.put_side(tables, why)
+        else:
+            self._side_lost(sum(map(len, tables.values())), why)
 
     def _count_dropped_side(self) -> None:
-        """Side rows the buffer dropped past its bound (the store or the run unknown for long): lost, counted."""
-        dropped = self._side.take_dropped()
-        if not dropped:
-            return
-        why = f"more than {SIDE_MAX_PENDING} side-table rows waited for the store; the oldest were dropped"
-        spiller = self.spiller
-        if spiller is None:
-            log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", dropped, why)
+        if dropped := self._side.take_dropped():  # past its bound (the run or the store unknown for long)
+            self._side_lost(dropped, f"more than {SIDE_MAX_PENDING} side-table rows waited for the store; the oldest were dropped")
+
+    def _side_lost(self, rows: int, why: str) -> None:
+        if self.spiller is not None:
+            self.spiller.count_side_lost(rows, why)
         else:
-            spiller.count_side_lost(dropped, why)
+            log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", rows, why)
 
     def _spill_all(self, why: str) -> None:
         held, self._held = self._held, []
