@@ -209,6 +209,17 @@ def test_cli_import_into_a_store_without_the_run(tmp_path: Path) -> None:
     assert result.output == "Error: No run 'exp/version_4' in this store. Available: (none)\n"
 
 
+def test_cli_import_into_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
+    """`import typo.sqlite FILE`: a clear error, and no empty store left at the mistyped path."""
+    spill = SpillWriter(tmp_path, run_id=1, name="exp", version=0, rank=1)
+    spill.write([_batch(0, 1)])
+    typo = tmp_path / "rnus.sqlite"
+    result = CliRunner().invoke(main, ["import", str(typo), str(spill.path)])
+    assert result.exit_code == 1
+    assert result.output == f"Error: No store at {typo}. Check the path; a store is created by the first run logged to it.\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [spill.path.name]
+
+
 def _side_rows(rank: int = 1, run_id: int = 99) -> dict:
     """Side-table rows as a rank's writer drains them (side_records.SideRecords)."""
     from multirank_logger.model.side_records import SideRecords
