@@ -30,6 +30,8 @@ __all__ = ["AlembicDuckDBImpl", "DuckDBBackend"]
 # Not PRAGMA or CALL: both run functions that change settings or files (CALL checkpoint,
 # PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
 _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
+#: DuckDB's memory limit in a reading process (its buffer cache and the working memory of a query)
+READER_MEMORY = "256MB"
 
 
 class DuckDBBackend(Backend):
@@ -52,7 +54,9 @@ class DuckDBBackend(Backend):
         connect_args: dict[str, Any] = {"read_only": readonly}
         if readonly:
             # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL
-            connect_args["config"] = {"enable_external_access": False}
+            # and holds at most READER_MEMORY of the file's blocks: DuckDB keeps what it read cached up to
+            # its memory limit (80% of RAM by default), so a report over a large store grew with it
+            connect_args["config"] = {"enable_external_access": False, "memory_limit": READER_MEMORY}
         else:
             # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
             # rows then checkpointing gains nothing from them but CPU taken from the training
@@ -115,11 +119,10 @@ class DuckDBBackend(Backend):
         return _execute(conn, stmt).to_arrow_table()
 
     def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
-        # in call order per rank: DuckDB sorts with all its threads
-        stmt = (
-            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
-            .where(metrics.c.run_id == run_id, metrics.c.key == key)
-            .order_by(metrics.c.rank, metrics.c.seq)
+        # in no order: the pivot places each row by counting (query/rank_spread.py); a sort of a
+        # large key's rows took longer than the rest of per_rank, in memory that grew with them
+        stmt = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype).where(
+            metrics.c.run_id == run_id, metrics.c.key == key
         )
         table = self.fetch_arrow(conn, stmt)
         return [_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")]
