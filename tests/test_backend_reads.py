@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,3 +186,23 @@ def test_run_readonly_reads_and_refuses_a_write(reader: tuple[Backend, sa.Connec
     with pytest.raises(ReadOnlyViolation):
         backend.run_readonly(conn, "DELETE FROM metrics")
     assert int(backend.run_readonly(conn, count)["n"][0]) == len(ROWS)
+
+
+
+def test_duckdb_draws_no_progress_bar(tmp_path: Any) -> None:
+    """DuckDB draws a progress bar on stderr for any query past 2 s (a report or per_rank over a
+    large store): in the user's terminal, or a training's log when the writer's query is slow.
+    In a fresh interpreter: under pytest DuckDB starts with the bar off."""
+    db = tmp_path / "quiet.duckdb"
+    Store(db).close()
+    script = (
+        "import sys; from multirank_logger.store.sql_store import Store\n"
+        "for readonly in (True, False):\n"
+        "    store = Store(sys.argv[1], readonly=readonly)\n"
+        "    with store.engine.connect() as conn:\n"  # the driver's own connection: the reads' (Arrow)
+        "        q = \"SELECT current_setting('enable_progress_bar')\"\n"
+        "        print(conn.connection.driver_connection.execute(q).fetchone()[0])\n"
+        "    store.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(db)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
