@@ -151,7 +151,7 @@ def write_html(reader: Any, f: Findings, path: str | os.PathLike[str]) -> list[s
     keys = _plot_keys(reader, f)
     pngs = []
     for phase in dict.fromkeys(s["phase"] for s in f.stragglers):  # where the stragglers lose their time
-        timing = reader.sql(f"SELECT step, rank, {phase}_s AS t FROM step_timing WHERE run_id = {f.run_id}")
+        timing = reader.frame(f"SELECT step, rank, {phase}_s AS t FROM step_timing WHERE run_id = {f.run_id}")
         table = timing.dropna().pivot_table(index="step", columns="rank", values="t", aggfunc="sum") * 1e3
         slow = sorted({s["rank"] for s in f.stragglers if s["phase"] == phase})
         figure = plot_key(table, f"{phase} (ms)", slow, f"{phase} (ms) per rank")
