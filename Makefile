@@ -25,12 +25,12 @@ TEST_WORKERS ?= 2
 test: lint browser
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
-# the HTML report test renders the page in a real headless Chromium: installed when missing
-# (Debian's package; CI runs as root), so that test never skips for want of it
+# the HTML report and ui tests render pages in a real headless Chromium, the ui's through Selenium
+# and chromedriver: installed when missing (Debian's packages; CI runs as root), so they never skip
 browser:
-	@command -v chromium >/dev/null || { \
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium >/dev/null; }
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 # ruff and mypy as configured in pyproject.toml (CI runs them through `make test`)
 lint: $(STAMP)

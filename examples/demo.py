@@ -89,19 +89,15 @@ def main() -> None:
 
 def _report(run_id: int) -> None:
     """This run's report (which rank is the problem), as report.html next to the store."""
-    from multirank_logger.errors import MissingExtra
     from multirank_logger.report import find
-    from multirank_logger.report.render import write_html
+    from multirank_logger.ui.report_page import write_report
 
     page = DB.parent / "report.html"
     with open_store(str(DB)) as store:
-        try:
-            write_html(store, find(store, run=run_id), page)
-        except MissingExtra as exc:  # the plots' extra: the terminal report still works
-            print(f"\nNo {page}: {exc}")
-        else:
-            print(f"\nThis run's report: {page.resolve()}")
+        write_report(store, find(store, run=run_id), page)
+    print(f"\nThis run's report: {page.resolve()}")
     print(f"In the terminal: multirank-logger report {DB} --run {run_id}")
+    print(f"Live in a browser (runs, heatmaps, findings): multirank-logger ui {DB}")
 
 
 if __name__ == "__main__":

@@ -281,19 +281,21 @@ def sql_cmd(db_path: str, query: str, fmt: str) -> None:
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Also write the report, with per-rank plots, to this HTML file (needs matplotlib).")  # fmt: skip
+              help="Also write the report to this HTML file: the ui's page of the run, self-contained, offline.")  # fmt: skip
 @_friendly_errors
 def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> None:
     """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
     import json
 
     from multirank_logger.report import find
-    from multirank_logger.report.render import findings_text, write_html
+    from multirank_logger.report.render import findings_text
 
     with open_store(db_path) as reader:
         found = find(reader, run)
         if output:
-            write_html(reader, found, output)
+            from multirank_logger.ui.report_page import write_report
+
+            write_report(reader, found, output)
     click.echo(json.dumps(found.to_dict(), indent=2) if fmt == "json" else findings_text(found))
     if output:
         click.echo(f"Wrote {output}", err=fmt == "json")
@@ -317,6 +319,37 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
     path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}")))
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
+@main.command("ui")
+@click.argument("db_path", metavar="DB")
+@click.option("--port", type=int, default=8765, show_default=True, help="TCP port (0: any free one).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but 127.0.0.1 lets others read the store: no login.")  # fmt: skip
+def ui_cmd(db_path: str, port: int, host: str) -> None:
+    """A live page over the store DB: runs, findings, every key's band and rank x step heatmap.
+
+    Read-only; it never blocks a training run writing DB. Ctrl-C stops it.
+    """
+    from multirank_logger.ui.server import UiServer
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"Warning: listening on {host}: anyone who can reach it reads this store (read-only, no login).", err=True)
+    if "://" not in db_path and not Path(db_path).exists():
+        click.echo(f"No store at {db_path} yet: the page says so until a run logs to it.", err=True)
+    try:
+        server = UiServer(db_path, host, port)
+    except OSError as exc:
+        raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}. Pick another --port.") from exc
+    server.warm_up()
+    click.echo(f"multirank-logger ui: {server.url}  (store {db_path}; Ctrl-C stops it)")
+    sys.stdout.flush()  # the URL, at once, also when stdout is a pipe
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
 # -- decisions and logs: the side tables (query/side_tables.py) ------------------------------
 
 from multirank_logger.query.side_tables import disagreements, format_ranks, group_alike  # noqa: E402

@@ -97,6 +97,18 @@ def new_postgres_database(server) -> str:
     return make_url(server.get_uri()).set(database=name).render_as_string(hide_password=False)
 
 
+def with_password(server, url: str) -> tuple[str, str]:
+    """`url` as a new role with a password, owner of its database, would write it (cluster users'
+    postgresql://user:PASSWORD@host/db); the URL and the password. The session's server trusts its
+    local socket, so the password is carried everywhere a real one would be, and never checked."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    role, password = f"u_{uuid.uuid4().hex[:12]}", f"Pw-{uuid.uuid4().hex}"
+    server.psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'; ALTER DATABASE {parsed.database} OWNER TO {role};")
+    return parsed.set(username=role, password=password).render_as_string(hide_password=False), password
+
+
 @pytest.fixture(params=["duckdb", "sqlite", "postgresql"])
 def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A new store of each backend in turn: a file path (DuckDB, SQLite), or a URL to a new

@@ -65,6 +65,18 @@ class TinyModel(LightningModule):
             print(f"rank {self.global_rank} step {self.global_step}", flush=True)
             time.sleep(self.sleep_after)
 
+    def on_train_end(self) -> None:
+        # what a secret could have reached (--dump-env): this rank's environment (its children's
+        # too) and the run identity in the launch's TCPStore, as every rank can read it
+        prefix = getattr(self, "dump_env", None)
+        if prefix:
+            logger = next(lg for lg in self.loggers if isinstance(lg, MultiRankLogger))
+            board = logger._run.board
+            channel = board.channel(self.global_rank, self.trainer.world_size)
+            identity = channel.fetch("identity", 10).decode() if channel is not None else ""
+            with open(f"{prefix}.{self.global_rank}", "w") as fh:
+                json.dump({"environ": dict(os.environ), "identity": identity}, fh)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
@@ -105,6 +117,7 @@ def main() -> None:
     parser.add_argument("--report", default=None, help="each rank writes {rank: version, log_dir} here")
     parser.add_argument("--timeout", type=float, default=60.0, help="the logger's timeout")
     parser.add_argument("--spill-dir", default=None)
+    parser.add_argument("--dump-env", default=None, help="each rank writes its environment and the TCPStore identity here")
     args = parser.parse_args()
     if args.slow_sigterm_flush and os.environ.get("LOCAL_RANK", "0") == "0":  # the launcher's process: rank 0
         slow_sigterm_flush(args.slow_sigterm_flush)
@@ -127,7 +140,8 @@ def main() -> None:
         enable_checkpointing=args.mode == "checkpoint",
     )
     model = TinyModel(mode=args.mode, sleep=args.sleep)
-    model.sleep_after = args.sleep_after  # not a hyperparameter: the stored hparams stay as the tests expect
+    model.sleep_after = args.sleep_after
+    model.dump_env = args.dump_env  # not a hyperparameter: the stored hparams stay as the tests expect
     try:
         trainer.fit(model)
     finally:

@@ -49,8 +49,9 @@ def test_demo_trains_two_ranks_and_shows_them(tmp_path: Path, older_store: bool)
     assert any(row[1] != row[2] for row in rows)  # each rank's own shard: its own loss
     assert (tmp_path / "demo_runs" / "demo" / f"version_{version}" / "metrics.csv").is_file()
     page = tmp_path / "demo_runs" / "report.html"  # the run's own report, pointed at at the end
-    assert f"This run's report: {page}" in out and "<img" in page.read_text()
+    assert f"This run's report: {page}" in out and "window.MRL_STATIC" in page.read_text()
     assert "In the terminal: multirank-logger report demo_runs/runs.duckdb --run" in out
+    assert out.rstrip().endswith("multirank-logger ui demo_runs/runs.duckdb")  # make demo ends with the ui command
     reader = Store(db, readonly=True)
     assert reader.current_revision() == head_revision()
     reader.close()

@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "logger": {"query", "store", "transport", "ddp", "model", "_util", "errors", "_version"},
     "report": {"query", "store", "model", "_util", "errors"},
     "callbacks": {"logger", "ddp", "model", "_util", "errors"},
-    "cli": {"report", "query", "store", "model", "_util", "errors", "_version"},
+    "ui": {"report", "query", "store", "model", "_util", "errors"},
+    "cli": {"ui", "report", "query", "store", "model", "_util", "errors", "_version"},
     "__init__": {"callbacks", "logger", "query", "store", "ddp", "_version"},
 }
 

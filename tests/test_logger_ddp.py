@@ -7,11 +7,16 @@ tests below each read one behaviour from it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 
-from tests.conftest import new_postgres_database
+from multirank_logger.store.backends import resolve_url
+from multirank_logger.store.sql_store import Store
+from tests.conftest import new_postgres_database, with_password
 from tests.logger_helpers import query, rank_reports, run_training
 
 STEPS = 6
@@ -22,15 +27,17 @@ EXPECTED_TRANSPORT = {"sqlite": "direct", "duckdb": "gather", "postgresql": "dir
 def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     backend = request.param
     root = tmp_path_factory.mktemp(f"ddp-{backend}")
-    if backend == "postgresql":  # a new database on the session's server (conftest.py)
-        db = new_postgres_database(request.getfixturevalue("postgres_server"))
+    secret = None
+    if backend == "postgresql":  # a new database on the session's server (conftest.py), as a role with a password
+        server = request.getfixturevalue("postgres_server")
+        db, secret = with_password(server, new_postgres_database(server))
     else:
         db = root / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
     proc = run_training(
         db, root, "--mode", "asym", "--steps", str(STEPS), "--csv-dir", str(root / "csv"),
-        "--read-version", "--report", str(root / "report"),
+        "--read-version", "--report", str(root / "report"), "--dump-env", str(root / "dumped"),
     )
-    return {"backend": backend, "db": db, "root": root, "output": proc.stdout + proc.stderr}
+    return {"backend": backend, "db": db, "root": root, "output": proc.stdout + proc.stderr, "secret": secret}
 
 
 def _values(db: Path, key: str) -> dict[int, list[tuple[int, float]]]:
@@ -100,3 +107,38 @@ def test_hparams_yaml_identical_to_csvlogger(launch: dict) -> None:
     assert ours.read_bytes() == theirs.read_bytes()
     (hparams,) = query(launch["db"], "SELECT hparams FROM runs")[0]
     assert '"mode": "asym"' in hparams and '"lr": 0.1' in hparams
+
+
+def test_no_secret_leaves_the_process(launch: dict) -> None:
+    """The store's password (PostgreSQL: a role with one) is in no rank's environment, no TCPStore
+    value, no console line, no row of any table and no file under save_dir; ranks still agree on
+    the store by its URL less the password."""
+    dumps = {}
+    for path in launch["root"].glob("dumped.*"):
+        dumps[int(path.suffix[1:])] = json.loads(path.read_text())
+    assert sorted(dumps) == [0, 1]
+    identity = json.loads(dumps[0]["identity"])
+    assert identity == json.loads(dumps[1]["identity"]) and identity["run"]["version"] == 0
+    # rank 1 was launched by rank 0 after it took the run (--read-version): it inherited the identity
+    inherited = [v for k, v in dumps[1]["environ"].items() if k.startswith("MULTIRANK_LOGGER_RUN_")]
+    assert inherited == [dumps[0]["identity"]] or not inherited  # gone once the launch is over (issue 29)
+    assert make_url(identity["db"]).database == resolve_url(launch["db"]).database
+    secret = launch["secret"]
+    if secret is None:
+        return  # a file store: nothing secret to look for
+    assert secret not in identity["db"] and make_url(identity["db"]).username == make_url(launch["db"]).username
+    assert not [k for dump in dumps.values() for k, v in dump["environ"].items() if secret in v]
+    assert "MultiRankLogger: run" in launch["output"] and secret not in launch["output"]
+    store = Store(launch["db"])
+    try:
+        with store.begin() as conn:
+            tables = sa.inspect(conn).get_table_names()
+            assert "logs" in tables
+            logged = conn.execute(sa.text("SELECT message FROM logs")).scalars().all()
+            assert any("MultiRankLogger: run" in m for m in logged)  # the console line was captured
+            leaking = [t for t in tables for row in conn.execute(sa.text(f'SELECT * FROM "{t}"')) if secret in str(tuple(row))]
+    finally:
+        store.close()
+    assert leaking == []
+    files = [p for p in launch["root"].rglob("*") if p.is_file()]
+    assert files and [p for p in files if secret.encode() in p.read_bytes()] == []

@@ -22,7 +22,7 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
 from multirank_logger.logger import process_hooks
-from multirank_logger.logger.rank_facts import FACTS_WAIT_S, fetch_facts
+from multirank_logger.logger.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
 from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.store.run_end import record_end
@@ -82,10 +82,16 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})"
         )
     gather_world = run.sink_world if sink.transport == "gather" else 0
+    # the ranks whose rows this rank received (gather rank 0; a node's writer): it records their ends
+    senders = list(sink.channel.senders) if isinstance(sink, GatherReceiver) else None
     facts: dict[int, dict[str, Any]] = {}
-    if gather_world and run.rank == 0 and isinstance(sink, GatherReceiver):
+    if senders and isinstance(sink, GatherReceiver):
         channel = sink.channel
-        facts = safely(lambda: fetch_facts(channel, range(1, gather_world), min(timeout, FACTS_WAIT_S))) or {}
+        facts = safely(lambda: fetch_facts(channel, senders, min(timeout, FACTS_WAIT_S))) or {}
+    if senders is not None and run.rank != 0:
+        facts[run.rank] = rank_facts()  # a node's writer was registered by rank 0, without them
+    if isinstance(sink, DirectSink) and not sink.connected:  # a server that refused it so far
+        store = safely(lambda: sink.store, "opening the store for the run's end")
     sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
     if isinstance(sink, GatherSender):
         run.unstored_recorded = sink.counted  # what rank 0 took into the run's totals
@@ -100,7 +106,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             record_end(
                 store, run_id, rank=run.rank, gather_world=gather_world, status=status, others=others, facts=facts,
                 timeout=min(left(), 5.0), values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
-                attempt=run.attempt,
+                attempt=run.attempt, senders=senders,
             )
             return True
 
@@ -117,6 +123,9 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
                    "recording this launch's end (attempts)")  # fmt: skip
         if run.rank == 0 and status == SUCCESS and run.settings.export_csv:
             run.files.export_if_complete(store, run_id, left())
+    elif store is None and isinstance(sink, DirectSink) and run.spiller is not None:
+        log.error("multirank_logger: rank %d never reached the store: its end is in its spill file only.", run.rank)
+        run.spiller.end(status, spilled + others_spilled, lost + others_lost)
     spiller = run.spiller
     summary = spiller.summary() if spiller is not None else None
     if spiller is not None and summary:

@@ -35,7 +35,7 @@ from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.logger.run_settings import RunSettings
 from multirank_logger.logger.save_dir import DEFAULT_DB_NAME, check_store_is_local
 from multirank_logger.logger.transport_choice import TRANSPORTS
-from multirank_logger.store.backends import backend_for, resolve_url
+from multirank_logger.store.backends import backend_for, public_name, resolve_url
 from multirank_logger.store.run_lifecycle import check_run_choice
 
 __all__ = ["MultiRankLogger"]
@@ -70,8 +70,12 @@ class MultiRankLogger(Logger):
             write (see the README). A local file or a server: never a remote filesystem.
         flush_interval: seconds between two flushes of the background writer.
         transport: ``"direct"`` (every rank writes the store), ``"gather"`` (rank 0 writes,
-            the others ship their rows to it) or ``"auto"`` (gather for DuckDB with several
-            ranks, direct otherwise).
+            the others ship their rows to it), ``"node"`` (a server store: one writer per node,
+            which the node's ranks ship their rows to) or ``"auto"`` (gather for DuckDB with
+            several ranks; for PostgreSQL, direct while the server has connections free for
+            every rank, else node; direct otherwise). See docs/scale.md.
+        max_writers: the most processes that write a server store at once (``"auto"`` and
+            ``"node"``); None: as many as half its free connections allow, at most one per node.
         export_csv: rank 0 writes ``metrics.csv`` into `log_dir` as the run goes (and leaves it
             after a failure) and ``hparams.yaml`` when hyperparameters are logged, as CSVLogger does.
         timeout: the longest any wait on another rank or on a busy store lasts, in seconds.
@@ -117,6 +121,7 @@ class MultiRankLogger(Logger):
         db: str | os.PathLike[str] | None = None,
         flush_interval: float = 5.0,
         transport: str = "auto",
+        max_writers: int | None = None,
         export_csv: bool = True,
         timeout: float = 60.0,
         spill_dir: str | os.PathLike[str] | None = None,
@@ -129,6 +134,8 @@ class MultiRankLogger(Logger):
         if transport not in TRANSPORTS:
             raise InvalidTransport(transport, TRANSPORTS)
         check_run_choice(version, resume, run_key)
+        if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
+            raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
         for argument, seconds in (("flush_interval", flush_interval), ("timeout", timeout)):
             if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
                 raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
@@ -142,8 +149,9 @@ class MultiRankLogger(Logger):
         default_dir = str(path.parent) if path is not None else os.getcwd()
         self._prefix = prefix
         self._flush_every = max(1, int(flush_logs_every_n_steps))
+        shown = public_name(db)  # the password stays in `url`, in this process
         settings = RunSettings(
-            db=db,
+            db=shown,
             url=url,
             name=name or "",
             version=version,
@@ -152,12 +160,13 @@ class MultiRankLogger(Logger):
             save_dir=os.fspath(save_dir) if save_dir is not None else default_dir,
             spill_dir=os.fspath(spill_dir) if spill_dir is not None else default_dir,
             transport=transport,
+            max_writers=max_writers,
             export_csv=export_csv,
             timeout=float(timeout),
             flush_interval=float(flush_interval),
             flush_every=self._flush_every,
             capture_level=capture_level(capture_logs),
-            owner=f"MultiRankLogger(db={db!r}, name={name or ''!r}, version={version!r})",
+            owner=f"MultiRankLogger(db={shown!r}, name={name or ''!r}, version={version!r})",
             owner_class=type(self).__name__,
         )
         #: this process's part in the run: store, identity, sink, writer (pickled with its run
@@ -210,7 +219,7 @@ class MultiRankLogger(Logger):
 
     @property
     def transport(self) -> str | None:
-        """``"direct"`` or ``"gather"`` once decided (when the process group is up), else None."""
+        """``"direct"``, ``"gather"`` or ``"node"`` once decided (when the process group is up), else None."""
         return self._run.transport
 
     @property

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from multirank_logger._util.best_effort import safely
@@ -45,7 +45,7 @@ class UnfinishedRun(NamedTuple):
     #: this rank: its row, and on rank 0 the run's row and this launch's attempt
     rank: int
     #: gather rank 0: the ranks whose rows it writes (recorded "missing": their end never reached it)
-    senders: range
+    senders: Sequence[int]
     attempt: int | None
 
 

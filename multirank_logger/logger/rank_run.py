@@ -23,7 +23,6 @@ import functools
 import os
 import threading
 import weakref
-from argparse import Namespace
 from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any
@@ -39,10 +38,11 @@ from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.process_registry import UnfinishedRun, dist_up, track
 from multirank_logger.logger.rank_facts import publish_facts, rank_facts
-from multirank_logger.logger.run_settings import RunSettings
+from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.logger.spiller import Spiller
+from multirank_logger.logger.store_open import connection_room, open_or_later
 from multirank_logger.logger.transport_choice import choose_transport
 from multirank_logger.logger.writer import BackgroundWriter, Sink
 from multirank_logger.model.run_ref import RunRef
@@ -188,7 +188,7 @@ class RankRun:
                 if rank == 0:
                     self.identity = self.open_run()
                 else:
-                    found = self.board.from_env(self.settings.url_text) or self.board.fetch(rank, self.settings.owner)
+                    found = self.board.from_env(self.settings.store_identity) or self.board.fetch(rank, self.settings.owner)
                     if found is None:
                         who = f"Rank {rank}" if rank > 0 else "A process that is not certainly rank 0"
                         raise MultiRankLoggerError(
@@ -218,7 +218,7 @@ class RankRun:
                 f"Experiment logs directory {log_dir} exists and is not empty. This new run's files "
                 "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones."
             )
-        return RunIdentity(run, self.settings.url_text, os.getpid())
+        return RunIdentity(run, self.settings.store_identity, os.getpid())
 
     def begin_attempt(self, rank: int, world: int, channel: RowChannel | None) -> None:
         """Number this process's launch of the run (rank 0 records it, the others learn it), so
@@ -249,7 +249,7 @@ class RankRun:
             self.hparams.update(params)
             self.hparams_logged = True
             if self.sink is not None and self.rank == 0:
-                self.sink.update_run(hparams=_jsonable(self.hparams))
+                self.sink.update_run(hparams=jsonable(self.hparams))
         if self.settings.export_csv and current_rank() == 0:
             safely(self.files.write_hparams, "writing hparams.yaml")
 
@@ -281,32 +281,45 @@ class RankRun:
                 # one channel per phase (fit, test...): a finished phase's "done" keys stay behind
                 channel = RowChannel(f"{self.board.namespace}-phase{self.phase}", rank, world, timeout=timeout)
             transport, why = choose_transport(
-                self.settings.transport, backend_for(self.settings.url), world, rank=rank, channel=channel, timeout=timeout
+                self.settings.transport, backend_for(self.settings.url), world, rank=rank, channel=channel,
+                timeout=timeout, max_writers=self.settings.max_writers,
+                connection_room=(lambda: connection_room(self.open_store())) if rank == 0 else None,
             )
             self.begin_attempt(rank, world, channel)
             spiller = self._spiller_for(run, rank)
             sink: DirectSink | GatherSender
-            if transport == "gather" and channel is not None and rank == 0:
-                sink = GatherReceiver(self.open_store(), run.id, channel, spiller)
-            elif transport == "gather" and channel is not None:
-                sink = GatherSender(channel, spiller, counted=self.unstored_recorded)
-                publish_facts(channel)  # rank 0 records this rank's host and pid at the end
+            store = self.open_store if rank == 0 else functools.partial(self._store_for_writer, run, rank)
+            if channel is not None and transport != "direct" and channel.receives:
+                sink = GatherReceiver(store(), run.id, channel, spiller, transport=transport)
+            elif channel is not None and transport != "direct":
+                sink = GatherSender(channel, spiller, counted=self.unstored_recorded, transport=transport)
+                publish_facts(channel)  # its writer records this rank's host and pid at the end
             else:
-                store = self.open_store()
-                if rank != 0:  # before its first write: is rank 0's run the one this store holds?
-                    check_same_run(store, rank, run.id, run.name, run.version, run.started_at)
-                sink = DirectSink(store, run.id, spiller)
+                sink = DirectSink(store(), run.id, spiller)
             self.rank, self.transport, self.sink_world = rank, transport, world
             self.sink = sink
-            if self.store is not None:
+            # a node's writer records itself and its ranks at the end (rank 0 registered them all)
+            if self.store is None and transport == "direct" and isinstance(sink, DirectSink):
+                sink.defer(functools.partial(self._register, sink, run, rank, world, transport, why))
+            elif self.store is not None and (rank == 0 or transport == "direct"):
                 try:
                     self._register(sink, run, rank, world, transport, why)
                 except BaseException:
                     self.sink = None  # set up again, registration included, on the next call
                     raise
             if rank == 0 and self.hparams_logged:
-                sink.update_run(hparams=_jsonable(self.hparams))
+                sink.update_run(hparams=jsonable(self.hparams))
             return sink
+
+    def _store_for_writer(self, run: RunRef, rank: int) -> Store | Callable[[], Store]:
+        """A rank other than 0 that writes: its store, checked against rank 0's run (store_open.py)."""
+
+        def opened() -> Store:
+            store = self.open_store()
+            check_same_run(store, rank, run.id, run.name, run.version, run.started_at)
+            return store
+
+        return open_or_later(opened, rank, self.settings.timeout)
 
     def _spiller_for(self, run: RunRef, rank: int) -> Spiller:
         """This run's spill file on this rank (created on its first row): every phase spills into it."""
@@ -331,9 +344,14 @@ class RankRun:
         def write() -> None:
             with store.writing():  # one connection, one retry unit: every step is idempotent
                 store.register_rank(run.id, rank, **facts)
-                if transport == "gather":
-                    for other in range(1, world):  # they cannot write: rank 0 keeps their rows
+                if transport != "direct":
+                    # they do not write: rank 0 (or their node's writer) records their end
+                    for other in range(1, world):
                         store.register_rank(run.id, other)
+                elif rank == 0 and store.backend.path is None:
+                    # a server may refuse a rank its connection: its end stays unknown (the run
+                    # not a success) until it or its spill file reaches the store
+                    store.register_absent_ranks(run.id, range(1, world))
                 if rank == 0:
                     store.update_run(run.id, transport=transport, world_size=world)
 
@@ -404,10 +422,9 @@ class RankRun:
             return None
         # the process group may be gone by now: the rank the sink was set up with
         rank = self.rank if sink is not None else current_rank()
-        if rank != 0 and (sink is None or sink.transport == "gather"):
-            return None  # a sender's row is rank 0's to write, and the store may not be reachable here
-        gather = sink is not None and sink.transport == "gather"
-        senders = range(1, self.sink_world) if gather else range(0)
+        if rank != 0 and not isinstance(sink, DirectSink):
+            return None  # a sender's row is its writer's to write, and the store may not be reachable here
+        senders = sink.channel.senders if isinstance(sink, GatherReceiver) else ()
         return UnfinishedRun(store, identity.run.id, rank, senders, self.attempt)
 
     def allocate_before_fork(self) -> tuple[Store, int] | None:
@@ -437,13 +454,3 @@ class RankRun:
         self.init_runtime()
         self.buffer.continue_numbering(old[0])  # the child never reuses the parent's seq
 
-
-def _jsonable(value: Any) -> Any:
-    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure."""
-    if isinstance(value, Namespace):
-        value = vars(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value

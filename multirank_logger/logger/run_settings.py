@@ -8,19 +8,26 @@ run into ddp_spawn's workers and never changes.
 from __future__ import annotations
 
 import os
+from argparse import Namespace
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.engine import URL
 
-__all__ = ["RunSettings"]
+from multirank_logger.store.backends import public_name
+
+__all__ = ["RunSettings", "jsonable"]
 
 
 @dataclass(frozen=True)
 class RunSettings:
     """What the logger was built with that the run needs (checked by the logger)."""
 
-    #: the store's path or URL as the user gave it (shown in messages and import commands)
+    #: the store's path or URL as the user gave it, less its password (shown in messages and
+    #: import commands, and what ranks agree on: `store_identity`)
     db: str
+    #: the URL this process connects with, password included: never shown, never sent to another rank
     url: URL
     name: str
     #: the version asked for: an int, a str for a named version, None for the next free one
@@ -29,7 +36,7 @@ class RunSettings:
     run_key: str | None
     save_dir: str
     spill_dir: str
-    #: the transport asked for: "direct", "gather" or "auto"
+    #: the transport asked for: "direct", "gather", "node" or "auto"
     transport: str
     export_csv: bool
     timeout: float
@@ -40,12 +47,26 @@ class RunSettings:
     #: the logger's repr and class name, for the messages that name it
     owner: str
     owner_class: str
+    #: the most processes that write a server store at once (None: its free connections say)
+    max_writers: int | None = None
 
     @property
-    def url_text(self) -> str:
-        """The URL as text, password included: a run identity a rank inherits must name this store."""
-        return self.url.render_as_string(hide_password=False)
+    def store_identity(self) -> str:
+        """The store as ranks name it to each other: its resolved URL without the password (each
+        rank brings its own credentials), so a stale identity for another store is never adopted."""
+        return public_name(self.url)
 
     @property
     def root_dir(self) -> str:
         return os.path.join(self.save_dir, self.name)
+
+
+def jsonable(value: Any) -> Any:
+    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value

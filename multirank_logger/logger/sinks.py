@@ -6,6 +6,10 @@
   writes its own rows and hands the writer whatever the other ranks ship through the
   `RowChannel`; `GatherSender` on the other ranks only sends.
 
+The node transport (a server store with more ranks than it admits connections) uses the same
+two classes per node: the node's writer is a `GatherReceiver` of its node's ranks, which are
+its `GatherSender`s (the channel's `route`, set by transport_choice.py).
+
 Every sink has a `Spiller` (spiller.py): the writer puts there what the store refuses, and a
 sender what it cannot deliver to rank 0 (rank 0 died, or stopped taking rows). Run-level
 updates (hparams) are queued here and applied by the writer thread with its retries, never
@@ -30,10 +34,17 @@ from multirank_logger.model.side_records import decode_side, encode_side
 from multirank_logger.store.sql_store import Store
 from multirank_logger.transport.row_channel import RowChannel
 
-__all__ = ["DirectSink", "GatherReceiver", "GatherSender"]
+__all__ = ["SENDER_HELD_VALUES", "DirectSink", "GatherReceiver", "GatherSender"]
 
 log = logging.getLogger(__name__)
+#: values a sender keeps in memory that its writer has not acknowledged; past it new rows go
+#: to its spill file until the writer catches up. 46 B per value as Arrow and on the wire: ~9 MB
+#: per sender, also the most it leaves queued in rank 0's TCPStore. A writer acknowledges within
+#: about two of its cycles (flush_interval, 5 s): this sustains ~20k values/s per sender, twice a
+#: rank logging 10 keys every millisecond (benchmarks/RESULTS.md, "scale"; docs/scale.md)
+SENDER_HELD_VALUES = 200_000
 _POLL_S = 0.01
+_POLL_MAX_S = 0.25
 #: bounds on rank 0's wait for the senders' last word (their spilled/lost counts) at the end
 _REPORT_WAIT_MIN_S = 0.5
 _REPORT_WAIT_MAX_S = 2.0
@@ -45,7 +56,9 @@ class DirectSink:
     """This rank's batches go straight into the store (one transaction per batch).
 
     Args:
-        store: an open Store (writing).
+        store: an open Store (writing), or what opens it: a server that refuses the connection
+            now (too many clients, restarting) is then asked again at each write, with the
+            writer's backoff, and its rows are held and spilled as for any store error.
         run_id: the run that run-level updates apply to.
         spiller: where the writer puts rows the store refuses.
     """
@@ -54,19 +67,38 @@ class DirectSink:
     #: (spilled, lost) values the other ranks reported at the end (gather rank 0), for the run's totals
     others_unstored: tuple[int, int] = (0, 0)
 
-    def __init__(self, store: Store, run_id: int, spiller: Spiller | None = None) -> None:
-        self.store = store
+    def __init__(self, store: Store | Callable[[], Store], run_id: int, spiller: Spiller | None = None) -> None:
+        self._store = store if isinstance(store, Store) else None
+        self._open = None if isinstance(store, Store) else store
         self.run_id = run_id
         self.spiller = spiller
         self._run_updates: dict[str, Any] = {}
         self._deferred: list[Callable[[], None]] = []  # bookkeeping writes a held store refused
-        self._file = _file_identity(store)
+        self._file = _file_identity(self._store)
+
+    @property
+    def store(self) -> Store:
+        """The store, opened on first use when the sink was given what opens it.
+
+        Raises:
+            Whatever opening it raised (a refused connection: transient, store/write_errors.py).
+        """
+        if self._store is None:
+            assert self._open is not None
+            self._store = self._open()
+            self._file = _file_identity(self._store)
+        return self._store
+
+    @property
+    def connected(self) -> bool:
+        """Whether the store was ever opened (a refusing server leaves it unopened)."""
+        return self._store is not None
 
     @property
     def writes_seldom(self) -> bool:
         """True when each write opens the store (DuckDB): the writer then writes once per
         flush interval instead of every N calls (see writer.BackgroundWriter)."""
-        return self.store.backend.opens_per_transaction
+        return self._store is not None and self._store.backend.opens_per_transaction
 
     def update_run(self, **values: Any) -> None:
         """Queue column updates for the run row; applied by the writer (`write_run`)."""
@@ -150,9 +182,17 @@ class GatherReceiver(DirectSink):
 
     transport = "gather"
 
-    def __init__(self, store: Store, run_id: int, channel: RowChannel, spiller: Spiller | None = None) -> None:
+    def __init__(
+        self,
+        store: Store | Callable[[], Store],
+        run_id: int,
+        channel: RowChannel,
+        spiller: Spiller | None = None,
+        transport: str = "gather",
+    ) -> None:
         super().__init__(store, run_id, spiller)
         self.channel = channel
+        self.transport = transport
 
     def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         # each call acknowledges the previous call's batches: the writer holds them (or spilled them)
@@ -170,13 +210,16 @@ class GatherReceiver(DirectSink):
             counts reported); the others are absent: recorded "missing", the run "incomplete".
         """
         deadline = time.monotonic() + timeout
-        expected = set(range(1, self.channel.world_size))
+        expected = set(self.channel.senders)
+        delay = _POLL_S
         while True:
             cycle()
             done = self.channel.done_ranks()
             if expected <= done.keys() or time.monotonic() >= deadline:
                 break
-            time.sleep(_POLL_S)
+            # each round asks the store about every sender: back off while they take their time
+            time.sleep(delay)
+            delay = min(delay * 1.5, _POLL_MAX_S)
         cycle()  # takes the last batches...
         cycle()  # ...and acknowledges them, so the senders stop waiting and report
         # a sender reports once it sees its last rows acknowledged (within one of its polls). A run
@@ -218,9 +261,19 @@ class GatherSender:
     writes_seldom = False
     others_unstored = (0, 0)
 
-    def __init__(self, channel: RowChannel, spiller: Spiller | None = None, counted: tuple[int, int] = (0, 0)) -> None:
+    def __init__(
+        self,
+        channel: RowChannel,
+        spiller: Spiller | None = None,
+        counted: tuple[int, int] = (0, 0),
+        transport: str = "gather",
+        max_held_values: int = SENDER_HELD_VALUES,
+    ) -> None:
         self.channel = channel
         self.spiller = spiller
+        self.transport = transport
+        #: values kept unacknowledged before new rows go to the spill file instead
+        self.max_held_values = max_held_values
         #: the spiller's (spilled, lost) totals that rank 0 has counted in the run (it lives for
         #: the run, this sink for one phase): an earlier phase's counts rank 0 never took (it gave
         #: up waiting, and recorded this rank "missing") are reported again with this phase's
@@ -235,8 +288,21 @@ class GatherSender:
         return contextlib.nullcontext()
 
     def write(self, batch: pa.RecordBatch) -> None:
+        channel = self.channel
+        if channel.unacknowledged_values(refresh=False) + len(batch) > self.max_held_values:
+            held = channel.unacknowledged_values()  # the acknowledgements first: it may have caught up
+            if held + len(batch) > self.max_held_values:
+                # the writer (rank 0, or the node's) takes rows slower than they come: keep this
+                # rank's memory bounded; the spill file keeps the rest until `import`
+                self._spill(
+                    f"rank {channel.writer} has not yet acknowledged {held} values from rank {channel.rank}, "
+                    f"the most a sender keeps in memory (SENDER_HELD_VALUES={self.max_held_values}); later "
+                    f"rows go to the spill file until rank {channel.writer} catches up",
+                    [batch],
+                )
+                return
         try:
-            self.channel.send(batch)
+            channel.send(batch)
         except ChannelError as exc:
             # rank 0 is gone: the writer must not retry into a dead channel forever
             self._spill(str(exc), exc.undelivered)

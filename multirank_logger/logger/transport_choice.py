@@ -1,29 +1,40 @@
-"""Where rows are written: every rank straight into the store ("direct"), or rank 0 alone ("gather").
+"""Where rows are written: every rank straight into the store ("direct"), rank 0 alone
+("gather"), or one writer per node (or per group of nodes) of a server store ("node").
 
 `choose_transport` decides once per run, identically on every rank: rank 0 looks at the
-store (backend, filesystem, whether every rank sees it) and publishes the choice through
-the RowChannel; the other ranks take it from there. No collective is used, and every wait
-is bounded.
+store (backend, filesystem, whether every rank sees it; a server's free connections) and
+publishes the choice through the RowChannel; the other ranks take it from there. No
+collective is used, and every wait is bounded.
+
+The node transport keeps a server store's connections bounded by nodes, not ranks: each
+rank says which node it is on (host and node rank), rank 0 cuts the nodes into at most
+``max_writers`` groups, and the lowest rank of each group receives the group's rows over the
+channel (`RowChannel.route`) and writes them on its one connection.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from multirank_logger.errors import InvalidTransport, MultiRankLoggerError
+from multirank_logger.logger.rank_facts import rank_facts
 
 if TYPE_CHECKING:
     from multirank_logger.store.backends import Backend
     from multirank_logger.transport.row_channel import RowChannel
 
-__all__ = ["NETWORK_FILESYSTEMS", "TRANSPORTS", "choose_transport", "filesystem_type"]
+__all__ = ["NETWORK_FILESYSTEMS", "TRANSPORTS", "ConnectionRoom", "choose_transport", "filesystem_type"]
 
-TRANSPORTS = ("auto", "direct", "gather")
+TRANSPORTS = ("auto", "direct", "gather", "node")
+#: what rank 0 learns of a server: (connections free now, one line saying what it read), or None
+ConnectionRoom = Callable[[], "tuple[int, str] | None"]
 
 #: Filesystems on which SQLite's locking is unsafe (or which are shared between hosts).
 NETWORK_FILESYSTEMS = frozenset(
@@ -38,6 +49,8 @@ NETWORK_FILESYSTEMS = frozenset(
 _KEY_PROBE = "transport/probe"
 _KEY_CHOICE = "transport/choice"
 _KEY_SEEN = "transport/seen/{rank}"
+_KEY_NODE = "transport/node/{rank}"
+_KEY_PLAN = "transport/plan"
 
 
 def filesystem_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str | None:
@@ -71,20 +84,28 @@ def choose_transport(
     rank: int = 0,
     channel: RowChannel | None = None,
     timeout: float = 30.0,
+    max_writers: int | None = None,
+    connection_room: ConnectionRoom | None = None,
 ) -> tuple[str, str]:
-    """Decide "direct" or "gather" for this run; the same answer on every rank.
+    """Decide "direct", "gather" or "node" for this run; the same answer on every rank.
 
     Call it on every rank at the same point of the setup (all ranks arrive there): with
     ``requested="auto"`` and a file store, rank 0 asks the other ranks, through `channel`,
     whether they see a marker file next to the store, waiting at most `timeout` seconds.
 
+    With "node" (asked for, or chosen by "auto" for a server with fewer free connections than
+    ranks), `channel` is routed (`RowChannel.route`): its rows go to this rank's node writer.
+
     Args:
-        requested: "auto", "direct" or "gather".
+        requested: "auto", "direct", "gather" or "node".
         backend: the store's backend (``Store.backend`` or ``backends.backend_for(url)``).
         world_size: number of ranks.
         rank: this process's global rank.
         channel: the run's RowChannel; needed when ``requested="auto"`` and ``world_size > 1``.
         timeout: seconds to wait for the other ranks (rank 0) or for rank 0's choice (others).
+        max_writers: the most processes that may write a server store at once (None: as many
+            as its free connections allow, `connection_room`).
+        connection_room: rank 0 only: asks the server how many connections are free.
 
     Returns:
         ``(choice, reason)``: the transport and one sentence saying why, for rank 0's console.
@@ -97,6 +118,16 @@ def choose_transport(
         raise InvalidTransport(requested, TRANSPORTS)
     if requested == "gather":
         return "gather", "transport='gather' was requested: rank 0 writes every rank's rows"
+    if requested == "node" and not backend.concurrent_writers:
+        raise InvalidTransport(
+            requested, TRANSPORTS,
+            f"transport='node' needs a store that several processes can write, and {backend.name} takes "
+            "one writing process per file. Use transport='gather' (or 'auto').",
+        )
+    if world_size > 1 and (requested == "node" or (requested == "auto" and _is_server(backend))):
+        if channel is None:
+            raise ValueError(f"choose_transport(requested={requested!r}) with several ranks needs the run's RowChannel")
+        return _choose_for_server(requested, world_size, rank, channel, timeout, max_writers, connection_room)
     if requested == "direct":
         if world_size > 1 and not backend.concurrent_writers:
             raise InvalidTransport(
@@ -119,6 +150,93 @@ def choose_transport(
     _answer_probe(channel, timeout)
     choice, _, reason = channel.fetch(_KEY_CHOICE, timeout).decode().partition("\n")
     return choice, reason
+
+
+def _is_server(backend: Backend) -> bool:
+    return backend.path is None and backend.concurrent_writers
+
+
+def _choose_for_server(
+    requested: str,
+    world: int,
+    rank: int,
+    channel: RowChannel,
+    timeout: float,
+    max_writers: int | None,
+    connection_room: ConnectionRoom | None,
+) -> tuple[str, str]:
+    """A server store: every rank writes while its free connections allow, else one writer per node."""
+    if rank != 0:
+        facts = rank_facts()
+        channel.publish(_KEY_NODE.format(rank=rank), f"{facts['host']}|{facts['node_rank']}".encode())
+        choice, _, reason = channel.fetch(_KEY_CHOICE, timeout).decode().partition("\n")
+        if choice == "node":
+            _follow_plan(channel, json.loads(channel.fetch(_KEY_PLAN, timeout)))
+        return choice, reason
+    choice, reason, writer_of = _decide_for_server(requested, world, channel, timeout, max_writers, connection_room)
+    if writer_of is not None:
+        channel.publish(_KEY_PLAN, json.dumps(writer_of).encode())
+        _follow_plan(channel, writer_of)
+    channel.publish(_KEY_CHOICE, f"{choice}\n{reason}".encode())
+    return choice, reason
+
+
+def _decide_for_server(
+    requested: str,
+    world: int,
+    channel: RowChannel,
+    timeout: float,
+    max_writers: int | None,
+    connection_room: ConnectionRoom | None,
+) -> tuple[str, str, list[int] | None]:
+    """Rank 0: (choice, reason, the writer of each rank for "node")."""
+    room = connection_room() if connection_room is not None else None
+    # the connections this job may add to rank 0's own: half of those free now (the server is
+    # shared: readers, other jobs), and no more than max_writers asks
+    extra = world - 1 if room is None else max(room[0] // 2, 0)
+    if max_writers is not None:
+        extra = min(extra, max_writers - 1)
+    seen = "" if room is None else f"the server has {room[0]} connection(s) free ({room[1]}); "
+    if requested == "auto" and world - 1 <= extra:
+        return "direct", f"{seen}every rank writes its own rows ({world} connections)", None
+    node_of = _gather_nodes(channel, world, timeout)
+    nodes = sorted(set(node_of.values()), key=lambda n: min(r for r, m in node_of.items() if m == n))
+    writers = max(1, min(len(nodes), extra + 1))
+    writer_of = _plan(node_of, nodes, writers, world)
+    why = f"max_writers={max_writers}" if max_writers is not None and max_writers - 1 == extra else "free connections"
+    reason = (
+        f"{seen}{world} ranks on {len(nodes)} node(s) write through {writers} writer(s) (bounded by {why}): "
+        "each node's ranks ship their rows to their node's writer, which writes them on one connection"
+    )
+    return "node", reason, writer_of
+
+
+def _gather_nodes(channel: RowChannel, world: int, timeout: float) -> dict[int, str]:
+    """Rank 0: the node each rank said it is on; one bound for all. A rank that did not say joins rank 0's."""
+    facts = rank_facts()
+    node_of = {0: f"{facts['host']}|{facts['node_rank']}"}
+    deadline = time.monotonic() + timeout
+    for r in range(1, world):
+        try:
+            node_of[r] = channel.fetch(_KEY_NODE.format(rank=r), max(0.05, deadline - time.monotonic())).decode()
+        except MultiRankLoggerError:
+            node_of[r] = node_of[0]  # rank 0 receives its rows: the safe answer
+    return node_of
+
+
+def _plan(node_of: dict[int, str], nodes: list[str], writers: int, world: int) -> list[int]:
+    """The writer of each rank: the nodes (in order of their lowest rank) cut into `writers`
+    groups of consecutive nodes; the lowest rank of a group writes it."""
+    group_of = {node: i * writers // len(nodes) for i, node in enumerate(nodes)}
+    first: dict[int, int] = {}
+    for r in range(world):
+        first.setdefault(group_of[node_of[r]], r)
+    return [first[group_of[node_of[r]]] for r in range(world)]
+
+
+def _follow_plan(channel: RowChannel, writer_of: list[int]) -> None:
+    me = channel.rank
+    channel.route(writer_of[me], [r for r, w in enumerate(writer_of) if w == me and r != me])
 
 
 def _warn_if_network(backend: Backend, rank: int) -> None:

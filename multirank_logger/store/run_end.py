@@ -2,13 +2,14 @@
 while the store is busy.
 
 The logger's finalize calls `record_end` once the rows are flushed: every rank records its own
-status where it writes the store; in gather mode rank 0 records the others too, with the facts
+status where it writes the store; in gather mode rank 0 records the others too (a node's writer, its node's ranks), with the facts
 each of them published (logger/rank_facts.py). What each status is, is status.py's to say.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from multirank_logger.store.sql_store import Store, retry_while_locked
@@ -31,6 +32,7 @@ def record_end(
     values_lost: int = 0,
     now: float | None = None,
     attempt: int | None = None,
+    senders: Sequence[int] | None = None,
 ) -> None:
     """`status.record_rank_end` (what is written, and why), retried for up to `timeout` seconds
     while another process holds the store.
@@ -47,6 +49,7 @@ def record_end(
             record_rank_end(
                 store, run_id, rank=rank, gather_world=gather_world, status=status, others=others, facts=facts,
                 now=at, values_spilled=values_spilled, values_lost=values_lost, attempt=attempt,
+                senders=senders,
             )
 
     retry_while_locked(write, timeout)

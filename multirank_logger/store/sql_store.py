@@ -36,7 +36,7 @@ from multirank_logger.errors import (
 )
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import SIDE_TABLES, metrics, ranks, runs
-from multirank_logger.store.backends import Backend, backend_for, resolve_url
+from multirank_logger.store.backends import Backend, backend_for, public_name, resolve_url
 from multirank_logger.store.status import RUNNING
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class Store:
 
     def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False) -> None:
         self.url = resolve_url(db)
-        self._shown = None if isinstance(db, URL) else os.fspath(db)
+        self._shown = public_name(db)  # as the user wrote it (a pasteable command), less its password
         self.backend: Backend = backend_for(self.url)
         self.readonly = readonly
         path = self.backend.path
@@ -212,7 +212,7 @@ class Store:
 
     def _raise_for_revision(self, found: str | None, head: str) -> None:
         # name the store as the user wrote it, so the suggested command can be pasted as is
-        url = getattr(self, "_shown", None) or self.url.render_as_string(hide_password=True)
+        url = getattr(self, "_shown", None) or public_name(self.url)
         if found is None:
             raise StoreError(f"{url} holds no multirank_logger schema. Log a run to it first, or check the path.")
         known = {rev.revision for rev in _script().walk_revisions()}
@@ -327,6 +327,22 @@ class Store:
         with self.begin() as conn:
             conn.execute(ranks.delete().where(ranks.c.run_id == run_id, ranks.c.rank == rank))
             conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), **facts))
+
+    def register_absent_ranks(self, run_id: int, ranks_: range) -> None:
+        """Record `ranks_` as running where they have no row yet (a rank registering itself at the
+        same time wins: its row has its facts)."""
+        for _ in range(_CREATE_RUN_ATTEMPTS):
+            try:
+                with self.begin() as conn:
+                    known = set(conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == run_id)).scalars())
+                    now = time.time()
+                    rows = [{"run_id": run_id, "rank": r, "status": RUNNING, "started_at": now} for r in ranks_]
+                    rows = [row for row in rows if row["rank"] not in known]
+                    if rows:
+                        conn.execute(ranks.insert(), rows)
+                return
+            except sa.exc.IntegrityError:
+                continue  # a rank registered itself meanwhile: read again
 
     def update_rank(self, run_id: int, rank: int, *, where_status: str | None = None, **values: Any) -> None:
         """Set columns of one rank's row; with `where_status`, only while its status is that one."""

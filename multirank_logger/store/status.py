@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -160,9 +160,12 @@ def record_rank_end(
     values_spilled: int = 0,
     values_lost: int = 0,
     attempt: int | None = None,
+    senders: Sequence[int] | None = None,
 ) -> None:
-    """Write how the run ended for this rank and, on rank 0 in gather mode (``gather_world > 1``),
-    for every other rank: the status it reported (`MISSING` when it did not) and its facts.
+    """Write how the run ended for this rank and, on a rank that received other ranks' rows
+    (rank 0 in gather mode, ``gather_world > 1``; a node's writer, `senders`), for each of them:
+    the status it reported (`MISSING` when it did not) and its facts (this rank's own, too,
+    where `facts` has them).
 
     Values this rank put in its spill file or lost are added to the run's ``values_spilled`` /
     ``values_lost``; a run with any is never recorded as "success" but as "incomplete", whichever
@@ -172,27 +175,27 @@ def record_rank_end(
     ``unheard_ends`` under this launch's `attempt`, so that a later launch (``test`` after
     ``fit``), which registers the rank again, cannot make the run a success before that file is
     imported. Each step is idempotent: the caller retries the whole on a busy store."""
-    store.update_rank(run_id, rank, status=status, ended_at=now)
-    if rank == 0:
-        for other in range(1, gather_world):
-            values = {**facts.get(other, {}), "status": others.get(other, MISSING), "ended_at": now}
-            store.update_rank(run_id, other, **values)
-        if attempt is not None and gather_world > 1 and status == SUCCESS:
-            # a success takes every heard rank's report, which covers what that rank's earlier
-            # phases of this launch did not get counted (sinks.GatherSender). A launch that did not
-            # succeed keeps none: a resume supersedes its last rows, as it does a vanished launch's
-            # (close_earlier_launches)
-            heard = [o for o in range(1, gather_world) if o in others]
-            unheard = [o for o in range(1, gather_world) if o not in others]
-            with store.begin() as conn:
-                keep_unheard(conn, run_id, attempt, unheard, now, heard=heard)
+    received = list(range(1, gather_world) if senders is None and rank == 0 else senders or ())
+    store.update_rank(run_id, rank, **facts.get(rank, {}), status=status, ended_at=now)
+    for other in received:
+        values = {**facts.get(other, {}), "status": others.get(other, MISSING), "ended_at": now}
+        store.update_rank(run_id, other, **values)
+    if attempt is not None and received and status == SUCCESS:
+        # a success takes every heard rank's report, which covers what that rank's earlier
+        # phases of this launch did not get counted (sinks.GatherSender). A launch that did not
+        # succeed keeps none: a resume supersedes its last rows, as it does a vanished launch's
+        # (close_earlier_launches)
+        heard = [o for o in received if o in others]
+        unheard = [o for o in received if o not in others]
+        with store.begin() as conn:
+            keep_unheard(conn, run_id, attempt, unheard, now, heard=heard)
     if values_spilled or values_lost:
         with store.begin() as conn:
             _count_unstored(conn, run_id, values_spilled, values_lost)
     with store.begin() as conn:
         if rank == 0 or status != SUCCESS:
             # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
-            missing = rank == 0 and any(other not in others for other in range(1, gather_world))
+            missing = rank == 0 and any(other not in others for other in received)
             _end_run(conn, run_id, INCOMPLETE if missing and status == SUCCESS else status, now)
         else:
             # a rank (not 0) that ended well after rank 0 recorded the run "incomplete" for want of it

@@ -37,12 +37,12 @@ class RunIdentity:
     it is rank 0's run), and whom the message is for.
 
     A message that carries the `RunRef`, not a RunRef itself: `db` and `pid` say nothing about the
-    run but who may adopt the message, and the store's URL (its password included) has no place
+    run but who may adopt the message, and the store's URL has no place
     in every reference to a run that the other layers pass around and print.
     """
 
     run: RunRef
-    db: str  # the store's URL, so a stale variable for another store is never adopted
+    db: str  # the store's URL less its password, so a stale variable for another store is never adopted
     pid: int = 0  # the process that opened the run: only its own children adopt the environment variable
 
     def to_json(self) -> str:

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL
 
-from multirank_logger.store.backends.base import BACKEND_NAMES, SUFFIXES, Backend, names_a_store, resolve_url
+from multirank_logger.store.backends.base import (
+    BACKEND_NAMES,
+    SUFFIXES,
+    Backend,
+    names_a_store,
+    public_name,
+    resolve_url,
+)
 from multirank_logger.store.backends.duckdb import AlembicDuckDBImpl, DuckDBBackend
 from multirank_logger.store.backends.postgresql import PostgreSQLBackend
 from multirank_logger.store.backends.sqlite import SQLITE_BUSY_TIMEOUT_MS, SQLiteBackend
@@ -24,6 +31,7 @@ __all__ = [
     "SQLiteBackend",
     "backend_for",
     "names_a_store",
+    "public_name",
     "resolve_url",
 ]
 

@@ -39,7 +39,16 @@ from multirank_logger.model.schema import metrics
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["BACKEND_NAMES", "PER_RANK_TYPES", "SUFFIXES", "Backend", "names_a_store", "per_rank_columns", "resolve_url"]
+__all__ = [
+    "BACKEND_NAMES",
+    "PER_RANK_TYPES",
+    "SUFFIXES",
+    "Backend",
+    "names_a_store",
+    "per_rank_columns",
+    "public_name",
+    "resolve_url",
+]
 
 # filesystem suffix -> SQLAlchemy drivername
 SUFFIXES = {".duckdb": "duckdb", ".db": "sqlite", ".sqlite": "sqlite", ".sqlite3": "sqlite"}
@@ -53,6 +62,22 @@ def names_a_store(text: str) -> bool:
     return bool(_STORE_URL.match(text)) or Path(text).suffix.lower() in SUFFIXES
 
 
+def public_name(db: str | os.PathLike[str] | URL) -> str:
+    """The store named without its password: for every message, log record, import command and
+    for what ranks exchange to agree on the store. A secret stays in the process that was given it;
+    each rank connects with its own (its `db` argument, or libpq's PGPASSWORD, PGPASSFILE, service file).
+    """
+    if isinstance(db, URL):
+        return db._replace(password=None).render_as_string(hide_password=False)
+    text = os.fspath(db)
+    if not re.match(r"^[a-z][a-z0-9+]*://", text):
+        return text  # a path
+    try:
+        return public_name(make_url(text))
+    except (sa.exc.ArgumentError, ValueError):  # no URL SQLAlchemy can read: drop what sits between "user:" and the last "@"
+        return re.sub(r"^([a-z][a-z0-9+]*://[^:/@]*):.*@", r"\1@", text)
+
+
 def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
     """Turn a filesystem path or a SQLAlchemy URL into a URL, choosing the backend by suffix.
 
@@ -63,9 +88,12 @@ def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
         return db
     text = os.fspath(db)
     if re.match(r"^[a-z][a-z0-9+]*://", text):
-        url = make_url(text)
+        try:
+            url = make_url(text)
+        except (sa.exc.ArgumentError, ValueError):  # its message would quote the text, password included
+            raise UnsupportedStore(public_name(text), SUFFIXES) from None
         if url.get_backend_name() not in BACKEND_NAMES:
-            raise UnsupportedStore(text, SUFFIXES)
+            raise UnsupportedStore(public_name(text), SUFFIXES)
         return _with_postgres_driver(url)
     suffix = Path(text).suffix.lower()
     if suffix not in SUFFIXES:
@@ -129,6 +157,11 @@ class Backend:
 
     def translate_error(self, exc: Exception) -> Exception | None:
         """Our error for a driver error met while opening the store, or None."""
+        return None
+
+    def connection_room(self, conn: sa.Connection) -> tuple[int, str] | None:
+        """A server's connections free now for this user and database, and one line saying what
+        it read (for the transport choice); None where connections are not counted (a file)."""
         return None
 
     # -- reading (query/reader.py): each on a connection the caller holds open -----------

@@ -31,6 +31,18 @@ _NOT_READS = {
 # SQLSTATEs of a refused write: read_only_sql_transaction, insufficient_privilege (what the
 # reading role may not do), active_sql_transaction (a SET TRANSACTION too late)
 _REFUSALS = {"25006", "42501", "25001"}
+# the figures connection_room needs, in one round trip (reserved_connections: PostgreSQL 16+)
+_ROOM_SQL = """
+SELECT current_setting('max_connections')::int AS max_connections,
+       current_setting('superuser_reserved_connections')::int
+         + coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0) AS reserved,
+       (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) AS superuser,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS in_use,
+       (SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user) AS role_limit,
+       (SELECT count(*) FROM pg_stat_activity WHERE usename = current_user) AS role_in_use,
+       (SELECT datconnlimit FROM pg_database WHERE datname = current_database()) AS db_limit,
+       (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()) AS db_in_use
+"""
 
 
 class PostgreSQLBackend(Backend):
@@ -57,6 +69,22 @@ class PostgreSQLBackend(Backend):
     def lock_for_migration(self, conn: sa.Connection) -> None:
         # a transaction-scoped advisory lock: released at commit, even if the process dies
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x6D726C67})
+
+    def connection_room(self, conn: sa.Connection) -> tuple[int, str] | None:
+        # what a new connection of this role into this database may take: the server's
+        # max_connections less the slots reserved for superusers (unless we are one) and those in
+        # use, and the role's and the database's own limits (-1: none)
+        row = conn.execute(sa.text(_ROOM_SQL)).one()
+        reserved = 0 if row.superuser else row.reserved
+        free = [row.max_connections - reserved - row.in_use]
+        if row.role_limit >= 0:
+            free.append(row.role_limit - row.role_in_use)
+        if row.db_limit >= 0:
+            free.append(row.db_limit - row.db_in_use)
+        limits = f"max_connections={row.max_connections}, {row.in_use} in use"
+        if row.role_limit >= 0 or row.db_limit >= 0:
+            limits += f", role limit {row.role_limit}, database limit {row.db_limit}"
+        return max(min(free), 0), limits
 
     #: how long one user query (run_readonly) may run on the server (it holds a snapshot meanwhile)
     statement_timeout_s = 300.0

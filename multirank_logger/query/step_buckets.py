@@ -1,0 +1,189 @@
+"""What a page can draw of one series across every rank, computed in SQL: bands and a heatmap.
+
+A run of 256 ranks x 20,000 steps holds 5.12M values per key: no browser draws that, and no
+server should send it. The run's steps are cut into at most ``HEATMAP_COLUMNS`` buckets of equal
+width, and the store itself (SQLAlchemy Core, one ``GROUP BY rank, bucket`` on every backend)
+returns each rank's mean, min and max per bucket and whether a NaN or an inf fell there: at most
+ranks x buckets small rows, as Arrow. From that matrix, in NumPy:
+
+- ``band``: per bucket, the ranks' spread: the quartiles and median of the ranks' means, and
+  the envelope of every value (min of the mins, max of the maxes);
+- ``scores``: the heatmap: each rank's departure from the ranks' median in that bucket, in units
+  of the ranks' typical spread there (the median absolute deviation across ranks: the report's
+  robust yardstick, applied per bucket; with one step per bucket it is the step's median);
+- ``line(rank)``: one rank's mean per bucket (a click on a heatmap row).
+
+A *series* is a metric key, or a StepTimer column (``timing:data_s``, ``timing:rss``, ...).
+Measured on the 51.2M-row store (benchmarks/RESULTS.md, "ui"): one key costs one scan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from multirank_logger.errors import LookupFailed
+from multirank_logger.model.schema import DTYPE_NAN, metrics, step_timing
+
+__all__ = ["HEATMAP_COLUMNS", "TIMING_SERIES", "BucketSummary", "bucket_width", "summarize"]
+
+#: buckets (heatmap columns, band points) at most
+HEATMAP_COLUMNS = 2000
+#: StepTimer's columns a page draws, as series names
+TIMING_SERIES = ("timing:data_s", "timing:forward_s", "timing:rest_s", "timing:rss", "timing:mem_allocated_peak")
+#: a float beyond this is an inf (portable: SQLite, DuckDB and PostgreSQL all compare inf so)
+_FINITE = 1.7e308
+#: a heatmap score is clipped to this many typical spreads
+SCORE_CLIP = 12.0
+
+#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
+FetchArrow = Callable[[sa.Select], Any]
+
+
+def bucket_width(first: int, last: int, buckets: int) -> int:
+    """The width (in steps) that cuts steps ``first..last`` into at most ``buckets`` buckets."""
+    return max(1, math.ceil((last - first + 1) / max(1, buckets)))
+
+
+@dataclass
+class BucketSummary:
+    """One series of one run, per rank (rows, in ``ranks`` order) and bucket (columns, each named
+    by its first step in ``steps``). NaN where a rank logged no finite value in a bucket."""
+
+    series: str
+    ranks: list[int]
+    steps: list[int]
+    width: int
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    non_finite: np.ndarray
+    _scores: np.ndarray | None = field(default=None, repr=False)
+
+    def band(self) -> dict[str, list[float | None]]:
+        """Per bucket: lo (min of every value), q1, median, q3 (of the ranks' means), hi (max)."""
+        q1, median, q3 = column_quantiles(self.mean, (0.25, 0.5, 0.75))
+        with _quiet():
+            lo, hi = np.nanmin(self.lo, axis=0), np.nanmax(self.hi, axis=0)
+        return {name: _floats(v) for name, v in (("lo", lo), ("q1", q1), ("median", median), ("q3", q3), ("hi", hi))}
+
+    def scores(self) -> np.ndarray:
+        """Each rank's departure from the ranks' median per bucket, in typical spreads (see the module doc)."""
+        if self._scores is not None:
+            return self._scores
+        dev = self.mean - column_quantiles(self.mean, (0.5,))[0]
+        spread = column_quantiles(np.abs(dev), (0.5,))[0]
+        positive = spread[spread > 0]
+        # a bucket where the ranks agree exactly: the run's typical spread, so one rank off still shows
+        spread = np.where(spread > 0, spread, np.median(positive) if len(positive) else 1.0)
+        self._scores = np.clip(dev / spread, -SCORE_CLIP, SCORE_CLIP)
+        return self._scores
+
+    def departing(self, spreads: float = 8.0, share: float = 0.05) -> list[int]:
+        """Ranks past ``spreads`` typical spreads in at least ``share`` of the buckets."""
+        if not self.ranks or not self.steps:
+            return []
+        far = np.nan_to_num(np.abs(self.scores()), nan=0.0) > spreads
+        need = max(1, math.ceil(share * len(self.steps)))
+        return [r for r, n in zip(self.ranks, far.sum(axis=1)) if n >= need]
+
+    def with_non_finite(self) -> list[int]:
+        rows: Any = np.asarray(self.non_finite).any(axis=1).tolist()
+        return [r for r, bad in zip(self.ranks, rows) if bad]
+
+    def line(self, rank: int) -> list[float | None]:
+        return _floats(self.mean[self.ranks.index(rank)])
+
+
+def column_quantiles(matrix: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
+    """Each column's quantiles over its non-NaN rows (linear, as NumPy's default); NaN for an
+    empty column. One sort instead of ``np.nanquantile``'s per-column loop (30x faster here)."""
+    ordered = np.sort(matrix, axis=0)  # NaN sorts last
+    count = (~np.isnan(matrix)).sum(axis=0)
+    out = []
+    for q in qs:
+        pos = q * np.maximum(count - 1, 0)
+        below = np.floor(pos).astype(np.int64)
+        above = np.minimum(below + 1, np.maximum(count - 1, 0))
+        a = np.take_along_axis(ordered, below[None, :], axis=0)[0] if len(ordered) else np.full(count.shape, np.nan)
+        b = np.take_along_axis(ordered, above[None, :], axis=0)[0] if len(ordered) else a
+        out.append(np.where(count > 0, a + (b - a) * (pos - below), np.nan))
+    return out
+
+
+def _floats(values: Any) -> list[float | None]:
+    return [None if v != v else float(v) for v in np.asarray(values, dtype=float).tolist()]
+
+
+class _quiet(np.errstate):
+    """All-NaN columns (a bucket no rank logged) are expected: no RuntimeWarning for them."""
+
+    def __init__(self) -> None:
+        super().__init__(all="ignore")
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        import warnings
+
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._warnings.__exit__(*exc)
+        super().__exit__(*exc)
+
+
+def _series(run_id: int, series: str) -> tuple[sa.Table, Any, Any, Any]:
+    """(table, WHERE clause, finite value, non-finite flag) of one series."""
+    if series.startswith("timing:"):
+        column = series.split(":", 1)[1]
+        if f"timing:{column}" not in TIMING_SERIES:
+            raise LookupFailed("series", series, TIMING_SERIES)
+        timed: Any = sa.cast(step_timing.c[column], sa.Float(53))
+        return step_timing, sa.and_(step_timing.c.run_id == run_id, step_timing.c[column].is_not(None)), timed, sa.literal(0)
+    value = metrics.c.value
+    bad = sa.case((metrics.c.dtype == DTYPE_NAN, 1), (sa.or_(value > _FINITE, value < -_FINITE), 1), else_=0)
+    return metrics, sa.and_(metrics.c.run_id == run_id, metrics.c.key == series), sa.case((bad == 0, value)), bad
+
+
+def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = HEATMAP_COLUMNS) -> BucketSummary:
+    """The per-rank, per-bucket summary of ``series`` (a metric key or ``timing:COLUMN``).
+
+    Two statements: the run's step range (DuckDB answers it from its statistics), then one
+    ``GROUP BY rank, bucket``. The buckets are the run's, not the key's, so every key of a run
+    lines up under the same steps.
+    """
+    table, where, value, bad = _series(run_id, series)
+    span = fetch_arrow(sa.select(sa.func.min(table.c.step).label("a"), sa.func.max(table.c.step).label("b"))
+                       .where(table.c.run_id == run_id)).to_pylist()[0]  # fmt: skip
+    if span["a"] is None:
+        empty = np.zeros((0, 0))
+        return BucketSummary(series, [], [], 1, empty, empty, empty, empty.astype(bool))
+    first, width = int(span["a"]), bucket_width(int(span["a"]), int(span["b"]), columns)
+    step = table.c.step
+    bucket = ((step - first) - (step - first) % width) if width > 1 else (step - first)  # integers only
+    stmt = (
+        sa.select(table.c.rank.label("rank"), bucket.label("b"), sa.func.avg(value).label("mean"),
+                  sa.func.min(value).label("lo"), sa.func.max(value).label("hi"), sa.func.max(bad).label("bad"))
+        .where(where).group_by(table.c.rank, sa.literal_column("b"))
+    )  # fmt: skip
+    cells = fetch_arrow(stmt)
+    rank = np.asarray(cells.column("rank").to_numpy(zero_copy_only=False), dtype=np.int64)
+    col = np.asarray(cells.column("b").to_numpy(zero_copy_only=False), dtype=np.int64) // width
+    ranks = np.unique(rank)
+    n_cols = int(col.max()) + 1 if len(col) else 0
+    row = np.searchsorted(ranks, rank)
+    shape = (len(ranks), n_cols)
+    out = []
+    for name in ("mean", "lo", "hi", "bad"):
+        m = np.full(shape, np.nan)
+        m[row, col] = np.asarray(cells.column(name).to_numpy(zero_copy_only=False), dtype=float)
+        out.append(m)
+    steps = [first + j * width for j in range(n_cols)]
+    return BucketSummary(series, ranks.tolist(), steps, width, out[0], out[1], out[2], np.nan_to_num(out[3]) > 0)

@@ -1,0 +1,52 @@
+"""The page's HTML: one shell for every route of the live server, and the same views written
+into one self-contained file (``report -o FILE.html``).
+
+Every script and style is the package's own (``ui/static/``: ``app.js``, ``app.css``, uPlot
+1.6.32 with its MIT licence): nothing is fetched from a CDN, so the page works on an air-gapped
+cluster. The self-contained file inlines them, with the answers the page would have asked the
+server for (``window.MRL_STATIC``), so it draws the same charts from a file:// URL.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["STATIC", "page_html", "write_static_page"]
+
+STATIC = Path(__file__).with_name("static")
+_SCRIPTS = ("uPlot.iife.min.js", "app.js")
+_STYLES = ("uPlot.min.css", "app.css")
+
+
+def page_html(error: str | None = None) -> str:
+    """The shell every route serves; ``app.js`` reads the URL and draws the page."""
+    head = "".join(f'<link rel="stylesheet" href="/static/{name}">' for name in _STYLES)
+    scripts = "".join(f'<script src="/static/{name}"></script>' for name in _SCRIPTS)
+    body = f'<p class="error">{html.escape(error)}</p>' if error else ""
+    return _shell("multirank-logger", head, body, "" if error else scripts)
+
+
+def write_static_page(path: str | os.PathLike[str], title: str, answers: dict[str, Any], route: str) -> None:
+    """One HTML file holding the scripts, the styles and ``answers`` ({API path: its JSON})."""
+    head = "".join(f"<style>{(STATIC / name).read_text()}</style>" for name in _STYLES)
+    data = json.dumps({"route": route, "answers": answers}, allow_nan=False, separators=(",", ":"))
+    # "</" inside a script element would end it early
+    inline = [(STATIC / name).read_text().replace("</script", "<\\/script") for name in _SCRIPTS]
+    scripts = "<script>window.MRL_STATIC=" + data.replace("</", "<\\/") + ";</script>"
+    scripts += "".join(f"<script>{text}</script>" for text in inline)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(_shell(title, head, "", scripts))
+
+
+def _shell(title: str, head: str, body: str, scripts: str) -> str:
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{html.escape(title)}</title>{head}</head>"
+        f"<body><header><a href='/' id='home'>multirank-logger</a><span id='live'></span></header>"
+        f"<main id='main'>{body}</main>{scripts}</body></html>\n"
+    )

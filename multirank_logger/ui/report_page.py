@@ -1,0 +1,47 @@
+"""``multirank-logger report DB -o FILE.html``: a run's page of the ui, in one self-contained file.
+
+The same views as the live page (findings, every key's band and heatmap, StepTimer's series,
+decisions and logs), with the answers the page would ask the server for written into the file:
+it opens from disk, offline, with hover and zoom; a click on a heatmap row draws that rank's line
+from lines embedded for runs of up to ``LINES_UP_TO_RANKS`` ranks. The PNG plots remain for
+``multirank-logger plot``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+from multirank_logger.query.reader import StoreReader
+from multirank_logger.report.findings import Findings
+from multirank_logger.report.render import findings_text
+from multirank_logger.ui import views
+from multirank_logger.ui.page import write_static_page
+
+__all__ = ["write_report"]
+
+#: every rank's line is embedded (for a click on its heatmap row) up to this many ranks
+LINES_UP_TO_RANKS = 64
+_UNESCAPED = "!~*'()"
+
+
+def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[str]) -> list[str]:
+    """Write ``found``'s run as one HTML file at ``path``; returns the series drawn."""
+    run_id = found.run_id
+    run = views.run_view(reader, run_id)
+    answers: dict[str, Any] = {
+        f"run/{run_id}": run,
+        f"run/{run_id}/findings": views.clean({**found.to_dict(), "problems": found.problems, "text": findings_text(found)}),
+        f"run/{run_id}/logs": views.logs_view(reader, run_id),
+    }
+    drawn = []
+    for name in run["keys"] + run["timing"]:
+        summary = views.summary(reader, run_id, name)
+        if summary.ranks:
+            all_lines = len(summary.ranks) <= LINES_UP_TO_RANKS
+            # the path as the page's encodeURIComponent writes it
+            answers[f"run/{run_id}/series?name={quote(name, safe=_UNESCAPED)}"] = views.series_view(summary, run["nodes_of"], all_lines)
+            drawn.append(name)
+    write_static_page(path, f"{found.run}: multirank-logger report", answers, f"/run/{run_id}")
+    return drawn

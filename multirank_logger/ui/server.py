@@ -1,0 +1,218 @@
+"""`multirank-logger ui DB`: a local, read-only web server over one store.
+
+The standard library's ``ThreadingHTTPServer`` serves it: a handful of JSON routes and the
+package's own static files, for one person on their machine; no framework earns its weight here.
+
+The viewer never blocks the writer: every request opens the store read-only (SQLite ``mode=ro``
+under WAL; DuckDB ``read_only``) and closes it before it answers, so a training run that flushes
+into a DuckDB file waits at most one query. A store that cannot be read (missing, being created,
+of a newer schema, deleted while the server runs) gets a page that says so; the server stays up.
+
+Routes: ``/`` (the runs), ``/run/ID``, ``/compare?a=ID&b=ID``, ``/static/FILE``, and under
+``/api/``: ``runs``, ``run/ID``, ``run/ID/findings``, ``run/ID/series?name=S``,
+``run/ID/line?name=S&rank=R``, ``run/ID/logs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from multirank_logger.errors import LookupFailed, MultiRankLoggerError
+from multirank_logger.query.reader import StoreReader, open_store
+from multirank_logger.query.step_buckets import BucketSummary
+from multirank_logger.ui import views
+from multirank_logger.ui.page import STATIC, page_html
+
+__all__ = ["UiServer", "serve"]
+
+#: seconds a request waits for a DuckDB file that a flush holds, before its page says so
+LOCK_TIMEOUT_S = 3.0
+#: summaries of finished runs kept in memory (a revisit draws at once)
+CACHE_ENTRIES = 64
+_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".txt": "text/plain"}
+
+
+class _Cache:
+    """Summaries of runs that are over: their rows no longer change."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[tuple[int, str], BucketSummary] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, str], make: Callable[[], BucketSummary], final: bool) -> BucketSummary:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = make()
+        if final:
+            with self._lock:
+                self._items[key] = value
+                while len(self._items) > CACHE_ENTRIES:
+                    self._items.popitem(last=False)
+        return value
+
+
+class UiServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.db = db
+        self.cache = _Cache()
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/"
+
+    @contextmanager
+    def reader(self) -> Iterator[StoreReader]:
+        """The store, open for this request only: one connection for all its queries (a DuckDB
+        open costs ~20 ms of CPU), released before the answer goes out."""
+        reader = open_store(self.db, lock_timeout=LOCK_TIMEOUT_S)
+        try:
+            with reader.store.writing():  # holds the read-only connection; writes nothing
+                yield reader
+        finally:
+            reader.close()
+
+    def warm_up(self) -> None:
+        """Load what the first request needs (pandas, pyarrow, the views) before the URL is shown,
+        so the first page is not the one that pays for the imports. A store that cannot be
+        read yet is no error here: the page says why."""
+        try:
+            with self.reader() as reader:
+                views.runs_view(reader)
+        except Exception:  # noqa: BLE001 (reported by the page, at the first request)
+            pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: UiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        if os.environ.get("MULTIRANK_LOGGER_UI_LOG"):
+            super().log_message(format, *args)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        try:
+            if parts.path.startswith("/api/"):
+                try:
+                    self._send_json(HTTPStatus.OK, self._api(parts.path[len("/api/") :], query))
+                except _Answer as answer:
+                    self._send_json(answer.status, {"error": answer.message})
+            elif parts.path == "/favicon.ico":
+                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+            elif parts.path.startswith("/static/"):
+                self._send_static(parts.path[len("/static/") :])
+            elif parts.path in ("/", "/compare") or re.fullmatch(r"/run/\d+", parts.path):
+                self._send(HTTPStatus.OK, page_html(), "text/html")
+            else:
+                self._send(HTTPStatus.NOT_FOUND, page_html(error=f"No page at {parts.path}."), "text/html")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the browser went away (a reload): nothing to answer
+
+    def _api(self, route: str, query: dict[str, str]) -> Any:
+        try:
+            return self._route(route, query)
+        except LookupFailed as exc:
+            raise _Answer(HTTPStatus.NOT_FOUND, str(exc)) from exc
+        except MultiRankLoggerError as exc:
+            raise _Answer(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from exc
+        except _Answer:
+            raise
+        except Exception as exc:  # a driver's error on a file deleted or replaced under us: say it, stay up
+            traceback.print_exc(file=sys.stderr)
+            raise _Answer(HTTPStatus.INTERNAL_SERVER_ERROR, f"Could not read {self.server.db}: {type(exc).__name__}: {exc}") from exc
+
+    def _route(self, route: str, query: dict[str, str]) -> Any:
+        if route == "runs":
+            with self.server.reader() as reader:
+                return views.runs_view(reader)
+        m = re.fullmatch(r"run/(\d+)(?:/(findings|series|line|logs))?", route)
+        if m is None:
+            raise _Answer(HTTPStatus.NOT_FOUND, f"No API route {route}.")
+        run_id, what = int(m[1]), m[2]
+        with self.server.reader() as reader:
+            ref = reader.resolve_run(run_id)
+            if what is None:
+                return views.run_view(reader, ref.id)
+            if what == "findings":
+                return views.findings_view(reader, ref.id)
+            if what == "logs":
+                return views.logs_view(reader, ref.id)
+            name = query.get("name")
+            if not name:
+                raise _Answer(HTTPStatus.BAD_REQUEST, "Give the series: ?name=KEY (or timing:COLUMN).")
+            final = self._final(reader, ref.id)
+            s = self.server.cache.get((ref.id, name), lambda: views.summary(reader, ref.id, name), final)
+            if not s.ranks:
+                raise _Answer(HTTPStatus.NOT_FOUND, f"Run {ref.id} holds no values of {name!r}.")
+            if what == "line":
+                rank = int(query.get("rank", "-1"))
+                if rank not in s.ranks:
+                    raise _Answer(HTTPStatus.NOT_FOUND, f"Rank {rank} logged no {name!r} in run {ref.id}.")
+                return views.line_view(s, rank)
+            return views.series_view(s, views._nodes(reader, ref.id))
+
+    @staticmethod
+    def _final(reader: StoreReader, run_id: int) -> bool:
+        """Whether the run is over: its rows no longer change, so its summaries can be kept."""
+        return views.run_status(reader, run_id) != "running"
+
+    def _send_static(self, name: str) -> None:
+        path = STATIC / name
+        if "/" in name or name.startswith(".") or not path.is_file():
+            self._send(HTTPStatus.NOT_FOUND, f"No file {name}.".encode(), "text/plain")
+            return
+        self._send(HTTPStatus.OK, path.read_bytes(), _TYPES.get(path.suffix, "application/octet-stream"), cache=True)
+
+    def _send_json(self, status: HTTPStatus, body: Any) -> None:
+        self._send(status, json.dumps(body, allow_nan=False, separators=(",", ":")).encode(), "application/json")
+
+    def _send(self, status: HTTPStatus, body: bytes | str, ctype: str, cache: bool = False) -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(status)
+        self.send_header("Content-Type", f"{ctype}; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _Answer(Exception):
+    """An API answer that is not a 200: its status and a message the page shows as it is."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def serve(db: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, ready: Callable[[UiServer], None] | None = None) -> None:
+    """Serve ``db`` until interrupted; ``ready(server)`` is called once it listens."""
+    server = UiServer(str(Path(db)) if not str(db).count("://") else str(db), host, port)
+    server.warm_up()
+    if ready is not None:
+        ready(server)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()

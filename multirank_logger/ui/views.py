@@ -1,0 +1,154 @@
+"""What the page asks for, as JSON-ready dicts: shared by the live server and the HTML report.
+
+Each view reads through one ``StoreReader`` and returns plain data the page draws as it is:
+never the rows of a run, only per-bucket summaries (``query/step_buckets.py``). The heatmap
+travels as one byte per cell (base64): a 1,024 x 2,000 heatmap is 2 MB, not 2M JSON numbers.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from multirank_logger.model.schema import metrics, ranks, runs, step_timing
+from multirank_logger.query.reader import StoreReader
+from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary, summarize
+
+__all__ = ["CELL_EMPTY", "CELL_NON_FINITE", "findings_view", "logs_view", "run_view", "runs_view", "series_view"]
+
+#: heatmap cell codes besides a score x 10 in -120..120
+CELL_NON_FINITE, CELL_EMPTY = 127, -128
+#: flagged ranks drawn on a band chart at most
+MAX_FLAGGED = 8
+#: log records and decisions sent at most (the newest)
+MAX_RECORDS = 5000
+
+
+def clean(obj: Any) -> Any:
+    """``obj`` with NaN/inf as None and NumPy scalars as Python ones (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def runs_view(reader: StoreReader) -> list[dict[str, Any]]:
+    """One row per run, newest first: what the landing page lists (cheap: no count over the rows)."""
+    per_run = (
+        sa.select(metrics.c.run_id, sa.func.max(metrics.c.step).label("last_step"), sa.func.max(metrics.c.time).label("last_time"))
+        .group_by(metrics.c.run_id).subquery()
+    )  # fmt: skip
+    per_rank = (
+        sa.select(ranks.c.run_id, sa.func.count().label("n_ranks"),
+                  sa.func.count(sa.distinct(sa.func.coalesce(ranks.c.host, sa.cast(ranks.c.node_rank, sa.String)))).label("n_nodes"))
+        .group_by(ranks.c.run_id).subquery()
+    )  # fmt: skip
+    stmt = (
+        sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
+                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_run.c.last_step, per_run.c.last_time,
+                  per_rank.c.n_nodes)
+        .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id).outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
+        .order_by(runs.c.id.desc())
+    )  # fmt: skip
+    out = []
+    for r in reader._fetch_arrow(stmt).to_pylist():
+        end = r["ended_at"] if r["ended_at"] is not None else r["last_time"]
+        label = f"{r['name']}/{r['version_name']}" if r["version_name"] else f"{r['name']}/version_{r['version']}"
+        out.append({"id": r["id"], "run": label, "status": r["status"], "ranks": r["world_size"], "nodes": r["n_nodes"],
+                    "transport": r["transport"], "started": r["started_at"],
+                    "duration_s": None if end is None else end - r["started_at"],
+                    "last_step": r["last_step"], "last_time": r["last_time"]})  # fmt: skip
+    return out
+
+
+def run_status(reader: StoreReader, run_id: int) -> str | None:
+    return reader._scalars(sa.select(runs.c.status).where(runs.c.id == run_id))[0]
+
+
+def run_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
+    """A run's header, its ranks grouped by node, and its series (keys first, then StepTimer's)."""
+    ref = reader.resolve_run(run)
+    row = next(r for r in runs_view(reader) if r["id"] == ref.id)
+    keys = sorted(reader.keys(ref.id), key=lambda k: ("loss" not in k.lower(), k))
+    present = reader._fetch_arrow(
+        sa.select(*(sa.func.count(step_timing.c[s.split(":")[1]]).label(s) for s in TIMING_SERIES)).where(step_timing.c.run_id == ref.id)
+    ).to_pylist()[0]  # fmt: skip
+    return {**row, "keys": keys, "timing": [s for s in TIMING_SERIES if present[s]], "nodes_of": _nodes(reader, ref.id)}
+
+
+def _nodes(reader: StoreReader, run_id: int) -> dict[str, str]:
+    """{rank: its node's label} from the ranks table (host, else node rank)."""
+    stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host).where(ranks.c.run_id == run_id)
+    out = {}
+    for r in reader._fetch_arrow(stmt).to_pylist():
+        node = r["host"] or (f"node {r['node_rank']}" if r["node_rank"] is not None else "?")
+        if r["node_rank"] is not None and r["host"]:
+            node = f"{r['host']} (node {r['node_rank']})"
+        out[str(r["rank"])] = node
+    return out
+
+
+def summary(reader: StoreReader, run_id: int, series: str) -> BucketSummary:
+    return summarize(reader._fetch_arrow, run_id, series)
+
+
+def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = False) -> dict[str, Any]:
+    """A series' band, its flagged ranks' lines and its heatmap, ranks grouped by node.
+
+    ``all_lines``: every rank's line too (the self-contained HTML report, which has no server
+    to ask when a heatmap row is clicked).
+    """
+    order = sorted(range(len(s.ranks)), key=lambda i: (nodes_of.get(str(s.ranks[i]), "?"), s.ranks[i]))
+    shown = [s.ranks[i] for i in order]
+    groups: list[list[Any]] = []
+    for rank in shown:
+        node = nodes_of.get(str(rank), "?")
+        if groups and groups[-1][0] == node:
+            groups[-1][1] += 1
+        else:
+            groups.append([node, 1])
+    scores = s.scores()[order] if s.ranks else np.zeros((0, 0))
+    codes = np.where(np.isnan(scores), CELL_EMPTY, np.round(scores * (120 / SCORE_CLIP))).astype(np.int8)
+    codes[s.non_finite[order] if s.ranks else np.zeros((0, 0), dtype=bool)] = CELL_NON_FINITE
+    departing, bad = s.departing(), s.with_non_finite()
+    flagged = list(dict.fromkeys(departing + bad))[:MAX_FLAGGED]
+    out = {
+        "series": s.series, "steps": s.steps, "width": s.width, "band": s.band(), "ranks": shown, "nodes": groups,
+        "heatmap": base64.b64encode(codes.tobytes()).decode(), "clip": SCORE_CLIP,
+        "departing": departing, "non_finite": bad, "lines": {str(r): s.line(r) for r in flagged},
+    }  # fmt: skip
+    if all_lines:
+        out["all_lines"] = base64.b64encode(s.mean[order].astype(np.float32).tobytes()).decode()
+    return clean(out)
+
+
+def line_view(s: BucketSummary, rank: int) -> dict[str, Any]:
+    return clean({"series": s.series, "rank": rank, "steps": s.steps, "values": s.line(rank)})
+
+
+def findings_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
+    """The report's findings (``multirank_logger.report.find``) and its text lines per section."""
+    from multirank_logger.report.findings import find
+    from multirank_logger.report.render import findings_text
+
+    found = find(reader, run)
+    return clean({**found.to_dict(), "problems": found.problems, "text": findings_text(found)})
+
+
+def logs_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
+    """The run's decisions and log records (the newest ``MAX_RECORDS``); the page filters them."""
+    decided = reader.decisions(run)
+    logged = reader.logs(run)
+    if len(logged) > MAX_RECORDS:
+        logged = logged.sort_values("time").tail(MAX_RECORDS)
+    return clean({"decisions": decided.astype(object).where(decided.notna(), None).to_dict("records"),
+                  "logs": logged.astype(object).where(logged.notna(), None).to_dict("records")})  # fmt: skip

@@ -1,0 +1,110 @@
+"""A PostgreSQL server that admits fewer connections than the job has ranks: one writer per node.
+
+16 ranks (4 simulated nodes: NODE_RANK/LOCAL_RANK as Lightning's launcher sets them) into a
+server started with max_connections=10, its own instance. Every rank opening its own connection
+(what "auto" chose before) crashed every rank at set-up with "too many clients already".
+Plain processes over gloo (tests/logger_many_ranks.py), forked from a server process that has
+imported torch and the logger, so that 16 of them share those pages.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import free_port, new_postgres_database
+from tests.logger_helpers import query
+from tests.logger_many_ranks import rank_main, value
+
+pytestmark = pytest.mark.timeout(300)
+WORLD = 16
+NODES = 4
+MAX_CONNECTIONS = 10
+CALLS = 200
+JOIN_TIMEOUT_S = 200
+
+
+@pytest.fixture(scope="module")
+def small_server() -> Iterator[Any]:
+    """A PostgreSQL server of its own that admits `MAX_CONNECTIONS` clients."""
+    pgserver = pytest.importorskip("pgserver", reason="pgserver is not installed (pip install -e '.[test]')")
+    from pgserver._commands import pg_ctl
+
+    data = Path(tempfile.mkdtemp(prefix="multirank-pg-small-"))
+    server = pgserver.get_server(data, cleanup_mode="stop")
+    server.psql(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS};")
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=data, user=server.system_user, timeout=60)
+    assert str(MAX_CONNECTIONS) in server.psql("SHOW max_connections;")
+    yield server
+    server.cleanup()
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def _launch(db: str, out: Path, transport: str, **options: Any) -> list[int | None]:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", "tests.logger_many_ranks"])
+    port = free_port()
+    args = (WORLD, port, db, CALLS, str(out), transport, NODES, options)
+    procs = [ctx.Process(target=rank_main, args=(r, *args)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(JOIN_TIMEOUT_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    return [p.exitcode for p in procs]
+
+
+def test_sixteen_ranks_into_a_server_of_ten_connections_store_every_row(
+    small_server: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """transport="auto" reads the server's free connections and writes through one writer per
+    node: every rank's rows stored once, every rank and the run `success`."""
+    db, out = new_postgres_database(small_server), tmp_path / "out"
+    out.mkdir()
+    assert _launch(db, out, "auto") == [0] * WORLD
+    captured = capfd.readouterr()
+    assert "too many clients" not in captured.out + captured.err
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert {(r["transport"], r["run_id"]) for r in reports} == {("node", 1)}
+    counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
+    assert counts == [(r, CALLS) for r in range(WORLD)]
+    for r in (0, 5, 15):
+        rows = query(db, "SELECT step, value FROM metrics WHERE rank = :r AND key = 'value' ORDER BY seq", r=r)
+        assert rows == [(c, value(r, c)) for c in range(CALLS)]
+    assert query(db, "SELECT status, transport, world_size FROM runs") == [("success", "node", WORLD)]
+    ranks = query(db, "SELECT rank, status, node_rank, local_rank FROM ranks ORDER BY rank")
+    assert ranks == [(r, "success", r // 4, r % 4) for r in range(WORLD)]
+
+
+def test_ranks_the_server_refuses_go_on_and_spill(small_server: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """transport="direct" asks for 16 connections of a server that admits 10: a refused rank is
+    not killed; its rows wait, then go to its spill file, which the output names; importing the
+    files stores every row once and makes the run a success."""
+    from click.testing import CliRunner
+
+    from multirank_logger.cli import main
+
+    db, out = new_postgres_database(small_server), tmp_path / "out"
+    out.mkdir()
+    assert _launch(db, out, "direct", timeout=5.0, spill_dir=str(tmp_path / "spill")) == [0] * WORLD
+    captured = capfd.readouterr().err
+    files = sorted((tmp_path / "spill").glob("*"))
+    for f in files:  # every file the ranks wrote is named with its import command
+        assert f"import {db} {f}" in captured or f"import '{db}' {f}" in captured
+    if files:
+        assert query(db, "SELECT status FROM runs") == [("incomplete",)]
+        result = CliRunner().invoke(main, ["import", db, *map(str, files)])
+        assert result.exit_code == 0, result.output
+    counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
+    assert counts == [(r, CALLS) for r in range(WORLD)]
+    assert query(db, "SELECT status, transport FROM runs") == [("success", "direct")]

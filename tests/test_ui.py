@@ -1,0 +1,195 @@
+"""`multirank-logger ui`: a real server on a free port, read by urllib and by a real headless Chromium.
+
+The store: 16 ranks on two hosts x 300 steps x 3 keys (DuckDB), rank 11's ``loss`` 3 above the
+others from step 150 on, rank 4's ``loss`` NaN at step 200. Bad stores (missing, being created,
+of a newer schema, deleted under the server) each get an answer that says so; the server stays up.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from multirank_logger.ui.server import UiServer
+from tests.ui_browser import chromium, outside, requested_urls
+
+RANKS, STEPS, KEYS = 16, 300, ("loss", "lr", "weight_norm")
+OUTLIER, NAN_RANK, NAN_STEP = 11, 4, 200
+
+
+def build_store(path: Path) -> Path:
+    """The 16-rank store of the module doc (raw DuckDB bulk insert under the logger's schema)."""
+    import duckdb
+
+    from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS
+    from multirank_logger.store.sql_store import Store
+
+    store = Store(path)
+    run = store.create_run("ui_test", world_size=RANKS, transport="gather")
+    for rank in range(RANKS):
+        node = rank // 8
+        store.register_rank(run.id, rank, local_rank=rank % 8, node_rank=node, host=f"host{node}", pid=0, status="success")
+    store.update_run(run.id, status="success", ended_at=time.time())
+    store.close()
+    keys = ", ".join(f"'{k}'" for k in KEYS)
+    cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
+    con = duckdb.connect(str(path))
+    con.execute("SELECT setseed(0.25)")
+    con.execute(f"""INSERT INTO metrics ({cols})
+        SELECT {run.id}, r.range::INTEGER, s.range * {len(KEYS)} + k.i, s.range, k.key, random(), 0, 1.7e9 + s.range
+        FROM range({RANKS}) r, range({STEPS}) s, (SELECT unnest([{keys}]) AS key, generate_subscripts([{keys}], 1) AS i) k""")  # fmt: skip
+    con.execute(f"UPDATE metrics SET value = value + 3 WHERE rank = {OUTLIER} AND key = 'loss' AND step >= {STEPS // 2}")
+    con.execute(f"UPDATE metrics SET value = NULL, dtype = {DTYPE_NAN} WHERE rank = {NAN_RANK} AND step = {NAN_STEP} AND key = 'loss'")
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def store16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("ui") / "runs.duckdb")
+
+
+@pytest.fixture(scope="module")
+def cli_server(store16: Path) -> Iterator[str]:
+    """`multirank-logger ui DB --port 0` as a user starts it; yields the URL it prints."""
+    proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", str(store16), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert "http://127.0.0.1:" in line, line + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        yield line.split()[2]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    """In-process servers on free ports, for the bad stores; stopped after the test."""
+    started: list[UiServer] = []
+
+    def start(db: Path | str) -> str:
+        server = UiServer(str(db), "127.0.0.1", 0)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        started.append(server)
+        return server.url
+
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            body = r.read()
+            return r.status, json.loads(body) if r.headers.get_content_type() == "application/json" else body.decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_cli_binds_localhost_and_serves_summaries_not_rows(cli_server: str) -> None:
+    """The URL printed is 127.0.0.1's; a key's answer is per-bucket summaries and one byte per
+    heatmap cell, naming the departing rank and the NaN's rank."""
+    assert cli_server.startswith("http://127.0.0.1:")
+    status, runs = get(cli_server + "api/runs")
+    assert status == 200 and [(r["id"], r["ranks"], r["nodes"]) for r in runs] == [(1, RANKS, 2)]
+    status, s = get(cli_server + "api/run/1/series?name=loss")
+    assert status == 200
+    assert s["departing"] == [OUTLIER] and s["non_finite"] == [NAN_RANK]
+    assert len(s["steps"]) == STEPS and len(s["ranks"]) == RANKS and s["nodes"] == [["host0 (node 0)", 8], ["host1 (node 1)", 8]]
+    import base64
+
+    codes = base64.b64decode(s["heatmap"])
+    assert len(codes) == RANKS * STEPS and codes[NAN_RANK * STEPS + NAN_STEP] == 127  # the NaN's cell, marked
+    outlier_row = [c if c < 128 else c - 256 for c in codes[OUTLIER * STEPS + STEPS // 2 : (OUTLIER + 1) * STEPS]]
+    assert sum(c >= 80 for c in outlier_row) > 0.9 * len(outlier_row)  # >= 8 typical spreads above, nearly everywhere
+
+
+def test_bad_stores_get_a_clear_answer_and_the_server_stays_up(tmp_path: Path, store16: Path, serve: Any) -> None:
+    """Missing file, a store being created, a newer schema, an unknown run, the file deleted while
+    the server runs: each an error naming the problem (never a traceback); the page still loads."""
+    import duckdb
+
+    missing = serve(tmp_path / "nope.duckdb")
+    status, body = get(missing + "api/runs")
+    assert status == 503 and "No store at" in body["error"] and "nope.duckdb" in body["error"]
+    status, page = get(missing)
+    assert status == 200 and "/static/app.js" in page
+
+    creating = tmp_path / "creating.duckdb"
+    duckdb.connect(str(creating)).close()  # the file exists; its schema is not there yet
+    status, body = get(serve(creating) + "api/runs")
+    assert status == 503 and "holds no multirank_logger schema" in body["error"]
+
+    newer = tmp_path / "newer.duckdb"
+    shutil.copy(store16, newer)
+    con = duckdb.connect(str(newer))
+    con.execute("UPDATE alembic_version SET version_num = 'ffff_from_the_future'")
+    con.close()
+    status, body = get(serve(newer) + "api/runs")
+    assert status == 503 and "ffff_from_the_future" in body["error"] and "Traceback" not in body["error"]
+
+    doomed = tmp_path / "doomed.duckdb"
+    shutil.copy(store16, doomed)
+    url = serve(doomed)
+    assert get(url + "api/runs")[0] == 200
+    status, body = get(url + "api/run/42")
+    assert status == 404 and "No run '42'" in body["error"]
+    status, body = get(url + "api/run/1/series?name=no_such_key")
+    assert status == 404 and "no_such_key" in body["error"]
+    doomed.unlink()
+    status, body = get(url + "api/runs")
+    assert status == 503 and "No store at" in body["error"]
+    assert get(url + "static/app.js")[0] == 200 and get(url + "api/run/1")[0] == 503  # still up
+
+
+def _wait(driver: Any, script: str, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
+
+
+def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tmp_path: Path) -> None:
+    """The landing page opens the only run; its loss chart names rank 11 and rank 4 (band lines,
+    legend, findings), the heatmap is drawn, the missing store's page says so, and not one
+    request leaves 127.0.0.1."""
+    with chromium(1300, 1500) as driver:
+        driver.get(cli_server)
+        _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.drawn")
+        flagged = driver.execute_script("return document.querySelector('section[data-series=loss]').dataset.flagged")
+        assert set(flagged.split(",")) == {str(OUTLIER), str(NAN_RANK)}
+        legend = driver.find_element("css selector", "section[data-series=loss] .u-legend").text
+        assert f"rank {OUTLIER}" in legend and f"rank {NAN_RANK}" in legend
+        canvas = driver.execute_script(
+            "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
+            "return c && [c.dataset.ranks, c.dataset.columns, c.width > 0]"
+        )
+        assert canvas == [str(RANKS), str(STEPS), True]
+        findings = _wait(driver, "const t = document.getElementById('findings').innerText; return !t.includes('computing') && t")
+        assert f"loss: rank {OUTLIER} departs" in findings and f"loss: rank {NAN_RANK} logged NaN/inf first at step {NAN_STEP}" in findings
+        # a click on rank 7's heatmap row draws its line on the band chart
+        driver.execute_script(
+            "const c = document.querySelector('section[data-series=lr] canvas.heatmap'), r = c.getBoundingClientRect();"
+            "c.dispatchEvent(new MouseEvent('click', {clientX: r.left + r.width / 2, clientY: r.top + (7.5 / 16) * (r.height - 20)}));"
+        )
+        _wait(driver, "return document.querySelector('section[data-series=lr] .u-legend').innerText.includes('rank 7')")
+        driver.save_screenshot(str(tmp_path / "run.png"))
+        urls = requested_urls(driver)
+        assert any("/api/run/1/series" in u for u in urls) and outside(urls) == [], outside(urls)
