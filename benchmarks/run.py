@@ -1,13 +1,15 @@
 """The benchmark suite: ``make bench`` (full), ``make bench-quick`` (sanity check, < 2 min).
 
-    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load,ui]
+    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load,scale,ui]
                                        [--out FILE] [--json FILE] [--in-process]
 
 Sections: hotpath (log_metrics + save per call), memory (RSS over a long run),
 ingest (rows/s into the store),
 e2e (2-rank DDP wall time), query (rank-0 export and per-rank table on a large store),
 gather (the transport's own benchmark, when benchmarks/bench_gather.py exists),
-gather_load (32 senders into one rank 0: its sustained rows/s and lag). Each
+gather_load (32 senders into one rank 0: its sustained rows/s and lag),
+scale (256 senders paced at a training's rate into one rank 0: intake, lag, rank 0's CPU
+and memory, the senders' memory, the launch's TCPStore latency with and without them). Each
 figure is a median with min and max; each row names the peer it is divided by. The
 table is printed at the end and written to benchmarks/RESULTS.md (full mode, every
 section) or benchmarks/.cache/RESULTS-<mode>[-<sections>].md.
@@ -40,7 +42,7 @@ from benchmarks._harness import (  # noqa: E402
     targets_summary,
 )
 
-SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "ui")
+SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "scale", "ui")
 
 SIZES = {
     "full": Sizes(

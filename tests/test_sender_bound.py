@@ -22,7 +22,7 @@ from multirank_logger.transport.row_channel import RowChannel
 from tests.conftest import free_port
 
 CALLS_PER_BATCH = 5_000  # 10,000 values: two keys
-BATCHES = 30
+BATCHES = 30  # 300,000 values: past the bound
 
 
 def _batch(first_seq: int) -> pa.RecordBatch:

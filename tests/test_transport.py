@@ -8,7 +8,10 @@ import math
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -150,6 +153,48 @@ def test_a_damaged_payload_is_reported_and_the_rest_arrives(
     assert [b.equals(want) for b, want in zip(got, [first, last])] == [True, True] and len(got) == 2
     assert rank0.damaged_batches == 1
     assert "dropped a row batch from rank 1 that it cannot read" in caplog.text and "truncated" in caplog.text
+
+
+@pytest.fixture
+def stopped_server() -> Iterator[int]:
+    """The port of a TCPStore server in a process stopped with SIGSTOP (a hung rank 0 or agent):
+    its kernel accepts connections, nothing ever answers."""
+    port = free_port()
+    code = (
+        "import datetime, sys, time, torch.distributed as dist\n"
+        f"s = dist.TCPStore('127.0.0.1', {port}, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)\n"
+        "print('up', flush=True)\ntime.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        os.kill(proc.pid, signal.SIGSTOP)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.timeout(60)
+def test_every_call_to_a_stopped_server_is_bounded(stopped_server: int) -> None:
+    """A sender's first connect (in `send`), `send_side`, `fetch`, `publish` and `mark_done`, against
+    a server that never answers, each fail within the channel's bound instead of waiting forever."""
+
+    def fresh() -> RowChannel:
+        return RowChannel("t", 1, 2, host="127.0.0.1", port=stopped_server, timeout=0.5)
+
+    rows = _batch(1, 2)
+    with pytest.raises(ChannelError) as info:
+        fresh().send(rows)
+    assert info.value.undelivered == [rows]  # handed back to be spilled
+    with pytest.raises(ChannelError):
+        fresh().send_side(b"side rows")
+    with pytest.raises(ChannelError):  # ChannelTimeout is one
+        fresh().fetch("identity", 0.5)
+    with pytest.raises(ChannelError):
+        fresh().publish("identity", b"{}")
+    with pytest.raises(ChannelError):
+        fresh().mark_done("success")
 
 
 def test_roles_are_checked(server: dist.TCPStore) -> None:

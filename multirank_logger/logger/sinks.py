@@ -38,10 +38,13 @@ __all__ = ["SENDER_HELD_VALUES", "DirectSink", "GatherReceiver", "GatherSender"]
 
 log = logging.getLogger(__name__)
 #: values a sender keeps in memory that its writer has not acknowledged; past it new rows go
-#: to its spill file until the writer catches up (about 2 MB of Arrow at 20 B per value; also
-#: what one sender may leave queued in rank 0's TCPStore): benchmarks/RESULTS.md, "scale"
-SENDER_HELD_VALUES = 100_000
+#: to its spill file until the writer catches up. 46 B per value as Arrow and on the wire: ~9 MB
+#: per sender, also the most it leaves queued in rank 0's TCPStore. A writer acknowledges within
+#: about two of its cycles (flush_interval, 5 s): this sustains ~20k values/s per sender, twice a
+#: rank logging 10 keys every millisecond (benchmarks/RESULTS.md, "scale"; docs/scale.md)
+SENDER_HELD_VALUES = 200_000
 _POLL_S = 0.01
+_POLL_MAX_S = 0.25
 #: bounds on rank 0's wait for the senders' last word (their spilled/lost counts) at the end
 _REPORT_WAIT_MIN_S = 0.5
 _REPORT_WAIT_MAX_S = 2.0
@@ -208,12 +211,15 @@ class GatherReceiver(DirectSink):
         """
         deadline = time.monotonic() + timeout
         expected = set(self.channel.senders)
+        delay = _POLL_S
         while True:
             cycle()
             done = self.channel.done_ranks()
             if expected <= done.keys() or time.monotonic() >= deadline:
                 break
-            time.sleep(_POLL_S)
+            # each round asks the store about every sender: back off while they take their time
+            time.sleep(delay)
+            delay = min(delay * 1.5, _POLL_MAX_S)
         cycle()  # takes the last batches...
         cycle()  # ...and acknowledges them, so the senders stop waiting and report
         # a sender reports once it sees its last rows acknowledged (within one of its polls). A run

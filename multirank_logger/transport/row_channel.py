@@ -30,7 +30,6 @@ others send to it; the keys are per sending rank, so one namespace holds every n
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import deque
@@ -41,12 +40,13 @@ import pyarrow as pa
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.errors import ChannelError
 from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.transport.tcpstore_client import StoreClient, bounded, pop_all, split_rows
+from multirank_logger.transport.tcpstore_client import StoreClient, pop_all, split_rows
 
 __all__ = ["RowChannel"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.02
+_POLL_MAX_S = 0.25
 
 
 class RowChannel(StoreClient):
@@ -103,8 +103,9 @@ class RowChannel(StoreClient):
         self._taken: dict[int, int] = {}
         self._to_ack: dict[int, int] = {}
         self._done_totals: dict[int, tuple[int, str]] = {}
-        #: payloads `receive` could not read (and dropped)
+        #: payloads `receive` could not read (and dropped), in all and per sending rank
         self.damaged_batches = 0
+        self.damaged_from: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"RowChannel({self.namespace!r}, rank={self.rank}, world_size={self.world_size})"
@@ -155,14 +156,13 @@ class RowChannel(StoreClient):
                 self._inflight.append((self._sent, chunk, now))
                 self._sent += 1
             try:
-                store = self._client()
 
-                def push() -> None:
+                def push(store: Any) -> None:
                     for i in range(first, len(self._inflight)):
                         store.queue_push(f"rows/{self.rank}", encode_batch(self._inflight[i][1]))
                     self._collect_acks(store)
 
-                bounded(push, self.timeout)
+                self._call(push)  # the first call connects, bounded too
             except Exception as exc:
                 raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
             oldest = self._inflight[0][2] if self._inflight else now
@@ -196,7 +196,7 @@ class RowChannel(StoreClient):
         with self._lock:
             if refresh and self._failed is None and self._store is not None and self._inflight:
                 try:
-                    bounded(functools.partial(self._collect_acks, self._store), self.timeout)
+                    self._call(self._collect_acks)
                 except Exception:  # noqa: BLE001 - the next send says what is wrong
                     pass
             return sum(len(batch) for _, batch, _ in self._inflight)
@@ -215,8 +215,7 @@ class RowChannel(StoreClient):
             if self._failed is not None:
                 raise ChannelError(self._failed)
             try:
-                store = self._client()
-                bounded(lambda: store.set(f"done/{self.rank}", f"{self._base + self._sent} {status}"), self.timeout)
+                self._call(lambda store: store.set(f"done/{self.rank}", f"{self._base + self._sent} {status}"))
             except ChannelError:
                 raise
             except Exception as exc:
@@ -230,8 +229,7 @@ class RowChannel(StoreClient):
         """
         with self._lock:
             try:
-                store = self._client()
-                bounded(lambda: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"), self.timeout)
+                self._call(lambda store: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"))
             except Exception:  # noqa: BLE001 - ChannelError, or the store gone with rank 0
                 return False
         return True
@@ -260,20 +258,19 @@ class RowChannel(StoreClient):
         self._require_rank0("acknowledge_reports")
         with self._lock:
             try:
-                store = self._client()
 
-                def tell() -> None:
+                def tell(store: Any) -> None:
                     for r in ranks:
                         store.set(f"counted/{r}", b"1")
 
-                bounded(tell, self.timeout)
+                self._call(tell)
             except Exception:  # noqa: BLE001 - see above
                 pass
 
     def report_counted(self, timeout: float) -> bool:
         """Sender: whether rank 0 took this rank's `report_unstored` counts, waiting up to `timeout` s."""
         try:
-            bounded(lambda: self._fetch_raw(f"counted/{self.rank}", timeout, "counted"), timeout + 1.0)
+            self._fetch_raw(f"counted/{self.rank}", timeout, "counted")  # bounded, its connect included
         except Exception:  # noqa: BLE001 - ChannelError, TimeoutError: rank 0 did not take them
             return False
         return True
@@ -285,20 +282,22 @@ class RowChannel(StoreClient):
             The batches still unacknowledged (to spill); empty when all were delivered.
         """
         deadline = time.monotonic() + timeout
+        delay = _POLL_S
         while True:
             with self._lock:
                 if self._failed is not None or not self._inflight:
                     return []  # a failure already handed its batches to the caller
                 try:
-                    store = self._client()
-                    bounded(functools.partial(self._collect_acks, store), self.timeout)
+                    self._call(self._collect_acks)
                 except Exception as exc:
                     return self._fail(f"Rank {self.rank} lost rank 0's TCPStore ({exc})").undelivered
                 if not self._inflight:
                     return []
                 if time.monotonic() >= deadline:
                     return self._fail(f"Rank 0 did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
-            time.sleep(_POLL_S)
+            # backing off: hundreds of senders finishing at once must not flood rank 0's TCPStore
+            time.sleep(delay)
+            delay = min(delay * 1.5, _POLL_MAX_S)
 
     # -- receiving (rank 0) ------------------------------------------------------------
 
@@ -319,23 +318,31 @@ class RowChannel(StoreClient):
         out: list[pa.RecordBatch] = []
         with self._lock:
             try:
-                store = self._client()
-                self._send_acks(store)
-                for r in self.senders:
-                    for payload in pop_all(store, f"rows/{r}"):
-                        self._taken[r] += 1
-                        self._to_ack[r] += 1
-                        try:
-                            out.append(decode_batch(payload))
-                        except ValueError as exc:
-                            self.damaged_batches += 1
-                            log.error("multirank_logger: rank 0 dropped a row batch from rank %d that it cannot "
-                                      "read (%d bytes): %s", r, len(payload), exc)
+                payloads = self._call(self._take_rows)
             except ChannelError:
                 raise
             except Exception as exc:
                 raise ChannelError(f"Rank 0 cannot read rows from the TCPStore: {exc}") from exc
+            for r, payload in payloads:
+                try:
+                    out.append(decode_batch(payload))
+                except ValueError as exc:
+                    self.damaged_batches += 1
+                    self.damaged_from[r] = self.damaged_from.get(r, 0) + 1
+                    log.error("multirank_logger: rank 0 dropped a row batch from rank %d that it cannot "
+                              "read (%d bytes): %s", r, len(payload), exc)
         return out
+
+    def _take_rows(self, store: Any) -> list[tuple[int, bytes]]:
+        """Acknowledge what the last `receive` returned; take every rank's queued payloads."""
+        self._send_acks(store)
+        taken = []
+        for r in self.senders:
+            for payload in pop_all(store, f"rows/{r}"):
+                self._taken[r] += 1
+                self._to_ack[r] += 1
+                taken.append((r, payload))
+        return taken
 
     # -- side-table rows (decisions, logs, step timing) --------------------------------------
     # A queue of their own, without the acknowledgements the metrics get: they are few, and a
@@ -353,7 +360,7 @@ class RowChannel(StoreClient):
             if self._failed is not None:
                 raise ChannelError(self._failed)
             try:
-                self._client().queue_push(f"side/{self.rank}", payload)
+                self._call(lambda store: store.queue_push(f"side/{self.rank}", payload))
             except Exception as exc:
                 raise ChannelError(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
 
@@ -365,9 +372,11 @@ class RowChannel(StoreClient):
         out: list[bytes] = []
         with self._lock:
             try:
-                store = self._client()
-                for r in self.senders:
-                    out.extend(bytes(payload) for payload in pop_all(store, f"side/{r}"))
+
+                def take_side(store: Any) -> list[bytes]:
+                    return [bytes(p) for r in self.senders for p in pop_all(store, f"side/{r}")]
+
+                out.extend(self._call(take_side))
             except Exception as exc:
                 raise ChannelError(f"Rank 0 cannot read side rows from the TCPStore: {exc}") from exc
         return out
@@ -388,11 +397,14 @@ class RowChannel(StoreClient):
         out: dict[int, str] = {}
         with self._lock:
             try:
-                store = self._client()
-                for r in self.senders:
-                    if r not in self._done_totals and store.check([f"done/{r}"]):
-                        count, _, status = bytes(store.get(f"done/{r}")).decode().partition(" ")
-                        self._done_totals[r] = (int(count), status)
+
+                def read_done(store: Any) -> None:
+                    for r in self.senders:
+                        if r not in self._done_totals and store.check([f"done/{r}"]):
+                            count, _, status = bytes(store.get(f"done/{r}")).decode().partition(" ")
+                            self._done_totals[r] = (int(count), status)
+
+                self._call(read_done)
             except Exception as exc:
                 raise ChannelError(f"Rank 0 cannot read the ranks' status from the TCPStore: {exc}") from exc
             for r, (total, status) in self._done_totals.items():

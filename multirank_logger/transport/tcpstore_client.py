@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from multirank_logger._util.best_effort import bounded as run_bounded
 from multirank_logger.errors import ChannelError, ChannelTimeout
 
 __all__ = ["CHUNK_ROWS", "StoreClient", "bounded", "connect", "pop_all", "split_rows"]
@@ -56,32 +57,16 @@ def connect(namespace: str, rank: int, host: str | None, port: int | None, timeo
 
 
 def bounded(call: Callable[[], T], timeout: float) -> T:
-    """`call` (TCPStore operations that wait for a reply) in a helper thread, given up after `timeout`.
+    """`call` (TCPStore operations that wait for a reply), given up after `timeout` (best_effort.bounded).
 
     A client's own timeout does not cover a server that stopped answering: with rank 0 stopped
     (SIGSTOP, a hung host), `add` and `set` wait forever (seen with torch 2.13), and so would the
-    sender's writer and its finalize. A call given up on leaves its thread blocked until the
-    server answers or goes away; the caller fails the channel and never uses that client again.
+    sender's writer and its finalize. The caller fails the channel and never uses that client again.
 
     Raises:
         TimeoutError: when `call` did not return within `timeout`; else whatever `call` raised.
     """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="multirank-tcpstore-call", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"rank 0's TCPStore did not answer within {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return run_bounded(call, timeout, "rank 0's TCPStore")
 
 
 class StoreClient:
@@ -115,19 +100,37 @@ class StoreClient:
         self._init_state()
 
     def _client(self) -> Any:
-        """The connected store, connecting on first use (the caller holds `_lock`)."""
+        """The connected store, connecting on first use (the caller holds `_lock`).
+
+        Raises:
+            ChannelError: when the server did not answer within the timeout (a stopped rank 0
+                accepts the connection in its kernel and never answers the handshake).
+        """
         if self._store is None:
-            store = connect(self.namespace, self.rank, self.host, self.port, self.timeout)
-            self._connected(store)
-            self._store = store
+
+            def open_client() -> Any:
+                store = connect(self.namespace, self.rank, self.host, self.port, self.timeout)
+                self._connected(store)
+                return store
+
+            try:
+                self._store = bounded(open_client, self.timeout + 1.0)
+            except TimeoutError as exc:
+                raise ChannelError(f"Rank {self.rank} could not connect to rank 0's TCPStore: {exc}") from exc
         return self._store
+
+    def _call(self, fn: Callable[[Any], T], timeout: float | None = None) -> T:
+        """`fn(client)`, bounded (the caller holds `_lock`): a stopped server fails the call instead
+        of hanging it. A client given up on is dropped: the next call connects again (bounded)."""
+        store = self._client()
+        try:
+            return bounded(lambda: fn(store), self.timeout if timeout is None else timeout)
+        except TimeoutError:
+            self._store = None
+            raise
 
     def _connected(self, store: Any) -> None:
         """Called once `store` is connected, before anything else uses it."""
-
-    def _client_locked(self) -> Any:
-        with self._lock:
-            return self._client()
 
     # -- small values ------------------------------------------------------------------
 
@@ -139,7 +142,7 @@ class StoreClient:
         """
         with self._lock:
             try:
-                self._client().set(f"kv/{key}", value)
+                self._call(lambda store: store.set(f"kv/{key}", value))
             except ChannelError:
                 raise
             except Exception as exc:
@@ -158,10 +161,17 @@ class StoreClient:
         """The value under the channel's `raw_key` (`key` in messages), as `fetch` describes."""
         import torch.distributed as dist
 
-        store = self._client_locked()
-        try:
+        def wait_and_get(store: Any) -> bytes:
             store.wait([raw_key], timedelta(seconds=timeout))
             return bytes(store.get(raw_key))
+
+        try:
+            with self._lock:
+                store = self._client()
+            # the wait itself outside the lock: a sender's writer keeps using the channel meanwhile
+            return bounded(lambda: wait_and_get(store), timeout + self.timeout)
+        except ChannelError:
+            raise
         except dist.DistNetworkError as exc:
             raise ChannelError(f"Rank {self.rank} lost the TCPStore while waiting for {key!r}: {exc}") from exc
         except Exception as exc:
@@ -173,7 +183,9 @@ class StoreClient:
     def _has(self, key: str) -> bool:
         """Whether `key` is set now (False when the store cannot be asked)."""
         try:
-            return bool(self._client_locked().check([key]))
+            with self._lock:
+                store = self._client()
+            return bool(bounded(lambda: store.check([key]), self.timeout))
         except Exception:  # noqa: BLE001 - the store gone: nothing there to read
             return False
 

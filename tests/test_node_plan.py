@@ -1,0 +1,71 @@
+"""The node transport's choice: which rank writes for which (pure), and rank 0's decision
+reaching every rank through a real TCPStore, from a server's free connections and max_writers."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from multirank_logger.errors import InvalidTransport
+from multirank_logger.logger.transport_choice import _plan, choose_transport
+from multirank_logger.store.backends import backend_for, resolve_url
+from multirank_logger.transport.row_channel import RowChannel
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(60)
+SERVER_URL = "postgresql+psycopg://trainer@db-host/runs"  # never connected to: choose_transport only reads its kind
+
+
+def test_plan_cuts_nodes_into_writer_groups_written_by_their_lowest_rank() -> None:
+    """Two nodes of four ranks: one writer each, or rank 0 for all; ranks spread over nodes
+    cyclically (SLURM's cyclic distribution) still go to a writer on their own node's group."""
+    blocks = {r: f"h{r // 4}|0" for r in range(8)}
+    assert _plan(blocks, ["h0|0", "h1|0"], 2, 8) == [0, 0, 0, 0, 4, 4, 4, 4]
+    assert _plan(blocks, ["h0|0", "h1|0"], 1, 8) == [0] * 8
+    cyclic = {r: f"h{r % 3}|0" for r in range(8)}
+    assert _plan(cyclic, ["h0|0", "h1|0", "h2|0"], 3, 8) == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert _plan(cyclic, ["h0|0", "h1|0", "h2|0"], 2, 8) == [0, 0, 2, 0, 0, 2, 0, 0]
+
+
+def _decide(world: int, room: tuple[int, str] | None, max_writers: int | None = None) -> list:
+    """Every rank decides at once, each on its own channel to one TCPStore; (choice, senders of each rank)."""
+    server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    backend = backend_for(resolve_url(SERVER_URL))
+    out: list = [None] * world
+
+    def decide(rank: int) -> None:
+        channel = RowChannel("n", rank, world, host="127.0.0.1", port=server.port)
+        choice, _ = choose_transport(
+            "auto", backend, world, rank=rank, channel=channel, timeout=10, max_writers=max_writers,
+            connection_room=(lambda: room) if rank == 0 else None,
+        )
+        out[rank] = (choice, channel.writer, channel.senders)
+
+    threads = [threading.Thread(target=decide, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_auto_writes_directly_while_the_server_has_room_for_every_rank() -> None:
+    assert [c for c, _, _ in _decide(4, (100, "max_connections=100, 1 in use"))] == ["direct"] * 4
+
+
+def test_auto_ships_to_node_writers_when_the_ranks_outnumber_free_connections() -> None:
+    """4 ranks on one host, 2 connections free: rank 0 writes for its node; the others send to it."""
+    out = _decide(4, (2, "max_connections=10, 8 in use"))
+    assert out == [("node", 0, (1, 2, 3))] + [("node", 0, ())] * 3
+
+
+def test_max_writers_bounds_the_writers_whatever_the_room() -> None:
+    assert [c for c, _, _ in _decide(3, (100, "max_connections=100"), max_writers=1)] == ["node"] * 3
+
+
+def test_node_with_a_one_writer_store_is_refused() -> None:
+    with pytest.raises(InvalidTransport, match="transport='node' needs a store that several processes can write"):
+        choose_transport("node", backend_for(resolve_url("x.duckdb")), 2)
