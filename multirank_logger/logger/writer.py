@@ -28,15 +28,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 
 from multirank_logger._util.best_effort import bounded
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.logger.sink_protocol import Sink, Target
 from multirank_logger.logger.spiller import Spiller
-from multirank_logger.model.batch import concat_batches
+from multirank_logger.model.batch import concat_batches, halves
 from multirank_logger.model.side_records import MAX_PENDING as SIDE_MAX_PENDING
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
@@ -60,36 +61,6 @@ MAX_BACKOFF_S = 30.0
 _ISOLATE_ATTEMPTS = 64
 #: the longest `spill_held` waits for another thread's spill (a local file write) to end
 _SPILL_WAIT_S = 30.0
-
-
-class Sink(Protocol):
-    """Where drained batches go (see sinks.py)."""
-
-    @property
-    def writes_seldom(self) -> bool:
-        """True when each write is costly whatever its size: write once per flush interval."""
-
-    #: where rows go that the store refused (None: they stay in memory)
-    spiller: Spiller | None
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Store or ship one batch; raise to have it retried (transient) or isolated (permanent)."""
-
-    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
-        """Store or ship side-table rows (decisions, logs, step timing); raise to retry."""
-
-    def write_run(self) -> None:
-        """Apply queued run-level updates (hparams); raise to retry."""
-
-    def writing(self) -> Any:
-        """A context holding one connection for a cycle's writes (raises when it cannot be opened)."""
-
-    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
-        """Batches and side rows other ranks sent (rank 0 of a gather run), now this writer's to store."""
-
-
-#: what the writer needs before it can drain: (sink, run_id, global rank), or None while unknown
-Target = Callable[[], "tuple[Sink, int, int] | None"]
 
 
 class BackgroundWriter:
@@ -372,14 +343,14 @@ class BackgroundWriter:
             if len(piece) == 1 or attempts >= _ISOLATE_ATTEMPTS:
                 self._spill([piece], why.format(n=len(piece)))
                 continue
-            halves = _halves(piece)
-            for i, half in enumerate(halves):
+            parts = halves(piece)
+            for i, half in enumerate(parts):
                 attempts += 1
                 try:
                     sink.write(half)
                 except Exception as err:
                     if is_transient(err):
-                        self._held[0:0] = [*halves[i:], *pieces]
+                        self._held[0:0] = [*parts[i:], *pieces]
                         self._note_failure(err)
                         return False
                     pieces.append(half)
@@ -473,8 +444,3 @@ class _WriterThread(threading.Thread):
         else:  # a thread the writer already left (stopped, then started again)
             self.join(timeout)
 
-
-def _halves(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-    """`batch` cut in two (views, no copy)."""
-    half = len(batch) // 2
-    return [batch.slice(0, half), batch.slice(half)]
