@@ -258,3 +258,45 @@ def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None
     assert only_logs.endswith("No rank stands out in the numbers; read the warnings and errors above.")
     assert "rank 1: data 100 ms longer than the other ranks per step" in both
     assert both.endswith("See above: which rank, from which step, how much.")
+
+
+@pytest.mark.parametrize("ranks", [4, 64])
+def test_a_plot_of_many_steps_draws_buckets(ranks: int) -> None:
+    """20,000 steps: at most MAX_POINTS points per line (a bucket's mean; the band's min, median
+    and max), the outlier still standing out; the PNG's size is the same as for 200 steps."""
+    from multirank_logger.report.plots import MAX_POINTS, SIZE_PX, figure_png, plot_key
+
+    values = np.random.default_rng(0).random((20_000, ranks))
+    values[10_000:, 3] += 3
+    figure = plot_key(_table(values), "loss", outliers=[3])
+    (ax,) = figure.axes
+    assert all(len(line.get_xdata()) <= MAX_POINTS for line in ax.lines)
+    (out,) = [line for line in ax.lines if line.get_label() == "rank 3 (outlier)"]
+    assert np.nanmin(out.get_ydata()[len(out.get_ydata()) // 2 + 1 :]) > 3
+    if ranks > 8:
+        (band,) = ax.collections
+        assert band.get_paths()[0].vertices[:, 1].max() == np.delete(values, 3, axis=1).max()
+    big, small = figure_png(figure), figure_png(plot_key(_table(values[:200]), "loss", outliers=[3]))
+    assert _png_size(big) == SIZE_PX and len(big) < 3 * len(small)
+
+
+def test_the_rank_list_of_many_ranks_names_only_those_that_differ() -> None:
+    """256 ranks: one line of counts per status, then only the ranks whose status or logged
+    steps differ from the most; up to COMPACT_RANKS ranks, one line each as before."""
+    from multirank_logger.report.findings import Findings
+    from multirank_logger.report.render import COMPACT_RANKS, findings_text
+
+    def rank(r: int) -> dict:
+        status = "failed" if r == 200 else "success"
+        return {"rank": r, "status": status, "host": f"node{r // 8}", "steps": 900 if r == 7 else 1000,
+                "last_step": 999, "duration_s": 60.0}  # fmt: skip
+
+    text = findings_text(Findings(run="r/version_0", run_id=1, world_size=256, ranks=[rank(r) for r in range(256)]))
+    section = text.split("Ranks:\n")[1].split("\n\n")[0].splitlines()
+    assert section == [
+        "  256 ranks on 32 host(s): 255 success, 1 failed; 254 with 1000 logged steps; 2 differ:",
+        "  rank 7: success on node0, 900 logged steps, 60 s",
+        "  rank 200: failed on node25, 1000 logged steps, 60 s",
+    ]
+    few = findings_text(Findings(run="r/version_0", run_id=1, world_size=3, ranks=[rank(r) for r in range(3)]))
+    assert few.split("Ranks:\n")[1].split("\n\n")[0].count("\n") == 2 and COMPACT_RANKS >= 3

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -186,6 +187,11 @@ class MultiRankLogger(Logger):
         self._run.capture_logs(True)
         # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
         # built and never used leaves nothing running
+        weakref.finalize(self, _dropped, self._run)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        weakref.finalize(self, _dropped, self._run)  # this copy's own (ddp_spawn's workers, deepcopy)
 
     def __repr__(self) -> str:
         return self._run.settings.owner
@@ -266,9 +272,14 @@ class MultiRankLogger(Logger):
 
     @override
     def save(self) -> None:
-        # Lightning calls this after every log_metrics: a counter check, at most an Event.set()
+        """Rank 0's metrics.csv holds every call logged so far, as after CSVLogger's ``save()``.
+
+        Lightning calls this after every log_metrics: on rank 0 an append of the new lines to
+        the open file, elsewhere a counter check (benchmarks/RESULTS.md: cheaper than CSVLogger's).
+        """
         run = self._run
         run.unsaved = 0
+        run.save_csv()
         run.writer.maybe_wake()
 
     @override
@@ -286,6 +297,14 @@ class MultiRankLogger(Logger):
         Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
         """
         finish_run(self._run, status)
+
+
+def _dropped(run: RankRun) -> None:
+    """The logger was collected (never finalized, or finalized and dropped): leave no environment
+    variable and no thread behind. Its writer thread (which keeps the run alive, not the logger)
+    writes what is left, then ends. Returns at once: the collector may run in any thread."""
+    run.board.withdraw()
+    run.writer.finish_soon()
 
 
 # Lightning's Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to

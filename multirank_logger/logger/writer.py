@@ -28,15 +28,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 
 from multirank_logger._util.best_effort import bounded
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.logger.sink_protocol import Sink, Target
 from multirank_logger.logger.spiller import Spiller
-from multirank_logger.model.batch import concat_batches
+from multirank_logger.model.batch import concat_batches, halves
 from multirank_logger.model.side_records import MAX_PENDING as SIDE_MAX_PENDING
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
@@ -62,36 +63,6 @@ _ISOLATE_ATTEMPTS = 64
 _SPILL_WAIT_S = 30.0
 
 
-class Sink(Protocol):
-    """Where drained batches go (see sinks.py)."""
-
-    @property
-    def writes_seldom(self) -> bool:
-        """True when each write is costly whatever its size: write once per flush interval."""
-
-    #: where rows go that the store refused (None: they stay in memory)
-    spiller: Spiller | None
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Store or ship one batch; raise to have it retried (transient) or isolated (permanent)."""
-
-    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
-        """Store or ship side-table rows (decisions, logs, step timing); raise to retry."""
-
-    def write_run(self) -> None:
-        """Apply queued run-level updates (hparams); raise to retry."""
-
-    def writing(self) -> Any:
-        """A context holding one connection for a cycle's writes (raises when it cannot be opened)."""
-
-    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
-        """Batches and side rows other ranks sent (rank 0 of a gather run), now this writer's to store."""
-
-
-#: what the writer needs before it can drain: (sink, run_id, global rank), or None while unknown
-Target = Callable[[], "tuple[Sink, int, int] | None"]
-
-
 class BackgroundWriter:
     """Drains a RecordBuffer into a sink from a daemon thread.
 
@@ -102,7 +73,7 @@ class BackgroundWriter:
         flush_interval: seconds between two cycles.
         flush_every: pending log calls that make `wake()` start a cycle early.
         side: the rank's side-table rows (decisions, logs, step timing); none when not given.
-        tap: called with each batch as it is drained, and the rank (rank 0's live metrics.csv).
+        tap: called with the rank at each cycle, once the target is known (rank 0's live metrics.csv).
     """
 
     def __init__(
@@ -113,10 +84,10 @@ class BackgroundWriter:
         flush_interval: float,
         flush_every: int,
         side: SideRecords | None = None,
-        tap: Callable[[pa.RecordBatch, int], None] | None = None,
+        tap: Callable[[int], None] | None = None,
     ) -> None:
         self._buffer = buffer
-        self._tap = tap  # sees each drained batch once, with the rank (live_csv.LiveCsv)
+        self._tap = tap  # each cycle, with the rank (csv_logger_files.Rank0Files.write_live)
         self._side = side if side is not None else SideRecords()
         self._side_retry: list[dict[str, list[dict[str, Any]]]] = []
         self._target = target
@@ -129,6 +100,7 @@ class BackgroundWriter:
         self._spill_lock = threading.Lock()  # `spill_held`'s, which may run without the I/O lock
         self._wake = threading.Event()
         self._stop = False
+        self._finish = False  # one last cycle, then the thread ends (`finish_soon`)
         self._held: list[pa.RecordBatch] = []  # batches the store has not taken yet, oldest first
         self._sink: Sink | None = None  # the last sink the target gave: its spiller takes the rest
         self._last_ids: tuple[int, int] | None = None  # (run_id, rank) of that sink
@@ -145,8 +117,8 @@ class BackgroundWriter:
         """Start the thread (idempotent) and register the exit hooks."""
         if self._thread is not None and self._thread.is_alive():
             return
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="multirank-writer", daemon=True)
+        self._stop = self._finish = False
+        self._thread = _WriterThread(self)
         self._thread.start()
         process_hooks.register(self)  # SIGTERM and exit flush this writer while it runs
 
@@ -162,6 +134,12 @@ class BackgroundWriter:
         """Hot path (`save()`): wake the thread only when enough calls are pending."""
         if self._buffer.calls_pending >= self._wake_at:
             self._wake.set()
+
+    def finish_soon(self) -> None:
+        """Ask the thread for one last cycle, then to end; returns at once (called when the logger
+        is collected, from whatever thread the collector runs in)."""
+        self._finish = True
+        self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the thread (waiting up to `timeout` for its cycle); rows stay for `flush`."""
@@ -278,6 +256,10 @@ class BackgroundWriter:
                 break
             with self._io_lock:
                 self._cycle()
+            if self._finish:
+                if not self.pending:  # else the exit flush (or SIGTERM's) still has rows to write
+                    process_hooks.unregister(self)
+                break
 
     def _cycle(self, now: bool = False) -> None:
         """Drain, receive, write. Never raises: what the store refuses is held, retried or spilled."""
@@ -291,6 +273,8 @@ class BackgroundWriter:
         sink, run_id, rank = target
         self._sink, self._last_ids = sink, (run_id, rank)
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
+        if self._tap is not None:
+            self._tap(rank)  # never raises; before the store, which may refuse the rows
         if self._buffer.calls_pending:
             try:
                 self._held.append(self._buffer.drain(run_id, rank))
@@ -299,8 +283,6 @@ class BackgroundWriter:
                 log.error("multirank_logger: log calls could not be encoded and are dropped: %s", describe(exc))
                 self._note_failure(exc)
                 return
-            if self._tap is not None:
-                self._tap(self._held[-1], rank)  # never raises; before the store, which may refuse it
         if len(self._side):
             self._side_retry.append(self._side.drain(run_id, rank))
         self._count_dropped_side()
@@ -361,14 +343,14 @@ class BackgroundWriter:
             if len(piece) == 1 or attempts >= _ISOLATE_ATTEMPTS:
                 self._spill([piece], why.format(n=len(piece)))
                 continue
-            halves = _halves(piece)
-            for i, half in enumerate(halves):
+            parts = halves(piece)
+            for i, half in enumerate(parts):
                 attempts += 1
                 try:
                     sink.write(half)
                 except Exception as err:
                     if is_transient(err):
-                        self._held[0:0] = [*halves[i:], *pieces]
+                        self._held[0:0] = [*parts[i:], *pieces]
                         self._note_failure(err)
                         return False
                     pieces.append(half)
@@ -444,7 +426,21 @@ class BackgroundWriter:
             )
 
 
-def _halves(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-    """`batch` cut in two (views, no copy)."""
-    half = len(batch) // 2
-    return [batch.slice(0, half), batch.slice(half)]
+class _WriterThread(threading.Thread):
+    """The writer's daemon thread, with the ``stop()`` that test harnesses call on the daemon
+    threads a test leaves (Lightning's conftest, and the many copied from it)."""
+
+    def __init__(self, writer: BackgroundWriter) -> None:
+        super().__init__(target=writer._run, name="multirank-writer", daemon=True)
+        self._writer = writer
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Flush what this rank logged, then end the thread (waiting up to `timeout` for each)."""
+        writer = self._writer
+        if writer._thread is self:
+            writer.stop(timeout)
+            if not writer.flush(timeout):
+                process_hooks.flush_at_exit(writer)  # the store refused rows: the exit flush tries again
+        else:  # a thread the writer already left (stopped, then started again)
+            self.join(timeout)
+

@@ -35,8 +35,9 @@ from multirank_logger.errors import (
     StoreNotWritable,
 )
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, metrics, ranks, runs
+from multirank_logger.model.schema import SIDE_TABLES, ranks, runs
 from multirank_logger.store.backends import Backend, backend_for, public_name, resolve_url
+from multirank_logger.store.seq_spans import insert_unstored
 from multirank_logger.store.status import RUNNING
 
 if TYPE_CHECKING:
@@ -357,7 +358,8 @@ class Store:
 
     def write(self, batch: pa.RecordBatch) -> int:
         """Insert a batch of metric rows (`batch.METRICS_SCHEMA`) in one transaction, by the
-        backend's fastest path.
+        backend's fastest path. Rows already stored (same run, rank, seq and key: a batch retried
+        after its commit was not seen) are skipped (store/seq_spans.py).
 
         Returns:
             The number of rows written.
@@ -365,8 +367,7 @@ class Store:
         if len(batch) == 0:
             return 0
         with self.begin() as conn:
-            self.backend.insert_metrics(conn, metrics, batch)
-        return len(batch)
+            return insert_unstored(conn, self.backend, batch)
 
     def write_side(self, tables: Mapping[str, list[dict[str, Any]]]) -> int:
         """Insert side-table rows (`schema.SIDE_TABLES`: decisions, logs, step_timing) in one

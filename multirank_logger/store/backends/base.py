@@ -8,7 +8,7 @@ On the read side (``query/reader.py`` asks, the backend answers, over a connecti
 
 - ``fetch_arrow``: any SELECT as a pyarrow Table;
 - ``run_keys``: the distinct keys of a run;
-- ``per_rank_columns``: one key of every rank, sorted by rank then call order (``per_rank``);
+- ``per_rank_columns``: one key of every rank, in any order (``per_rank`` places each row by its step and rank);
 - ``rank_calls``: one rank's keys and its rows in call order, streamed (the CSV export);
 - ``hold_snapshot``: make the reads that follow see one state of a store still written;
 - ``run_readonly``: a user's SQL, refused when it would write (``readonly_sql.py``, next to this one);
@@ -191,7 +191,7 @@ class Backend:
 
     def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
         """One key's rows of every rank as columns (rank, seq, step, value, dtype) of
-        `PER_RANK_TYPES`, sorted by rank, then call order; empty when no rank logged it."""
+        `PER_RANK_TYPES` (DuckDB: in no order); empty when no rank logged it."""
         stmt = (
             sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
             .where(metrics.c.run_id == run_id, metrics.c.key == key)
