@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--version", type=int, default=None, help="an existing run's version: this launch resumes it")
     p.add_argument("--finalize-timeout", type=float, default=None)
     p.add_argument("--interrupt-flush", action="store_true")
+    p.add_argument("--no-finalize", action="store_true", help="end the script without finalize: the exit hooks end the run")
     args = p.parse_args()
 
     quiet = args.interrupt_flush  # the writer thread never wakes on its own: the flushes are the main thread's
@@ -71,6 +72,9 @@ def main() -> None:
             logger.experiment.save()
         except KeyboardInterrupt:
             print("INTERRUPTED", flush=True)
+    if args.no_finalize:
+        print("EXITING", flush=True)
+        return
     logger.finalize(args.status)
     print("FINALIZED", flush=True)
 

@@ -531,6 +531,26 @@ def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spi
 
 
 @pytest.mark.slow  # launches processes
+def test_postgres_paused_at_exit_without_finalize_the_process_still_ends_with_the_rows_spilled(tmp_path: Path) -> None:
+    """A script that ends without finalize while the server does not answer (SIGSTOP): the exit
+    hooks' flush is bounded (process_hooks.EXIT_FLUSH_TIMEOUT), the process ends, and the rows the
+    store did not take are in a spill file the message names, which imports every value."""
+    with _own_postgres() as server:
+        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--no-finalize")
+        try:
+            out, err = proc.communicate(timeout=150)  # on a wait without bound: never
+        finally:
+            proc.kill()
+            _signal_all(stopped, signal.SIGCONT)
+        assert proc.returncode == 0 and "EXITING" in out, err[-4000:]
+        files = _spill_files(err)
+        assert files, err[-4000:]
+        _import(url, files)
+        (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
+        assert (count, float(total)) == _expected(2000)
+
+
+@pytest.mark.slow  # launches processes
 def test_ctrl_c_during_a_flush_reaches_the_caller_and_loses_nothing(tmp_path: Path) -> None:
     """SIGINT while the main thread flushes into a server that does not answer: KeyboardInterrupt
     reaches the caller (it is no store refusal: the rows are not cut up or spilled), and once the
