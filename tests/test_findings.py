@@ -157,9 +157,13 @@ def test_missing_matplotlib_says_how_to_install() -> None:
 
 @pytest.fixture
 def side_store(any_db):
-    """A real store (each backend) holding one 3-rank run: decisions the ranks split on, warnings
-    and an error, step timing where rank 0's RSS is twice the others', and metrics with a NaN,
-    an inf and a -inf."""
+    """A real store (each backend) holding one 3-rank run (`_fill_side_store`)."""
+    return _fill_side_store(any_db)
+
+
+def _fill_side_store(db: str) -> str:
+    """One 3-rank run in the store `db`: decisions the ranks split on, warnings and an error,
+    step timing where rank 0's RSS is twice the others', and metrics with a NaN, an inf and a -inf."""
     import time
 
     import sqlalchemy as sa
@@ -168,7 +172,7 @@ def side_store(any_db):
     from multirank_logger.store.sql_store import Store
 
     now = time.time()
-    store = Store(any_db)
+    store = Store(db)
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "side", "version": 0, "status": "success", "world_size": 3,
                                         "started_at": now}])  # fmt: skip
@@ -199,7 +203,7 @@ def side_store(any_db):
             for v, dtype in [encode_value(x)]
         ])  # fmt: skip
     store.close()
-    return any_db
+    return db
 
 
 def test_report_reads_decisions_logs_and_memory(side_store) -> None:
@@ -219,6 +223,22 @@ def test_report_reads_decisions_logs_and_memory(side_store) -> None:
         ("grad", 2, 3, 0, 2), ("loss", 1, 7, 2, 0)
     ]
     assert found.stragglers == [] and found.outliers == [] and found.problems
+
+
+def test_report_on_a_psycopg2_store(postgres_url: str) -> None:
+    """`report` on a PostgreSQL store opened through psycopg2 (SQLAlchemy's driver for
+    postgresql://): the report's own queries do not go through `sql()`'s guard for users' SQL,
+    which needs psycopg 3 (before: `report` failed there while every other command worked)."""
+    from click.testing import CliRunner
+    from sqlalchemy.engine import make_url
+
+    from multirank_logger.cli import main
+
+    url = make_url(postgres_url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+    _fill_side_store(url)
+    result = CliRunner().invoke(main, ["report", url])
+    assert result.exit_code == 0, result.output
+    assert "CUDA error" in result.output and "rss" in result.output
 
 
 def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None:

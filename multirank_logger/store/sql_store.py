@@ -103,6 +103,7 @@ class Store:
     Args:
         db: a filesystem path (``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``) or a SQLAlchemy URL.
         readonly: open for reading only; never creates, migrates or writes.
+        create: False: a store file that does not exist is an error, not a new store (`import`).
 
     Raises:
         UnsupportedStore, StoreNotWritable, NotADatabase, StoreLocked, SchemaOutdated,
@@ -114,14 +115,14 @@ class Store:
         run = store.create_run("lightning_logs", world_size=2)
     """
 
-    def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False) -> None:
+    def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False, create: bool = True) -> None:
         self.url = resolve_url(db)
         self._shown = public_name(db)  # as the user wrote it (a pasteable command), less its password
         self.backend: Backend = backend_for(self.url)
         self.readonly = readonly
         path = self.backend.path
         if path is not None:
-            if readonly and not path.is_file():
+            if (readonly or not create) and not path.is_file():
                 raise StoreError(f"No store at {path}. Check the path; a store is created by the first run logged to it.")
             if not readonly:
                 _check_writable(path)

@@ -103,12 +103,10 @@ def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
 
 def _with_postgres_driver(url: URL) -> URL:
     """``postgresql://`` means psycopg2 to SQLAlchemy; our ``postgres`` extra installs psycopg 3.
-    Take psycopg 3 when the URL names no driver and psycopg2 is not there."""
-    if (
-        url.drivername == "postgresql"
-        and importlib.util.find_spec("psycopg2") is None
-        and importlib.util.find_spec("psycopg") is not None
-    ):
+    Take psycopg 3 whenever the URL names no driver and it is installed (psycopg2 beside it, a
+    dependency of something else, must not take its place: COPY and `sql()` need psycopg 3);
+    ``postgresql+psycopg2://`` still chooses psycopg2."""
+    if url.drivername == "postgresql" and importlib.util.find_spec("psycopg") is not None:
         return url.set(drivername="postgresql+psycopg")
     return url
 
