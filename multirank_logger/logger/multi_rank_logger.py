@@ -78,7 +78,8 @@ class MultiRankLogger(Logger):
             ``"node"``); None: as many as half its free connections allow, at most one per node.
         export_csv: rank 0 writes ``metrics.csv`` into `log_dir` as the run goes (and leaves it
             after a failure) and ``hparams.yaml`` when hyperparameters are logged, as CSVLogger does.
-        timeout: the longest any wait on another rank or on a busy store lasts, in seconds.
+        timeout: the longest any wait on another rank or on a busy store lasts, in seconds
+            (each wait, and the ones named below: docs/configuration.md#waits).
         spill_dir: where a rank that cannot deliver its rows to rank 0 (gather transport, rank 0
             gone) writes them, for ``multirank-logger import``; defaults to the db file's
             directory (the working directory for a server URL), as seen by that rank.
@@ -94,6 +95,8 @@ class MultiRankLogger(Logger):
             key and name continues that run, so a requeue needs no version bookkeeping.
         finalize_timeout: the longest `finalize` lasts, in seconds; past it (a store that stopped
             answering) what is unwritten goes to the spill file. Default: ``2 * timeout + 30``.
+        start_timeout: the longest a rank other than 0 waits for rank 0 to open the run (ranks a
+            scheduler starts minutes apart), in seconds. Default: `timeout`.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -131,6 +134,7 @@ class MultiRankLogger(Logger):
         resume: str = "allow",
         run_key: str | None = None,
         finalize_timeout: float | None = None,
+        start_timeout: float | None = None,
     ) -> None:
         super().__init__()
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
@@ -140,7 +144,8 @@ class MultiRankLogger(Logger):
         if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
         waits = [("flush_interval", flush_interval), ("timeout", timeout)]
-        waits += [("finalize_timeout", finalize_timeout)] if finalize_timeout is not None else []
+        waits += [(name, s) for name, s in (("finalize_timeout", finalize_timeout), ("start_timeout", start_timeout))
+                  if s is not None]
         for argument, seconds in waits:
             if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
                 raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
@@ -174,6 +179,7 @@ class MultiRankLogger(Logger):
             owner=f"MultiRankLogger(db={shown!r}, name={name or ''!r}, version={version!r})",
             owner_class=type(self).__name__,
             finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
+            start_timeout=float(start_timeout) if start_timeout is not None else None,
         )
         #: this process's part in the run: store, identity, sink, writer (pickled with its run
         #: for ddp_spawn; its engines, threads and sockets are rebuilt in each process)

@@ -73,7 +73,7 @@ class RankRun:
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
         self.save_dir = SaveDir(settings.save_dir)  # its filesystem: where log_dir and its files are
-        self.board = IdentityBoard(next(_INSTANCES), settings.timeout)
+        self.board = IdentityBoard(next(_INSTANCES), settings.timeout, settings.identity_wait)
         # a run dropped without finalize leaves no variable behind (it is for its own launch)
         weakref.finalize(self, os.environ.pop, self.board.env_var, None)
         #: the run, as rank 0 publishes it (with the store and the process that opened it)
