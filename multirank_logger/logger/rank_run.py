@@ -105,8 +105,7 @@ class RankRun:
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
         self.live = False  # a log call of this phase started the writer and the SIGTERM hook
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
-        if self.settings.export_csv:
-            self.buffer.tee = self.files.calls
+        self.buffer.tee = self.files.calls if self.settings.export_csv else None
         self.writer = BackgroundWriter(
             self.buffer,
             self.target,
@@ -381,11 +380,6 @@ class RankRun:
             self.unsaved = 0  # where CSVLogger saves, and so restarts its count
         if not self.live:
             self.start()
-
-    def save_csv(self) -> None:
-        """The logger's ``save()``: rank 0's metrics.csv takes every call logged so far."""
-        if self.files.calls:  # the rank the sink was set up with; before that the launcher's variables say
-            self.files.write_live(self.rank if self.sink is not None else current_rank())
 
     def flush_now(self) -> None:
         """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
