@@ -242,10 +242,12 @@ class MultiRankLogger(Logger):
 
     @override
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        # Runs every logging step on every rank: no I/O, no SQL, no collective, no lock.
+        # Runs every logging step on every rank: no SQL, no collective, no lock; I/O only on rank 0
+        # every flush_logs_every_n_steps calls, where CSVLogger's saves (the Trainer saves every step)
         if self._prefix:
             metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
-        self._run.record_call(metrics, step)
+        if self._run.record_call(metrics, step):
+            self.save()
 
     def record(self, table: str, **values: Any) -> None:
         """Keep one row for a side table (``decisions``, ``logs``, ``step_timing``: see schema.py)
