@@ -26,6 +26,7 @@ import argparse
 import json
 import multiprocessing as mp
 import socket
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -54,7 +55,9 @@ def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start
     from multirank_logger.transport.row_channel import RowChannel
 
     channel = RowChannel("load", rank, world, host="127.0.0.1", port=port, timeout=FINISH_TIMEOUT)
-    sink = GatherSender(channel)
+    # unbounded here: this measures what the channel delivers, exactly once, under saturation;
+    # the sender's memory bound and its spill are bench_scale.py --past-ceiling's subject
+    sink = GatherSender(channel, max_held_values=sys.maxsize)
     buffer = RecordBuffer()
     writer = BackgroundWriter(
         buffer, lambda: (sink, run_id, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY

@@ -345,7 +345,9 @@ def test_every_direct_rank_that_dies_before_finalize_ends_its_row(tmp_path: Path
     """Two ranks writing the store themselves crash after logging, outside Lightning's loops:
     the run and both ranks' rows end as failed, each rank's rows kept."""
     db = tmp_path / "runs.sqlite"
-    _two_ranks_crash_after_logging(db, port, "direct")
+    # both ranks learn the run before either dies: a rank 0 gone first takes the launch's
+    # TCPStore with it, and rank 1 can then only wait out its identity timeout and spill
+    _two_ranks_crash_after_logging(db, port, "direct", before_crash="_ = logger.experiment\ndist.barrier()\n")
     assert query(db, "SELECT status, transport FROM runs") == [("failed", "direct")]
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "failed"), (1, "failed")]
     assert query(db, "SELECT rank, value FROM metrics ORDER BY rank") == [(0, 0.0), (1, 1.0)]

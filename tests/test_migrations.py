@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from multirank_logger.cli import main
 from multirank_logger.errors import SchemaOutdated, SchemaTooNew, StoreError
 from multirank_logger.model.schema import metadata
+from multirank_logger.store.backends import public_name
 from multirank_logger.store.sql_store import Store, _script, head_revision
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +136,8 @@ def test_store_behind_head_is_refused(any_db: str) -> None:
     message = str(info.value)
     assert f"is at schema {revisions[-2]}" in message
     assert f"needs {head_revision()}" in message
-    assert f"multirank-logger db upgrade {db_path}" in message
+    # the command names the store without its password (an empty one included)
+    assert f"multirank-logger db upgrade {public_name(db_path)}" in message
 
 
 def test_upgrade_command_brings_an_old_store_to_head(db_path: Path) -> None:
@@ -239,4 +241,33 @@ def test_sqlite_upgrade_refuses_two_values_of_one_key_in_one_call(tmp_path: Path
     assert result.exit_code == 1 and result.output.startswith("Error: Cannot upgrade: run 1 holds 2 values")
     assert store.current_revision() == "0002"
     assert _all_rows(store) == sorted(duplicate, key=repr)
+    store.close()
+
+
+def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: Path) -> None:
+    """0006 drops DuckDB's unique index over every metric row (most of the store's bytes) and
+    covers the stored rows with seq spans: a batch written again after the upgrade adds nothing."""
+    import pyarrow as pa
+
+    from multirank_logger.model.batch import arrow_schema
+    from multirank_logger.model.schema import metrics
+
+    db = tmp_path / "runs.duckdb"
+    store = Store(db)
+    store.downgrade("0005")
+    run = store.create_run("exp", world_size=2)
+    rows = {"run_id": [run.id] * 4, "rank": [0, 0, 1, 1], "seq": [0, 1, 0, 1], "step": [0, 1, 0, 1],
+            "key": ["a"] * 4, "value": [1.0, 2.0, 3.0, 4.0], "dtype": [0] * 4, "time": [0.0] * 4}  # fmt: skip
+    batch = pa.RecordBatch.from_pydict(rows, schema=arrow_schema(metrics))
+    with store.begin() as conn:
+        store.backend.insert_metrics(conn, metrics, batch)
+        assert conn.exec_driver_sql("SELECT count(*) FROM duckdb_indexes() WHERE table_name = 'metrics'").scalar() == 1
+    store.upgrade()
+    assert store.write(batch) == 0 and store.write(batch.slice(2)) == 0
+    with store.begin() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM duckdb_indexes() WHERE table_name = 'metrics'").scalar() == 0
+        assert conn.exec_driver_sql("SELECT count(*) FROM metrics").scalar() == 4
+        assert conn.exec_driver_sql("SELECT rank, first_seq, last_seq FROM metric_spans ORDER BY rank").fetchall() == [
+            (0, 0, 1), (1, 0, 1)
+        ]
     store.close()

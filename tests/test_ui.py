@@ -166,11 +166,17 @@ def _wait(driver: Any, script: str, timeout: float = 90) -> Any:
     raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
 
 
-def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tmp_path: Path) -> None:
+def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tmp_path: Path, serve: Any) -> None:
     """The landing page opens the only run; its loss chart names rank 11 and rank 4 (band lines,
-    legend, findings), the heatmap is drawn, the missing store's page says so, and not one
-    request leaves 127.0.0.1."""
+    legend, findings), the heatmap is drawn, a missing store's page and an unknown run's page say
+    so, and not one request leaves 127.0.0.1."""
     with chromium(1300, 1500) as driver:
+        driver.get(serve(tmp_path / "nope.duckdb"))
+        shown = _wait(driver, "const t = document.body.innerText; return t.includes('No store at') && t")
+        assert "nope.duckdb" in shown and "Traceback" not in shown
+        driver.get(cli_server + "run/42")
+        shown = _wait(driver, "const t = document.getElementById('head').innerText; return t.includes('42') && t")
+        assert "No run '42'" in shown and "Traceback" not in shown
         driver.get(cli_server)
         _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.drawn")
         flagged = driver.execute_script("return document.querySelector('section[data-series=loss]').dataset.flagged")

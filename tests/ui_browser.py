@@ -21,7 +21,7 @@ def chromium_paths() -> tuple[str, str]:
 
 
 @contextmanager
-def chromium(width: int = 1300, height: int = 1000, cores: str | None = None) -> Iterator[Any]:
+def chromium(width: int = 1300, height: int = 1000) -> Iterator[Any]:
     """A headless Chromium session that records its network requests (``requested_hosts``)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -92,6 +92,8 @@ class MultiRankLogger(Logger):
             the latest run of `name`) or ``"never"``. See run_lifecycle.py.
         run_key: your key for the run, e.g. the scheduler's job id: a launch with the same
             key and name continues that run, so a requeue needs no version bookkeeping.
+        finalize_timeout: the longest `finalize` lasts, in seconds; past it (a store that stopped
+            answering) what is unwritten goes to the spill file. Default: ``2 * timeout + 30``.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -128,6 +130,7 @@ class MultiRankLogger(Logger):
         capture_logs: bool | int | str | None = "INFO",
         resume: str = "allow",
         run_key: str | None = None,
+        finalize_timeout: float | None = None,
     ) -> None:
         super().__init__()
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
@@ -136,7 +139,9 @@ class MultiRankLogger(Logger):
         check_run_choice(version, resume, run_key)
         if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
-        for argument, seconds in (("flush_interval", flush_interval), ("timeout", timeout)):
+        waits = [("flush_interval", flush_interval), ("timeout", timeout)]
+        waits += [("finalize_timeout", finalize_timeout)] if finalize_timeout is not None else []
+        for argument, seconds in waits:
             if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
                 raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
         if db is None:
@@ -168,6 +173,7 @@ class MultiRankLogger(Logger):
             capture_level=capture_level(capture_logs),
             owner=f"MultiRankLogger(db={shown!r}, name={name or ''!r}, version={version!r})",
             owner_class=type(self).__name__,
+            finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
         )
         #: this process's part in the run: store, identity, sink, writer (pickled with its run
         #: for ddp_spawn; its engines, threads and sockets are rebuilt in each process)

@@ -41,12 +41,12 @@ def clean(obj: Any) -> Any:
     return obj
 
 
-def runs_view(reader: StoreReader) -> list[dict[str, Any]]:
-    """One row per run, newest first: what the landing page lists (cheap: no count over the rows)."""
-    per_run = (
-        sa.select(metrics.c.run_id, sa.func.max(metrics.c.step).label("last_step"), sa.func.max(metrics.c.time).label("last_time"))
-        .group_by(metrics.c.run_id).subquery()
-    )  # fmt: skip
+def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, Any]]:
+    """One row per run, newest first (``only``: that run's row): what the landing page lists.
+
+    A run's last step and time are read per run (``WHERE run_id = ID``): DuckDB answers that from
+    its zone maps in milliseconds, where one ``GROUP BY run_id`` reads every row of every run.
+    """
     per_rank = (
         sa.select(ranks.c.run_id, sa.func.count().label("n_ranks"),
                   sa.func.count(sa.distinct(sa.func.coalesce(ranks.c.host, sa.cast(ranks.c.node_rank, sa.String)))).label("n_nodes"))
@@ -54,19 +54,24 @@ def runs_view(reader: StoreReader) -> list[dict[str, Any]]:
     )  # fmt: skip
     stmt = (
         sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
-                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_run.c.last_step, per_run.c.last_time,
-                  per_rank.c.n_nodes)
-        .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id).outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
+                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes)
+        .select_from(runs.outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
         .order_by(runs.c.id.desc())
     )  # fmt: skip
+    if only is not None:
+        stmt = stmt.where(runs.c.id == only)
     out = []
     for r in reader._fetch_arrow(stmt).to_pylist():
-        end = r["ended_at"] if r["ended_at"] is not None else r["last_time"]
+        last = reader._fetch_arrow(
+            sa.select(sa.func.max(metrics.c.step).label("step"), sa.func.max(metrics.c.time).label("time"))
+            .where(metrics.c.run_id == r["id"])
+        ).to_pylist()[0]  # fmt: skip
+        end = r["ended_at"] if r["ended_at"] is not None else last["time"]
         label = f"{r['name']}/{r['version_name']}" if r["version_name"] else f"{r['name']}/version_{r['version']}"
         out.append({"id": r["id"], "run": label, "status": r["status"], "ranks": r["world_size"], "nodes": r["n_nodes"],
                     "transport": r["transport"], "started": r["started_at"],
                     "duration_s": None if end is None else end - r["started_at"],
-                    "last_step": r["last_step"], "last_time": r["last_time"]})  # fmt: skip
+                    "last_step": last["step"], "last_time": last["time"]})  # fmt: skip
     return out
 
 
@@ -77,7 +82,7 @@ def run_status(reader: StoreReader, run_id: int) -> str | None:
 def run_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
     """A run's header, its ranks grouped by node, and its series (keys first, then StepTimer's)."""
     ref = reader.resolve_run(run)
-    row = next(r for r in runs_view(reader) if r["id"] == ref.id)
+    row = runs_view(reader, only=ref.id)[0]
     keys = sorted(reader.keys(ref.id), key=lambda k: ("loss" not in k.lower(), k))
     present = reader._fetch_arrow(
         sa.select(*(sa.func.count(step_timing.c[s.split(":")[1]]).label(s) for s in TIMING_SERIES)).where(step_timing.c.run_id == ref.id)
