@@ -28,10 +28,12 @@ _PEERS = {
     "CSVLogger": "lightning.pytorch CSVLogger; save() appends to metrics.csv every call",
     "TensorBoardLogger": "lightning.pytorch TensorBoardLogger on torch.utils.tensorboard (tensorboard package)",
     "RecordBuffer.append (component)": "the library's buffer alone, no logger, no flush",
-    "MultiRankLogger SQLite": "transport=direct, 1 process; finalize writes metrics.csv (export_csv=True, default)",
-    "MultiRankLogger DuckDB": "transport=direct, 1 process; finalize writes metrics.csv (export_csv=True, default)",
-    "MultiRankLogger SQLite, export_csv=False": "as above without the metrics.csv export at finalize",
-    "MultiRankLogger DuckDB, export_csv=False": "as above without the metrics.csv export at finalize",
+    "MultiRankLogger SQLite": "transport=direct, 1 process (rank 0); save() appends to metrics.csv every call, as "
+    "CSVLogger's (export_csv=True, default)",
+    "MultiRankLogger DuckDB": "transport=direct, 1 process (rank 0); save() appends to metrics.csv every call, as "
+    "CSVLogger's (export_csv=True, default)",
+    "MultiRankLogger SQLite, export_csv=False": "as above without metrics.csv (save() is a counter check, as on rank > 0)",
+    "MultiRankLogger DuckDB, export_csv=False": "as above without metrics.csv (save() is a counter check, as on rank > 0)",
 }
 
 _SLOW = ("TensorBoardLogger", "MultiRankLogger SQLite")

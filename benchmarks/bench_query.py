@@ -89,6 +89,7 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
     store.close()
     con = duckdb.connect(str(tmp))
     con.execute("SET enable_progress_bar = false")
+    con.execute("SET memory_limit = '3GB'")  # a shared machine: the sort spills to disk past it
     con.execute("SELECT setseed(0.5)")
     cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
     con.execute(
@@ -106,6 +107,9 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
                     f"AND step >= {steps // 2}")
         con.execute(f"UPDATE metrics SET value = NULL, dtype = {DTYPE_NAN} WHERE rank = {nan_rank} "
                     f"AND step = {nan_step} AND key = '{KEY}'")
+    # what the store's own writes record (store/seq_spans.py): one seq span per rank
+    con.execute("INSERT INTO metric_spans (run_id, rank, first_seq, last_seq) "
+                "SELECT run_id, rank, MIN(seq), MAX(seq) FROM metrics GROUP BY run_id, rank")
     con.execute("CHECKPOINT")
     con.close()
     os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """The benchmark suite: ``make bench`` (full), ``make bench-quick`` (sanity check, < 2 min).
 
-    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load,scale,ui]
+    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load,scale,read_scale,ui]
                                        [--out FILE] [--json FILE] [--in-process]
 
 Sections: hotpath (log_metrics + save per call), memory (RSS over a long run),
@@ -9,7 +9,9 @@ e2e (2-rank DDP wall time), query (rank-0 export and per-rank table on a large s
 gather (the transport's own benchmark, when benchmarks/bench_gather.py exists),
 gather_load (32 senders into one rank 0: its sustained rows/s and lag),
 scale (256 senders paced at a training's rate into one rank 0: intake, lag, rank 0's CPU
-and memory, the senders' memory, the launch's TCPStore latency with and without them). Each
+and memory, the senders' memory, the launch's TCPStore latency with and without them), read_scale (report, report -o, per_rank,
+rank_spread and export on the 51.2M-row store, each in a fresh process: time and peak RSS at two
+sizes; bytes per row on each backend). Each
 figure is a median with min and max; each row names the peer it is divided by. The
 table is printed at the end and written to benchmarks/RESULTS.md (full mode, every
 section) or benchmarks/.cache/RESULTS-<mode>[-<sections>].md.
@@ -42,7 +44,7 @@ from benchmarks._harness import (  # noqa: E402
     targets_summary,
 )
 
-SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "scale", "ui")
+SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "scale", "read_scale", "ui")
 
 SIZES = {
     "full": Sizes(

@@ -89,7 +89,7 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
     """
     from multirank_logger.store.spill_import import import_spill  # the CLI's other commands never need it
 
-    store = Store(db_path)
+    store = Store(db_path, create=False)  # a mistyped path: an error, not an empty store left there
     try:
         for path in files:
             r = import_spill(store, path)

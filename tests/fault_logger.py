@@ -3,6 +3,10 @@
 Logs ``--calls`` calls of ``--keys`` keys (value = seq * keys + k), in two halves: between them
 it writes the first half through, touches ``--ready``, waits for ``--go`` (the test has started
 its fault by then), and can delete the store itself (``--delete``). Then it finalizes.
+
+``--interrupt-flush``: the writer thread is never woken (the main thread writes), and after the
+second half the script prints FLUSHING and flushes (``experiment.save()``), which the test
+interrupts with SIGINT: INTERRUPTED says the KeyboardInterrupt reached the caller.
 """
 
 from __future__ import annotations
@@ -29,10 +33,15 @@ def main() -> None:
     p.add_argument("--status", default="success")
     p.add_argument("--save-dir", default=None, help="where metrics.csv goes (default: the store's directory)")
     p.add_argument("--version", type=int, default=None, help="an existing run's version: this launch resumes it")
+    p.add_argument("--finalize-timeout", type=float, default=None)
+    p.add_argument("--interrupt-flush", action="store_true")
     args = p.parse_args()
 
+    quiet = args.interrupt_flush  # the writer thread never wakes on its own: the flushes are the main thread's
     logger = MultiRankLogger(args.save_dir, version=args.version, db=args.db, spill_dir=args.spill_dir,
-                             timeout=args.timeout, flush_interval=0.2, flush_logs_every_n_steps=100)
+                             timeout=args.timeout, flush_interval=1e6 if quiet else 0.2,
+                             flush_logs_every_n_steps=10**9 if quiet else 100,
+                             **({"finalize_timeout": args.finalize_timeout} if args.finalize_timeout else {}))
     if args.max_held is not None:
         logger._run.writer.max_held_values = args.max_held
     keys = [f"k{k}" for k in range(args.keys)]
@@ -43,7 +52,7 @@ def main() -> None:
         if seq == half - 1 and (args.ready or args.delete):
             # the first half stored before the test's fault (a full disk needs no such point: it
             # fills as the run goes, and waiting here on it would only burn the 30 s)
-            written = logger._run.writer.flush_until(time.monotonic() + 30)
+            written = logger._run.writer.flush_until(time.monotonic() + 30) if not quiet else logger.experiment.save() or True
             assert written, "the first half was not written before the fault"
             if args.delete:
                 for suffix in ("", "-wal", "-shm", ".wal"):
@@ -54,8 +63,14 @@ def main() -> None:
             deadline = time.monotonic() + 60
             while args.go and not os.path.exists(args.go) and time.monotonic() < deadline:
                 time.sleep(0.01)
-        if seq % 500 == 0:
+        if seq % 500 == 0 and not quiet:
             time.sleep(0.05)  # let the writer meet the fault during training, not only at the end
+    if args.interrupt_flush:
+        print("FLUSHING", flush=True)
+        try:
+            logger.experiment.save()
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
     logger.finalize(args.status)
     print("FINALIZED", flush=True)
 

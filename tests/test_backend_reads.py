@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,10 +78,12 @@ def test_run_keys_are_the_runs_own(reader: tuple[Backend, sa.Connection, int]) -
     assert sorted(keys) == ["a", "b", "c", "d"] and len(keys) == 4
 
 
-def test_per_rank_columns_sorted_by_rank_then_call(reader: tuple[Backend, sa.Connection, int]) -> None:
-    """per_rank_columns: one key's rows of every rank, by rank then seq, NaN, inf and -0.0 kept apart."""
+def test_per_rank_columns_hold_every_rank_and_call(reader: tuple[Backend, sa.Connection, int]) -> None:
+    """per_rank_columns: one key's rows of every rank (in any order), NaN, inf and -0.0 kept apart."""
     backend, conn, run_id = reader
-    rank, seq, step, value, dtype = backend.per_rank_columns(conn, run_id, "a")
+    columns = backend.per_rank_columns(conn, run_id, "a")
+    order = np.lexsort((columns[1], columns[0]))  # by rank, then seq
+    rank, seq, step, value, dtype = (column[order] for column in columns)
     expected = sorted((r, s, st, v) for r, s, st, k, v in ROWS if k == "a")
     assert rank.tolist() == [r for r, *_ in expected]
     assert seq.tolist() == [s for _, s, _, _ in expected]
@@ -182,3 +186,23 @@ def test_run_readonly_reads_and_refuses_a_write(reader: tuple[Backend, sa.Connec
     with pytest.raises(ReadOnlyViolation):
         backend.run_readonly(conn, "DELETE FROM metrics")
     assert int(backend.run_readonly(conn, count)["n"][0]) == len(ROWS)
+
+
+
+def test_duckdb_draws_no_progress_bar(tmp_path: Any) -> None:
+    """DuckDB draws a progress bar on stderr for any query past 2 s (a report or per_rank over a
+    large store): in the user's terminal, or a training's log when the writer's query is slow.
+    In a fresh interpreter: under pytest DuckDB starts with the bar off."""
+    db = tmp_path / "quiet.duckdb"
+    Store(db).close()
+    script = (
+        "import sys; from multirank_logger.store.sql_store import Store\n"
+        "for readonly in (True, False):\n"
+        "    store = Store(sys.argv[1], readonly=readonly)\n"
+        "    with store.engine.connect() as conn:\n"  # the driver's own connection: the reads' (Arrow)
+        "        q = \"SELECT current_setting('enable_progress_bar')\"\n"
+        "        print(conn.connection.driver_connection.execute(q).fetchone()[0])\n"
+        "    store.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(db)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

@@ -3,9 +3,8 @@
 Ported from lightning's tests/tests_pytorch/loggers/test_csv.py and
 tests/tests_fabric/loggers/test_csv.py, with MultiRankLogger in CSVLogger's place and,
 wherever a file is checked, Lightning's real CSVLogger fed the same calls beside it.
-One difference is by design: the logger's own ``save()`` stays a counter check (the
-Trainer calls it every step), so the tests that read the file right after ``save()`` call
-``logger.experiment.save()``, which writes the file before it returns, as CSVLogger's does.
+As with CSVLogger, the logger's own ``save()`` (which the Trainer calls after every
+``log_metrics``) leaves rank 0's ``metrics.csv`` holding every call logged so far.
 Versioning (existing version_N directories, named versions) is issue 15's items 1-2: tested
 with them.
 """
@@ -105,7 +104,7 @@ def test_no_name(tmp_path: Path, db_path: Path, name: str | None) -> None:
     """None or empty name: versions go straight under save_dir (test_csv.py::test_no_name)."""
     logger = MultiRankLogger(tmp_path, name=name, db=db_path)
     logger.log_metrics({"a": 1})
-    logger.experiment.save()
+    logger.save()
     assert os.path.normpath(logger.root_dir) == str(tmp_path)
     assert os.listdir(tmp_path / "version_0") == ["metrics.csv"]
     logger.finalize("success")
@@ -116,8 +115,6 @@ def test_log_metrics(tmp_path: Path, db_path: Path, step_idx: int | None) -> Non
     """One call, tensors included: a header and one row, CSVLogger's bytes (test_csv.py::test_log_metrics)."""
     ours, theirs = _pair(tmp_path, db_path)
     _both((ours, theirs), METRICS, step_idx)
-    ours.experiment.save()
-    theirs.save()
     lines = _file(ours).decode().splitlines()
     assert len(lines) == 2 and all(n in lines[0] for n in METRICS)
     assert _file(ours) == _file(theirs)
@@ -171,7 +168,7 @@ def test_automatic_step_tracking(tmp_path: Path, db_path: Path) -> None:
         _both((ours, theirs), {"test": 0.1})
     ours.experiment.log_metrics({"direct": 1})
     theirs.experiment.log_metrics({"direct": 1})
-    ours.experiment.save()
+    ours.save()
     theirs.save()
     assert _file(ours) == _file(theirs)
     ours.finalize("success")
@@ -183,7 +180,6 @@ def test_append_columns(tmp_path: Path, db_path: Path) -> None:
     ours, theirs = _pair(tmp_path, db_path, flush_logs_every_n_steps=1)
     for metrics in ({"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, {"a": 1, "c": 3}):
         _both((ours, theirs), metrics)
-        ours.experiment.save()
         assert _file(ours) == _file(theirs)
     assert _file(ours).split(b"\r\n")[0] == b"a,b,c,step"
     ours.finalize("success")
@@ -194,11 +190,8 @@ def test_log_metrics_column_order_sorted(tmp_path: Path, db_path: Path) -> None:
     ours, theirs = _pair(tmp_path, db_path)
     for key, value in (("c", 0.1), ("c", 0.2), ("b", 0.3), ("a", 0.4)):
         _both((ours, theirs), {key: value})
-    ours.experiment.save()
-    theirs.save()
+    assert _file(ours) == _file(theirs)
     _both((ours, theirs), {"d": 0.5})
-    ours.experiment.save()
-    theirs.save()
     assert _file(ours).split(b"\r\n")[0] == b"a,b,c,d,step"
     assert _file(ours) == _file(theirs)
     ours.finalize("success")
@@ -240,15 +233,17 @@ def test_remote_db_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_live_file_is_csvloggers_through_rewrites(tmp_path: Path, db_path: Path) -> None:
-    """Saved at random points through a run whose keys arrive late (quoted keys, NaN, inf, -0.0,
-    ints, bools), the file is CSVLogger's byte for byte at every save, before any finalize."""
+    """Through a run whose keys arrive late (quoted keys, NaN, inf, -0.0, ints, bools), the file
+    is CSVLogger's byte for byte after every save() (as the Trainer calls it), before any
+    finalize; experiment.save() at random points too."""
     ours, theirs = _pair(tmp_path, db_path, flush_logs_every_n_steps=1000)
     rng = random.Random(15)
     for metrics, step in _calls(0):
         _both((ours, theirs), metrics, step)
+        assert _file(ours) == _file(theirs)
         if rng.random() < 0.15:
             ours.experiment.save()
-            theirs.save()
+            theirs.experiment.save()
             assert _file(ours) == _file(theirs)
     ours.finalize("success")
     theirs.finalize("success")
@@ -283,19 +278,14 @@ def test_left_in_place_after_a_failed_run(tmp_path: Path, db_path: Path) -> None
 
 def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> None:
     """A write that fails (here: the directory is a file for a while) loses nothing: the rows go
-    out with the next batch."""
-    from multirank_logger.logger.buffer import RecordBuffer
-
+    out with the next calls."""
     blocker = tmp_path / "dir"
     blocker.write_text("not a directory")
     live = LiveCsv(str(blocker / "metrics.csv"))
-    buffer = RecordBuffer()
-    buffer.append(0, {"a": 1})
-    live.add(buffer.drain(1, 0))
+    assert not live.add_calls([(0, {"a": 1})])
     assert live.pending == 1
     blocker.unlink()
-    buffer.append(1, {"b": 2.5})
-    live.add(buffer.drain(1, 0))
+    assert live.add_calls([(1, {"b": 2.5})])
     assert live.pending == 0
     assert (blocker / "metrics.csv").read_bytes() == b"a,b,step\r\n1,,0\r\n,2.5,1\r\n"
 
@@ -304,21 +294,16 @@ def test_a_file_never_writable_keeps_a_bounded_number_of_rows(tmp_path: Path, mo
     """Rows kept for a file that cannot be written are bounded: past MAX_PENDING_CALLS the file
     gives up for the run (the end writes it from the store), even if it becomes writable."""
     from multirank_logger.logger import live_csv
-    from multirank_logger.logger.buffer import RecordBuffer
 
     monkeypatch.setattr(live_csv, "MAX_PENDING_CALLS", 25)
     blocker = tmp_path / "dir"
     blocker.write_text("not a directory")
     live = LiveCsv(str(blocker / "metrics.csv"))
-    buffer = RecordBuffer()
     for step in range(3):
-        for call in range(10):
-            buffer.append(step * 10 + call, {"a": 1.0})
-        live.add(buffer.drain(10, 0))
+        live.add_calls([(step * 10 + call, {"a": 1.0}) for call in range(10)])
     assert (live.pending, live.complete, live.gave_up) == (0, False, True)
     blocker.unlink()
-    buffer.append(30, {"a": 1.0})
-    live.add(buffer.drain(1, 0))
+    live.add_calls([(30, {"a": 1.0})])
     assert not blocker.exists() and live.pending == 0
 
 
@@ -423,7 +408,54 @@ def test_nan_step_values_survive_the_live_file(tmp_path: Path, db_path: Path) ->
     """NaN and infinities are written as CSVLogger writes them, in the live file too."""
     ours, theirs = _pair(tmp_path, db_path)
     _both((ours, theirs), {"a": math.nan, "b": math.inf, "c": -math.inf, "d": -0.0}, 0)
-    ours.experiment.save()
-    theirs.save()
     assert _file(ours) == _file(theirs) == b"a,b,c,d,step\r\nnan,inf,-inf,-0.0,0\r\n"
     ours.finalize("success")
+
+
+def _stop_left_threads(before: set[threading.Thread]) -> list[str]:
+    """What Lightning's conftest (``thread_police_duuu_daaa_duuu_daaa``) does after each test: a
+    daemon thread the test left must have ``stop()`` (or ``exit()``), and be gone after it."""
+    stopped = []
+    for thread in set(threading.enumerate()) - before:
+        stop = getattr(thread, "stop", None) or getattr(thread, "exit", None)
+        assert thread.daemon and callable(stop), f"Test left zombie thread: {thread}"
+        stop()
+        assert not thread.is_alive(), thread
+        stopped.append(thread.name)
+    return stopped
+
+
+def test_logger_dropped_unfinalized_leaves_nothing_behind(tmp_path: Path, db_path: Path) -> None:
+    """Lightning's own test harness after a test that logs, saves and never finalizes: the
+    logger's variable is gone once the logger is (no gc.collect(): the harness does none), and
+    the threads left have stop(), which flushes, then ends them."""
+    from multirank_logger.logger import process_hooks
+
+    watcher = process_hooks._state.watcher
+    if watcher is not None:  # an earlier test's, in this process: the harness stopped it there
+        watcher.stop()  # type: ignore[attr-defined]
+    env_before, threads_before = set(os.environ), set(threading.enumerate())
+    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.save()
+    assert logger.version == 0 and logger._run.board.env_var in os.environ
+    del logger
+    assert set(os.environ) - env_before == set()
+    assert sorted(_stop_left_threads(threads_before)) in (
+        ["multirank-sigterm-watch"],
+        ["multirank-sigterm-watch", "multirank-writer"],  # the writer ends by itself once the logger is gone
+    )
+    assert query(db_path, "SELECT count(*) FROM metrics") == [(1,)]
+
+
+def test_threads_stopped_mid_run_write_every_row(tmp_path: Path, db_path: Path) -> None:
+    """The harness stops the threads of a logger still in use: stop() writes what was logged
+    first, and the next log call starts the writer again."""
+    before = set(threading.enumerate())
+    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
+    logger.log_metrics({"a": 1.0}, step=0)
+    assert "multirank-writer" in _stop_left_threads(before)
+    assert query(db_path, "SELECT count(*) FROM metrics") == [(1,)]
+    logger.log_metrics({"a": 2.0}, step=1)
+    logger.finalize("success")
+    assert query(db_path, "SELECT count(*) FROM metrics") == [(2,)]

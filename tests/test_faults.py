@@ -8,6 +8,7 @@ run is never recorded as "success" while the store lacks values.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -16,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -445,6 +448,113 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
     finally:
         server.cleanup()
         shutil.rmtree(pgdata, ignore_errors=True)
+
+
+def _server_processes(server) -> list[int]:
+    """The postmaster and every process it started (the backends serving the clients)."""
+    postmaster = server.get_pid()
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@contextlib.contextmanager
+def _own_postgres() -> Iterator[Any]:
+    """A PostgreSQL server of the test's own (the test stops it), outside pytest's base directory
+    (every pytest session resets that to mode 0700, shutting out the server's own user)."""
+    pgserver = pytest.importorskip("pgserver", reason="pgserver is not installed (pip install -e '.[test]')")
+    pgdata = Path(tempfile.mkdtemp(prefix="multirank-pg-"))
+    pgdata.chmod(0o755)
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    try:
+        yield server
+    finally:
+        _signal_all(_server_processes(server), signal.SIGCONT)
+        server.cleanup()
+        shutil.rmtree(pgdata, ignore_errors=True)
+
+
+def _start_paused(server, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str, list[int]]:
+    """fault_logger.py on a new database of `server`, which is stopped (SIGSTOP: every process of
+    it, as a host cut off mid-call) once the first half is stored; the second half then runs."""
+    from tests.conftest import new_postgres_database
+
+    url = new_postgres_database(server)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--db", url, "--spill-dir", str(tmp_path / "spill"), "--calls", "2000",
+         "--ready", str(ready), "--go", str(go), *extra],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    stopped = _server_processes(server)
+    _signal_all(stopped, signal.SIGSTOP)
+    go.touch()
+    return proc, url, stopped
+
+
+@pytest.mark.slow  # launches processes
+def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spilled(tmp_path: Path) -> None:
+    """The server stops answering (SIGSTOP) with the writer inside a write: finalize still returns
+    (finalize_timeout), the rows it could not store are in a spill file the message names, and
+    importing it once the server is back recovers every value."""
+    with _own_postgres() as server:
+        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--finalize-timeout", "6")
+        try:
+            out, err = proc.communicate(timeout=120)  # on a wait without bound: never
+        finally:
+            proc.kill()
+            _signal_all(stopped, signal.SIGCONT)
+        assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
+        assert "did not finish within 6 s" in err
+        files = _spill_files(err)
+        assert files, err[-4000:]
+        _import(url, files)
+        (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
+        assert (count, float(total)) == _expected(2000)
+        assert query(url, "SELECT status FROM runs") != [("success",)]
+
+
+@pytest.mark.slow  # launches processes
+def test_ctrl_c_during_a_flush_reaches_the_caller_and_loses_nothing(tmp_path: Path) -> None:
+    """SIGINT while the main thread flushes into a server that does not answer: KeyboardInterrupt
+    reaches the caller (it is no store refusal: the rows are not cut up or spilled), and once the
+    server answers again every row is stored and the run is a success."""
+    with _own_postgres() as server:
+        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "60", "--interrupt-flush")
+        try:
+            assert proc.stdout is not None
+            lines = [proc.stdout.readline() for _ in range(1)]
+            assert lines == ["FLUSHING\n"], lines
+            time.sleep(1.0)  # inside the flush: the server is stopped, it cannot end
+            proc.send_signal(signal.SIGINT)
+            interrupted = proc.stdout.readline()
+            _signal_all(stopped, signal.SIGCONT)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            _signal_all(stopped, signal.SIGCONT)
+        assert interrupted == "INTERRUPTED\n", err[-4000:]
+        assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
+        assert _spill_files(err) == [] and "refused" not in err
+        (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
+        assert (count, float(total)) == _expected(2000)
+        assert query(url, "SELECT status FROM runs") == [("success",)]
 
 
 def _alive(pid: int) -> bool:

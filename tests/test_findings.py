@@ -157,9 +157,13 @@ def test_missing_matplotlib_says_how_to_install() -> None:
 
 @pytest.fixture
 def side_store(any_db):
-    """A real store (each backend) holding one 3-rank run: decisions the ranks split on, warnings
-    and an error, step timing where rank 0's RSS is twice the others', and metrics with a NaN,
-    an inf and a -inf."""
+    """A real store (each backend) holding one 3-rank run (`_fill_side_store`)."""
+    return _fill_side_store(any_db)
+
+
+def _fill_side_store(db: str) -> str:
+    """One 3-rank run in the store `db`: decisions the ranks split on, warnings and an error,
+    step timing where rank 0's RSS is twice the others', and metrics with a NaN, an inf and a -inf."""
     import time
 
     import sqlalchemy as sa
@@ -168,7 +172,7 @@ def side_store(any_db):
     from multirank_logger.store.sql_store import Store
 
     now = time.time()
-    store = Store(any_db)
+    store = Store(db)
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "side", "version": 0, "status": "success", "world_size": 3,
                                         "started_at": now}])  # fmt: skip
@@ -199,7 +203,7 @@ def side_store(any_db):
             for v, dtype in [encode_value(x)]
         ])  # fmt: skip
     store.close()
-    return any_db
+    return db
 
 
 def test_report_reads_decisions_logs_and_memory(side_store) -> None:
@@ -221,6 +225,22 @@ def test_report_reads_decisions_logs_and_memory(side_store) -> None:
     assert found.stragglers == [] and found.outliers == [] and found.problems
 
 
+def test_report_on_a_psycopg2_store(postgres_url: str) -> None:
+    """`report` on a PostgreSQL store opened through psycopg2 (SQLAlchemy's driver for
+    postgresql://): the report's own queries do not go through `sql()`'s guard for users' SQL,
+    which needs psycopg 3 (before: `report` failed there while every other command worked)."""
+    from click.testing import CliRunner
+    from sqlalchemy.engine import make_url
+
+    from multirank_logger.cli import main
+
+    url = make_url(postgres_url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+    _fill_side_store(url)
+    result = CliRunner().invoke(main, ["report", url])
+    assert result.exit_code == 0, result.output
+    assert "CUDA error" in result.output and "rss" in result.output
+
+
 def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None:
     """Warnings every rank logged alike are worth reading but name no rank; a straggler does."""
     from multirank_logger.report.findings import Findings
@@ -238,3 +258,45 @@ def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None
     assert only_logs.endswith("No rank stands out in the numbers; read the warnings and errors above.")
     assert "rank 1: data 100 ms longer than the other ranks per step" in both
     assert both.endswith("See above: which rank, from which step, how much.")
+
+
+@pytest.mark.parametrize("ranks", [4, 64])
+def test_a_plot_of_many_steps_draws_buckets(ranks: int) -> None:
+    """20,000 steps: at most MAX_POINTS points per line (a bucket's mean; the band's min, median
+    and max), the outlier still standing out; the PNG's size is the same as for 200 steps."""
+    from multirank_logger.report.plots import MAX_POINTS, SIZE_PX, figure_png, plot_key
+
+    values = np.random.default_rng(0).random((20_000, ranks))
+    values[10_000:, 3] += 3
+    figure = plot_key(_table(values), "loss", outliers=[3])
+    (ax,) = figure.axes
+    assert all(len(line.get_xdata()) <= MAX_POINTS for line in ax.lines)
+    (out,) = [line for line in ax.lines if line.get_label() == "rank 3 (outlier)"]
+    assert np.nanmin(out.get_ydata()[len(out.get_ydata()) // 2 + 1 :]) > 3
+    if ranks > 8:
+        (band,) = ax.collections
+        assert band.get_paths()[0].vertices[:, 1].max() == np.delete(values, 3, axis=1).max()
+    big, small = figure_png(figure), figure_png(plot_key(_table(values[:200]), "loss", outliers=[3]))
+    assert _png_size(big) == SIZE_PX and len(big) < 3 * len(small)
+
+
+def test_the_rank_list_of_many_ranks_names_only_those_that_differ() -> None:
+    """256 ranks: one line of counts per status, then only the ranks whose status or logged
+    steps differ from the most; up to COMPACT_RANKS ranks, one line each as before."""
+    from multirank_logger.report.findings import Findings
+    from multirank_logger.report.render import COMPACT_RANKS, findings_text
+
+    def rank(r: int) -> dict:
+        status = "failed" if r == 200 else "success"
+        return {"rank": r, "status": status, "host": f"node{r // 8}", "steps": 900 if r == 7 else 1000,
+                "last_step": 999, "duration_s": 60.0}  # fmt: skip
+
+    text = findings_text(Findings(run="r/version_0", run_id=1, world_size=256, ranks=[rank(r) for r in range(256)]))
+    section = text.split("Ranks:\n")[1].split("\n\n")[0].splitlines()
+    assert section == [
+        "  256 ranks on 32 host(s): 255 success, 1 failed; 254 with 1000 logged steps; 2 differ:",
+        "  rank 7: success on node0, 900 logged steps, 60 s",
+        "  rank 200: failed on node25, 1000 logged steps, 60 s",
+    ]
+    few = findings_text(Findings(run="r/version_0", run_id=1, world_size=3, ranks=[rank(r) for r in range(3)]))
+    assert few.split("Ranks:\n")[1].split("\n\n")[0].count("\n") == 2 and COMPACT_RANKS >= 3

@@ -242,3 +242,32 @@ def test_sqlite_upgrade_refuses_two_values_of_one_key_in_one_call(tmp_path: Path
     assert store.current_revision() == "0002"
     assert _all_rows(store) == sorted(duplicate, key=repr)
     store.close()
+
+
+def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: Path) -> None:
+    """0006 drops DuckDB's unique index over every metric row (most of the store's bytes) and
+    covers the stored rows with seq spans: a batch written again after the upgrade adds nothing."""
+    import pyarrow as pa
+
+    from multirank_logger.model.batch import arrow_schema
+    from multirank_logger.model.schema import metrics
+
+    db = tmp_path / "runs.duckdb"
+    store = Store(db)
+    store.downgrade("0005")
+    run = store.create_run("exp", world_size=2)
+    rows = {"run_id": [run.id] * 4, "rank": [0, 0, 1, 1], "seq": [0, 1, 0, 1], "step": [0, 1, 0, 1],
+            "key": ["a"] * 4, "value": [1.0, 2.0, 3.0, 4.0], "dtype": [0] * 4, "time": [0.0] * 4}  # fmt: skip
+    batch = pa.RecordBatch.from_pydict(rows, schema=arrow_schema(metrics))
+    with store.begin() as conn:
+        store.backend.insert_metrics(conn, metrics, batch)
+        assert conn.exec_driver_sql("SELECT count(*) FROM duckdb_indexes() WHERE table_name = 'metrics'").scalar() == 1
+    store.upgrade()
+    assert store.write(batch) == 0 and store.write(batch.slice(2)) == 0
+    with store.begin() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM duckdb_indexes() WHERE table_name = 'metrics'").scalar() == 0
+        assert conn.exec_driver_sql("SELECT count(*) FROM metrics").scalar() == 4
+        assert conn.exec_driver_sql("SELECT rank, first_seq, last_seq FROM metric_spans ORDER BY rank").fetchall() == [
+            (0, 0, 1), (1, 0, 1)
+        ]
+    store.close()

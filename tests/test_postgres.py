@@ -18,11 +18,17 @@ from multirank_logger.query.reader import open_store
 from multirank_logger.store.sql_store import Store
 
 
-def test_plain_postgresql_url_uses_the_installed_driver(postgres_url: str) -> None:
-    """``postgresql://`` works with psycopg 3 (our ``postgres`` extra), not only psycopg2."""
+def test_plain_postgresql_url_uses_psycopg_3(postgres_url: str) -> None:
+    """``postgresql://`` takes psycopg 3 (our ``postgres`` extra) even with psycopg2 installed
+    beside it (the test extras install both); ``postgresql+psycopg2://`` still takes psycopg2."""
+    import psycopg2  # noqa: F401 - installed: it must not take psycopg 3's place
+
     store = Store(postgres_url)
     assert store.url.get_backend_name() == "postgresql"
-    assert store.engine.dialect.driver in ("psycopg", "psycopg2")
+    assert store.engine.dialect.driver == "psycopg"
+    store.close()
+    store = Store(postgres_url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    assert store.engine.dialect.driver == "psycopg2"
     store.close()
 
 

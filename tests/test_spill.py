@@ -209,6 +209,17 @@ def test_cli_import_into_a_store_without_the_run(tmp_path: Path) -> None:
     assert result.output == "Error: No run 'exp/version_4' in this store. Available: (none)\n"
 
 
+def test_cli_import_into_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
+    """`import typo.sqlite FILE`: a clear error, and no empty store left at the mistyped path."""
+    spill = SpillWriter(tmp_path, run_id=1, name="exp", version=0, rank=1)
+    spill.write([_batch(0, 1)])
+    typo = tmp_path / "rnus.sqlite"
+    result = CliRunner().invoke(main, ["import", str(typo), str(spill.path)])
+    assert result.exit_code == 1
+    assert result.output == f"Error: No store at {typo}. Check the path; a store is created by the first run logged to it.\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [spill.path.name]
+
+
 def _side_rows(rank: int = 1, run_id: int = 99) -> dict:
     """Side-table rows as a rank's writer drains them (side_records.SideRecords)."""
     from multirank_logger.model.side_records import SideRecords
@@ -467,3 +478,34 @@ def test_an_interrupted_launch_keeps_no_unheard_end_and_its_resume_is_a_success(
     _gather_launch(store, run.id, heard={1: "success"})
     assert _run_state(store, run.id)[0] == "success"
     store.close()
+
+
+def test_side_rows_past_the_bound_are_counted_lost(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """250,000 side rows logged before the run is known: the oldest 50,000 past the 200,000 kept
+    in memory are dropped, and the drop is counted and said (before: gone with no count)."""
+    from multirank_logger.logger.sinks import DirectSink
+    from multirank_logger.logger.spiller import Spiller
+    from multirank_logger.logger.writer import BackgroundWriter
+    from multirank_logger.model.side_records import MAX_PENDING, SideRecords
+
+    store = Store(tmp_path / "runs.sqlite")
+    run = store.create_run("side", world_size=1)
+    spiller = Spiller(SpillWriter(tmp_path, run_id=run.id, name="side", version=0, rank=0), "runs.sqlite", 0)
+    sink = DirectSink(store, run.id, spiller)
+    known: list[tuple[DirectSink, int, int]] = []
+    side = SideRecords()
+    writer = BackgroundWriter(RecordBuffer(), lambda: known[0] if known else None, flush_interval=3600,
+                              flush_every=10**9, side=side)
+    rows = MAX_PENDING + 50_000
+    for i in range(rows):
+        side.add("step_timing", {"step": i, "time": 1.0})
+    assert writer.flush(60.0)  # the run unknown yet: rows wait
+    known.append((sink, run.id, 0))
+    assert writer.flush(60.0)
+    with store.begin() as conn:
+        stored = conn.exec_driver_sql("SELECT count(*), min(step) FROM step_timing").one()
+    store.close()
+    assert tuple(stored) == (MAX_PENDING, 50_000)  # the newest kept, the oldest dropped
+    assert spiller.side_rows_lost == 50_000
+    assert "50000 side-table row(s) are LOST" in (spiller.summary() or "")
+    assert "50000 side-table row(s)" in capfd.readouterr().err

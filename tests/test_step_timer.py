@@ -59,3 +59,35 @@ def test_step_timer_without_multirank_logger_warns(tmp_path: Path) -> None:
 def test_every_n_steps_must_be_positive() -> None:
     with pytest.raises(ValueError, match="every_n_steps must be 1 or more"):
         StepTimer(every_n_steps=0)
+
+
+def _statm_fds() -> list[str]:
+    fds = Path("/proc/self/fd")
+    return [f.name for f in fds.iterdir() if f.name != "." and "statm" in _link(f)]
+
+
+def _link(fd: Path) -> str:
+    try:
+        return str(fd.readlink())
+    except OSError:  # the listing's own descriptor, closed already
+        return ""
+
+
+class _Failing(_Model):
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if batch_idx == 2:
+            raise RuntimeError("a failing step")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_failed_fit_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """A fit that fails mid-epoch: StepTimer's /proc/self/statm descriptor is closed with it
+    (before: only on_train_end closed it, which a failed fit never reaches)."""
+    before = _statm_fds()
+    data = TensorDataset(torch.randn(40, 4), torch.randn(40, 1))
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=MultiRankLogger(db=tmp_path / "runs.sqlite"),
+                      callbacks=[StepTimer()], enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.raises(RuntimeError, match="a failing step"):
+        trainer.fit(_Failing(), DataLoader(data, batch_size=8))
+    assert _statm_fds() == before

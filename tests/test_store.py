@@ -456,3 +456,30 @@ def test_sqlite_takes_batches_of_any_size_whole(tmp_path: Path, variable_limit: 
             first += n
     assert _read_back(store) == [(0, s, "k", float(s)) for s in range(first)]
     store.close()
+
+
+def _calls(run_id: int, rank: int, seqs: range, keys: tuple[str, ...] = ("a", "b")) -> pa.RecordBatch:
+    rows = [(seq, key) for seq in seqs for key in keys]
+    n = len(rows)
+    return _batch(run_id=[run_id] * n, rank=[rank] * n, seq=[s for s, _ in rows], step=[s for s, _ in rows],
+                  key=[k for _, k in rows], value=[float(s) for s, _ in rows], dtype=[0] * n, time=[0.0] * n)  # fmt: skip
+
+
+def test_a_batch_written_again_stores_each_row_once(any_db: str) -> None:
+    """A batch retried after its commit (whole, overlapping the next calls, or a call cut in two
+    between batches) adds only the rows the store lacks, on every backend, with no unique index:
+    the ranks' seq spans stay one per rank."""
+    store = Store(any_db)
+    run = store.create_run("exp", world_size=2)
+    assert store.write(_calls(run.id, 0, range(0, 5))) == 10
+    assert store.write(_calls(run.id, 0, range(0, 5))) == 0  # retried whole
+    assert store.write(_calls(run.id, 0, range(3, 8))) == 6  # calls 3-4 again, 5-7 new
+    first_half = _calls(run.id, 1, range(0, 3)).slice(0, 5)  # call 2 cut after its "a"
+    assert store.write(first_half) == 5 and store.write(_calls(run.id, 1, range(0, 4))) == 3
+    assert store.write(_calls(run.id, 1, range(10, 12))) == 4  # a gap: a second span
+    stored = _read_back(store)
+    assert len(stored) == len(set((r, s, k) for r, s, k, _ in stored)) == 16 + 8 + 4
+    with store.begin() as conn:
+        spans = conn.execute(sa.text("SELECT rank, first_seq, last_seq FROM metric_spans ORDER BY rank, first_seq"))
+        assert [tuple(row) for row in spans] == [(0, 0, 7), (1, 0, 3), (1, 10, 11)]
+    store.close()

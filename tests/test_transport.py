@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc
 import pytest
+import sqlalchemy as sa
 import torch.distributed as dist
 
 from multirank_logger.errors import ChannelError, ChannelTimeout
@@ -195,6 +196,38 @@ def test_every_call_to_a_stopped_server_is_bounded(stopped_server: int) -> None:
         fresh().publish("identity", b"{}")
     with pytest.raises(ChannelError):
         fresh().mark_done("success")
+
+
+def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dist.TCPStore, tmp_path: Path) -> None:
+    """Rank 0's gather sink over a real channel and store: a payload it cannot read is counted as
+    lost, and the run's end recorded with that count is no success."""
+    from multirank_logger.logger.sinks import GatherReceiver
+    from multirank_logger.store.run_end import record_end
+    from multirank_logger.store.sql_store import Store
+
+    store = Store(tmp_path / "runs.sqlite")
+    run = store.create_run("damaged", world_size=2)
+    rank0 = GatherReceiver(store, run.id, RowChannel("t", 0, 2, host="127.0.0.1", port=server.port))
+    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
+    rank0.receive()
+    rank1.send(_batch(1, 2))
+    rank1._client().queue_push("rows/1", encode_batch(_batch(1, 4, first_seq=2))[:-20])  # cut short on the way
+    rank1.mark_done("success")
+    rank1.report_unstored(0, 0)  # the sender believes everything went
+
+    def cycle() -> bool:
+        for batch in rank0.receive()[0]:
+            store.write(batch)
+        return True
+
+    others = rank0.finish("success", 2.0, cycle)
+    assert others == {1: "success"} and rank0.others_unstored == (0, 1)
+    record_end(store, run.id, rank=0, gather_world=2, status="success", others=others, facts={}, timeout=5,
+               values_lost=rank0.others_unstored[1])
+    with store.begin() as conn:
+        row = conn.execute(sa.text("SELECT status, values_lost FROM runs")).one()
+    store.close()
+    assert tuple(row) == ("incomplete", 1)
 
 
 def test_roles_are_checked(server: dist.TCPStore) -> None:

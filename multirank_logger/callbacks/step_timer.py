@@ -147,9 +147,15 @@ class StepTimer(Callback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._record_completed(wait=True)
-        if self._statm is not None:
-            os.close(self._statm)
-            self._statm = None
+        self._close_statm()
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._close_statm()  # a failed fit never reaches on_train_end
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._close_statm()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -163,6 +169,11 @@ class StepTimer(Callback):
             row.update(forward_s=start.elapsed_time(backward) / 1e3, rest_s=backward.elapsed_time(end) / 1e3)
             self._logger.record("step_timing", **row)
             self._pending.pop(0)
+
+    def _close_statm(self) -> None:
+        if self._statm is not None:
+            os.close(self._statm)
+            self._statm = None
 
     def _rss(self) -> int | None:
         if self._statm is None:

@@ -1,7 +1,8 @@
 """Rank 0's CSVLogger files: ``metrics.csv`` (written as the run goes) and ``hparams.yaml``.
 
-The writer thread hands every batch rank 0 drained to `Rank0Files.tap_csv`, which grows the
-live file (live_csv.py) as CSVLogger's grows. At a successful end the file is kept when it
+Rank 0's log calls also go to `Rank0Files.calls` as they are recorded; `write_live` puts them
+into the live file (live_csv.py) at every ``save()``, as CSVLogger's ``save()`` does, and at
+each of the writer thread's cycles (for callers that never save, as Fabric's). At a successful end the file is kept when it
 holds every row rank 0 logged; otherwise it is rebuilt from the store, and only when the
 store holds every value: never a short file passed off as CSVLogger's.
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+from collections import deque
 from typing import Any, Protocol
 
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 
 from multirank_logger._util.best_effort import safely
-from multirank_logger.logger.live_csv import LiveCsv
+from multirank_logger.logger.live_csv import Call, LiveCsv
 from multirank_logger.logger.run_settings import RunSettings
 from multirank_logger.logger.save_dir import SaveDir
 from multirank_logger.model.run_ref import RunRef
@@ -70,16 +73,28 @@ class Rank0Files:
         self.live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
         self.csv_gaps = 0  # batches the live file missed
         self.continued = False  # the live file began with earlier launches' rows, read from the store
+        #: this process's log calls (step, values) not in the file yet: the buffer's tee
+        self.calls: deque[Call] = deque()
+        # the training thread (save) and the writer thread (its cycles) both write the file
+        self._lock = threading.Lock()
 
     @property
     def metrics_path(self) -> str:
         return os.path.join(self.run.log_dir, NAME_METRICS_FILE)
 
-    def tap_csv(self, batch: Any, rank: int) -> None:
-        """Writer thread, each drained batch: rank 0's metrics.csv grows as CSVLogger's does."""
-        run = self.run
-        if rank != 0 or not run.settings.export_csv:
+    def write_live(self, rank: int) -> None:
+        """Rank 0's metrics.csv takes the calls logged since the last time (``save()``, the
+        writer's cycles); on any other rank they are dropped. Never raises."""
+        calls = self.calls
+        if not calls:
             return
+        with self._lock:
+            taken = [calls.popleft() for _ in range(len(calls))]  # the training thread only appends
+            if rank == 0 and self.run.settings.export_csv:
+                self._write(taken)
+
+    def _write(self, calls: list[Call]) -> None:
+        run = self.run
         if self.live_csv is None:
             path = safely(lambda: self.metrics_path, "opening metrics.csv")
             if path is None:
@@ -93,12 +108,18 @@ class Rank0Files:
                 if safely(lambda: live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0)),
                           "continuing metrics.csv from the earlier launches") is None:
                     self.csv_gaps += 1  # the end exports the whole history from the store instead
-        self.live_csv.add(batch)
+        self.live_csv.add_calls(calls)
 
     def live_csv_whole(self) -> bool:
         """The live metrics.csv holds every row rank 0 logged (none missed, none left to write)."""
+        self.write_live(0)
         live = self.live_csv
-        return live is not None and live.complete and not self.csv_gaps and live.write_pending()
+        if live is None:
+            return False
+        with self._lock:
+            whole = live.complete and not self.csv_gaps and live.write_pending()
+            live.close()  # the end: the file is not kept open past it
+        return whole
 
     def write_hparams(self) -> None:
         """hparams.yaml, through Lightning's writer (fsspec, OmegaConf), written aside and moved

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from multirank_logger._util.best_effort import safely
+from multirank_logger._util.best_effort import bounded, safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
 from multirank_logger.logger import process_hooks
@@ -41,6 +41,7 @@ def finish_run(run: RankRun, status: str) -> None:
     """Flush everything, record how the run ended, and (rank 0, success) write the CSV files."""
     run.finalized = True
     run.capture_logs(False)  # what it kept is flushed below
+    started = time.monotonic()
     status = final_status(status, terminated=process_hooks.sigterm_received.is_set())
     timeout = run.settings.timeout if status == SUCCESS else min(run.settings.timeout, FAILED_TIMEOUT)
     if run.buffer.calls_pending and run.sink is None:
@@ -48,17 +49,45 @@ def finish_run(run: RankRun, status: str) -> None:
     run.writer.stop(timeout)  # from here on only this thread writes
     run.live = False
     process_hooks.release_sigterm()  # the handler from before ours, once no writer needs it
-    if run.sink is None or run.identity is None:
-        run.writer.flush(timeout)
-        _end_unset_run(run, status)
-        run.board.withdraw()
-        return
+    bound = run.settings.finalize_bound(timeout)
+    left = max(bound - (time.monotonic() - started), 1.0)
+    try:
+        if run.sink is None or run.identity is None:
+            bounded(lambda: _end_unset_run(run, status, timeout), left, "the end of the run")
+        else:
+            bounded(lambda: _end_with_sink(run, status, timeout), left, "the end of the run")
+            run.phase += 1
+            run.sink = None  # a later fit/test sets up again, on a fresh channel
+    except TimeoutError:
+        _give_up(run, bound)
+    finally:
+        run.board.withdraw()  # the launch is over: leave no variable behind in this process
+
+
+def _end_with_sink(run: RankRun, status: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout  # the end's waits share `timeout`
     with _held(run.store, timeout):  # store: None on a rank that only sends
         _finish_sink(run, status, timeout, deadline)
-    run.phase += 1
-    run.sink = None  # a later fit/test sets up again, on a fresh channel
-    run.board.withdraw()  # the launch is over: leave no variable behind in this process
+
+
+def _give_up(run: RankRun, bound: float) -> None:
+    """The end did not return within its bound: a store call that never answers (a server stopped
+    or cut off mid-call: libpq has no read timeout). What was not written goes to the spill file
+    now, and the job goes on ending; the stuck call is left behind in its thread."""
+    error = run.writer.last_error
+    run.writer.spill_held(
+        f"the end of the run did not finish within {bound:g} s: the store stopped answering"
+        + (f" ({describe(error)})" if error is not None else ""),
+        timeout=0.0,
+    )
+    spiller = run.spiller
+    where = f" The rows not stored are in {spiller.path}: {spiller.import_command()}" if spiller is not None and (
+        spiller.values_spilled or spiller.side_rows_spilled) else ""
+    log.error(
+        "multirank_logger: the end of the run did not finish within %g s (finalize_timeout): the store "
+        "stopped answering, and its row may still say 'running'.%s", bound, where,
+    )
+    run.sink = None
 
 
 def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> None:
@@ -79,7 +108,8 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     if not writer.flush_until(max(deadline, time.monotonic() + 1.0)):
         error = writer.last_error
         writer.spill_held(
-            f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})"
+            f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})",
+            timeout=left(),
         )
     gather_world = run.sink_world if sink.transport == "gather" else 0
     # the ranks whose rows this rank received (gather rank 0; a node's writer): it records their ends
@@ -162,8 +192,9 @@ def _held(store: Store | None, timeout: float) -> Iterator[None]:
         yield
 
 
-def _end_unset_run(run: RankRun, status: str) -> None:
+def _end_unset_run(run: RankRun, status: str, timeout: float) -> None:
     """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
+    run.writer.flush(timeout)
     if run.identity is not None and current_rank() == 0 and run.store is not None:
         store, run_id = run.store, run.identity.run.id
         safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))

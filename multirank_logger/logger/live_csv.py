@@ -1,51 +1,56 @@
 """Rank 0's ``metrics.csv`` written as training goes, as CSVLogger writes it.
 
-CSVLogger appends its unsaved rows every ``flush_logs_every_n_steps`` and rewrites the
-file with a wider header when a new key appears; people tail the file, plot it from a
-notebook while the run trains, and keep it after a crash. `LiveCsv` does the same from
-the background writer thread: the writer hands it each batch of rank 0's own rows as it
-drains them (`BackgroundWriter`'s ``tap``), before they go to the store.
+CSVLogger writes its unsaved rows at every ``save()`` (which the Trainer calls after every
+``log_metrics``) and rewrites the file with a wider header when a new key appears; people
+tail the file, read it right after ``save()`` (a callback, a notebook, Lightning's own
+tests), and keep it after a crash. `LiveCsv` does the same from rank 0's log calls as they
+were recorded (csv_logger_files.Rank0Files hands them over at ``save()`` and at each of the
+writer's cycles), before they go to the store.
 
-It never reads the store: appending needs only the batch, and a new key rewrites the file
+It never reads the store: appending needs only the calls, and a new key rewrites the file
 from the file itself (its rows are rank 0's rows so far, and a data field is a number or
 empty, so a line is split on commas). So the file does not depend on the transport, on a
 reader holding a DuckDB file, or on how far rank 0 is behind in storing the other ranks'
 rows. Files go through fsspec (`get_filesystem`), as CSVLogger's do: ``save_dir`` may be
-``memory://``, ``s3://``... The bytes come from model/csv_layout.py, the code that rebuilds the
-file from the store, so the file at the end is CSVLogger's byte for byte.
+``memory://``, ``s3://``... A local file is kept open between writes (an append is then one
+``write``, a few microseconds: ``save()`` runs every step). The bytes are those of
+model/csv_layout.py, the code that rebuilds the file from the store, so the file at the end is
+CSVLogger's byte for byte.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import logging
 import os
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
-import pyarrow as pa
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
-from multirank_logger.model.csv_layout import LongRows, csv_columns, write_header, write_rows
+from multirank_logger.model.csv_layout import csv_columns, format_calls, write_header
 
-__all__ = ["LiveCsv"]
+__all__ = ["Call", "LiveCsv"]
 
 log = logging.getLogger(__name__)
 _LINE_END = "\r\n"
 #: log calls kept for a file that cannot be written, at most: past it the file gives up for the
 #: run (the store has the rows; the end writes the file from it), so memory stays bounded
 MAX_PENDING_CALLS = 200_000
+#: one log call as recorded: (step, values)
+Call = tuple[int, Mapping[Any, Any]]
 
 
 class LiveCsv:
-    """One metrics.csv, extended by every batch of rank 0's rows the writer drains.
+    """One metrics.csv, extended by rank 0's log calls as they are handed over.
 
-    Called from the writer's cycles only (one at a time): no lock of its own. A batch that
-    cannot be written (a full disk, a remote store down) is kept and written with the next
-    one; nothing is dropped while the process lives.
+    Not thread-safe: its owner (csv_logger_files.Rank0Files) calls it under one lock. Calls
+    that cannot be written (a full disk, a remote store down) are kept and written with the
+    next ones; nothing is dropped while the process lives.
 
     Args:
         path: the file, local or any fsspec URL (``memory://...``, ``s3://...``).
@@ -54,10 +59,13 @@ class LiveCsv:
     def __init__(self, path: str) -> None:
         self.path = path
         self._fs = get_filesystem(path)
+        self._local = self._local_path()
+        self._fd: int | None = None  # the local file, open for appending between writes
         self._columns: list[str] = []  # the header in the file; empty until the first write
-        self._pending: list[LongRows] = []
+        self._known: set[str] = set()  # the same, as a set: most calls bring no new key
+        self._pending: list[tuple[int, Mapping[str, Any]]] = []
         self._warned = False
-        #: False once a batch could not even be read (a bug): the file then misses rows for good
+        #: False once the file misses rows for good (it gave up, or was removed under the run)
         self.complete = True
         #: data rows (log calls) in the file
         self.rows = 0
@@ -67,41 +75,44 @@ class LiveCsv:
     @property
     def pending(self) -> int:
         """Log calls kept for the next write (the last write failed)."""
-        return sum(len(rows.call_starts()) for rows in self._pending)
+        return len(self._pending)
 
-    def add(self, batch: pa.RecordBatch) -> None:
-        """Write one drained batch of rank 0's rows (called by the writer thread). Never raises."""
+    def add_calls(self, calls: Sequence[Call]) -> bool:
+        """Write these log calls (in call order) after the ones before. Never raises.
+
+        Returns:
+            True when nothing is left to write.
+        """
         if self.gave_up:
-            return
-        try:
-            rows = LongRows.from_arrow(batch)
-        except Exception as exc:  # noqa: BLE001 - the writer must go on storing rows
-            self.complete = False
-            log.error(
-                "multirank_logger: %s misses rows that could not be read: %s: %s", self.path, type(exc).__name__, exc
-            )
-            return
-        if len(rows):
-            self._pending.append(rows)
-        self.write_pending()
+            return True
+        known = self._known
+        for step, values in calls:
+            if not known.issuperset(values):  # a new key, or one that is not a str (Fabric's log_dict)
+                # a key is written as its str; of two keys that print alike the later wins, as in the store
+                values = {str(key): value for key, value in values.items()}
+            self._pending.append((step, values))
+        return self.write_pending()
 
     def write_pending(self) -> bool:
         """Write what is kept; True when nothing is left. Never raises."""
-        if not self._pending:
+        calls = self._pending
+        if not calls:
             return True
-        rows = self._pending[0] if len(self._pending) == 1 else LongRows.concat(self._pending)
-        columns = csv_columns([*self._columns, *rows.keys])
+        known = self._known
+        new = [key for _, values in calls if not known.issuperset(values) for key in values if key not in known]
+        columns = csv_columns([*self._columns, *new]) if new else self._columns
         try:
             if not self._columns:
-                self._start(columns, rows)
+                self._start(columns, calls)
             elif self._removed_under_us():
-                self._start_again(columns, rows)
+                self._start_again(columns, calls)
             else:
                 if columns != self._columns:
                     # CSVLogger's rule: a new key (header) rewrites the file
                     self._rewrite(columns)
-                self._append(columns, rows)
-        except Exception as exc:  # noqa: BLE001 - kept for the next batch; the store has the rows anyway
+                self._append(format_calls(columns, calls))
+        except Exception as exc:  # noqa: BLE001 - kept for the next calls; the store has the rows anyway
+            self.close()  # reopened by the next write: the file may have been replaced meanwhile
             if not self._warned:
                 self._warned = True
                 log.warning(
@@ -110,7 +121,6 @@ class LiveCsv:
                     type(exc).__name__,
                     exc,
                 )
-            self._pending = [rows]
             if self.pending > MAX_PENDING_CALLS:
                 log.error(
                     "multirank_logger: %s could not be written for %d log calls; it is no longer written as the run "
@@ -118,6 +128,7 @@ class LiveCsv:
                 )  # fmt: skip
                 self._pending, self.complete, self.gave_up = [], False, True
             return False
+        self.rows += len(calls)
         self._pending = []
         self._warned = False
         return True
@@ -136,36 +147,60 @@ class LiveCsv:
             rows = write_earlier(fp)
         if rows:
             with self._fs.open(self.path, "r", newline="") as fp:
-                self._columns = next(csv.reader(fp))
+                self._set_columns(next(csv.reader(fp)))
             self.rows = rows
 
-    def _append(self, columns: list[str], rows: LongRows) -> None:
-        """The batch's lines at the end of the file; all of them or none (a full disk).
+    def close(self) -> None:
+        """Close the local file kept open (the next write opens it again)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _set_columns(self, columns: list[str]) -> None:
+        self._columns = columns
+        self._known = set(columns)
+
+    def _append(self, text: str) -> None:
+        """The calls' lines at the end of the file; all of them or none (a full disk).
 
         An append cut short leaves part of a line: that tail is cut off again, so the file
         keeps whole lines and the retry does not write the first lines twice."""
-        local = self._local_path()
-        size = None
-        if local is not None:
-            with contextlib.suppress(OSError):
-                size = os.path.getsize(local)
-        try:
+        if self._local is None:  # a remote file: fsspec uploads the whole file at close
             with self._fs.open(self.path, "a", newline="") as fp:
-                written = write_rows(fp, columns, [rows])
+                fp.write(text)
+            return
+        if self._fd is None:
+            self._fd = os.open(self._local, os.O_WRONLY | os.O_APPEND)
+        data = text.encode()
+        size = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, data)
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
         except BaseException:
-            if local is not None and size is not None:
-                with contextlib.suppress(OSError):
-                    os.truncate(local, size)  # frees blocks: works on a full disk
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)  # frees blocks: works on a full disk
             raise
-        self.rows += written
 
     def _removed_under_us(self) -> bool:
-        local = self._local_path()
-        return local is not None and not os.path.lexists(local)
+        """The file we write is no longer at its path (deleted, or moved away)."""
+        local = self._local
+        if local is None:
+            return False
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                if os.fstat(self._fd).st_nlink > 0:
+                    return False  # one fstat: no path lookup on every save()
+            self.close()
+        return not os.path.lexists(local)
 
-    def _start_again(self, columns: list[str], rows: LongRows) -> None:
+    def _start_again(self, columns: list[str], calls: list[tuple[int, Mapping[str, Any]]]) -> None:
         """The file was deleted under the run (by hand, a cleanup job): appending would make a
-        file with no header and no earlier rows. It starts again from this batch, and the end
+        file with no header and no earlier rows. It starts again from these calls, and the end
         writes the whole file from the store (the file no longer holds every row)."""
         if self.complete:  # once, not at each retry of a start that fails
             log.warning(
@@ -173,7 +208,8 @@ class LiveCsv:
                 "is written from the store at the end", self.path,
             )  # fmt: skip
         self.complete = False
-        self._start(columns, rows)
+        self.rows = 0
+        self._start(columns, calls)
 
     def _local_path(self) -> str | None:
         """The file's path on this machine, or None on a remote filesystem (appends there are
@@ -182,23 +218,26 @@ class LiveCsv:
         protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
         return self._fs._strip_protocol(self.path) if "file" in protocols else None
 
-    def _start(self, columns: list[str], rows: LongRows) -> None:
+    def _start(self, columns: list[str], calls: list[tuple[int, Mapping[str, Any]]]) -> None:
         """The first write of this run: a fresh file, replacing one a former run left."""
+        self.close()
         self._fs.makedirs(posixpath.dirname(self.path) or ".", exist_ok=True)
+        header = io.StringIO()
+        write_header(header, columns)
         try:
             with self._fs.open(self.path, "w", newline="") as fp:
-                write_header(fp, columns)
-                self.rows = write_rows(fp, columns, [rows])
+                fp.write(header.getvalue() + format_calls(columns, calls))
         except BaseException:
             with contextlib.suppress(Exception):
                 self._fs.rm(self.path)  # no header cut short left behind; the retry starts again
             raise
-        self._columns = columns
+        self._set_columns(columns)
 
     def _rewrite(self, columns: list[str]) -> None:
         """The file under the wider header `columns`: each line's fields moved to their new
         columns, empty in the new ones. Written aside and moved over the file, so that a
         reader sees the old file or the new one, never half of one."""
+        self.close()  # the file is replaced: the next append opens the new one
         old = self._columns
         where = {name: i for i, name in enumerate(old)}
         # one more field, always empty, for the columns the old lines do not have
@@ -217,4 +256,4 @@ class LiveCsv:
             with contextlib.suppress(Exception):
                 self._fs.rm(tmp)  # a half copy on a full disk takes the room the retry needs
             raise
-        self._columns = columns
+        self._set_columns(columns)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -91,6 +92,8 @@ class MultiRankLogger(Logger):
             the latest run of `name`) or ``"never"``. See run_lifecycle.py.
         run_key: your key for the run, e.g. the scheduler's job id: a launch with the same
             key and name continues that run, so a requeue needs no version bookkeeping.
+        finalize_timeout: the longest `finalize` lasts, in seconds; past it (a store that stopped
+            answering) what is unwritten goes to the spill file. Default: ``2 * timeout + 30``.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -127,6 +130,7 @@ class MultiRankLogger(Logger):
         capture_logs: bool | int | str | None = "INFO",
         resume: str = "allow",
         run_key: str | None = None,
+        finalize_timeout: float | None = None,
     ) -> None:
         super().__init__()
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
@@ -135,7 +139,9 @@ class MultiRankLogger(Logger):
         check_run_choice(version, resume, run_key)
         if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
-        for argument, seconds in (("flush_interval", flush_interval), ("timeout", timeout)):
+        waits = [("flush_interval", flush_interval), ("timeout", timeout)]
+        waits += [("finalize_timeout", finalize_timeout)] if finalize_timeout is not None else []
+        for argument, seconds in waits:
             if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
                 raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
         if db is None:
@@ -167,6 +173,7 @@ class MultiRankLogger(Logger):
             capture_level=capture_level(capture_logs),
             owner=f"MultiRankLogger(db={shown!r}, name={name or ''!r}, version={version!r})",
             owner_class=type(self).__name__,
+            finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
         )
         #: this process's part in the run: store, identity, sink, writer (pickled with its run
         #: for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
@@ -174,6 +181,11 @@ class MultiRankLogger(Logger):
         self._run.capture_logs(True)
         # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
         # built and never used leaves nothing running
+        weakref.finalize(self, _dropped, self._run)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        weakref.finalize(self, _dropped, self._run)  # this copy's own (ddp_spawn's workers, deepcopy)
 
     def __repr__(self) -> str:
         return self._run.settings.owner
@@ -254,9 +266,14 @@ class MultiRankLogger(Logger):
 
     @override
     def save(self) -> None:
-        # Lightning calls this after every log_metrics: a counter check, at most an Event.set()
+        """Rank 0's metrics.csv holds every call logged so far, as after CSVLogger's ``save()``.
+
+        Lightning calls this after every log_metrics: on rank 0 an append of the new lines to
+        the open file, elsewhere a counter check (benchmarks/RESULTS.md: cheaper than CSVLogger's).
+        """
         run = self._run
         run.unsaved = 0
+        run.save_csv()
         run.writer.maybe_wake()
 
     @override
@@ -274,6 +291,14 @@ class MultiRankLogger(Logger):
         Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
         """
         finish_run(self._run, status)
+
+
+def _dropped(run: RankRun) -> None:
+    """The logger was collected (never finalized, or finalized and dropped): leave no environment
+    variable and no thread behind. Its writer thread (which keeps the run alive, not the logger)
+    writes what is left, then ends. Returns at once: the collector may run in any thread."""
+    run.board.withdraw()
+    run.writer.finish_soon()
 
 
 # Lightning's Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to

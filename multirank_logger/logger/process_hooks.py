@@ -31,6 +31,7 @@ the flush is over, log and set ``received_sigterm`` (`_chain`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -47,6 +48,7 @@ __all__ = [
     "after_fork_in_child",
     "before_fork",
     "flush_all",
+    "flush_at_exit",
     "guard_setup",
     "outermost_sigterm",
     "register",
@@ -126,6 +128,11 @@ def unregister(writer: Flushable) -> None:
     _WRITERS.discard(writer)
 
 
+def flush_at_exit(writer: Flushable) -> None:
+    """A writer whose thread ended with rows the store refused: the exit flush tries again."""
+    _WRITERS.add(writer)
+
+
 def guard_setup(lock: Any) -> None:
     """Register a lock (an RLock) that a flush needs: a logger's set-up lock, a writer's I/O lock.
     While the interrupted thread holds one, the SIGTERM handler must not wait for the watcher's
@@ -179,8 +186,46 @@ def _start_watcher() -> None:
                 _state.wakeup_fd_ours = True
         except (ValueError, OSError):
             pass
-    _state.watcher = threading.Thread(target=_watch, args=(read_fd,), name="multirank-sigterm-watch", daemon=True)
+    _state.watcher = _Watcher(read_fd)
     _state.watcher.start()
+
+
+#: the byte `_Watcher.stop` writes into the pipe: no signal has number 0
+_STOP_BYTE = 0
+
+
+class _Watcher(threading.Thread):
+    """The SIGTERM watcher, with the ``stop()`` that test harnesses call on the daemon threads a
+    test leaves (Lightning's conftest, and the many copied from it). The next writer to start
+    starts a new one."""
+
+    def __init__(self, read_fd: int) -> None:
+        super().__init__(target=_watch, args=(read_fd,), name="multirank-sigterm-watch", daemon=True)
+
+    def stop(self, timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
+        """Flush every live writer, then end the thread and close its pipe."""
+        for writer in list(_WRITERS):
+            try:
+                writer.flush(timeout)
+            except Exception:
+                log.exception("multirank_logger: flushing a writer failed")
+        state = _state
+        if state.watcher is not self or state.pipe is None:
+            return
+        read_fd, write_fd = state.pipe
+        close = True
+        if state.wakeup_fd_ours:
+            try:
+                signal.set_wakeup_fd(-1)  # the C handler must not write into a closed pipe
+            except (ValueError, OSError):  # not the main thread: the pipe stays open (no fd reused under it)
+                close = False
+        with contextlib.suppress(OSError):
+            os.write(write_fd, bytes([_STOP_BYTE]))
+        self.join(timeout)
+        state.watcher, state.pipe, state.wakeup_fd_ours = None, None, False
+        for fd in (read_fd, write_fd) if close else ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _watch(read_fd: int) -> None:
@@ -194,6 +239,8 @@ def _watch(read_fd: int) -> None:
         if signal.SIGTERM in data:
             _forward_once(signal.SIGTERM)
             _flush_for_sigterm()
+        if _STOP_BYTE in data:
+            return
 
 
 def _wake_watcher() -> None:
@@ -271,7 +318,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     _state.chained = True
     _forward_once(signum)  # the watcher did, unless the wakeup fd is not ours
     _wake_watcher()
-    if _WRITERS:
+    watcher = _state.watcher
+    if _WRITERS and watcher is not None and watcher.is_alive():  # stopped: no flush to wait for
         _state.flushed.wait(SETUP_WAIT_S if _setup_in_progress() else HANDLER_WAIT_S)
     _chain(_state.previous, signum, frame)
 

@@ -40,15 +40,16 @@ from multirank_logger.logger.process_registry import UnfinishedRun, dist_up, tra
 from multirank_logger.logger.rank_facts import publish_facts, rank_facts
 from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
+from multirank_logger.logger.sink_protocol import Sink
 from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.logger.spiller import Spiller
-from multirank_logger.logger.store_open import connection_room, open_or_later
+from multirank_logger.logger.store_open import connection_room, store_of_writer
 from multirank_logger.logger.transport_choice import choose_transport
-from multirank_logger.logger.writer import BackgroundWriter, Sink
+from multirank_logger.logger.writer import BackgroundWriter
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.backends import backend_for
-from multirank_logger.store.run_lifecycle import begin_attempt, check_same_run, open_run, seq_base
+from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
@@ -105,13 +106,15 @@ class RankRun:
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
         self.live = False  # a log call of this phase started the writer and the SIGTERM hook
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
+        if self.settings.export_csv:
+            self.buffer.tee = self.files.calls
         self.writer = BackgroundWriter(
             self.buffer,
             self.target,
             flush_interval=self.settings.flush_interval,
             flush_every=self.settings.flush_every,
             side=self.side,
-            tap=self.files.tap_csv,
+            tap=self.files.write_live,
         )
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         level = self.settings.capture_level
@@ -286,7 +289,8 @@ class RankRun:
             self.begin_attempt(rank, world, channel)
             spiller = self._spiller_for(run, rank)
             sink: DirectSink | GatherSender
-            store = self.open_store if rank == 0 else functools.partial(self._store_for_writer, run, rank)
+            store = self.open_store if rank == 0 else functools.partial(
+                store_of_writer, self.open_store, run, rank, self.settings.timeout)
             if channel is not None and transport != "direct" and channel.receives:
                 sink = GatherReceiver(store(), run.id, channel, spiller, transport=transport)
             elif channel is not None and transport != "direct":
@@ -308,16 +312,6 @@ class RankRun:
             if rank == 0 and self.hparams_logged:
                 sink.update_run(hparams=jsonable(self.hparams))
             return sink
-
-    def _store_for_writer(self, run: RunRef, rank: int) -> Store | Callable[[], Store]:
-        """A rank other than 0 that writes: its store, checked against rank 0's run (store_open.py)."""
-
-        def opened() -> Store:
-            store = self.open_store()
-            check_same_run(store, rank, run.id, run.name, run.version, run.started_at)
-            return store
-
-        return open_or_later(opened, rank, self.settings.timeout)
 
     def _spiller_for(self, run: RunRef, rank: int) -> Spiller:
         """This run's spill file on this rank (created on its first row): every phase spills into it."""
@@ -379,6 +373,11 @@ class RankRun:
             self.unsaved = 0  # where CSVLogger saves, and so restarts its count
         if not self.live:
             self.start()
+
+    def save_csv(self) -> None:
+        """The logger's ``save()``: rank 0's metrics.csv takes every call logged so far."""
+        if self.files.calls:  # the rank the sink was set up with; before that the launcher's variables say
+            self.files.write_live(self.rank if self.sink is not None else current_rank())
 
     def flush_now(self) -> None:
         """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""

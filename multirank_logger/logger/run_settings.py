@@ -49,6 +49,13 @@ class RunSettings:
     owner_class: str
     #: the most processes that write a server store at once (None: its free connections say)
     max_writers: int | None = None
+    #: the longest `finalize` may last (None: `finalize_bound`'s default)
+    finalize_timeout: float | None = None
+
+    def finalize_bound(self, timeout: float) -> float:
+        """The longest `finalize` lasts, its end's own waits sharing `timeout` (the flush, the other
+        ranks' last rows, the run's row): past it, what is unwritten goes to the spill file."""
+        return self.finalize_timeout if self.finalize_timeout is not None else 2 * timeout + 30.0
 
     @property
     def store_identity(self) -> str:

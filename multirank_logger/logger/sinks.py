@@ -228,7 +228,14 @@ class GatherReceiver(DirectSink):
         # its end now, and its status is no success whatever the counts say
         wait = min(max(deadline - time.monotonic(), _REPORT_WAIT_MIN_S), _REPORT_WAIT_MAX_S)
         reports = self.channel.unstored_reports(sorted(done), wait if status == "success" else 0.0)
-        self.others_unstored = (sum(s for s, _ in reports.values()), sum(lost for _, lost in reports.values()))
+        # a payload rank 0 could not read (damaged on the way) is lost: its rows are unknown, so each
+        # counts as one value at least, enough that the run is never recorded as a success
+        damaged = self.channel.damaged_batches
+        if damaged:
+            log.error("multirank_logger: %d row batch(es) from rank(s) %s could not be read and are lost (counted "
+                      "as at least one value each).", damaged, sorted(self.channel.damaged_from))
+        lost = sum(lost for _, lost in reports.values()) + damaged
+        self.others_unstored = (sum(s for s, _ in reports.values()), lost)
         self.channel.acknowledge_reports(sorted(reports))  # in the totals: not to be reported again
         if status != "success":
             reports = {**dict.fromkeys(done, (0, 0)), **reports}  # their end is known: done

@@ -42,6 +42,7 @@ class Spiller:
         self.side_rows_lost = 0
         self._told_spilled = False  # per episode: reset by `episode_over`
         self._told_lost = False
+        self._told_side_lost = False
 
     @property
     def path(self) -> Path:
@@ -81,6 +82,14 @@ class Spiller:
                 f"    {self.import_command()}"
             )
         return values
+
+    def count_side_lost(self, rows: int, why: str) -> None:
+        """Side-table rows lost before they could be written or spilled: counted, said once."""
+        self.side_rows_lost += rows
+        if not self._told_side_lost:
+            self._told_side_lost = True
+            _to_stderr(f"multirank_logger: rank {self.rank}: {why}: {rows} side-table row(s) (decisions, logs, "
+                       "timing) are LOST (the total is said at the end of the run).")
 
     def put_side(self, tables: dict[str, list[dict[str, Any]]], why: str) -> int:
         """Append side-table rows to the spill file; count them as lost if that fails too.

@@ -15,10 +15,12 @@ import time
 from collections.abc import Callable
 
 from multirank_logger._util.best_effort import safely
+from multirank_logger.model.run_ref import RunRef
+from multirank_logger.store.run_lifecycle import check_same_run
 from multirank_logger.store.sql_store import Store
 from multirank_logger.store.write_errors import describe, is_transient
 
-__all__ = ["CONNECT_WAIT_S", "connection_room", "open_or_later"]
+__all__ = ["CONNECT_WAIT_S", "connection_room", "open_or_later", "store_of_writer"]
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +62,17 @@ def open_or_later(opened: Callable[[], Store], rank: int, timeout: float) -> Sto
                 return opened
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
+
+
+def store_of_writer(
+    open_store: Callable[[], Store], run: RunRef, rank: int, timeout: float
+) -> Store | Callable[[], Store]:
+    """A rank other than 0 that writes: its store, checked against rank 0's run, or what opens it
+    later (`open_or_later`)."""
+
+    def opened() -> Store:
+        store = open_store()
+        check_same_run(store, rank, run.id, run.name, run.version, run.started_at)
+        return store
+
+    return open_or_later(opened, rank, timeout)

@@ -1,11 +1,9 @@
 """BackgroundWriter: the thread that moves this rank's buffered rows into a sink.
 
-The training thread only appends to a `RecordBuffer`. This thread wakes every
-``flush_interval`` seconds, or sooner when `wake()` says enough calls are pending,
-drains the buffer into one batch and hands it to the sink. A sink that writes
-seldom (each write opens a DuckDB file: CPU the training competes for, whatever
-the batch's size) is written once per ``flush_interval``, and sooner only
-once `SELDOM_MAX_CALLS` calls are pending.
+The training thread only appends to a `RecordBuffer`. This thread wakes every ``flush_interval``
+seconds, or sooner when `wake()` says enough calls are pending, drains the buffer into one batch
+and hands it to the sink. A sink that writes seldom (each write opens a DuckDB file: CPU the
+training competes for) is written once per ``flush_interval``, sooner at `SELDOM_MAX_CALLS` calls.
 
 When the store refuses a batch (store/write_errors.py tells the errors apart):
 - transient (a reader holding the DuckDB file, a busy SQLite file, a full disk, a server
@@ -14,13 +12,14 @@ When the store refuses a batch (store/write_errors.py tells the errors apart):
 - permanent (a row colliding with a stored one): the batch is cut in halves until the rows
   that fail are isolated; those go to the spill file, the others are written. Later batches
   are never merged into a failing one.
-At the end (`spill_held`, from finalize) whatever the store still refuses goes to the spill
-file, whose message names the command that imports it.
+At the end (`spill_held`, from finalize) the rest goes to the spill file (its message names the import).
 
-One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes
-(`flush` after `stop`, SIGTERM, atexit). The training thread never takes it. A cycle may take
-the run's set-up lock inside it (``RankRun.setup_sink``), so the order is always this lock
-first: no code may wait for it while holding the set-up lock.
+One lock (``_io_lock``) serializes the cycles of the thread and of explicit flushes (`flush`
+after `stop`, SIGTERM, atexit). The training thread never takes it nor waits on the store: a
+flush on the main thread runs in a helper thread it waits for, bounded (a stopped server never
+answers; Ctrl-C reaches the caller). `spill_held` waits for the lock bounded too, and spills
+without it when a write is stuck (rows may land twice: the import skips those stored). A cycle
+may take the set-up lock inside it (``RankRun.setup_sink``): never wait for this lock holding that one.
 """
 
 from __future__ import annotations
@@ -29,14 +28,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 
+from multirank_logger._util.best_effort import bounded
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.logger.sink_protocol import Sink, Target
 from multirank_logger.logger.spiller import Spiller
-from multirank_logger.model.batch import concat_batches
+from multirank_logger.model.batch import concat_batches, halves
+from multirank_logger.model.side_records import MAX_PENDING as SIDE_MAX_PENDING
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
 
@@ -57,36 +59,8 @@ MAX_BACKOFF_S = 30.0
 #: writes spent cutting a permanently refused batch in halves (down to single rows) before the
 #: pieces still failing are spilled whole: a batch where every row collides costs ~64 writes, not 2n
 _ISOLATE_ATTEMPTS = 64
-
-
-class Sink(Protocol):
-    """Where drained batches go (see sinks.py)."""
-
-    @property
-    def writes_seldom(self) -> bool:
-        """True when each write is costly whatever its size: write once per flush interval."""
-
-    #: where rows go that the store refused (None: they stay in memory)
-    spiller: Spiller | None
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Store or ship one batch; raise to have it retried (transient) or isolated (permanent)."""
-
-    def write_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
-        """Store or ship side-table rows (decisions, logs, step timing); raise to retry."""
-
-    def write_run(self) -> None:
-        """Apply queued run-level updates (hparams); raise to retry."""
-
-    def writing(self) -> Any:
-        """A context holding one connection for a cycle's writes (raises when it cannot be opened)."""
-
-    def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
-        """Batches and side rows other ranks sent (rank 0 of a gather run), now this writer's to store."""
-
-
-#: what the writer needs before it can drain: (sink, run_id, global rank), or None while unknown
-Target = Callable[[], "tuple[Sink, int, int] | None"]
+#: the longest `spill_held` waits for another thread's spill (a local file write) to end
+_SPILL_WAIT_S = 30.0
 
 
 class BackgroundWriter:
@@ -99,7 +73,7 @@ class BackgroundWriter:
         flush_interval: seconds between two cycles.
         flush_every: pending log calls that make `wake()` start a cycle early.
         side: the rank's side-table rows (decisions, logs, step timing); none when not given.
-        tap: called with each batch as it is drained, and the rank (rank 0's live metrics.csv).
+        tap: called with the rank at each cycle, once the target is known (rank 0's live metrics.csv).
     """
 
     def __init__(
@@ -110,10 +84,10 @@ class BackgroundWriter:
         flush_interval: float,
         flush_every: int,
         side: SideRecords | None = None,
-        tap: Callable[[pa.RecordBatch, int], None] | None = None,
+        tap: Callable[[int], None] | None = None,
     ) -> None:
         self._buffer = buffer
-        self._tap = tap  # sees each drained batch once, with the rank (live_csv.LiveCsv)
+        self._tap = tap  # each cycle, with the rank (csv_logger_files.Rank0Files.write_live)
         self._side = side if side is not None else SideRecords()
         self._side_retry: list[dict[str, list[dict[str, Any]]]] = []
         self._target = target
@@ -123,8 +97,10 @@ class BackgroundWriter:
         self.max_held_values = HELD_VALUES_LIMIT
         self._wake_at = self.flush_every  # pending calls at which save() wakes the thread
         self._io_lock = threading.RLock()  # an RLock: process_hooks can tell whether this thread holds it
+        self._spill_lock = threading.Lock()  # `spill_held`'s, which may run without the I/O lock
         self._wake = threading.Event()
         self._stop = False
+        self._finish = False  # one last cycle, then the thread ends (`finish_soon`)
         self._held: list[pa.RecordBatch] = []  # batches the store has not taken yet, oldest first
         self._sink: Sink | None = None  # the last sink the target gave: its spiller takes the rest
         self._last_ids: tuple[int, int] | None = None  # (run_id, rank) of that sink
@@ -141,8 +117,8 @@ class BackgroundWriter:
         """Start the thread (idempotent) and register the exit hooks."""
         if self._thread is not None and self._thread.is_alive():
             return
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="multirank-writer", daemon=True)
+        self._stop = self._finish = False
+        self._thread = _WriterThread(self)
         self._thread.start()
         process_hooks.register(self)  # SIGTERM and exit flush this writer while it runs
 
@@ -158,6 +134,12 @@ class BackgroundWriter:
         """Hot path (`save()`): wake the thread only when enough calls are pending."""
         if self._buffer.calls_pending >= self._wake_at:
             self._wake.set()
+
+    def finish_soon(self) -> None:
+        """Ask the thread for one last cycle, then to end; returns at once (called when the logger
+        is collected, from whatever thread the collector runs in)."""
+        self._finish = True
+        self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the thread (waiting up to `timeout` for its cycle); rows stay for `flush`."""
@@ -191,9 +173,17 @@ class BackgroundWriter:
         Returns:
             True when nothing is left to write.
         """
-        if not self._io_lock.acquire(timeout=max(timeout, 0.0)):
+        try:
+            if threading.current_thread() is threading.main_thread():
+                return bounded(lambda: self._flush(timeout, now), timeout, "the flush")
+            return self._flush(timeout, now)
+        except TimeoutError:  # the lock not had, or the cycle stuck: a flush is still running
             log.warning("multirank_logger: a flush is still running after %.0f s; rows stay buffered", timeout)
             return False
+
+    def _flush(self, timeout: float, now: bool) -> bool:
+        if not self._io_lock.acquire(timeout=max(timeout, 0.0)):
+            raise TimeoutError
         try:
             self._cycle(now=now)
         finally:
@@ -214,16 +204,28 @@ class BackgroundWriter:
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    def spill_held(self, why: str) -> None:
-        """Put every row still unwritten (metrics and side tables) into the spill file (the end of
-        the run: the wait is over)."""
-        with self._io_lock:
+    def spill_held(self, why: str, timeout: float = 5.0) -> None:
+        """Put every row still unwritten (metrics, side tables) into the spill file (the run's end).
+        Waits at most `timeout` for a cycle in progress: the rows of a store call stuck longer (a server
+        stopped mid-write) are spilled without it (stored too should it return: the import skips those)."""
+        locked = self._io_lock.acquire(timeout=max(timeout, 0.0))
+        if not locked:
+            why = f"{why}; a write stuck for over {timeout:g} s may store some of them too (the import skips those)"
+        # one spill at a time: a caller that gave up on another thread's waits for its file write
+        spilling = self._spill_lock.acquire(timeout=_SPILL_WAIT_S)
+        try:
             if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
                 self._held.append(self._buffer.drain(*self._last_ids))
             self._spill_all(why)
             side, self._side_retry = self._side_retry, []
             for tables in side:
                 self._spill_side(tables, why)
+            self._count_dropped_side()
+        finally:
+            if spilling:
+                self._spill_lock.release()
+            if locked:
+                self._io_lock.release()
 
     def report_unwritten(self, at_exit: bool = True) -> None:
         """As the process exits, or at SIGTERM (a preemption: the scheduler's SIGKILL may follow
@@ -254,12 +256,16 @@ class BackgroundWriter:
                 break
             with self._io_lock:
                 self._cycle()
+            if self._finish:
+                if not self.pending:  # else the exit flush (or SIGTERM's) still has rows to write
+                    process_hooks.unregister(self)
+                break
 
     def _cycle(self, now: bool = False) -> None:
         """Drain, receive, write. Never raises: what the store refuses is held, retried or spilled."""
         try:
             target = self._target()
-        except BaseException as exc:  # noqa: BLE001 - the thread must survive to retry
+        except Exception as exc:  # noqa: BLE001 - the thread must survive to retry (Ctrl-C goes on to the caller)
             self._note_failure(exc)
             return
         if target is None:
@@ -267,6 +273,8 @@ class BackgroundWriter:
         sink, run_id, rank = target
         self._sink, self._last_ids = sink, (run_id, rank)
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
+        if self._tap is not None:
+            self._tap(rank)  # never raises; before the store, which may refuse the rows
         if self._buffer.calls_pending:
             try:
                 self._held.append(self._buffer.drain(run_id, rank))
@@ -275,15 +283,14 @@ class BackgroundWriter:
                 log.error("multirank_logger: log calls could not be encoded and are dropped: %s", describe(exc))
                 self._note_failure(exc)
                 return
-            if self._tap is not None:
-                self._tap(self._held[-1], rank)  # never raises; before the store, which may refuse it
         if len(self._side):
             self._side_retry.append(self._side.drain(run_id, rank))
+        self._count_dropped_side()
         try:
             batches, side = sink.receive()  # rank 0 of a gather run: these rows are ours to store now
             self._held.extend(b for b in batches if len(b))
             self._side_retry.extend(side)
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self._note_failure(exc)
         if (now or time.monotonic() >= self._next_try) and self._write_all(sink):
             self._recovered(sink)
@@ -301,7 +308,7 @@ class BackgroundWriter:
         try:
             with sink.writing():
                 return self._write_held(sink) and self._write_rest(sink)
-        except BaseException as exc:  # noqa: BLE001 - the connection could not be opened
+        except Exception as exc:  # noqa: BLE001 - the connection could not be opened
             self._note_failure(exc)
             return False
 
@@ -309,20 +316,21 @@ class BackgroundWriter:
         """Write the held batches, oldest first, as one transaction. False on a transient failure."""
         if len(self._held) > 1:  # one transaction for all of it
             self._held = [concat_batches(self._held)]
-        while self._held:
-            batch = self._held[0]
+        held = self._held  # this cycle's list: `spill_held` swaps in another when it gives up on us
+        while held:
+            batch = held[0]
             try:
                 sink.write(batch)
-            except BaseException as exc:  # noqa: BLE001
+            except Exception as exc:  # not Ctrl-C: no verdict on the rows (they stay held, unsplit)
                 if is_transient(exc):
                     self._note_failure(exc)
                     return False
-                self._held.pop(0)
+                held.pop(0)
                 if not self._isolate(sink, batch, exc):
                     return False
                 continue
             self.rows_written += len(batch)
-            self._held.pop(0)
+            held.pop(0)
         return True
 
     def _isolate(self, sink: Sink, batch: pa.RecordBatch, exc: BaseException) -> bool:
@@ -335,14 +343,14 @@ class BackgroundWriter:
             if len(piece) == 1 or attempts >= _ISOLATE_ATTEMPTS:
                 self._spill([piece], why.format(n=len(piece)))
                 continue
-            halves = _halves(piece)
-            for i, half in enumerate(halves):
+            parts = halves(piece)
+            for i, half in enumerate(parts):
                 attempts += 1
                 try:
                     sink.write(half)
-                except BaseException as err:  # noqa: BLE001
+                except Exception as err:
                     if is_transient(err):
-                        self._held[0:0] = [*halves[i:], *pieces]
+                        self._held[0:0] = [*parts[i:], *pieces]
                         self._note_failure(err)
                         return False
                     pieces.append(half)
@@ -362,7 +370,7 @@ class BackgroundWriter:
                     self._spill_side(self._side_retry[0], f"the store refused side-table rows for good ({describe(exc)})")
                 self._side_retry.pop(0)
             sink.write_run()
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self._note_failure(exc)
             return False
         return True
@@ -383,12 +391,20 @@ class BackgroundWriter:
         spiller.put(batches, why)
 
     def _spill_side(self, tables: dict[str, list[dict[str, Any]]], why: str) -> None:
-        spiller = self.spiller
-        if spiller is None:
-            rows = sum(map(len, tables.values()))
+        if self.spiller is not None:
+            self.spiller.put_side(tables, why)
+        else:
+            self._side_lost(sum(map(len, tables.values())), why)
+
+    def _count_dropped_side(self) -> None:
+        if dropped := self._side.take_dropped():  # past its bound (the run or the store unknown for long)
+            self._side_lost(dropped, f"more than {SIDE_MAX_PENDING} side-table rows waited for the store; the oldest were dropped")
+
+    def _side_lost(self, rows: int, why: str) -> None:
+        if self.spiller is not None:
+            self.spiller.count_side_lost(rows, why)
+        else:
             log.error("multirank_logger: %d side-table row(s) (decisions, logs, timing) are lost: %s", rows, why)
-            return
-        spiller.put_side(tables, why)
 
     def _spill_all(self, why: str) -> None:
         held, self._held = self._held, []
@@ -410,7 +426,21 @@ class BackgroundWriter:
             )
 
 
-def _halves(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-    """`batch` cut in two (views, no copy)."""
-    half = len(batch) // 2
-    return [batch.slice(0, half), batch.slice(half)]
+class _WriterThread(threading.Thread):
+    """The writer's daemon thread, with the ``stop()`` that test harnesses call on the daemon
+    threads a test leaves (Lightning's conftest, and the many copied from it)."""
+
+    def __init__(self, writer: BackgroundWriter) -> None:
+        super().__init__(target=writer._run, name="multirank-writer", daemon=True)
+        self._writer = writer
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Flush what this rank logged, then end the thread (waiting up to `timeout` for each)."""
+        writer = self._writer
+        if writer._thread is self:
+            writer.stop(timeout)
+            if not writer.flush(timeout):
+                process_hooks.flush_at_exit(writer)  # the store refused rows: the exit flush tries again
+        else:  # a thread the writer already left (stopped, then started again)
+            self.join(timeout)
+

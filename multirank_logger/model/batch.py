@@ -28,6 +28,7 @@ __all__ = [
     "column_numpy",
     "concat_batches",
     "empty_batch",
+    "halves",
     "metrics_batch",
     "numeric",
     "take_rows",
@@ -190,3 +191,9 @@ def column_lists(batch: pa.RecordBatch, names: Sequence[str]) -> list[list[Any]]
                 values[i] = None
         out.append(values)
     return out
+
+
+def halves(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """`batch` cut in two (views, no copy)."""
+    half = len(batch) // 2
+    return [batch.slice(0, half), batch.slice(half)]

@@ -20,7 +20,7 @@ run's export holds a few fetches at once, not every row the rank logged.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import IO, Any
@@ -30,8 +30,8 @@ import numpy as np
 from multirank_logger.model.schema import DTYPE_BOOL, DTYPE_INT, DTYPE_NEG_ZERO
 
 __all__ = [
-    "STEP_COLUMN", "LongRows", "csv_columns", "in_call_order", "to_frame", "whole_calls", "write_csv", "write_header",
-    "write_rows",
+    "STEP_COLUMN", "LongRows", "csv_columns", "format_calls", "in_call_order", "to_frame", "whole_calls", "write_csv",
+    "write_header", "write_rows",
 ]
 
 STEP_COLUMN = "step"
@@ -312,6 +312,25 @@ def write_rows(fp: IO[str], columns: list[str], pieces: Iterable[LongRows], chun
             fp.write("".join([join(map(str, row)) + _LINE_END for row in grid]))
             written += len(grid)
     return written
+
+
+def format_calls(columns: Sequence[str], calls: Iterable[tuple[int, Mapping[str, Any]]]) -> str:
+    """The data lines of log calls as recorded, ``(step, values)`` with Python scalars, under
+    an existing header of `columns` (which holds every key of the calls).
+
+    The same text as `write_rows` for the same calls: each field the ``str()`` of the value
+    (csv.writer would write it so, unquoted), empty where the call has no value, the step
+    argument in ``step`` (over any key ``"step"``, as CSVLogger sets it last).
+    """
+    step_at = columns.index(STEP_COLUMN)
+    lines = []
+    for step, values in calls:
+        get = values.get
+        fields = [str(get(name, "")) for name in columns]
+        fields[step_at] = str(step)
+        lines.append(_FIELD_SEPARATOR.join(fields))
+    lines.append("")
+    return _LINE_END.join(lines)
 
 
 def to_frame(rows: LongRows) -> Any:

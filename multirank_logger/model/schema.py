@@ -38,6 +38,7 @@ __all__ = [
     "encode_value",
     "imports",
     "metadata",
+    "metric_spans",
     "metrics",
     "ranks",
     "runs",
@@ -113,17 +114,18 @@ ranks = sa.Table(
 )
 
 
-# How each backend lays out `metrics` (measured in benchmarks/ingest and /query):
+# How each backend lays out `metrics` (measured in benchmarks/ingest, /query and /scale):
 # - SQLite: a WITHOUT ROWID table clustered on (run_id, key, rank, seq), no other index.
 #   One key's rows of one rank sit together, so an export or per_rank(key) reads ranges,
 #   not one row lookup per value; inserts cost a third less than into a rowid table
-#   and two secondary indexes, and the file is half the size. (run_id, rank, seq, key) is
-#   also the identity of a row (store/spill_import.py skips rows the store already holds by it).
-# - DuckDB: one unique index, on (run_id, rank, seq, key) (migration 0004), for identity
-#   alone: a row stored twice (a relaunch that restarted seq, an import) is an error someone
-#   sees, never a silent duplicate. It is kept although an ART index slows DuckDB's bulk
-#   inserts (RESULTS.md, "Figures the source cites"); reads still scan by min-max zone maps.
-# - PostgreSQL: a heap with the same unique index and the two secondary indexes below.
+#   and two secondary indexes, and the file is half the size.
+# - DuckDB: no index at all (migration 0006 dropped the unique one on (run_id, rank, seq, key),
+#   82% of the store's bytes: 52.3 against 9.6 B/row at 51.2M rows). Reads scan by the
+#   min-max zone maps of each row group.
+# - PostgreSQL: a heap with the two secondary indexes below (reads by rank and step, by key).
+# A row's identity is (run_id, rank, seq, key) everywhere; what keeps each row stored once (a
+# batch retried, a spill file imported again) is `metric_spans` below (store/seq_spans.py), not
+# an index over every row.
 metrics = sa.Table(
     "metrics",
     metadata,
@@ -138,11 +140,21 @@ metrics = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "key", "rank", "seq", name="pk_metrics").ddl_if(dialect="sqlite"),
     sqlite_with_rowid=False,
 )
-sa.Index("uq_metrics_row", metrics.c.run_id, metrics.c.rank, metrics.c.seq, metrics.c.key, unique=True).ddl_if(
-    dialect=("duckdb", "postgresql")  # type: ignore[arg-type]  # SQLAlchemy takes a tuple of names (typed str only)
-)
 sa.Index("ix_metrics_run_rank_step", metrics.c.run_id, metrics.c.rank, metrics.c.step).ddl_if(dialect="postgresql")
 sa.Index("ix_metrics_run_key", metrics.c.run_id, metrics.c.key).ddl_if(dialect="postgresql")
+
+# Per (run, rank), the seq ranges that may hold stored metric rows (store/seq_spans.py): every
+# insert checks its rows' range here first, and reads back only the rows of an overlap. A rank
+# writing its calls in order keeps one span, extended by each batch.
+metric_spans = sa.Table(
+    "metric_spans",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False, comment="global rank"),
+    sa.Column("first_seq", sa.BigInteger, nullable=False, comment="lowest seq of the span"),
+    sa.Column("last_seq", sa.BigInteger, nullable=False, comment="highest seq of the span (inclusive)"),
+    sa.PrimaryKeyConstraint("run_id", "rank", "first_seq", name="pk_metric_spans"),
+)
 
 METRIC_COLUMNS: tuple[str, ...] = tuple(c.name for c in metrics.columns)
 

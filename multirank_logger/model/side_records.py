@@ -20,7 +20,7 @@ from multirank_logger.model.schema import SIDE_TABLES
 __all__ = ["SideRecords", "decode_side", "encode_side"]
 
 #: rows kept at most per process while the run is not known yet or the store is unreachable;
-#: past that the oldest are dropped: these tables are diagnostics,
+#: past that the oldest are dropped (and counted: `take_dropped`): these tables are diagnostics,
 #: never worth the training's memory
 MAX_PENDING = 200_000
 # each table's column names, once: SQLAlchemy's ColumnCollection.keys() costs more than the
@@ -37,6 +37,7 @@ class SideRecords:
         self._lock = threading.Lock()  # several threads record (logging from any thread)
         #: added to the seq of every row `drain` returns: this launch's attempt in the high bits
         self.seq_base = 0
+        self._dropped = 0  # rows dropped past MAX_PENDING, not yet taken by `take_dropped`
 
     def add(self, table: str, values: Mapping[str, Any]) -> None:
         """Keep one row of `table` (a name in `model.schema.SIDE_TABLES`).
@@ -54,9 +55,16 @@ class SideRecords:
             self._rows.append((table, {**values, "seq": seq}))
             if len(self._rows) > MAX_PENDING:
                 self._rows.popleft()
+                self._dropped += 1
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    def take_dropped(self) -> int:
+        """Rows dropped (oldest first, past `MAX_PENDING`) since the last call."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        return dropped
 
     def drain(self, run_id: int, rank: int) -> dict[str, list[dict[str, Any]]]:
         """Every row kept so far, by table, with its run, rank and seq (offset by `seq_base`)."""

@@ -10,7 +10,7 @@ import numpy as np
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import DTYPE_NEG_ZERO
 
-__all__ = ["RankSpread", "neg_zero", "pivot_step_rank"]
+__all__ = ["RankSpread", "neg_zero", "pivot_step_rank", "positions", "repeats"]
 
 
 @dataclass
@@ -73,34 +73,47 @@ class RankSpread:
 
 
 def pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: np.ndarray, dtype: np.ndarray) -> Any:
-    """Long rows of one key -> a step x rank DataFrame; a rank's later call wins at a step."""
+    """Long rows of one key (in any order) -> a step x rank DataFrame; a rank's later call wins at a step."""
     import pandas as pd
 
-    # in NumPy, not pandas: sort_values + drop_duplicates + pivot took several times as long (RESULTS.md, query: per_rank).
-    # Rows mostly come sorted already (by rank then call order, steps rising): check first.
-    if not _sorted_by(rank, step, seq):
-        order = np.lexsort((seq, step, rank))
-        rank, step, seq, value, dtype = rank[order], step[order], seq[order], value[order], dtype[order]
+    # by counting, not sorting: a sort of a large key's rows (in SQL or here) cost more than the rest
+    # (RESULTS.md, scale); only repeated cells are sorted, by seq
     value = neg_zero(value, dtype)
-    last = np.r_[(rank[1:] != rank[:-1]) | (step[1:] != step[:-1]), True] if len(rank) else np.zeros(0, bool)
-    steps, row = np.unique(step[last], return_inverse=True)
-    ranks, col = np.unique(rank[last], return_inverse=True)
-    grid = np.full((len(steps), len(ranks)), np.nan)
-    grid[row, col] = value[last]
-    return pd.DataFrame(grid, index=pd.Index(steps, name="step"), columns=pd.Index(ranks.tolist(), name="rank"))
+    if not len(rank):
+        return pd.DataFrame(np.zeros((0, 0)), index=pd.Index(np.zeros(0, np.int64), name="step"),
+                            columns=pd.Index([], name="rank"))  # fmt: skip
+    steps, step_pos = positions(step)
+    ranks, rank_pos = positions(rank)
+    cell = step_pos * len(ranks) + rank_pos
+    grid = np.full(len(steps) * len(ranks), np.nan)
+    if repeats(cell, len(grid)):
+        order = np.lexsort((seq, cell))
+        last = order[np.r_[cell[order][1:] != cell[order][:-1], True]]
+        grid[cell[last]] = value[last]
+    else:
+        grid[cell] = value
+    return pd.DataFrame(grid.reshape(len(steps), len(ranks)), index=pd.Index(steps, name="step"),
+                        columns=pd.Index(ranks.tolist(), name="rank"))  # fmt: skip
 
 
-def _sorted_by(*columns: np.ndarray) -> bool:
-    """Whether the rows are in ascending order of ``columns`` (the first the most significant)."""
-    if len(columns[0]) < 2:
-        return True
-    tied = np.ones(len(columns[0]) - 1, bool)  # rows equal to the next on every column so far
-    for column in columns:
-        ahead, behind = column[1:], column[:-1]
-        if (tied & (ahead < behind)).any():
-            return False
-        tied &= ahead == behind
-    return True
+def positions(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct `values` (sorted) and each value's index among them, as np.unique's
+    return_inverse, by counting instead of sorting where the values are dense (steps, ranks)."""
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if span > 4 * len(values) + 1024:
+        return np.unique(values, return_inverse=True)
+    present = np.zeros(span, bool)
+    present[values - low] = True
+    index = np.cumsum(present) - 1
+    return np.flatnonzero(present) + low, index[values - low]
+
+
+def repeats(cell: np.ndarray, cells: int) -> bool:
+    """Whether any value of `cell` (each in range(cells)) occurs twice."""
+    if cells > 8 * len(cell) + 1024:
+        return len(np.unique(cell)) < len(cell)
+    return bool(np.bincount(cell, minlength=cells).max() > 1)
 
 
 def neg_zero(value: np.ndarray, dtype: np.ndarray) -> np.ndarray:

@@ -369,6 +369,16 @@ class StoreReader:
         with self._connect() as conn:
             return self.store.backend.run_readonly(conn, query)
 
+    def frame(self, query: str) -> Any:
+        """The package's own SELECT (the report's: never a user's SQL) as a DataFrame, through
+        SQLAlchemy on any driver: not through `sql`'s read-only guard, which on PostgreSQL needs
+        psycopg 3 (psycopg2 sends "a; b" as one string) and which this query has no need of."""
+        import pandas as pd
+
+        with self._connect() as conn:
+            result = conn.execute(sa.text(query))
+            return pd.DataFrame.from_records(result.fetchall(), columns=list(result.keys()))
+
     # -- side tables (query/side_tables.py) ----------------------------------------------
 
     def decisions(self, run: int | str | None = None) -> Any:

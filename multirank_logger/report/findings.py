@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from multirank_logger.model.run_ref import RunRef
+from multirank_logger.query.run_scan import RunScan, scan_run
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["Findings", "departures", "find"]
+__all__ = ["Findings", "departures", "find", "outliers"]
 
 #: a rank departs at a step when it is this many typical spreads of the ranks from their median
 DEPART_SPREADS = 8.0
@@ -64,6 +65,8 @@ class Findings:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     log_messages: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: the pass over the run's rows the findings came from (per key and step: the plots' bands); not in to_dict
+    scan: RunScan | None = field(default=None, repr=False, compare=False)
 
     @property
     def problems(self) -> bool:
@@ -75,7 +78,13 @@ class Findings:
         return list(seen)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        scan, self.scan = self.scan, None
+        try:
+            out = asdict(self)
+        finally:
+            self.scan = scan
+        out.pop("scan")
+        return out
 
 
 def find(reader: StoreReader, run: int | str | None = None) -> Findings:
@@ -88,22 +97,38 @@ def find(reader: StoreReader, run: int | str | None = None) -> Findings:
     """
     ref = reader.resolve_run(run)
     out = Findings(run=ref.label, run_id=ref.id, world_size=ref.world_size)
-    out.ranks = _ranks(reader, ref)
+    # one pass over the run's rows, in windows of steps: the ranks' steps, NaN/inf, and per key
+    # the per-step statistics and the rows that may depart (query/run_scan.py)
+    scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS)
+    out.ranks = _ranks(reader, ref, scan.rank_steps)
     timing = _sql(reader, f"SELECT * FROM step_timing WHERE run_id = {ref.id}")
     if len(timing):
         out.timing, out.stragglers = _timing(timing)
         out.memory = _memory(timing)
     else:
         out.notes.append("No step timing in this run: add multirank_logger.StepTimer() to the Trainer's callbacks.")
-    out.non_finite = _non_finite(reader, ref)
+    out.non_finite = scan.non_finite
     if ref.world_size < 3:
         out.notes.append(f"Outlier ranks need 3 ranks or more (this run has {ref.world_size}).")
     else:
-        for key in reader.keys(ref.id):
-            for item in departures(reader.per_rank(key, ref.id)):
-                out.outliers.append({"rank": item.pop("rank"), "key": key, **item})
+        out.outliers = outliers(scan)
     out.decisions = _decisions(reader, ref)
     out.log_messages = _log_messages(reader, ref)
+    out.scan = scan
+    return out
+
+
+def outliers(scan: RunScan) -> list[dict[str, Any]]:
+    """The ranks departing persistently on each key of a run, from one pass over its rows:
+    ``departures`` of each key's ``per_rank`` table, without the table."""
+    out = []
+    for key in scan.keys:
+        steps = scan.per_key.get(key)
+        if steps is None or len(steps.steps) < MIN_STEPS:
+            continue
+        found = _judge(steps.steps, steps.median, steps.mad, steps.cand_pos, steps.cand_rank, steps.cand_value,
+                       steps.cand_dev, higher_only=False)  # fmt: skip
+        out += [{"rank": item.pop("rank"), "key": key, **item} for item in found]
     return out
 
 
@@ -118,8 +143,6 @@ def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]
         (its median value over the ranks' median, where that is not 0), spreads (its median
         deviation in typical spreads), excess (its median deviation, in the values' unit).
     """
-    import pandas as pd
-
     values = table.to_numpy(dtype=float, copy=True)
     values[~np.isfinite(values)] = np.nan  # NaN/inf are the non-finite finding's
     counted = (~np.isnan(values)).sum(axis=1) >= 3
@@ -129,28 +152,54 @@ def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]
     median = np.nanmedian(values, axis=1)
     dev = values - median[:, None]
     per_step = np.nanmedian(np.abs(dev), axis=1)
+    pos, col = np.nonzero(~np.isnan(dev))  # every value is a candidate here
+    rank = np.asarray(table.columns, dtype=np.int64)[col]
+    return _judge(steps, median, per_step, pos, rank, values[pos, col], dev[pos, col], higher_only=higher_only)
+
+
+def _judge(
+    steps: np.ndarray,
+    median: np.ndarray,
+    per_step: np.ndarray,
+    pos: np.ndarray,
+    rank: np.ndarray,
+    value: np.ndarray,
+    dev: np.ndarray,
+    *,
+    higher_only: bool,
+) -> list[dict[str, Any]]:
+    """The departing ranks, from the per-step medians and spreads of the counted steps and the
+    candidate values (their step's position in `steps`, rank, value, deviation from the median):
+    every value that departs must be among the candidates (query/run_scan.py keeps a superset)."""
+    import pandas as pd
+
     window = 2 * SPREAD_WINDOW + 1
     spread = pd.Series(per_step).rolling(window, center=True, min_periods=1).median().to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
-        score = np.where(dev == 0, 0.0, (dev if higher_only else np.abs(dev)) / spread[:, None])
+        score = np.where(dev == 0, 0.0, (dev if higher_only else np.abs(dev)) / spread[pos])
     depart = np.nan_to_num(score, nan=0.0) > DEPART_SPREADS
     min_steps = max(MIN_STEPS, math.ceil(0.05 * len(steps)))
     found = []
-    for col, rank in enumerate(table.columns):
-        where = _persistent(depart[:, col], min_steps)
+    for r in np.unique(rank[depart]).tolist():
+        mine = rank == r
+        flags = np.zeros(len(steps), bool)
+        flags[pos[mine & depart]] = True
+        where = _persistent(flags, min_steps)
         if not where.any():
             continue
+        sel = mine & depart & where[pos]
+        at = pos[sel]
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.nanmedian(np.where(median[where] != 0, values[where, col] / median[where], np.nan))
+            ratio = np.nanmedian(np.where(median[at] != 0, value[sel] / median[at], np.nan))
         found.append(
             {
-                "rank": int(rank),
-                "first_step": int(steps[where][0]),
-                "last_step": int(steps[where][-1]),
-                "steps": int(where.sum()),
+                "rank": int(r),
+                "first_step": int(steps[at].min()),
+                "last_step": int(steps[at].max()),
+                "steps": int(len(at)),
                 "ratio": None if np.isnan(ratio) else float(ratio),
-                "spreads": float(np.nanmedian(np.minimum(score[where, col], 1e300))),
-                "excess": float(np.nanmedian(dev[where, col])),
+                "spreads": float(np.nanmedian(np.minimum(score[sel], 1e300))),
+                "excess": float(np.nanmedian(dev[sel])),
             }
         )
     return found
@@ -181,29 +230,23 @@ def _persistent(depart: np.ndarray, min_steps: int) -> np.ndarray:
 
 
 def _sql(reader: StoreReader, query: str) -> Any:
-    return reader.sql(query)
+    return reader.frame(query)  # our own SQL: not through the guard for users' (StoreReader.frame)
 
 
-def _ranks(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
+def _ranks(reader: StoreReader, ref: RunRef, rank_steps: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
     registered = _sql(reader, f"SELECT rank, host, status, started_at, ended_at FROM ranks WHERE run_id = {ref.id}")
-    steps = _sql(
-        reader,
-        f"SELECT rank, COUNT(DISTINCT step) AS steps, MAX(step) AS last_step FROM metrics "
-        f"WHERE run_id = {ref.id} GROUP BY rank",
-    )
     by_rank = {int(r.rank): r for r in registered.itertuples()}
-    logged = {int(r.rank): r for r in steps.itertuples()}
     out = []
-    for rank in sorted(set(range(ref.world_size)) | set(by_rank) | set(logged)):
-        reg, log = by_rank.get(rank), logged.get(rank)
+    for rank in sorted(set(range(ref.world_size)) | set(by_rank) | set(rank_steps)):
+        reg, log = by_rank.get(rank), rank_steps.get(rank)
         ended = None if reg is None or reg.ended_at is None or reg.ended_at != reg.ended_at else reg.ended_at
         out.append(
             {
                 "rank": rank,
                 "status": reg.status if reg is not None else "unregistered",
                 "host": reg.host if reg is not None else None,
-                "steps": int(log.steps) if log is not None else 0,
-                "last_step": int(log.last_step) if log is not None else None,
+                "steps": log[0] if log is not None else 0,
+                "last_step": log[1] if log is not None else None,
                 "duration_s": float(ended - reg.started_at) if ended is not None and reg is not None else None,
             }
         )
@@ -255,24 +298,6 @@ def _memory(timing: Any) -> list[dict[str, Any]]:
                         "others_median_bytes": None if math.isnan(others) else int(others),
                         "ratio": None if math.isnan(ratio) else ratio, "alloc_retries": retried})  # fmt: skip
     return out
-
-
-def _non_finite(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
-    """Per key and rank: the first step with NaN or inf, and how many (NaN is stored as dtype 3)."""
-    from multirank_logger.model.schema import DTYPE_NAN
-
-    inf = reader.store.backend.sql_infinity
-    rows = _sql(
-        reader,
-        f"SELECT key, rank, MIN(step) AS first_step, SUM(CASE WHEN dtype = {DTYPE_NAN} THEN 1 ELSE 0 END) AS nan, "
-        f"COUNT(*) AS count FROM metrics WHERE run_id = {ref.id} "
-        f"AND (dtype = {DTYPE_NAN} OR value = {inf} OR value = -{inf}) GROUP BY key, rank ORDER BY key, rank",
-    )
-    return [
-        {"rank": int(r.rank), "key": r.key, "first_step": int(r.first_step), "count": int(r.count),
-         "nan": int(r.nan), "inf": int(r.count) - int(r.nan)}
-        for r in rows.itertuples()
-    ]  # fmt: skip
 
 
 def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:

@@ -2,22 +2,27 @@
 
 Up to ``MAX_LINES`` ranks: one line per rank. More: the band of the ranks' range (min to max at
 each step) and their median, with the given outlier ranks drawn on top; outlier ranks are
-labelled either way. Figures are built with ``matplotlib.figure.Figure`` directly (no pyplot,
+labelled either way. Past ``MAX_POINTS`` steps, the steps are cut into at most that many buckets
+of equal width: the band is each bucket's min, median (of the steps' medians) and max, a rank's
+line its mean per bucket. A figure's size does not grow with the steps or the ranks. Figures are built with ``matplotlib.figure.Figure`` directly (no pyplot,
 no global backend state), so this works in any process, headless.
 """
 
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 from multirank_logger.errors import MissingExtra
 
-__all__ = ["MAX_LINES", "SIZE_PX", "figure_png", "plot_key"]
+__all__ = ["MAX_LINES", "MAX_POINTS", "SIZE_PX", "figure_png", "plot_key"]
 
 #: ranks drawn one line each; past this, a band with the outliers on top
 MAX_LINES = 8
+#: points drawn per line at most (more steps are bucketed): the figure is 960 pixels wide
+MAX_POINTS = 1000
 #: the image's size in pixels (width, height), at DPI dots per inch
 SIZE_PX = (960, 480)
 DPI = 100
@@ -58,20 +63,24 @@ def plot_key(
     outliers = [r for r in outliers if r in table.columns]
     values = table.to_numpy(dtype=float, copy=True)
     values[~np.isfinite(values)] = np.nan  # NaN/inf have no place on the axis: a gap
+    width = max(1, -(-len(steps) // MAX_POINTS))
+    xs = steps[::width]
     if len(table.columns) <= MAX_LINES:
         for col, rank in enumerate(table.columns):
             is_out = rank in outliers
-            ax.plot(steps, values[:, col], label=f"rank {rank}" + (" (outlier)" if is_out else ""),
-                    linewidth=2.2 if is_out else 1.2, zorder=3 if is_out else 2)  # fmt: skip
+            ax.plot(xs, _per_bucket(values[:, col], width, np.nanmean), zorder=3 if is_out else 2,
+                    label=f"rank {rank}" + (" (outlier)" if is_out else ""), linewidth=2.2 if is_out else 1.2)  # fmt: skip
     else:
         others = [col for col, rank in enumerate(table.columns) if rank not in outliers]
         with np.errstate(all="ignore"):
             low, high = np.nanmin(values[:, others], axis=1), np.nanmax(values[:, others], axis=1)
             middle = np.nanmedian(values[:, others], axis=1)
-        ax.fill_between(steps, low, high, color="tab:blue", alpha=0.25, label=f"range of {len(others)} ranks")
-        ax.plot(steps, middle, color="tab:blue", linewidth=1.2, label="their median")
+        low, high = _per_bucket(low, width, np.nanmin), _per_bucket(high, width, np.nanmax)
+        ax.fill_between(xs, low, high, color="tab:blue", alpha=0.25, label=f"range of {len(others)} ranks")
+        ax.plot(xs, _per_bucket(middle, width, np.nanmedian), color="tab:blue", linewidth=1.2, label="their median")
         for rank in outliers:
-            ax.plot(steps, values[:, list(table.columns).index(rank)], linewidth=2.2, label=f"rank {rank} (outlier)")
+            column = values[:, list(table.columns).index(rank)]
+            ax.plot(xs, _per_bucket(column, width, np.nanmean), linewidth=2.2, label=f"rank {rank} (outlier)")
     for line in ax.lines:  # label the outliers at their last point, not only in the legend
         label = str(line.get_label())
         if label.endswith("(outlier)"):
@@ -98,6 +107,19 @@ def plot_key(
     ax.legend(loc="best", fontsize="small")
     figure.tight_layout()
     return figure
+
+
+def _per_bucket(series: Any, width: int, reduce: Any) -> Any:
+    """`series` reduced over buckets of `width` consecutive steps (NaN where a bucket has no value)."""
+    import numpy as np
+
+    if width == 1:
+        return series
+    padded = np.full(-(-len(series) // width) * width, np.nan)
+    padded[: len(series)] = series
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an empty bucket: NaN, a gap in the line
+        return reduce(padded.reshape(-1, width), axis=1)
 
 
 def figure_png(figure: Any) -> bytes:

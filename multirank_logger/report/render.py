@@ -6,11 +6,15 @@ The HTML report (``report -o FILE.html``) is the ui's page of the run in one fil
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from multirank_logger.report.findings import Findings
 
 __all__ = ["findings_text"]
+
+#: past this many ranks, the ranks' list counts them per status and names only the ranks that differ
+COMPACT_RANKS = 16
 
 
 def _num(value: Any, unit: str = "") -> str:
@@ -25,15 +29,14 @@ def _num(value: Any, unit: str = "") -> str:
 
 def _lines(f: Findings) -> list[tuple[str, list[str]]]:
     """The findings as (section title, lines); shared by the text and the HTML."""
-    ranks = [
-        f"rank {r['rank']}: {r['status']} on {r['host'] or '?'}, {r['steps']} logged steps, "
-        f"{_num(r['duration_s'])} s" for r in f.ranks
-    ]  # fmt: skip
+    ranks = _rank_lines(f.ranks)
     timing = [
         f"rank {t['rank']}: data {_num(t['data_s'], 's')}, forward {_num(t['forward_s'], 's')}, "
         f"rest {_num(t['rest_s'], 's')} (median per step over {t['steps']} steps; batch {_num(t['batch_size'])})"
         for t in f.timing
     ]
+    if len(timing) > COMPACT_RANKS:  # the stragglers below name the ranks whose time stands out
+        timing = [_timing_summary(f.timing)]
     stragglers = [
         f"rank {s['rank']}: {s['phase']} {_num(s['excess_s'], 's')} longer than the other ranks per step "
         f"({s['share_of_step']:.0%} of a step) from step {s['first_step']} to {s['last_step']} ({s['steps']} steps)"
@@ -68,6 +71,36 @@ def _lines(f: Findings) -> list[tuple[str, list[str]]]:
                 ("Warnings and errors", logs)]  # fmt: skip
     always = ("Stragglers", "Outlier ranks", "Non-finite values")  # "none" is an answer there
     return [(title, lines) for title, lines in sections if lines or title in always]
+
+
+def _rank_line(r: dict[str, Any]) -> str:
+    return (f"rank {r['rank']}: {r['status']} on {r['host'] or '?'}, {r['steps']} logged steps, "
+            f"{_num(r['duration_s'])} s")  # fmt: skip
+
+
+def _rank_lines(ranks: list[dict[str, Any]]) -> list[str]:
+    """One line per rank; past COMPACT_RANKS, the count per status and each rank that differs
+    from the most: another status, or another number of logged steps."""
+    if len(ranks) <= COMPACT_RANKS:
+        return [_rank_line(r) for r in ranks]
+    statuses = Counter(r["status"] for r in ranks)
+    usual_status = statuses.most_common(1)[0][0]
+    usual_steps = Counter(r["steps"] for r in ranks).most_common(1)[0][0]
+    hosts = len({r["host"] for r in ranks})
+    odd = [r for r in ranks if r["status"] != usual_status or r["steps"] != usual_steps]
+    head = (f"{len(ranks)} ranks on {hosts} host(s): " + ", ".join(f"{n} {status}" for status, n in statuses.most_common())
+            + f"; {len(ranks) - len(odd)} with {usual_steps} logged steps"
+            + (f"; {len(odd)} differ:" if odd else ""))  # fmt: skip
+    return [head] + [_rank_line(r) for r in odd]
+
+
+def _timing_summary(timing: list[dict[str, Any]]) -> str:
+    def median(col: str) -> float | None:
+        values = sorted(t[col] for t in timing if t[col] is not None)
+        return values[len(values) // 2] if values else None
+
+    return (f"{len(timing)} ranks, the median rank per step: data {_num(median('data_s'), 's')}, "
+            f"forward {_num(median('forward_s'), 's')}, rest {_num(median('rest_s'), 's')}")  # fmt: skip
 
 
 def findings_text(f: Findings) -> str:

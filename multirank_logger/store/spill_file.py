@@ -30,6 +30,7 @@ import json
 import os
 import socket
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -98,6 +99,8 @@ class SpillWriter:
             "created_at": time.time(),
         }
         self.path = self.directory / f"{name}-version_{version}-rank{rank}-{self.header['spill_id'][:12]}{SPILL_SUFFIX}"
+        # finalize may spill while the writer thread, stuck in a store call, later spills too: one frame at a time
+        self._lock = threading.Lock()
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> int:
         """Append `batches` (empty ones skipped) as durable frames.
@@ -137,8 +140,8 @@ class SpillWriter:
 
     def _append(self, payloads: list[bytes]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        new = not self.path.exists()
-        with open(self.path, "ab") as fh:
+        with self._lock, open(self.path, "ab") as fh:
+            new = fh.tell() == 0
             if new:
                 fh.write(json.dumps(self.header, sort_keys=True).encode() + b"\n")
             fh.writelines(_LENGTH.pack(len(payload)) + payload + _CRC.pack(zlib.crc32(payload)) for payload in payloads)

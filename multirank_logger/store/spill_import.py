@@ -2,7 +2,7 @@
 
 Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
 read, and rows the store already holds (same run, rank, seq and key: rank 0 may have
-stored a batch that its sender never saw acknowledged) are skipped. The rank's end, when the
+stored a batch that its sender never saw acknowledged) are skipped (store/seq_spans.py). The rank's end, when the
 store never heard it, is recorded, and the run settles: ``incomplete`` becomes ``success``
 once nothing is spilled, lost or unheard (status.py decides both: `settle_rank`, `settle_imported`).
 """
@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import sqlalchemy as sa
 
 from multirank_logger.errors import LookupFailed, StoreLocked
-from multirank_logger.model.batch import column_lists, concat_batches, take_rows, with_run_id
+from multirank_logger.model.batch import concat_batches, with_run_id
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, imports, metrics, runs
+from multirank_logger.model.schema import SIDE_TABLES, imports, runs
+from multirank_logger.store.seq_spans import insert_unstored
 from multirank_logger.store.spill_file import SPILL_SUFFIX, read_spill_contents, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
 from multirank_logger.store.status import keep_unheard, settle_imported, settle_rank
@@ -87,9 +86,7 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
         new = frames[done:]
         # the store's id for the run, not the one the rank knew
         batch = with_run_id(concat_batches([obj for kind, obj in new if kind == "metrics"]), run_id)
-        fresh = _without_stored_rows(conn, batch, run_id) if len(batch) else batch
-        if len(fresh):
-            store.backend.insert_metrics(conn, metrics, fresh)
+        added = insert_unstored(conn, store.backend, batch)  # rows the store holds already are skipped
         side_added = sum(_insert_side(store, conn, obj, run_id) for kind, obj in new if kind == "side")
         ends = [obj for kind, obj in new if kind == "end"]
         rank_status = settle_rank(conn, run_id, rank, ends[-1], header.get("attempt")) if ends else None
@@ -100,14 +97,14 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
                 end_frame=len(frames),
                 run_id=run_id,
                 rank=rank,
-                rows=len(fresh),
+                rows=added,
                 source=str(Path(path).resolve()),
                 imported_at=time.time(),
             )
         )
         settle_imported(conn, run_id, len(batch))
     return ImportReport(
-        **report, rows_added=len(fresh), rows_skipped=len(batch) - len(fresh), frames_read=len(frames) - done,
+        **report, rows_added=added, rows_skipped=len(batch) - added, frames_read=len(frames) - done,
         side_rows_added=side_added, rank_status=rank_status,
     )
 
@@ -168,27 +165,3 @@ def _insert_side(store: Any, conn: sa.Connection, tables: dict[str, list[dict[st
             added += store.backend.insert_rows(conn, SIDE_TABLES[table],
                 unseen_side_rows(conn, SIDE_TABLES[table], rows))
     return added
-
-
-# at most this many keys are named in the query above (SQLite allows 32,766 parameters)
-_KEYS_IN_QUERY = 1_000
-
-
-def _without_stored_rows(conn: sa.Connection, batch: pa.RecordBatch, run_id: int) -> pa.RecordBatch:
-    """`batch` minus the rows whose (rank, seq, key) the run already holds."""
-    rank, seq, key = column_lists(batch, ("rank", "seq", "key"))
-    query = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.key).where(
-        metrics.c.run_id == run_id,
-        metrics.c.rank.in_(sorted(set(rank))),
-        metrics.c.seq.between(min(seq), max(seq)),
-    )
-    keys = set(key)
-    if len(keys) <= _KEYS_IN_QUERY:
-        # SQLite's metrics is keyed (run_id, key, rank, seq): naming the keys makes this a few
-        # range seeks instead of a scan of the whole run
-        query = query.where(metrics.c.key.in_(sorted(keys)))
-    stored = {tuple(row) for row in conn.execute(query)}
-    if not stored:
-        return batch
-    keep = np.fromiter((row not in stored for row in zip(rank, seq, key)), bool, len(batch))
-    return take_rows(batch, keep)

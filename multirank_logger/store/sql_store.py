@@ -35,8 +35,9 @@ from multirank_logger.errors import (
     StoreNotWritable,
 )
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, metrics, ranks, runs
+from multirank_logger.model.schema import SIDE_TABLES, ranks, runs
 from multirank_logger.store.backends import Backend, backend_for, public_name, resolve_url
+from multirank_logger.store.seq_spans import insert_unstored
 from multirank_logger.store.status import RUNNING
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class Store:
     Args:
         db: a filesystem path (``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``) or a SQLAlchemy URL.
         readonly: open for reading only; never creates, migrates or writes.
+        create: False: a store file that does not exist is an error, not a new store (`import`).
 
     Raises:
         UnsupportedStore, StoreNotWritable, NotADatabase, StoreLocked, SchemaOutdated,
@@ -113,14 +115,14 @@ class Store:
         run = store.create_run("lightning_logs", world_size=2)
     """
 
-    def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False) -> None:
+    def __init__(self, db: str | os.PathLike[str] | URL, *, readonly: bool = False, create: bool = True) -> None:
         self.url = resolve_url(db)
         self._shown = public_name(db)  # as the user wrote it (a pasteable command), less its password
         self.backend: Backend = backend_for(self.url)
         self.readonly = readonly
         path = self.backend.path
         if path is not None:
-            if readonly and not path.is_file():
+            if (readonly or not create) and not path.is_file():
                 raise StoreError(f"No store at {path}. Check the path; a store is created by the first run logged to it.")
             if not readonly:
                 _check_writable(path)
@@ -356,7 +358,8 @@ class Store:
 
     def write(self, batch: pa.RecordBatch) -> int:
         """Insert a batch of metric rows (`batch.METRICS_SCHEMA`) in one transaction, by the
-        backend's fastest path.
+        backend's fastest path. Rows already stored (same run, rank, seq and key: a batch retried
+        after its commit was not seen) are skipped (store/seq_spans.py).
 
         Returns:
             The number of rows written.
@@ -364,8 +367,7 @@ class Store:
         if len(batch) == 0:
             return 0
         with self.begin() as conn:
-            self.backend.insert_metrics(conn, metrics, batch)
-        return len(batch)
+            return insert_unstored(conn, self.backend, batch)
 
     def write_side(self, tables: Mapping[str, list[dict[str, Any]]]) -> int:
         """Insert side-table rows (`schema.SIDE_TABLES`: decisions, logs, step_timing) in one

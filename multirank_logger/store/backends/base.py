@@ -8,7 +8,7 @@ On the read side (``query/reader.py`` asks, the backend answers, over a connecti
 
 - ``fetch_arrow``: any SELECT as a pyarrow Table;
 - ``run_keys``: the distinct keys of a run;
-- ``per_rank_columns``: one key of every rank, sorted by rank then call order (``per_rank``);
+- ``per_rank_columns``: one key of every rank, in any order (``per_rank`` places each row by its step and rank);
 - ``rank_calls``: one rank's keys and its rows in call order, streamed (the CSV export);
 - ``hold_snapshot``: make the reads that follow see one state of a store still written;
 - ``run_readonly``: a user's SQL, refused when it would write (``readonly_sql.py``, next to this one);
@@ -103,12 +103,10 @@ def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
 
 def _with_postgres_driver(url: URL) -> URL:
     """``postgresql://`` means psycopg2 to SQLAlchemy; our ``postgres`` extra installs psycopg 3.
-    Take psycopg 3 when the URL names no driver and psycopg2 is not there."""
-    if (
-        url.drivername == "postgresql"
-        and importlib.util.find_spec("psycopg2") is None
-        and importlib.util.find_spec("psycopg") is not None
-    ):
+    Take psycopg 3 whenever the URL names no driver and it is installed (psycopg2 beside it, a
+    dependency of something else, must not take its place: COPY and `sql()` need psycopg 3);
+    ``postgresql+psycopg2://`` still chooses psycopg2."""
+    if url.drivername == "postgresql" and importlib.util.find_spec("psycopg") is not None:
         return url.set(drivername="postgresql+psycopg")
     return url
 
@@ -193,7 +191,7 @@ class Backend:
 
     def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
         """One key's rows of every rank as columns (rank, seq, step, value, dtype) of
-        `PER_RANK_TYPES`, sorted by rank, then call order; empty when no rank logged it."""
+        `PER_RANK_TYPES` (DuckDB: in no order); empty when no rank logged it."""
         stmt = (
             sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
             .where(metrics.c.run_id == run_id, metrics.c.key == key)

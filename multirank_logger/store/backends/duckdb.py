@@ -30,6 +30,8 @@ __all__ = ["AlembicDuckDBImpl", "DuckDBBackend"]
 # Not PRAGMA or CALL: both run functions that change settings or files (CALL checkpoint,
 # PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
 _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
+#: DuckDB's memory limit in a reading process (its buffer cache and the working memory of a query)
+READER_MEMORY = "128MB"
 
 
 class DuckDBBackend(Backend):
@@ -52,13 +54,19 @@ class DuckDBBackend(Backend):
         connect_args: dict[str, Any] = {"read_only": readonly}
         if readonly:
             # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL
-            connect_args["config"] = {"enable_external_access": False}
+            # and holds at most READER_MEMORY of the file's blocks: DuckDB keeps what it read cached up to
+            # its memory limit (80% of RAM by default), so a report over a large store grew with it;
+            # a scan reads each block once, so a small cache costs no time (per_rank of 5.1M rows:
+            # 256MB -> 799 MiB peak, 64MB -> 634 MiB, the same seconds; benchmarks/bench_read_scale.py)
+            connect_args["config"] = {"enable_external_access": False, "memory_limit": READER_MEMORY}
         else:
             # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
             # rows then checkpointing gains nothing from them but CPU taken from the training
             # (measured: -30% CPU per 20k-row flush, wall time the same)
             connect_args["config"] = {"threads": 1}
-        return sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
+        engine = sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
+        sa.event.listen(engine, "connect", _no_progress_bar)
+        return engine
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
         # DuckDB's executemany runs row by row; from Arrow it reads whole columns (the gap is in
@@ -115,11 +123,10 @@ class DuckDBBackend(Backend):
         return _execute(conn, stmt).to_arrow_table()
 
     def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
-        # in call order per rank: DuckDB sorts with all its threads
-        stmt = (
-            sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
-            .where(metrics.c.run_id == run_id, metrics.c.key == key)
-            .order_by(metrics.c.rank, metrics.c.seq)
+        # in no order: the pivot places each row by counting (query/rank_spread.py); a sort of a
+        # large key's rows took longer than the rest of per_rank, in memory that grew with them
+        stmt = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype).where(
+            metrics.c.run_id == run_id, metrics.c.key == key
         )
         table = self.fetch_arrow(conn, stmt)
         return [_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")]
@@ -179,6 +186,12 @@ def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
     # execute(), not sql(): a relation with parameters ran orders of magnitude slower here
     # (duckdb 1.5, one key of a large store: benchmarks/RESULTS.md's cited figures)
     return driver_connection(conn).execute(str(compiled), params)
+
+
+def _no_progress_bar(dbapi_conn: Any, _record: Any) -> None:
+    # DuckDB draws a progress bar on stderr for a query past 2 s (a report, per_rank on a large
+    # store), in the user's terminal or the training's log; it is a session setting, not a config one
+    dbapi_conn.execute("SET enable_progress_bar = false")
 
 
 def _numpy(table: Any, name: str) -> np.ndarray:

@@ -1,0 +1,179 @@
+"""The read side at scale (issue 30): each command in a fresh process on the scale store, its wall
+time and its own peak RSS, at two sizes (memory must not grow with the store); and bytes per row.
+
+The store: ``bench_query.build_scale_store`` (full mode: 256 ranks x 20,000 steps x 10 keys =
+51.2M rows, one outlier rank, one NaN), and the same with 64 ranks (12.8M rows) as the second size.
+Each case starts the command as a child of the benchmark's worker and reads the child's own peak
+RSS (``os.wait4``): what a user's shell would see.
+
+- ``report``: ``multirank-logger report DB`` (every finding, the text report);
+- ``report -o``: the same, and the HTML file (its size in MB as an extra);
+- ``per_rank``: ``open_store(DB).per_rank("metric_0")``, a step x rank DataFrame;
+- ``rank_spread``: ``open_store(DB).rank_spread("metric_0")``;
+- ``export rank 0``: ``multirank-logger export DB -o FILE`` (rank 0's metrics.csv);
+- peer, raw DuckDB: every key's per-step median (``GROUP BY key, step``) on the same file, in a
+  fresh process (the floor under the report's per-step statistics);
+- ``bytes/row``: the DuckDB file's size over its rows (no unique index since migration 0006);
+  SQLite and PostgreSQL: the same rows (a slice of the scale store, see ``BYTES_SLICE``) copied
+  into a store of each, its file / ``pg_total_relation_size`` of every table over the rows.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._harness import Case, Goal, Sizes
+
+SECTION = "read_scale"
+ROOT = Path(__file__).resolve().parent.parent
+#: (ranks, steps, keys) per mode: the store of the targets, and a smaller one (memory vs size)
+SIZES_BY_MODE = {
+    "full": ((256, 20_000, 10), (64, 20_000, 10)),
+    "quick": ((64, 2_000, 10), (16, 2_000, 10)),
+    "tiny": ((16, 200, 3), (8, 200, 3)),
+}
+#: the rows copied into SQLite and PostgreSQL for their bytes/row: (ranks, steps) of the scale store
+BYTES_SLICE = (64, 2_000)
+
+_PER_RANK = "from multirank_logger.query.reader import open_store; r = open_store({db!r}); t = r.per_rank('metric_0')"
+_SPREAD = "from multirank_logger.query.reader import open_store; r = open_store({db!r}); s = r.rank_spread('metric_0')"
+_RAW = ("import duckdb; c = duckdb.connect({db!r}, read_only=True); c.execute(\"SET memory_limit = '256MB'\"); c.execute('SET enable_progress_bar = false'); "
+        "n = len(c.execute('SELECT key, step, median(value) FROM metrics GROUP BY key, step').fetchall())")  # fmt: skip
+
+
+def _timed(argv: list[str]) -> tuple[float, float]:
+    """Run `argv` as a child; (seconds, the child's peak RSS in MiB)."""
+    with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: nothing blocks the child
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        stderr.seek(0)
+        err = stderr.read().decode(errors="replace")
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):  # report exits 1 when it finds something
+        raise RuntimeError(f"{argv[2:4]} exited {proc.returncode}: {err[-2000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def command(what: str, ranks: int, steps: int, keys: int) -> dict[str, Any]:
+    """One read command on the scale store of this size, in a fresh process: seconds, and its RSS."""
+    from benchmarks.bench_query import build_scale_store
+
+    db = str(build_scale_store(ranks, steps, keys))
+    py = sys.executable
+    with tempfile.TemporaryDirectory(prefix="bench-read-") as root:
+        out = Path(root) / "out"
+        argv = {
+            "report": [py, "-m", "multirank_logger.cli", "report", db],
+            "report -o": [py, "-m", "multirank_logger.cli", "report", db, "-o", f"{out}.html"],
+            "per_rank": [py, "-c", _PER_RANK.format(db=db)],
+            "rank_spread": [py, "-c", _SPREAD.format(db=db)],
+            "export": [py, "-m", "multirank_logger.cli", "export", db, "--rank", "0", "-o", f"{out}.csv"],
+            "raw": [py, "-c", _RAW.format(db=db)],
+        }[what]
+        seconds, rss = _timed(argv)
+        extra: dict[str, Any] = {"rows_M": ranks * steps * keys / 1e6, "peak_MiB": rss}
+        if what == "report -o":
+            extra["html_MB"] = Path(f"{out}.html").stat().st_size / 1e6
+    return {"value": seconds, "rss_mib": rss, **extra}
+
+
+def duckdb_bytes(ranks: int, steps: int, keys: int) -> dict[str, Any]:
+    """The DuckDB scale store's bytes per row (file size over rows)."""
+    from benchmarks.bench_query import build_scale_store
+
+    db = build_scale_store(ranks, steps, keys)
+    rows = ranks * steps * keys
+    return {"value": db.stat().st_size / rows, "MB": db.stat().st_size / 1e6, "rows_M": rows / 1e6}
+
+
+def server_bytes(backend: str, ranks: int, steps: int, keys: int) -> dict[str, Any]:
+    """SQLite's or PostgreSQL's bytes per row: BYTES_SLICE of the scale store's rows, written
+    through the store (Store.write, as a logger would), then the file's size / every table's size."""
+    import duckdb
+    import pyarrow as pa
+
+    from benchmarks.bench_query import build_scale_store
+    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.store.sql_store import Store
+
+    slice_ranks, slice_steps = min(BYTES_SLICE[0], ranks), min(BYTES_SLICE[1], steps)
+    src = duckdb.connect(str(build_scale_store(ranks, steps, keys)), read_only=True)
+    cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS if c != "run_id")
+    with tempfile.TemporaryDirectory(prefix="bench-bytes-") as root:
+        server = None
+        if backend == "sqlite":
+            url: str = str(Path(root) / "bytes.sqlite")
+        else:
+            import pgserver  # type: ignore[import-untyped]
+
+            server = pgserver.get_server(Path(root) / "pg", cleanup_mode="stop")
+            url = server.get_uri()
+        store = Store(url)
+        run = store.create_run("bytes", world_size=slice_ranks, transport="gather")
+        rows = 0
+        for rank in range(slice_ranks):  # one rank's rows at a time, in batches of 1,000 steps as flushed
+            for first in range(0, slice_steps, 1_000):
+                table = src.execute(f"SELECT {cols} FROM metrics WHERE rank = {rank} AND step >= {first} "
+                                    f"AND step < {min(first + 1_000, slice_steps)} ORDER BY seq, key").to_arrow_table()  # fmt: skip
+                batch = pa.table({"run_id": pa.array([run.id] * table.num_rows, pa.int32()),
+                                  **{c: table.column(c) for c in table.column_names}})  # fmt: skip
+                store.write(batch.select(list(METRIC_COLUMNS)).to_batches()[0])
+                rows += table.num_rows
+        if backend == "sqlite":
+            store.close()
+            size = Path(url).stat().st_size
+        else:
+            with store.begin() as conn:
+                size = conn.exec_driver_sql(
+                    "SELECT SUM(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.relkind = 'r' AND n.nspname = 'public'"
+                ).scalar()
+            store.close()
+        if server is not None:
+            server.cleanup()
+    src.close()
+    return {"value": float(size) / rows, "rows_M": rows / 1e6, "MB": float(size) / 1e6}
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    big, small = SIZES_BY_MODE[sizes.mode]
+    peak = Goal("extra:peak_MiB", "<=", 600, "<= 600 MiB")
+    goals = {
+        "report": (Goal("value", "<=", 6.0, "<= 6 s"), peak),
+        "report -o": (Goal("value", "<=", 8.0, "<= 8 s"), peak, Goal("extra:html_MB", "<=", 10, "HTML <= 10 MB")),
+        "per_rank": (Goal("value", "<=", 2.5, "<= 2.5 s"), peak),
+        "rank_spread": (peak,),
+        "export": (peak,),
+    }
+    out = []
+    for shape in (big, small):
+        kw = dict(zip(("ranks", "steps", "keys"), shape))
+        label = f"{shape[0]}x{shape[1]:,}x{shape[2]} ({shape[0] * shape[1] * shape[2] / 1e6:g}M rows)"
+        for what in ("raw", "report", "report -o", "per_rank", "rank_spread", "export"):
+            name = f"{'raw DuckDB median per (key, step)' if what == 'raw' else what} {label}"
+            out.append(Case(SECTION, name, "benchmarks.bench_read_scale:command", "s", {"what": what, **kw},
+                            peer=None if what == "raw" else f"raw DuckDB median per (key, step) {label}",
+                            goals=goals.get(what, ()) if shape == big else (), rounds=min(2, sizes.query_rounds),
+                            inner=1, timeout_s=600, note="a fresh process; RSS is the command's own"))  # fmt: skip
+    kw = dict(zip(("ranks", "steps", "keys"), big))
+    out.append(Case(SECTION, "bytes/row DuckDB", "benchmarks.bench_read_scale:duckdb_bytes", "B", kw, rounds=1,
+                    inner=1, goals=(Goal("value", "<=", 14, "<= 14 B/row"),), note="the scale store's file"))  # fmt: skip
+    for backend in ("sqlite", "postgresql"):
+        out.append(Case(SECTION, f"bytes/row {backend}", "benchmarks.bench_read_scale:server_bytes", "B",
+                        {"backend": backend, **kw}, rounds=1, inner=1, timeout_s=900,
+                        note=f"{BYTES_SLICE[0]} ranks x {BYTES_SLICE[1]:,} steps of it, written through Store.write"))  # fmt: skip
+    return out
+
+
+NOTES = [
+    "read_scale: each command is a child of the worker; its time is wall seconds from start to exit "
+    "(imports and opening included) and its RSS is its own peak (os.wait4). 2 cores shared.",
+]

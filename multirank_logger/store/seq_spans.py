@@ -1,0 +1,128 @@
+"""Exactly once without an index over every row: per (run, rank), the seq ranges stored.
+
+A metric row is identified by (run_id, rank, seq, key). A unique index on those columns
+cost 82% of a DuckDB store's bytes (52.3 against 9.6 B/row) and made its inserts ~2.3x
+dearer (benchmarks/RESULTS.md, scale). Instead, ``metric_spans`` holds, per (run, rank), the
+seq ranges that may hold stored rows: a few rows per rank, grown as the rank's calls arrive.
+
+Every insert of metric rows (`Store.write`, a spill import) goes through `insert_unstored`:
+
+- the batch's seq range of each rank is looked up in ``metric_spans``;
+- no overlap (a rank's next calls, the usual case): the rows go in as they are;
+- an overlap (a batch retried after a commit its writer never saw, a spill file imported
+  again, a call cut in two between batches): the rows of the overlapping seqs that the store
+  holds already, by (rank, seq, key), are read back and left out; the others go in;
+- the ranges are then extended (or a new one added) to cover what was inserted.
+
+The spans only ever cover more than is stored, never less, so a row stored once is always
+found before it could be stored again. Rows inserted behind the store's back (raw SQL) are
+not covered: on SQLite the primary key still refuses them, elsewhere they are not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from multirank_logger.model.batch import column_lists, take_rows
+from multirank_logger.model.schema import metric_spans, metrics
+
+__all__ = ["insert_unstored"]
+
+
+def insert_unstored(conn: sa.Connection, backend: Any, batch: Any) -> int:
+    """Insert the rows of `batch` (`batch.METRICS_SCHEMA`) the store does not hold yet, on an
+    open transaction, and record their seq ranges. Returns the rows inserted."""
+    if len(batch) == 0:
+        return 0
+    run_id, rank, seq = (np.asarray(c) for c in column_lists(batch, ("run_id", "rank", "seq")))
+    ranges = _ranges(run_id, rank, seq)
+    stored = _overlapping_spans(conn, ranges)
+    if stored:
+        batch = _without_stored_rows(conn, batch, ranges, stored)
+    if len(batch):
+        backend.insert_metrics(conn, metrics, batch)
+        _record(conn, ranges, stored)
+    return len(batch)
+
+
+def _ranges(run_id: np.ndarray, rank: np.ndarray, seq: np.ndarray) -> dict[tuple[int, int], tuple[int, int]]:
+    """(run_id, rank) -> (lowest seq, highest seq) in the batch."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    pairs = np.stack([run_id, rank], axis=1)
+    for run, r in np.unique(pairs, axis=0).tolist():
+        mine = seq[(run_id == run) & (rank == r)]
+        out[(run, r)] = (int(mine.min()), int(mine.max()))
+    return out
+
+
+def _overlapping_spans(
+    conn: sa.Connection, ranges: dict[tuple[int, int], tuple[int, int]]
+) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """The stored spans that overlap or touch each (run, rank)'s range (touching: to extend them)."""
+    spans = metric_spans.c
+    found: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for run_id in {run for run, _ in ranges}:
+        ranks_ = sorted(r for run, r in ranges if run == run_id)
+        low = min(ranges[(run_id, r)][0] for r in ranks_)
+        high = max(ranges[(run_id, r)][1] for r in ranks_)
+        rows = conn.execute(
+            sa.select(spans.rank, spans.first_seq, spans.last_seq).where(
+                spans.run_id == run_id, spans.rank.in_(ranks_), spans.last_seq >= low - 1, spans.first_seq <= high + 1
+            )
+        )
+        for r, first, last in rows:
+            lo, hi = ranges[(run_id, r)]
+            if last >= lo - 1 and first <= hi + 1:
+                found.setdefault((run_id, int(r)), []).append((int(first), int(last)))
+    return found
+
+
+def _without_stored_rows(
+    conn: sa.Connection,
+    batch: Any,
+    ranges: dict[tuple[int, int], tuple[int, int]],
+    stored: dict[tuple[int, int], list[tuple[int, int]]],
+) -> Any:
+    """`batch` minus the rows whose (run, rank, seq, key) the store holds, read back only where a
+    stored span overlaps the batch's range."""
+    held: set[tuple[int, int, int, str]] = set()
+    for (run_id, r), spans in stored.items():
+        lo, hi = ranges[(run_id, r)]
+        for first, last in spans:
+            start, stop = max(lo, first), min(hi, last)
+            if start > stop:
+                continue  # only touching: nothing stored in the batch's range
+            rows = conn.execute(
+                sa.select(metrics.c.seq, metrics.c.key).where(
+                    metrics.c.run_id == run_id, metrics.c.rank == r, metrics.c.seq.between(start, stop)
+                )
+            )
+            held.update((run_id, r, int(s), k) for s, k in rows)
+    if not held:
+        return batch
+    batch_rows = zip(*column_lists(batch, ("run_id", "rank", "seq", "key")))
+    keep = np.fromiter((row not in held for row in batch_rows), np.bool_, len(batch))
+    return take_rows(batch, keep)
+
+
+def _record(
+    conn: sa.Connection,
+    ranges: dict[tuple[int, int], tuple[int, int]],
+    stored: dict[tuple[int, int], list[tuple[int, int]]],
+) -> None:
+    """Cover each (run, rank)'s range: merged with the spans it overlaps or touches, or new."""
+    spans = metric_spans.c
+    for (run_id, r), (lo, hi) in ranges.items():
+        touching = stored.get((run_id, r), [])
+        first = min([lo] + [f for f, _ in touching])
+        last = max([hi] + [s for _, s in touching])
+        if touching:
+            conn.execute(
+                metric_spans.delete().where(
+                    spans.run_id == run_id, spans.rank == r, spans.first_seq.in_([f for f, _ in touching])
+                )
+            )
+        conn.execute(metric_spans.insert().values(run_id=run_id, rank=r, first_seq=first, last_seq=last))

@@ -1,0 +1,108 @@
+"""The report's pass over a run's rows (query/run_scan.py) against the per-rank tables it replaces.
+
+The findings of a run once came from ``departures(reader.per_rank(key))`` for each key and
+from SQL over every row; the pass reads the rows a window of steps at a time and keeps only
+per-step statistics and candidate rows. On real stores of each backend, with windows as small
+as a few steps, it must find exactly what the tables give: the same outliers, NaN/inf and
+ranks' steps, through repeated calls at a step, missing ranks and non-finite values.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from multirank_logger import open_store
+from multirank_logger.model.schema import encode_value, metrics, ranks, runs
+from multirank_logger.query.run_scan import scan_run
+from multirank_logger.report.findings import DEPART_SPREADS, SPREAD_WINDOW, departures, outliers
+from multirank_logger.store.sql_store import Store
+
+RANKS, STEPS, KEYS = 7, 240, ("a_loss", "b_acc", "c_flat")
+
+
+def _rows(seed: int) -> list[dict]:
+    """A 7-rank run: noisy keys, rank 5 departing on a_loss from step 100 and rank 2 on b_acc
+    for a stretch; NaN and inf; rank 6 missing some steps; some steps logged twice by a rank
+    (the later call, which wins, departs); a key every rank logs alike."""
+    rng = np.random.default_rng(seed)
+    out = []
+    seq = dict.fromkeys(range(RANKS), 0)
+    for step in range(STEPS):
+        for rank in range(RANKS):
+            if rank == 6 and step % 7 == 3:
+                continue
+            calls = 2 if (rank + step) % 23 == 0 else 1
+            for call in range(calls):
+                for key in KEYS:
+                    x = 1.0 + 0.1 * rng.standard_normal()
+                    if key == "a_loss" and rank == 5 and step >= 100:
+                        x += 3.0
+                    if key == "b_acc" and rank == 2 and 60 <= step < 140:
+                        x *= 5
+                    if key == "b_acc" and call == 1:
+                        x = 40.0  # the later call wins: a one-step spike, no finding
+                    if key == "c_flat":
+                        x = float(step)
+                    if (rank, step, key) == (3, 77, "a_loss"):
+                        x = float("nan")
+                    if (rank, step, key) in ((1, 5, "b_acc"), (1, 9, "b_acc")):
+                        x = float("inf") if step == 5 else float("-inf")
+                    value, dtype = encode_value(x)
+                    out.append({"run_id": 1, "rank": rank, "seq": seq[rank], "step": step, "key": key, "value": value,
+                                "dtype": dtype, "time": 0.0})  # fmt: skip
+                seq[rank] += 1
+    return out
+
+
+@pytest.fixture
+def scan_store(any_db):
+    store = Store(any_db)
+    now = time.time()
+    with store.begin() as conn:
+        conn.execute(sa.insert(runs), [{"id": 1, "name": "scan", "version": 0, "status": "success",
+                                        "world_size": RANKS, "started_at": now}])  # fmt: skip
+        conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success", "started_at": now}
+                                        for r in range(RANKS)])  # fmt: skip
+        conn.execute(sa.insert(metrics), _rows(0))
+    store.close()
+    return any_db
+
+
+@pytest.mark.parametrize("window_rows", [60, 1_000, 10**6])
+def test_the_pass_finds_what_the_per_rank_tables_give(scan_store, window_rows: int) -> None:
+    """Outliers, NaN/inf per key and rank, and each rank's steps: the same as from the tables and
+    SQL over every row, whatever the window (60 rows: a few steps each)."""
+    with open_store(scan_store) as reader:
+        ref = reader.resolve_run()
+        scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
+                        window_rows=window_rows)  # fmt: skip
+        expected = [{"rank": item.pop("rank"), "key": key, **item}
+                    for key in reader.keys() for item in departures(reader.per_rank(key))]  # fmt: skip
+        rows = reader.metrics(all_attempts=True)
+    assert [(o["key"], o["rank"]) for o in expected] == [("a_loss", 5), ("b_acc", 2)]
+    assert [pytest.approx(o) for o in outliers(scan)] == expected
+    bad = rows[~np.isfinite(rows["value"])].groupby(["key", "rank"])
+    assert [(n["key"], n["rank"], n["first_step"], n["count"], n["nan"], n["inf"]) for n in scan.non_finite] == [
+        (key, rank, int(g["step"].min()), len(g), int((g["dtype"] == 3).sum()), int((g["dtype"] != 3).sum()))
+        for (key, rank), g in bad
+    ]
+    steps = rows.groupby("rank")["step"]
+    assert scan.rank_steps == {int(r): (int(steps.nunique()[r]), int(steps.max()[r])) for r in steps.nunique().index}
+
+
+def test_the_pass_keeps_per_step_statistics_only(scan_store) -> None:
+    """Per key, what stays is per step (with 3 ranks or more) and a few candidate rows, not every row."""
+    with open_store(scan_store) as reader:
+        ref = reader.resolve_run()
+        scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS, window_rows=500)
+        table = reader.per_rank("a_loss").to_numpy()
+    steps = scan.per_key["a_loss"]
+    assert len(steps.steps) == STEPS and len(steps.cand_pos) < table.size / 4
+    finite = np.where(np.isfinite(table), table, np.nan)
+    np.testing.assert_array_equal(steps.median, np.nanmedian(finite, axis=1))
+    np.testing.assert_array_equal(steps.low, np.nanmin(finite, axis=1))
+    np.testing.assert_array_equal(steps.high, np.nanmax(finite, axis=1))
