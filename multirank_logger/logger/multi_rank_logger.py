@@ -24,6 +24,7 @@ from lightning.pytorch.loggers.logger import Logger
 from typing_extensions import override
 
 from multirank_logger._util import lightning_compat
+from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.ddp.log_capture import capture_level
@@ -282,8 +283,11 @@ class MultiRankLogger(Logger):
         """
         run = self._run
         run.unsaved = 0
-        if run.files.calls:  # the rank the sink was set up with; before that the launcher's variables say
-            run.files.write_live(run.rank if run.sink is not None else current_rank())
+        if run.files.calls:
+            if run.sink is None:  # (once) the run and this launch first: a resumed run's file continues its earlier launches'
+                safely(run.setup_sink, "setting up the run for metrics.csv")  # the writer retries, and says why
+            if run.sink is not None:  # else a rank before its process group: the writer's cycles write the file
+                run.files.write_live(run.rank)
         run.writer.maybe_wake()
 
     @override
