@@ -225,6 +225,26 @@ def test_report_reads_decisions_logs_and_memory(side_store) -> None:
     assert found.stragglers == [] and found.outliers == [] and found.problems
 
 
+@pytest.mark.parametrize(("rank0_mib", "flagged"), [(700, False), (1500, True)])
+def test_rank_0_of_a_gather_run_may_hold_the_stores_memory(side_store, rank0_mib: int, flagged: bool) -> None:
+    """Rank 0 of a gather run writes every rank's rows: its RSS above the others' by what the store
+    costs (WRITER_RSS_ALLOWANCE) is no finding (a clean DuckDB run said "Memory" before); well past
+    it, rank 0 still stands out. The others' peak is 400 MiB."""
+    from multirank_logger import open_store
+    from multirank_logger.model.schema import runs, step_timing
+    from multirank_logger.report import find
+    from multirank_logger.store.sql_store import Store
+
+    store = Store(side_store)
+    with store.begin() as conn:
+        conn.execute(runs.update().values(transport="gather"))
+        conn.execute(step_timing.update().where(step_timing.c.rank == 0).values(rss=rank0_mib * 2**20))
+    store.close()
+    with open_store(side_store) as reader:
+        found = find(reader)
+    assert [m["rank"] for m in found.memory] == ([0] if flagged else [])
+
+
 def test_report_on_a_psycopg2_store(postgres_url: str) -> None:
     """`report` on a PostgreSQL store opened through psycopg2 (SQLAlchemy's driver for
     postgresql://): the report's own queries do not go through `sql()`'s guard for users' SQL,
