@@ -224,7 +224,7 @@ class IdentityTimeout(MultiRankLoggerError):
         super().__init__(
             f"Rank {rank} waited {seconds:.0f} s for rank 0 to publish the run identity of {what}. "
             "Check that rank 0 is alive and builds the same MultiRankLogger (same db and name, "
-            "created in the same order), or raise the logger's timeout."
+            "created in the same order), or raise the logger's start_timeout (it starts late)."
         )
 
 

@@ -260,6 +260,32 @@ def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None
     assert both.endswith("See above: which rank, from which step, how much.")
 
 
+def test_library_warnings_every_rank_raised_alike_are_notices() -> None:
+    """A library's warnings.warn raised alike on every rank (Lightning's own FutureWarning), or by
+    Lightning on rank 0 alone (rank_zero_warn), names no rank: a notice shown apart, and the clean
+    run still says nothing stands out. The user's own warnings, and a library's on some ranks only, stay findings."""
+    from multirank_logger.report.findings import Findings, library_notice
+    from multirank_logger.report.render import findings_text
+
+    def warning(path: str, ranks: list[int], logger: str = "py.warnings", level: str = "WARNING") -> dict:
+        message = f"{path}:21: FutureWarning: `isinstance(treespec, LeafSpec)` is deprecated"
+        return {"level": level, "logger": logger, "message": message, "ranks": ranks, "count": len(ranks)}
+
+    lightning = "/venv/lib/python3.11/site-packages/lightning/pytorch/utilities/_pytree.py"
+    other_lib = "C:\\venv\\Lib\\site-packages\\torch\\nn\\modules\\module.py"
+    assert library_notice(warning(lightning, [0, 1]), 2) and library_notice(warning(other_lib, [0, 1, 2]), 3)
+    assert library_notice(warning(lightning, [0]), 2)  # Lightning's rank_zero_warn
+    assert not library_notice(warning(other_lib, [0]), 2)  # one rank of two: which one is the question
+    assert not library_notice(warning(lightning, [1]), 2)
+    assert not library_notice(warning("/home/me/train.py", [0, 1]), 2)  # the user's own code
+    assert not library_notice(warning(lightning, [0, 1], level="ERROR"), 2)
+    assert not library_notice(warning(lightning, [0, 1], logger="lightning.pytorch"), 2)
+    notice = warning(lightning, [0, 1])
+    text = findings_text(Findings(run="r/version_0", run_id=1, world_size=2, library_warnings=[notice]))
+    assert "Notices (library warnings that name no rank; no finding):\n  WARNING on ranks [0, 1] (2x)" in text
+    assert "Warnings and errors" not in text and text.endswith("Nothing stands out.")
+
+
 @pytest.mark.parametrize("ranks", [4, 64])
 def test_a_plot_of_many_steps_draws_buckets(ranks: int) -> None:
     """20,000 steps: at most MAX_POINTS points per line (a bucket's mean; the band's min, median

@@ -378,3 +378,58 @@ def test_a_crash_after_a_finished_run_leaves_its_status(db_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "after fit" in proc.stderr
     assert query(db_path, "SELECT status FROM runs") == [("success",)]
+
+
+def test_finalize_leaves_no_connection_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After finalize nothing of the run stays open: no descriptor of the store file (its engine
+    disposed) and no connection to the launch's TCPStore (the identity channel closed); both
+    stayed open for the life of the process before."""
+    import datetime
+
+    import psutil
+    import torch.distributed as dist
+
+    from tests.conftest import free_port
+
+    server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    # the launch's store, as torchrun's agent offers it to its workers
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    db = tmp_path / "runs.sqlite"
+    me = psutil.Process()
+
+    def open_now() -> tuple[list[str], set[int]]:
+        files = [f.path for f in me.open_files() if f.path.startswith(str(db))]
+        return files, {c.laddr.port for c in me.net_connections("tcp") if c.raddr and c.raddr.port == server.port}
+
+    server_own = open_now()[1]  # the server object's own client
+    logger = MultiRankLogger(db=db)
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.log_hyperparams({"lr": 0.1})  # the run is set up: the identity published
+    files, connections = open_now()
+    assert files and connections - server_own  # the test sees what it looks for
+    logger.finalize("success")
+    assert open_now() == ([], server_own)
+    assert query(db, "SELECT key, value FROM metrics") == [("loss", 1.0)]
+
+
+def test_start_timeout_bounds_the_wait_for_rank_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 of a launch whose rank 0 never opens the run: it waits `start_timeout`, not the
+    general `timeout`, and the error names the argument to raise."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from multirank_logger.errors import IdentityTimeout
+    from tests.conftest import free_port
+
+    server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
+                        "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    logger = MultiRankLogger(db=tmp_path / "runs.sqlite", timeout=600, start_timeout=1)
+    with pytest.raises(IdentityTimeout, match=r"waited 1 s for rank 0 .* raise the logger's start_timeout"):
+        _ = logger.version
+    with pytest.raises(ValueError, match="start_timeout=0"):
+        MultiRankLogger(db=tmp_path / "runs.sqlite", start_timeout=0)

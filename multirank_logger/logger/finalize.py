@@ -62,6 +62,9 @@ def finish_run(run: RankRun, status: str) -> None:
         _give_up(run, bound)
     finally:
         run.board.withdraw()  # the launch is over: leave no variable behind in this process
+        safely(run.board.close)  # nor a connection: a later phase (test after fit) opens its own
+        if run.store is not None:
+            run.store.close()  # the idle connections (the file's descriptors); a later phase reconnects
 
 
 def _end_with_sink(run: RankRun, status: str, timeout: float) -> None:

@@ -20,10 +20,10 @@ from typing import Any
 
 from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.fabric.utilities.logger import _add_prefix, _convert_params
-from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import Logger
 from typing_extensions import override
 
+from multirank_logger._util import lightning_compat
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.ddp.log_capture import capture_level
@@ -78,7 +78,8 @@ class MultiRankLogger(Logger):
             ``"node"``); None: as many as half its free connections allow, at most one per node.
         export_csv: rank 0 writes ``metrics.csv`` into `log_dir` as the run goes (and leaves it
             after a failure) and ``hparams.yaml`` when hyperparameters are logged, as CSVLogger does.
-        timeout: the longest any wait on another rank or on a busy store lasts, in seconds.
+        timeout: the longest any wait on another rank or on a busy store lasts, in seconds
+            (each wait, and the ones named below: docs/configuration.md#waits).
         spill_dir: where a rank that cannot deliver its rows to rank 0 (gather transport, rank 0
             gone) writes them, for ``multirank-logger import``; defaults to the db file's
             directory (the working directory for a server URL), as seen by that rank.
@@ -94,6 +95,8 @@ class MultiRankLogger(Logger):
             key and name continues that run, so a requeue needs no version bookkeeping.
         finalize_timeout: the longest `finalize` lasts, in seconds; past it (a store that stopped
             answering) what is unwritten goes to the spill file. Default: ``2 * timeout + 30``.
+        start_timeout: the longest a rank other than 0 waits for rank 0 to open the run (ranks a
+            scheduler starts minutes apart), in seconds. Default: `timeout`.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -131,6 +134,7 @@ class MultiRankLogger(Logger):
         resume: str = "allow",
         run_key: str | None = None,
         finalize_timeout: float | None = None,
+        start_timeout: float | None = None,
     ) -> None:
         super().__init__()
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
@@ -140,7 +144,8 @@ class MultiRankLogger(Logger):
         if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
         waits = [("flush_interval", flush_interval), ("timeout", timeout)]
-        waits += [("finalize_timeout", finalize_timeout)] if finalize_timeout is not None else []
+        waits += [(name, s) for name, s in (("finalize_timeout", finalize_timeout), ("start_timeout", start_timeout))
+                  if s is not None]
         for argument, seconds in waits:
             if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
                 raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
@@ -174,6 +179,7 @@ class MultiRankLogger(Logger):
             owner=f"MultiRankLogger(db={shown!r}, name={name or ''!r}, version={version!r})",
             owner_class=type(self).__name__,
             finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
+            start_timeout=float(start_timeout) if start_timeout is not None else None,
         )
         #: this process's part in the run: store, identity, sink, writer (pickled with its run
         #: for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
@@ -182,6 +188,7 @@ class MultiRankLogger(Logger):
         # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
         # built and never used leaves nothing running
         weakref.finalize(self, _dropped, self._run)
+        lightning_compat.adopt(MultiRankLogger, *LIGHTNING_BASES)  # pytorch_lightning imported since
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -247,10 +254,12 @@ class MultiRankLogger(Logger):
 
     @override
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        # Runs every logging step on every rank: no I/O, no SQL, no collective, no lock.
+        # Runs every logging step on every rank: no SQL, no collective, no lock; I/O only on rank 0
+        # every flush_logs_every_n_steps calls, where CSVLogger's saves (the Trainer saves every step)
         if self._prefix:
             metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
-        self._run.record_call(metrics, step)
+        if self._run.record_call(metrics, step):
+            self.save()
 
     def record(self, table: str, **values: Any) -> None:
         """Keep one row for a side table (``decisions``, ``logs``, ``step_timing``: see schema.py)
@@ -273,7 +282,8 @@ class MultiRankLogger(Logger):
         """
         run = self._run
         run.unsaved = 0
-        run.save_csv()
+        if run.files.calls:  # the rank the sink was set up with; before that the launcher's variables say
+            run.files.write_live(run.rank if run.sink is not None else current_rank())
         run.writer.maybe_wake()
 
     @override
@@ -301,8 +311,10 @@ def _dropped(run: RankRun) -> None:
     run.writer.finish_soon()
 
 
-# Lightning's Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to
-# decide whether the first logger has a per-version log_dir, and falls back to save_dir
-# otherwise (so LightningCLI would write config.yaml into save_dir and refuse a 2nd run). Ours
-# has CSVLogger's layout: say so to that check, without inheriting CSVLogger's file writing.
-CSVLogger.register(MultiRankLogger)
+#: the Lightning classes the logger is an instance of, in both packages (_util/lightning_compat.py).
+#: CSVLogger: Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to decide
+#: whether the first logger has a per-version log_dir, and falls back to save_dir otherwise (so
+#: LightningCLI would write config.yaml into save_dir and refuse a 2nd run). Ours has CSVLogger's
+#: layout: it says so to that check, without inheriting CSVLogger's file writing.
+LIGHTNING_BASES = (("loggers", "Logger"), ("loggers", "CSVLogger"))
+lightning_compat.adopt(MultiRankLogger, *LIGHTNING_BASES)

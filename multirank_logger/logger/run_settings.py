@@ -51,11 +51,17 @@ class RunSettings:
     max_writers: int | None = None
     #: the longest `finalize` may last (None: `finalize_bound`'s default)
     finalize_timeout: float | None = None
+    #: the longest a rank > 0 waits for rank 0's run identity (None: `timeout`)
+    start_timeout: float | None = None
 
     def finalize_bound(self, timeout: float) -> float:
         """The longest `finalize` lasts, its end's own waits sharing `timeout` (the flush, the other
         ranks' last rows, the run's row): past it, what is unwritten goes to the spill file."""
         return self.finalize_timeout if self.finalize_timeout is not None else 2 * timeout + 30.0
+
+    @property
+    def identity_wait(self) -> float:
+        return self.start_timeout if self.start_timeout is not None else self.timeout
 
     @property
     def store_identity(self) -> str:

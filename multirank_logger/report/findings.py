@@ -3,7 +3,8 @@
 For one run: the ranks (status, host, steps, duration); stragglers (a rank whose data wait or
 forward time stands out, from ``StepTimer``'s ``step_timing``); outlier ranks per key; non-finite
 values; ranks whose peak memory stands out; decisions the ranks disagreed on; warnings and errors
-from the ranks' logs. Nothing here writes: every read goes through a ``StoreReader``.
+from the ranks' logs, apart from the library warnings every rank raised alike (`library_notice`),
+which are shown as notices, not findings. Nothing here writes: every read goes through a ``StoreReader``.
 
 How a rank *departs* (outliers and stragglers), with no fixed threshold on the values:
 
@@ -33,7 +34,7 @@ from multirank_logger.query.run_scan import RunScan, scan_run
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["Findings", "departures", "find", "outliers"]
+__all__ = ["Findings", "departures", "find", "library_notice", "outliers"]
 
 #: a rank departs at a step when it is this many typical spreads of the ranks from their median
 DEPART_SPREADS = 8.0
@@ -64,6 +65,8 @@ class Findings:
     memory: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     log_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: warnings raised alike by library code (`library_notice`): shown apart, no finding
+    library_warnings: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: the pass over the run's rows the findings came from (per key and step: the plots' bands); not in to_dict
     scan: RunScan | None = field(default=None, repr=False, compare=False)
@@ -113,7 +116,9 @@ def find(reader: StoreReader, run: int | str | None = None) -> Findings:
     else:
         out.outliers = outliers(scan)
     out.decisions = _decisions(reader, ref)
-    out.log_messages = _log_messages(reader, ref)
+    messages = _log_messages(reader, ref)
+    out.library_warnings = [m for m in messages if library_notice(m, ref.world_size)]
+    out.log_messages = [m for m in messages if not library_notice(m, ref.world_size)]
     out.scan = scan
     return out
 
@@ -344,6 +349,23 @@ def _log_messages(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
 
 
 _LEVELS = {"CRITICAL": 50, "ERROR": 40, "WARNING": 30}
+#: where installed packages' files are: a warning raised there is library code's
+_LIBRARY_DIRS = ("/site-packages/", "/dist-packages/")
+#: Lightning's packages, which warn on rank 0 alone by design (``rank_zero_warn``)
+_LIGHTNING_DIRS = ("/lightning/", "/pytorch_lightning/", "/lightning_fabric/")
+
+
+def library_notice(message: dict[str, Any], world_size: int) -> bool:
+    """A warning from library code that names no rank: a `warnings.warn` of an installed package
+    (e.g. Lightning's deprecation FutureWarnings) raised alike on every rank, or by Lightning on
+    rank 0 alone (its rank_zero_warn). A notice worth reading, not a finding about a rank."""
+    if message["level"] != "WARNING" or message["logger"] != "py.warnings":
+        return False
+    where = str(message["message"]).split(": ", 1)[0].replace("\\", "/")  # warnings' "path:line: Category: text"
+    if not any(part in where for part in _LIBRARY_DIRS):
+        return False
+    ranks = message["ranks"]
+    return ranks == list(range(world_size)) or (ranks == [0] and any(part in where for part in _LIGHTNING_DIRS))
 
 
 def _median(column: Any) -> float | None:

@@ -26,6 +26,7 @@ Importing a file into a store is store/spill_import.py's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -34,7 +35,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,8 @@ from multirank_logger.model.wire import decode_batch, encode_batch
 from multirank_logger.model.wire_v1 import decode_batch_v1
 
 __all__ = [
-    "SPILL_SUFFIX", "SpillContents", "SpillWriter", "read_spill", "read_spill_contents", "read_spill_header",
+    "SPILL_SUFFIX", "SpillContents", "SpillWriter", "open_spill", "read_spill", "read_spill_contents",
+    "read_spill_header",
 ]
 
 SPILL_SUFFIX = ".mrspill"
@@ -192,39 +194,53 @@ def read_spill_contents(path: str | os.PathLike[str]) -> SpillContents:
     Raises:
         SpillCorrupt: when the file has no spill header, or a frame in the middle is damaged.
     """
-    data = Path(path).read_bytes()
-    line, sep, rest = data.partition(b"\n")
-    try:
-        header = json.loads(line) if sep else None
-    except ValueError:
-        header = None
-    if not isinstance(header, dict) or header.get("format") != _FORMAT:
-        raise SpillCorrupt(str(path), "no multirank-spill header line")
-    decode_metrics = _METRICS_DECODERS.get(header.get("format_version", 1))
-    if decode_metrics is None:
-        raise SpillCorrupt(
-            str(path), f"format version {header.get('format_version')}: written by a newer multirank-logger; upgrade it"
-        )
-    frames: list[tuple[str, Any]] = []
-    view, pos = memoryview(rest), 0
-    while pos < len(view):
-        if pos + _LENGTH.size > len(view):
-            break  # torn length: the writer died mid-frame
-        (size,) = _LENGTH.unpack_from(view, pos)
-        end = pos + _LENGTH.size + size + _CRC.size
-        if end > len(view):
-            break  # torn frame
-        payload = view[pos + _LENGTH.size : end - _CRC.size]
-        (crc,) = _CRC.unpack_from(view, end - _CRC.size)
-        if zlib.crc32(payload) != crc:
-            raise SpillCorrupt(str(path), f"frame {len(frames)} fails its checksum")
+    with open_spill(path) as (header, frames):
+        return SpillContents(header, list(frames))
+
+
+@contextlib.contextmanager
+def open_spill(path: str | os.PathLike[str]) -> Iterator[tuple[dict[str, Any], Iterator[tuple[str, Any]]]]:
+    """The header of a spill file, and its frames as `read_spill_contents` gives them, read one at
+    a time: a file larger than the memory at hand (a long outage's) is never all in memory.
+
+    Raises:
+        SpillCorrupt: when the file has no spill header (at once), or a frame in the middle is
+            damaged (when the iteration reaches it).
+    """
+    with open(path, "rb") as fp:
+        line = fp.readline()
         try:
-            # a copy: aligned for Arrow, and apart from the whole file's bytes
-            frames.append(_decode_frame(bytes(payload), decode_metrics))
+            header = json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("format") != _FORMAT:
+            raise SpillCorrupt(str(path), "no multirank-spill header line")
+        decode_metrics = _METRICS_DECODERS.get(header.get("format_version", 1))
+        if decode_metrics is None:
+            raise SpillCorrupt(
+                str(path), f"format version {header.get('format_version')}: written by a newer multirank-logger; upgrade it"
+            )
+        yield header, _frames(fp, str(path), decode_metrics)
+
+
+def _frames(fp: Any, path: str, decode_metrics: Callable[[bytes], pa.RecordBatch]) -> Iterator[tuple[str, Any]]:
+    index = 0
+    while True:
+        length = fp.read(_LENGTH.size)
+        if len(length) < _LENGTH.size:
+            return  # the end, or a torn length: the writer died mid-frame
+        (size,) = _LENGTH.unpack(length)
+        payload = fp.read(size)
+        crc = fp.read(_CRC.size)
+        if len(payload) < size or len(crc) < _CRC.size:
+            return  # torn frame
+        if zlib.crc32(payload) != _CRC.unpack(crc)[0]:
+            raise SpillCorrupt(path, f"frame {index} fails its checksum")
+        try:
+            yield _decode_frame(payload, decode_metrics)
         except ValueError as exc:
-            raise SpillCorrupt(str(path), f"frame {len(frames)}: {exc}") from exc
-        pos = end
-    return SpillContents(header, frames)
+            raise SpillCorrupt(path, f"frame {index}: {exc}") from exc
+        index += 1
 
 
 def _decode_frame(payload: bytes, decode_metrics: Callable[[bytes], pa.RecordBatch]) -> tuple[str, Any]:

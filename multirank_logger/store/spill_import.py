@@ -13,6 +13,7 @@ import glob
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,15 @@ from multirank_logger.model.batch import concat_batches, with_run_id
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import SIDE_TABLES, imports, runs
 from multirank_logger.store.seq_spans import insert_unstored
-from multirank_logger.store.spill_file import SPILL_SUFFIX, read_spill_contents, read_spill_header
+from multirank_logger.store.spill_file import SPILL_SUFFIX, open_spill, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
 from multirank_logger.store.status import keep_unheard, settle_imported, settle_rank
 
 __all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
 
 log = logging.getLogger(__name__)
+#: metric rows stored at a time: an import holds about this many rows in memory, whatever the file's size
+IMPORT_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,13 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
         SpillCorrupt: when the file cannot be read as a spill file.
         LookupFailed: when the store holds no run with the file's name and version.
     """
-    contents = read_spill_contents(path)
-    header, frames = contents.header, contents.frames
+    with open_spill(path) as (header, frames):
+        return _import_frames(store, str(path), header, frames)
+
+
+def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterator[tuple[str, Any]]) -> ImportReport:
+    """`import_spill` on an open file: its frames are read, and their rows stored, a part at a
+    time (`IMPORT_ROWS`), in one transaction: a failure part-way leaves the store as it was."""
     spill_id = str(header["spill_id"])
     name, version, rank = str(header["name"]), int(header["version"]), int(header["rank"])
     with store.begin() as conn:
@@ -79,22 +87,40 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
         if run_id is None:
             labels = conn.execute(sa.select(runs.c.name, runs.c.version)).all()
             raise LookupFailed("run", f"{name}/version_{version}", [f"{n}/version_{v}" for n, v in labels])
-        report = {"path": str(path), "spill_id": spill_id, "run_id": run_id, "name": name, "version": version}
-        report["rank"] = rank
-        if done >= len(frames):
+        report = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
+        pending: list[Any] = []
+        read = added = side_added = count = 0
+        end = None
+
+        def store_pending() -> None:
+            nonlocal read, added
+            # the store's id for the run, not the one the rank knew
+            batch = with_run_id(concat_batches(pending), run_id)
+            pending.clear()
+            read += len(batch)
+            added += insert_unstored(conn, store.backend, batch)  # rows the store holds already are skipped
+
+        for count, (kind, obj) in enumerate(frames, start=1):
+            if count <= done:
+                continue  # imported before
+            if kind == "metrics":
+                pending.append(obj)
+                if sum(map(len, pending)) >= IMPORT_ROWS:
+                    store_pending()
+            elif kind == "side":
+                side_added += _insert_side(store, conn, obj, run_id)
+            else:
+                end = obj
+        if count <= done:
             return ImportReport(**report, rows_added=0, rows_skipped=0, frames_read=0)
-        new = frames[done:]
-        # the store's id for the run, not the one the rank knew
-        batch = with_run_id(concat_batches([obj for kind, obj in new if kind == "metrics"]), run_id)
-        added = insert_unstored(conn, store.backend, batch)  # rows the store holds already are skipped
-        side_added = sum(_insert_side(store, conn, obj, run_id) for kind, obj in new if kind == "side")
-        ends = [obj for kind, obj in new if kind == "end"]
-        rank_status = settle_rank(conn, run_id, rank, ends[-1], header.get("attempt")) if ends else None
+        if pending:
+            store_pending()
+        rank_status = settle_rank(conn, run_id, rank, end, header.get("attempt")) if end is not None else None
         conn.execute(
             imports.insert().values(
                 spill_id=spill_id,
                 first_frame=done,
-                end_frame=len(frames),
+                end_frame=count,
                 run_id=run_id,
                 rank=rank,
                 rows=added,
@@ -102,9 +128,9 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
                 imported_at=time.time(),
             )
         )
-        settle_imported(conn, run_id, len(batch))
+        settle_imported(conn, run_id, read)
     return ImportReport(
-        **report, rows_added=added, rows_skipped=len(batch) - added, frames_read=len(frames) - done,
+        **report, rows_added=added, rows_skipped=read - added, frames_read=count - done,
         side_rows_added=side_added, rank_status=rank_status,
     )
 

@@ -63,12 +63,14 @@ class IdentityBoard:
 
     Args:
         instance: the logger's construction index in this process.
-        timeout: the longest a rank waits for rank 0.
+        timeout: the channel's bound on connecting and on each call.
+        wait: the longest a rank waits for rank 0 to publish (default: `timeout`).
     """
 
-    def __init__(self, instance: int, timeout: float) -> None:
+    def __init__(self, instance: int, timeout: float, wait: float | None = None) -> None:
         self.instance = instance
         self.timeout = timeout
+        self.wait = timeout if wait is None else wait
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         #: the RowChannel namespace of this logger in this launch (rows travel under it too)
         self.namespace = f"logger{instance}-restart{restart}"
@@ -111,6 +113,12 @@ class IdentityBoard:
         self._withdrawn = True
         os.environ.pop(self.env_var, None)
 
+    def close(self) -> None:
+        """Drop the connection to the TCPStore (the launch is over); `channel` opens a new one."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
     def from_env(self, db: str) -> RunIdentity | None:
         """Ranks > 0: the identity rank 0 set before launching this process, if it is for `db`."""
         text = os.environ.get(self.env_var)
@@ -134,9 +142,9 @@ class IdentityBoard:
         if channel is None:
             return None
         try:
-            return RunIdentity.from_json(channel.fetch("identity", self.timeout))
+            return RunIdentity.from_json(channel.fetch("identity", self.wait))
         except ChannelTimeout as exc:
-            raise IdentityTimeout(rank, self.timeout, what) from exc
+            raise IdentityTimeout(rank, self.wait, what) from exc
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
