@@ -152,12 +152,30 @@ def test_log_hyperparams_without_argument(tmp_path: Path, db_path: Path) -> None
 
 
 def test_metrics_reset_after_save(tmp_path: Path, db_path: Path) -> None:
-    """experiment.metrics holds the calls not written yet (test_csv.py::test_metrics_reset_after_save)."""
-    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
+    """experiment.metrics holds the calls not written yet; log_metrics saves every
+    flush_logs_every_n_steps calls, as CSVLogger's (test_csv.py::test_metrics_reset_after_save)."""
+    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600, flush_logs_every_n_steps=2)
     logger.log_metrics({"test": 1}, step=0)
     assert logger.experiment.metrics == [{"test": 1, "step": 0}]
+    logger.log_metrics({"test": 1}, step=1)  # flush triggered
+    assert logger.experiment.metrics == []
+    assert _file(logger) == b"step,test\r\n0,1\r\n1,1\r\n"
+    logger.log_metrics({"test": 2}, step=2)
     logger.experiment.save()
     assert logger.experiment.metrics == []
+    logger.finalize("success")
+
+
+def test_flush_n_steps(tmp_path: Path, db_path: Path) -> None:
+    """log_metrics calls save() every flush_logs_every_n_steps steps (test_csv.py::test_flush_n_steps)."""
+    from unittest.mock import MagicMock
+
+    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600, flush_logs_every_n_steps=2)
+    logger.save = MagicMock()  # type: ignore[method-assign]
+    logger.log_metrics({"float": 0.3, "int": 1, "FloatTensor": torch.tensor(0.1)}, step=0)
+    logger.save.assert_not_called()
+    logger.log_metrics({"float": 0.3, "int": 1, "FloatTensor": torch.tensor(0.1)}, step=1)
+    logger.save.assert_called_once()
     logger.finalize("success")
 
 

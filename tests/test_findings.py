@@ -225,6 +225,26 @@ def test_report_reads_decisions_logs_and_memory(side_store) -> None:
     assert found.stragglers == [] and found.outliers == [] and found.problems
 
 
+@pytest.mark.parametrize(("rank0_mib", "flagged"), [(700, False), (1500, True)])
+def test_rank_0_of_a_gather_run_may_hold_the_stores_memory(side_store, rank0_mib: int, flagged: bool) -> None:
+    """Rank 0 of a gather run writes every rank's rows: its RSS above the others' by what the store
+    costs (WRITER_RSS_ALLOWANCE) is no finding (a clean DuckDB run said "Memory" before); well past
+    it, rank 0 still stands out. The others' peak is 400 MiB."""
+    from multirank_logger import open_store
+    from multirank_logger.model.schema import runs, step_timing
+    from multirank_logger.report import find
+    from multirank_logger.store.sql_store import Store
+
+    store = Store(side_store)
+    with store.begin() as conn:
+        conn.execute(runs.update().values(transport="gather"))
+        conn.execute(step_timing.update().where(step_timing.c.rank == 0).values(rss=rank0_mib * 2**20))
+    store.close()
+    with open_store(side_store) as reader:
+        found = find(reader)
+    assert [m["rank"] for m in found.memory] == ([0] if flagged else [])
+
+
 def test_report_on_a_psycopg2_store(postgres_url: str) -> None:
     """`report` on a PostgreSQL store opened through psycopg2 (SQLAlchemy's driver for
     postgresql://): the report's own queries do not go through `sql()`'s guard for users' SQL,
@@ -258,6 +278,32 @@ def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None
     assert only_logs.endswith("No rank stands out in the numbers; read the warnings and errors above.")
     assert "rank 1: data 100 ms longer than the other ranks per step" in both
     assert both.endswith("See above: which rank, from which step, how much.")
+
+
+def test_library_warnings_every_rank_raised_alike_are_notices() -> None:
+    """A library's warnings.warn raised alike on every rank (Lightning's own FutureWarning), or by
+    Lightning on rank 0 alone (rank_zero_warn), names no rank: a notice shown apart, and the clean
+    run still says nothing stands out. The user's own warnings, and a library's on some ranks only, stay findings."""
+    from multirank_logger.report.findings import Findings, library_notice
+    from multirank_logger.report.render import findings_text
+
+    def warning(path: str, ranks: list[int], logger: str = "py.warnings", level: str = "WARNING") -> dict:
+        message = f"{path}:21: FutureWarning: `isinstance(treespec, LeafSpec)` is deprecated"
+        return {"level": level, "logger": logger, "message": message, "ranks": ranks, "count": len(ranks)}
+
+    lightning = "/venv/lib/python3.11/site-packages/lightning/pytorch/utilities/_pytree.py"
+    other_lib = "C:\\venv\\Lib\\site-packages\\torch\\nn\\modules\\module.py"
+    assert library_notice(warning(lightning, [0, 1]), 2) and library_notice(warning(other_lib, [0, 1, 2]), 3)
+    assert library_notice(warning(lightning, [0]), 2)  # Lightning's rank_zero_warn
+    assert not library_notice(warning(other_lib, [0]), 2)  # one rank of two: which one is the question
+    assert not library_notice(warning(lightning, [1]), 2)
+    assert not library_notice(warning("/home/me/train.py", [0, 1]), 2)  # the user's own code
+    assert not library_notice(warning(lightning, [0, 1], level="ERROR"), 2)
+    assert not library_notice(warning(lightning, [0, 1], logger="lightning.pytorch"), 2)
+    notice = warning(lightning, [0, 1])
+    text = findings_text(Findings(run="r/version_0", run_id=1, world_size=2, library_warnings=[notice]))
+    assert "Notices (library warnings that name no rank; no finding):\n  WARNING on ranks [0, 1] (2x)" in text
+    assert "Warnings and errors" not in text and text.endswith("Nothing stands out.")
 
 
 @pytest.mark.parametrize("ranks", [4, 64])

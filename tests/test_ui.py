@@ -106,6 +106,8 @@ def test_cli_binds_localhost_and_serves_summaries_not_rows(cli_server: str) -> N
     assert cli_server.startswith("http://127.0.0.1:")
     status, runs = get(cli_server + "api/runs")
     assert status == 200 and [(r["id"], r["ranks"], r["nodes"]) for r in runs] == [(1, RANKS, 2)]
+    status, head = get(cli_server + "api/run/1?brief=1")  # what the open page polls: the header, no key list
+    assert status == 200 and head["id"] == 1 and head["last_step"] == STEPS - 1 and "keys" not in head
     status, s = get(cli_server + "api/run/1/series?name=loss")
     assert status == 200
     assert s["departing"] == [OUTLIER] and s["non_finite"] == [NAN_RANK]

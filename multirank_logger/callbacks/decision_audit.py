@@ -33,14 +33,15 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from typing_extensions import override
 
+from multirank_logger._util import lightning_compat
 from multirank_logger.errors import NoMultiRankLogger
-from multirank_logger.logger.multi_rank_logger import MultiRankLogger
+from multirank_logger.logger.multi_rank_logger import LIGHTNING_BASES, MultiRankLogger
 
 __all__ = ["DecisionAudit"]
 
@@ -100,16 +101,20 @@ class DecisionAudit(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return  # checkpoints and early stopping decide only while fitting
+        lightning_compat.adopt(MultiRankLogger, *LIGHTNING_BASES)  # the Trainer's package, imported by now
         loggers = [lg for lg in trainer.loggers if isinstance(lg, MultiRankLogger)]
         if not loggers:
             raise NoMultiRankLogger([type(lg).__name__ for lg in trainer.loggers])
         self._logger = loggers[0]
         strategy = trainer.strategy
         self._patch(strategy, "reduce_boolean_decision", self._watch_reduce(strategy.reduce_boolean_decision))
+        # the Trainer's package's classes: lightning's or pytorch_lightning's (both when both are imported)
+        checkpoints = lightning_compat.classes("callbacks", "ModelCheckpoint")
+        stoppers = lightning_compat.classes("callbacks", "EarlyStopping")
         for cb in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning's callback connector
-            if isinstance(cb, ModelCheckpoint):
+            if isinstance(cb, checkpoints):
                 self._patch(cb, "check_monitor_top_k", self._watch_top_k(cb, cb.check_monitor_top_k))
-            elif isinstance(cb, EarlyStopping):
+            elif isinstance(cb, stoppers):
                 for hook in _STOP_HOOKS:
                     self._patch(cb, hook, self._watch_stop(cb, getattr(cb, hook)))
 
@@ -207,8 +212,7 @@ class DecisionAudit(Callback):
     def _record_saves(self) -> None:
         """The saves decided earlier are done now: their path is the entry they put in best_k_models."""
         for deciding in self._saving:
-            cb = deciding.callback
-            assert isinstance(cb, ModelCheckpoint)
+            cb = cast(ModelCheckpoint, deciding.callback)  # or pytorch_lightning's: the same class, copied
             new = [path for path, score in cb.best_k_models.items() if deciding.kept.get(path) is not score]
             deciding.path = new[0] if new else cb.best_model_path or None
             deciding.best = _float(cb.best_model_score)

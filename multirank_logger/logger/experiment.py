@@ -48,8 +48,11 @@ class RunExperiment:
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
-        """The calls logged and not written yet, with their ``step`` (CSVLogger's unsaved rows)."""
-        return [{**values, "step": step} for step, values in self._run.buffer.pending_calls()]
+        """The calls logged and not written yet, with their ``step`` (CSVLogger's unsaved rows):
+        not in metrics.csv yet, or (export_csv=False) not drained to the store yet."""
+        run = self._run
+        calls = list(run.files.calls) if run.buffer.tee is not None else run.buffer.pending_calls()
+        return [{**values, "step": step} for step, values in calls]
 
     @property
     def run_id(self) -> int:
@@ -74,7 +77,7 @@ class RunExperiment:
 
     def save(self) -> None:
         """Write what was logged: into the store, and into metrics.csv, before returning
-        (CSVLogger's ``save`` writes the file; the logger's own ``save`` stays a counter check)."""
+        (the logger's own ``save``, which the Trainer calls every step, writes metrics.csv only)."""
         self._run.flush_now()
 
     def __repr__(self) -> str:

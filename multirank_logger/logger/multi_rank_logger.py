@@ -20,10 +20,11 @@ from typing import Any
 
 from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.fabric.utilities.logger import _add_prefix, _convert_params
-from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import Logger
 from typing_extensions import override
 
+from multirank_logger._util import lightning_compat
+from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.ddp.log_capture import capture_level
@@ -188,6 +189,7 @@ class MultiRankLogger(Logger):
         # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
         # built and never used leaves nothing running
         weakref.finalize(self, _dropped, self._run)
+        lightning_compat.adopt(MultiRankLogger, *LIGHTNING_BASES)  # pytorch_lightning imported since
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -253,10 +255,12 @@ class MultiRankLogger(Logger):
 
     @override
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        # Runs every logging step on every rank: no I/O, no SQL, no collective, no lock.
+        # Runs every logging step on every rank: no SQL, no collective, no lock; I/O only on rank 0
+        # every flush_logs_every_n_steps calls, where CSVLogger's saves (the Trainer saves every step)
         if self._prefix:
             metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
-        self._run.record_call(metrics, step)
+        if self._run.record_call(metrics, step):
+            self.save()
 
     def record(self, table: str, **values: Any) -> None:
         """Keep one row for a side table (``decisions``, ``logs``, ``step_timing``: see schema.py)
@@ -279,7 +283,11 @@ class MultiRankLogger(Logger):
         """
         run = self._run
         run.unsaved = 0
-        run.save_csv()
+        if run.files.calls:
+            if run.sink is None:  # (once) the run and this launch first: a resumed run's file continues its earlier launches'
+                safely(run.setup_sink, "setting up the run for metrics.csv")  # the writer retries, and says why
+            if run.sink is not None:  # else a rank before its process group: the writer's cycles write the file
+                run.files.write_live(run.rank)
         run.writer.maybe_wake()
 
     @override
@@ -307,8 +315,10 @@ def _dropped(run: RankRun) -> None:
     run.writer.finish_soon()
 
 
-# Lightning's Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to
-# decide whether the first logger has a per-version log_dir, and falls back to save_dir
-# otherwise (so LightningCLI would write config.yaml into save_dir and refuse a 2nd run). Ours
-# has CSVLogger's layout: say so to that check, without inheriting CSVLogger's file writing.
-CSVLogger.register(MultiRankLogger)
+#: the Lightning classes the logger is an instance of, in both packages (_util/lightning_compat.py).
+#: CSVLogger: Trainer.log_dir asks isinstance(loggers[0], (TensorBoardLogger, CSVLogger)) to decide
+#: whether the first logger has a per-version log_dir, and falls back to save_dir otherwise (so
+#: LightningCLI would write config.yaml into save_dir and refuse a 2nd run). Ours has CSVLogger's
+#: layout: it says so to that check, without inheriting CSVLogger's file writing.
+LIGHTNING_BASES = (("loggers", "Logger"), ("loggers", "CSVLogger"))
+lightning_compat.adopt(MultiRankLogger, *LIGHTNING_BASES)

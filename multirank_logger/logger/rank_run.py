@@ -74,10 +74,8 @@ class RankRun:
         self.settings = settings
         self.save_dir = SaveDir(settings.save_dir)  # its filesystem: where log_dir and its files are
         self.board = IdentityBoard(next(_INSTANCES), settings.timeout, settings.identity_wait)
-        # a run dropped without finalize leaves no variable behind (it is for its own launch)
-        weakref.finalize(self, os.environ.pop, self.board.env_var, None)
-        #: the run, as rank 0 publishes it (with the store and the process that opened it)
-        self.identity: RunIdentity | None = None
+        weakref.finalize(self, os.environ.pop, self.board.env_var, None)  # dropped unfinalized: no variable left
+        self.identity: RunIdentity | None = None  # the run as rank 0 publishes it (store, opener's pid)
         self.published = False
         self.created_run = False  # rank 0 allocated a new run (not a resumed one)
         self.hparams: dict[str, Any] = {}
@@ -106,8 +104,7 @@ class RankRun:
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
         self.live = False  # a log call of this phase started the writer and the SIGTERM hook
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
-        if self.settings.export_csv:
-            self.buffer.tee = self.files.calls
+        self.buffer.tee = self.files.calls if self.settings.export_csv else None
         self.writer = BackgroundWriter(
             self.buffer,
             self.target,
@@ -363,21 +360,18 @@ class RankRun:
 
     # -- the hot path, the writer thread and the log capture -------------------------------
 
-    def record_call(self, metrics: Mapping[str, Any], step: int | None) -> None:
-        """Hot path: one log call into the buffer (the logger's `log_metrics`, the experiment's)."""
+    def record_call(self, metrics: Mapping[str, Any], step: int | None) -> bool:
+        """Hot path: one log call into the buffer; True where CSVLogger's `log_metrics` saves."""
         if step is None:
             step = self.unsaved
         self.buffer.append(step, metrics)
         self.unsaved += 1
-        if (step + 1) % self.settings.flush_every == 0:
-            self.unsaved = 0  # where CSVLogger saves, and so restarts its count
         if not self.live:
             self.start()
-
-    def save_csv(self) -> None:
-        """The logger's ``save()``: rank 0's metrics.csv takes every call logged so far."""
-        if self.files.calls:  # the rank the sink was set up with; before that the launcher's variables say
-            self.files.write_live(self.rank if self.sink is not None else current_rank())
+        if (step + 1) % self.settings.flush_every:
+            return False
+        self.unsaved = 0  # where CSVLogger saves (every flush_logs_every_n_steps), and so restarts its count
+        return True
 
     def flush_now(self) -> None:
         """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""

@@ -84,7 +84,9 @@ def pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: 
                             columns=pd.Index([], name="rank"))  # fmt: skip
     steps, step_pos = positions(step)
     ranks, rank_pos = positions(rank)
-    cell = step_pos * len(ranks) + rank_pos
+    # int32 positions and cells where they fit: each int64 copy of a large key's rows is 41 MB
+    wide = len(steps) * len(ranks) >= 2**31
+    cell = (step_pos.astype(np.int64) if wide else step_pos) * len(ranks) + rank_pos
     grid = np.full(len(steps) * len(ranks), np.nan)
     if repeats(cell, len(grid)):
         order = np.lexsort((seq, cell))
@@ -104,9 +106,10 @@ def positions(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if span > 4 * len(values) + 1024:
         return np.unique(values, return_inverse=True)
     present = np.zeros(span, bool)
-    present[values - low] = True
-    index = np.cumsum(present) - 1
-    return np.flatnonzero(present) + low, index[values - low]
+    offset = values - low
+    present[offset] = True
+    index = (np.cumsum(present) - 1).astype(np.int32 if span < 2**31 else np.int64)
+    return np.flatnonzero(present) + low, index[offset]
 
 
 def repeats(cell: np.ndarray, cells: int) -> bool:
@@ -117,5 +120,7 @@ def repeats(cell: np.ndarray, cells: int) -> bool:
 
 
 def neg_zero(value: np.ndarray, dtype: np.ndarray) -> np.ndarray:
-    # SQLite drops the sign of -0.0; the dtype code keeps it
-    return np.where(dtype == DTYPE_NEG_ZERO, -0.0, value)
+    # SQLite drops the sign of -0.0; the dtype code keeps it. `value` itself where none is -0.0:
+    # no copy of a large key's values (per_rank of 5.1M rows)
+    negative = dtype == DTYPE_NEG_ZERO
+    return np.where(negative, -0.0, value) if negative.any() else value

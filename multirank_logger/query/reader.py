@@ -175,13 +175,13 @@ class StoreReader:
                 "world_size": df["world_size"].astype("int64"),
                 "started": pd.to_datetime(df["started_at"].astype("float64"), unit="s", utc=True),
                 "duration_s": end - df["started_at"].astype("float64"),
-                "steps": df["n_steps"].fillna(0).astype("int64"),
-                "keys": df["n_keys"].fillna(0).astype("int64"),
+                "steps": _counts(df["n_steps"]),
+                "keys": _counts(df["n_keys"]),
                 # a "running" run whose last value is hours old has likely died unrecorded (SIGKILL)
                 "last_value": pd.to_datetime(df["last_time"].astype("float64"), unit="s", utc=True),
-                "values_spilled": df["values_spilled"].fillna(0).astype("int64"),
-                "values_lost": df["values_lost"].fillna(0).astype("int64"),
-                "ends_unknown": df["n_ends_unknown"].fillna(0).astype("int64"),
+                "values_spilled": _counts(df["values_spilled"]),
+                "values_lost": _counts(df["values_lost"]),
+                "ends_unknown": _counts(df["n_ends_unknown"]),
             }
         )
         return out
@@ -418,3 +418,11 @@ class StoreReader:
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
     registered = conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id)).scalars()
     return sorted(set(range(ref.world_size)) | set(registered))
+
+
+def _counts(column: Any) -> Any:
+    """A count column with NULL for none, as int64 0 for none. Numeric first: pandas 2.x warns
+    (FutureWarning) when fillna downcasts an all-NULL object column."""
+    import pandas as pd
+
+    return pd.to_numeric(column).fillna(0).astype("int64")

@@ -65,10 +65,11 @@ def _lines(f: Findings) -> list[tuple[str, list[str]]]:
         + ", ".join(f"rank {r} {v}" for r, v in d["votes"].items())
         for d in f.decisions
     ]
-    logs = [f"{m['level']} on ranks {m['ranks']} ({m['count']}x): {m['message']}" for m in f.log_messages]
+    logs, notices = ([f"{m['level']} on ranks {m['ranks']} ({m['count']}x): {m['message']}" for m in messages]
+                     for messages in (f.log_messages, f.library_warnings))
     sections = [("Ranks", ranks), ("Step timing", timing), ("Stragglers", stragglers), ("Outlier ranks", outliers),
                 ("Non-finite values", non_finite), ("Memory", memory), ("Decisions the ranks disagreed on", decisions),
-                ("Warnings and errors", logs)]  # fmt: skip
+                ("Warnings and errors", logs), ("Notices (library warnings that name no rank; no finding)", notices)]  # fmt: skip
     always = ("Stragglers", "Outlier ranks", "Non-finite values")  # "none" is an answer there
     return [(title, lines) for title, lines in sections if lines or title in always]
 

@@ -9,7 +9,7 @@ into a DuckDB file waits at most one query. A store that cannot be read (missing
 of a newer schema, deleted while the server runs) gets a page that says so; the server stays up.
 
 Routes: ``/`` (the runs), ``/run/ID``, ``/compare?a=ID&b=ID``, ``/static/FILE``, and under
-``/api/``: ``runs``, ``run/ID``, ``run/ID/findings``, ``run/ID/series?name=S``,
+``/api/``: ``runs``, ``run/ID`` (``?brief=1``: the header only), ``run/ID/findings``, ``run/ID/series?name=S``,
 ``run/ID/line?name=S&rank=R``, ``run/ID/logs``.
 """
 
@@ -153,8 +153,8 @@ class _Handler(BaseHTTPRequestHandler):
         run_id, what = int(m[1]), m[2]
         with self.server.reader() as reader:
             ref = reader.resolve_run(run_id)
-            if what is None:
-                return views.run_view(reader, ref.id)
+            if what is None:  # ?brief=1: the header only (what the open page polls: milliseconds)
+                return views.runs_view(reader, only=ref.id)[0] if query.get("brief") else views.run_view(reader, ref.id)
             if what == "findings":
                 return views.findings_view(reader, ref.id)
             if what == "logs":

@@ -124,12 +124,21 @@ class DuckDBBackend(Backend):
 
     def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
         # in no order: the pivot places each row by counting (query/rank_spread.py); a sort of a
-        # large key's rows took longer than the rest of per_rank, in memory that grew with them
-        stmt = sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype).where(
-            metrics.c.run_id == run_id, metrics.c.key == key
-        )
-        table = self.fetch_arrow(conn, stmt)
-        return [_numpy(table, name) for name in ("rank", "seq", "step", "value", "dtype")]
+        # large key's rows took longer than the rest of per_rank, in memory that grew with them.
+        # seq only decides between a rank's calls at one step, so it is read only where a (rank,
+        # step) repeats: DuckDB holds its whole result, and Arrow a copy, at the peak of per_rank
+        # (5.1M rows: 8 B of seq a row is 82 MB of both)
+        where = (metrics.c.run_id == run_id, metrics.c.key == key)
+        names = ["rank", "step", "value", "dtype"]
+        table = self.fetch_arrow(conn, sa.select(*(metrics.c[n] for n in names)).where(*where))
+        rank, step, value, dtype = (_numpy(table, name) for name in names)
+        del table
+        if _one_row_per_cell(rank, step):
+            return [rank, np.broadcast_to(np.int64(0), rank.shape), step, value, dtype]  # seq: never read
+        del rank, step, value, dtype
+        names.insert(1, "seq")
+        table = self.fetch_arrow(conn, sa.select(*(metrics.c[n] for n in names)).where(*where))
+        return [_numpy(table, name) for name in names]
 
     def hold_snapshot(self, conn: sa.Connection) -> None:
         """Nothing to do: no one writes a DuckDB file that a reader holds open."""
@@ -194,11 +203,24 @@ def _no_progress_bar(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.execute("SET enable_progress_bar = false")
 
 
+def _one_row_per_cell(rank: np.ndarray, step: np.ndarray) -> bool:
+    """Whether no (rank, step) occurs twice; False (read seq) where the steps are too sparse to count."""
+    if not len(rank):
+        return True
+    low, width = int(step.min()), int(rank.max()) + 1
+    cells = (int(step.max()) - low + 1) * width
+    if cells > 8 * len(rank) + 1024:
+        return False
+    return bool(np.bincount((step - low) * width + rank, minlength=cells).max() <= 1)
+
+
 def _numpy(table: Any, name: str) -> np.ndarray:
     column = table.column(name)
     if name == "value":
         return column.cast("double").fill_null(np.nan).to_numpy()  # NULL is a logged NaN
-    return column.to_numpy().astype(np.int64, copy=False)
+    # rank (INTEGER) and dtype (SMALLINT) as stored: an int64 copy of each was 62 MB more at the
+    # peak of per_rank over 5.1M rows; the pivot and neg_zero take any integer width
+    return column.to_numpy() if name in ("rank", "dtype") else column.to_numpy().astype(np.int64, copy=False)
 
 
 class AlembicDuckDBImpl(DefaultImpl):
