@@ -1,0 +1,91 @@
+"""The oldest dependencies the project is said to work with: installed beside the environment
+(pip --target, no dependencies), a store written and read with them (tests/floor_reads.py).
+
+- duckdb: the floor declared in pyproject.toml, read from it, so the test follows the declaration
+  (1.1 up to 1.4.1 write a training but fail every read: no `to_arrow_table`).
+- pandas: 2.3.3, the release issue 29 names, whose `fillna` downcasting warned from
+  `multirank-logger runs` (FutureWarning). The declared floor, pandas 2.0, is not importable
+  beside numpy 2 (built against numpy 1), and only 2.2+ raise that warning.
+
+CI installs these from the package registry; a failed download fails the test with pip's output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.logger_helpers import train_env
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest depends on tomli below 3.11
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).with_name("floor_reads.py")
+#: the pandas that warned (issue 29); pytz: pandas 2.x imports it, pandas 3 (the environment's) does not
+PANDAS_WARNED = ["pandas==2.3.3", "pytz"]
+
+
+def declared_floor(package: str) -> str:
+    """The lower bound pyproject.toml's [project] dependencies declare for `package`."""
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for spec in dependencies:
+        if re.match(rf"{re.escape(package)}\s*[<>=!~;\[]", spec):
+            found = re.search(r">=\s*([\w.]+)", spec)
+            assert found, f"pyproject.toml declares {spec!r}: no >= floor to test"
+            return found.group(1)
+    raise AssertionError(f"pyproject.toml does not declare {package}")
+
+
+def pip_install(target: Path, *requirements: str) -> Path:
+    """`requirements` alone (no dependencies) into `target`; a failure shows pip's own output."""
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+           "--target", str(target), *requirements]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0:
+        pytest.fail(f"could not install {' '.join(requirements)} (needs the package registry): "
+                    f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")  # fmt: skip
+    return target
+
+
+@pytest.fixture(scope="session")
+def duckdb_floor_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pip_install(tmp_path_factory.mktemp("duckdb-floor"), f"duckdb=={declared_floor('duckdb')}")
+
+
+@pytest.fixture(scope="session")
+def pandas_warned_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pip_install(tmp_path_factory.mktemp("pandas-2.3"), *PANDAS_WARNED)
+
+
+def write_and_read(site: Path, db: Path) -> str:
+    """Run floor_reads.py with `site` first on the path; its output, asserting that every read
+    command exited 0 and raised no FutureWarning."""
+    env = train_env() | {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(db), str(db.parent)], cwd=db.parent, env=env,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    return proc.stdout
+
+
+def test_every_read_command_works_with_the_declared_duckdb_floor(duckdb_floor_dir: Path, tmp_path: Path) -> None:
+    """runs, ranks, logs, decisions and report on a DuckDB store written by the oldest declared duckdb."""
+    out = write_and_read(duckdb_floor_dir, tmp_path / "runs.duckdb")
+    assert out.startswith(f"floor_reads: duckdb {declared_floor('duckdb')}"), out[:200]  # that duckdb, not ours
+    assert "ModelCheckpoint(loss, min)" in out and "a warning the logs command prints" in out
+
+
+def test_runs_prints_no_future_warning_with_pandas_2_3(pandas_warned_dir: Path, tmp_path: Path) -> None:
+    """On SQLite (its NULL counts come back as object columns) pandas 2.3 warned from `runs`."""
+    out = write_and_read(pandas_warned_dir, tmp_path / "runs.sqlite")
+    assert out.startswith("floor_reads: duckdb") and "pandas 2.3.3" in out.splitlines()[0], out[:200]
+    assert " success " in out and "lightning_logs/version_0" in out
