@@ -139,9 +139,9 @@ def raw_sqlite(batches: int, rows: int, busy: bool = False) -> dict[str, Any]:
     return _result(batches * len(data[0]), seconds)
 
 
-def raw_duckdb(batches: int, rows: int, without_index: bool = False) -> dict[str, Any]:
+def raw_duckdb(batches: int, rows: int) -> dict[str, Any]:
     """One open duckdb connection, INSERT ... SELECT from a prebuilt Arrow table per batch
-    (``without_index``: into a table without the unique index on the row's identity)."""
+    (the store's table: no index since schema 0006)."""
     import duckdb
 
     from multirank_logger.model.schema import METRIC_COLUMNS
@@ -152,8 +152,6 @@ def raw_duckdb(batches: int, rows: int, without_index: bool = False) -> dict[str
         path = store.backend.path
         store.close()
         con = duckdb.connect(str(path))
-        if without_index:
-            con.execute("DROP INDEX uq_metrics_row")
         cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
         con.register("_warm", make_batches(1, 1_000, rank=1)[0])
         con.execute(f"INSERT INTO metrics ({cols}) SELECT {cols} FROM _warm")  # warm-up
@@ -205,9 +203,6 @@ def cases(sizes: Sizes) -> list[Case]:
         Case(SECTION, "Store.write DuckDB in Store.writing()", "benchmarks.bench_ingest:store_write", "rows/s",
              {"backend": "duckdb", "held": True, **kw}, peer="raw DuckDB from Arrow", goals=half,
              note=f"{shape}; one connection held across the batches"),
-        Case(SECTION, "raw DuckDB from Arrow, no unique index", "benchmarks.bench_ingest:raw_duckdb", "rows/s",
-             {"without_index": True, **kw}, peer="raw DuckDB from Arrow",
-             note=f"{shape}; the price of the row-identity index: the store keeps it"),
     ]
     small = {"batches": sizes.ingest_small_batches, "rows": 1_000}
     small_shape = f"{sizes.ingest_small_batches} x 1,000-row batches (one logger flush: 100 calls x 10 keys)"
@@ -221,9 +216,6 @@ def cases(sizes: Sizes) -> list[Case]:
         Case(SECTION, "Store.write DuckDB, 1k-row batches", "benchmarks.bench_ingest:store_write", "rows/s",
              {"backend": "duckdb", **small}, peer="raw DuckDB from Arrow, 1k-row batches",
              note=f"{small_shape}; the file opened per batch, as the logger's flush does"),
-        Case(SECTION, "raw DuckDB from Arrow, 1k-row batches, no unique index", "benchmarks.bench_ingest:raw_duckdb",
-             "rows/s", {"without_index": True, **small}, peer="raw DuckDB from Arrow, 1k-row batches",
-             note=f"{small_shape}; the price of the row-identity index: the store keeps it"),
         Case(SECTION, "RecordBuffer.drain (component)", "benchmarks.bench_ingest:buffer_drain", "rows/s", kw,
              note="log calls -> Arrow record batch, before any write"),
     ]

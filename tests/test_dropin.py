@@ -294,9 +294,12 @@ def test_left_in_place_after_a_failed_run(tmp_path: Path, db_path: Path) -> None
     assert query(db_path, "SELECT status FROM runs") == [("failed",)]
 
 
-def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> None:
+def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write that fails (here: the directory is a file for a while) loses nothing: the rows go
-    out with the next calls."""
+    out with the next calls (tried again at once here: no pause between tries)."""
+    from multirank_logger.logger import live_csv
+
+    monkeypatch.setattr(live_csv, "RETRY_FIRST_S", 0.0)
     blocker = tmp_path / "dir"
     blocker.write_text("not a directory")
     live = LiveCsv(str(blocker / "metrics.csv"))
@@ -306,6 +309,29 @@ def test_unwritable_file_keeps_its_rows_for_the_next_write(tmp_path: Path) -> No
     assert live.add_calls([(1, {"b": 2.5})])
     assert live.pending == 0
     assert (blocker / "metrics.csv").read_bytes() == b"a,b,step\r\n1,,0\r\n,2.5,1\r\n"
+
+
+def test_a_failing_file_is_tried_again_after_a_pause_not_at_every_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save() runs at every log call: a file that cannot be written (a full disk) is tried again
+    after a pause (RETRY_FIRST_S, doubling), not at each call, where each try formatted every
+    kept call again (a 20,000-call run on a full disk took minutes); then it takes every row."""
+    from multirank_logger.logger import live_csv
+
+    monkeypatch.setattr(live_csv, "RETRY_FIRST_S", 3600.0)
+    blocker = tmp_path / "dir"
+    blocker.write_text("not a directory")
+    live = LiveCsv(str(blocker / "metrics.csv"))
+    tries: list[int] = []
+    write_pending = live.write_pending
+    monkeypatch.setattr(live, "write_pending", lambda: tries.append(live.pending) or write_pending())
+    for step in range(1000):
+        assert not live.add_calls([(step, {"a": 1.0})])
+    assert (tries, live.pending) == ([1], 1000)
+    blocker.unlink()
+    assert write_pending() and live.rows == 1000  # the end's write (finalize) does not wait
+    assert (blocker / "metrics.csv").read_text().count("\n") == 1001
 
 
 def test_a_file_never_writable_keeps_a_bounded_number_of_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

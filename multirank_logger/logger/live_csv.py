@@ -26,6 +26,7 @@ import io
 import logging
 import os
 import posixpath
+import time
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -41,6 +42,10 @@ _LINE_END = "\r\n"
 #: log calls kept for a file that cannot be written, at most: past it the file gives up for the
 #: run (the store has the rows; the end writes the file from it), so memory stays bounded
 MAX_PENDING_CALLS = 200_000
+#: after a failed write the next try waits this long, doubling up to RETRY_MAX_S: save() runs at
+#: every log call, and retrying each time would format every kept call again (a full disk: O(n^2))
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 10.0
 #: one log call as recorded: (step, values)
 Call = tuple[int, Mapping[Any, Any]]
 
@@ -65,6 +70,8 @@ class LiveCsv:
         self._known: set[str] = set()  # the same, as a set: most calls bring no new key
         self._pending: list[tuple[int, Mapping[str, Any]]] = []
         self._warned = False
+        self._retry_wait = 0.0  # seconds between tries since the last failed write
+        self._retry_at = 0.0  # monotonic time of the next try
         #: False once the file misses rows for good (it gave up, or was removed under the run)
         self.complete = True
         #: data rows (log calls) in the file
@@ -91,6 +98,8 @@ class LiveCsv:
                 # a key is written as its str; of two keys that print alike the later wins, as in the store
                 values = {str(key): value for key, value in values.items()}
             self._pending.append((step, values))
+        if self._retry_wait and time.monotonic() < self._retry_at and self.pending <= MAX_PENDING_CALLS:
+            return False  # the last write failed: kept until the next try
         return self.write_pending()
 
     def write_pending(self) -> bool:
@@ -113,6 +122,8 @@ class LiveCsv:
                 self._append(format_calls(columns, calls))
         except Exception as exc:  # noqa: BLE001 - kept for the next calls; the store has the rows anyway
             self.close()  # reopened by the next write: the file may have been replaced meanwhile
+            self._retry_wait = min(max(2 * self._retry_wait, RETRY_FIRST_S), RETRY_MAX_S)
+            self._retry_at = time.monotonic() + self._retry_wait
             if not self._warned:
                 self._warned = True
                 log.warning(
@@ -131,6 +142,7 @@ class LiveCsv:
         self.rows += len(calls)
         self._pending = []
         self._warned = False
+        self._retry_wait = 0.0
         return True
 
     def continue_from(self, write_earlier: Callable[[Any], int]) -> None:
