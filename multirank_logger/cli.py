@@ -18,6 +18,7 @@ import click
 
 from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError
+from multirank_logger.store.backends import public_name
 from multirank_logger.store.sql_store import Store, head_revision
 
 __all__ = ["main"]
@@ -60,9 +61,9 @@ def db_upgrade(db_path: str) -> None:
     after = store.current_revision()
     store.close()
     if before == after:
-        click.echo(f"{db_path} is already at {after} (head).")
+        click.echo(f"{public_name(db_path)} is already at {after} (head).")
     else:
-        click.echo(f"Upgraded {db_path} from {before or 'empty'} to {after} (head).")
+        click.echo(f"Upgraded {public_name(db_path)} from {before or 'empty'} to {after} (head).")
 
 
 @db.command("current")
@@ -154,7 +155,7 @@ def runs_cmd(db_path: str) -> None:
         # rank 0 somewhere else (see store/run_lifecycle.py); they belong to no run shown below
         click.echo(f"Warning: {rows} metric row(s) under run id {run_id}, which has no runs row (orphans).", err=True)
     if df.empty:
-        click.echo(f"No runs in {db_path}.")
+        click.echo(f"No runs in {public_name(db_path)}.")
         return
     lacks = ("values_spilled", "values_lost", "ends_unknown")
     df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"], *(df[c] for c in lacks))]
@@ -334,13 +335,13 @@ def ui_cmd(db_path: str, port: int, host: str) -> None:
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"Warning: listening on {host}: anyone who can reach it reads this store (read-only, no login).", err=True)
     if "://" not in db_path and not Path(db_path).exists():
-        click.echo(f"No store at {db_path} yet: the page says so until a run logs to it.", err=True)
+        click.echo(f"No store at {public_name(db_path)} yet: the page says so until a run logs to it.", err=True)
     try:
         server = UiServer(db_path, host, port)
     except OSError as exc:
         raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}. Pick another --port.") from exc
     server.warm_up()
-    click.echo(f"multirank-logger ui: {server.url}  (store {db_path}; Ctrl-C stops it)")
+    click.echo(f"multirank-logger ui: {server.url}  (store {public_name(db_path)}; Ctrl-C stops it)")
     sys.stdout.flush()  # the URL, at once, also when stdout is a pipe
     try:
         server.serve_forever(poll_interval=0.2)

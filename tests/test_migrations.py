@@ -149,7 +149,7 @@ def test_upgrade_command_brings_an_old_store_to_head(db_path: Path) -> None:
     result = CliRunner().invoke(main, ["db", "upgrade", str(db_path)])
     assert result.exit_code == 0, result.output
     if len(revisions) > 1:
-        assert result.output == f"Upgraded {db_path} from {revisions[0]} to {head_revision()} (head).\n"
+        assert result.output == f"Upgraded {public_name(db_path)} from {revisions[0]} to {head_revision()} (head).\n"
     result = CliRunner().invoke(main, ["db", "current", str(db_path)])
     assert result.exit_code == 0
     assert result.output == f"{head_revision()} (head)\n"

@@ -47,3 +47,21 @@ def test_reader_refuses_writes(postgres_url: str) -> None:
         assert list(reader.runs()["name"]) == ["lightning_logs"]
         with reader.store.engine.connect() as conn, pytest.raises(sa.exc.DBAPIError, match="read-only"):
             conn.execute(sa.text("DELETE FROM runs"))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://trainer:s3cret@db-host/runs",
+        "postgresql://trainer@db-host/runs?password=s3cret&sslmode=require",
+        "postgresql+psycopg://trainer@db-host/runs?sslpassword=s3cret",
+    ],
+)
+def test_the_name_shown_and_shared_holds_no_password(url: str) -> None:
+    """What messages show and ranks exchange (`public_name`) drops a password wherever libpq
+    takes it: in the userinfo and as a query parameter; the rest of the URL stays."""
+    from multirank_logger.store.backends import public_name
+
+    shown = public_name(url)
+    assert "s3cret" not in shown and "trainer@db-host/runs" in shown
+    assert ("sslmode=require" in shown) == ("sslmode=require" in url)

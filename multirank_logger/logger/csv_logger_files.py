@@ -90,25 +90,31 @@ class Rank0Files:
             return
         with self._lock:
             taken = [calls.popleft() for _ in range(len(calls))]  # the training thread only appends
-            if rank == 0 and self.run.settings.export_csv:
-                self._write(taken)
+            if rank == 0 and self.run.settings.export_csv and safely(lambda: self._write(taken),
+                                                                     "writing metrics.csv") is None:
+                self.csv_gaps += 1  # these calls missed the file: the end exports it from the store
 
-    def _write(self, calls: list[Call]) -> None:
+    def _write(self, calls: list[Call]) -> bool:
+        """True once the calls are in the file or kept for it (a gap is counted where they are not)."""
         run = self.run
         if self.live_csv is None:
             path = safely(lambda: self.metrics_path, "opening metrics.csv")
             if path is None:
                 self.csv_gaps += 1  # the file would miss these rows: the end exports from the store
-                return
+                return True
             self.live_csv = LiveCsv(path)
             if run.attempt:  # a later launch of the run: the file continues the earlier launches'
                 self.continued = True
-                reader = StoreReader(run.open_store(), lock_timeout=run.settings.timeout)
-                live, run_id = self.live_csv, run.resolve().id
-                if safely(lambda: live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0)),
-                          "continuing metrics.csv from the earlier launches") is None:
+                live = self.live_csv
+
+                def earlier_launches() -> None:
+                    reader, run_id = StoreReader(run.open_store(), lock_timeout=run.settings.timeout), run.resolve().id
+                    live.continue_from(lambda fp: reader.write_csv(fp, run=run_id, rank=0))
+
+                if safely(earlier_launches, "continuing metrics.csv from the earlier launches") is None:
                     self.csv_gaps += 1  # the end exports the whole history from the store instead
         self.live_csv.add_calls(calls)
+        return True
 
     def live_csv_whole(self) -> bool:
         """The live metrics.csv holds every row rank 0 logged (none missed, none left to write)."""

@@ -284,10 +284,14 @@ class MultiRankLogger(Logger):
         run = self._run
         run.unsaved = 0
         if run.files.calls:
-            if run.sink is None:  # (once) the run and this launch first: a resumed run's file continues its earlier launches'
-                safely(run.setup_sink, "setting up the run for metrics.csv")  # the writer retries, and says why
-            if run.sink is not None:  # else a rank before its process group: the writer's cycles write the file
-                run.files.write_live(run.rank)
+            rank = run.rank if run.sink is not None else current_rank()
+            if run.sink is None and rank == 0 and not run.save_set_up:
+                # once, on rank 0: the run and this launch first (a resumed run's file continues the
+                # earlier launches'); a set-up that fails is the writer thread's to retry, not each step's
+                run.save_set_up = True
+                safely(run.setup_sink, "setting up the run for metrics.csv")
+            if run.sink is not None or rank != 0:  # else the writer's cycles write the file once it is set up
+                run.files.write_live(run.rank if run.sink is not None else rank)
         run.writer.maybe_wake()
 
     @override

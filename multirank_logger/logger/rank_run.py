@@ -103,6 +103,7 @@ class RankRun:
         self.transport: str | None = None
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
         self.live = False  # a log call of this phase started the writer and the SIGTERM hook
+        self.save_set_up = False  # save() tried the set-up once (rank 0, before the writer did)
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
         self.buffer.tee = self.files.calls if self.settings.export_csv else None
         self.writer = BackgroundWriter(

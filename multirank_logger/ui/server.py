@@ -33,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 from multirank_logger.errors import LookupFailed, MultiRankLoggerError
 from multirank_logger.query.reader import StoreReader, open_store
 from multirank_logger.query.step_buckets import BucketSummary
+from multirank_logger.store.backends import public_name
 from multirank_logger.ui import views
 from multirank_logger.ui.page import STATIC, page_html
 
@@ -141,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise
         except Exception as exc:  # a driver's error on a file deleted or replaced under us: say it, stay up
             traceback.print_exc(file=sys.stderr)
-            raise _Answer(HTTPStatus.INTERNAL_SERVER_ERROR, f"Could not read {self.server.db}: {type(exc).__name__}: {exc}") from exc
+            raise _Answer(HTTPStatus.INTERNAL_SERVER_ERROR, f"Could not read {public_name(self.server.db)}: {type(exc).__name__}: {exc}") from exc
 
     def _route(self, route: str, query: dict[str, str]) -> Any:
         if route == "runs":

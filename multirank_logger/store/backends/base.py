@@ -67,15 +67,21 @@ def public_name(db: str | os.PathLike[str] | URL) -> str:
     for what ranks exchange to agree on the store. A secret stays in the process that was given it;
     each rank connects with its own (its `db` argument, or libpq's PGPASSWORD, PGPASSFILE, service file).
     """
-    if isinstance(db, URL):
-        return db._replace(password=None).render_as_string(hide_password=False)
+    if isinstance(db, URL):  # libpq also takes a password as a query parameter
+        public = db._replace(password=None).difference_update_query(_SECRET_QUERY_KEYS)
+        return public.render_as_string(hide_password=False)
     text = os.fspath(db)
     if not re.match(r"^[a-z][a-z0-9+]*://", text):
         return text  # a path
     try:
         return public_name(make_url(text))
     except (sa.exc.ArgumentError, ValueError):  # no URL SQLAlchemy can read: drop what sits between "user:" and the last "@"
-        return re.sub(r"^([a-z][a-z0-9+]*://[^:/@]*):.*@", r"\1@", text)
+        text = re.sub(r"^([a-z][a-z0-9+]*://[^:/@]*):.*@", r"\1@", text)
+        return re.sub(rf"([?&](?:{'|'.join(_SECRET_QUERY_KEYS)})=)[^&]*", r"\1***", text)
+
+
+#: query parameters of a URL that carry a secret (libpq's keywords), dropped by `public_name`
+_SECRET_QUERY_KEYS = ("password", "sslpassword")
 
 
 def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
