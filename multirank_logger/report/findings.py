@@ -72,8 +72,6 @@ class Findings:
     #: warnings raised alike by library code (`library_notice`): shown apart, no finding
     library_warnings: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    #: the pass over the run's rows the findings came from (per key and step: the plots' bands); not in to_dict
-    scan: RunScan | None = field(default=None, repr=False, compare=False)
 
     @property
     def problems(self) -> bool:
@@ -85,13 +83,7 @@ class Findings:
         return list(seen)
 
     def to_dict(self) -> dict[str, Any]:
-        scan, self.scan = self.scan, None
-        try:
-            out = asdict(self)
-        finally:
-            self.scan = scan
-        out.pop("scan")
-        return out
+        return asdict(self)
 
 
 def find(reader: StoreReader, run: int | str | None = None) -> Findings:
@@ -124,7 +116,6 @@ def find(reader: StoreReader, run: int | str | None = None) -> Findings:
     messages = _log_messages(reader, ref)
     out.library_warnings = [m for m in messages if library_notice(m, ref.world_size)]
     out.log_messages = [m for m in messages if not library_notice(m, ref.world_size)]
-    out.scan = scan
     return out
 
 

@@ -89,6 +89,9 @@ def _without_stored_rows(
     """`batch` minus the rows whose (run, rank, seq, key) the store holds, read back only where a
     stored span overlaps the batch's range."""
     held: set[tuple[int, int, int, str]] = set()
+    # the batch's keys name the rows to read back: SQLite's table is clustered on (run_id, key, rank,
+    # seq), so a read by rank and seq alone would walk every row of the run
+    keys = sorted(set(batch.column("key").to_pylist()))
     for (run_id, r), spans in stored.items():
         lo, hi = ranges[(run_id, r)]
         for first, last in spans:
@@ -97,7 +100,8 @@ def _without_stored_rows(
                 continue  # only touching: nothing stored in the batch's range
             rows = conn.execute(
                 sa.select(metrics.c.seq, metrics.c.key).where(
-                    metrics.c.run_id == run_id, metrics.c.rank == r, metrics.c.seq.between(start, stop)
+                    metrics.c.run_id == run_id, metrics.c.key.in_(keys), metrics.c.rank == r,
+                    metrics.c.seq.between(start, stop),
                 )
             )
             held.update((run_id, r, int(s), k) for s, k in rows)

@@ -168,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not s.ranks:
                 raise _Answer(HTTPStatus.NOT_FOUND, f"Run {ref.id} holds no values of {name!r}.")
             if what == "line":
-                rank = int(query.get("rank", "-1"))
+                rank = int(query["rank"]) if query.get("rank", "").lstrip("-").isdigit() else -1
                 if rank not in s.ranks:
                     raise _Answer(HTTPStatus.NOT_FOUND, f"Rank {rank} logged no {name!r} in run {ref.id}.")
                 return views.line_view(s, rank)
