@@ -32,22 +32,23 @@ SUPPORT = ("tests_pytorch/__init__.py", "tests_pytorch/conftest.py", "tests_pyto
            "tests_pytorch/loggers/__init__.py", "tests_pytorch/loggers/conftest.py", "tests_fabric/__init__.py",
            "tests_fabric/conftest.py", "tests_fabric/helpers", "tests_fabric/loggers/__init__.py")  # fmt: skip
 
-SWAP = '''"""CSVLogger's name, MultiRankLogger's code; the store is a {backend} file of its own."""
-import itertools
+SWAP = '''"""CSVLogger's name, MultiRankLogger's code; the store is a {backend} file, one per save_dir
+(a user keeps one store for their runs: a second logger on a directory finds the first one's run)."""
+import hashlib
 import os
 import tempfile
 
 from multirank_logger import MultiRankLogger
 
 _STORES = tempfile.mkdtemp(prefix="csvlogger-swap-")
-_COUNT = itertools.count()
 
 
 class CSVLogger(MultiRankLogger):
     def __init__(self, save_dir=None, name="lightning_logs", version=None, prefix="", flush_logs_every_n_steps=100,
                  *, root_dir=None):  # root_dir: Fabric's CSVLogger's name for save_dir
-        db = os.path.join(_STORES, f"runs{{next(_COUNT)}}.{backend}")
         save_dir = root_dir if save_dir is None else save_dir
+        key = hashlib.sha1(os.path.abspath(os.fspath(save_dir)).encode()).hexdigest()[:16]
+        db = os.path.join(_STORES, f"runs-{{key}}.{backend}")
         super().__init__(save_dir, name, version, prefix, flush_logs_every_n_steps, db=db)
 '''
 
