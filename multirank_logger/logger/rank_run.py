@@ -215,9 +215,11 @@ class RankRun:
         self.created_run = not resumed
         log_dir = os.path.join(settings.root_dir, run.dir_name)
         if not resumed and os.path.isdir(log_dir) and os.listdir(log_dir):
+            kept = safely(lambda: self.files.keep_earlier(log_dir), "keeping the earlier metrics.csv") or []
             rank_zero_warn(
                 f"Experiment logs directory {log_dir} exists and is not empty. This new run's files "
-                "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones."
+                "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones"
+                + (f"; the earlier ones are kept as {', '.join(kept)}." if kept else ".")
             )
         return RunIdentity(run, self.settings.store_identity, os.getpid())
 
