@@ -24,7 +24,9 @@ The SELECT is SQLAlchemy Core, the same on every backend; DuckDB hands it over a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +47,8 @@ __all__ = ["BUCKET_CELLS_MAX", "KeySteps", "RunScan", "WINDOW_ROWS", "scan_run"]
 
 #: rows read at once (about 25 bytes each as NumPy columns, a few times that while computed)
 WINDOW_ROWS = 1_000_000
+#: threads computing a window's keys (besides the one reading the next window)
+KEY_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
 BUCKET_CELLS_MAX = 24_000_000
 #: up to this many keys are numbered in SQL (a CASE); past it, the names are read and numbered here
@@ -112,12 +116,13 @@ def scan_run(
     if bucket_columns and len(keys) * max(1, ref.world_size) * bucket_columns > BUCKET_CELLS_MAX:
         bucket_columns = 0  # the caller summarizes each key on its own (step_buckets.summarize)
     state: _Scan | None = None
-    for item in prefetched(lambda: _windows(reader, ref, keys, window_rows, bucket_columns)):
-        if isinstance(item, _Span):
-            state = _Scan(keys, spread_window, depart_spreads, item if bucket_columns else None)
-        else:
-            assert state is not None
-            state.add(item)
+    with ThreadPoolExecutor(KEY_THREADS, thread_name_prefix="multirank-logger-scan") as pool:
+        for item in prefetched(lambda: _windows(reader, ref, keys, window_rows, bucket_columns)):
+            if isinstance(item, _Span):
+                state = _Scan(keys, spread_window, depart_spreads, item if bucket_columns else None)
+            else:
+                assert state is not None
+                state.add(item, pool)
     return scan if state is None else state.finish(scan)
 
 
@@ -184,8 +189,8 @@ class _KeyNumbers:
     On DuckDB by the key's hash: ``hash(key)`` costs little more than no key at all, as DuckDB
     hashes a dictionary-compressed column's strings once per dictionary entry, where a ``CASE``
     compares every row's string (on the 51.2M-row store: 2.4 s of CPU for the whole pass against
-    4.8 s). A lookup table by the hash modulo a small number ``modulus`` (chosen so that the
-    run's keys land apart) gives the index, and the full hash is compared, so a key the run did
+    4.8 s). A lookup table by the hash's fewest low bits that tell the run's keys apart gives
+    the index, and the full hash is compared, so a key the run did
     not have when the pass began (a live run) is dropped, never taken for another. Elsewhere a
     ``CASE`` in SQL (up to ``_KEYS_IN_CASE`` keys) or the names themselves.
     """
@@ -197,30 +202,32 @@ class _KeyNumbers:
             named = sa.values(sa.column("k", sa.String), name="run_keys").data([(k,) for k in keys])
             found: dict[str, int] = {k: h for k, h in conn.execute(sa.select(named.c.k, sa.func.hash(named.c.k)))}
             hashes = np.array([found[k] for k in keys], dtype=np.uint64)
-            for modulus in range(len(keys), 64 * len(keys) + 64):
-                if len(np.unique(hashes % np.uint64(modulus))) == len(keys):
-                    self.hashes, self.modulus = hashes, np.uint64(modulus)
-                    self.lookup = np.zeros(modulus, np.int64)
-                    self.lookup[(hashes % self.modulus).astype(np.int64)] = np.arange(len(keys))
+            for bits in range(max(1, len(keys) - 1).bit_length(), 25):  # the fewest low bits that tell the keys apart
+                low = hashes & np.uint64(2**bits - 1)
+                if len(np.unique(low)) == len(keys):
+                    self.hashes, self.mask = hashes, np.uint64(2**bits - 1)
+                    self.lookup = np.zeros(2**bits, np.int64)
+                    self.lookup[low.astype(np.int64)] = np.arange(len(keys))
                     break
 
     def column(self) -> Any:
         if self.hashes is not None:
             return sa.func.hash(metrics.c.key)
         if len(self.keys) <= _KEYS_IN_CASE:
-            return sa.case({k: i for i, k in enumerate(self.keys)}, value=metrics.c.key)
+            return sa.case({k: i for i, k in enumerate(self.keys)}, value=metrics.c.key, else_=-1)
         return metrics.c.key
 
     def numbers(self, column: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The key numbers of `column` (as `column()` read it), and which rows to keep (None: all)."""
         if self.hashes is not None:
-            index = self.lookup[(column % self.modulus).astype(np.int64)]
+            index = self.lookup[(column & self.mask).astype(np.int64)]
             known = self.hashes[index] == column
             return index, None if known.all() else known
         if column.dtype != object:
-            return column.astype(np.int64, copy=False), None
-        index = {k: i for i, k in enumerate(self.keys)}
-        number = np.fromiter((index.get(k, -1) for k in column), np.int64, len(column))
+            number = column.astype(np.int64, copy=False)
+        else:
+            index = {k: i for i, k in enumerate(self.keys)}
+            number = np.fromiter((index.get(k, -1) for k in column), np.int64, len(column))
         known = number >= 0
         return number, None if known.all() else known
 
@@ -297,8 +304,8 @@ class _Scan:
         self.seen: list[int] = [0] * len(keys)  # counted steps so far, per key
         self.buckets = None if span is None else [BucketBuilder(k, span.first, span.last, span.width, span.ranks) for k in keys]
 
-    def add(self, w: _Window) -> None:
-        """Take one window's rows."""
+    def add(self, w: _Window, pool: ThreadPoolExecutor) -> None:
+        """Take one window's rows; its keys on `pool`'s threads."""
         self._count_non_finite(w)
         logged = np.asarray(w.logged.any(axis=0))  # (step, rank): any key
         per_rank = logged.sum(axis=0)
@@ -307,13 +314,17 @@ class _Scan:
             if n:
                 self.steps_by_rank[r] = self.steps_by_rank.get(r, 0) + n
                 self.last_by_rank[r] = max(self.last_by_rank.get(r, int(w.steps[i])), int(w.steps[i]))
-        present = w.logged.any(axis=(1, 2))
-        for k in np.flatnonzero(present).tolist():
-            if self.buckets is not None:
-                mine = w.bad_key == k
-                self.buckets[k].add(w.steps, w.ranks, w.grid[k], w.logged[k],
-                                    (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))  # fmt: skip
-            self._add_key(k, w.steps, w.ranks, w.grid[k])
+        present = np.flatnonzero(w.logged.any(axis=(1, 2))).tolist()
+        # the keys are independent: NumPy releases the GIL in the sorts and sums that take the time
+        for _ in pool.map(lambda k: self._add_window_key(w, k), present):
+            pass
+
+    def _add_window_key(self, w: _Window, k: int) -> None:
+        if self.buckets is not None:
+            mine = w.bad_key == k
+            self.buckets[k].add(w.steps, w.ranks, w.grid[k], w.logged[k],
+                                (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))  # fmt: skip
+        self._add_key(k, w.steps, w.ranks, w.grid[k])
 
     def _count_non_finite(self, w: _Window) -> None:
         is_nan = (w.bad_kind == NON_FINITE_NAN).tolist()
@@ -421,6 +432,8 @@ def _rolling_min(values: np.ndarray, half: int) -> np.ndarray:
 
 def _stack(held: np.ndarray, new: np.ndarray, fill: float = np.nan) -> np.ndarray:
     """Rows of two windows, whose ranks may differ in number: the narrower padded with `fill`."""
+    if held.shape[1] == new.shape[1]:
+        return np.vstack((held, new))
     width = max(held.shape[1], new.shape[1])
     pad = [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in (held, new)]
     return np.vstack(pad)

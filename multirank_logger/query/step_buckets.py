@@ -127,17 +127,9 @@ class BucketBuilder:
         1 +inf, 2 -inf)."""
         self._fit(int(ranks.max()) + 1)
         bucket = (steps - self.first) // self.width
-        starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-        cols = bucket[starts]
-        finite = ~np.isnan(table)
-        count = np.add.reduceat(finite, starts, axis=0, dtype=np.int32)
-        total = np.add.reduceat(np.where(finite, table, 0.0), starts, axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = total / count
+        cols, mean, lo, hi = _per_bucket(bucket, table, self.width)
         cells = np.ix_(ranks, cols)
-        self.mean[cells] = mean.T
-        self.lo[cells] = np.fmin.reduceat(table, starts, axis=0).T
-        self.hi[cells] = np.fmax.reduceat(table, starts, axis=0).T
+        self.mean[cells], self.lo[cells], self.hi[cells] = mean.T, lo.T, hi.T
         self.seen[ranks[logged.any(axis=0)]] = True
         rows_at = np.flatnonzero(logged.any(axis=1))
         if len(rows_at):
@@ -163,6 +155,25 @@ class BucketBuilder:
         mean, lo, hi = (m[rows, :n].astype(float) for m in (self.mean, self.lo, self.hi))
         steps = [self.first + j * self.width for j in range(n)]
         return BucketSummary(self.series, rows.tolist(), steps, self.width, mean, lo, hi, self.bad[rows, :n])
+
+
+def _per_bucket(bucket: np.ndarray, table: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
+    """The buckets of `table`'s rows (`bucket`, sorted) and per bucket and column: the mean, min and
+    max of the values that are not NaN (NaN where none)."""
+    finite = ~np.isnan(table)
+    values = np.where(finite, table, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if len(bucket) % width == 0 and (bucket[::width] == bucket[width - 1 :: width]).all():
+            # every bucket whole (each step present): a reshape, reduced along a contiguous axis
+            shape = (len(bucket) // width, width, table.shape[1])
+            cols, grouped = bucket[::width], table.reshape(shape)
+            count = finite.reshape(shape).sum(axis=1)
+            mean = values.reshape(shape).sum(axis=1) / count
+            return cols, mean, np.fmin.reduce(grouped, axis=1), np.fmax.reduce(grouped, axis=1)
+        starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        count = np.add.reduceat(finite, starts, axis=0, dtype=np.int32)
+        mean = np.add.reduceat(values, starts, axis=0) / count
+        return bucket[starts], mean, np.fmin.reduceat(table, starts, axis=0), np.fmax.reduceat(table, starts, axis=0)
 
 
 def column_quantiles(matrix: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
