@@ -41,8 +41,7 @@ def test_a_caller_that_stops_early_closes_the_producer() -> None:
 
     def produce():
         try:
-            for i in range(10**9):
-                yield i
+            yield from range(10**9)
         finally:
             closed.set()  # what a `with connect()` in the producer would close
 
