@@ -72,8 +72,10 @@ class RankSpread:
         )  # fmt: skip
 
 
-def pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: np.ndarray, dtype: np.ndarray) -> Any:
-    """Long rows of one key (in any order) -> a step x rank DataFrame; a rank's later call wins at a step."""
+def pivot_step_rank(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, value: np.ndarray,
+                    dtype: np.ndarray) -> Any:  # fmt: skip
+    """Long rows of one key (in any order) -> a step x rank DataFrame; a rank's later call wins at a
+    step. ``seq`` None: the caller found no (rank, step) twice (and it is not counted again)."""
     import pandas as pd
 
     # by counting, not sorting: a sort of a large key's rows (in SQL or here) cost more than the rest
@@ -88,7 +90,7 @@ def pivot_step_rank(rank: np.ndarray, seq: np.ndarray, step: np.ndarray, value: 
     wide = len(steps) * len(ranks) >= 2**31
     cell = (step_pos.astype(np.int64) if wide else step_pos) * len(ranks) + rank_pos
     grid = np.full(len(steps) * len(ranks), np.nan)
-    if repeats(cell, len(grid)):
+    if seq is not None and repeats(cell, len(grid)):
         order = np.lexsort((seq, cell))
         last = order[np.r_[cell[order][1:] != cell[order][:-1], True]]
         grid[cell[last]] = value[last]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,7 +122,7 @@ class DuckDBBackend(Backend):
     def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:
         return _execute(conn, stmt).to_arrow_table()
 
-    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
+    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> Sequence[np.ndarray | None]:
         # in no order: the pivot places each row by counting (query/rank_spread.py); a sort of a
         # large key's rows took longer than the rest of per_rank, in memory that grew with them.
         # seq only decides between a rank's calls at one step, so it is read only where a (rank,
@@ -134,7 +134,8 @@ class DuckDBBackend(Backend):
         rank, step, value, dtype = (_numpy(table, name) for name in names)
         del table
         if _one_row_per_cell(rank, step):
-            return [rank, np.broadcast_to(np.int64(0), rank.shape), step, value, dtype]  # seq: never read
+            # seq: not read, and the pivot need not count the cells again
+            return [rank, None if len(rank) else np.zeros(0, np.int64), step, value, dtype]
         del rank, step, value, dtype
         names.insert(1, "seq")
         table = self.fetch_arrow(conn, sa.select(*(metrics.c[n] for n in names)).where(*where))
