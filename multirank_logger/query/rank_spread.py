@@ -107,9 +107,10 @@ def positions(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     span = int(values.max()) - low + 1
     if span > 4 * len(values) + 1024:
         return np.unique(values, return_inverse=True)
-    present = np.zeros(span, bool)
     offset = values - low
-    present[offset] = True
+    present = np.bincount(offset, minlength=span) > 0  # not a scatter of True: 2.5x slower on runs of one value
+    if present.all():  # every value in low..high occurs (a window's steps, its ranks): no lookup
+        return np.arange(low, low + span), offset
     index = (np.cumsum(present) - 1).astype(np.int32 if span < 2**31 else np.int64)
     return np.flatnonzero(present) + low, index[offset]
 

@@ -24,9 +24,10 @@ The SELECT is SQLAlchemy Core, the same on every backend; DuckDB hands it over a
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -97,8 +98,9 @@ def scan_run(
 ) -> RunScan:
     """Read every metric row of run ``ref`` once, a window of steps at a time.
 
-    The next window is read (and laid out as a key x step x rank grid) on a thread of its own
-    while this one's statistics are computed (``_util/prefetch.py``).
+    Three windows at once, on two cores: the next but one is read on a thread of its own
+    (``_util/prefetch.py``), the next laid out as a key x step x rank grid, and this one's keys
+    computed, each on a thread of a pool (NumPy and the drivers release the GIL).
 
     Args:
         reader: the store.
@@ -116,24 +118,45 @@ def scan_run(
     if bucket_columns and len(keys) * max(1, ref.world_size) * bucket_columns > BUCKET_CELLS_MAX:
         bucket_columns = 0  # the caller summarizes each key on its own (step_buckets.summarize)
     state: _Scan | None = None
-    with ThreadPoolExecutor(KEY_THREADS, thread_name_prefix="multirank-logger-scan") as pool:
+    with ThreadPoolExecutor(KEY_THREADS, thread_name_prefix="multirank-logger-scan") as pool, \
+            contextlib.ExitStack() as later:  # fmt: skip
+        seq_conn: sa.Connection | None = None
+
+        def take(where: tuple[Any, ...], laying: Future[_Window | None]) -> None:
+            nonlocal seq_conn
+            assert state is not None
+            laid = laying.result()
+            if laid is None:  # a rank logged a key twice at one step here: its later call wins, by seq
+                seq_conn = seq_conn or later.enter_context(reader._connect())  # this thread's own
+                laid = _lay_out(len(keys), *_fetch(reader, seq_conn, state.names, where, with_seq=True))
+                assert laid is not None
+            state.add(laid, pool)
+
+        held: tuple[tuple[Any, ...], Future[_Window | None]] | None = None
         for item in prefetched(lambda: _windows(reader, ref, keys, window_rows, bucket_columns)):
             if isinstance(item, _Span):
-                state = _Scan(keys, spread_window, depart_spreads, item if bucket_columns else None)
-            else:
-                assert state is not None
-                state.add(item, pool)
+                state = _Scan(keys, spread_window, depart_spreads, item, bool(bucket_columns))
+                continue
+            where, columns = item
+            laying = pool.submit(_lay_out, len(keys), *columns)  # beside the previous window's keys
+            if held is not None:
+                take(*held)
+            held = (where, laying)
+        if held is not None:
+            take(*held)
     return scan if state is None else state.finish(scan)
 
 
 @dataclass
 class _Span:
-    """The run's steps and the buckets they are cut into (the first item of ``_windows``)."""
+    """The run's steps, the buckets they are cut into and how rows name their key (the first
+    item of ``_windows``)."""
 
     first: int
     last: int
     width: int
     ranks: int
+    names: _KeyNumbers
 
 
 @dataclass
@@ -155,8 +178,9 @@ NON_FINITE_NAN, NON_FINITE_POS_INF, NON_FINITE_NEG_INF = 0, 1, 2
 
 
 def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int, bucket_columns: int) -> Iterator[Any]:
-    """The run's `_Span`, then its rows, a `_Window` of steps at a time (run on the prefetch thread,
-    which alone uses the connection). Windows are whole buckets, so no bucket spans two."""
+    """The run's `_Span`, then its rows a window of steps at a time: (the window's WHERE, its
+    columns). Run on the prefetch thread, which alone uses this connection. Windows are whole
+    buckets, so no bucket spans two."""
     where = metrics.c.run_id == ref.id
     with reader._connect() as conn:
         reader.store.backend.hold_snapshot(conn)
@@ -167,20 +191,15 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
             return
         low, high = int(low), int(high)
         width = bucket_width(low, high, bucket_columns) if bucket_columns else 1
-        yield _Span(low, high, width, ref.world_size)
         names = _KeyNumbers(reader, conn, keys)
+        yield _Span(low, high, width, ref.world_size, names)
         span = max(1, (high - low + 1) * window_rows // int(count))
         span = -(-span // width) * width
         for start in range(low, high + 1, span):
             window = (where, metrics.c.step >= start, metrics.c.step < start + span)
             columns = _fetch(reader, conn, names, window, with_seq=False)
-            if columns is None:
-                continue
-            laid = _lay_out(len(keys), *columns)
-            if laid is None:  # a rank logged a key twice at one step here: its later call wins, by seq
-                laid = _lay_out(len(keys), *_fetch(reader, conn, names, window, with_seq=True))
-            assert laid is not None
-            yield laid
+            if columns is not None:
+                yield window, columns
 
 
 class _KeyNumbers:
@@ -290,8 +309,9 @@ def _lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, v
 class _Scan:
     """The pass's state across windows (see scan_run)."""
 
-    def __init__(self, keys: list[str], spread_window: int, depart_spreads: float, span: _Span | None) -> None:
+    def __init__(self, keys: list[str], spread_window: int, depart_spreads: float, span: _Span, buckets: bool) -> None:
         self.keys = keys
+        self.names = span.names
         self.sw = spread_window
         self.factor = depart_spreads * (1 - 1e-9)  # a candidate rule that never misses by rounding
         self.steps_by_rank: dict[int, int] = {}
@@ -302,7 +322,7 @@ class _Scan:
         # per key: rows not yet judged (the last steps of the last window) and the spreads before them
         self.pending: list[tuple[np.ndarray, ...] | None] = [None] * len(keys)
         self.seen: list[int] = [0] * len(keys)  # counted steps so far, per key
-        self.buckets = None if span is None else [BucketBuilder(k, span.first, span.last, span.width, span.ranks) for k in keys]
+        self.buckets = [BucketBuilder(k, span.first, span.last, span.width, span.ranks) for k in keys] if buckets else None
 
     def add(self, w: _Window, pool: ThreadPoolExecutor) -> None:
         """Take one window's rows; its keys on `pool`'s threads."""
