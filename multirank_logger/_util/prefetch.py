@@ -19,36 +19,31 @@ T = TypeVar("T")
 _DONE = object()
 
 
-def prefetched(produce: Callable[[], Iterator[T]], ahead: int = 1) -> Iterator[T]:
-    """The items of ``produce()``, which runs on a thread of its own, at most ``ahead`` items
-    ahead of the caller (each held item is memory: keep it small).
+def prefetched(produce: Callable[[], Iterator[T]], ahead: int = 0) -> Iterator[T]:
+    """The items of ``produce()``, which runs on a thread of its own: it makes the next item while
+    the caller uses this one, and holds at most ``ahead`` more ready (each held item is memory).
 
     Everything ``produce`` opens (a connection) is used on that thread alone. An exception it
     raises is raised here, at the item where it happened. When the caller stops early (a break,
     an exception), the producer is told to stop at its next item and is waited for, so what it
     holds open is closed before this returns.
     """
-    items: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=max(1, ahead))
+    items: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+    room = threading.Semaphore(ahead + 1)  # items the producer may make before the caller takes one
     stop = threading.Event()
-
-    def put(item: Any, error: BaseException | None = None) -> bool:
-        while not stop.is_set():
-            try:
-                items.put((item, error), timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def run() -> None:
         try:
             for item in produce():
-                if not put(item):
-                    return
-            put(_DONE)
+                items.put((item, None))
+                while not room.acquire(timeout=0.1):  # wait for the caller to take one
+                    if stop.is_set():
+                        return
+            items.put((_DONE, None))
         except BaseException as exc:  # handed to the caller, who raises it
-            put(_DONE, exc)
+            items.put((_DONE, exc))
 
+    room.acquire()  # the first item
     worker = threading.Thread(target=run, name="multirank-logger-prefetch", daemon=True)
     worker.start()
     try:
@@ -58,6 +53,7 @@ def prefetched(produce: Callable[[], Iterator[T]], ahead: int = 1) -> Iterator[T
                 raise error
             if item is _DONE:
                 return
+            room.release()
             yield item
     finally:
         stop.set()

@@ -139,6 +139,7 @@ def scan_run(
                 continue
             where, columns = item
             laying = pool.submit(_lay_out, len(keys), *columns)  # beside the previous window's keys
+            del item, columns  # the rows go with their layout, not at the next window
             if held is not None:
                 take(*held)
             held = (where, laying)
@@ -239,7 +240,9 @@ class _KeyNumbers:
     def numbers(self, column: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The key numbers of `column` (as `column()` read it), and which rows to keep (None: all)."""
         if self.hashes is not None:
-            index = self.lookup[(column & self.mask).astype(np.int64)]
+            low = column & self.mask
+            index = self.lookup[low.view(np.int64)]  # below 2**24: the same numbers, no copy
+            del low
             known = self.hashes[index] == column
             return index, None if known.all() else known
         if column.dtype != object:
@@ -405,8 +408,9 @@ class _Scan:
             cands = [np.concatenate(c) for c in zip(*self.cands[k])] if self.cands[k] else [
                 np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)]  # fmt: skip
             scan.per_key[name] = KeySteps(*cols, *cands)
-        if self.buckets is not None:
-            scan.buckets = {b.series: b.summary() for b in self.buckets if b.any}
+        for built in self.buckets or ():
+            if built.any:
+                scan.buckets[built.series] = built.summary()
         scan.rank_steps = {r: (self.steps_by_rank[r], self.last_by_rank[r]) for r in sorted(self.steps_by_rank)}
         scan.non_finite = [
             {"rank": r, "key": self.keys[k], "first_step": first, "count": n, "nan": nan, "inf": n - nan}

@@ -151,10 +151,12 @@ class BucketBuilder:
             self.seen = np.pad(self.seen, (0, grow))
 
     def summary(self) -> BucketSummary:
+        """The summary, as float32 (views of what was built where every rank logged the key)."""
         rows, n = np.flatnonzero(self.seen), self.last_column + 1
-        mean, lo, hi = (m[rows, :n].astype(float) for m in (self.mean, self.lo, self.hi))
+        which: Any = slice(None) if len(rows) == len(self.seen) else rows
+        mean, lo, hi, bad = (m[which, :n] for m in (self.mean, self.lo, self.hi, self.bad))
         steps = [self.first + j * self.width for j in range(n)]
-        return BucketSummary(self.series, rows.tolist(), steps, self.width, mean, lo, hi, self.bad[rows, :n])
+        return BucketSummary(self.series, rows.tolist(), steps, self.width, mean, lo, hi, bad)
 
 
 def _per_bucket(bucket: np.ndarray, table: np.ndarray, width: int) -> tuple[np.ndarray, ...]:

@@ -31,7 +31,7 @@ __all__ = ["DuckDBBackend", "register_alembic_impl"]
 # PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
 _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
 #: DuckDB's memory limit in a reading process (its buffer cache and the working memory of a query)
-READER_MEMORY = "128MB"
+READER_MEMORY = "64MB"
 
 
 class DuckDBBackend(Backend):
@@ -57,7 +57,7 @@ class DuckDBBackend(Backend):
             # and holds at most READER_MEMORY of the file's blocks: DuckDB keeps what it read cached up to
             # its memory limit (80% of RAM by default), so a report over a large store grew with it;
             # a scan reads each block once, so a small cache costs no time (per_rank of 5.1M rows:
-            # 256MB -> 799 MiB peak, 64MB -> 634 MiB, the same seconds; benchmarks/bench_read_scale.py)
+            # 256MB -> 799 MiB peak, 64MB -> 634 MiB, the same seconds; the report: 128MB -> 601, 64MB -> 529)
             connect_args["config"] = {"enable_external_access": False, "memory_limit": READER_MEMORY}
         else:
             # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
