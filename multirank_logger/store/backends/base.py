@@ -159,6 +159,13 @@ class Backend:
     def lock_for_migration(self, conn: sa.Connection) -> None:
         """Serialize schema creation between processes, on `conn`'s open transaction."""
 
+    def lock_seq_spans(self, conn: sa.Connection, runs_ranks: list[tuple[int, int]]) -> None:
+        """Keep other writers of these (run, rank)s from reading their seq spans until `conn`'s
+        transaction ends (store/seq_spans.py reads them, checks, then writes them). Nothing to do
+        on SQLite (BEGIN IMMEDIATE: one writing transaction at a time) or DuckDB (a writing
+        transaction holds the file alone among processes; in one, a rank's rows have one writer
+        thread, and the resume's import of earlier launches holds other seqs)."""
+
     def translate_error(self, exc: Exception) -> Exception | None:
         """Our error for a driver error met while opening the store, or None."""
         return None
