@@ -57,21 +57,33 @@ def port() -> int:
     return free_port()
 
 
-def spawn_ranks(target: Callable[..., None], world_size: int, *args: Any, join_s: float = 90) -> list[int]:
-    """Run `target(rank, world_size, port, *args)` in `world_size` spawned processes (a free
-    port for their gloo rendezvous); each gets `join_s` to end, then is killed. Their exit codes."""
-    ctx = mp.get_context("spawn")
+def start_ranks(target: Callable[..., None], world_size: int, *args: Any, ctx: Any = None) -> list[Any]:
+    """Start `target(rank, world_size, port, *args)` in `world_size` processes of `ctx` (default:
+    spawn), with a free port for their gloo rendezvous. The processes, for `join_ranks`."""
+    ctx = ctx or mp.get_context("spawn")
     port = free_port()
     procs = [ctx.Process(target=target, args=(r, world_size, port, *args)) for r in range(world_size)]
     for p in procs:
         p.start()
+    return procs
+
+
+def join_ranks(procs: list[Any], join_s: float = 90) -> list[int | None]:
+    """Wait up to `join_s` for each of `procs` to end, then kill those left. Their exit codes."""
     for p in procs:
         p.join(join_s)
     for p in procs:
         if p.is_alive():
             p.kill()
-            p.join(5)
+            p.join(10)
     return [p.exitcode for p in procs]
+
+
+def spawn_ranks(
+    target: Callable[..., None], world_size: int, *args: Any, join_s: float = 90, ctx: Any = None
+) -> list[int | None]:
+    """`start_ranks` then `join_ranks`: the exit codes of `target`'s ranks, each given `join_s` to end."""
+    return join_ranks(start_ranks(target, world_size, *args, ctx=ctx), join_s)
 
 
 @pytest.fixture(scope="session")

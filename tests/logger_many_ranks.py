@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,17 @@ def value(rank: int, call: int) -> float:
 
 def rank_main(
     rank: int, world: int, port: int, db: str, calls: int, out: str, transport: str = "direct", nodes: int = 1,
-    options: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None, go: str | None = None, stderr_to_out: bool = False,
 ) -> None:
+    """With `go`, the rank writes ``{go}.ready{rank}`` once set up (the run created), then waits
+    for the file `go` before it logs (the test changes the store meanwhile). With `stderr_to_out`,
+    its stderr goes to ``{out}/rank{rank}.err``: a forkserver's children write to the stderr of
+    the test that started the server, not to the current test's."""
     import torch.distributed as dist
+
+    if stderr_to_out:
+        with open(Path(out, f"rank{rank}.err"), "w") as err:
+            os.dup2(err.fileno(), 2)
 
     per_node = world // nodes
     os.environ.update(
@@ -39,6 +48,10 @@ def rank_main(
         **(options or {}),
     )
     _ = logger.experiment  # as Lightning's setup does on every rank
+    if go is not None:
+        Path(f"{go}.ready{rank}").touch()
+        while not Path(go).exists():
+            time.sleep(0.02)
     for call in range(calls):
         logger.log_metrics({"value": value(rank, call), "call": call}, step=call)
         logger.save()

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,6 +65,9 @@ class TinyModel(LightningModule):
         if getattr(self, "sleep_after", 0.0):
             print(f"rank {self.global_rank} step {self.global_step}", flush=True)
             time.sleep(self.sleep_after)
+        gate = getattr(self, "gate", None)
+        while gate and _steps_allowed(gate) < self.global_step:
+            time.sleep(0.05)  # the test lets the training on a few steps at a time (--gate)
 
     def on_train_end(self) -> None:
         # what a secret could have reached (--dump-env): this rank's environment (its children's
@@ -84,6 +88,14 @@ class TinyModel(LightningModule):
         g = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
         return DataLoader(data, batch_size=4)
+
+
+def _steps_allowed(gate: str) -> int:
+    """The steps the test lets the training take so far: the number in the file `gate` (0 until it is written)."""
+    try:
+        return int(Path(gate).read_text() or 0)
+    except (FileNotFoundError, ValueError):  # not there yet, or caught mid-write
+        return 0
 
 
 def slow_sigterm_flush(seconds: float) -> None:
@@ -111,6 +123,7 @@ def main() -> None:
     parser.add_argument("--read-version", action="store_true", help="read logger.version before fit")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--sleep-after", type=float, default=0.0, help="sleep after each optimizer step")
+    parser.add_argument("--gate", default=None, help="after each step, wait until this file holds a number >= the steps taken")
     parser.add_argument("--linger", type=float, default=0.0, help="every rank takes this long to exit after fit")
     parser.add_argument("--slow-sigterm-flush", type=float, default=0.0, help="rank 0's SIGTERM flush takes this long")
     parser.add_argument("--flush-interval", type=float, default=0.2)
@@ -141,6 +154,7 @@ def main() -> None:
     )
     model = TinyModel(mode=args.mode, sleep=args.sleep)
     model.sleep_after = args.sleep_after
+    model.gate = args.gate
     model.dump_env = args.dump_env  # not a hyperparameter: the stored hparams stay as the tests expect
     try:
         trainer.fit(model)

@@ -8,7 +8,6 @@ and store traffic, light enough for a 2-core machine.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
-from tests.conftest import free_port
+from tests.conftest import join_ranks, start_ranks
 from tests.fault_ranks import rank_main, value
 from tests.logger_helpers import query
 
@@ -32,13 +31,7 @@ JOIN_TIMEOUT_S = 120
 
 def _start(world: int, db: Path, spill_dir: str, calls: int, sync: Path, transport: str, timeout: float,
            *fault: object) -> list:
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    args = (world, port, str(db), spill_dir, calls, str(sync), transport, timeout, *fault)
-    procs = [ctx.Process(target=rank_main, args=(r, *args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    return procs
+    return start_ranks(rank_main, world, str(db), spill_dir, calls, str(sync), transport, timeout, *fault)
 
 
 def _wait_for(path: Path, procs: list, bound: float = 90) -> None:
@@ -46,16 +39,6 @@ def _wait_for(path: Path, procs: list, bound: float = 90) -> None:
     while not path.exists():
         assert time.monotonic() < deadline and all(p.exitcode in (None, 0) for p in procs), f"no {path.name}"
         time.sleep(0.02)
-
-
-def _join(procs: list) -> list[int | None]:
-    for p in procs:
-        p.join(JOIN_TIMEOUT_S)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    return [p.exitcode for p in procs]
 
 
 def _spill_files(output: str) -> list[str]:
@@ -86,7 +69,7 @@ def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success
         _wait_for(sync / "done1.json", procs)  # rank 1 ran to its end against a silent rank 0
     finally:
         os.kill(procs[0].pid, signal.SIGCONT)
-    assert _join(procs) == [0, 0]
+    assert join_ranks(procs, JOIN_TIMEOUT_S) == [0, 0]
     err = capfd.readouterr().err
     assert query(db, "SELECT status FROM runs") == [("incomplete",)], err[-3000:]
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "missing")]
@@ -125,7 +108,7 @@ def test_gather_sender_unheard_in_fit_keeps_the_run_incomplete_after_a_clean_tes
     _wait_for(sync / "done0.json", procs)
     assert query(db, "SELECT status FROM runs") == [("incomplete",)]
     (sync / "go2").touch()
-    assert _join(procs) == [0, 0]
+    assert join_ranks(procs, JOIN_TIMEOUT_S) == [0, 0]
     err = capfd.readouterr().err
     assert (sync / "done20.json").exists() and (sync / "done21.json").exists(), err[-3000:]
     assert query(db, "SELECT status FROM runs") == [("incomplete",)], err[-3000:]
@@ -169,7 +152,7 @@ def test_direct_ranks_one_whose_store_turns_read_only(
     for r in range(world):
         _wait_for(sync / f"ready{r}", procs)
     (sync / "go").touch()
-    assert _join(procs) == [0] * world
+    assert join_ranks(procs, JOIN_TIMEOUT_S) == [0] * world
     err = capfd.readouterr().err
     counts = dict(query(db, "SELECT rank, COUNT(*) FROM metrics WHERE key = 'value' GROUP BY rank"))
     assert {r: counts.get(r) for r in range(faulty)} == dict.fromkeys(range(faulty), calls)

@@ -7,12 +7,11 @@ ranks: the same store traffic, without eight Trainers on a 2-core machine.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import spawn_ranks
 from tests.logger_helpers import query
 from tests.logger_many_ranks import rank_main, value
 
@@ -25,18 +24,7 @@ JOIN_TIMEOUT_S = 150
 def test_eight_ranks_write_one_sqlite_file_directly(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     db, out = tmp_path / "runs.sqlite", tmp_path / "out"
     out.mkdir()
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, WORLD, port, str(db), CALLS, str(out))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(JOIN_TIMEOUT_S)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    assert [p.exitcode for p in procs] == [0] * WORLD
+    assert spawn_ranks(rank_main, WORLD, str(db), CALLS, str(out), join_s=JOIN_TIMEOUT_S) == [0] * WORLD
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert {(r["transport"], r["run_id"]) for r in reports} == {("direct", 1)}
     captured = capfd.readouterr()

@@ -8,13 +8,20 @@ DDP trainings on PostgreSQL are in test_logger_ddp.py, beside SQLite's and DuckD
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.model.batch import concat_batches
 from multirank_logger.model.schema import metadata
 from multirank_logger.query.reader import open_store
+from multirank_logger.store.seq_spans import insert_unstored
 from multirank_logger.store.sql_store import Store
 
 
@@ -65,3 +72,52 @@ def test_the_name_shown_and_shared_holds_no_password(url: str) -> None:
     shown = public_name(url)
     assert "s3cret" not in shown and "trainer@db-host/runs" in shown
     assert ("sslmode=require" in shown) == ("sslmode=require" in url)
+
+
+def _calls(run_id: int, ranks: range, seqs: range) -> pa.RecordBatch:
+    """Rows of `seqs` (two keys each, at step = seq) from every rank of `ranks`."""
+    batches = []
+    for rank in ranks:
+        buf = RecordBuffer()
+        buf._next_seq = seqs.start
+        for seq in seqs:
+            buf.append(seq, {"loss": float(seq), "acc": 0.5})
+        batches.append(buf.drain(run_id=run_id, rank=rank))
+    return concat_batches(batches)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("first_ranks", [1, 65], ids=["one-rank", "many-ranks"])
+def test_two_writers_of_one_rank_store_each_row_once(postgres_url: str, first_ranks: int) -> None:
+    """Two transactions write overlapping seqs of one (run, rank) at once (a spill file imported
+    while its run still writes: rank 0's batch of every rank, or one rank's). The second waits for
+    the first's commit, then finds its rows: none stored twice. Without a lock each read the spans
+    before the other wrote, and the overlap was stored twice (PostgreSQL has no unique index)."""
+    store = Store(postgres_url)
+    run = store.create_run("race", world_size=first_ranks)
+    first, second = _calls(run.id, range(first_ranks), range(0, 10)), _calls(run.id, range(1), range(5, 15))
+    errors: list[BaseException] = []
+
+    def write_second() -> None:
+        try:
+            with store.begin() as conn:
+                insert_unstored(conn, store.backend, second)
+        except BaseException as exc:  # noqa: BLE001 - the test's thread reports it
+            errors.append(exc)
+
+    with store.begin() as conn:
+        insert_unstored(conn, store.backend, first)
+        other = threading.Thread(target=write_second)
+        other.start()
+        # the second writer either finished (no lock: it read the spans before this commit) or waits on a lock
+        with store.engine.connect() as watch:
+            waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            while other.is_alive() and not watch.execute(sa.text(waiting)).scalar():
+                time.sleep(0.02)
+    other.join(60)
+    assert not errors and not other.is_alive()
+    with store.begin() as conn:
+        rows = conn.execute(sa.text("SELECT rank, seq, key, count(*) FROM metrics GROUP BY rank, seq, key")).all()
+    store.close()
+    assert {n for *_, n in rows} == {1}
+    assert len(rows) == 2 * (10 * first_ranks + 5)  # rank 0's seqs 0-14, the other ranks' 0-9

@@ -13,6 +13,7 @@ import json
 import multiprocessing as mp
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from multirank_logger.store.backends import public_name
-from tests.conftest import free_port, new_postgres_database
+from tests.conftest import join_ranks, new_postgres_database, start_ranks, with_password
 from tests.logger_helpers import query
 from tests.logger_many_ranks import rank_main, value
 
@@ -48,33 +49,28 @@ def small_server() -> Iterator[Any]:
     shutil.rmtree(data, ignore_errors=True)
 
 
-def _launch(db: str, out: Path, transport: str, **options: Any) -> list[int | None]:
+def _start(db: str, out: Path, transport: str, go: Path | None = None, **options: Any) -> list[Any]:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", "tests.logger_many_ranks"])
-    port = free_port()
-    args = (WORLD, port, db, CALLS, str(out), transport, NODES, options)
-    procs = [ctx.Process(target=rank_main, args=(r, *args)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(JOIN_TIMEOUT_S)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    return [p.exitcode for p in procs]
+    return start_ranks(rank_main, WORLD, db, CALLS, str(out), transport, NODES, options, go and str(go), True, ctx=ctx)
 
 
-def test_sixteen_ranks_into_a_server_of_ten_connections_store_every_row(
-    small_server: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
+def _stderr(out: Path) -> str:
+    """What the ranks wrote to stderr (`_start`: each to a file; not the test's capfd, see rank_main)."""
+    return "".join(path.read_text() for path in sorted(out.glob("rank*.err")))
+
+
+def _launch(db: str, out: Path, transport: str, **options: Any) -> list[int | None]:
+    return join_ranks(_start(db, out, transport, **options), JOIN_TIMEOUT_S)
+
+
+def test_sixteen_ranks_into_a_server_of_ten_connections_store_every_row(small_server: Any, tmp_path: Path) -> None:
     """transport="auto" reads the server's free connections and writes through one writer per
     node: every rank's rows stored once, every rank and the run `success`."""
     db, out = new_postgres_database(small_server), tmp_path / "out"
     out.mkdir()
     assert _launch(db, out, "auto") == [0] * WORLD
-    captured = capfd.readouterr()
-    assert "too many clients" not in captured.out + captured.err
+    assert "too many clients" not in _stderr(out)
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert {(r["transport"], r["run_id"]) for r in reports} == {("node", 1)}
     counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
@@ -87,26 +83,42 @@ def test_sixteen_ranks_into_a_server_of_ten_connections_store_every_row(
     assert ranks == [(r, "success", r // 4, r % 4) for r in range(WORLD)]
 
 
-def test_ranks_the_server_refuses_go_on_and_spill(small_server: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """transport="direct" asks for 16 connections of a server that admits 10: a refused rank is
-    not killed; its rows wait, then go to its spill file, which the output names; importing the
+def test_ranks_the_server_refuses_go_on_and_spill(small_server: Any, tmp_path: Path) -> None:
+    """transport="direct", as a role that the server stops admitting once the run is set up (the
+    ranks wait to log meanwhile): the ranks that hold no connection then (at least 9 of 16: the
+    role gets 7 of the server's 10) are refused for the rest of the launch. A refused rank is not
+    killed; its rows wait, then go to its spill file, which the output names; importing the
     files stores every row once and makes the run a success."""
     from click.testing import CliRunner
+    from sqlalchemy.engine import make_url
 
     from multirank_logger.cli import main
 
-    db, out = new_postgres_database(small_server), tmp_path / "out"
+    db, _ = with_password(small_server, new_postgres_database(small_server))
+    role, out, go = make_url(db).username, tmp_path / "out", tmp_path / "go"
     out.mkdir()
-    assert _launch(db, out, "direct", timeout=5.0, spill_dir=str(tmp_path / "spill")) == [0] * WORLD
-    captured = capfd.readouterr().err
+    procs = _start(db, out, "direct", go, timeout=5.0, spill_dir=str(tmp_path / "spill"))
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while len(list(tmp_path.glob("go.ready*"))) < WORLD:
+        assert time.monotonic() < deadline and all(p.exitcode is None for p in procs), "the ranks did not set up"
+        time.sleep(0.05)
+    small_server.psql(f"ALTER ROLE {role} CONNECTION LIMIT 0;")  # the connections open stay; no new one
+    try:
+        go.touch()
+        assert join_ranks(procs, JOIN_TIMEOUT_S) == [0] * WORLD
+    finally:
+        small_server.psql(f"ALTER ROLE {role} CONNECTION LIMIT -1;")
+    captured = _stderr(out)
     files = sorted((tmp_path / "spill").glob("*"))
     name = public_name(db)  # messages name the store without its password
     for f in files:  # every file the ranks wrote is named with its import command
         assert f"import {name} {f}" in captured or f"import '{name}' {f}" in captured
-    if files:
-        assert query(db, "SELECT status FROM runs") == [("incomplete",)]
-        result = CliRunner().invoke(main, ["import", db, *map(str, files)])
-        assert result.exit_code == 0, result.output
+    stored = dict(query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank"))
+    refused = [r for r in range(WORLD) if stored.get(r, 0) < CALLS]
+    assert len(refused) >= WORLD - 7 and len(files) == len(refused)  # each rank refused spilled
+    assert query(db, "SELECT status FROM runs") == [("incomplete",)]
+    result = CliRunner().invoke(main, ["import", db, *map(str, files)])
+    assert result.exit_code == 0, result.output
     counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
     assert counts == [(r, CALLS) for r in range(WORLD)]
     assert query(db, "SELECT status, transport FROM runs") == [("success", "direct")]

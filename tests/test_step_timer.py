@@ -74,8 +74,13 @@ def _link(fd: Path) -> str:
 
 
 class _Failing(_Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.open_at_failure: list[str] = []  # the statm descriptors open when the step fails
+
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         if batch_idx == 2:
+            self.open_at_failure = _statm_fds()
             raise RuntimeError("a failing step")
         return super().training_step(batch, batch_idx)
 
@@ -88,6 +93,8 @@ def test_a_failed_fit_leaves_no_descriptor_open(tmp_path: Path) -> None:
     trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=MultiRankLogger(db=tmp_path / "runs.sqlite"),
                       callbacks=[StepTimer()], enable_progress_bar=False, enable_model_summary=False,
                       enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
+    model = _Failing()
     with pytest.raises(RuntimeError, match="a failing step"):
-        trainer.fit(_Failing(), DataLoader(data, batch_size=8))
-    assert _statm_fds() == before
+        trainer.fit(model, DataLoader(data, batch_size=8))
+    assert len(model.open_at_failure) == len(before) + 1  # StepTimer had opened its descriptor...
+    assert _statm_fds() == before  # ...and closed it

@@ -198,6 +198,99 @@ def test_every_call_to_a_stopped_server_is_bounded(stopped_server: int) -> None:
         fresh().mark_done("success")
 
 
+@pytest.fixture
+def pausable_server() -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """A TCPStore server in a child process (its port, and the process to SIGSTOP and SIGCONT)."""
+    port = free_port()
+    code = (
+        "import datetime, sys, time, torch.distributed as dist\n"
+        f"s = dist.TCPStore('127.0.0.1', {port}, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)\n"
+        "print('up', flush=True)\ntime.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        yield port, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _receive_until(rank0: RowChannel, rows: int, timeout: float = 10.0) -> list[pa.RecordBatch]:
+    """What `rank0` receives until `rows` rows came (or `timeout` ran out), then once more (which acknowledges them)."""
+    got: list[pa.RecordBatch] = []
+    deadline = time.monotonic() + timeout
+    while sum(map(len, got)) < rows and time.monotonic() < deadline:
+        try:
+            got += rank0.receive()
+        except ChannelError:
+            pass  # the store stopped answering for a while: the writer tries again at its next cycle
+        time.sleep(0.05)
+    got += rank0.receive()
+    return got
+
+
+@pytest.mark.timeout(60)
+def test_a_sender_that_reconnects_keeps_its_count_of_acknowledgements(
+    pausable_server: tuple[int, subprocess.Popen[str]],
+) -> None:
+    """A sender whose bounded call timed out (rank 0's store stopped, then went on) connects again
+    and keeps numbering its batches as before: each row arrives once, every batch is acknowledged,
+    and rank 0 sees the rank done (a reconnect that re-read the acknowledgement counter had left
+    the sender waiting for acknowledgements that never come, spilling rows already stored)."""
+    port, server = pausable_server
+    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=port, timeout=1.0)
+    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=port, timeout=1.0)
+    rank0.receive()
+    sent = [_batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 4, first_seq=5)]
+    rank1.send(sent[0])
+    got = _receive_until(rank0, 4)  # taken and acknowledged
+    rank1.send(sent[1])
+    got += rank0.receive()  # taken, not yet acknowledged
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        assert rank1.unacknowledged_values() == 6  # its refresh times out: the client is dropped
+        assert rank1._store is None
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    got += rank0.receive()  # acknowledges the second batch
+    rank1.send(sent[2])  # connects again
+    got += _receive_until(rank0, 8)
+    rank1.mark_done("success")
+    assert rank1.wait_delivered(5.0) == [] and rank1.pending() == 0 and rank1.unacknowledged_values() == 0
+    assert rank0.done_ranks() == {1: "success"}
+    assert pa.Table.from_batches(got).equals(pa.Table.from_batches(sent))
+
+
+@pytest.mark.timeout(60)
+def test_a_receiver_that_reconnects_loses_and_repeats_nothing(
+    pausable_server: tuple[int, subprocess.Popen[str]],
+) -> None:
+    """Rank 0's receive times out while its store is stopped, and the store goes on: the rows the
+    timed-out call took still arrive (once), what rank 0 took before is still acknowledged, and the
+    sender ends with nothing to spill."""
+    port, server = pausable_server
+    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=port, timeout=1.0)
+    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=port, timeout=30.0)
+    rank0.receive()
+    sent = [_batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 4, first_seq=5)]
+    rank1.send(sent[0])
+    got = rank0.receive()  # taken, to be acknowledged at the next call
+    rank1.send(sent[1])
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(ChannelError):
+            rank0.receive()  # bounded: gives up on the stopped store, its call still waiting there
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    rank1.send(sent[2])
+    got += _receive_until(rank0, 9)
+    rank1.mark_done("success")
+    assert rank1.wait_delivered(5.0) == [] and rank1.pending() == 0
+    assert rank0.done_ranks() == {1: "success"}
+    assert pa.Table.from_batches(got).equals(pa.Table.from_batches(sent))
+
+
 def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dist.TCPStore, tmp_path: Path) -> None:
     """Rank 0's gather sink over a real channel and store: a payload it cannot read is counted as
     lost, and the run's end recorded with that count is no success."""

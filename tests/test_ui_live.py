@@ -1,6 +1,8 @@
 """The ui while a real 2-rank DDP training (gloo, CPU) writes its DuckDB store: the page, opened
 before the store exists, lists the run and its last step grows, without a reload; the run's own
-page follows it the same way; the training loses nothing to the viewer."""
+page follows it the same way; the training loses nothing to the viewer. The training takes its
+steps a few at a time, when the test lets it (logger_train.py --gate): each page sees the run go
+on while it is open, however slow the machine."""
 
 from __future__ import annotations
 
@@ -16,7 +18,14 @@ from tests.ui_browser import chromium, outside, requested_urls
 
 pytestmark = pytest.mark.slow
 
-STEPS = 40
+STEPS = 16
+
+
+def _allow(gate: Path, steps: int) -> None:
+    """Let the training go on to `steps` steps (written whole: the training reads the file as it polls)."""
+    part = gate.with_suffix(".part")
+    part.write_text(str(steps))
+    part.replace(gate)
 
 
 def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: Path) -> None:
@@ -30,10 +39,13 @@ def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: P
             driver.get(url)
             _wait(driver, "return document.querySelector('.error')?.innerText.includes('No store at')")
             driver.execute_script("window.notReloaded = true")  # gone if the page reloads
-            training = subprocess.Popen(train_cmd(db, tmp_path, "--steps", str(STEPS), "--sleep-after", "0.2"),
+            gate = tmp_path / "gate"
+            _allow(gate, 3)
+            training = subprocess.Popen(train_cmd(db, tmp_path, "--steps", str(STEPS), "--gate", str(gate)),
                                         cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             cell = "const c = document.querySelector('#runs tr[data-run] td:nth-child(7)'); return c && c.innerText !== '-' && +c.innerText"
             first_step = _wait(driver, cell, timeout=120)
+            _allow(gate, 7)
             _wait(driver, cell.replace("&& +c.innerText", f"&& +c.innerText > {first_step}"), timeout=120)
             assert driver.execute_script("return window.notReloaded") is True
             status = driver.find_element("css selector", "#runs tr[data-run] td:nth-child(3)").text
@@ -42,9 +54,11 @@ def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: P
             _wait(driver, "return document.body.dataset.drawn")
             driver.execute_script("window.notReloaded = true")
             head = driver.find_element("id", "head").text
+            _allow(gate, 11)
             _wait(driver, f"return document.getElementById('head').innerText !== {head!r}", timeout=120)
             assert driver.execute_script("return window.notReloaded") is True
             assert outside(requested_urls(driver)) == []
+        _allow(gate, STEPS)
         out, err = training.communicate(timeout=180)
         assert training.returncode == 0, out[-2000:] + err[-4000:]
         assert status == "running"

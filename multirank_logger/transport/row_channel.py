@@ -31,8 +31,10 @@ others send to it; the keys are per sending rank, so one namespace holds every n
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -40,7 +42,8 @@ import pyarrow as pa
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.errors import ChannelError
 from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.transport.tcpstore_client import StoreClient, pop_all, split_rows
+from multirank_logger.transport.end_reports import EndReports
+from multirank_logger.transport.tcpstore_client import bounded, pop_all, split_rows
 
 __all__ = ["RowChannel"]
 
@@ -49,7 +52,7 @@ _POLL_S = 0.02
 _POLL_MAX_S = 0.25
 
 
-class RowChannel(StoreClient):
+class RowChannel(EndReports):
     """Rows from ranks 1..N-1 to rank 0 over the launch's TCPStore; never a collective.
 
     Args:
@@ -64,7 +67,8 @@ class RowChannel(StoreClient):
 
     Senders (rank != 0) call `send` from a background thread and `mark_done` at the end;
     rank 0 calls `receive` and `done_ranks`. On `ChannelError`, spill ``exc.undelivered``.
-    Small values go through `publish` and `fetch` (`StoreClient`'s).
+    Small values go through `publish` and `fetch` (`StoreClient`'s), the counts of rows that
+    did not arrive through `report_unstored` and its kin (`EndReports`').
 
     Example::
 
@@ -95,13 +99,18 @@ class RowChannel(StoreClient):
         self.writer = 0
         self.senders: tuple[int, ...] = tuple(range(1, self.world_size)) if self.rank == 0 else ()
         self._failed: str | None = None
-        # sender side: items are numbered from `_base` (the ack counter when we connected)
+        # sender side: items are numbered from `_base` (the ack counter when we first connected)
         self._base = 0
         self._sent = 0
         self._inflight: deque[tuple[int, pa.RecordBatch, float]] = deque()
         # receiver side (rank 0), per sending rank
         self._taken: dict[int, int] = {}
         self._to_ack: dict[int, int] = {}
+        # payloads popped from the store, not yet returned by `receive`: a take given up on (its
+        # store stopped answering) still lands what it pops here, for the next `receive`
+        self._popped: deque[tuple[int, bytes]] = deque()
+        self._side_popped: deque[bytes] = deque()
+        self._taking = threading.Lock()  # held while a take runs, also one given up on
         self._done_totals: dict[int, tuple[int, str]] = {}
         #: payloads `receive` could not read (and dropped), in all and per sending rank
         self.damaged_batches = 0
@@ -110,25 +119,28 @@ class RowChannel(StoreClient):
     def __repr__(self) -> str:
         return f"RowChannel({self.namespace!r}, rank={self.rank}, world_size={self.world_size})"
 
-    def _connected(self, store: Any) -> None:
-        if self.rank == self.writer:
-            self._taken = {r: store.add(f"ack/{r}", 0) for r in self.senders}
-            self._to_ack = dict.fromkeys(self._taken, 0)
-        else:
-            self._base = store.add(f"ack/{self.rank}", 0)
+    def _starting_state(self, store: Any) -> Callable[[], None]:
+        if self.receives:
+            taken = {r: store.add(f"ack/{r}", 0) for r in self.senders}
+
+            def start() -> None:
+                self._taken = taken
+                self._to_ack = dict.fromkeys(taken, 0)
+
+            return start
+        base = store.add(f"ack/{self.rank}", 0)
+
+        def start_sender() -> None:
+            self._base = base
+
+        return start_sender
 
     def route(self, writer: int, senders: tuple[int, ...] | list[int]) -> None:
         """Make `writer` the rank this rank's rows go to, and (on `writer`) `senders` the ranks it
         receives from. Call it before any row goes through the channel, identically on those ranks."""
         with self._lock:
             self.writer, self.senders = writer, tuple(senders) if self.rank == writer else ()
-            if self._store is not None:
-                self._connected(self._store)
-
-    @property
-    def receives(self) -> bool:
-        """True on the rank that receives rows (rank 0, or a node's writer)."""
-        return self.rank == self.writer
+            self._started = False  # another role: its counters are read at the next call
 
     # -- sending (rank != 0) -----------------------------------------------------------
 
@@ -157,12 +169,14 @@ class RowChannel(StoreClient):
                 self._sent += 1
             try:
 
-                def push(store: Any) -> None:
-                    for i in range(first, len(self._inflight)):
-                        store.queue_push(f"rows/{self.rank}", encode_batch(self._inflight[i][1]))
-                    self._collect_acks(store)
+                payloads = [encode_batch(self._inflight[i][1]) for i in range(first, len(self._inflight))]
 
-                self._call(push)  # the first call connects, bounded too
+                def push(store: Any) -> int:
+                    for payload in payloads:
+                        store.queue_push(f"rows/{self.rank}", payload)
+                    return self._acked(store)
+
+                self._drop_acked(self._call(push))  # the first call connects, bounded too
             except Exception as exc:
                 raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
             oldest = self._inflight[0][2] if self._inflight else now
@@ -172,8 +186,12 @@ class RowChannel(StoreClient):
                     f"(timeout={self.timeout:g})"
                 )
 
-    def _collect_acks(self, store: Any) -> None:
-        acked = store.add(f"ack/{self.rank}", 0) - self._base
+    def _acked(self, store: Any) -> int:
+        """How many of this rank's items the receiver acknowledged (read in the bounded call)."""
+        return int(store.add(f"ack/{self.rank}", 0)) - self._base
+
+    def _drop_acked(self, acked: int) -> None:
+        """Forget the batches acknowledged (by the caller, holding `_lock`: never a call given up on)."""
         while self._inflight and self._inflight[0][0] < acked:
             self._inflight.popleft()
 
@@ -196,7 +214,7 @@ class RowChannel(StoreClient):
         with self._lock:
             if refresh and self._failed is None and self._store is not None and self._inflight:
                 try:
-                    self._call(self._collect_acks)
+                    self._drop_acked(self._call(self._acked))
                 except Exception:  # noqa: BLE001 - the next send says what is wrong
                     pass
             return sum(len(batch) for _, batch, _ in self._inflight)
@@ -221,60 +239,6 @@ class RowChannel(StoreClient):
             except Exception as exc:
                 raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
 
-    def report_unstored(self, spilled: int, lost: int) -> bool:
-        """Tell rank 0 how many values this rank put in its spill file or lost (its last word).
-
-        Returns:
-            False when rank 0's store cannot be reached (rank 0 then records this rank as missing).
-        """
-        with self._lock:
-            try:
-                self._call(lambda store: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"))
-            except Exception:  # noqa: BLE001 - ChannelError, or the store gone with rank 0
-                return False
-        return True
-
-    def unstored_reports(self, ranks: list[int], timeout: float) -> dict[int, tuple[int, int]]:
-        """Rank 0: the (spilled, lost) counts `ranks` reported, waiting at most `timeout` for all of them."""
-        self._require_rank0("unstored_reports")
-        deadline = time.monotonic() + timeout
-        out: dict[int, tuple[int, int]] = {}
-        for r in ranks:
-            try:
-                if timeout <= 0:  # only what is there already
-                    raw = self._fetch_raw(f"end/{r}", 0.001, f"end/{r}") if self._has(f"end/{r}") else b""
-                else:
-                    raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01), f"end/{r}")
-                spilled, lost = (int(n) for n in raw.decode().split())
-            except (ChannelError, ValueError):
-                continue  # never reported: rank 0 records it as missing
-            out[r] = (spilled, lost)
-        return out
-
-    def acknowledge_reports(self, ranks: list[int]) -> None:
-        """Rank 0: tell `ranks` that the counts they reported are taken. Best effort: a sender that
-        hears nothing reports the same counts again with its next phase's (counted twice at worst,
-        never not at all)."""
-        self._require_rank0("acknowledge_reports")
-        with self._lock:
-            try:
-
-                def tell(store: Any) -> None:
-                    for r in ranks:
-                        store.set(f"counted/{r}", b"1")
-
-                self._call(tell)
-            except Exception:  # noqa: BLE001 - see above
-                pass
-
-    def report_counted(self, timeout: float) -> bool:
-        """Sender: whether rank 0 took this rank's `report_unstored` counts, waiting up to `timeout` s."""
-        try:
-            self._fetch_raw(f"counted/{self.rank}", timeout, "counted")  # bounded, its connect included
-        except Exception:  # noqa: BLE001 - ChannelError, TimeoutError: rank 0 did not take them
-            return False
-        return True
-
     def wait_delivered(self, timeout: float) -> list[pa.RecordBatch]:
         """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
 
@@ -288,7 +252,7 @@ class RowChannel(StoreClient):
                 if self._failed is not None or not self._inflight:
                     return []  # a failure already handed its batches to the caller
                 try:
-                    self._call(self._collect_acks)
+                    self._drop_acked(self._call(self._acked))
                 except Exception as exc:
                     return self._fail(f"Rank {self.rank} lost rank 0's TCPStore ({exc})").undelivered
                 if not self._inflight:
@@ -318,12 +282,15 @@ class RowChannel(StoreClient):
         out: list[pa.RecordBatch] = []
         with self._lock:
             try:
-                payloads = self._call(self._take_rows)
+                self._take_rows()
             except ChannelError:
                 raise
             except Exception as exc:
                 raise ChannelError(f"Rank 0 cannot read rows from the TCPStore: {exc}") from exc
-            for r, payload in payloads:
+            while self._popped:
+                r, payload = self._popped.popleft()
+                self._taken[r] = self._taken.get(r, 0) + 1
+                self._to_ack[r] = self._to_ack.get(r, 0) + 1
                 try:
                     out.append(decode_batch(payload))
                 except ValueError as exc:
@@ -333,16 +300,42 @@ class RowChannel(StoreClient):
                               "read (%d bytes): %s", r, len(payload), exc)
         return out
 
-    def _take_rows(self, store: Any) -> list[tuple[int, bytes]]:
-        """Acknowledge what the last `receive` returned; take every rank's queued payloads."""
-        self._send_acks(store)
-        taken = []
-        for r in self.senders:
-            for payload in pop_all(store, f"rows/{r}"):
-                self._taken[r] += 1
-                self._to_ack[r] += 1
-                taken.append((r, payload))
-        return taken
+    def _take_rows(self) -> None:
+        """Acknowledge what the last `receive` returned; pop every rank's queued payloads into `_popped`.
+
+        A take given up on (the store stopped answering) goes on in its helper thread when the
+        store answers again: the acknowledgements it holds reach the store once, what it pops
+        reaches `_popped`, and no other take starts meanwhile (each rank's order kept).
+        """
+        if not self._taking.acquire(blocking=False):
+            return
+        try:
+            self._client()  # connected (bounded) before any acknowledgement leaves `_to_ack`
+        except BaseException:
+            self._taking.release()
+            raise
+        acks = {r: n for r, n in self._to_ack.items() if n}
+        for r in acks:
+            self._to_ack[r] = 0
+
+        def take(store: Any) -> None:
+            try:
+                for r, n in list(acks.items()):
+                    store.add(f"ack/{r}", n)
+                    del acks[r]
+                for r in self.senders:
+                    self._popped.extend((r, payload) for payload in pop_all(store, f"rows/{r}"))
+            finally:
+                self._taking.release()
+
+        try:
+            self._call(take)
+        except TimeoutError:
+            raise  # `take` still holds its acknowledgements, and sends them when the store answers
+        except BaseException:
+            for r, n in acks.items():  # not sent: the next take sends them
+                self._to_ack[r] += n
+            raise
 
     # -- side-table rows (decisions, logs, step timing) --------------------------------------
     # A queue of their own, without the acknowledgements the metrics get: they are few, and a
@@ -373,19 +366,22 @@ class RowChannel(StoreClient):
         with self._lock:
             try:
 
-                def take_side(store: Any) -> list[bytes]:
-                    return [bytes(p) for r in self.senders for p in pop_all(store, f"side/{r}")]
+                def take_side(store: Any) -> None:
+                    # into `_side_popped`: a call given up on still hands what it pops to the next one
+                    self._side_popped.extend(bytes(p) for r in self.senders for p in pop_all(store, f"side/{r}"))
 
-                out.extend(self._call(take_side))
+                self._call(take_side)
             except Exception as exc:
                 raise ChannelError(f"Rank 0 cannot read side rows from the TCPStore: {exc}") from exc
+            while self._side_popped:
+                out.append(self._side_popped.popleft())
         return out
 
     def _send_acks(self, store: Any) -> None:
         for r, n in self._to_ack.items():
             if n:
-                store.add(f"ack/{r}", n)
                 self._to_ack[r] = 0
+                store.add(f"ack/{r}", n)
 
     def done_ranks(self) -> dict[int, str]:
         """Ranks that called `mark_done` and whose every row `receive` has returned, with status.
@@ -412,10 +408,6 @@ class RowChannel(StoreClient):
                     out[r] = status
         return out
 
-    def _require_rank0(self, what: str) -> None:
-        if not self.receives:
-            raise ValueError(f"RowChannel.{what} runs on rank {self.writer} only (this is rank {self.rank})")
-
     def close(self) -> None:
         """Acknowledge what rank 0 took, and drop the connection. Best effort: never raises."""
         with self._lock:
@@ -424,6 +416,6 @@ class RowChannel(StoreClient):
                 return
             try:
                 if self.receives:
-                    self._send_acks(store)
+                    bounded(lambda: self._send_acks(store), self.timeout)  # a stopped store must not hang the exit
             except Exception:
                 pass  # the store is gone with its host; nothing left to tell anyone

@@ -72,8 +72,9 @@ def bounded(call: Callable[[], T], timeout: float) -> T:
 class StoreClient:
     """One rank's client of the TCPStore under ``multirank_logger/{namespace}/``, connected on first use.
 
-    Args are `RowChannel`'s. Subclasses set up what depends on the connection in `_connected`
-    and their per-process state in `_init_state` (run again in a process that unpickles one).
+    Args are `RowChannel`'s. Subclasses read what their state starts from in `_starting_state`
+    (at the first connection only: a reconnection keeps the state) and set up their
+    per-process state in `_init_state` (run again in a process that unpickles one).
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class StoreClient:
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._store: Any = None
+        self._started = False  # `_starting_state` applied: a reconnection does not apply it again
 
     # ddp_spawn pickles the logger into its workers: never ship a socket, reconnect lazily
     def __getstate__(self) -> dict[str, Any]:
@@ -107,16 +109,23 @@ class StoreClient:
                 accepts the connection in its kernel and never answers the handshake).
         """
         if self._store is None:
-
-            def open_client() -> Any:
-                store = connect(self.namespace, self.rank, self.host, self.port, self.timeout)
-                self._connected(store)
-                return store
-
             try:
-                self._store = bounded(open_client, self.timeout + 1.0)
+                self._store = bounded(
+                    lambda: connect(self.namespace, self.rank, self.host, self.port, self.timeout), self.timeout + 1.0
+                )
             except TimeoutError as exc:
                 raise ChannelError(f"Rank {self.rank} could not connect to rank 0's TCPStore: {exc}") from exc
+        if not self._started:
+            store = self._store
+            try:
+                start = bounded(lambda: self._starting_state(store), self.timeout)
+            except TimeoutError as exc:
+                self._store = None
+                raise ChannelError(f"Rank {self.rank} could not read its state from rank 0's TCPStore: {exc}") from exc
+            # applied here, not in the helper thread: one given up on must not reset the counters later
+            if start is not None:
+                start()
+            self._started = True
         return self._store
 
     def _call(self, fn: Callable[[Any], T], timeout: float | None = None) -> T:
@@ -129,8 +138,14 @@ class StoreClient:
             self._store = None
             raise
 
-    def _connected(self, store: Any) -> None:
-        """Called once `store` is connected, before anything else uses it."""
+    def _starting_state(self, store: Any) -> Callable[[], None] | None:
+        """Read from `store` what this client's counters start from, at its first connection.
+
+        Runs in a bounded helper thread; returns what sets the counters, run by the caller once
+        the read returned. A reconnection (after a call timed out) does not call it: the counters
+        go on from where they were (read again then, they would renumber what is in flight).
+        """
+        return None
 
     # -- small values ------------------------------------------------------------------
 

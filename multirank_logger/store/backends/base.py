@@ -24,7 +24,7 @@ import contextlib
 import importlib.util
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,6 +159,13 @@ class Backend:
     def lock_for_migration(self, conn: sa.Connection) -> None:
         """Serialize schema creation between processes, on `conn`'s open transaction."""
 
+    def lock_seq_spans(self, conn: sa.Connection, runs_ranks: list[tuple[int, int]]) -> None:
+        """Keep other writers of these (run, rank)s from reading their seq spans until `conn`'s
+        transaction ends (store/seq_spans.py reads them, checks, then writes them). Nothing to do
+        on SQLite (BEGIN IMMEDIATE: one writing transaction at a time) or DuckDB (a writing
+        transaction holds the file alone among processes; in one, a rank's rows have one writer
+        thread, and the resume's import of earlier launches holds other seqs)."""
+
     def translate_error(self, exc: Exception) -> Exception | None:
         """Our error for a driver error met while opening the store, or None."""
         return None
@@ -195,9 +202,10 @@ class Backend:
         """The distinct metric keys of a run, any rank, in no particular order."""
         return list(conn.execute(sa.select(metrics.c.key).where(metrics.c.run_id == run_id).distinct()).scalars())
 
-    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
+    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> Sequence[np.ndarray | None]:
         """One key's rows of every rank as columns (rank, seq, step, value, dtype) of
-        `PER_RANK_TYPES` (DuckDB: in no order); empty when no rank logged it."""
+        `PER_RANK_TYPES` (DuckDB: in no order); empty when no rank logged it. seq may be None
+        where the backend found no (rank, step) twice."""
         stmt = (
             sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
             .where(metrics.c.run_id == run_id, metrics.c.key == key)

@@ -44,6 +44,14 @@ SELECT current_setting('max_connections')::int AS max_connections,
        (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()) AS db_in_use
 """
 
+#: the most (run, rank) advisory locks one write takes; a write of more ranks locks their runs
+_RANK_LOCKS_MAX = 16
+# a run's own lock is (run_id, -1): no rank is -1; the arrays come sorted, and unnest keeps their order
+_LOCK_RUNS = "SELECT {lock}(t.run, -1) FROM unnest(CAST(:runs AS integer[])) AS t(run)"
+_LOCK_RANKS = (
+    "SELECT pg_advisory_xact_lock(t.run, t.rank) FROM unnest(CAST(:runs AS integer[]), CAST(:ranks AS integer[])) AS t(run, rank)"
+)
+
 
 class PostgreSQLBackend(Backend):
     name = "postgresql"
@@ -69,6 +77,21 @@ class PostgreSQLBackend(Backend):
     def lock_for_migration(self, conn: sa.Connection) -> None:
         # a transaction-scoped advisory lock: released at commit, even if the process dies
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x6D726C67})
+
+    def lock_seq_spans(self, conn: sa.Connection, runs_ranks: list[tuple[int, int]]) -> None:
+        # Two writers of one (run, rank) at once (a spill file imported while its run still writes,
+        # one file imported twice at once) would each read the spans before the other's commit,
+        # and both store the overlap (no unique index here). Advisory locks, held to the commit: a
+        # writer of a few ranks takes each (run, rank)'s, and its run's shared; one of many (rank
+        # 0 of a gather run) its run's alone, so that the server's lock table (64 entries per
+        # connection by default) holds a few entries, not one per rank. Sorted: no deadlock.
+        pairs = sorted(set(runs_ranks))
+        runs = sorted({run for run, _ in pairs})
+        if len(pairs) > _RANK_LOCKS_MAX:
+            conn.execute(sa.text(_LOCK_RUNS.format(lock="pg_advisory_xact_lock")), {"runs": runs})
+            return
+        conn.execute(sa.text(_LOCK_RUNS.format(lock="pg_advisory_xact_lock_shared")), {"runs": runs})
+        conn.execute(sa.text(_LOCK_RANKS), {"runs": [run for run, _ in pairs], "ranks": [r for _, r in pairs]})
 
     def connection_room(self, conn: sa.Connection) -> tuple[int, str] | None:
         # what a new connection of this role into this database may take: the server's
