@@ -7,6 +7,10 @@
   `multirank-logger runs` (FutureWarning). The declared floor, pandas 2.0, is not importable
   beside numpy 2 (built against numpy 1), and only 2.2+ raise that warning.
 
+- all the declared floors at once (`FLOORS`: duckdb, duckdb-engine, sqlalchemy, alembic, pyarrow,
+  pandas, fsspec, click, pyyaml), with numpy 1.26.4: pyarrow 14 and pandas 2.0 are built against
+  numpy 1 and do not import beside numpy 2 (nor does pandas 3 beside numpy 1). Not installed:
+  typing-extensions 4.6 (torch itself needs 4.10's ``TypeIs``), torch (the environment's).
 - lightning: the floor declared in pyproject.toml (2.2.0), with ``setuptools<81`` (it imports
   ``pkg_resources``, which setuptools 81 removed): a 2-rank DDP training (tests/logger_train.py)
   whose ranks agree on the version read before fit and whose metrics.csv is that lightning's
@@ -68,8 +72,18 @@ def duckdb_floor_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pip_install(tmp_path_factory.mktemp("duckdb-floor"), f"duckdb=={declared_floor('duckdb')}")
 
 
+#: the declared floors installed together (their lower bounds read from pyproject.toml)
+FLOORS = ("duckdb", "duckdb-engine", "sqlalchemy", "alembic", "pyarrow", "pandas", "fsspec", "click", "pyyaml")
+#: beside them: the newest numpy 1 (pyarrow 14 and pandas 2.0 need numpy < 2); pytz (pandas 2 imports it)
+FLOORS_NEED = ["numpy==1.26.4", "pytz"]
 #: what lightning 2.2 needs beside it on a current Python stack (pkg_resources; issue 29)
 LIGHTNING_2_2_NEEDS = ["setuptools<81"]
+
+
+@pytest.fixture(scope="session")
+def floors_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pip_install(tmp_path_factory.mktemp("floors"), *(f"{name}=={declared_floor(name)}" for name in FLOORS),
+                       *FLOORS_NEED)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +119,17 @@ def test_runs_prints_no_future_warning_with_pandas_2_3(pandas_warned_dir: Path, 
     out = write_and_read(pandas_warned_dir, tmp_path / "runs.sqlite")
     assert out.startswith("floor_reads: duckdb") and "pandas 2.3.3" in out.splitlines()[0], out[:200]
     assert " success " in out and "lightning_logs/version_0" in out
+
+
+@pytest.mark.parametrize("suffix", ["duckdb", "sqlite"])
+def test_every_read_command_works_with_all_declared_floors(floors_dir: Path, tmp_path: Path, suffix: str) -> None:
+    """A store written and read (runs, ranks, logs, decisions, report) with every declared floor
+    at once, no FutureWarning."""
+    out = write_and_read(floors_dir, tmp_path / f"runs.{suffix}")
+    first = out.splitlines()[0]
+    for name in FLOORS:
+        assert re.search(rf"\b{re.escape(name)} {re.escape(declared_floor(name))}(\.0)*(,|$)", first), first
+    assert "numpy 1.26.4" in first and "ModelCheckpoint(loss, min)" in out
 
 
 def test_declared_lightning_floor_trains_two_ranks(lightning_floor_dir: Path, tmp_path: Path) -> None:
