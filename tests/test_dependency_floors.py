@@ -4,9 +4,8 @@
 - duckdb: the floor declared in pyproject.toml, read from it, so the test follows the declaration
   (1.1 up to 1.4.1 write a training but fail every read: no `to_arrow_table`).
 - pandas: 2.3.3, the release issue 29 names, whose `fillna` downcasting warned from
-  `multirank-logger runs` (FutureWarning). The declared floor, pandas 2.0, is not importable
-  beside numpy 2 (built against numpy 1), and only 2.2+ raise that warning.
-
+  `multirank-logger runs` (FutureWarning); only 2.2+ raise that warning. The declared floor,
+  pandas 2.0, is not importable beside numpy 2 (built against numpy 1): it is in the next item.
 - all the declared floors at once (`FLOORS`: duckdb, duckdb-engine, sqlalchemy, alembic, pyarrow,
   pandas, fsspec, click, pyyaml), with numpy 1.26.4: pyarrow 14 and pandas 2.0 are built against
   numpy 1 and do not import beside numpy 2 (nor does pandas 3 beside numpy 1). Not installed:
