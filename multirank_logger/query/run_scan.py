@@ -38,6 +38,7 @@ from multirank_logger._util.prefetch import prefetched
 from multirank_logger.model.csv_layout import row_columns
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import metrics
+from multirank_logger.query.key_numbers import KeyNumbers
 from multirank_logger.query.rank_spread import positions
 from multirank_logger.query.step_buckets import BucketBuilder, BucketSummary, bucket_width
 
@@ -52,8 +53,6 @@ WINDOW_ROWS = 1_000_000
 KEY_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
 BUCKET_CELLS_MAX = 24_000_000
-#: up to this many keys are numbered in SQL (a CASE); past it, the names are read and numbered here
-_KEYS_IN_CASE = 64
 
 
 @dataclass
@@ -157,7 +156,7 @@ class _Span:
     last: int
     width: int
     ranks: int
-    names: _KeyNumbers
+    names: KeyNumbers
 
 
 @dataclass
@@ -192,7 +191,7 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
             return
         low, high = int(low), int(high)
         width = bucket_width(low, high, bucket_columns) if bucket_columns else 1
-        names = _KeyNumbers(reader, conn, keys)
+        names = KeyNumbers(reader, conn, keys)
         yield _Span(low, high, width, ref.world_size, names)
         span = max(1, (high - low + 1) * window_rows // int(count))
         span = -(-span // width) * width
@@ -203,58 +202,7 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
                 yield window, columns
 
 
-class _KeyNumbers:
-    """How a window's rows name their key: a number, the key's index in the run's ``keys``.
-
-    On DuckDB by the key's hash: ``hash(key)`` costs little more than no key at all, as DuckDB
-    hashes a dictionary-compressed column's strings once per dictionary entry, where a ``CASE``
-    compares every row's string (on the 51.2M-row store: 2.4 s of CPU for the whole pass against
-    4.8 s). A lookup table by the hash's fewest low bits that tell the run's keys apart gives
-    the index, and the full hash is compared, so a key the run did
-    not have when the pass began (a live run) is dropped, never taken for another. Elsewhere a
-    ``CASE`` in SQL (up to ``_KEYS_IN_CASE`` keys) or the names themselves.
-    """
-
-    def __init__(self, reader: StoreReader, conn: sa.Connection, keys: list[str]) -> None:
-        self.keys = keys
-        self.hashes: np.ndarray | None = None
-        if reader.store.backend.name == "duckdb":
-            named = sa.values(sa.column("k", sa.String), name="run_keys").data([(k,) for k in keys])
-            found: dict[str, int] = {k: h for k, h in conn.execute(sa.select(named.c.k, sa.func.hash(named.c.k)))}
-            hashes = np.array([found[k] for k in keys], dtype=np.uint64)
-            for bits in range(max(1, len(keys) - 1).bit_length(), 25):  # the fewest low bits that tell the keys apart
-                low = hashes & np.uint64(2**bits - 1)
-                if len(np.unique(low)) == len(keys):
-                    self.hashes, self.mask = hashes, np.uint64(2**bits - 1)
-                    self.lookup = np.zeros(2**bits, np.int64)
-                    self.lookup[low.astype(np.int64)] = np.arange(len(keys))
-                    break
-
-    def column(self) -> Any:
-        if self.hashes is not None:
-            return sa.func.hash(metrics.c.key)
-        if len(self.keys) <= _KEYS_IN_CASE:
-            return sa.case({k: i for i, k in enumerate(self.keys)}, value=metrics.c.key, else_=-1)
-        return metrics.c.key
-
-    def numbers(self, column: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """The key numbers of `column` (as `column()` read it), and which rows to keep (None: all)."""
-        if self.hashes is not None:
-            low = column & self.mask
-            index = self.lookup[low.view(np.int64)]  # below 2**24: the same numbers, no copy
-            del low
-            known = self.hashes[index] == column
-            return index, None if known.all() else known
-        if column.dtype != object:
-            number = column.astype(np.int64, copy=False)
-        else:
-            index = {k: i for i, k in enumerate(self.keys)}
-            number = np.fromiter((index.get(k, -1) for k in column), np.int64, len(column))
-        known = number >= 0
-        return number, None if known.all() else known
-
-
-def _fetch(reader: StoreReader, conn: sa.Connection, names: _KeyNumbers, where: tuple[Any, ...],
+def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
            with_seq: bool) -> Any:  # fmt: skip
     """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
     cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, metrics.c.value]
@@ -269,7 +217,7 @@ def _fetch(reader: StoreReader, conn: sa.Connection, names: _KeyNumbers, where: 
         if with_seq:
             out.append(table.column(4).to_numpy())
     else:
-        key_type = object if names.hashes is None and len(names.keys) > _KEYS_IN_CASE else np.int64
+        key_type = object if names.by_name else np.int64
         types = [key_type, np.int64, np.int64, np.float64, np.int64][: len(cols) + with_seq]
         parts = [row_columns(chunk, types) for chunk in backend.row_chunks(conn, stmt)]
         if not parts:
@@ -360,12 +308,13 @@ class _Scan:
     def _add_key(self, k: int, steps: np.ndarray, ranks: np.ndarray, table: np.ndarray) -> None:
         count = (~np.isnan(table)).sum(axis=1)
         counted = count >= 3
-        table, steps, count = table[counted], steps[counted], count[counted]
+        if not counted.all():  # (a copy of the window's table: only where some step has too few)
+            table, steps, count = table[counted], steps[counted], count[counted]
         if not len(steps):
             return
         median, low, high = _medians(table, count)
         dev = table - median[:, None]
-        mad = _medians(np.abs(dev), count)[0]
+        mad = _medians(np.abs(dev), count, extremes=False)[0]
         self.parts[k].append((steps, count, median, mad, low, high))
         self._candidates(k, ranks, table, dev, mad)
 
@@ -431,8 +380,8 @@ class _Scan:
         self.pending[k] = None
 
 
-def _medians(table: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of `table` (NaN where no value): the median of its values, their min and max.
+def _medians(table: np.ndarray, count: np.ndarray, extremes: bool = True) -> tuple[np.ndarray, ...]:
+    """Per row of `table` (NaN where no value): the median of its values[, their min and max].
 
     As ``np.nanmedian`` computes them (the mean of the two middle values for an even count),
     without its slow path for rows with NaN: a sort puts NaN last, the count finds the middle.
@@ -441,7 +390,7 @@ def _medians(table: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarr
         n = table.shape[1]
         part = np.partition(table, [(n - 1) // 2, n // 2], axis=1)
         middle = (part[:, (n - 1) // 2] + part[:, n // 2]) / 2
-        return middle, table.min(axis=1), table.max(axis=1)
+        return (middle, table.min(axis=1), table.max(axis=1)) if extremes else (middle,)
     ordered = np.sort(table, axis=1)
     rows = np.arange(len(table))
     middle = (ordered[rows, (count - 1) // 2] + ordered[rows, count // 2]) / 2
