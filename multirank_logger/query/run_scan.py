@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,6 +51,8 @@ __all__ = ["BUCKET_CELLS_MAX", "KeySteps", "RunScan", "WINDOW_ROWS", "scan_run"]
 
 #: rows read at once (about 25 bytes each as NumPy columns, a few times that while computed)
 WINDOW_ROWS = 1_000_000
+#: threads reading windows from a DuckDB store at once
+FETCH_THREADS = 2
 #: threads computing a window's keys (besides the one reading the next window)
 KEY_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
@@ -195,11 +199,35 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
         yield _Span(low, high, width, ref.world_size, names)
         span = max(1, (high - low + 1) * window_rows // int(count))
         span = -(-span // width) * width
-        for start in range(low, high + 1, span):
-            window = (where, metrics.c.step >= start, metrics.c.step < start + span)
-            columns = _fetch(reader, conn, names, window, with_seq=False)
-            if columns is not None:
-                yield window, columns
+        windows = [(where, metrics.c.step >= start, metrics.c.step < start + span) for start in range(low, high + 1, span)]
+        if reader.store.backend.name != "duckdb":
+            for window in windows:
+                if (columns := _fetch(reader, conn, names, window, with_seq=False)) is not None:
+                    yield window, columns
+            return
+    # DuckDB turns a result into Arrow on one thread: two windows are read at once, each on a
+    # connection of its own (no one writes a DuckDB file a reader holds: every connection sees
+    # the same rows)
+    with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="multirank-logger-read") as readers, \
+            contextlib.ExitStack() as connections:  # fmt: skip
+        own = threading.local()
+        opening = threading.Lock()
+
+        def fetch(window: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+            if not hasattr(own, "conn"):
+                with opening:
+                    own.conn = connections.enter_context(reader._connect())
+            return window, _fetch(reader, own.conn, names, window, with_seq=False)
+
+        reading: deque[Future[tuple[tuple[Any, ...], Any]]] = deque()
+        for window in windows:
+            reading.append(readers.submit(fetch, window))
+            if len(reading) >= FETCH_THREADS:
+                if (done := reading.popleft().result())[1] is not None:
+                    yield done
+        for future in reading:
+            if (done := future.result())[1] is not None:
+                yield done
 
 
 def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
