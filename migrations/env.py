@@ -10,8 +10,10 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-import multirank_logger.store.backends  # noqa: F401  (registers Alembic's DuckDB dialect)
 from multirank_logger.model.schema import metadata
+from multirank_logger.store.backends import register_alembic_impl
+
+register_alembic_impl()  # Alembic's DuckDB dialect (for `alembic` run on its own, too)
 
 
 def _run(connection) -> None:

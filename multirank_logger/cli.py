@@ -288,15 +288,17 @@ def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> N
     """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
     import json
 
-    from multirank_logger.report import find
+    from multirank_logger.query.step_buckets import HEATMAP_COLUMNS
+    from multirank_logger.report.findings import find_with_buckets
     from multirank_logger.report.render import findings_text
 
     with open_store(db_path) as reader:
-        found = find(reader, run)
+        # the page's per-bucket summaries come from the findings' own pass over the rows
+        found, buckets = find_with_buckets(reader, run, HEATMAP_COLUMNS if output else 0)
         if output:
             from multirank_logger.ui.report_page import write_report
 
-            write_report(reader, found, output)
+            write_report(reader, found, output, buckets)
     click.echo(json.dumps(found.to_dict(), indent=2) if fmt == "json" else findings_text(found))
     if output:
         click.echo(f"Wrote {output}", err=fmt == "json")

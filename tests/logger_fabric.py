@@ -1,13 +1,16 @@
 """A 2-rank Fabric run (strategy="ddp", Lightning's launcher re-runs this script for rank 1).
 
 Each rank logs ``rank_value`` = 1000 * rank + step with `fabric.log_dict`, trains a tiny
-Linear model for a few steps, and finalizes the logger itself (Fabric does not).
+Linear model for a few steps, and finalizes the logger itself (Fabric does not). Each rank reads
+the version before ``fabric.launch()`` (rank 1 learns it from the environment the launcher gave
+it) and says which run-identity variables its environment holds once launched.
 
 Usage: python tests/logger_fabric.py DB STEPS
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -19,7 +22,10 @@ from multirank_logger import MultiRankLogger
 def main(db: str, steps: int) -> None:
     logger = MultiRankLogger(db=db, name="fabric", flush_interval=0.1)
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp", loggers=[logger])
+    print(f"rank {os.environ.get('LOCAL_RANK', '0')} version before launch {logger.version}", flush=True)
     fabric.launch()
+    held = sorted(name for name in os.environ if name.startswith("MULTIRANK_LOGGER_RUN_"))
+    print(f"rank {fabric.global_rank} environment holds {held}", flush=True)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = fabric.setup(model, optimizer)

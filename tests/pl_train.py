@@ -4,7 +4,9 @@ its Trainer, LightningModule and ModelCheckpoint, with DecisionAudit and StepTim
 Both ranks log the same, synced ``val_loss`` (falling each epoch), so ModelCheckpoint saves every
 epoch and nothing differs between the ranks: the report of this run must say nothing stands
 out. Rank 0 prints which packages' ``Logger`` the logger is an instance of. Lightning's
-launcher re-runs this file for rank 1, so it is a script.
+launcher re-runs this file for rank 1, so it is a script. Each rank reads the version before
+``fit`` (rank 1 learns it from the environment pytorch_lightning's launcher gave it) and, at the
+start of fit, says which run-identity variables its environment holds.
 
 Usage: python tests/pl_train.py --db DB --save-dir DIR
 """
@@ -12,6 +14,7 @@ Usage: python tests/pl_train.py --db DB --save-dir DIR
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import pytorch_lightning as pl
@@ -32,6 +35,8 @@ class Model(pl.LightningModule):
     def on_fit_start(self) -> None:
         import lightning.pytorch
 
+        held = sorted(name for name in os.environ if name.startswith("MULTIRANK_LOGGER_RUN_"))
+        print(f"pl_train: rank {self.global_rank} environment holds {held}", flush=True)
         if self.global_rank == 0:
             logger = self.trainer.logger
             print(f"pl_train: pytorch_lightning Logger {isinstance(logger, pl.loggers.Logger)}, "
@@ -77,6 +82,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
+    print(f"pl_train: rank {os.environ.get('LOCAL_RANK', '0')} version before fit {trainer.logger.version}", flush=True)
     trainer.fit(Model())
 
 

@@ -33,7 +33,7 @@ from multirank_logger import MultiRankLogger
 from multirank_logger.errors import RemoteStore
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.live_csv import LiveCsv
-from multirank_logger.transport.identity import ENV_PREFIX
+from multirank_logger.transport.identity import ENV_PREFIX, RunIdentity, children_environment
 from tests.logger_helpers import query
 from tests.test_query import _calls
 
@@ -438,14 +438,15 @@ def test_finalize_stops_the_writer_and_removes_the_variable(tmp_path: Path, db_p
     variable = logger._run.board.env_var
     logger.log_metrics({"a": 1.0}, step=0)
     assert logger.version == 0  # the run is allocated when first needed: now
-    assert variable in os.environ
+    with children_environment():  # what Lightning's launcher gives the children it starts
+        assert variable in os.environ
     assert {t.name for t in set(threading.enumerate()) - before} >= {"multirank-writer"}
     logger.finalize("success")
     # the SIGTERM watch thread is process-wide (issue 15's process hooks); the writer is ours
     assert "multirank-writer" not in {t.name for t in set(threading.enumerate()) - before}
-    assert variable not in os.environ
-    assert logger.log_dir.endswith("version_0")  # reading the identity again sets nothing
-    assert variable not in os.environ
+    assert logger.log_dir.endswith("version_0")  # reading the identity again publishes nothing
+    with children_environment():  # a later launch's children do not learn the finished run
+        assert variable not in os.environ
 
 
 def test_nan_step_values_survive_the_live_file(tmp_path: Path, db_path: Path) -> None:
@@ -482,14 +483,35 @@ def test_logger_dropped_unfinalized_leaves_nothing_behind(tmp_path: Path, db_pat
     logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
     logger.log_metrics({"a": 1.0}, step=0)
     logger.save()
-    assert logger.version == 0 and logger._run.board.env_var in os.environ
+    assert logger.version == 0
+    variable = logger._run.board.env_var
     del logger
+    with children_environment():
+        assert variable not in os.environ
     assert set(os.environ) - env_before == set()
     assert sorted(_stop_left_threads(threads_before)) in (
         ["multirank-sigterm-watch"],
         ["multirank-sigterm-watch", "multirank-writer"],  # the writer ends by itself once the logger is gone
     )
     assert query(db_path, "SELECT count(*) FROM metrics") == [(1,)]
+
+
+def test_logger_kept_alive_leaves_no_variable_in_the_environment(tmp_path: Path, db_path: Path) -> None:
+    """A logger used and kept alive, never finalized (a failed test's traceback holds it; a
+    notebook): nothing in os.environ, so nothing in every subprocess started later (Lightning's
+    harness fails the test on it). Rank 0's run is in the environment of the children Lightning's
+    launcher starts, while it starts them, and only there (tests/test_logger_ddp.py: a real launch)."""
+    env_before = dict(os.environ)
+    logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.save()
+    assert logger.version == 0 and logger.log_dir.endswith("version_0")
+    assert dict(os.environ) == env_before
+    with children_environment():
+        identity = RunIdentity.from_json(os.environ[logger._run.board.env_var])
+    assert identity.run.version == 0 and identity.pid == os.getpid()
+    assert dict(os.environ) == env_before
+    logger.finalize("success")
 
 
 def test_threads_stopped_mid_run_write_every_row(tmp_path: Path, db_path: Path) -> None:

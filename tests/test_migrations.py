@@ -18,7 +18,7 @@ from multirank_logger.cli import main
 from multirank_logger.errors import SchemaOutdated, SchemaTooNew, StoreError
 from multirank_logger.model.schema import metadata
 from multirank_logger.store.backends import public_name
-from multirank_logger.store.sql_store import Store, _script, head_revision
+from multirank_logger.store.sql_store import SCHEMA_HEAD, Store, _script, head_revision
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,6 +42,12 @@ def _revisions_base_first() -> list[str]:
 def test_exactly_one_head() -> None:
     """The migrations form one line: a single head."""
     assert len(_script().get_heads()) == 1
+
+
+def test_the_codes_schema_head_is_the_newest_migration() -> None:
+    """``SCHEMA_HEAD`` (what opening a store checks, without Alembic) names migrations' head: a new
+    migration must move it, or every store would be refused or left behind."""
+    assert _script().get_current_head() == SCHEMA_HEAD == head_revision()
 
 
 def test_new_store_is_created_at_head(db_path: Path) -> None:

@@ -4,6 +4,7 @@ as a user runs it (warnings on). Each test reads one behaviour of that one train
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,12 @@ def test_logger_is_both_packages_logger(launch: dict, tmp_path: Path) -> None:
     import pytorch_lightning
 
     assert "pytorch_lightning Logger True, lightning Logger True" in launch["output"]
+    # read before fit: rank 1 learned rank 0's run from the environment pytorch_lightning's launcher
+    # gave it (launch_env.py hooks that package's launcher too); rank 0's own never held it
+    out = launch["output"]
+    assert sorted(re.findall(r"^pl_train: rank (\d) version before fit (\d+)$", out, re.M)) == [("0", "0"), ("1", "0")]
+    held = sorted(re.findall(r"^pl_train: rank (\d) environment holds (.*)$", out, re.M))
+    assert held == [("0", "[]"), ("1", "['MULTIRANK_LOGGER_RUN_0']")], out[-3000:]
     logger = MultiRankLogger(tmp_path, db=tmp_path / "runs.sqlite")
     assert isinstance(logger, (pytorch_lightning.loggers.Logger, pytorch_lightning.loggers.CSVLogger))
     assert isinstance(logger, (lightning.pytorch.loggers.Logger, lightning.pytorch.loggers.CSVLogger))

@@ -80,6 +80,28 @@ def test_explicit_version_over_a_non_empty_dir_warns(db_path: Path, tmp_path: Pa
     logger.finalize("success")
 
 
+def test_explicit_version_keeps_an_earlier_runs_files(db_path: Path, tmp_path: Path) -> None:
+    """version=0 whose directory holds another store's run (CSVLogger deletes its metrics.csv):
+    the earlier metrics.csv and hparams.yaml are kept, moved aside, never overwritten by the new
+    run's; a third run on the directory keeps the second's too."""
+    log_dir = tmp_path / "lightning_logs" / "version_0"
+    log_dir.mkdir(parents=True)
+    (log_dir / "metrics.csv").write_text("loss,step\n0.5,0\n")
+    (log_dir / "hparams.yaml").write_text("lr: 0.5\n")
+    for n, (db, lr) in enumerate([(db_path, 0.1), (tmp_path / "other.sqlite", 0.2)]):
+        logger = _logger(db, save_dir=str(tmp_path), version=0)
+        with pytest.warns(UserWarning, match="exists and is not empty.*the earlier ones are kept as"):
+            logger.log_hyperparams({"lr": lr})
+        logger.log_metrics({"loss": 9.0 + n}, step=0)
+        logger.finalize("success")
+        assert (log_dir / "metrics.csv").read_text() == f"loss,step\n{9.0 + n},0\n"
+    assert (log_dir / "metrics.earlier.csv").read_text() == "loss,step\n0.5,0\n"
+    assert (log_dir / "hparams.earlier.yaml").read_text() == "lr: 0.5\n"
+    assert (log_dir / "metrics.earlier-2.csv").read_text() == "loss,step\n9.0,0\n"
+    assert (log_dir / "hparams.earlier-2.yaml").read_text() == "lr: 0.1\n"
+    assert (log_dir / "hparams.yaml").read_text() == "lr: 0.2\n"
+
+
 def test_named_version_is_the_directory_and_keeps_an_int_version(db_path: Path, tmp_path: Path) -> None:
     """version="2020-02-05-162402": log_dir ends with it; runs.version stays an allocated int."""
     first = _launch(db_path, range(2), 0.0, version="2020-02-05-162402", save_dir=str(tmp_path))

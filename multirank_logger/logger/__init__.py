@@ -10,5 +10,6 @@ Top down (each module imports only those below it):
   (direct or gather), sinks.py (where rows go), writer.py (the thread that moves them), buffer.py
   (the hot path's memory), spiller.py (rows the store did not take), rank_facts.py (what each rank
   tells rank 0 of itself at its end), save_dir.py (the files' filesystem), process_registry.py and process_hooks.py
-  (exit, SIGTERM and fork, process-wide).
+  (exit, SIGTERM and fork, process-wide), launch_env.py (the run identity in the environment of
+  the children Lightning's launcher starts, and only there).
 """

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 from collections import deque
+from itertools import count
 from typing import Any, Protocol
 
 from lightning.pytorch.core.saving import save_hparams_to_yaml
@@ -82,6 +83,21 @@ class Rank0Files:
     def metrics_path(self) -> str:
         return os.path.join(self.run.log_dir, NAME_METRICS_FILE)
 
+    def keep_earlier(self, log_dir: str) -> list[str]:
+        """A new run in a directory holding an earlier run's files (an explicit ``version`` the
+        store does not hold): move its metrics.csv and hparams.yaml aside, which this run's would
+        replace at their first write (CSVLogger deletes metrics.csv). Returns the names now kept."""
+        fs = self.run.save_dir.fs
+        earlier = [name for name in (NAME_METRICS_FILE, NAME_HPARAMS_FILE) if fs.isfile(os.path.join(log_dir, name))]
+        for n in count(1):  # the first free suffix for both: a pair stays a pair
+            suffix = ".earlier" if n == 1 else f".earlier-{n}"
+            kept = [f"{stem}{suffix}{ext}" for stem, ext in map(os.path.splitext, earlier)]
+            if not any(fs.exists(os.path.join(log_dir, name)) for name in kept):
+                break
+        for name, new_name in zip(earlier, kept, strict=True):
+            fs.mv(os.path.join(log_dir, name), os.path.join(log_dir, new_name))
+        return kept
+
     def write_live(self, rank: int) -> None:
         """Rank 0's metrics.csv takes the calls logged since the last time (``save()``, the
         writer's cycles); on any other rank they are dropped. Never raises."""
@@ -130,6 +146,7 @@ class Rank0Files:
     def write_hparams(self) -> None:
         """hparams.yaml, through Lightning's writer (fsspec, OmegaConf), written aside and moved
         over the file: a full disk leaves the former file or none, never a torn one."""
+        self.run.resolve()  # the run first: a new one moves an earlier run's files aside (keep_earlier)
         log_dir, fs = self.run.log_dir, self.run.save_dir.fs
         self.run.save_dir.makedirs(log_dir)
         path = os.path.join(log_dir, NAME_HPARAMS_FILE)

@@ -36,6 +36,7 @@ from multirank_logger.errors import MultiRankLoggerError, StoreLocked
 from multirank_logger.logger import process_hooks
 from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.csv_logger_files import Rank0Files
+from multirank_logger.logger.launch_env import hook_launchers
 from multirank_logger.logger.process_registry import UnfinishedRun, dist_up, track
 from multirank_logger.logger.rank_facts import publish_facts, rank_facts
 from multirank_logger.logger.run_settings import RunSettings, jsonable
@@ -53,7 +54,7 @@ from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_ba
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.transport.identity import IdentityBoard, RunIdentity
+from multirank_logger.transport.identity import IdentityBoard, RunIdentity, withdraw_identity
 from multirank_logger.transport.row_channel import RowChannel
 
 __all__ = ["RankRun"]
@@ -74,7 +75,7 @@ class RankRun:
         self.settings = settings
         self.save_dir = SaveDir(settings.save_dir)  # its filesystem: where log_dir and its files are
         self.board = IdentityBoard(next(_INSTANCES), settings.timeout, settings.identity_wait)
-        weakref.finalize(self, os.environ.pop, self.board.env_var, None)  # dropped unfinalized: no variable left
+        weakref.finalize(self, withdraw_identity, self.board.env_var)  # dropped unfinalized: no later child learns it
         self.identity: RunIdentity | None = None  # the run as rank 0 publishes it (store, opener's pid)
         self.published = False
         self.created_run = False  # rank 0 allocated a new run (not a resumed one)
@@ -197,7 +198,8 @@ class RankRun:
                         )
                     self.identity = found
             if rank == 0 and not self.published:
-                self.published = self.board.publish(self.identity)
+                # for the children Lightning's launcher starts, in their environment only (launch_env.py)
+                self.published = self.board.publish(self.identity, environ=not hook_launchers())
             return self.identity.run
 
     def open_run(self) -> RunIdentity:
@@ -213,9 +215,11 @@ class RankRun:
         self.created_run = not resumed
         log_dir = os.path.join(settings.root_dir, run.dir_name)
         if not resumed and os.path.isdir(log_dir) and os.listdir(log_dir):
+            kept = safely(lambda: self.files.keep_earlier(log_dir), "keeping the earlier metrics.csv") or []
             rank_zero_warn(
                 f"Experiment logs directory {log_dir} exists and is not empty. This new run's files "
-                "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones."
+                "(metrics.csv, hparams.yaml, checkpoints) will be written there beside the old ones"
+                + (f"; the earlier ones are kept as {', '.join(kept)}." if kept else ".")
             )
         return RunIdentity(run, self.settings.store_identity, os.getpid())
 

@@ -297,10 +297,11 @@ class StoreReader:
         """
         ref = self.resolve_run(run)
         with self._connect() as conn:
-            columns = self.store.backend.per_rank_columns(conn, ref.id, key)
-        if len(columns[0]) == 0:
+            rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
+        assert rank is not None and step is not None and value is not None and dtype is not None
+        if len(rank) == 0:
             self._check_keys(ref, [key])
-        return pivot_step_rank(*columns)
+        return pivot_step_rank(rank, seq, step, value, dtype)
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
         """One key per rank, with how far the ranks spread and which rank stands out."""

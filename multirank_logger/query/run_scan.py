@@ -24,26 +24,35 @@ The SELECT is SQLAlchemy Core, the same on every backend; DuckDB hands it over a
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sqlalchemy as sa
 
+from multirank_logger._util.prefetch import prefetched
 from multirank_logger.model.csv_layout import row_columns
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import DTYPE_NAN, metrics
-from multirank_logger.query.rank_spread import positions, repeats
+from multirank_logger.model.schema import metrics
+from multirank_logger.query.key_numbers import KeyNumbers
+from multirank_logger.query.rank_spread import positions
+from multirank_logger.query.step_buckets import BucketBuilder, BucketSummary, bucket_width
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["KeySteps", "RunScan", "WINDOW_ROWS", "scan_run"]
+__all__ = ["BUCKET_CELLS_MAX", "KeySteps", "RunScan", "WINDOW_ROWS", "scan_run"]
 
 #: rows read at once (about 25 bytes each as NumPy columns, a few times that while computed)
 WINDOW_ROWS = 1_000_000
-#: up to this many keys are numbered in SQL (a CASE); past it, the names are read and numbered here
-_KEYS_IN_CASE = 64
+#: threads computing a window's keys (besides the one reading the next window)
+KEY_THREADS = max(1, min(4, os.cpu_count() or 1))
+#: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
+BUCKET_CELLS_MAX = 24_000_000
 
 
 @dataclass
@@ -73,6 +82,8 @@ class RunScan:
     #: one dict per (key, rank) with NaN or inf: key, rank, first_step, count, nan, inf
     non_finite: list[dict[str, Any]] = field(default_factory=list)
     per_key: dict[str, KeySteps] = field(default_factory=dict)
+    #: per key, what the ui draws (``scan_run``'s ``bucket_columns``): each rank's summary per bucket
+    buckets: dict[str, BucketSummary] = field(default_factory=dict)
 
 
 def scan_run(
@@ -82,8 +93,13 @@ def scan_run(
     spread_window: int,
     depart_spreads: float,
     window_rows: int = WINDOW_ROWS,
+    bucket_columns: int = 0,
 ) -> RunScan:
     """Read every metric row of run ``ref`` once, a window of steps at a time.
+
+    Three windows at once, on two cores: the next but one is read on a thread of its own
+    (``_util/prefetch.py``), the next laid out as a key x step x rank grid, and this one's keys
+    computed, each on a thread of a pool (NumPy and the drivers release the GIL).
 
     Args:
         reader: the store.
@@ -91,11 +107,80 @@ def scan_run(
         spread_window: steps each side whose spreads are pooled (the report's ``SPREAD_WINDOW``).
         depart_spreads: spreads past which a row may depart (the report's ``DEPART_SPREADS``).
         window_rows: about how many rows to hold at once.
+        bucket_columns: when set, also each key's per-rank, per-bucket summary in at most that
+            many buckets (``RunScan.buckets``): what the ui draws, from the same pass.
     """
     keys = reader.keys(ref.id)
     scan = RunScan(keys)
     if not keys:
         return scan
+    if bucket_columns and len(keys) * max(1, ref.world_size) * bucket_columns > BUCKET_CELLS_MAX:
+        bucket_columns = 0  # the caller summarizes each key on its own (step_buckets.summarize)
+    state: _Scan | None = None
+    with ThreadPoolExecutor(KEY_THREADS, thread_name_prefix="multirank-logger-scan") as pool, \
+            contextlib.ExitStack() as later:  # fmt: skip
+        seq_conn: sa.Connection | None = None
+
+        def take(where: tuple[Any, ...], laying: Future[_Window | None]) -> None:
+            nonlocal seq_conn
+            assert state is not None
+            laid = laying.result()
+            if laid is None:  # a rank logged a key twice at one step here: its later call wins, by seq
+                seq_conn = seq_conn or later.enter_context(reader._connect())  # this thread's own
+                laid = _lay_out(len(keys), *_fetch(reader, seq_conn, state.names, where, with_seq=True))
+                assert laid is not None
+            state.add(laid, pool)
+
+        held: tuple[tuple[Any, ...], Future[_Window | None]] | None = None
+        for item in prefetched(lambda: _windows(reader, ref, keys, window_rows, bucket_columns)):
+            if isinstance(item, _Span):
+                state = _Scan(keys, spread_window, depart_spreads, item, bool(bucket_columns))
+                continue
+            where, columns = item
+            laying = pool.submit(_lay_out, len(keys), *columns)  # beside the previous window's keys
+            del item, columns  # the rows go with their layout, not at the next window
+            if held is not None:
+                take(*held)
+            held = (where, laying)
+        if held is not None:
+            take(*held)
+    return scan if state is None else state.finish(scan)
+
+
+@dataclass
+class _Span:
+    """The run's steps, the buckets they are cut into and how rows name their key (the first
+    item of ``_windows``)."""
+
+    first: int
+    last: int
+    width: int
+    ranks: int
+    names: KeyNumbers
+
+
+@dataclass
+class _Window:
+    """A window of steps laid out: ``grid[key, step, rank]`` holds the value (NaN where none, or
+    not finite); ``logged`` where a row was; the non-finite rows as (key, rank, step, kind)."""
+
+    steps: np.ndarray
+    ranks: np.ndarray
+    grid: np.ndarray
+    logged: np.ndarray
+    bad_key: np.ndarray
+    bad_rank: np.ndarray
+    bad_step: np.ndarray
+    bad_kind: np.ndarray  # NON_FINITE_NAN, _POS_INF or _NEG_INF
+
+
+NON_FINITE_NAN, NON_FINITE_POS_INF, NON_FINITE_NEG_INF = 0, 1, 2
+
+
+def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int, bucket_columns: int) -> Iterator[Any]:
+    """The run's `_Span`, then its rows a window of steps at a time: (the window's WHERE, its
+    columns). Run on the prefetch thread, which alone uses this connection. Windows are whole
+    buckets, so no bucket spans two."""
     where = metrics.c.run_id == ref.id
     with reader._connect() as conn:
         reader.store.backend.hold_snapshot(conn)
@@ -103,55 +188,81 @@ def scan_run(
             sa.select(sa.func.min(metrics.c.step), sa.func.max(metrics.c.step), sa.func.count()).where(where)
         ).one()
         if not count:
-            return scan
-        span = max(1, (int(high) - int(low) + 1) * window_rows // int(count))
-        state = _Scan(keys, spread_window, depart_spreads)
-        for start in range(int(low), int(high) + 1, span):
+            return
+        low, high = int(low), int(high)
+        width = bucket_width(low, high, bucket_columns) if bucket_columns else 1
+        names = KeyNumbers(reader, conn, keys)
+        yield _Span(low, high, width, ref.world_size, names)
+        span = max(1, (high - low + 1) * window_rows // int(count))
+        span = -(-span // width) * width
+        for start in range(low, high + 1, span):
             window = (where, metrics.c.step >= start, metrics.c.step < start + span)
-            columns = _fetch(reader, conn, keys, window, with_seq=False)
-            if columns is not None and not state.add(*columns):
-                # a rank logged a key twice at one step here: its later call wins, by seq
-                state.add(*_fetch(reader, conn, keys, window, with_seq=True))
-    return state.finish(scan)
+            columns = _fetch(reader, conn, names, window, with_seq=False)
+            if columns is not None:
+                yield window, columns
 
 
-def _fetch(reader: StoreReader, conn: sa.Connection, keys: list[str], where: tuple[Any, ...], with_seq: bool) -> Any:
-    """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL), dtype[, seq]."""
-    numbered = len(keys) <= _KEYS_IN_CASE
-    key = sa.case({k: i for i, k in enumerate(keys)}, value=metrics.c.key) if numbered else metrics.c.key
-    cols = [key.label("key"), metrics.c.rank, metrics.c.step, metrics.c.value, metrics.c.dtype]
+def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
+           with_seq: bool) -> Any:  # fmt: skip
+    """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
+    cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, metrics.c.value]
     stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
     backend = reader.store.backend
-    types = [np.int64 if numbered else object, np.int64, np.int64, np.float64, np.int16, np.int64][: len(cols) + with_seq]
     if backend.name == "duckdb":
         table = backend.fetch_arrow(conn, stmt)
         if table.num_rows == 0:
             return None
-        out = [_arrow_numpy(table.column(i), kind) for i, kind in enumerate(types)]
+        out = [table.column(0).to_numpy(), *(table.column(i).to_numpy() for i in (1, 2)),
+               table.column(3).cast("double").fill_null(np.nan).to_numpy()]  # NULL is a logged NaN  # fmt: skip
+        if with_seq:
+            out.append(table.column(4).to_numpy())
     else:
+        key_type = object if names.by_name else np.int64
+        types = [key_type, np.int64, np.int64, np.float64, np.int64][: len(cols) + with_seq]
         parts = [row_columns(chunk, types) for chunk in backend.row_chunks(conn, stmt)]
         if not parts:
             return None
         out = [np.concatenate(col) for col in zip(*parts)]
-    if not numbered:
-        index = {k: i for i, k in enumerate(keys)}
-        out[0] = np.fromiter((index[k] for k in out[0]), np.int64, len(out[0]))
-    return out
+    out[0], keep = names.numbers(out[0])
+    return out if keep is None else [col[keep] for col in out]
 
 
-def _arrow_numpy(column: Any, kind: Any) -> np.ndarray:
-    if kind is np.float64:
-        return column.cast("double").fill_null(np.nan).to_numpy()  # NULL is a logged NaN
-    if kind is object:
-        return np.asarray(column.to_pylist(), object)
-    return column.to_numpy().astype(kind, copy=False)
+def _lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, value: np.ndarray,
+             seq: np.ndarray | None = None) -> _Window | None:  # fmt: skip
+    """A window's rows as a `_Window`; None when a cell repeats and `seq` is missing."""
+    steps, step_pos = positions(step)
+    ranks, rank_pos = positions(rank)
+    cells = n_keys * len(steps) * len(ranks)
+    cell = key.astype(np.int64)  # in place from here: each temporary of a window is 8 MB
+    cell *= len(steps)
+    cell += step_pos
+    cell *= len(ranks)
+    cell += rank_pos
+    logged = np.zeros(cells, bool)
+    logged[cell] = True
+    if seq is None and np.count_nonzero(logged) < len(cell):  # cheaper than counting each cell
+        return None
+    flat = np.full(cells, np.nan)
+    if seq is not None:  # a rank's later call wins: of each cell's rows, the one with the largest seq
+        order = np.lexsort((seq, cell))
+        last_row = order[np.r_[cell[order][1:] != cell[order][:-1], True]]
+        flat[cell[last_row]] = value[last_row]
+    else:
+        flat[cell] = value
+    bad = np.flatnonzero(~np.isfinite(value))  # counted over every stored row, repeats too
+    kind = np.where(np.isnan(value[bad]), NON_FINITE_NAN, np.where(value[bad] > 0, NON_FINITE_POS_INF, NON_FINITE_NEG_INF))
+    if len(bad) and (kind != NON_FINITE_NAN).any():
+        flat[np.isinf(flat)] = np.nan  # NaN/inf are the non-finite finding's
+    shape = (n_keys, len(steps), len(ranks))
+    return _Window(steps, ranks, flat.reshape(shape), logged.reshape(shape), key[bad], rank[bad], step[bad], kind)
 
 
 class _Scan:
     """The pass's state across windows (see scan_run)."""
 
-    def __init__(self, keys: list[str], spread_window: int, depart_spreads: float) -> None:
+    def __init__(self, keys: list[str], spread_window: int, depart_spreads: float, span: _Span, buckets: bool) -> None:
         self.keys = keys
+        self.names = span.names
         self.sw = spread_window
         self.factor = depart_spreads * (1 - 1e-9)  # a candidate rule that never misses by rounding
         self.steps_by_rank: dict[int, int] = {}
@@ -162,41 +273,33 @@ class _Scan:
         # per key: rows not yet judged (the last steps of the last window) and the spreads before them
         self.pending: list[tuple[np.ndarray, ...] | None] = [None] * len(keys)
         self.seen: list[int] = [0] * len(keys)  # counted steps so far, per key
+        self.buckets = [BucketBuilder(k, span.first, span.last, span.width, span.ranks) for k in keys] if buckets else None
 
-    def add(self, key: np.ndarray, rank: np.ndarray, step: np.ndarray, value: np.ndarray, dtype: np.ndarray,
-            seq: np.ndarray | None = None) -> bool:  # fmt: skip
-        """Take one window's rows; False (and nothing taken) when a cell repeats and `seq` is missing."""
-        steps, step_pos = positions(step)
-        ranks, rank_pos = positions(rank)
-        cell = (key * len(steps) + step_pos) * len(ranks) + rank_pos
-        if seq is None and repeats(cell, len(steps) * len(ranks) * len(self.keys)):
-            return False
-        self._count_non_finite(key, rank, step, value, dtype)
-        logged = np.zeros((len(steps), len(ranks)), bool)
-        logged[step_pos, rank_pos] = True
+    def add(self, w: _Window, pool: ThreadPoolExecutor) -> None:
+        """Take one window's rows; its keys on `pool`'s threads."""
+        self._count_non_finite(w)
+        logged = np.asarray(w.logged.any(axis=0))  # (step, rank): any key
         per_rank = logged.sum(axis=0)
-        last = len(steps) - 1 - np.argmax(logged[::-1], axis=0)
-        for r, n, i in zip(ranks.tolist(), per_rank.tolist(), last.tolist()):
-            self.steps_by_rank[r] = self.steps_by_rank.get(r, 0) + n
-            self.last_by_rank[r] = max(self.last_by_rank.get(r, int(steps[i])), int(steps[i]))
-        flat = np.full(len(self.keys) * len(steps) * len(ranks), np.nan)
-        if seq is not None:  # a rank's later call wins: of each cell's rows, the one with the largest seq
-            order = np.lexsort((seq, cell))
-            last_row = order[np.r_[cell[order][1:] != cell[order][:-1], True]]
-            flat[cell[last_row]] = value[last_row]
-        else:
-            flat[cell] = value
-        grid = flat.reshape(len(self.keys), len(steps), len(ranks))
-        grid[~np.isfinite(grid)] = np.nan  # NaN/inf are the non-finite finding's
-        for k in np.flatnonzero(np.bincount(key, minlength=len(self.keys))).tolist():
-            self._add_key(k, steps, ranks, grid[k])
-        return True
+        last = len(w.steps) - 1 - np.argmax(logged[::-1], axis=0)
+        for r, n, i in zip(w.ranks.tolist(), per_rank.tolist(), last.tolist()):
+            if n:
+                self.steps_by_rank[r] = self.steps_by_rank.get(r, 0) + n
+                self.last_by_rank[r] = max(self.last_by_rank.get(r, int(w.steps[i])), int(w.steps[i]))
+        present = np.flatnonzero(w.logged.any(axis=(1, 2))).tolist()
+        # the keys are independent: NumPy releases the GIL in the sorts and sums that take the time
+        for _ in pool.map(lambda k: self._add_window_key(w, k), present):
+            pass
 
-    def _count_non_finite(self, key: np.ndarray, rank: np.ndarray, step: np.ndarray, value: np.ndarray,
-                          dtype: np.ndarray) -> None:  # fmt: skip
-        is_nan = dtype == DTYPE_NAN
-        bad = np.flatnonzero(is_nan | np.isinf(value))
-        for k, r, s, n in zip(key[bad].tolist(), rank[bad].tolist(), step[bad].tolist(), is_nan[bad].tolist()):
+    def _add_window_key(self, w: _Window, k: int) -> None:
+        if self.buckets is not None:
+            mine = w.bad_key == k
+            self.buckets[k].add(w.steps, w.ranks, w.grid[k], w.logged[k],
+                                (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))  # fmt: skip
+        self._add_key(k, w.steps, w.ranks, w.grid[k])
+
+    def _count_non_finite(self, w: _Window) -> None:
+        is_nan = (w.bad_kind == NON_FINITE_NAN).tolist()
+        for k, r, s, n in zip(w.bad_key.tolist(), w.bad_rank.tolist(), w.bad_step.tolist(), is_nan):
             item = self.bad.setdefault((k, r), [s, 0, 0])
             item[0] = min(item[0], s)
             item[1] += 1
@@ -205,12 +308,13 @@ class _Scan:
     def _add_key(self, k: int, steps: np.ndarray, ranks: np.ndarray, table: np.ndarray) -> None:
         count = (~np.isnan(table)).sum(axis=1)
         counted = count >= 3
-        table, steps, count = table[counted], steps[counted], count[counted]
+        if not counted.all():  # (a copy of the window's table: only where some step has too few)
+            table, steps, count = table[counted], steps[counted], count[counted]
         if not len(steps):
             return
         median, low, high = _medians(table, count)
         dev = table - median[:, None]
-        mad = _medians(np.abs(dev), count)[0]
+        mad = _medians(np.abs(dev), count, extremes=False)[0]
         self.parts[k].append((steps, count, median, mad, low, high))
         self._candidates(k, ranks, table, dev, mad)
 
@@ -253,6 +357,9 @@ class _Scan:
             cands = [np.concatenate(c) for c in zip(*self.cands[k])] if self.cands[k] else [
                 np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)]  # fmt: skip
             scan.per_key[name] = KeySteps(*cols, *cands)
+        for built in self.buckets or ():
+            if built.any:
+                scan.buckets[built.series] = built.summary()
         scan.rank_steps = {r: (self.steps_by_rank[r], self.last_by_rank[r]) for r in sorted(self.steps_by_rank)}
         scan.non_finite = [
             {"rank": r, "key": self.keys[k], "first_step": first, "count": n, "nan": nan, "inf": n - nan}
@@ -273,8 +380,8 @@ class _Scan:
         self.pending[k] = None
 
 
-def _medians(table: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of `table` (NaN where no value): the median of its values, their min and max.
+def _medians(table: np.ndarray, count: np.ndarray, extremes: bool = True) -> tuple[np.ndarray, ...]:
+    """Per row of `table` (NaN where no value): the median of its values[, their min and max].
 
     As ``np.nanmedian`` computes them (the mean of the two middle values for an even count),
     without its slow path for rows with NaN: a sort puts NaN last, the count finds the middle.
@@ -283,7 +390,7 @@ def _medians(table: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarr
         n = table.shape[1]
         part = np.partition(table, [(n - 1) // 2, n // 2], axis=1)
         middle = (part[:, (n - 1) // 2] + part[:, n // 2]) / 2
-        return middle, table.min(axis=1), table.max(axis=1)
+        return (middle, table.min(axis=1), table.max(axis=1)) if extremes else (middle,)
     ordered = np.sort(table, axis=1)
     rows = np.arange(len(table))
     middle = (ordered[rows, (count - 1) // 2] + ordered[rows, count // 2]) / 2
@@ -298,6 +405,8 @@ def _rolling_min(values: np.ndarray, half: int) -> np.ndarray:
 
 def _stack(held: np.ndarray, new: np.ndarray, fill: float = np.nan) -> np.ndarray:
     """Rows of two windows, whose ranks may differ in number: the narrower padded with `fill`."""
+    if held.shape[1] == new.shape[1]:
+        return np.vstack((held, new))
     width = max(held.shape[1], new.shape[1])
     pad = [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in (held, new)]
     return np.vstack(pad)

@@ -30,11 +30,12 @@ import numpy as np
 
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
+from multirank_logger.query.step_buckets import BucketSummary
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["Findings", "departures", "find", "library_notice", "outliers"]
+__all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notice", "outliers"]
 
 #: a rank departs at a step when it is this many typical spreads of the ranks from their median
 DEPART_SPREADS = 8.0
@@ -94,11 +95,20 @@ def find(reader: StoreReader, run: int | str | None = None) -> Findings:
     Raises:
         LookupFailed: for an unknown run.
     """
+    return find_with_buckets(reader, run)[0]
+
+
+def find_with_buckets(
+    reader: StoreReader, run: int | str | None = None, bucket_columns: int = 0
+) -> tuple[Findings, dict[str, BucketSummary]]:
+    """``find``, and from the same pass over the rows each key's per-bucket summary (what the
+    ui's page draws) when ``bucket_columns`` is set: ``report -o`` costs no second read."""
     ref = reader.resolve_run(run)
     out = Findings(run=ref.label, run_id=ref.id, world_size=ref.world_size)
     # one pass over the run's rows, in windows of steps: the ranks' steps, NaN/inf, and per key
     # the per-step statistics and the rows that may depart (query/run_scan.py)
-    scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS)
+    scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
+                    bucket_columns=bucket_columns)  # fmt: skip
     out.ranks = _ranks(reader, ref, scan.rank_steps)
     timing = _sql(reader, f"SELECT * FROM step_timing WHERE run_id = {ref.id}")
     if len(timing):
@@ -116,7 +126,7 @@ def find(reader: StoreReader, run: int | str | None = None) -> Findings:
     messages = _log_messages(reader, ref)
     out.library_warnings = [m for m in messages if library_notice(m, ref.world_size)]
     out.log_messages = [m for m in messages if not library_notice(m, ref.world_size)]
-    return out
+    return out, scan.buckets
 
 
 def outliers(scan: RunScan) -> list[dict[str, Any]]:

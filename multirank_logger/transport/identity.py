@@ -4,8 +4,13 @@ Rank 0 allocates the run in the store; the other ranks never guess. They learn i
 the first of these that applies:
 
 1. the pickled logger (``ddp_spawn``, ``ddp_notebook``): state travels with the object;
-2. an environment variable rank 0 set before the launch, which Lightning's and Fabric's
-   subprocess launchers pass on to the child processes they start;
+2. an environment variable in the child processes Lightning's and Fabric's subprocess
+   launchers start (``strategy="ddp"``: the script run again, with a copy of ``os.environ``).
+   Rank 0 keeps its identity aside (`for_children`) and it is in ``os.environ`` only while such
+   a launcher starts the children (logger/launch_env.py): a logger kept alive, never finalized
+   (a failed test's traceback, a notebook), leaves nothing in the environment of its process or
+   of the processes it starts later. This is the channel for a child that reads the version
+   before ``fit`` (no process group, so no TCPStore, is up yet);
 3. a key rank 0 published in the job's TCPStore (the server on MASTER_ADDR:MASTER_PORT),
    read with a bounded wait. No collective: a rank that reads it alone cannot hang the others.
 
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,9 +33,35 @@ from multirank_logger.errors import ChannelTimeout, IdentityTimeout
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.transport.row_channel import RowChannel
 
-__all__ = ["IdentityBoard", "RunIdentity"]
+__all__ = ["IdentityBoard", "RunIdentity", "children_environment", "withdraw_identity"]
 
 ENV_PREFIX = "MULTIRANK_LOGGER_RUN_"
+
+#: what rank 0 published for the child processes a launcher starts: variable -> identity (JSON)
+_for_children: dict[str, str] = {}
+
+
+@contextmanager
+def children_environment() -> Iterator[None]:
+    """``os.environ`` holds every identity published here while the block runs (a launcher
+    copying it into the children it starts), and is as it was once the block is left."""
+    published = _for_children.copy()  # one C-level copy: a collector thread may withdraw meanwhile
+    before = {name: os.environ.get(name) for name in published}
+    os.environ.update(published)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def withdraw_identity(env_var: str) -> None:
+    """No later child learns this identity (the launch is over, or its logger was collected)."""
+    _for_children.pop(env_var, None)
+    os.environ.pop(env_var, None)  # set there only where no launcher could be hooked (`publish`)
 
 
 @dataclass(frozen=True)
@@ -93,14 +126,21 @@ class IdentityBoard:
         self._channel = RowChannel(self.namespace, rank, world_size, timeout=self.timeout)
         return self._channel
 
-    def publish(self, identity: RunIdentity) -> bool:
-        """Rank 0: leave the identity in the environment and, when one is up, the TCPStore.
+    def publish(self, identity: RunIdentity, environ: bool = False) -> bool:
+        """Rank 0: keep the identity for the children a launcher starts and, when one is up, put
+        it in the TCPStore.
+
+        Args:
+            environ: set the variable in ``os.environ`` now, until `withdraw` (where no launcher
+                could be hooked to set it only while it starts the children).
 
         Returns:
             True when it reached the TCPStore.
         """
         if not self._withdrawn:
-            os.environ[self.env_var] = identity.to_json()
+            _for_children[self.env_var] = identity.to_json()
+            if environ:
+                os.environ[self.env_var] = identity.to_json()
         channel = self.channel(0, current_world_size())
         if channel is None:
             return False
@@ -108,10 +148,10 @@ class IdentityBoard:
         return True
 
     def withdraw(self) -> None:
-        """Rank 0, once its launch is over: remove the variable `publish` set (leave no environment
-        behind), for good: every process of the launch has started by then."""
+        """Rank 0, once its launch is over: no later child learns the identity from the
+        environment, for good: every process of the launch has started by then."""
         self._withdrawn = True
-        os.environ.pop(self.env_var, None)
+        withdraw_identity(self.env_var)
 
     def close(self) -> None:
         """Drop the connection to the TCPStore (the launch is over); `channel` opens a new one."""
@@ -120,7 +160,7 @@ class IdentityBoard:
             channel.close()
 
     def from_env(self, db: str) -> RunIdentity | None:
-        """Ranks > 0: the identity rank 0 set before launching this process, if it is for `db`."""
+        """Ranks > 0: the identity rank 0 gave this process at its launch, if it is for `db`."""
         text = os.environ.get(self.env_var)
         if not text:
             return None

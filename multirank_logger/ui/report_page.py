@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from multirank_logger.query.reader import StoreReader
+from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.report.findings import Findings
 from multirank_logger.report.render import findings_text
 from multirank_logger.ui import views
@@ -26,8 +27,12 @@ LINES_UP_TO_RANKS = 64
 _UNESCAPED = "!~*'()"
 
 
-def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[str]) -> list[str]:
-    """Write ``found``'s run as one HTML file at ``path``; returns the series drawn."""
+def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[str],
+                 buckets: dict[str, BucketSummary] | None = None) -> list[str]:  # fmt: skip
+    """Write ``found``'s run as one HTML file at ``path``; returns the series drawn.
+
+    ``buckets``: summaries already at hand (``find_with_buckets``, from the report's own pass);
+    the other series are summarized here, one scan each."""
     run_id = found.run_id
     run = views.run_view(reader, run_id)
     answers: dict[str, Any] = {
@@ -37,7 +42,7 @@ def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[s
     }
     drawn = []
     for name in run["keys"] + run["timing"]:
-        summary = views.summary(reader, run_id, name)
+        summary = (buckets or {}).get(name) or views.summary(reader, run_id, name)
         if summary.ranks:
             all_lines = len(summary.ranks) <= LINES_UP_TO_RANKS
             # the path as the page's encodeURIComponent writes it

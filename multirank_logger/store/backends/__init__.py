@@ -16,7 +16,7 @@ from multirank_logger.store.backends.base import (
     public_name,
     resolve_url,
 )
-from multirank_logger.store.backends.duckdb import AlembicDuckDBImpl, DuckDBBackend
+from multirank_logger.store.backends.duckdb import DuckDBBackend, register_alembic_impl
 from multirank_logger.store.backends.postgresql import PostgreSQLBackend
 from multirank_logger.store.backends.sqlite import SQLITE_BUSY_TIMEOUT_MS, SQLiteBackend
 
@@ -24,7 +24,6 @@ __all__ = [
     "BACKEND_NAMES",
     "SQLITE_BUSY_TIMEOUT_MS",
     "SUFFIXES",
-    "AlembicDuckDBImpl",
     "Backend",
     "DuckDBBackend",
     "PostgreSQLBackend",
@@ -32,6 +31,7 @@ __all__ = [
     "backend_for",
     "names_a_store",
     "public_name",
+    "register_alembic_impl",
     "resolve_url",
 ]
 

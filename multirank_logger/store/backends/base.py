@@ -24,7 +24,7 @@ import contextlib
 import importlib.util
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,9 +202,10 @@ class Backend:
         """The distinct metric keys of a run, any rank, in no particular order."""
         return list(conn.execute(sa.select(metrics.c.key).where(metrics.c.run_id == run_id).distinct()).scalars())
 
-    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
+    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> Sequence[np.ndarray | None]:
         """One key's rows of every rank as columns (rank, seq, step, value, dtype) of
-        `PER_RANK_TYPES` (DuckDB: in no order); empty when no rank logged it."""
+        `PER_RANK_TYPES` (DuckDB: in no order); empty when no rank logged it. seq may be None
+        where the backend found no (rank, step) twice."""
         stmt = (
             sa.select(metrics.c.rank, metrics.c.seq, metrics.c.step, metrics.c.value, metrics.c.dtype)
             .where(metrics.c.run_id == run_id, metrics.c.key == key)

@@ -5,14 +5,14 @@ Reads come back as Arrow from the driver's own connection, never as Python rows.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sqlalchemy as sa
-from alembic.ddl.impl import DefaultImpl
 from sqlalchemy.pool import NullPool
 
 from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
@@ -24,14 +24,14 @@ from multirank_logger.store.backends.readonly_sql import refusal_or_failure
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["AlembicDuckDBImpl", "DuckDBBackend"]
+__all__ = ["DuckDBBackend", "register_alembic_impl"]
 
 # Statement types that only read (SHOW, DESCRIBE, SUMMARIZE, FROM-first parse as SELECT).
 # Not PRAGMA or CALL: both run functions that change settings or files (CALL checkpoint,
 # PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
 _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
 #: DuckDB's memory limit in a reading process (its buffer cache and the working memory of a query)
-READER_MEMORY = "128MB"
+READER_MEMORY = "64MB"
 
 
 class DuckDBBackend(Backend):
@@ -57,7 +57,7 @@ class DuckDBBackend(Backend):
             # and holds at most READER_MEMORY of the file's blocks: DuckDB keeps what it read cached up to
             # its memory limit (80% of RAM by default), so a report over a large store grew with it;
             # a scan reads each block once, so a small cache costs no time (per_rank of 5.1M rows:
-            # 256MB -> 799 MiB peak, 64MB -> 634 MiB, the same seconds; benchmarks/bench_read_scale.py)
+            # 256MB -> 799 MiB peak, 64MB -> 634 MiB, the same seconds; the report: 128MB -> 601, 64MB -> 529)
             connect_args["config"] = {"enable_external_access": False, "memory_limit": READER_MEMORY}
         else:
             # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
@@ -122,7 +122,7 @@ class DuckDBBackend(Backend):
     def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:
         return _execute(conn, stmt).to_arrow_table()
 
-    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> list[np.ndarray]:
+    def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> Sequence[np.ndarray | None]:
         # in no order: the pivot places each row by counting (query/rank_spread.py); a sort of a
         # large key's rows took longer than the rest of per_rank, in memory that grew with them.
         # seq only decides between a rank's calls at one step, so it is read only where a (rank,
@@ -134,7 +134,8 @@ class DuckDBBackend(Backend):
         rank, step, value, dtype = (_numpy(table, name) for name in names)
         del table
         if _one_row_per_cell(rank, step):
-            return [rank, np.broadcast_to(np.int64(0), rank.shape), step, value, dtype]  # seq: never read
+            # seq: not read, and the pivot need not count the cells again
+            return [rank, None if len(rank) else np.zeros(0, np.int64), step, value, dtype]
         del rank, step, value, dtype
         names.insert(1, "seq")
         table = self.fetch_arrow(conn, sa.select(*(metrics.c[n] for n in names)).where(*where))
@@ -223,8 +224,12 @@ def _numpy(table: Any, name: str) -> np.ndarray:
     return column.to_numpy() if name in ("rank", "dtype") else column.to_numpy().astype(np.int64, copy=False)
 
 
-class AlembicDuckDBImpl(DefaultImpl):
-    """Lets Alembic accept the duckdb dialect (duckdb_engine's documented recipe)."""
+@functools.cache
+def register_alembic_impl() -> None:
+    """Let Alembic accept the duckdb dialect (duckdb_engine's documented recipe). Called where a
+    migration runs, not at import: Alembic is 0.2 s of import that reading a store never needs."""
+    from alembic.ddl.impl import DefaultImpl
 
-    __dialect__ = "duckdb"
-    transactional_ddl = True
+    class AlembicDuckDBImpl(DefaultImpl):
+        __dialect__ = "duckdb"
+        transactional_ddl = True
