@@ -55,6 +55,11 @@ def rank_reports(prefix: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
+def spill_files_named(output: str) -> list[str]:
+    """The spill files a run's output names in its import command(s)."""
+    return sorted(set(re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)))
+
+
 def wait_for_steps(proc: subprocess.Popen[str], steps: int, timeout: float) -> str:
     """Read a 2-rank launch's output (lines "rank R step S") until both ranks printed `steps`.
 

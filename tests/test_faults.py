@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store.sql_store import Store
-from tests.logger_helpers import query, train_cmd, train_env, wait_for_steps
+from tests.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 
 SCRIPT = Path(__file__).with_name("fault_logger.py")
 REPO = Path(__file__).resolve().parents[1]
@@ -58,12 +58,6 @@ def _import(db: Path, files: list[str]) -> str:
     result = CliRunner().invoke(cli, ["import", str(db), *files])
     assert result.exit_code == 0, result.output
     return result.output
-
-
-def _spill_files(output: str) -> list[str]:
-    """The spill files the output names in its import command(s)."""
-    named = re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)
-    return sorted(set(named))
 
 
 def _hold_duckdb(db: Path, seconds: float, ready: Path) -> subprocess.Popen:
@@ -122,7 +116,7 @@ def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     """A reader holding the DuckDB file across the run's end, for less than `timeout`: every row, success."""
     done, db = _run_with_reader(tmp_path, hold_s=4, timeout_s=30)
     assert _stored(db) == (*_expected(4000), "success"), done.stderr[-3000:]
-    assert _spill_files(done.stderr) == []
+    assert spill_files_named(done.stderr) == []
 
 
 @pytest.mark.slow  # launches processes
@@ -151,7 +145,7 @@ def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes
             reader.kill()
             reader.wait(30)
     assert "SIGTERM came (a preemption) and the store has not taken these rows" in out, out[-3000:]
-    files = _spill_files(out)
+    files = spill_files_named(out)
     assert files, out[-3000:]
     assert "the run's end could not be recorded: the store still says 'running'" in out, out[-3000:]
     assert query(db, "SELECT status FROM runs") == [("running",)]
@@ -166,7 +160,7 @@ def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes
 def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) -> None:
     """A reader holding the file past `timeout`: rows in the store or the named spill file, never success."""
     done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)  # held until the logger has exited
-    files = _spill_files(done.stderr)
+    files = spill_files_named(done.stderr)
     assert files, done.stderr[-3000:]
     count, _, status = _stored(db)
     assert status != "success"
@@ -181,7 +175,7 @@ def _resume_after_a_spilled_end(tmp_path: Path, damage: bool) -> tuple[subproces
     last rows, and the end itself, are only in its spill file; its metrics.csv is whole (fed
     before the store). Launch 2 resumes the run (version 0) before anyone imports anything."""
     done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)
-    files = _spill_files(done.stderr)
+    files = spill_files_named(done.stderr)
     assert len(files) == 1, done.stderr[-3000:]
     assert query(db, "SELECT status FROM runs") == [("running",)]  # its end could not be recorded either
     first = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
@@ -269,7 +263,7 @@ def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, cap
     # whole, with the value logged at step 3 (3.0), not the stored -1
     lines = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()
     assert len(lines) == 1 + 50 and lines[0] == "a,b,step" and lines[4] == "3.0,3.0,3"
-    output = _import(db, _spill_files(err))
+    output = _import(db, spill_files_named(err))
     assert "1 already in the store" in output
     assert query(db, "SELECT status, values_spilled FROM runs") == [("success", 0)]
     store.close()
@@ -290,7 +284,7 @@ def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> 
     # creates an empty file there) the missing tables: either way the rows are held, then spilled
     assert "was deleted or replaced" in done.stderr or "does not exist" in done.stderr, done.stderr[-3000:]
     assert "for good" not in done.stderr
-    files = _spill_files(done.stderr)
+    files = spill_files_named(done.stderr)
     assert len(files) == 1
     fresh = tmp_path / f"restored{suffix}"  # the deleted store's run, recreated, takes the spill
     s = Store(fresh)
@@ -343,7 +337,7 @@ def test_full_disk_spills_elsewhere_and_import_recovers_every_value(
     value back once the copied store imports the spill files (some spilled mid-run: memory bound)."""
     done, copy = _on_full_disk(tmp_path, suffix, size, False, "--calls", str(calls), "--timeout", "3",
                                "--max-held", "40000")
-    files = _spill_files(done.stderr)
+    files = spill_files_named(done.stderr)
     assert files, done.stderr[-3000:]
     assert "No space left" in done.stderr or "full" in done.stderr, done.stderr[-3000:]
     count, _, status = _stored(copy)
@@ -443,7 +437,7 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
         assert (count, float(total)) == _expected(4000)
         assert query(url, "SELECT status, values_spilled FROM runs") == [("success", None)]
-        assert _spill_files(err) == []
+        assert spill_files_named(err) == []
         assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().count("\n") == 4001
     finally:
         server.cleanup()
@@ -522,7 +516,7 @@ def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spi
             _signal_all(stopped, signal.SIGCONT)
         assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
         assert "did not finish within 6 s" in err
-        files = _spill_files(err)
+        files = spill_files_named(err)
         assert files, err[-4000:]
         _import(url, files)
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
@@ -543,7 +537,7 @@ def test_postgres_paused_at_exit_without_finalize_the_process_still_ends_with_th
             proc.kill()
             _signal_all(stopped, signal.SIGCONT)
         assert proc.returncode == 0 and "EXITING" in out, err[-4000:]
-        files = _spill_files(err)
+        files = spill_files_named(err)
         assert files, err[-4000:]
         _import(url, files)
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
@@ -571,7 +565,7 @@ def test_ctrl_c_during_a_flush_reaches_the_caller_and_loses_nothing(tmp_path: Pa
             _signal_all(stopped, signal.SIGCONT)
         assert interrupted == "INTERRUPTED\n", err[-4000:]
         assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
-        assert _spill_files(err) == [] and "refused" not in err
+        assert spill_files_named(err) == [] and "refused" not in err
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
         assert (count, float(total)) == _expected(2000)
         assert query(url, "SELECT status FROM runs") == [("success",)]
@@ -607,7 +601,7 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     reader.kill()  # it held the file from mid-run until the job had ended: past every timeout
     reader.wait(30)
     assert proc.returncode == 0, out[-4000:]
-    files = _spill_files(out)
+    files = spill_files_named(out)
     assert files, out[-4000:]
     spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", out))
     (before,), = query(db, "SELECT COUNT(*) FROM metrics")
@@ -661,7 +655,7 @@ def test_sqlite_reader_holding_a_read_transaction_across_the_end_costs_nothing(t
     reader.wait(30)
     assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
     assert _stored(db) == (*_expected(calls), "success"), err[-3000:]
-    assert _spill_files(err) == [] and "LOST" not in err
+    assert spill_files_named(err) == [] and "LOST" not in err
     # the second half's pages sit in the WAL while the snapshot is held (SQLite cannot reset it then)
     assert wal_while_held > 0
     print(f"WAL while the reader held its snapshot: {wal_while_held} bytes; after: "

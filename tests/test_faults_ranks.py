@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from multirank_logger.cli import main as cli
 from tests.conftest import join_ranks, start_ranks
 from tests.fault_ranks import rank_main, value
-from tests.logger_helpers import query
+from tests.logger_helpers import query, spill_files_named
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 JOIN_TIMEOUT_S = 120
@@ -37,12 +37,9 @@ def _start(world: int, db: Path, spill_dir: str, calls: int, sync: Path, transpo
 def _wait_for(path: Path, procs: list, bound: float = 90) -> None:
     deadline = time.monotonic() + bound
     while not path.exists():
-        assert time.monotonic() < deadline and all(p.exitcode in (None, 0) for p in procs), f"no {path.name}"
+        codes = [p.exitcode for p in procs]
+        assert time.monotonic() < deadline and all(c in (None, 0) for c in codes), f"no {path.name} (exit codes {codes})"
         time.sleep(0.02)
-
-
-def _spill_files(output: str) -> list[str]:
-    return sorted(set(re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)))
 
 
 def _import(db: Path, files: list[str]) -> str:
@@ -76,7 +73,7 @@ def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success
     assert query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 0 AND key = 'value'") == [(calls,)]
     (stored1,), = query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 1 AND key = 'value'")
     assert stored1 < calls
-    files = _spill_files(err)
+    files = spill_files_named(err)
     assert len(files) == 1 and "rank1" in files[0], err[-3000:]
     assert "could not deliver its rows to rank 0" in err
     output = _import(db, files)
@@ -114,7 +111,7 @@ def test_gather_sender_unheard_in_fit_keeps_the_run_incomplete_after_a_clean_tes
     assert query(db, "SELECT status FROM runs") == [("incomplete",)], err[-3000:]
     (stored1,), = query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 1 AND key = 'value'")
     assert stored1 < calls + more
-    files = _spill_files(err)
+    files = spill_files_named(err)
     assert len(files) == 1 and "rank1" in files[0], err[-3000:]
     output = _import(db, files)
     assert query(db, "SELECT status, values_spilled, values_lost FROM runs") == [("success", 0, 0)], output
@@ -164,7 +161,7 @@ def test_direct_ranks_one_whose_store_turns_read_only(
         lost = [int(n) for n in re.findall(rf"rank {faulty}: the run is incomplete in the store: (\d+) value\(s\) are LOST", err)]
         assert lost == [unstored], err[-3000:]
         return
-    files = _spill_files(err)
+    files = spill_files_named(err)
     assert len(files) == 1 and f"rank{faulty}" in files[0], err[-3000:]
     _import(db, files)
     rows = query(db, f"SELECT step, value FROM metrics WHERE rank = {faulty} AND key = 'value' ORDER BY seq")
