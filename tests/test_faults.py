@@ -156,12 +156,29 @@ def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes
     assert query(db, "SELECT status FROM runs") == [("interrupted",)], out[-3000:]
 
 
+@pytest.fixture(scope="module")
+def spilled_end(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One launch with a reader holding its DuckDB store past `timeout` (until the launch exited):
+    its last rows and its end only in its spill file. Shared: each test takes a copy (`_copy_of`)."""
+    return _run_with_reader(tmp_path_factory.mktemp("spilled_end"), hold_s=120, timeout_s=3)
+
+
+def _copy_of(spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path) -> tuple[str, Path, list[str]]:
+    """`spilled_end`'s directory copied into `tmp_path` (the store, its spill files, its logs): the
+    launch's stderr, the copy's store, and the copy's spill files that stderr named."""
+    done, db = spilled_end
+    shutil.copytree(db.parent, tmp_path, dirs_exist_ok=True)
+    files = [str(tmp_path / Path(f).relative_to(db.parent)) for f in spill_files_named(done.stderr)]
+    return done.stderr, tmp_path / db.name, files
+
+
 @pytest.mark.slow  # launches processes
-def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) -> None:
+def test_reader_longer_than_timeout_spills_and_import_completes(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
+) -> None:
     """A reader holding the file past `timeout`: rows in the store or the named spill file, never success."""
-    done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)  # held until the logger has exited
-    files = spill_files_named(done.stderr)
-    assert files, done.stderr[-3000:]
+    stderr, db, files = _copy_of(spilled_end, tmp_path)
+    assert files, stderr[-3000:]
     count, _, status = _stored(db)
     assert status != "success"
     assert count < _expected(4000)[0]
@@ -170,13 +187,14 @@ def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) 
     assert (count, total) == _expected(4000)
 
 
-def _resume_after_a_spilled_end(tmp_path: Path, damage: bool) -> tuple[subprocess.CompletedProcess, Path, list[bytes]]:
+def _resume_after_a_spilled_end(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path, damage: bool
+) -> tuple[subprocess.CompletedProcess, Path, list[bytes]]:
     """Launch 1 cannot write the store at its end (a reader holds it past `timeout`): rank 0's
     last rows, and the end itself, are only in its spill file; its metrics.csv is whole (fed
     before the store). Launch 2 resumes the run (version 0) before anyone imports anything."""
-    done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)
-    files = spill_files_named(done.stderr)
-    assert len(files) == 1, done.stderr[-3000:]
+    stderr, db, files = _copy_of(spilled_end, tmp_path)
+    assert len(files) == 1, stderr[-3000:]
     assert query(db, "SELECT status FROM runs") == [("running",)]  # its end could not be recorded either
     first = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
     assert len(first) == 4000 + 2  # header, 4000 calls, the last line's end
@@ -191,12 +209,14 @@ def _resume_after_a_spilled_end(tmp_path: Path, damage: bool) -> tuple[subproces
 
 
 @pytest.mark.slow  # launches processes
-def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(tmp_path: Path) -> None:
+def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
+) -> None:
     """Launch 2 finds launch 1's spill file in its spill_dir and imports it first: every value of
     both launches is stored, the run is a success for it, launch 1 is recorded as ended (not
     vanished), and metrics.csv holds launch 1's rows, then launch 2's. Without the import the
     run said success with 20,000 values only in the file."""
-    again, db, first = _resume_after_a_spilled_end(tmp_path, damage=False)
+    again, db, first = _resume_after_a_spilled_end(spilled_end, tmp_path, damage=False)
     assert "imported 20000 row(s) that launch 0 of this run (rank 0) had spilled to" in again.stderr, again.stderr[-3000:]
     assert _stored(db) == (40_000 + 1_000, float(sum(range(40_000)) + sum(range(1_000))), "success")
     assert query(db, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "success"), (1, "success")]
@@ -216,11 +236,13 @@ def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(tmp_pat
 
 
 @pytest.mark.slow  # launches processes
-def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(tmp_path: Path) -> None:
+def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
+) -> None:
     """The same with launch 1's file damaged: the run stays short of success until the file is
     imported, the message gives the import command, and no short metrics.csv passes for
     CSVLogger's (launch 1's rows are read back from a store that lacks some)."""
-    again, db, _ = _resume_after_a_spilled_end(tmp_path, damage=True)
+    again, db, _ = _resume_after_a_spilled_end(spilled_end, tmp_path, damage=True)
     assert "an earlier launch's spill file could not be imported (SpillCorrupt" in again.stderr, again.stderr[-3000:]
     assert f"multirank-logger import {db} " in again.stderr
     assert query(db, "SELECT status FROM runs") == [("incomplete",)]
