@@ -8,7 +8,6 @@ and store traffic, light enough for a 2-core machine.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
-from tests.conftest import join_ranks, start_ranks
+from tests.conftest import forkserver, join_ranks, start_ranks
 from tests.fault_ranks import rank_main, value
 from tests.logger_helpers import query, ranks_stderr, spill_files_named
 
@@ -32,9 +31,7 @@ JOIN_TIMEOUT_S = 120
 
 def _start(world: int, db: Path, spill_dir: str, calls: int, sync: Path, transport: str, timeout: float,
            *fault: object) -> list:
-    # forked from a server that imported torch, Lightning and the logger once: 8 ranks need not import them 8 times
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", "tests.fault_ranks"])
+    ctx = forkserver("tests.fault_ranks")
     return start_ranks(rank_main, world, str(db), spill_dir, calls, str(sync), transport, timeout, *fault, ctx=ctx)
 
 

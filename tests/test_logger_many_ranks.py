@@ -7,12 +7,11 @@ ranks: the same store traffic, without eight Trainers on a 2-core machine.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import spawn_ranks
+from tests.conftest import forkserver, spawn_ranks
 from tests.logger_helpers import query, ranks_stderr
 from tests.logger_many_ranks import rank_main, value
 
@@ -25,9 +24,7 @@ JOIN_TIMEOUT_S = 150
 def test_eight_ranks_write_one_sqlite_file_directly(tmp_path: Path) -> None:
     db, out = tmp_path / "runs.sqlite", tmp_path / "out"
     out.mkdir()
-    # forked from a server that imported torch, Lightning and the logger once, not 8 times
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", "tests.logger_many_ranks"])
+    ctx = forkserver("tests.logger_many_ranks")
     args = (str(db), CALLS, str(out), "direct", 1, None, None, True)  # stderr to out/rank{r}.err
     assert spawn_ranks(rank_main, WORLD, *args, join_s=JOIN_TIMEOUT_S, ctx=ctx) == [0] * WORLD
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]

@@ -10,7 +10,6 @@ imported torch and the logger, so that 16 of them share those pages.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import shutil
 import tempfile
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from multirank_logger.store.backends import public_name
-from tests.conftest import join_ranks, new_postgres_database, start_ranks, with_password
+from tests.conftest import forkserver, join_ranks, new_postgres_database, start_ranks, with_password
 from tests.logger_helpers import query, ranks_stderr
 from tests.logger_many_ranks import rank_main, value
 
@@ -50,8 +49,7 @@ def small_server() -> Iterator[Any]:
 
 
 def _start(db: str, out: Path, transport: str, go: Path | None = None, **options: Any) -> list[Any]:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", "tests.logger_many_ranks"])
+    ctx = forkserver("tests.logger_many_ranks")
     return start_ranks(rank_main, WORLD, db, CALLS, str(out), transport, NODES, options, go and str(go), True, ctx=ctx)
 
 
