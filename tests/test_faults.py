@@ -552,7 +552,7 @@ def test_postgres_paused_at_exit_without_finalize_the_process_still_ends_with_th
     hooks' flush is bounded (process_hooks.EXIT_FLUSH_TIMEOUT), the process ends, and the rows the
     store did not take are in a spill file the message names, which imports every value."""
     with _own_postgres() as server:
-        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--no-finalize")
+        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--no-finalize", "--exit-flush-timeout", "4")
         try:
             out, err = proc.communicate(timeout=150)  # on a wait without bound: never
         finally:
