@@ -388,8 +388,11 @@ def _medians(table: np.ndarray, count: np.ndarray, extremes: bool = True) -> tup
     """
     if (count == table.shape[1]).all():  # no NaN: the two middle values by partition
         n = table.shape[1]
-        part = np.partition(table, [(n - 1) // 2, n // 2], axis=1)
-        middle = (part[:, (n - 1) // 2] + part[:, n // 2]) / 2
+        # one kth, and the lower middle as the max of the values left of it: NumPy's partition
+        # with two kths took 5x as long (1.46 ms against 0.3 for 390 steps x 256 ranks)
+        part = np.partition(table, n // 2, axis=1)
+        lower = part[:, n // 2] if n % 2 else part[:, : n // 2].max(axis=1)
+        middle = (lower + part[:, n // 2]) / 2
         return (middle, table.min(axis=1), table.max(axis=1)) if extremes else (middle,)
     ordered = np.sort(table, axis=1)
     rows = np.arange(len(table))
