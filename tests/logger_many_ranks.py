@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.logger_helpers import stderr_to_file
+
 
 def value(rank: int, call: int) -> float:
     return float(rank * 1_000_000 + call)
@@ -27,13 +29,11 @@ def rank_main(
 ) -> None:
     """With `go`, the rank writes ``{go}.ready{rank}`` once set up (the run created), then waits
     for the file `go` before it logs (the test changes the store meanwhile). With `stderr_to_out`,
-    its stderr goes to ``{out}/rank{rank}.err``: a forkserver's children write to the stderr of
-    the test that started the server, not to the current test's."""
+    its stderr goes to ``{out}/rank{rank}.err`` (logger_helpers.stderr_to_file: for a forkserver's children)."""
     import torch.distributed as dist
 
     if stderr_to_out:
-        with open(Path(out, f"rank{rank}.err"), "w") as err:
-            os.dup2(err.fileno(), 2)
+        stderr_to_file(Path(out, f"rank{rank}.err"))
 
     per_node = world // nodes
     os.environ.update(
