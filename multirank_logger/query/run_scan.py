@@ -233,17 +233,17 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
 def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
            with_seq: bool) -> Any:  # fmt: skip
     """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
-    cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, metrics.c.value]
-    stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
     backend = reader.store.backend
+    value: Any = metrics.c.value
+    if backend.name == "duckdb":  # NULL is a logged NaN: DuckDB hands NaN over, and Arrow's arrays need no copy
+        value = sa.func.coalesce(value, sa.cast(sa.literal("NaN"), sa.Float(53))).label("value")
+    cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, value]
+    stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
     if backend.name == "duckdb":
         table = backend.fetch_arrow(conn, stmt)
         if table.num_rows == 0:
             return None
-        out = [table.column(0).to_numpy(), *(table.column(i).to_numpy() for i in (1, 2)),
-               table.column(3).cast("double").fill_null(np.nan).to_numpy()]  # NULL is a logged NaN  # fmt: skip
-        if with_seq:
-            out.append(table.column(4).to_numpy())
+        out = [table.column(i).to_numpy() for i in range(table.num_columns)]
     else:
         key_type = object if names.by_name else np.int64
         types = [key_type, np.int64, np.int64, np.float64, np.int64][: len(cols) + with_seq]
