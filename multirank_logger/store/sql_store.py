@@ -85,9 +85,9 @@ def head_revision() -> str:
     return SCHEMA_HEAD
 
 
-def _revision_of(conn: sa.Connection) -> str | None:
+def _revision_of(backend: Backend, conn: sa.Connection) -> str | None:
     """The store's schema revision (Alembic's own table), or None for a store without one."""
-    if not sa.inspect(conn).has_table("alembic_version"):
+    if not backend.has_table(conn, "alembic_version"):
         return None
     return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
 
@@ -210,16 +210,16 @@ class Store:
     def current_revision(self) -> str | None:
         """The store's schema revision, or None for an empty store."""
         with self.begin() as conn:
-            return _revision_of(conn)
+            return _revision_of(self.backend, conn)
 
     def _check_schema(self, upgrade_empty: bool) -> None:
         head = head_revision()
         with self.begin() as conn:
             self.backend.lock_for_migration(conn)
-            found = _revision_of(conn)
+            found = _revision_of(self.backend, conn)
             if found == head:
                 return
-            if found is None and upgrade_empty and not sa.inspect(conn).has_table(runs.name):
+            if found is None and upgrade_empty and not self.backend.has_table(conn, runs.name):
                 self._run_alembic(conn, "upgrade", "head")
                 return
             self._raise_for_revision(found, head)

@@ -159,6 +159,15 @@ class Backend:
     def lock_for_migration(self, conn: sa.Connection) -> None:
         """Serialize schema creation between processes, on `conn`'s open transaction."""
 
+    def has_table(self, conn: sa.Connection, name: str) -> bool:
+        """Whether the store's schema holds table `name`: the standard catalog, one small query
+        (SQLAlchemy's inspector took 0.4 s of every command's start on DuckDB)."""
+        found = conn.execute(
+            sa.text("SELECT count(*) FROM information_schema.tables WHERE table_name = :name AND table_schema = current_schema()"),
+            {"name": name},
+        ).scalar()
+        return bool(found)
+
     def lock_seq_spans(self, conn: sa.Connection, runs_ranks: list[tuple[int, int]]) -> None:
         """Keep other writers of these (run, rank)s from reading their seq spans until `conn`'s
         transaction ends (store/seq_spans.py reads them, checks, then writes them). Nothing to do

@@ -73,6 +73,11 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     locking_unsafe_on_network_fs = True  # SQLite's own FAQ: its POSIX locks are broken on NFS
 
+    def has_table(self, conn: sa.Connection, name: str) -> bool:
+        found = conn.execute(sa.text("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = :name"),
+                             {"name": name}).scalar()  # fmt: skip
+        return bool(found)
+
     @property
     def path(self) -> Path | None:
         db = self.url.database
