@@ -308,12 +308,13 @@ class _Scan:
     def _add_key(self, k: int, steps: np.ndarray, ranks: np.ndarray, table: np.ndarray) -> None:
         count = (~np.isnan(table)).sum(axis=1)
         counted = count >= 3
-        table, steps, count = table[counted], steps[counted], count[counted]
+        if not counted.all():  # (a copy of the window's table: only where some step has too few)
+            table, steps, count = table[counted], steps[counted], count[counted]
         if not len(steps):
             return
         median, low, high = _medians(table, count)
         dev = table - median[:, None]
-        mad = _medians(np.abs(dev), count)[0]
+        mad = _medians(np.abs(dev), count, extremes=False)[0]
         self.parts[k].append((steps, count, median, mad, low, high))
         self._candidates(k, ranks, table, dev, mad)
 
@@ -379,8 +380,8 @@ class _Scan:
         self.pending[k] = None
 
 
-def _medians(table: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of `table` (NaN where no value): the median of its values, their min and max.
+def _medians(table: np.ndarray, count: np.ndarray, extremes: bool = True) -> tuple[np.ndarray, ...]:
+    """Per row of `table` (NaN where no value): the median of its values[, their min and max].
 
     As ``np.nanmedian`` computes them (the mean of the two middle values for an even count),
     without its slow path for rows with NaN: a sort puts NaN last, the count finds the middle.
@@ -389,7 +390,7 @@ def _medians(table: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarr
         n = table.shape[1]
         part = np.partition(table, [(n - 1) // 2, n // 2], axis=1)
         middle = (part[:, (n - 1) // 2] + part[:, n // 2]) / 2
-        return middle, table.min(axis=1), table.max(axis=1)
+        return (middle, table.min(axis=1), table.max(axis=1)) if extremes else (middle,)
     ordered = np.sort(table, axis=1)
     rows = np.arange(len(table))
     middle = (ordered[rows, (count - 1) // 2] + ordered[rows, count // 2]) / 2
