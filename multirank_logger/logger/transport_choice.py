@@ -24,7 +24,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from multirank_logger.errors import InvalidTransport, MultiRankLoggerError
 from multirank_logger.logger.rank_facts import rank_facts
@@ -193,7 +193,7 @@ def _decide_for_server(
     timeout: float,
     max_writers: int | None,
     connection_room: ConnectionRoom | None,
-) -> tuple[str, str, dict[str, list[int]] | None]:
+) -> tuple[str, str, dict[str, Any] | None]:
     """Rank 0: (choice, reason, for "node" the plan: the writer of each rank, and the writers
     whose ranks are on more hosts than their own)."""
     room = connection_room() if connection_room is not None else None
@@ -216,7 +216,7 @@ def _decide_for_server(
         f"{seen}{world} ranks on {len(nodes)} node(s) write through {writers} writer(s) (bounded by {why}): "
         "each node's ranks ship their rows to their node's writer, which writes them on one connection"
     )
-    return "node", reason, {"writer_of": writer_of, "across_hosts": across}
+    return "node", reason, {"writer_of": _runs(writer_of), "across_hosts": across}
 
 
 def _gather_nodes(channel: RowChannel, world: int, timeout: float) -> dict[int, str]:
@@ -242,10 +242,23 @@ def _plan(node_of: dict[int, str], nodes: list[str], writers: int, world: int) -
     return [first[group_of[node_of[r]]] for r in range(world)]
 
 
-def _follow_plan(channel: RowChannel, plan: dict[str, list[int]], timeout: float) -> None:
+def _runs(writer_of: list[int]) -> list[list[int]]:
+    """`writer_of` as runs of [writer, count]: every rank reads the plan, and a node's ranks are
+    mostly consecutive, so it stays a few bytes per node instead of a few per rank (1,024 ranks
+    reading 1,024 numbers each would move ~5 MB through the launch's store)."""
+    runs: list[list[int]] = []
+    for w in writer_of:
+        if runs and runs[-1][0] == w:
+            runs[-1][1] += 1
+        else:
+            runs.append([w, 1])
+    return runs
+
+
+def _follow_plan(channel: RowChannel, plan: dict[str, Any], timeout: float) -> None:
     """Route `channel` to this rank's writer; a writer hosts its ranks' rows on a TCPStore of its
     own and publishes where (a sender that hears nothing goes through the launch's store)."""
-    me, writer_of = channel.rank, plan["writer_of"]
+    me, writer_of = channel.rank, [w for w, n in plan["writer_of"] for _ in range(n)]
     writer = writer_of[me]
     if writer == me:
         senders = [r for r, w in enumerate(writer_of) if w == me and r != me]
