@@ -107,16 +107,29 @@ def _receiver(
     end = _start_time(start_box) + seconds
     while time.time() < end:
         time.sleep(0.05)
-    writer.stop(FINISH_TIMEOUT)  # from here on this thread writes, as in finalize
-    writer.flush(FINISH_TIMEOUT)
-    done = sink.finish("success", FINISH_TIMEOUT, lambda: writer.flush(FINISH_TIMEOUT))
-    writer.flush(FINISH_TIMEOUT)
+    finished_at, done = finish_receiver(writer, sink, store, FINISH_TIMEOUT)
+    Path(out, "receiver.json").write_text(json.dumps({"finished_at": finished_at, "done": done}))
+    keep_server_for_senders(server, out, world, FINISH_TIMEOUT)
+
+
+def finish_receiver(writer: Any, sink: Any, store: Any, timeout: float) -> tuple[float, int]:
+    """Rank 0's end, as `finalize` does it: its writer stopped (this thread writes from here on),
+    every sender waited for (bounded), the channel and store closed. When it ended, and how many
+    senders were done."""
+    writer.stop(timeout)
+    writer.flush(timeout)
+    done = sink.finish("success", timeout, lambda: writer.flush(timeout))
+    writer.flush(timeout)
     finished_at = time.time()
     sink.close()
     store.close()
-    Path(out, "receiver.json").write_text(json.dumps({"finished_at": finished_at, "done": len(done)}))
-    # the TCPStore lives as long as the launch: until every sender has its acknowledgements
-    deadline = time.monotonic() + FINISH_TIMEOUT
+    return finished_at, len(done)
+
+
+def keep_server_for_senders(server: Any, out: str, world: int, timeout: float) -> None:
+    """Keep the TCPStore `server` as long as the launch would: until every sender wrote its
+    ``sender{rank}.json`` (it has its acknowledgements), or `timeout`."""
+    deadline = time.monotonic() + timeout
     while len(list(Path(out).glob("sender*.json"))) < world - 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     del server

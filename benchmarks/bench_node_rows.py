@@ -125,7 +125,7 @@ def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict
         launch.start()
         if not ready.wait(60):
             raise RuntimeError("the launch's TCPStore did not start")
-        start_at = time.time() + 5.0 + world * 0.05  # every rank set up by then
+        start_at = time.time() + 2.0 + world * 0.05  # every rank set up by then (a late one catches up)
         procs = [ctx.Process(target=_rank, args=(r, world, world // nodes, port, seconds, out, via_launch, start_at,
                                                  sampled)) for r in range(world)]  # fmt: skip
         for p in procs:
@@ -178,7 +178,7 @@ def measure(senders: int, nodes: int, seconds: float) -> dict[str, Any]:
 
 
 def cases(sizes: Sizes) -> list[Case]:
-    senders, nodes, seconds = {"full": (64, 8, 20.0), "quick": (32, 4, 10.0)}.get(sizes.mode, (6, 2, 3.0))
+    senders, nodes, seconds = {"full": (64, 8, 15.0), "quick": (32, 4, 10.0)}.get(sizes.mode, (4, 2, 2.0))
     return [
         Case(SECTION, f"scale: node transport, {senders} senders on {nodes} nodes: the launch's TCPStore's bytes",
              "benchmarks.bench_node_rows:measure", "MB", {"senders": senders, "nodes": nodes, "seconds": seconds},

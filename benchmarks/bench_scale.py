@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Case, Sizes
-from benchmarks.bench_gather_load import KEYS, _check_exactly_once, _free_port, _start_time, _stored
+from benchmarks.bench_gather_load import (
+    KEYS,
+    _check_exactly_once,
+    _free_port,
+    _start_time,
+    _stored,
+    finish_receiver,
+    keep_server_for_senders,
+)
 
 SECTION = "scale"
 RATE = 10.0  # log calls per second per rank: a step every 100 ms
@@ -81,7 +89,8 @@ def _sender(
     buffer = RecordBuffer()
     writer = BackgroundWriter(buffer, lambda: (sink, run_id, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY)
     writer.start()
-    channel._client_locked()  # connected before the start: the idle latency is measured with all of them
+    with channel._lock:  # connected before the start: the idle latency is measured with all of them
+        channel._client()
     Path(out, f"ready{rank}").touch()
     go.wait(300)  # asleep until the start (256 processes polling a file would load the CPU they share)
     start_at = _start_time(start_box)
@@ -142,21 +151,12 @@ def _receiver(
     writer.start()
     while time.time() < start_at + seconds:
         time.sleep(0.05)
-    writer.stop(TIMEOUT)
-    writer.flush(TIMEOUT)
-    done = sink.finish("success", TIMEOUT, lambda: writer.flush(TIMEOUT))
-    writer.flush(TIMEOUT)
-    finished_at = time.time()
+    finished_at, done = finish_receiver(writer, sink, store, TIMEOUT)
     cpu = time.process_time() - cpu0
-    sink.close()
-    store.close()
-    result = {"finished_at": finished_at, "done": len(done), "cpu_s": cpu, "wall_s": finished_at - wall0, "intake": intake,
+    result = {"finished_at": finished_at, "done": done, "cpu_s": cpu, "wall_s": finished_at - wall0, "intake": intake,
               "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
     Path(out, "receiver.json").write_text(json.dumps(result))
-    deadline = time.monotonic() + TIMEOUT  # the TCPStore lives until every sender is done
-    while len(list(Path(out).glob("sender*.json"))) < world - 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    del server
+    keep_server_for_senders(server, out, world, TIMEOUT)
 
 
 def _latency_us(port: int) -> dict[str, float]:

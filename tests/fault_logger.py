@@ -36,7 +36,12 @@ def main() -> None:
     p.add_argument("--finalize-timeout", type=float, default=None)
     p.add_argument("--interrupt-flush", action="store_true")
     p.add_argument("--no-finalize", action="store_true", help="end the script without finalize: the exit hooks end the run")
+    p.add_argument("--exit-flush-timeout", type=float, default=None, help="process_hooks.EXIT_FLUSH_TIMEOUT (20 s)")
     args = p.parse_args()
+    if args.exit_flush_timeout is not None:
+        from multirank_logger.logger import process_hooks
+
+        process_hooks.EXIT_FLUSH_TIMEOUT = args.exit_flush_timeout  # read at exit: the bound under test, shorter
 
     quiet = args.interrupt_flush  # the writer thread never wakes on its own: the flushes are the main thread's
     logger = MultiRankLogger(args.save_dir, version=args.version, db=args.db, spill_dir=args.spill_dir,

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.logger_helpers import stderr_to_file
+
 
 def value(rank: int, call: int) -> float:
     return float(rank * 1_000_000 + call)
@@ -61,6 +63,7 @@ def rank_main(rank: int, world: int, port: int, db: str, spill_dir: str, calls: 
     `second_phase`, each rank then waits for ``go2`` and logs that many more calls (steps from
     `calls` on) in a second phase of the same run, as ``trainer.test`` after ``fit``, and
     finalizes again (``done2{rank}.json``)."""
+    stderr_to_file(Path(sync_dir, f"rank{rank}.err"))  # logger_helpers.ranks_stderr reads them
     faulty = rank == fault_rank
     if faulty:
         _own_mounts(os.path.dirname(db), spill_dir.format(rank) if spill_full else None)

@@ -9,6 +9,7 @@ Usage: python tests/floor_reads.py DB SAVE_DIR
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import sys
 import traceback
@@ -21,6 +22,8 @@ from click.testing import CliRunner
 from multirank_logger import MultiRankLogger
 from multirank_logger.cli import main as cli
 
+#: the other packages whose version the first line names (test_dependency_floors.py checks them)
+FLOORED = ("numpy", "pyarrow", "sqlalchemy", "duckdb-engine", "alembic", "fsspec", "click", "pyyaml")
 #: each command with its arguments after the store
 COMMANDS = [["runs"], ["ranks", "loss"], ["logs"], ["decisions"], ["report"]]
 
@@ -39,7 +42,9 @@ def write_store(db: str, save_dir: str) -> None:
 
 def main() -> int:
     db, save_dir = sys.argv[1], sys.argv[2]
-    print(f"floor_reads: duckdb {duckdb.__version__}, pandas {pd.__version__}", flush=True)
+    versions = {name: importlib.metadata.version(name) for name in FLOORED}
+    print(f"floor_reads: duckdb {duckdb.__version__}, pandas {pd.__version__}, "
+          + ", ".join(f"{name} {version}" for name, version in versions.items()), flush=True)  # fmt: skip
     write_store(db, save_dir)
     failed = []
     for command in COMMANDS:

@@ -13,8 +13,10 @@ In each of these files the name ``CSVLogger`` is rebound, right after its import
 of MultiRankLogger whose store is a file of the chosen backend, one per save_dir. The result is
 in docs/drop-in.md ("Lightning's own tests").
 
-Usage (LSRC needs only its ``tests/`` folder):
+Usage (LSRC needs only its ``tests/`` folder; two of the test files import cloudpickle, and
+rich and scikit-learn let three more tests run):
     git clone --branch 2.6.5 --depth 1 https://github.com/Lightning-AI/pytorch-lightning LSRC
+    pip install cloudpickle rich scikit-learn
     python tests/lightning_csvlogger_tests.py LSRC [--backend sqlite|duckdb] [pytest args...]
 """
 

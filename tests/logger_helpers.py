@@ -55,6 +55,23 @@ def rank_reports(prefix: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
+def stderr_to_file(path: Path) -> None:
+    """This process's stderr (fd 2) into `path`: a forkserver's children write to the stderr of the
+    test that started the server, not to the current test's (its capfd sees nothing of them)."""
+    with open(path, "w") as err:
+        os.dup2(err.fileno(), 2)
+
+
+def ranks_stderr(folder: Path) -> str:
+    """What the ranks wrote to their ``rank*.err`` files in `folder` (`stderr_to_file`), rank by rank."""
+    return "".join(path.read_text() for path in sorted(folder.glob("rank*.err")))
+
+
+def spill_files_named(output: str) -> list[str]:
+    """The spill files a run's output names in its import command(s)."""
+    return sorted(set(re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)))
+
+
 def wait_for_steps(proc: subprocess.Popen[str], steps: int, timeout: float) -> str:
     """Read a 2-rank launch's output (lines "rank R step S") until both ranks printed `steps`.
 

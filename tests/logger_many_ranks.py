@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.logger_helpers import stderr_to_file
+
 
 def value(rank: int, call: int) -> float:
     return float(rank * 1_000_000 + call)
@@ -34,16 +36,15 @@ def rank_main(
 ) -> None:
     """With `go`, the rank writes ``{go}.ready{rank}`` once set up (the run created), then waits
     for the file `go` before it logs (the test changes the store meanwhile). With `stderr_to_out`,
-    its stderr goes to ``{out}/rank{rank}.err``: a forkserver's children write to the stderr of
-    the test that started the server, not to the current test's. With `kill` (``rank``, ``at``,
-    ``gate``), rank ``kill["rank"]`` kills itself (SIGKILL) at call ``at``, its rows of the calls
-    before flushed; the other ranks wait there for the file ``gate`` (the test touches it once
-    that rank is dead), and at the end no rank waits for a dead one."""
+    its stderr goes to ``{out}/rank{rank}.err`` (logger_helpers.stderr_to_file: for a forkserver's
+    children). With `kill` (``rank``, ``at``, ``gate``), rank ``kill["rank"]`` kills itself
+    (SIGKILL) at call ``at``, its rows of the calls before flushed; the other ranks wait there for
+    the file ``gate`` (the test touches it once that rank is dead), and at the end no rank waits
+    for a dead one."""
     import torch.distributed as dist
 
     if stderr_to_out:
-        with open(Path(out, f"rank{rank}.err"), "w") as err:
-            os.dup2(err.fileno(), 2)
+        stderr_to_file(Path(out, f"rank{rank}.err"))
 
     per_node = world // nodes
     os.environ.update(

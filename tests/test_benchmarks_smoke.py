@@ -1,19 +1,22 @@
 """Smoke test of the benchmark suite (benchmarks/run.py), so that `make bench` keeps working.
 
 What it checks: that every section runs end to end at tiny sizes (``--tiny --in-process``:
-a few hundred calls, a 2-rank DDP launch of 10 steps, a 4,000-row store), and that
+a few hundred calls, a 2-rank DDP launch of 10 steps, a 4,000-row store, 4 paced senders for
+3 s, stores of 16 and 8 ranks x 200 steps, the ui's page in Chromium), and that
 the table has every expected row with a positive, finite median, min <= median <= max,
 a positive peak RSS, and a positive, finite ratio wherever the row names a peer.
 
 What it does not check: any timing. The numbers at these sizes mean nothing, and this
-machine is shared; no threshold on speed belongs in a test. The gather section is left
-out: bench_gather.py owns its sizes.
+machine is shared; no threshold on speed belongs in a test. The gather and gather_load
+sections are left out: bench_gather.py owns its sizes, and tests/test_gather_load.py runs
+bench_gather_load's measure itself.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +24,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query")
+pytestmark = pytest.mark.timeout(600)  # the run below: ~2 min on 2 busy cores
+SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "scale", "read_scale", "ui")
 EXPECTED = {
     "hotpath": [
         "no-op Logger (harness floor)",
@@ -58,6 +62,23 @@ EXPECTED = {
         "export_csv rank 0 SQLite",
         "per_rank(key) SQLite",
     ],
+    "scale": [
+        "scale: 4 paced senders (10 calls/s x 10 keys) into one rank 0 (DuckDB)",
+        "scale: node transport, 4 senders on 2 nodes: the launch's TCPStore's bytes",
+    ],
+    "ui": [
+        "raw DuckDB GROUP BY one key",
+        "ui first render of a run",
+        "heatmap 64 x 200 draw",
+        "uPlot 20 series draw",
+        "2-rank DDP, no page",
+        "2-rank DDP, ui page open",
+    ],
+}
+# read_scale's rows are named by their store's shape (which its module sets per mode): each kind, in this order
+KINDS = {
+    "read_scale": ["raw DuckDB median per (key, step)", "report", "report -o", "per_rank", "rank_spread", "export"] * 2
+    + ["bytes/row DuckDB", "bytes/row sqlite", "bytes/row postgresql"],
 }
 
 
@@ -68,7 +89,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], str]
     proc = subprocess.run(
         [sys.executable, "benchmarks/run.py", "--tiny", "--in-process", "--only", ",".join(SECTIONS),
          "--out", str(out / "RESULTS.md"), "--json", str(out / "rows.json")],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        cwd=ROOT, capture_output=True, text=True, timeout=480,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((out / "rows.json").read_text()), (out / "RESULTS.md").read_text()
@@ -83,7 +104,11 @@ def test_section_has_every_row(tiny_run: tuple[list[dict], str], section: str) -
     """Each section reports exactly its expected rows, and none failed."""
     rows, _ = tiny_run
     got = [r["case"] for r in rows if r["section"] == section]
-    assert got == EXPECTED[section]
+    if section in KINDS:  # "report 16x200x3 (0.0096M rows)": the kind, less the shape
+        got = [re.sub(r" \d+x\d+x\d+ \(.*\)$", "", case) for case in got]
+        assert got == KINDS[section]
+    else:
+        assert got == EXPECTED[section]
     errors = {r["case"]: r["error"] for r in rows if r["section"] == section and r["error"]}
     assert errors == {}
 

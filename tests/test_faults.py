@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store.sql_store import Store
-from tests.logger_helpers import query, train_cmd, train_env, wait_for_steps
+from tests.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 
 SCRIPT = Path(__file__).with_name("fault_logger.py")
 REPO = Path(__file__).resolve().parents[1]
@@ -58,12 +58,6 @@ def _import(db: Path, files: list[str]) -> str:
     result = CliRunner().invoke(cli, ["import", str(db), *files])
     assert result.exit_code == 0, result.output
     return result.output
-
-
-def _spill_files(output: str) -> list[str]:
-    """The spill files the output names in its import command(s)."""
-    named = re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)
-    return sorted(set(named))
 
 
 def _hold_duckdb(db: Path, seconds: float, ready: Path) -> subprocess.Popen:
@@ -122,7 +116,7 @@ def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     """A reader holding the DuckDB file across the run's end, for less than `timeout`: every row, success."""
     done, db = _run_with_reader(tmp_path, hold_s=4, timeout_s=30)
     assert _stored(db) == (*_expected(4000), "success"), done.stderr[-3000:]
-    assert _spill_files(done.stderr) == []
+    assert spill_files_named(done.stderr) == []
 
 
 @pytest.mark.slow  # launches processes
@@ -151,7 +145,7 @@ def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes
             reader.kill()
             reader.wait(30)
     assert "SIGTERM came (a preemption) and the store has not taken these rows" in out, out[-3000:]
-    files = _spill_files(out)
+    files = spill_files_named(out)
     assert files, out[-3000:]
     assert "the run's end could not be recorded: the store still says 'running'" in out, out[-3000:]
     assert query(db, "SELECT status FROM runs") == [("running",)]
@@ -162,12 +156,29 @@ def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes
     assert query(db, "SELECT status FROM runs") == [("interrupted",)], out[-3000:]
 
 
+@pytest.fixture(scope="module")
+def spilled_end(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One launch with a reader holding its DuckDB store past `timeout` (until the launch exited):
+    its last rows and its end only in its spill file. Shared: each test takes a copy (`_copy_of`)."""
+    return _run_with_reader(tmp_path_factory.mktemp("spilled_end"), hold_s=120, timeout_s=3)
+
+
+def _copy_of(spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path) -> tuple[str, Path, list[str]]:
+    """`spilled_end`'s directory copied into `tmp_path` (the store, its spill files, its logs): the
+    launch's stderr, the copy's store, and the copy's spill files that stderr named."""
+    done, db = spilled_end
+    shutil.copytree(db.parent, tmp_path, dirs_exist_ok=True)
+    files = [str(tmp_path / Path(f).relative_to(db.parent)) for f in spill_files_named(done.stderr)]
+    return done.stderr, tmp_path / db.name, files
+
+
 @pytest.mark.slow  # launches processes
-def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) -> None:
+def test_reader_longer_than_timeout_spills_and_import_completes(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
+) -> None:
     """A reader holding the file past `timeout`: rows in the store or the named spill file, never success."""
-    done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)  # held until the logger has exited
-    files = _spill_files(done.stderr)
-    assert files, done.stderr[-3000:]
+    stderr, db, files = _copy_of(spilled_end, tmp_path)
+    assert files, stderr[-3000:]
     count, _, status = _stored(db)
     assert status != "success"
     assert count < _expected(4000)[0]
@@ -176,13 +187,14 @@ def test_reader_longer_than_timeout_spills_and_import_completes(tmp_path: Path) 
     assert (count, total) == _expected(4000)
 
 
-def _resume_after_a_spilled_end(tmp_path: Path, damage: bool) -> tuple[subprocess.CompletedProcess, Path, list[bytes]]:
+def _resume_after_a_spilled_end(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path, damage: bool
+) -> tuple[subprocess.CompletedProcess, Path, list[bytes]]:
     """Launch 1 cannot write the store at its end (a reader holds it past `timeout`): rank 0's
     last rows, and the end itself, are only in its spill file; its metrics.csv is whole (fed
     before the store). Launch 2 resumes the run (version 0) before anyone imports anything."""
-    done, db = _run_with_reader(tmp_path, hold_s=120, timeout_s=3)
-    files = _spill_files(done.stderr)
-    assert len(files) == 1, done.stderr[-3000:]
+    stderr, db, files = _copy_of(spilled_end, tmp_path)
+    assert len(files) == 1, stderr[-3000:]
     assert query(db, "SELECT status FROM runs") == [("running",)]  # its end could not be recorded either
     first = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
     assert len(first) == 4000 + 2  # header, 4000 calls, the last line's end
@@ -197,12 +209,14 @@ def _resume_after_a_spilled_end(tmp_path: Path, damage: bool) -> tuple[subproces
 
 
 @pytest.mark.slow  # launches processes
-def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(tmp_path: Path) -> None:
+def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
+) -> None:
     """Launch 2 finds launch 1's spill file in its spill_dir and imports it first: every value of
     both launches is stored, the run is a success for it, launch 1 is recorded as ended (not
     vanished), and metrics.csv holds launch 1's rows, then launch 2's. Without the import the
     run said success with 20,000 values only in the file."""
-    again, db, first = _resume_after_a_spilled_end(tmp_path, damage=False)
+    again, db, first = _resume_after_a_spilled_end(spilled_end, tmp_path, damage=False)
     assert "imported 20000 row(s) that launch 0 of this run (rank 0) had spilled to" in again.stderr, again.stderr[-3000:]
     assert _stored(db) == (40_000 + 1_000, float(sum(range(40_000)) + sum(range(1_000))), "success")
     assert query(db, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "success"), (1, "success")]
@@ -222,11 +236,13 @@ def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(tmp_pat
 
 
 @pytest.mark.slow  # launches processes
-def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(tmp_path: Path) -> None:
+def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(
+    spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
+) -> None:
     """The same with launch 1's file damaged: the run stays short of success until the file is
     imported, the message gives the import command, and no short metrics.csv passes for
     CSVLogger's (launch 1's rows are read back from a store that lacks some)."""
-    again, db, _ = _resume_after_a_spilled_end(tmp_path, damage=True)
+    again, db, _ = _resume_after_a_spilled_end(spilled_end, tmp_path, damage=True)
     assert "an earlier launch's spill file could not be imported (SpillCorrupt" in again.stderr, again.stderr[-3000:]
     assert f"multirank-logger import {db} " in again.stderr
     assert query(db, "SELECT status FROM runs") == [("incomplete",)]
@@ -269,7 +285,7 @@ def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, cap
     # whole, with the value logged at step 3 (3.0), not the stored -1
     lines = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()
     assert len(lines) == 1 + 50 and lines[0] == "a,b,step" and lines[4] == "3.0,3.0,3"
-    output = _import(db, _spill_files(err))
+    output = _import(db, spill_files_named(err))
     assert "1 already in the store" in output
     assert query(db, "SELECT status, values_spilled FROM runs") == [("success", 0)]
     store.close()
@@ -290,7 +306,7 @@ def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> 
     # creates an empty file there) the missing tables: either way the rows are held, then spilled
     assert "was deleted or replaced" in done.stderr or "does not exist" in done.stderr, done.stderr[-3000:]
     assert "for good" not in done.stderr
-    files = _spill_files(done.stderr)
+    files = spill_files_named(done.stderr)
     assert len(files) == 1
     fresh = tmp_path / f"restored{suffix}"  # the deleted store's run, recreated, takes the spill
     s = Store(fresh)
@@ -343,7 +359,7 @@ def test_full_disk_spills_elsewhere_and_import_recovers_every_value(
     value back once the copied store imports the spill files (some spilled mid-run: memory bound)."""
     done, copy = _on_full_disk(tmp_path, suffix, size, False, "--calls", str(calls), "--timeout", "3",
                                "--max-held", "40000")
-    files = _spill_files(done.stderr)
+    files = spill_files_named(done.stderr)
     assert files, done.stderr[-3000:]
     assert "No space left" in done.stderr or "full" in done.stderr, done.stderr[-3000:]
     count, _, status = _stored(copy)
@@ -443,7 +459,7 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
         assert (count, float(total)) == _expected(4000)
         assert query(url, "SELECT status, values_spilled FROM runs") == [("success", None)]
-        assert _spill_files(err) == []
+        assert spill_files_named(err) == []
         assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().count("\n") == 4001
     finally:
         server.cleanup()
@@ -522,7 +538,7 @@ def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spi
             _signal_all(stopped, signal.SIGCONT)
         assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
         assert "did not finish within 6 s" in err
-        files = _spill_files(err)
+        files = spill_files_named(err)
         assert files, err[-4000:]
         _import(url, files)
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
@@ -536,14 +552,14 @@ def test_postgres_paused_at_exit_without_finalize_the_process_still_ends_with_th
     hooks' flush is bounded (process_hooks.EXIT_FLUSH_TIMEOUT), the process ends, and the rows the
     store did not take are in a spill file the message names, which imports every value."""
     with _own_postgres() as server:
-        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--no-finalize")
+        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--no-finalize", "--exit-flush-timeout", "4")
         try:
             out, err = proc.communicate(timeout=150)  # on a wait without bound: never
         finally:
             proc.kill()
             _signal_all(stopped, signal.SIGCONT)
         assert proc.returncode == 0 and "EXITING" in out, err[-4000:]
-        files = _spill_files(err)
+        files = spill_files_named(err)
         assert files, err[-4000:]
         _import(url, files)
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
@@ -571,7 +587,7 @@ def test_ctrl_c_during_a_flush_reaches_the_caller_and_loses_nothing(tmp_path: Pa
             _signal_all(stopped, signal.SIGCONT)
         assert interrupted == "INTERRUPTED\n", err[-4000:]
         assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
-        assert _spill_files(err) == [] and "refused" not in err
+        assert spill_files_named(err) == [] and "refused" not in err
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
         assert (count, float(total)) == _expected(2000)
         assert query(url, "SELECT status FROM runs") == [("success",)]
@@ -607,7 +623,7 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     reader.kill()  # it held the file from mid-run until the job had ended: past every timeout
     reader.wait(30)
     assert proc.returncode == 0, out[-4000:]
-    files = _spill_files(out)
+    files = spill_files_named(out)
     assert files, out[-4000:]
     spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", out))
     (before,), = query(db, "SELECT COUNT(*) FROM metrics")
@@ -661,7 +677,7 @@ def test_sqlite_reader_holding_a_read_transaction_across_the_end_costs_nothing(t
     reader.wait(30)
     assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
     assert _stored(db) == (*_expected(calls), "success"), err[-3000:]
-    assert _spill_files(err) == [] and "LOST" not in err
+    assert spill_files_named(err) == [] and "LOST" not in err
     # the second half's pages sit in the WAL while the snapshot is held (SQLite cannot reset it then)
     assert wal_while_held > 0
     print(f"WAL while the reader held its snapshot: {wal_while_held} bytes; after: "

@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
-from tests.conftest import join_ranks, start_ranks
+from tests.conftest import forkserver, join_ranks, start_ranks
 from tests.fault_ranks import rank_main, value
-from tests.logger_helpers import query
+from tests.logger_helpers import query, ranks_stderr, spill_files_named
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 JOIN_TIMEOUT_S = 120
@@ -31,18 +31,16 @@ JOIN_TIMEOUT_S = 120
 
 def _start(world: int, db: Path, spill_dir: str, calls: int, sync: Path, transport: str, timeout: float,
            *fault: object) -> list:
-    return start_ranks(rank_main, world, str(db), spill_dir, calls, str(sync), transport, timeout, *fault)
+    ctx = forkserver("tests.fault_ranks")
+    return start_ranks(rank_main, world, str(db), spill_dir, calls, str(sync), transport, timeout, *fault, ctx=ctx)
 
 
 def _wait_for(path: Path, procs: list, bound: float = 90) -> None:
     deadline = time.monotonic() + bound
     while not path.exists():
-        assert time.monotonic() < deadline and all(p.exitcode in (None, 0) for p in procs), f"no {path.name}"
+        codes = [p.exitcode for p in procs]
+        assert time.monotonic() < deadline and all(c in (None, 0) for c in codes), f"no {path.name} (exit codes {codes})"
         time.sleep(0.02)
-
-
-def _spill_files(output: str) -> list[str]:
-    return sorted(set(re.findall(r"multirank-logger import \S+ (\S+\.mrspill)", output)))
 
 
 def _import(db: Path, files: list[str]) -> str:
@@ -52,7 +50,7 @@ def _import(db: Path, files: list[str]) -> str:
 
 
 def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path
 ) -> None:
     """Rank 0 stopped (SIGSTOP: its TCPStore with it) while rank 1 logs and finalizes: rank 1's
     undelivered rows go to its spill file, named in its output; rank 0, resumed, never hears
@@ -70,13 +68,13 @@ def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success
     finally:
         os.kill(procs[0].pid, signal.SIGCONT)
     assert join_ranks(procs, JOIN_TIMEOUT_S) == [0, 0]
-    err = capfd.readouterr().err
+    err = ranks_stderr(sync)
     assert query(db, "SELECT status FROM runs") == [("incomplete",)], err[-3000:]
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "missing")]
     assert query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 0 AND key = 'value'") == [(calls,)]
     (stored1,), = query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 1 AND key = 'value'")
     assert stored1 < calls
-    files = _spill_files(err)
+    files = spill_files_named(err)
     assert len(files) == 1 and "rank1" in files[0], err[-3000:]
     assert "could not deliver its rows to rank 0" in err
     output = _import(db, files)
@@ -88,7 +86,7 @@ def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success
 
 
 def test_gather_sender_unheard_in_fit_keeps_the_run_incomplete_after_a_clean_test_phase(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path
 ) -> None:
     """As above for the first phase (fit); then both ranks run a second phase (test) of the same
     run in the same processes, with nothing wrong. Rank 0 hears rank 1's second end, but rank 1's
@@ -109,12 +107,12 @@ def test_gather_sender_unheard_in_fit_keeps_the_run_incomplete_after_a_clean_tes
     assert query(db, "SELECT status FROM runs") == [("incomplete",)]
     (sync / "go2").touch()
     assert join_ranks(procs, JOIN_TIMEOUT_S) == [0, 0]
-    err = capfd.readouterr().err
+    err = ranks_stderr(sync)
     assert (sync / "done20.json").exists() and (sync / "done21.json").exists(), err[-3000:]
     assert query(db, "SELECT status FROM runs") == [("incomplete",)], err[-3000:]
     (stored1,), = query(db, "SELECT COUNT(*) FROM metrics WHERE rank = 1 AND key = 'value'")
     assert stored1 < calls + more
-    files = _spill_files(err)
+    files = spill_files_named(err)
     assert len(files) == 1 and "rank1" in files[0], err[-3000:]
     output = _import(db, files)
     assert query(db, "SELECT status, values_spilled, values_lost FROM runs") == [("success", 0, 0)], output
@@ -136,7 +134,7 @@ _NO_UNSHARE = _can_unshare()
 # the issue's 8 ranks with the spill on a full disk; the import path is the same with 4 (cheaper on 2 cores)
 @pytest.mark.parametrize("world,spill_full", [(8, True), (4, False)], ids=["8-spill-on-full-disk", "4-spill-elsewhere"])
 def test_direct_ranks_one_whose_store_turns_read_only(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], world: int, spill_full: bool
+    tmp_path: Path, world: int, spill_full: bool
 ) -> None:
     """8 (or 4) ranks write one SQLite store directly; mid-run the store's filesystem turns read-only for the last rank
     alone (its own mount namespace: a bind mount remounted ro), as when one node's mount goes bad.
@@ -153,7 +151,7 @@ def test_direct_ranks_one_whose_store_turns_read_only(
         _wait_for(sync / f"ready{r}", procs)
     (sync / "go").touch()
     assert join_ranks(procs, JOIN_TIMEOUT_S) == [0] * world
-    err = capfd.readouterr().err
+    err = ranks_stderr(sync)
     counts = dict(query(db, "SELECT rank, COUNT(*) FROM metrics WHERE key = 'value' GROUP BY rank"))
     assert {r: counts.get(r) for r in range(faulty)} == dict.fromkeys(range(faulty), calls)
     assert calls // 2 <= counts[faulty] < calls, err[-3000:]
@@ -164,7 +162,7 @@ def test_direct_ranks_one_whose_store_turns_read_only(
         lost = [int(n) for n in re.findall(rf"rank {faulty}: the run is incomplete in the store: (\d+) value\(s\) are LOST", err)]
         assert lost == [unstored], err[-3000:]
         return
-    files = _spill_files(err)
+    files = spill_files_named(err)
     assert len(files) == 1 and f"rank{faulty}" in files[0], err[-3000:]
     _import(db, files)
     rows = query(db, f"SELECT step, value FROM metrics WHERE rank = {faulty} AND key = 'value' ORDER BY seq")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import spawn_ranks
-from tests.logger_helpers import query
+from tests.conftest import forkserver, spawn_ranks
+from tests.logger_helpers import query, ranks_stderr
 from tests.logger_many_ranks import rank_main, value
 
 pytestmark = pytest.mark.timeout(240)
@@ -21,14 +21,15 @@ CALLS = 300
 JOIN_TIMEOUT_S = 150
 
 
-def test_eight_ranks_write_one_sqlite_file_directly(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_eight_ranks_write_one_sqlite_file_directly(tmp_path: Path) -> None:
     db, out = tmp_path / "runs.sqlite", tmp_path / "out"
     out.mkdir()
-    assert spawn_ranks(rank_main, WORLD, str(db), CALLS, str(out), join_s=JOIN_TIMEOUT_S) == [0] * WORLD
+    ctx = forkserver("tests.logger_many_ranks")
+    args = (str(db), CALLS, str(out), "direct", 1, None, None, True)  # stderr to out/rank{r}.err
+    assert spawn_ranks(rank_main, WORLD, *args, join_s=JOIN_TIMEOUT_S, ctx=ctx) == [0] * WORLD
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert {(r["transport"], r["run_id"]) for r in reports} == {("direct", 1)}
-    captured = capfd.readouterr()
-    assert "database is locked" not in captured.out + captured.err
+    assert "database is locked" not in ranks_stderr(out)
     counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
     assert counts == [(r, CALLS) for r in range(WORLD)]
     for r in range(WORLD):

@@ -10,7 +10,6 @@ imported torch and the logger, so that 16 of them share those pages.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import shutil
 import tempfile
 import time
@@ -21,8 +20,8 @@ from typing import Any
 import pytest
 
 from multirank_logger.store.backends import public_name
-from tests.conftest import join_ranks, new_postgres_database, start_ranks, with_password
-from tests.logger_helpers import query
+from tests.conftest import forkserver, join_ranks, new_postgres_database, start_ranks, with_password
+from tests.logger_helpers import query, ranks_stderr
 from tests.logger_many_ranks import rank_main, value
 
 pytestmark = pytest.mark.timeout(300)
@@ -53,14 +52,8 @@ def _start(
     db: str, out: Path, transport: str, go: Path | None = None, *, world: int = WORLD, nodes: int = NODES,
     calls: int = CALLS, kill: dict[str, Any] | None = None, **options: Any,
 ) -> list[Any]:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", "tests.logger_many_ranks"])
+    ctx = forkserver("tests.logger_many_ranks")
     return start_ranks(rank_main, world, db, calls, str(out), transport, nodes, options, go and str(go), True, kill, ctx=ctx)
-
-
-def _stderr(out: Path) -> str:
-    """What the ranks wrote to stderr (`_start`: each to a file; not the test's capfd, see rank_main)."""
-    return "".join(path.read_text() for path in sorted(out.glob("rank*.err")))
 
 
 def _launch(db: str, out: Path, transport: str, **options: Any) -> list[int | None]:
@@ -75,7 +68,7 @@ def test_sixteen_ranks_into_a_server_of_ten_connections_store_every_row(small_se
     db, out = new_postgres_database(small_server), tmp_path / "out"
     out.mkdir()
     assert _launch(db, out, "auto") == [0] * WORLD
-    assert "too many clients" not in _stderr(out)
+    assert "too many clients" not in ranks_stderr(out)
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert {(r["transport"], r["run_id"]) for r in reports} == {("node", 1)}
     counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
@@ -122,7 +115,7 @@ def test_ranks_the_server_refuses_go_on_and_spill(small_server: Any, tmp_path: P
         assert join_ranks(procs, JOIN_TIMEOUT_S) == [0] * WORLD
     finally:
         small_server.psql(f"ALTER ROLE {role} CONNECTION LIMIT -1;")
-    captured = _stderr(out)
+    captured = ranks_stderr(out)
     files = sorted((tmp_path / "spill").glob("*"))
     name = public_name(db)  # messages name the store without its password
     for f in files:  # every file the ranks wrote is named with its import command
@@ -160,7 +153,7 @@ def test_a_node_writer_killed_mid_run_its_senders_spill_and_the_import_completes
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world) if r != killed]
     rows_at = {r["rank"]: r["route"]["rows_at"] for r in reports}
     assert len(set(rows_at.values())) == 2 and rows_at[1] != rows_at[5]
-    captured = _stderr(out)
+    captured = ranks_stderr(out)
     assert f"cannot reach rank {killed}'s TCPStore at {rows_at[5]}" in captured
     files = sorted(spill.glob("*"))
     assert sorted(int(f.name.split("-rank")[1].split("-")[0]) for f in files) == [5, 6, 7], files

@@ -42,8 +42,9 @@ def test_summary_per_rank_and_bucket_marks_nan_and_inf(any_db: str) -> None:
     finally:
         reader.close()
     assert s.ranks == [0, 1, 2] and s.width == 2 and s.steps == [0, 2, 4, 6, 8]
-    for r in range(RANKS):
-        for j, first in enumerate(s.steps):
+    for j, first in enumerate(s.steps):
+        lows, highs = [], []
+        for r in range(RANKS):
             values = [logged(r, step) for step in (first, first + 1)]
             finite = [v for v in values if math.isfinite(v)]
             has_inf = any(math.isinf(v) for v in values)
@@ -51,8 +52,11 @@ def test_summary_per_rank_and_bucket_marks_nan_and_inf(any_db: str) -> None:
             # a NaN is left out of the bucket's mean; an inf leaves no finite mean (the cell is marked)
             expect = math.nan if has_inf else sum(finite) / len(finite)
             np.testing.assert_allclose(s.mean[r, j], expect, err_msg=f"rank {r} bucket {j}")
-            if not has_inf:
-                assert s.lo[r, j] == min(finite) and s.hi[r, j] == max(finite)
+            if finite and -math.inf not in values:  # a rank's min of -inf is no edge of the band
+                lows.append(min(finite))
+            if finite and math.inf not in values:
+                highs.append(max(finite))
+        assert s.lo[j] == min(lows) and s.hi[j] == max(highs), j  # the band's edges: every rank's envelope
     assert s.with_non_finite() == [0, 1, 2]
     band = s.band()
     # bucket 0: the ranks' means 0.05, 1.05, 2.05; bucket 1: rank 0's -inf leaves 1.25 and 2.25

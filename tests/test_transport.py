@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -26,7 +27,7 @@ from multirank_logger.model.batch import METRICS_SCHEMA, empty_batch
 from multirank_logger.model.wire import decode_batch, encode_batch
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.transport.tcpstore_client import CHUNK_ROWS
-from tests.conftest import free_port, spawn_ranks
+from tests.conftest import forkserver, free_port, spawn_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -156,26 +157,6 @@ def test_a_damaged_payload_is_reported_and_the_rest_arrives(
     assert "dropped a row batch from rank 1 that it cannot read" in caplog.text and "truncated" in caplog.text
 
 
-@pytest.fixture
-def stopped_server() -> Iterator[int]:
-    """The port of a TCPStore server in a process stopped with SIGSTOP (a hung rank 0 or agent):
-    its kernel accepts connections, nothing ever answers."""
-    port = free_port()
-    code = (
-        "import datetime, sys, time, torch.distributed as dist\n"
-        f"s = dist.TCPStore('127.0.0.1', {port}, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)\n"
-        "print('up', flush=True)\ntime.sleep(600)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-        os.kill(proc.pid, signal.SIGSTOP)
-        yield port
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.mark.timeout(60)
 def test_every_call_to_a_stopped_server_is_bounded(stopped_server: int) -> None:
     """A sender's first connect (in `send`), `send_side`, `fetch`, `publish` and `mark_done`, against
@@ -216,6 +197,25 @@ def pausable_server() -> Iterator[tuple[int, subprocess.Popen[str]]]:
         proc.wait()
 
 
+@pytest.fixture
+def stopped_server(pausable_server: tuple[int, subprocess.Popen[str]]) -> int:
+    """The port of a TCPStore server in a process stopped with SIGSTOP (a hung rank 0 or agent):
+    its kernel accepts connections, nothing ever answers."""
+    port, server = pausable_server
+    os.kill(server.pid, signal.SIGSTOP)
+    return port
+
+
+@contextlib.contextmanager
+def _stopped(server: subprocess.Popen[str]) -> Iterator[None]:
+    """`server` stopped (SIGSTOP) inside the block, and going on (SIGCONT) after it."""
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+
+
 def _receive_until(rank0: RowChannel, rows: int, timeout: float = 10.0) -> list[pa.RecordBatch]:
     """What `rank0` receives until `rows` rows came (or `timeout` ran out), then once more (which acknowledges them)."""
     got: list[pa.RecordBatch] = []
@@ -247,12 +247,9 @@ def test_a_sender_that_reconnects_keeps_its_count_of_acknowledgements(
     got = _receive_until(rank0, 4)  # taken and acknowledged
     rank1.send(sent[1])
     got += rank0.receive()  # taken, not yet acknowledged
-    os.kill(server.pid, signal.SIGSTOP)
-    try:
+    with _stopped(server):
         assert rank1.unacknowledged_values() == 6  # its refresh times out: the client is dropped
         assert rank1._store is None
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
     got += rank0.receive()  # acknowledges the second batch
     rank1.send(sent[2])  # connects again
     got += _receive_until(rank0, 8)
@@ -277,12 +274,8 @@ def test_a_receiver_that_reconnects_loses_and_repeats_nothing(
     rank1.send(sent[0])
     got = rank0.receive()  # taken, to be acknowledged at the next call
     rank1.send(sent[1])
-    os.kill(server.pid, signal.SIGSTOP)
-    try:
-        with pytest.raises(ChannelError):
-            rank0.receive()  # bounded: gives up on the stopped store, its call still waiting there
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
+    with _stopped(server), pytest.raises(ChannelError):
+        rank0.receive()  # bounded: gives up on the stopped store, its call still waiting there
     rank1.send(sent[2])
     got += _receive_until(rank0, 9)
     rank1.mark_done("success")
@@ -389,7 +382,7 @@ def _test_ranks_ship_to_rank0(rank: int, world_size: int, port: int, out: str) -
 def test_gloo_ranks_ship_rows_to_rank0_in_order(tmp_path: Path) -> None:
     """3 gloo ranks: rank 1's small and chunked big batches arrive whole and in order; silent rank 2 finishes."""
     out = tmp_path / "rank0.json"
-    assert spawn_ranks(_test_ranks_ship_to_rank0, 3, str(out)) == [0, 0, 0]
+    assert spawn_ranks(_test_ranks_ship_to_rank0, 3, str(out), ctx=forkserver("tests.test_transport")) == [0, 0, 0]
     result = json.loads(out.read_text())
     expected = [s for s in range(150) for _ in "ab"] + [s for s in range(150, 150 + CHUNK_ROWS) for _ in "abc"]
     assert result["got"]["1"] == expected
@@ -432,7 +425,7 @@ def _test_rank0_dies(rank: int, world_size: int, port: int, out: str) -> None:
 def test_send_fails_fast_when_rank0_is_gone(tmp_path: Path) -> None:
     """SIGKILL rank 0 (and its TCPStore): the sender's next sends fail and hand back every unacknowledged row."""
     out = tmp_path / "rank1.json"
-    codes = spawn_ranks(_test_rank0_dies, 2, str(out))
+    codes = spawn_ranks(_test_rank0_dies, 2, str(out), ctx=forkserver("tests.test_transport"))
     assert codes == [-signal.SIGKILL, 0]
     result = json.loads(out.read_text())
     assert result["failed_after_s"] is not None

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,6 +51,8 @@ __all__ = ["BUCKET_CELLS_MAX", "KeySteps", "RunScan", "WINDOW_ROWS", "scan_run"]
 
 #: rows read at once (about 25 bytes each as NumPy columns, a few times that while computed)
 WINDOW_ROWS = 1_000_000
+#: threads reading windows from a DuckDB store at once
+FETCH_THREADS = 2
 #: threads computing a window's keys (besides the one reading the next window)
 KEY_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
@@ -195,27 +199,51 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
         yield _Span(low, high, width, ref.world_size, names)
         span = max(1, (high - low + 1) * window_rows // int(count))
         span = -(-span // width) * width
-        for start in range(low, high + 1, span):
-            window = (where, metrics.c.step >= start, metrics.c.step < start + span)
-            columns = _fetch(reader, conn, names, window, with_seq=False)
-            if columns is not None:
-                yield window, columns
+        windows = [(where, metrics.c.step >= start, metrics.c.step < start + span) for start in range(low, high + 1, span)]
+        if reader.store.backend.name != "duckdb":
+            for window in windows:
+                if (columns := _fetch(reader, conn, names, window, with_seq=False)) is not None:
+                    yield window, columns
+            return
+    # DuckDB turns a result into Arrow on one thread: two windows are read at once, each on a
+    # connection of its own (no one writes a DuckDB file a reader holds: every connection sees
+    # the same rows)
+    with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="multirank-logger-read") as readers, \
+            contextlib.ExitStack() as connections:  # fmt: skip
+        own = threading.local()
+        opening = threading.Lock()
+
+        def fetch(window: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+            if not hasattr(own, "conn"):
+                with opening:
+                    own.conn = connections.enter_context(reader._connect())
+            return window, _fetch(reader, own.conn, names, window, with_seq=False)
+
+        reading: deque[Future[tuple[tuple[Any, ...], Any]]] = deque()
+        for window in windows:
+            reading.append(readers.submit(fetch, window))
+            if len(reading) >= FETCH_THREADS:
+                if (done := reading.popleft().result())[1] is not None:
+                    yield done
+        for future in reading:
+            if (done := future.result())[1] is not None:
+                yield done
 
 
 def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
            with_seq: bool) -> Any:  # fmt: skip
     """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
-    cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, metrics.c.value]
-    stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
     backend = reader.store.backend
+    value: Any = metrics.c.value
+    if backend.name == "duckdb":  # NULL is a logged NaN: DuckDB hands NaN over, and Arrow's arrays need no copy
+        value = sa.func.coalesce(value, sa.cast(sa.literal("NaN"), sa.Float(53))).label("value")
+    cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, value]
+    stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
     if backend.name == "duckdb":
         table = backend.fetch_arrow(conn, stmt)
         if table.num_rows == 0:
             return None
-        out = [table.column(0).to_numpy(), *(table.column(i).to_numpy() for i in (1, 2)),
-               table.column(3).cast("double").fill_null(np.nan).to_numpy()]  # NULL is a logged NaN  # fmt: skip
-        if with_seq:
-            out.append(table.column(4).to_numpy())
+        out = [table.column(i).to_numpy() for i in range(table.num_columns)]
     else:
         key_type = object if names.by_name else np.int64
         types = [key_type, np.int64, np.int64, np.float64, np.int64][: len(cols) + with_seq]
@@ -388,8 +416,11 @@ def _medians(table: np.ndarray, count: np.ndarray, extremes: bool = True) -> tup
     """
     if (count == table.shape[1]).all():  # no NaN: the two middle values by partition
         n = table.shape[1]
-        part = np.partition(table, [(n - 1) // 2, n // 2], axis=1)
-        middle = (part[:, (n - 1) // 2] + part[:, n // 2]) / 2
+        # one kth, and the lower middle as the max of the values left of it: NumPy's partition
+        # with two kths took 5x as long (1.46 ms against 0.3 for 390 steps x 256 ranks)
+        part = np.partition(table, n // 2, axis=1)
+        lower = part[:, n // 2] if n % 2 else part[:, : n // 2].max(axis=1)
+        middle = (lower + part[:, n // 2]) / 2
         return (middle, table.min(axis=1), table.max(axis=1)) if extremes else (middle,)
     ordered = np.sort(table, axis=1)
     rows = np.arange(len(table))

@@ -51,24 +51,24 @@ def bucket_width(first: int, last: int, buckets: int) -> int:
 @dataclass
 class BucketSummary:
     """One series of one run, per rank (rows, in ``ranks`` order) and bucket (columns, each named
-    by its first step in ``steps``). NaN where a rank logged no finite value in a bucket."""
+    by its first step in ``steps``). NaN where a rank logged no finite value in a bucket.
+    ``lo`` and ``hi`` are per bucket only: the envelope of every rank's values (the band's edges)."""
 
     series: str
     ranks: list[int]
     steps: list[int]
     width: int
     mean: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
+    lo: np.ndarray  # per bucket: the min of every rank's finite min
+    hi: np.ndarray  # per bucket: the max of every rank's finite max
     non_finite: np.ndarray
     _scores: np.ndarray | None = field(default=None, repr=False)
 
     def band(self) -> dict[str, list[float | None]]:
         """Per bucket: lo (min of every value), q1, median, q3 (of the ranks' means), hi (max)."""
         q1, median, q3 = column_quantiles(self.mean, (0.25, 0.5, 0.75))
-        with _quiet():
-            lo, hi = np.nanmin(self.lo, axis=0), np.nanmax(self.hi, axis=0)
-        return {name: _floats(v) for name, v in (("lo", lo), ("q1", q1), ("median", median), ("q3", q3), ("hi", hi))}
+        pairs = (("lo", self.lo), ("q1", q1), ("median", median), ("q3", q3), ("hi", self.hi))
+        return {name: _floats(v) for name, v in pairs}
 
     def scores(self) -> np.ndarray:
         """Each rank's departure from the ranks' median per bucket, in typical spreads (see the module doc)."""
@@ -104,14 +104,15 @@ class BucketBuilder:
 
     As ``summarize`` computes it, but from the pass's step x rank table, where a rank's later call
     at a step has replaced its earlier one (``per_rank``'s rule; SQL averages both). Held as
-    float32 (what the page draws): 13 bytes per rank and bucket, 6.7 MB for 256 ranks x 2,000.
+    float32 (what the page draws): 5 bytes per rank and bucket, 2.6 MB for 256 ranks x 2,000.
     """
 
     def __init__(self, series: str, first: int, last: int, width: int, ranks: int = 8) -> None:
         self.series, self.first, self.width = series, first, width
         self.columns = (last - first) // width + 1
         shape = (max(1, ranks), self.columns)
-        self.mean, self.lo, self.hi = (np.full(shape, np.nan, np.float32) for _ in range(3))
+        self.mean = np.full(shape, np.nan, np.float32)
+        self.lo, self.hi = np.full(self.columns, np.nan), np.full(self.columns, np.nan)
         self.bad = np.zeros(shape, bool)
         self.seen = np.zeros(shape[0], bool)
         self.last_column = -1
@@ -128,25 +129,25 @@ class BucketBuilder:
         self._fit(int(ranks.max()) + 1)
         bucket = (steps - self.first) // self.width
         cols, mean, lo, hi = _per_bucket(bucket, table, self.width)
-        cells = np.ix_(ranks, cols)
-        self.mean[cells], self.lo[cells], self.hi[cells] = mean.T, lo.T, hi.T
+        rank, step, kind = non_finite
+        col = (step - self.first) // self.width
+        for sign, extreme in ((1, hi), (2, lo)):  # SQL's mean, and max or min, are not finite there
+            at = kind == sign
+            where = np.searchsorted(cols, col[at]), np.searchsorted(ranks, rank[at])
+            mean[where] = np.nan
+            extreme[where] = np.nan
+        self.mean[np.ix_(ranks, cols)] = mean.T
+        self.lo[cols], self.hi[cols] = np.fmin.reduce(lo, axis=1), np.fmax.reduce(hi, axis=1)
+        self.bad[rank, col] = True
         self.seen[ranks[logged.any(axis=0)]] = True
         rows_at = np.flatnonzero(logged.any(axis=1))
         if len(rows_at):
             self.last_column = max(self.last_column, int(bucket[rows_at[-1]]))
-        rank, step, kind = non_finite
-        col = (step - self.first) // self.width
-        self.bad[rank, col] = True
-        for sign, extreme in ((1, self.hi), (2, self.lo)):  # SQL's mean, and max or min, are not finite there
-            at = kind == sign
-            self.mean[rank[at], col[at]] = np.nan
-            extreme[rank[at], col[at]] = np.nan
 
     def _fit(self, ranks: int) -> None:
         if ranks > len(self.seen):
             grow = ranks - len(self.seen)
-            self.mean, self.lo, self.hi = (np.pad(m, ((0, grow), (0, 0)), constant_values=np.nan)
-                                           for m in (self.mean, self.lo, self.hi))  # fmt: skip
+            self.mean = np.pad(self.mean, ((0, grow), (0, 0)), constant_values=np.nan)
             self.bad = np.pad(self.bad, ((0, grow), (0, 0)))
             self.seen = np.pad(self.seen, (0, grow))
 
@@ -154,9 +155,9 @@ class BucketBuilder:
         """The summary, as float32 (views of what was built where every rank logged the key)."""
         rows, n = np.flatnonzero(self.seen), self.last_column + 1
         which: Any = slice(None) if len(rows) == len(self.seen) else rows
-        mean, lo, hi, bad = (m[which, :n] for m in (self.mean, self.lo, self.hi, self.bad))
         steps = [self.first + j * self.width for j in range(n)]
-        return BucketSummary(self.series, rows.tolist(), steps, self.width, mean, lo, hi, bad)
+        return BucketSummary(self.series, rows.tolist(), steps, self.width, self.mean[which, :n], self.lo[:n],
+                             self.hi[:n], self.bad[which, :n])  # fmt: skip
 
 
 def _per_bucket(bucket: np.ndarray, table: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
@@ -245,7 +246,7 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
                        .where(table.c.run_id == run_id)).to_pylist()[0]  # fmt: skip
     if span["a"] is None:
         empty = np.zeros((0, 0))
-        return BucketSummary(series, [], [], 1, empty, empty, empty, empty.astype(bool))
+        return BucketSummary(series, [], [], 1, empty, np.zeros(0), np.zeros(0), empty.astype(bool))
     first, width = int(span["a"]), bucket_width(int(span["a"]), int(span["b"]), columns)
     step = table.c.step
     bucket = ((step - first) - (step - first) % width) if width > 1 else (step - first)  # integers only
@@ -273,4 +274,8 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
         bad |= np.isinf(m)
         m[np.isinf(m)] = np.nan
     steps = [first + j * width for j in range(n_cols)]
-    return BucketSummary(series, ranks.tolist(), steps, width, out[0], out[1], out[2], bad)
+    lo, hi = np.full(n_cols, np.nan), np.full(n_cols, np.nan)
+    if len(ranks):
+        with _quiet():  # a bucket no rank has a finite value in: NaN
+            lo, hi = np.nanmin(out[1], axis=0), np.nanmax(out[2], axis=0)
+    return BucketSummary(series, ranks.tolist(), steps, width, out[0], lo, hi, bad)

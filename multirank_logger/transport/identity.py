@@ -6,7 +6,7 @@ the first of these that applies:
 1. the pickled logger (``ddp_spawn``, ``ddp_notebook``): state travels with the object;
 2. an environment variable in the child processes Lightning's and Fabric's subprocess
    launchers start (``strategy="ddp"``: the script run again, with a copy of ``os.environ``).
-   Rank 0 keeps its identity aside (`for_children`) and it is in ``os.environ`` only while such
+   Rank 0 keeps its identity aside (`_for_children`) and it is in ``os.environ`` only while such
    a launcher starts the children (logger/launch_env.py): a logger kept alive, never finalized
    (a failed test's traceback, a notebook), leaves nothing in the environment of its process or
    of the processes it starts later. This is the channel for a child that reads the version
