@@ -110,3 +110,19 @@ def test_a_node_writer_carries_its_ranks_rows_on_a_store_of_its_own_and_stops_it
     writer.close()
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+
+
+def test_a_writer_publishes_loopback_for_its_own_host_and_a_routable_address_across_hosts() -> None:
+    """Its ranks all on its host: loopback. Ranks on other hosts: the address of the interface that
+    reaches the launch's master (never a loopback one, which those hosts cannot reach)."""
+    from multirank_logger.transport.node_rows import reachable_host
+
+    assert reachable_host(False) == "127.0.0.1"
+    assert reachable_host(True, master="127.0.0.1") == socket.getfqdn()  # the master is local: no route to read
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: the route a remote master would take
+            outward = probe.getsockname()[0]
+    except OSError:
+        outward = "127.0.0.1"  # no route at all: the host's name
+    assert reachable_host(True, master="192.0.2.1") == (outward if not outward.startswith("127.") else socket.getfqdn())
