@@ -25,7 +25,8 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
 
 By default rank 0 receives from every other rank (the gather transport). `route` makes the
 channel one node's (the node transport): its writer receives from the ranks it names, the
-others send to it; the keys are per sending rank, so one namespace holds every node's route.
+others send to it, on a TCPStore the writer hosts (`host_rows`, node_rows.py) while the
+``kv/`` values stay on the launch's; the keys are per sending rank either way.
 """
 
 from __future__ import annotations
