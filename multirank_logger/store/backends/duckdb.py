@@ -130,7 +130,7 @@ class DuckDBBackend(Backend):
         # (5.1M rows: 8 B of seq a row is 82 MB of both)
         where = (metrics.c.run_id == run_id, metrics.c.key == key)
         names = ["rank", "step", "value", "dtype"]
-        table = self.fetch_arrow(conn, sa.select(*(metrics.c[n] for n in names)).where(*where))
+        table = self.fetch_arrow(conn, sa.select(*map(_column, names)).where(*where))
         rank, step, value, dtype = (_numpy(table, name) for name in names)
         del table
         if _one_row_per_cell(rank, step):
@@ -138,7 +138,7 @@ class DuckDBBackend(Backend):
             return [rank, None if len(rank) else np.zeros(0, np.int64), step, value, dtype]
         del rank, step, value, dtype
         names.insert(1, "seq")
-        table = self.fetch_arrow(conn, sa.select(*(metrics.c[n] for n in names)).where(*where))
+        table = self.fetch_arrow(conn, sa.select(*map(_column, names)).where(*where))
         return [_numpy(table, name) for name in names]
 
     def hold_snapshot(self, conn: sa.Connection) -> None:
@@ -215,10 +215,18 @@ def _one_row_per_cell(rank: np.ndarray, step: np.ndarray) -> bool:
     return bool(np.bincount((step - low) * width + rank, minlength=cells).max() <= 1)
 
 
+def _column(name: str) -> Any:
+    """A metrics column as read into NumPy: the value with NaN for NULL (a logged NaN), done by
+    DuckDB, so that Arrow hands the values over without a copy (41 MB for 5.1M rows)."""
+    if name == "value":
+        return sa.func.coalesce(metrics.c.value, sa.cast(sa.literal("NaN"), sa.Float(53))).label("value")
+    return metrics.c[name]
+
+
 def _numpy(table: Any, name: str) -> np.ndarray:
     column = table.column(name)
     if name == "value":
-        return column.cast("double").fill_null(np.nan).to_numpy()  # NULL is a logged NaN
+        return column.to_numpy()
     # rank (INTEGER) and dtype (SMALLINT) as stored: an int64 copy of each was 62 MB more at the
     # peak of per_rank over 5.1M rows; the pivot and neg_zero take any integer width
     return column.to_numpy() if name in ("rank", "dtype") else column.to_numpy().astype(np.int64, copy=False)
