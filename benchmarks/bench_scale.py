@@ -315,6 +315,8 @@ def measure(senders: int, seconds: float) -> dict[str, Any]:
 
 
 def cases(sizes: Sizes) -> list[Case]:
+    from benchmarks.bench_node_rows import cases as node_cases  # it imports this module's settings
+
     senders, seconds = {"full": (256, 30.0), "quick": (64, 15.0)}.get(sizes.mode, (4, 3.0))
     return [
         Case(SECTION, f"scale: {senders} paced senders ({RATE:g} calls/s x 10 keys) into one rank 0 (DuckDB)",
@@ -322,7 +324,7 @@ def cases(sizes: Sizes) -> list[Case]:
              rounds=1, inner=1, timeout_s=1200,
              note="rank 0's intake; every row checked stored once; extras: steady_lag_s_*, end_lag_s, rank0_cpu_per_wall_s, "
                   "rank0_peak_rss_mib, senders_pss_mib_total, tcpstore_idle/loaded (set/get/add latency)")
-    ]  # fmt: skip
+    ] + node_cases(sizes)  # fmt: skip
 
 
 if __name__ == "__main__":

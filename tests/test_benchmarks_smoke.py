@@ -62,7 +62,10 @@ EXPECTED = {
         "export_csv rank 0 SQLite",
         "per_rank(key) SQLite",
     ],
-    "scale": ["scale: 4 paced senders (10 calls/s x 10 keys) into one rank 0 (DuckDB)"],
+    "scale": [
+        "scale: 4 paced senders (10 calls/s x 10 keys) into one rank 0 (DuckDB)",
+        "scale: node transport, 4 senders on 2 nodes: the launch's TCPStore's bytes",
+    ],
     "ui": [
         "raw DuckDB GROUP BY one key",
         "ui first render of a run",

@@ -4,12 +4,15 @@ reaching every rank through a real TCPStore, from a server's free connections an
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
+import time
 
 import pytest
 import torch.distributed as dist
 
 from multirank_logger.errors import InvalidTransport
+from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.transport_choice import _plan, choose_transport
 from multirank_logger.store.backends import backend_for, resolve_url
 from multirank_logger.transport.row_channel import RowChannel
@@ -30,8 +33,11 @@ def test_plan_cuts_nodes_into_writer_groups_written_by_their_lowest_rank() -> No
     assert _plan(cyclic, ["h0|0", "h1|0", "h2|0"], 2, 8) == [0, 0, 2, 0, 0, 2, 0, 0]
 
 
-def _decide(world: int, room: tuple[int, str] | None, max_writers: int | None = None) -> list:
-    """Every rank decides at once, each on its own channel to one TCPStore; (choice, senders of each rank)."""
+def _decide(
+    world: int, room: tuple[int, str] | None, max_writers: int | None = None, channels: list | None = None
+) -> list:
+    """Every rank decides at once, each on its own channel to one TCPStore; (choice, senders of each
+    rank). `channels` gets each rank's channel, the launch's store kept alive with them."""
     server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
     backend = backend_for(resolve_url(SERVER_URL))
     out: list = [None] * world
@@ -43,7 +49,11 @@ def _decide(world: int, room: tuple[int, str] | None, max_writers: int | None = 
             connection_room=(lambda: room) if rank == 0 else None,
         )
         out[rank] = (choice, channel.writer, channel.senders)
+        if channels is not None:
+            channels[rank] = channel
 
+    if channels is not None:
+        channels[:] = [None] * world + [server]  # the launch's store, alive while the list is
     threads = [threading.Thread(target=decide, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
@@ -69,3 +79,50 @@ def test_max_writers_bounds_the_writers_whatever_the_room() -> None:
 def test_node_with_a_one_writer_store_is_refused() -> None:
     with pytest.raises(InvalidTransport, match="transport='node' needs a store that several processes can write"):
         choose_transport("node", backend_for(resolve_url("x.duckdb")), 2)
+
+
+def test_a_node_writer_carries_its_ranks_rows_on_a_store_of_its_own_and_stops_it_at_the_end() -> None:
+    """The writer hosts a TCPStore on a port of its own; its sender's rows, acknowledgements and
+    end go there (the launch's store holds none of them), the small values stay on the launch's.
+    At the end the writer waits for its sender to let go, then stops its store: the port is closed."""
+    channels: list = []
+    out = _decide(2, (0, "max_connections=10, 10 in use"), channels=channels)
+    assert out == [("node", 0, (1,)), ("node", 0, ())]
+    writer, sender, _ = channels
+    launch = sender._launch
+    assert sender.address == writer.address != launch.address and sender.address.startswith("127.0.0.1:")
+    buffer = RecordBuffer()
+    for step in range(5):
+        buffer.append(step, {"loss": float(step)})
+    sender.send(buffer.drain(run_id=1, rank=1))
+    got, deadline = [], time.monotonic() + 10
+    while sum(map(len, got)) < 5 and time.monotonic() < deadline:
+        got += writer.receive()
+    writer.receive()  # acknowledges them
+    sender.mark_done("success")
+    assert sender.wait_delivered(5.0) == [] and writer.done_ranks() == {1: "success"}
+    assert [b.column("value").to_pylist() for b in got] == [[0.0, 1.0, 2.0, 3.0, 4.0]]
+    in_launch = dist.PrefixStore("multirank_logger/n/", launch._client())
+    assert not in_launch.check(["done/1"]) and in_launch.add("ack/1", 0) == 0
+    assert sender.fetch("transport/choice", 1.0).startswith(b"node")  # small values: the launch's store
+    port = int(writer.address.rpartition(":")[2])
+    sender.close()
+    writer.close()
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+
+
+def test_a_writer_publishes_loopback_for_its_own_host_and_a_routable_address_across_hosts() -> None:
+    """Its ranks all on its host: loopback. Ranks on other hosts: the address of the interface that
+    reaches the launch's master (never a loopback one, which those hosts cannot reach)."""
+    from multirank_logger.transport.node_rows import reachable_host
+
+    assert reachable_host(False) == "127.0.0.1"
+    assert reachable_host(True, master="127.0.0.1") == socket.getfqdn()  # the master is local: no route to read
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: the route a remote master would take
+            outward = probe.getsockname()[0]
+    except OSError:
+        outward = "127.0.0.1"  # no route at all: the host's name
+    assert reachable_host(True, master="192.0.2.1") == (outward if not outward.startswith("127.") else socket.getfqdn())

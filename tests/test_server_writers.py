@@ -48,9 +48,12 @@ def small_server() -> Iterator[Any]:
     shutil.rmtree(data, ignore_errors=True)
 
 
-def _start(db: str, out: Path, transport: str, go: Path | None = None, **options: Any) -> list[Any]:
+def _start(
+    db: str, out: Path, transport: str, go: Path | None = None, *, world: int = WORLD, nodes: int = NODES,
+    calls: int = CALLS, kill: dict[str, Any] | None = None, **options: Any,
+) -> list[Any]:
     ctx = forkserver("tests.logger_many_ranks")
-    return start_ranks(rank_main, WORLD, db, CALLS, str(out), transport, NODES, options, go and str(go), True, ctx=ctx)
+    return start_ranks(rank_main, world, db, calls, str(out), transport, nodes, options, go and str(go), True, kill, ctx=ctx)
 
 
 def _launch(db: str, out: Path, transport: str, **options: Any) -> list[int | None]:
@@ -59,7 +62,9 @@ def _launch(db: str, out: Path, transport: str, **options: Any) -> list[int | No
 
 def test_sixteen_ranks_into_a_server_of_ten_connections_store_every_row(small_server: Any, tmp_path: Path) -> None:
     """transport="auto" reads the server's free connections and writes through one writer per
-    node: every rank's rows stored once, every rank and the run `success`."""
+    node: every rank's rows stored once, every rank and the run `success`. The rows stay on
+    their node: each writer hosts a TCPStore of its own (not the launch's, rank 0's), its
+    node's ranks send there, and the launch's store holds no row key of any rank."""
     db, out = new_postgres_database(small_server), tmp_path / "out"
     out.mkdir()
     assert _launch(db, out, "auto") == [0] * WORLD
@@ -74,6 +79,15 @@ def test_sixteen_ranks_into_a_server_of_ten_connections_store_every_row(small_se
     assert query(db, "SELECT status, transport, world_size FROM runs") == [("success", "node", WORLD)]
     ranks = query(db, "SELECT rank, status, node_rank, local_rank FROM ranks ORDER BY rank")
     assert ranks == [(r, "success", r // 4, r % 4) for r in range(WORLD)]
+    launch = json.loads((out / "launch_store.json").read_text())
+    routes = [r["route"] for r in reports]
+    assert [route["writer"] for route in routes] == [r - r % 4 for r in range(WORLD)]
+    stores = [{route["rows_at"] for route in routes[n * 4:n * 4 + 4]} for n in range(NODES)]
+    assert all(len(node) == 1 for node in stores)  # a node's ranks: one store, their writer's
+    addresses = [node.pop() for node in stores]
+    assert len(set(addresses)) == NODES and all(a.startswith("127.0.0.1:") for a in addresses)
+    assert f"127.0.0.1:{launch['port']}" not in addresses
+    assert launch["ack"] == launch["done"] == []  # no rank's rows crossed the launch's store
 
 
 def test_ranks_the_server_refuses_go_on_and_spill(small_server: Any, tmp_path: Path) -> None:
@@ -115,3 +129,40 @@ def test_ranks_the_server_refuses_go_on_and_spill(small_server: Any, tmp_path: P
     counts = query(db, "SELECT rank, count(*) FROM metrics WHERE key = 'value' GROUP BY rank ORDER BY rank")
     assert counts == [(r, CALLS) for r in range(WORLD)]
     assert query(db, "SELECT status, transport FROM runs") == [("success", "direct")]
+
+
+def test_a_node_writer_killed_mid_run_its_senders_spill_and_the_import_completes(
+    small_server: Any, tmp_path: Path
+) -> None:
+    """8 ranks on 2 nodes, transport="node": the second node's writer (rank 4) is killed
+    (SIGKILL) halfway. Its store dies with it: its node's senders name it, spill what it had not
+    acknowledged and everything after, and finish; the other node is untouched. Importing the
+    spill files stores every sender's row once; rank 4 keeps what it stored before, once."""
+    from click.testing import CliRunner
+
+    from multirank_logger.cli import main
+
+    world, calls, killed = 8, 60, 4
+    db, out, spill, gate = new_postgres_database(small_server), tmp_path / "out", tmp_path / "spill", tmp_path / "gate"
+    out.mkdir()
+    procs = _start(db, out, "node", world=world, nodes=2, calls=calls, kill={"rank": killed, "at": calls // 2,
+                   "gate": str(gate)}, timeout=5.0, spill_dir=str(spill))
+    procs[killed].join(JOIN_TIMEOUT_S)
+    gate.touch()
+    assert join_ranks(procs, JOIN_TIMEOUT_S) == [0] * killed + [-9] + [0] * (world - killed - 1)
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world) if r != killed]
+    rows_at = {r["rank"]: r["route"]["rows_at"] for r in reports}
+    assert len(set(rows_at.values())) == 2 and rows_at[1] != rows_at[5]
+    captured = ranks_stderr(out)
+    assert f"cannot reach rank {killed}'s TCPStore at {rows_at[5]}" in captured
+    files = sorted(spill.glob("*"))
+    assert sorted(int(f.name.split("-rank")[1].split("-")[0]) for f in files) == [5, 6, 7], files
+    result = CliRunner().invoke(main, ["import", db, *map(str, files)])
+    assert result.exit_code == 0, result.output
+    counts = query(db, "SELECT rank, count(*), count(DISTINCT seq) FROM metrics WHERE key = 'value' GROUP BY rank")
+    stored = {r: (n, distinct) for r, n, distinct in counts}
+    assert all(stored[r] == (calls, calls) for r in range(world) if r != killed)
+    assert calls // 2 - 20 <= stored[killed][0] == stored[killed][1] <= calls // 2  # its flushed rows, once
+    for r in (1, 5, 7):
+        rows = query(db, "SELECT step, value FROM metrics WHERE rank = :r AND key = 'value' ORDER BY seq", r=r)
+        assert rows == [(c, value(r, c)) for c in range(calls)]

@@ -319,7 +319,9 @@ class GatherSender:
             self.channel.send_side(encode_side(tables))
         except ChannelError as exc:
             if self.spiller is not None:
-                self.spiller.put_side(tables, f"rank {self.channel.rank} could not deliver side-table rows to rank 0 ({exc})")
+                self.spiller.put_side(
+                    tables, f"rank {self.channel.rank} could not deliver side-table rows to rank {self.channel.writer} ({exc})"
+                )
                 return
             rows = sum(map(len, tables.values()))
             log.error("multirank_logger: rank %d lost %d side-table row(s) (decisions, logs, timing): %s",
@@ -342,7 +344,8 @@ class GatherSender:
         else:
             left = self.channel.wait_delivered(timeout)
             if left:
-                self._spill(f"rank 0 did not acknowledge rank {self.channel.rank}'s last rows in {timeout:g} s", left)
+                self._spill(f"rank {self.channel.writer} did not acknowledge rank {self.channel.rank}'s last rows "
+                            f"in {timeout:g} s", left)
         totals = _unstored(self.spiller)
         spilled, lost = totals[0] - self.counted[0], totals[1] - self.counted[1]
         undelivered = sum(map(len, self.undelivered))  # no spiller: gone with this process
@@ -367,7 +370,7 @@ class GatherSender:
             self.undelivered.extend(batches)
             log.error("multirank_logger: %s (%d rows kept in memory only)", why, sum(map(len, batches)))
             return
-        self.spiller.put(batches, f"rank {self.channel.rank} could not deliver its rows to rank 0 ({why})")
+        self.spiller.put(batches, f"rank {self.channel.rank} could not deliver its rows to rank {self.channel.writer} ({why})")
 
 
 def _unstored(spiller: Spiller | None) -> tuple[int, int]:

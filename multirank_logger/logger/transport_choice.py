@@ -9,7 +9,10 @@ collective is used, and every wait is bounded.
 The node transport keeps a server store's connections bounded by nodes, not ranks: each
 rank says which node it is on (host and node rank), rank 0 cuts the nodes into at most
 ``max_writers`` groups, and the lowest rank of each group receives the group's rows over the
-channel (`RowChannel.route`) and writes them on its one connection.
+channel (`RowChannel.route`) and writes them on its one connection. Each such writer hosts a
+TCPStore of its own (transport/node_rows.py) and publishes its address through the launch's
+store; its ranks' rows go there, never through rank 0's store, which carries only the small
+values of the choice.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from multirank_logger.errors import InvalidTransport, MultiRankLoggerError
 from multirank_logger.logger.rank_facts import rank_facts
+from multirank_logger.transport.node_rows import LOOPBACK, reachable_host
 
 if TYPE_CHECKING:
     from multirank_logger.store.backends import Backend
@@ -51,6 +55,7 @@ _KEY_CHOICE = "transport/choice"
 _KEY_SEEN = "transport/seen/{rank}"
 _KEY_NODE = "transport/node/{rank}"
 _KEY_PLAN = "transport/plan"
+_KEY_ROWS_AT = "transport/rows_at/{rank}"
 
 
 def filesystem_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str | None:
@@ -171,12 +176,12 @@ def _choose_for_server(
         channel.publish(_KEY_NODE.format(rank=rank), f"{facts['host']}|{facts['node_rank']}".encode())
         choice, _, reason = channel.fetch(_KEY_CHOICE, timeout).decode().partition("\n")
         if choice == "node":
-            _follow_plan(channel, json.loads(channel.fetch(_KEY_PLAN, timeout)))
+            _follow_plan(channel, json.loads(channel.fetch(_KEY_PLAN, timeout)), timeout)
         return choice, reason
-    choice, reason, writer_of = _decide_for_server(requested, world, channel, timeout, max_writers, connection_room)
-    if writer_of is not None:
-        channel.publish(_KEY_PLAN, json.dumps(writer_of).encode())
-        _follow_plan(channel, writer_of)
+    choice, reason, plan = _decide_for_server(requested, world, channel, timeout, max_writers, connection_room)
+    if plan is not None:
+        channel.publish(_KEY_PLAN, json.dumps(plan).encode())
+        _follow_plan(channel, plan, timeout)
     channel.publish(_KEY_CHOICE, f"{choice}\n{reason}".encode())
     return choice, reason
 
@@ -188,8 +193,9 @@ def _decide_for_server(
     timeout: float,
     max_writers: int | None,
     connection_room: ConnectionRoom | None,
-) -> tuple[str, str, list[int] | None]:
-    """Rank 0: (choice, reason, the writer of each rank for "node")."""
+) -> tuple[str, str, dict[str, Any] | None]:
+    """Rank 0: (choice, reason, for "node" the plan: the writer of each rank, and the writers
+    whose ranks are on more hosts than their own)."""
     room = connection_room() if connection_room is not None else None
     # the connections this job may add to rank 0's own: half of those free now (the server is
     # shared: readers, other jobs), and no more than max_writers asks
@@ -203,12 +209,14 @@ def _decide_for_server(
     nodes = sorted(set(node_of.values()), key=lambda n: min(r for r, m in node_of.items() if m == n))
     writers = max(1, min(len(nodes), extra + 1))
     writer_of = _plan(node_of, nodes, writers, world)
+    host_of = {r: node.rpartition("|")[0] for r, node in node_of.items()}
+    across = sorted({w for r, w in enumerate(writer_of) if host_of[r] != host_of[w]})
     why = f"max_writers={max_writers}" if max_writers is not None and max_writers - 1 == extra else "free connections"
     reason = (
         f"{seen}{world} ranks on {len(nodes)} node(s) write through {writers} writer(s) (bounded by {why}): "
         "each node's ranks ship their rows to their node's writer, which writes them on one connection"
     )
-    return "node", reason, writer_of
+    return "node", reason, {"writer_of": _runs(writer_of), "across_hosts": across}
 
 
 def _gather_nodes(channel: RowChannel, world: int, timeout: float) -> dict[int, str]:
@@ -234,9 +242,37 @@ def _plan(node_of: dict[int, str], nodes: list[str], writers: int, world: int) -
     return [first[group_of[node_of[r]]] for r in range(world)]
 
 
-def _follow_plan(channel: RowChannel, writer_of: list[int]) -> None:
-    me = channel.rank
-    channel.route(writer_of[me], [r for r, w in enumerate(writer_of) if w == me and r != me])
+def _runs(writer_of: list[int]) -> list[list[int]]:
+    """`writer_of` as runs of [writer, count]: every rank reads the plan, and a node's ranks are
+    mostly consecutive, so it stays a few bytes per node instead of a few per rank (1,024 ranks
+    reading 1,024 numbers each would move ~5 MB through the launch's store)."""
+    runs: list[list[int]] = []
+    for w in writer_of:
+        if runs and runs[-1][0] == w:
+            runs[-1][1] += 1
+        else:
+            runs.append([w, 1])
+    return runs
+
+
+def _follow_plan(channel: RowChannel, plan: dict[str, Any], timeout: float) -> None:
+    """Route `channel` to this rank's writer; a writer hosts its ranks' rows on a TCPStore of its
+    own and publishes where (a sender that hears nothing goes through the launch's store)."""
+    me, writer_of = channel.rank, [w for w, n in plan["writer_of"] for _ in range(n)]
+    writer = writer_of[me]
+    if writer == me:
+        senders = [r for r, w in enumerate(writer_of) if w == me and r != me]
+        port = channel.host_rows() if senders else None
+        where = f"{reachable_host(me in plan['across_hosts'])}:{port}" if port is not None else ""
+        channel.publish(_KEY_ROWS_AT.format(rank=me), where.encode())
+        channel.route(me, senders, rows_at=(LOOPBACK, port) if port is not None else None)
+        return
+    try:
+        where = channel.fetch(_KEY_ROWS_AT.format(rank=writer), timeout).decode()
+    except MultiRankLoggerError:
+        where = ""  # its writer is gone: the rows wait in the launch's store, then spill
+    host, _, number = where.rpartition(":")
+    channel.route(writer, [], rows_at=(host, int(number)) if where else None)
 
 
 def _warn_if_network(backend: Backend, rank: int) -> None:

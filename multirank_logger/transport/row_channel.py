@@ -25,7 +25,8 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
 
 By default rank 0 receives from every other rank (the gather transport). `route` makes the
 channel one node's (the node transport): its writer receives from the ranks it names, the
-others send to it; the keys are per sending rank, so one namespace holds every node's route.
+others send to it, on a TCPStore the writer hosts (`host_rows`, node_rows.py) while the
+``kv/`` values stay on the launch's; the keys are per sending rank either way.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import pyarrow as pa
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.errors import ChannelError
 from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.transport.end_reports import EndReports
+from multirank_logger.transport.node_rows import NodeRoutes
 from multirank_logger.transport.tcpstore_client import bounded, pop_all, split_rows
 
 __all__ = ["RowChannel"]
@@ -52,7 +53,7 @@ _POLL_S = 0.02
 _POLL_MAX_S = 0.25
 
 
-class RowChannel(EndReports):
+class RowChannel(NodeRoutes):
     """Rows from ranks 1..N-1 to rank 0 over the launch's TCPStore; never a collective.
 
     Args:
@@ -135,13 +136,6 @@ class RowChannel(EndReports):
 
         return start_sender
 
-    def route(self, writer: int, senders: tuple[int, ...] | list[int]) -> None:
-        """Make `writer` the rank this rank's rows go to, and (on `writer`) `senders` the ranks it
-        receives from. Call it before any row goes through the channel, identically on those ranks."""
-        with self._lock:
-            self.writer, self.senders = writer, tuple(senders) if self.rank == writer else ()
-            self._started = False  # another role: its counters are read at the next call
-
     # -- sending (rank != 0) -----------------------------------------------------------
 
     def send(self, batch: pa.RecordBatch) -> None:
@@ -178,7 +172,7 @@ class RowChannel(EndReports):
 
                 self._drop_acked(self._call(push))  # the first call connects, bounded too
             except Exception as exc:
-                raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+                raise self._fail(f"Rank {self.rank} cannot reach {self._peer} ({exc})") from exc
             oldest = self._inflight[0][2] if self._inflight else now
             if now - oldest > self.timeout:
                 raise self._fail(
@@ -237,7 +231,7 @@ class RowChannel(EndReports):
             except ChannelError:
                 raise
             except Exception as exc:
-                raise self._fail(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+                raise self._fail(f"Rank {self.rank} cannot reach {self._peer} ({exc})") from exc
 
     def wait_delivered(self, timeout: float) -> list[pa.RecordBatch]:
         """Wait up to `timeout` s for rank 0 to acknowledge every batch sent.
@@ -254,11 +248,11 @@ class RowChannel(EndReports):
                 try:
                     self._drop_acked(self._call(self._acked))
                 except Exception as exc:
-                    return self._fail(f"Rank {self.rank} lost rank 0's TCPStore ({exc})").undelivered
+                    return self._fail(f"Rank {self.rank} lost {self._peer} ({exc})").undelivered
                 if not self._inflight:
                     return []
                 if time.monotonic() >= deadline:
-                    return self._fail(f"Rank 0 did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
+                    return self._fail(f"Rank {self.writer} did not acknowledge rank {self.rank}'s last rows in {timeout:g} s").undelivered
             # backing off: hundreds of senders finishing at once must not flood rank 0's TCPStore
             time.sleep(delay)
             delay = min(delay * 1.5, _POLL_MAX_S)
@@ -355,7 +349,7 @@ class RowChannel(EndReports):
             try:
                 self._call(lambda store: store.queue_push(f"side/{self.rank}", payload))
             except Exception as exc:
-                raise ChannelError(f"Rank {self.rank} cannot reach rank 0's TCPStore ({exc})") from exc
+                raise ChannelError(f"Rank {self.rank} cannot reach {self._peer} ({exc})") from exc
 
     def receive_side(self) -> list[bytes]:
         """Rank 0: every side payload the other ranks queued since the last call. Never blocks."""
@@ -409,13 +403,13 @@ class RowChannel(EndReports):
         return out
 
     def close(self) -> None:
-        """Acknowledge what rank 0 took, and drop the connection. Best effort: never raises."""
+        """Acknowledge what rank 0 took, and drop the connection (and a node writer's own store,
+        `NodeRoutes.let_go`). Best effort: never raises."""
         with self._lock:
             store, self._store = self._store, None
-            if store is None:
-                return
             try:
-                if self.receives:
+                if store is not None and self.receives:
                     bounded(lambda: self._send_acks(store), self.timeout)  # a stopped store must not hang the exit
             except Exception:
                 pass  # the store is gone with its host; nothing left to tell anyone
+            self._let_go(store, list(self._done_totals))

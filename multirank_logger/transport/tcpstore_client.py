@@ -92,6 +92,9 @@ class StoreClient:
         self._lock = threading.Lock()
         self._store: Any = None
         self._started = False  # `_starting_state` applied: a reconnection does not apply it again
+        #: where the small values (`publish`, `fetch`) go once the rows moved to another store
+        #: (`_move_rows`): the launch's, which every rank reaches
+        self._launch: StoreClient | None = None
 
     # ddp_spawn pickles the logger into its workers: never ship a socket, reconnect lazily
     def __getstate__(self) -> dict[str, Any]:
@@ -138,6 +141,22 @@ class StoreClient:
             self._store = None
             raise
 
+    def _move_rows(self, host: str, port: int) -> None:
+        """From now on this client's calls go to the store at `host`:`port` (a node writer's own),
+        except `publish` and `fetch`, which stay on the store they went to so far (the caller
+        holds `_lock`; the counters are read there at the next call)."""
+        if self._launch is None:
+            self._launch = StoreClient(
+                self.namespace, self.rank, self.world_size, host=self.host, port=self.port, timeout=self.timeout
+            )
+            self._launch._store, self._store = self._store, None  # the connection already open goes with it
+        self.host, self.port, self._store, self._started = host, port, None, False
+
+    @property
+    def address(self) -> str:
+        """Where this client's rows go: ``host:port`` (the launch's store when none was given)."""
+        return f"{self.host or os.environ.get('MASTER_ADDR')}:{self.port or os.environ.get('MASTER_PORT')}"
+
     def _starting_state(self, store: Any) -> Callable[[], None] | None:
         """Read from `store` what this client's counters start from, at its first connection.
 
@@ -155,6 +174,8 @@ class StoreClient:
         Raises:
             ChannelError: when the store cannot be reached.
         """
+        if self._launch is not None:
+            return self._launch.publish(key, value)
         with self._lock:
             try:
                 self._call(lambda store: store.set(f"kv/{key}", value))
@@ -170,6 +191,8 @@ class StoreClient:
             ChannelTimeout: when nothing was published under `key` within `timeout`.
             ChannelError: when the store cannot be reached.
         """
+        if self._launch is not None:
+            return self._launch.fetch(key, timeout)
         return self._fetch_raw(f"kv/{key}", timeout, key)
 
     def _fetch_raw(self, raw_key: str, timeout: float, key: str) -> bytes:
