@@ -20,6 +20,7 @@ from multirank_logger.model.schema import encode_value, metrics, ranks, runs
 from multirank_logger.query.run_scan import scan_run
 from multirank_logger.report.findings import DEPART_SPREADS, SPREAD_WINDOW, departures, outliers
 from multirank_logger.store.sql_store import Store
+from tests.conftest import new_postgres_database
 
 RANKS, STEPS, KEYS = 7, 240, ("a_loss", "b_acc", "c_flat")
 
@@ -106,3 +107,39 @@ def test_the_pass_keeps_per_step_statistics_only(scan_store) -> None:
     np.testing.assert_array_equal(steps.median, np.nanmedian(finite, axis=1))
     np.testing.assert_array_equal(steps.low, np.nanmin(finite, axis=1))
     np.testing.assert_array_equal(steps.high, np.nanmax(finite, axis=1))
+
+
+def test_postgresql_windows_are_read_through_the_rank_step_index(postgres_server) -> None:
+    """On PostgreSQL a range of steps alone is a scan of the whole table (no skip scan before 18):
+    the pass names the run's ranks, found by a loose index scan, so each window is one descent of
+    ix_metrics_run_rank_step per rank. A rank that logged without being registered, past the
+    world size, is among them, and its rows are in the statistics."""
+    url = new_postgres_database(postgres_server)
+    store = Store(url)
+    now = time.time()
+    rows = _rows(0)
+    extra = []
+    for step in range(STEPS):  # rank 9: no `ranks` row, beyond world_size 7
+        value, dtype = encode_value(1.0)
+        extra.append({"run_id": 1, "rank": 9, "seq": step, "step": step, "key": "c_flat", "value": value,
+                      "dtype": dtype, "time": 0.0})  # fmt: skip
+    with store.begin() as conn:
+        conn.execute(sa.insert(runs), [{"id": 1, "name": "scan", "version": 0, "status": "success",
+                                        "world_size": RANKS, "started_at": now}])  # fmt: skip
+        conn.execute(sa.insert(metrics), rows + extra)
+        conn.execute(sa.text("ANALYZE metrics"))
+        named = store.backend.window_ranks(conn, 1)
+        window = sa.select(metrics.c.rank, metrics.c.step, metrics.c.value).where(
+            metrics.c.run_id == 1, metrics.c.rank.in_(named), metrics.c.step >= 100, metrics.c.step < 110)
+        plan = "\n".join(conn.execute(sa.text("EXPLAIN " + str(window.compile(conn, compile_kwargs={"literal_binds": True})))).scalars())
+    store.close()
+    assert named == [*range(RANKS), 9]
+    assert "ix_metrics_run_rank_step" in plan and "Seq Scan" not in plan, plan
+    issued: list[str] = []
+    with open_store(url) as reader:
+        sa.event.listen(reader.store.engine, "before_cursor_execute", lambda *args: issued.append(args[2]))
+        scan = scan_run(reader, reader.resolve_run(), spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
+                        window_rows=500)  # fmt: skip
+    windows = [sql for sql in issued if "metrics.step >=" in sql]
+    assert len(windows) > 5 and all("metrics.rank IN" in sql for sql in windows), windows[:1]
+    assert 9 in scan.rank_steps and scan.rank_steps[9] == (STEPS, STEPS - 1)

@@ -199,7 +199,10 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
         yield _Span(low, high, width, ref.world_size, names)
         span = max(1, (high - low + 1) * window_rows // int(count))
         span = -(-span // width) * width
-        windows = [(where, metrics.c.step >= start, metrics.c.step < start + span) for start in range(low, high + 1, span)]
+        named = reader.store.backend.window_ranks(conn, ref.id)  # PostgreSQL: its index serves the windows
+        where_ranks = where if named is None else sa.and_(where, metrics.c.rank.in_(named))
+        windows = [(where_ranks, metrics.c.step >= start, metrics.c.step < start + span)
+                   for start in range(low, high + 1, span)]  # fmt: skip
         if reader.store.backend.name != "duckdb":
             for window in windows:
                 if (columns := _fetch(reader, conn, names, window, with_seq=False)) is not None:

@@ -207,6 +207,13 @@ class Backend:
         fetch = conn.execute(stmt, execution_options={"stream_results": True}).fetchmany
         yield from _chunks(fetch, rows or self.fetch_rows)
 
+    def window_ranks(self, conn: sa.Connection, run_id: int) -> list[int] | None:
+        """Every rank with a metric row in run `run_id`, where a read of a range of steps is
+        served by an index only when its ranks are named (PostgreSQL's (run_id, rank, step));
+        None where naming them gains nothing (DuckDB's zone maps skip by step, SQLite's table
+        is clustered by key)."""
+        return None
+
     def run_keys(self, conn: sa.Connection, run_id: int) -> list[str]:
         """The distinct metric keys of a run, any rank, in no particular order."""
         return list(conn.execute(sa.select(metrics.c.key).where(metrics.c.run_id == run_id).distinct()).scalars())

@@ -32,6 +32,14 @@ _NOT_READS = {
 # reading role may not do), active_sql_transaction (a SET TRANSACTION too late)
 _REFUSALS = {"25006", "42501", "25001"}
 # the figures connection_room needs, in one round trip (reserved_connections: PostgreSQL 16+)
+_RANKS_OF_RUN = """
+WITH RECURSIVE found(rank) AS (
+    SELECT min(rank) FROM metrics WHERE run_id = :run
+    UNION ALL
+    SELECT (SELECT min(rank) FROM metrics WHERE run_id = :run AND rank > found.rank) FROM found WHERE found.rank IS NOT NULL
+)
+SELECT rank FROM found WHERE rank IS NOT NULL
+"""
 _ROOM_SQL = """
 SELECT current_setting('max_connections')::int AS max_connections,
        current_setting('superuser_reserved_connections')::int
@@ -73,6 +81,13 @@ class PostgreSQLBackend(Backend):
         with _raised_as_sqlalchemy_would(conn, sql), cursor.copy(sql) as copy:
             for row in zip(*column_lists(batch, columns)):
                 copy.write_row(row)
+
+    def window_ranks(self, conn: sa.Connection, run_id: int) -> list[int]:
+        # Without the ranks, a range of steps is a scan of the whole table (PostgreSQL 16 has no
+        # skip scan): the report's pass over a run of N windows read it N times. Named, each window
+        # is one descent of ix_metrics_run_rank_step per rank. The ranks themselves: a loose index
+        # scan (one descent per rank), not a DISTINCT over the run's rows.
+        return list(conn.execute(sa.text(_RANKS_OF_RUN), {"run": run_id}).scalars())
 
     def lock_for_migration(self, conn: sa.Connection) -> None:
         # a transaction-scoped advisory lock: released at commit, even if the process dies
