@@ -230,6 +230,15 @@ def _receive_until(rank0: RowChannel, rows: int, timeout: float = 10.0) -> list[
     return got
 
 
+def _reconnecting_pair(port: int, sender_timeout: float) -> tuple[RowChannel, RowChannel, list[pa.RecordBatch]]:
+    """Rank 0 (1 s bound per call) and rank 1 on the pausable server, rank 0 connected, and the
+    three batches rank 1 will send."""
+    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=port, timeout=1.0)
+    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=port, timeout=sender_timeout)
+    rank0.receive()
+    return rank0, rank1, [_batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 4, first_seq=5)]
+
+
 @pytest.mark.timeout(60)
 def test_a_sender_that_reconnects_keeps_its_count_of_acknowledgements(
     pausable_server: tuple[int, subprocess.Popen[str]],
@@ -239,10 +248,7 @@ def test_a_sender_that_reconnects_keeps_its_count_of_acknowledgements(
     and rank 0 sees the rank done (a reconnect that re-read the acknowledgement counter had left
     the sender waiting for acknowledgements that never come, spilling rows already stored)."""
     port, server = pausable_server
-    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=port, timeout=1.0)
-    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=port, timeout=1.0)
-    rank0.receive()
-    sent = [_batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 4, first_seq=5)]
+    rank0, rank1, sent = _reconnecting_pair(port, sender_timeout=1.0)
     rank1.send(sent[0])
     got = _receive_until(rank0, 4)  # taken and acknowledged
     rank1.send(sent[1])
@@ -267,10 +273,7 @@ def test_a_receiver_that_reconnects_loses_and_repeats_nothing(
     timed-out call took still arrive (once), what rank 0 took before is still acknowledged, and the
     sender ends with nothing to spill."""
     port, server = pausable_server
-    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=port, timeout=1.0)
-    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=port, timeout=30.0)
-    rank0.receive()
-    sent = [_batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 4, first_seq=5)]
+    rank0, rank1, sent = _reconnecting_pair(port, sender_timeout=30.0)
     rank1.send(sent[0])
     got = rank0.receive()  # taken, to be acknowledged at the next call
     rank1.send(sent[1])

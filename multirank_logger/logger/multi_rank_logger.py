@@ -291,7 +291,7 @@ class MultiRankLogger(Logger):
                 run.save_set_up = True
                 safely(run.setup_sink, "setting up the run for metrics.csv")
             if run.sink is not None or rank != 0:  # else the writer's cycles write the file once it is set up
-                run.files.write_live(run.rank if run.sink is not None else rank)
+                run.files.write_live(rank)
         run.writer.maybe_wake()
 
     @override
