@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store.sql_store import Store
+from tests.conftest import stop_process
 from tests.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 
 SCRIPT = Path(__file__).with_name("fault_logger.py")
@@ -482,8 +483,8 @@ def _server_processes(server) -> list[int]:
 
 def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):  # a process that ended meanwhile
+            stop_process(pid) if sig == signal.SIGSTOP else os.kill(pid, sig)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
-from tests.conftest import forkserver, join_ranks, start_ranks
+from tests.conftest import forkserver, join_ranks, start_ranks, stop_process
 from tests.fault_ranks import rank_main, value
 from tests.logger_helpers import query, ranks_stderr, spill_files_named
 
@@ -98,7 +98,7 @@ def test_gather_sender_unheard_in_fit_keeps_the_run_incomplete_after_a_clean_tes
     try:
         _wait_for(sync / "ready0", procs)
         _wait_for(sync / "ready1", procs)
-        os.kill(procs[0].pid, signal.SIGSTOP)
+        stop_process(procs[0].pid)
         (sync / "go").touch()
         _wait_for(sync / "done1.json", procs)
     finally:

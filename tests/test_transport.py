@@ -27,7 +27,7 @@ from multirank_logger.model.batch import METRICS_SCHEMA, empty_batch
 from multirank_logger.model.wire import decode_batch, encode_batch
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.transport.tcpstore_client import CHUNK_ROWS
-from tests.conftest import forkserver, free_port, spawn_ranks
+from tests.conftest import forkserver, free_port, spawn_ranks, stop_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -202,14 +202,14 @@ def stopped_server(pausable_server: tuple[int, subprocess.Popen[str]]) -> int:
     """The port of a TCPStore server in a process stopped with SIGSTOP (a hung rank 0 or agent):
     its kernel accepts connections, nothing ever answers."""
     port, server = pausable_server
-    os.kill(server.pid, signal.SIGSTOP)
+    stop_process(server.pid)
     return port
 
 
 @contextlib.contextmanager
 def _stopped(server: subprocess.Popen[str]) -> Iterator[None]:
     """`server` stopped (SIGSTOP) inside the block, and going on (SIGCONT) after it."""
-    os.kill(server.pid, signal.SIGSTOP)
+    stop_process(server.pid)
     try:
         yield
     finally:
