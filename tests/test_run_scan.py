@@ -109,6 +109,42 @@ def test_the_pass_keeps_per_step_statistics_only(scan_store) -> None:
     np.testing.assert_array_equal(steps.high, np.nanmax(finite, axis=1))
 
 
+@pytest.mark.parametrize("stride", [1, 50])
+def test_the_pass_lays_out_steps_and_ranks_missing_from_a_window(any_db, stride: int) -> None:
+    """Steps no rank logged (a gap inside a window), ranks absent from whole windows (the lowest
+    too), and steps
+    far apart (every 50th: the sparse lay-out): the per-step statistics and each rank's steps
+    are those of the per-rank tables, whatever the window."""
+    rows = [dict(row, step=row["step"] * stride) for row in _rows(1)
+            if not (30 <= row["step"] < 40 and row["step"] != 35)  # a gap: only step 35 of 30-39
+            and not (row["rank"] == 4 and 150 <= row["step"] < 200)  # rank 4 absent for 50 steps
+            and not (row["rank"] == 0 and 200 <= row["step"] < 220)]  # and rank 0, the lowest, for 20
+    store = Store(any_db)
+    now = time.time()
+    with store.begin() as conn:
+        conn.execute(sa.insert(runs), [{"id": 1, "name": "gaps", "version": 0, "status": "success",
+                                        "world_size": RANKS, "started_at": now}])  # fmt: skip
+        conn.execute(sa.insert(metrics), rows)
+    store.close()
+    with open_store(any_db) as reader:
+        ref = reader.resolve_run()
+        tables = {key: reader.per_rank(key) for key in KEYS}
+        for window_rows in (60, 1_000):
+            scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
+                            window_rows=window_rows)  # fmt: skip
+            for key, table in tables.items():
+                values = table.to_numpy()
+                finite = np.where(np.isfinite(values), values, np.nan)
+                counted = (~np.isnan(finite)).sum(axis=1) >= 3
+                got = scan.per_key[key]
+                np.testing.assert_array_equal(got.steps, table.index.to_numpy()[counted])
+                np.testing.assert_array_equal(got.median, np.nanmedian(finite[counted], axis=1))
+                np.testing.assert_array_equal(got.low, np.nanmin(finite[counted], axis=1))
+            assert scan.rank_steps[4] == (STEPS - 9 - 50, (STEPS - 1) * stride)
+            assert scan.rank_steps[0] == (STEPS - 9 - 20, (STEPS - 1) * stride)
+            assert len(scan.per_key["a_loss"].steps) == STEPS - 9
+
+
 def test_postgresql_windows_are_read_through_the_rank_step_index(postgres_server) -> None:
     """On PostgreSQL a range of steps alone is a scan of the whole table (no skip scan before 18):
     the pass names the run's ranks, found by a loose index scan, so each window is one descent of

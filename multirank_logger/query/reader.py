@@ -26,6 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from multirank_logger._util.atomic_file import replace_atomically
+from multirank_logger._util.background_import import import_in_background
 from multirank_logger.errors import LookupFailed
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
@@ -296,6 +297,7 @@ class StoreReader:
             LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
         """
         ref = self.resolve_run(run)
+        import_in_background("pandas")  # for the DataFrame, while the store reads the rows
         with self._connect() as conn:
             rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
         assert rank is not None and step is not None and value is not None and dtype is not None

@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import sqlalchemy as sa
 
+from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger._util.prefetch import prefetched
 from multirank_logger.model.csv_layout import row_columns
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import metrics
 from multirank_logger.query.key_numbers import KeyNumbers
-from multirank_logger.query.rank_spread import positions
 from multirank_logger.query.step_buckets import BucketBuilder, BucketSummary, bucket_width
+from multirank_logger.query.window_grid import NON_FINITE_NAN, Window, lay_out
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
@@ -125,23 +126,23 @@ def scan_run(
             contextlib.ExitStack() as later:  # fmt: skip
         seq_conn: sa.Connection | None = None
 
-        def take(where: tuple[Any, ...], laying: Future[_Window | None]) -> None:
+        def take(where: tuple[Any, ...], laying: Future[Window | None]) -> None:
             nonlocal seq_conn
             assert state is not None
             laid = laying.result()
             if laid is None:  # a rank logged a key twice at one step here: its later call wins, by seq
                 seq_conn = seq_conn or later.enter_context(reader._connect())  # this thread's own
-                laid = _lay_out(len(keys), *_fetch(reader, seq_conn, state.names, where, with_seq=True))
+                laid = lay_out(len(keys), *_fetch(reader, seq_conn, state.names, where, with_seq=True))
                 assert laid is not None
             state.add(laid, pool)
 
-        held: tuple[tuple[Any, ...], Future[_Window | None]] | None = None
+        held: tuple[tuple[Any, ...], Future[Window | None]] | None = None
         for item in prefetched(lambda: _windows(reader, ref, keys, window_rows, bucket_columns)):
             if isinstance(item, _Span):
                 state = _Scan(keys, spread_window, depart_spreads, item, bool(bucket_columns))
                 continue
             where, columns = item
-            laying = pool.submit(_lay_out, len(keys), *columns)  # beside the previous window's keys
+            laying = pool.submit(lay_out, len(keys), *columns)  # beside the previous window's keys
             del item, columns  # the rows go with their layout, not at the next window
             if held is not None:
                 take(*held)
@@ -161,24 +162,6 @@ class _Span:
     width: int
     ranks: int
     names: KeyNumbers
-
-
-@dataclass
-class _Window:
-    """A window of steps laid out: ``grid[key, step, rank]`` holds the value (NaN where none, or
-    not finite); ``logged`` where a row was; the non-finite rows as (key, rank, step, kind)."""
-
-    steps: np.ndarray
-    ranks: np.ndarray
-    grid: np.ndarray
-    logged: np.ndarray
-    bad_key: np.ndarray
-    bad_rank: np.ndarray
-    bad_step: np.ndarray
-    bad_kind: np.ndarray  # NON_FINITE_NAN, _POS_INF or _NEG_INF
-
-
-NON_FINITE_NAN, NON_FINITE_POS_INF, NON_FINITE_NEG_INF = 0, 1, 2
 
 
 def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int, bucket_columns: int) -> Iterator[Any]:
@@ -246,7 +229,7 @@ def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: t
         table = backend.fetch_arrow(conn, stmt)
         if table.num_rows == 0:
             return None
-        out = [table.column(i).to_numpy() for i in range(table.num_columns)]
+        out = [column_numpy(table.column(i)) for i in range(table.num_columns)]
     else:
         key_type = object if names.by_name else np.int64
         types = [key_type, np.int64, np.int64, np.float64, np.int64][: len(cols) + with_seq]
@@ -256,36 +239,6 @@ def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: t
         out = [np.concatenate(col) for col in zip(*parts)]
     out[0], keep = names.numbers(out[0])
     return out if keep is None else [col[keep] for col in out]
-
-
-def _lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, value: np.ndarray,
-             seq: np.ndarray | None = None) -> _Window | None:  # fmt: skip
-    """A window's rows as a `_Window`; None when a cell repeats and `seq` is missing."""
-    steps, step_pos = positions(step)
-    ranks, rank_pos = positions(rank)
-    cells = n_keys * len(steps) * len(ranks)
-    cell = key.astype(np.int64)  # in place from here: each temporary of a window is 8 MB
-    cell *= len(steps)
-    cell += step_pos
-    cell *= len(ranks)
-    cell += rank_pos
-    logged = np.zeros(cells, bool)
-    logged[cell] = True
-    if seq is None and np.count_nonzero(logged) < len(cell):  # cheaper than counting each cell
-        return None
-    flat = np.full(cells, np.nan)
-    if seq is not None:  # a rank's later call wins: of each cell's rows, the one with the largest seq
-        order = np.lexsort((seq, cell))
-        last_row = order[np.r_[cell[order][1:] != cell[order][:-1], True]]
-        flat[cell[last_row]] = value[last_row]
-    else:
-        flat[cell] = value
-    bad = np.flatnonzero(~np.isfinite(value))  # counted over every stored row, repeats too
-    kind = np.where(np.isnan(value[bad]), NON_FINITE_NAN, np.where(value[bad] > 0, NON_FINITE_POS_INF, NON_FINITE_NEG_INF))
-    if len(bad) and (kind != NON_FINITE_NAN).any():
-        flat[np.isinf(flat)] = np.nan  # NaN/inf are the non-finite finding's
-    shape = (n_keys, len(steps), len(ranks))
-    return _Window(steps, ranks, flat.reshape(shape), logged.reshape(shape), key[bad], rank[bad], step[bad], kind)
 
 
 class _Scan:
@@ -306,7 +259,7 @@ class _Scan:
         self.seen: list[int] = [0] * len(keys)  # counted steps so far, per key
         self.buckets = [BucketBuilder(k, span.first, span.last, span.width, span.ranks) for k in keys] if buckets else None
 
-    def add(self, w: _Window, pool: ThreadPoolExecutor) -> None:
+    def add(self, w: Window, pool: ThreadPoolExecutor) -> None:
         """Take one window's rows; its keys on `pool`'s threads."""
         self._count_non_finite(w)
         logged = np.asarray(w.logged.any(axis=0))  # (step, rank): any key
@@ -321,14 +274,14 @@ class _Scan:
         for _ in pool.map(lambda k: self._add_window_key(w, k), present):
             pass
 
-    def _add_window_key(self, w: _Window, k: int) -> None:
+    def _add_window_key(self, w: Window, k: int) -> None:
         if self.buckets is not None:
             mine = w.bad_key == k
             self.buckets[k].add(w.steps, w.ranks, w.grid[k], w.logged[k],
                                 (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))  # fmt: skip
         self._add_key(k, w.steps, w.ranks, w.grid[k])
 
-    def _count_non_finite(self, w: _Window) -> None:
+    def _count_non_finite(self, w: Window) -> None:
         is_nan = (w.bad_kind == NON_FINITE_NAN).tolist()
         for k, r, s, n in zip(w.bad_key.tolist(), w.bad_rank.tolist(), w.bad_step.tolist(), is_nan):
             item = self.bad.setdefault((k, r), [s, 0, 0])

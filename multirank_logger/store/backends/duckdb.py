@@ -15,10 +15,12 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
 from multirank_logger.model.csv_layout import LongRows
 from multirank_logger.model.schema import metrics
 from multirank_logger.store.backends.base import Backend, driver_connection
+from multirank_logger.store.backends.duckdb_params import inline_before_cursor_execute, inline_parameters
 from multirank_logger.store.backends.readonly_sql import refusal_or_failure
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ class DuckDBBackend(Backend):
             connect_args["config"] = {"threads": 1}
         engine = sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
         sa.event.listen(engine, "connect", _no_progress_bar)
+        # a bound parameter makes DuckDB's client import pandas first (duckdb_params.py)
+        sa.event.listen(engine, "before_cursor_execute", inline_before_cursor_execute, retval=True)
         return engine
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
@@ -195,7 +199,9 @@ def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
     params = [compiled.params[name] for name in compiled.positiontup or ()]
     # execute(), not sql(): a relation with parameters ran orders of magnitude slower here
     # (duckdb 1.5, one key of a large store: benchmarks/RESULTS.md's cited figures)
-    return driver_connection(conn).execute(str(compiled), params)
+    statement = str(compiled)
+    inlined = inline_parameters(statement, params)  # no pandas import (duckdb_params.py)
+    return driver_connection(conn).execute(statement, params) if inlined is None else driver_connection(conn).execute(inlined)
 
 
 def _no_progress_bar(dbapi_conn: Any, _record: Any) -> None:
@@ -226,10 +232,10 @@ def _column(name: str) -> Any:
 def _numpy(table: Any, name: str) -> np.ndarray:
     column = table.column(name)
     if name == "value":
-        return column.to_numpy()
+        return column_numpy(column)
     # rank (INTEGER) and dtype (SMALLINT) as stored: an int64 copy of each was 62 MB more at the
     # peak of per_rank over 5.1M rows; the pivot and neg_zero take any integer width
-    return column.to_numpy() if name in ("rank", "dtype") else column.to_numpy().astype(np.int64, copy=False)
+    return column_numpy(column) if name in ("rank", "dtype") else column_numpy(column).astype(np.int64, copy=False)
 
 
 @functools.cache
