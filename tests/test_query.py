@@ -412,3 +412,34 @@ def test_ddp_rank0_export_is_csvloggers_file_and_ranks_keep_their_values(db_path
     for rank, frame in frames.items():
         train = frame.dropna(subset=["fit-rank_value"])
         assert (train["fit-rank_value"] == 1000 * rank + train["step"]).all() and len(train) == 6
+
+
+@pytest.mark.parametrize("stride", [1, 3, 1000])
+def test_the_step_rank_pivot_is_pandas_pivot_with_the_later_call_winning(stride: int) -> None:
+    """`pivot_step_rank` against pandas' own pivot of the same rows: steps every `stride` (1 and
+    3 laid out by offset, 1000 by the steps present), a rank between others that never logs
+    (ranks 2, 3, 4, 6), a step no rank logged, a (rank, step) logged twice (the call with the
+    larger seq wins), -0.0 stored as 0.0 and kept by its dtype code."""
+    import numpy as np
+    import pandas as pd
+
+    from multirank_logger.model.schema import DTYPE_NEG_ZERO
+    from multirank_logger.query.rank_spread import pivot_step_rank
+
+    rng = np.random.default_rng(stride)
+    rows = [(rank, step * stride + 10**6, float(rng.standard_normal()))
+            for step in range(50) if step != 17 for rank in (2, 3, 4, 6)]  # fmt: skip
+    rows += [(3, 5 * stride + 10**6, 99.0), (6, 9 * stride + 10**6, -0.0)]  # later calls: larger seq
+    rank = np.array([r for r, _, _ in rows], np.int32)
+    step = np.array([s for _, s, _ in rows], np.int64)
+    value = np.array([v for _, _, v in rows])
+    seq = np.arange(len(rows), dtype=np.int64)
+    dtype = np.where(np.signbit(value) & (value == 0), DTYPE_NEG_ZERO, 0).astype(np.int16)
+    order = rng.permutation(len(rows))  # rows come in no order
+    stored = np.where(dtype == DTYPE_NEG_ZERO, 0.0, value)  # SQLite drops the sign
+    got = pivot_step_rank(rank[order], seq[order], step[order], stored[order], dtype[order])
+    frame = pd.DataFrame({"rank": rank, "step": step, "value": value, "seq": seq}).sort_values("seq")
+    expected = frame.drop_duplicates(["step", "rank"], keep="last").pivot(index="step", columns="rank", values="value")
+    assert got.index.tolist() == expected.index.tolist() and got.columns.tolist() == [2, 3, 4, 6]
+    np.testing.assert_array_equal(got.to_numpy(), expected.to_numpy())
+    assert got.loc[5 * stride + 10**6, 3] == 99.0 and np.signbit(got.loc[9 * stride + 10**6, 6])
