@@ -6,6 +6,7 @@ backslashes and "$1" in them are read back exactly, on a real DuckDB file."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -74,7 +75,7 @@ def test_inline_parameters_writes_literals_outside_quotes_only() -> None:
     sql = "SELECT '$1', \"$2\", $1, $10 FROM t WHERE a = $2 AND b = $3 AND c = $4 AND d = $5 AND e = $6"
     params = ["o'k", 7, 1.5, float("nan"), None, True, 0, 0, 0, "ten"]
     assert inline_parameters(sql, params) == (
-        "SELECT '$1', \"$2\", 'o''k', 'ten' FROM t WHERE a = 7 AND b = 1.5 AND c = 'nan'::DOUBLE AND d = NULL AND e = TRUE"
+        "SELECT '$1', \"$2\", 'o''k', 'ten' FROM t WHERE a = 7 AND b = 1.5e0 AND c = 'nan'::DOUBLE AND d = NULL AND e = TRUE"
     )
     assert inline_parameters("SELECT $1", [b"bytes"]) is None  # not a plain value: bound as before
     assert inline_parameters("SELECT $1", ["nul\x00"]) is None
@@ -92,3 +93,16 @@ def test_column_numpy_views_one_chunk_and_joins_several() -> None:
     assert column_numpy(pa.array(np.array([2**63], dtype=np.uint64))).tolist() == [2**63]
     with_null = pa.array([1.0, None])
     assert np.isnan(column_numpy(with_null)[1])  # through to_numpy: nulls need a copy
+
+
+@pytest.mark.parametrize("value", [0.1, 1 / 3, 1764043200.123456, 123456.78901234567, 1e-300, 5e-324,
+                                   1.7976931348623157e308, -0.0, 2.0**60, float("inf"), -7])  # fmt: skip
+def test_a_number_written_as_a_literal_reads_back_as_the_same_number(tmp_path: Path, value: float) -> None:
+    """Through SQLAlchemy on a DuckDB store, as the package's own statements go: a float comes
+    back the same double (a literal "0.1" alone would be DECIMAL), an int the same int."""
+    store = Store(tmp_path / "runs.duckdb")
+    with store.begin() as conn:
+        got = conn.execute(sa.select(sa.bindparam("x", value), sa.func.typeof(sa.bindparam("y", value)))).one()
+    store.close()
+    assert got[0] == value and type(got[0]) is type(value) and math.copysign(1, got[0]) == math.copysign(1, value)
+    assert got[1] == ("DOUBLE" if isinstance(value, float) else "INTEGER")

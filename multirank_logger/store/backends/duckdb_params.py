@@ -37,7 +37,12 @@ def _literal(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else f"'{value!r}'::DOUBLE"  # 'nan', 'inf', '-inf'
+        if not math.isfinite(value):
+            return f"'{value!r}'::DOUBLE"  # 'nan', 'inf', '-inf'
+        # an exponent makes it a DOUBLE literal: "0.1" alone is DECIMAL(2,1), which a SELECT
+        # hands back as a Decimal; repr's digits read back as the same double
+        text = repr(value)
+        return text if "e" in text else text + "e0"
     if isinstance(value, str) and "\x00" not in value:
         return "'" + value.replace("'", "''") + "'"
     return None
