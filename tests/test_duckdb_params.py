@@ -106,3 +106,25 @@ def test_a_number_written_as_a_literal_reads_back_as_the_same_number(tmp_path: P
     store.close()
     assert got[0] == value and type(got[0]) is type(value) and math.copysign(1, got[0]) == math.copysign(1, value)
     assert got[1] == ("DOUBLE" if isinstance(value, float) else "INTEGER")
+
+
+def test_a_read_reserves_address_space_for_its_rows_not_for_a_billion(tmp_path: Path) -> None:
+    """A DuckDB read (per_rank, the report's pass) asks for one Arrow chunk; DuckDB reserves
+    address space for a whole chunk, and a batch size of 2**30 rows reserved 21 GB for a few
+    rows: the test process could then no longer fork (ENOMEM under the kernel's overcommit
+    heuristic). The process's peak address space stays within 2 GB of where it started."""
+    db = tmp_path / "runs.duckdb"
+    _store(db, ["loss", "acc"])
+    code = (
+        "import json\n"
+        "from multirank_logger.query.reader import open_store\n"
+        "from multirank_logger.report.findings import find\n"
+        "def peak():\n"
+        "    return next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmPeak'))\n"
+        f"reader = open_store({str(db)!r})\n"
+        "before = peak()\n"
+        "reader.per_rank('loss'); find(reader)\n"
+        "print(json.dumps({'grew_kib': peak() - before}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1])["grew_kib"] < 2 * 2**20

@@ -36,8 +36,10 @@ _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
 READER_MEMORY = "64MB"
 
 
-#: Arrow batch size of a read result: large enough that a result comes as one chunk
-ONE_CHUNK_ROWS = 2**30
+#: Arrow batch size of a read result: one chunk up to 8.4M rows (per_rank's key of 256 ranks x
+#: 20,000 steps is 5.1M). DuckDB reserves address space for a whole batch: 2**30 reserved 21 GB
+#: for a 4,800-row result, and a process holding that much could no longer fork (ENOMEM)
+ONE_CHUNK_ROWS = 2**23
 
 
 class DuckDBBackend(Backend):
