@@ -139,6 +139,17 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def raise_if_any_failed(procs: Sequence[Any]) -> None:
+    """After joining `procs` (multiprocessing processes): when one exited non-zero or is still
+    running, kill those still running and raise, naming the exit codes."""
+    failed = [p.exitcode for p in procs if p.exitcode != 0]
+    if failed:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        raise RuntimeError(f"{len(failed)} process(es) failed (exit codes {failed})")
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     root = str(REPO_ROOT)

@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes, peak_rss_mib
+from benchmarks._harness import Case, Sizes, peak_rss_mib, raise_if_any_failed
 
 SECTION = "gather_load"
 KEYS = [f"metric_{i}" for i in range(10)]
@@ -170,12 +170,7 @@ def run_load(senders: int, seconds: float, db: str) -> dict[str, Any]:
         start_box.with_suffix(".tmp").replace(start_box)
         for p in [*procs, receiver]:
             p.join(FINISH_TIMEOUT + seconds + 120)
-        failed = [p.exitcode for p in [*procs, receiver] if p.exitcode != 0]
-        if failed:
-            for p in [*procs, receiver]:
-                if p.is_alive():
-                    p.kill()
-            raise RuntimeError(f"{len(failed)} load process(es) failed (exit codes {failed})")
+        raise_if_any_failed([*procs, receiver])
         sent = [json.loads(Path(out, f"sender{r}.json").read_text()) for r in range(1, world)]
         recv = json.loads(Path(out, "receiver.json").read_text())
     assert recv["done"] == senders, f"rank 0 heard the end of {recv['done']} of {senders} senders"

@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes
+from benchmarks._harness import Case, Sizes, raise_if_any_failed
 from benchmarks.bench_gather_load import KEYS, _free_port
 from benchmarks.bench_scale import FLUSH_EVERY, FLUSH_INTERVAL, RATE, _latency_us
 
@@ -143,12 +143,7 @@ def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict
             p.join(TIMEOUT)
         stop.set()
         launch.join(60)
-        failed = [p.exitcode for p in [*procs, launch] if p.exitcode != 0]
-        if failed:
-            for p in [*procs, launch]:
-                if p.is_alive():
-                    p.kill()
-            raise RuntimeError(f"{len(failed)} process(es) failed (exit codes {failed})")
+        raise_if_any_failed([*procs, launch])
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
         cpu = json.loads(Path(out, "launch.json").read_text())
     writers = [r for r in ranks if "rows" in r]

@@ -39,7 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes
+from benchmarks._harness import Case, Sizes, raise_if_any_failed
 from benchmarks.bench_gather_load import (
     KEYS,
     _check_exactly_once,
@@ -242,12 +242,7 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
         senders_pss = _pss_mib([p.pid for p in procs if p.pid is not None])
         for p in [*procs, receiver]:
             p.join(TIMEOUT + seconds + 120)
-        failed = [p.exitcode for p in [*procs, receiver] if p.exitcode != 0]
-        if failed:
-            for p in [*procs, receiver]:
-                if p.is_alive():
-                    p.kill()
-            raise RuntimeError(f"{len(failed)} process(es) failed (exit codes {failed})")
+        raise_if_any_failed([*procs, receiver])
         sent = [json.loads(Path(out, f"sender{r}.json").read_text()) for r in range(1, world)]
         recv = json.loads(Path(out, "receiver.json").read_text())
         calls = {s["rank"]: s["calls"] for s in sent}
