@@ -31,7 +31,7 @@ _NOT_READS = {
 # SQLSTATEs of a refused write: read_only_sql_transaction, insufficient_privilege (what the
 # reading role may not do), active_sql_transaction (a SET TRANSACTION too late)
 _REFUSALS = {"25006", "42501", "25001"}
-# the figures connection_room needs, in one round trip (reserved_connections: PostgreSQL 16+)
+# a run's ranks by a loose index scan: one descent of (run_id, rank, step) per rank (window_ranks)
 _RANKS_OF_RUN = """
 WITH RECURSIVE found(rank) AS (
     SELECT min(rank) FROM metrics WHERE run_id = :run
@@ -40,6 +40,7 @@ WITH RECURSIVE found(rank) AS (
 )
 SELECT rank FROM found WHERE rank IS NOT NULL
 """
+# the figures connection_room needs, in one round trip (reserved_connections: PostgreSQL 16+)
 _ROOM_SQL = """
 SELECT current_setting('max_connections')::int AS max_connections,
        current_setting('superuser_reserved_connections')::int
