@@ -136,3 +136,18 @@ def test_report_has_header_and_table(tiny_run: tuple[list[dict], str]) -> None:
         assert f"| {row['section']} | {row['case']} |" in report
     assert "## Targets" in report and "- hotpath / MultiRankLogger DuckDB: <= 3 us/call in the training loop: " in report
     assert "(loop_us=" in report
+
+
+def test_many_ranks_check_trains_checks_the_store_and_finds_the_planted_rank(tmp_path: Path) -> None:
+    """benchmarks/many_ranks_check.py (run by hand at 64 ranks on a machine with cores) at 3 ranks:
+    three real DDP launches, the MultiRankLogger store checked (every rank's every step once,
+    `success`) and the report naming the planted train_loss outlier, rank 2."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/many_ranks_check.py", "--devices", "3", "--steps", "25", "--rounds", "1",
+         "--out", str(tmp_path), "--timeout", "240"],
+        cwd=ROOT, capture_output=True, text=True, timeout=560,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "success, 3 ranks x 25 steps x 3 keys once each, the report names rank 2" in proc.stdout
+    assert "PROBLEM" not in proc.stdout
+    assert re.search(r"^MultiRankLogger: fit median [\d.]+ s .*x of logger=False", proc.stdout, re.M)
