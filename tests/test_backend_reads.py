@@ -206,3 +206,50 @@ def test_duckdb_draws_no_progress_bar(tmp_path: Any) -> None:
     )
     out = subprocess.run([sys.executable, "-c", script, str(db)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_a_duckdb_reader_on_many_cores_has_memory_for_its_threads(tmp_path: Any, monkeypatch: Any) -> None:
+    """A reader runs a DuckDB thread per CPU it may use, and its memory limit grows with them: at
+    a fixed 64MB, a per-rank COUNT(DISTINCT ...) over 768k rows (the 256-sender benchmark's check,
+    on the lent 16-core machine) failed with DuckDB's "Out of Memory Error" at 16 threads."""
+    import pyarrow as pa
+
+    db = tmp_path / "wide.duckdb"
+    store = Store(db)
+    run = store.create_run("wide", world_size=256)
+    ranks, calls, keys = 256, 300, 10
+    n = ranks * calls * keys
+    seq = np.tile(np.repeat(np.arange(calls), keys), ranks)
+    batch = pa.RecordBatch.from_pydict({
+        "run_id": np.full(n, run.id, np.int32), "rank": np.repeat(np.arange(ranks, dtype=np.int32), calls * keys),
+        "seq": seq, "step": seq, "key": np.tile([f"k{i}" for i in range(keys)], ranks * calls),
+        "value": np.random.default_rng(0).random(n), "dtype": np.zeros(n, np.int16), "time": np.zeros(n),
+    })  # fmt: skip
+    with store.begin() as conn:
+        store.backend.insert_metrics(conn, metrics, batch)
+    store.close()
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))  # as on a 16-core machine
+    reader = Store(db, readonly=True)
+    with reader.begin() as conn:
+        settings = conn.exec_driver_sql(
+            "SELECT current_setting('threads'), current_setting('memory_limit')").fetchone()
+        per_rank = conn.exec_driver_sql(
+            "SELECT rank, count(*), count(DISTINCT (seq, key)), count(DISTINCT seq), min(seq), max(seq) "
+            f"FROM metrics WHERE run_id = {run.id} GROUP BY rank"
+        ).fetchall()
+    reader.close()
+    assert settings is not None and settings[0] == 16, settings
+    assert sorted(per_rank) == [(r, calls * keys, calls * keys, calls, 0, calls - 1) for r in range(ranks)]
+
+
+def test_a_duckdb_reader_runs_on_the_cpus_the_job_was_given() -> None:
+    """DuckDB's own default is a thread per core of the machine; a reader under `taskset -c 0` (as
+    in a SLURM allocation or a container's cpuset) runs one."""
+    script = (
+        "from multirank_logger.store.backends.duckdb import reader_config\n"
+        "print(reader_config()['threads'], reader_config()['memory_limit'])\n"
+    )
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    assert out.stdout.split() == ["1", "64MB"], out.stdout + out.stderr

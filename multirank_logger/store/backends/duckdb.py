@@ -6,6 +6,7 @@ Reads come back as Arrow from the driver's own connection, never as Python rows.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,8 +33,33 @@ __all__ = ["DuckDBBackend", "register_alembic_impl"]
 # Not PRAGMA or CALL: both run functions that change settings or files (CALL checkpoint,
 # PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
 _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
-#: DuckDB's memory limit in a reading process (its buffer cache and the working memory of a query)
-READER_MEMORY = "64MB"
+#: DuckDB's memory limit in a reading process (its buffer cache and the working memory of a query):
+#: READER_MEMORY_MB, or READER_MEMORY_MB_PER_THREAD for each of its threads where that is more.
+#: A query's working memory grows with its threads: at 64MB, a per-rank COUNT(DISTINCT ...) over
+#: 768k rows ran with 2-8 threads and failed with 16 ("Out of Memory Error"), as on a 16-core machine
+READER_MEMORY_MB = 64
+READER_MEMORY_MB_PER_THREAD = 16
+
+
+def reader_threads() -> int:
+    """The CPUs this process may run on: DuckDB's own default counts every core of the machine, also
+    where the job was given a few of them (a SLURM allocation, taskset, a container's cpuset)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def reader_config() -> dict[str, Any]:
+    """A reading connection's DuckDB settings."""
+    threads = reader_threads()
+    memory_mb = max(READER_MEMORY_MB, READER_MEMORY_MB_PER_THREAD * threads)
+    # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL;
+    # and a small memory limit: DuckDB keeps what it read cached up to that limit (80% of RAM by
+    # default), so a report over a large store grew with it; a scan reads each block once, so a
+    # small cache costs no time (per_rank of 5.1M rows: 256MB -> 799 MiB peak, 64MB -> 634 MiB, the
+    # same seconds; the report: 128MB -> 601, 64MB -> 529, on 2 cores)
+    return {"enable_external_access": False, "threads": threads, "memory_limit": f"{memory_mb}MB"}
 
 
 #: Arrow batch size of a read result: one chunk up to 8.4M rows (per_rank's key of 256 ranks x
@@ -61,12 +87,7 @@ class DuckDBBackend(Backend):
         # flushes another process (a reader, `multirank-logger sql`) can open it.
         connect_args: dict[str, Any] = {"read_only": readonly}
         if readonly:
-            # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL
-            # and holds at most READER_MEMORY of the file's blocks: DuckDB keeps what it read cached up to
-            # its memory limit (80% of RAM by default), so a report over a large store grew with it;
-            # a scan reads each block once, so a small cache costs no time (per_rank of 5.1M rows:
-            # 256MB -> 799 MiB peak, 64MB -> 634 MiB, the same seconds; the report: 128MB -> 601, 64MB -> 529)
-            connect_args["config"] = {"enable_external_access": False, "memory_limit": READER_MEMORY}
+            connect_args["config"] = reader_config()
         else:
             # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
             # rows then checkpointing gains nothing from them but CPU taken from the training
