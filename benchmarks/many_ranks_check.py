@@ -103,10 +103,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """This environment with the repository importable (ahead of nothing already on PYTHONPATH)."""
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def _launch(variant: str, devices: int, steps: int, out: Path, timeout_s: float) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
     for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK"):
         env.pop(var, None)
     cmd = [sys.executable, __file__, "--rank-of", variant, "--devices", str(devices), "--steps", str(steps),
@@ -146,7 +151,7 @@ def check_store(db: Path, devices: int, steps: int) -> list[str]:
     if len(short):
         problems.append(f"{len(short)} (rank, key) pairs without exactly {steps} rows: {short.head(5).to_dict('records')}")
     report = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "report", str(db), "--format", "json"],
-                            capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            capture_output=True, text=True, timeout=600, env=_env())
     if report.returncode != 0:
         return [*problems, f"report exited {report.returncode}: {report.stderr[-2000:]}"]
     found = json.loads(report.stdout)
