@@ -133,3 +133,26 @@ def test_a_key_new_since_the_pass_began_is_left_out_not_taken_for_another(any_db
     for key in ("a", "c"):
         np.testing.assert_array_equal(part.per_key[key].median, whole.per_key[key].median)
         np.testing.assert_array_equal(part.buckets[key].mean, whole.buckets[key].mean)
+
+
+def test_the_page_gets_each_value_at_float32_precision_in_its_shortest_digits() -> None:
+    """A band's and a line's numbers reach the page as JSON: each the shortest decimal that is the
+    same float32 (what the page draws), not float64's 17 digits; NaN as null; a value past
+    float32's range as it is (not inf)."""
+    import json
+
+    from multirank_logger.query.step_buckets import BucketSummary
+
+    rng = np.random.default_rng(7)
+    values = np.r_[rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30, 500), 1e39, -1e300, 0.0, -0.0, math.nan]
+    s = BucketSummary("k", [0], list(range(len(values))), 1, values[None, :], values, values,
+                      np.zeros((1, len(values)), bool))  # fmt: skip
+    line, band = s.line(0), s.band()
+    assert band["lo"] == line and band["hi"] == line
+    assert line[-1] is None and [math.copysign(1, v) for v in line[-3:-1]] == [1.0, -1.0]  # type: ignore[arg-type]
+    assert line[-5:-3] == [1e39, -1e300]
+    for got, was in zip(line[:500], values[:500]):
+        assert np.float32(got) == np.float32(was), (got, was)
+        assert len(repr(got)) <= len(repr(float(np.float32(was)))), (got, was)  # never longer than before
+    wide = json.dumps([float(np.float32(v)) for v in values[:500]])
+    assert len(json.dumps(line[:500])) < 0.7 * len(wide)  # float32's digits: ~9 significant, not 17

@@ -196,7 +196,14 @@ def column_quantiles(matrix: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarr
 
 
 def _floats(values: Any) -> list[float | None]:
-    return [None if v != v else float(v) for v in np.asarray(values, dtype=float).tolist()]
+    """The page's numbers (NaN as None): each value as its shortest decimal at float32's precision,
+    what the page draws and the pass holds. In JSON ~10 characters where float64's take ~20: a
+    band of 2,000 buckets 0.2 -> 0.1 MB, 10 keys' HTML report ~1 MB less. Past float32's range, as is."""
+    wide = np.asarray(values, dtype=float)
+    with np.errstate(over="ignore"):
+        narrow = wide.astype(np.float32)
+    short = np.where(np.isinf(narrow) & np.isfinite(wide), wide, narrow.astype(str).astype(float))
+    return [None if v != v else v for v in short.tolist()]
 
 
 class _quiet(np.errstate):
