@@ -21,6 +21,8 @@ import math
 import os
 import platform
 import resource
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -148,6 +150,37 @@ def raise_if_any_failed(procs: Sequence[Any]) -> None:
             if p.is_alive():
                 p.kill()
         raise RuntimeError(f"{len(failed)} process(es) failed (exit codes {failed})")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now: a launch's MASTER_PORT, a TCPStore's."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """This environment for a DDP launch on loopback: a free MASTER_PORT, one thread per rank, and
+    none of the rank variables of a launch this process may itself be part of."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1", **extra)
+    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK"):
+        env.pop(var, None)
+    return env
+
+
+def run_launch(cmd: Sequence[str], env: dict[str, str], timeout_s: float, what: str) -> tuple[int, str]:
+    """Run a DDP launch (`cmd`, whose ranks its launcher starts) to its end; its exit code and its
+    output (stdout and stderr). In a session of its own, so that a hung launch is killed with
+    every rank; past `timeout_s` it raises, naming `what` and the output's end."""
+    proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise RuntimeError(f"{what} did not finish in {timeout_s:.0f} s: {output[-2000:]}") from None
+    return proc.returncode, output
 
 
 def _child_env() -> dict[str, str]:

@@ -20,16 +20,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import BENCH_DIR, CACHE_DIR, Case, Goal, Sizes, Unavailable
+from benchmarks._harness import BENCH_DIR, CACHE_DIR, Case, Goal, Sizes, Unavailable, launch_env, run_launch
 
 SECTION = "e2e"
 SCRIPT = BENCH_DIR / "_e2e_train.py"
@@ -54,12 +51,6 @@ VARIANTS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(variants: list[str], steps: int, metrics: int, timeout_s: float = 600) -> dict[str, dict[str, Any]]:
     """One DDP launch running `variants` in order; per variant, rank 0's times and the max RSS."""
     # find_spec, not import: importing the logger pulls in lightning (~4 s) in this parent process
@@ -68,26 +59,15 @@ def launch(variants: list[str], steps: int, metrics: int, timeout_s: float = 600
     ) is None:
         raise Unavailable("multirank_logger.logger.multi_rank_logger is not there yet")
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as root:
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-        for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK"):
-            env.pop(var, None)
         cmd = [sys.executable, str(SCRIPT), "--variants", ",".join(variants), "--steps", str(steps),
                "--metrics", str(metrics), "--out", root]
-        # a session of its own, so a hung launch is killed with both its ranks
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise RuntimeError(f"DDP launch of {variants} did not finish in {timeout_s:.0f} s") from None
+        returncode, output = run_launch(cmd, launch_env(), timeout_s, f"DDP launch of {variants}")
         reports = []
         for rank in (0, 1):
             path = Path(root) / f"rank{rank}.json"
             if not path.is_file():
                 tail = " | ".join(output.strip().splitlines()[-12:])
-                raise RuntimeError(f"rank {rank} wrote no report (exit {proc.returncode}): {tail}")
+                raise RuntimeError(f"rank {rank} wrote no report (exit {returncode}): {tail}")
             reports.append(json.loads(path.read_text()))
     out = {}
     for r0, r1 in zip(*reports):

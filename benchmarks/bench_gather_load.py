@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import socket
 import sys
 import tempfile
 import time
@@ -33,19 +32,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes, peak_rss_mib, raise_if_any_failed
+from benchmarks._harness import Case, Sizes, free_port, peak_rss_mib, raise_if_any_failed
 
 SECTION = "gather_load"
 KEYS = [f"metric_{i}" for i in range(10)]
 FLUSH_EVERY = 100  # MultiRankLogger's flush_logs_every_n_steps default
 FLUSH_INTERVAL = 5.0  # MultiRankLogger's flush_interval default
 FINISH_TIMEOUT = 300.0  # rank 0's bounded wait for every sender (finalize's timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start_at: float, out: str) -> None:
@@ -147,7 +140,7 @@ def run_load(senders: int, seconds: float, db: str) -> dict[str, Any]:
     run_id = store.create_run("load", world_size=senders + 1).id
     store.close()
     world = senders + 1
-    port = _free_port()
+    port = free_port()
     # fork: 33 processes share one copy of torch's pages (spawn would load it 33 times)
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as out:

@@ -33,8 +33,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes, raise_if_any_failed
-from benchmarks.bench_gather_load import KEYS, _free_port
+from benchmarks._harness import Case, Sizes, free_port, raise_if_any_failed
+from benchmarks.bench_gather_load import KEYS
 from benchmarks.bench_scale import FLUSH_EVERY, FLUSH_INTERVAL, RATE, _latency_us
 
 SECTION = "scale"
@@ -118,7 +118,7 @@ def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict
     world = senders + nodes
     if world % nodes:
         raise ValueError(f"{senders} senders do not make {nodes} equal nodes with one writer each")
-    ctx, port = mp.get_context("fork"), _free_port()
+    ctx, port = mp.get_context("fork"), free_port()
     with tempfile.TemporaryDirectory() as out:
         ready, stop, sampled = ctx.Event(), ctx.Event(), ctx.Event()
         launch = ctx.Process(target=_launch_store, args=(port, out, ready, stop))

@@ -39,11 +39,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes, raise_if_any_failed
+from benchmarks._harness import Case, Sizes, free_port, raise_if_any_failed
 from benchmarks.bench_gather_load import (
     KEYS,
     _check_exactly_once,
-    _free_port,
     _start_time,
     _stored,
     finish_receiver,
@@ -213,7 +212,7 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
     store = Store(db)
     run_id = store.create_run("scale", world_size=senders + 1).id
     store.close()
-    world, port = senders + 1, _free_port()
+    world, port = senders + 1, free_port()
     gc.freeze()  # the collector never touches what is imported: those pages stay shared after the fork
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as out:

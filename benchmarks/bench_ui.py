@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Goal, Sizes, Unavailable
+from benchmarks._harness import Case, Goal, Sizes, Unavailable, launch_env
 
 SECTION = "ui"
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,15 +190,13 @@ def training(page: bool, steps: int, metrics: int) -> dict[str, Any]:
     """One 2-rank launch of the e2e training, with the run's page open (or not); wall s of the fit."""
     import duckdb
 
-    from benchmarks.bench_e2e import SCRIPT, _free_port
+    from benchmarks.bench_e2e import SCRIPT
     from multirank_logger.ui.server import UiServer
 
     variant = "MultiRankLogger gather"
     with tempfile.TemporaryDirectory(prefix="bench-ui-train-") as root:
         db = Path(root) / variant.replace(" ", "_") / "gather.duckdb"
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-        for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK"):
-            env.pop(var, None)
+        env = launch_env()
         cmd = [sys.executable, str(SCRIPT), "--variants", variant, "--steps", str(steps), "--metrics", str(metrics), "--out", root]
         server = UiServer(str(db)) if page else None
         browser = _browser() if page else None

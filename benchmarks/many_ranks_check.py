@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: benchmarks/ alone is on the path
+from benchmarks._harness import launch_env, run_launch  # noqa: E402
+
 VARIANTS = ("logger=False", "CSVLogger", "MultiRankLogger")
 KEYS = ("train_loss", "weight_norm", "grad_norm")
 LOSS_FROM, LOSS_FACTOR = 20, 20.0
@@ -52,7 +53,6 @@ def _train(variant: str, devices: int, steps: int, out: Path) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    sys.path.insert(0, str(ROOT))
     from multirank_logger import MultiRankLogger
 
     torch.set_num_threads(1)
@@ -109,37 +109,19 @@ def _train(variant: str, devices: int, steps: int, out: Path) -> None:
                                                          "steps": trainer.global_step}))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """This environment with the repository importable (ahead of nothing already on PYTHONPATH)."""
-    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
-    return dict(os.environ, PYTHONPATH=path, **extra)
+def _pythonpath() -> str:
+    """PYTHONPATH with the repository after what is there (wheels carried to a machine, say)."""
+    return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
 
 
 def _launch(variant: str, devices: int, steps: int, out: Path, timeout_s: float) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK"):
-        env.pop(var, None)
     cmd = [sys.executable, __file__, "--rank-of", variant, "--devices", str(devices), "--steps", str(steps),
            "--out", str(out)]
-    # a session of its own, so that a hung launch is killed with every rank
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise RuntimeError(f"{variant}: {devices} ranks did not finish in {timeout_s:.0f} s: {output[-2000:]}") from None
+    returncode, output = run_launch(cmd, launch_env(PYTHONPATH=_pythonpath()), timeout_s, f"{variant} at {devices} ranks")
     report = out / f"{variant}.json"
-    if proc.returncode != 0 or not report.is_file():
-        raise RuntimeError(f"{variant}: exit {proc.returncode}: {output[-3000:]}")
+    if returncode != 0 or not report.is_file():
+        raise RuntimeError(f"{variant}: exit {returncode}: {output[-3000:]}")
     return json.loads(report.read_text())
 
 
@@ -163,7 +145,7 @@ def check_store(db: Path, devices: int, steps: int) -> list[str]:
     if len(short):
         problems.append(f"{len(short)} (rank, key) pairs without exactly {steps} rows: {short.head(5).to_dict('records')}")
     report = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "report", str(db), "--format", "json"],
-                            capture_output=True, text=True, timeout=600, env=_env())
+                            capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=_pythonpath()))
     if report.returncode != 0:
         return [*problems, f"report exited {report.returncode}: {report.stderr[-2000:]}"]
     found = json.loads(report.stdout)

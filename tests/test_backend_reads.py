@@ -245,11 +245,12 @@ def test_a_duckdb_reader_on_many_cores_has_memory_for_its_threads(tmp_path: Any,
 
 def test_a_duckdb_reader_runs_on_the_cpus_the_job_was_given() -> None:
     """DuckDB's own default is a thread per core of the machine; a reader under `taskset -c 0` (as
-    in a SLURM allocation or a container's cpuset) runs one."""
+    in a SLURM allocation or a container's cpuset) runs one, and the report's pass one key thread."""
     script = (
+        "from multirank_logger.query.run_scan import KEY_THREADS\n"
         "from multirank_logger.store.backends.duckdb import reader_config\n"
-        "print(reader_config()['threads'], reader_config()['memory_limit'])\n"
+        "print(reader_config()['threads'], reader_config()['memory_limit'], KEY_THREADS)\n"
     )
     out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", script], capture_output=True, text=True,
                          check=True)  # fmt: skip
-    assert out.stdout.split() == ["1", "64MB"], out.stdout + out.stderr
+    assert out.stdout.split() == ["1", "64MB", "1"], out.stdout + out.stderr

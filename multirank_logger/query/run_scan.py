@@ -25,7 +25,6 @@ The SELECT is SQLAlchemy Core, the same on every backend; DuckDB hands it over a
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
+from multirank_logger._util.cpus import usable_cpus
 from multirank_logger._util.prefetch import prefetched
 from multirank_logger.model.csv_layout import row_columns
 from multirank_logger.model.run_ref import RunRef
@@ -55,7 +55,7 @@ WINDOW_ROWS = 1_000_000
 #: threads reading windows from a DuckDB store at once
 FETCH_THREADS = 2
 #: threads computing a window's keys (besides the one reading the next window)
-KEY_THREADS = max(1, min(4, os.cpu_count() or 1))
+KEY_THREADS = min(4, usable_cpus())
 #: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
 BUCKET_CELLS_MAX = 24_000_000
 

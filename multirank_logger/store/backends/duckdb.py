@@ -6,7 +6,6 @@ Reads come back as Arrow from the driver's own connection, never as Python rows.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from multirank_logger._util.arrow_numpy import column_numpy
+from multirank_logger._util.cpus import usable_cpus
 from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
 from multirank_logger.model.csv_layout import LongRows
 from multirank_logger.model.schema import metrics
@@ -41,18 +41,9 @@ READER_MEMORY_MB = 64
 READER_MEMORY_MB_PER_THREAD = 16
 
 
-def reader_threads() -> int:
-    """The CPUs this process may run on: DuckDB's own default counts every core of the machine, also
-    where the job was given a few of them (a SLURM allocation, taskset, a container's cpuset)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # no sched_getaffinity (macOS)
-        return os.cpu_count() or 1
-
-
 def reader_config() -> dict[str, Any]:
     """A reading connection's DuckDB settings."""
-    threads = reader_threads()
+    threads = usable_cpus()  # DuckDB's default is every core of the machine
     memory_mb = max(READER_MEMORY_MB, READER_MEMORY_MB_PER_THREAD * threads)
     # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL;
     # and a small memory limit: DuckDB keeps what it read cached up to that limit (80% of RAM by
