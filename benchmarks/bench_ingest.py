@@ -220,8 +220,9 @@ def cases(sizes: Sizes) -> list[Case]:
              note="log calls -> Arrow record batch, before any write"),
     ]
     # the writer thread beside a training loop busy in Python: a driver that gives the GIL up
-    # per row waits a switch interval (5 ms) for each; small, as executemany takes minutes
-    busy = {"batches": 2, "rows": min(sizes.ingest_rows, 10_000), "busy": True}
+    # per row waits a switch interval (5 ms) for each; small, as executemany takes minutes (a tenth
+    # of the batch: 10,000 rows in full and quick mode; 200 in tiny mode, where 2,000 took 32 s)
+    busy = {"batches": 2, "rows": min(sizes.ingest_rows // 10, 10_000), "busy": True}
     busy_shape = f"2 x {busy['rows']:,}-row batches, written by a thread while the main thread spins in Python"
     out += [
         Case(SECTION, "raw sqlite3 executemany, beside a busy thread", "benchmarks.bench_ingest:raw_sqlite",
