@@ -1,5 +1,5 @@
 """A real N-rank CPU DDP training with MultiRankLogger (Lightning's launcher, gloo): run by hand on a
-machine with cores to spare (64 ranks on the lent 16-core machine); CI runs it at 4 ranks.
+machine with cores to spare (64 ranks on the lent 16-core machine); the suite runs it at 3 ranks.
 
 ``python benchmarks/many_ranks_check.py --devices 64 --steps 200 --rounds 2 --out DIR``
 
@@ -168,7 +168,10 @@ def main() -> int:
     if args.rank_of:
         _train(args.rank_of, args.devices, args.steps, args.out)
         return 0
-    variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
+    asked = args.variants.split(",")
+    if unknown := sorted(set(asked) - set(VARIANTS)):
+        p.error(f"unknown variant(s) {', '.join(unknown)}: choose among {', '.join(VARIANTS)}")
+    variants = tuple(v for v in VARIANTS if v in asked)
     print(f"{args.devices} ranks on {os.cpu_count()} cores, {args.steps} steps, {args.rounds} rounds", flush=True)
     times: dict[str, list[float]] = {v: [] for v in variants}
     loops: dict[str, list[float]] = {v: [] for v in variants}
