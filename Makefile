@@ -24,7 +24,7 @@ TEST_WORKERS ?= 2
 
 # the 25 slowest tests are listed at the end: where the suite's time goes, in every CI log
 test: lint browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # the HTML report and ui tests render pages in a real headless Chromium, the ui's through Selenium
 # and chromedriver: installed when missing (Debian's packages; CI runs as root), so they never skip

@@ -86,11 +86,15 @@ KINDS = {
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], str]:
     """Run the suite once at tiny sizes; return its rows (JSON) and its markdown report."""
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--tiny", "--in-process", "--only", ",".join(SECTIONS),
-         "--out", str(out / "RESULTS.md"), "--json", str(out / "rows.json")],
-        cwd=ROOT, capture_output=True, text=True, timeout=480,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-u", "benchmarks/run.py", "--tiny", "--in-process", "--only", ",".join(SECTIONS),
+             "--out", str(out / "RESULTS.md"), "--json", str(out / "rows.json")],
+            cwd=ROOT, capture_output=True, text=True, timeout=480,
+        )
+    except subprocess.TimeoutExpired as exc:  # say which case it was in
+        said = [(s or b"").decode(errors="replace") if isinstance(s, bytes) else (s or "") for s in (exc.stdout, exc.stderr)]
+        pytest.fail(f"the tiny benchmark run did not end in 480 s; its output's end:\n{said[0][-3000:]}\n{said[1][-3000:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((out / "rows.json").read_text()), (out / "RESULTS.md").read_text()
 
