@@ -122,28 +122,35 @@ def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict
     with tempfile.TemporaryDirectory() as out:
         ready, stop, sampled = ctx.Event(), ctx.Event(), ctx.Event()
         launch = ctx.Process(target=_launch_store, args=(port, out, ready, stop))
+        procs: list[Any] = []
         launch.start()
-        if not ready.wait(60):
-            raise RuntimeError("the launch's TCPStore did not start")
-        start_at = time.time() + 2.0 + world * 0.05  # every rank set up by then (a late one catches up)
-        procs = [ctx.Process(target=_rank, args=(r, world, world // nodes, port, seconds, out, via_launch, start_at,
-                                                 sampled)) for r in range(world)]  # fmt: skip
-        for p in procs:
-            p.start()
-        time.sleep(max(start_at + seconds / 2 - time.time(), 0))
-        loaded = _latency_us(port)
-        deadline = time.monotonic() + seconds + TIMEOUT
-        while len(list(Path(out).glob("rank*.json"))) < world and time.monotonic() < deadline:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.1)
-        received, sent = _socket_bytes(port)
-        sampled.set()
-        for p in procs:
-            p.join(TIMEOUT)
-        stop.set()
-        launch.join(60)
-        raise_if_any_failed([*procs, launch])
+        try:
+            if not ready.wait(60):
+                raise RuntimeError("the launch's TCPStore did not start")
+            start_at = time.time() + 2.0 + world * 0.05  # every rank set up by then (a late one catches up)
+            procs = [ctx.Process(target=_rank, args=(r, world, world // nodes, port, seconds, out, via_launch,
+                                                     start_at, sampled)) for r in range(world)]  # fmt: skip
+            for p in procs:
+                p.start()
+            time.sleep(max(start_at + seconds / 2 - time.time(), 0))
+            loaded = _latency_us(port)
+            deadline = time.monotonic() + seconds + TIMEOUT
+            while len(list(Path(out).glob("rank*.json"))) < world and time.monotonic() < deadline:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    break
+                time.sleep(0.1)
+            received, sent = _socket_bytes(port)
+            sampled.set()
+            for p in procs:
+                p.join(TIMEOUT)
+            stop.set()
+            launch.join(60)
+            raise_if_any_failed([*procs, launch])
+        finally:  # on an error: no process left waiting out its TIMEOUTs (nor joined by multiprocessing at exit)
+            for p in [*procs, launch]:
+                if p.is_alive():
+                    p.kill()
+                    p.join(10)
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
         cpu = json.loads(Path(out, "launch.json").read_text())
     writers = [r for r in ranks if "rows" in r]

@@ -219,29 +219,37 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
         ready, go = ctx.Event(), ctx.Event()
         start_box = Path(out, "start")
         receiver = ctx.Process(target=_receiver, args=(world, port, db, run_id, start_box, seconds, out, ready, go))
+        procs: list[Any] = []
         receiver.start()
-        if not ready.wait(120):
-            receiver.kill()
-            raise RuntimeError("rank 0's TCPStore did not start in 120 s")
-        procs = [ctx.Process(target=_sender, args=(r, world, port, run_id, seconds, start_box, out, go, bound))
-                 for r in range(1, world)]  # fmt: skip
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 300
-        while len(list(Path(out).glob("ready*"))) < senders and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(2.0)  # every sender connected and idle
-        idle = _latency_us(port)  # no logging load yet
-        start_at = time.time() + 1.0
-        start_box.with_suffix(".tmp").write_text(str(start_at))
-        start_box.with_suffix(".tmp").replace(start_box)
-        go.set()
-        time.sleep(max(start_at + seconds / 2 - time.time(), 0))
-        loaded = _latency_us(port)  # mid-run, under the senders' flushes
-        senders_pss = _pss_mib([p.pid for p in procs if p.pid is not None])
-        for p in [*procs, receiver]:
-            p.join(TIMEOUT + seconds + 120)
-        raise_if_any_failed([*procs, receiver])
+        try:
+            if not ready.wait(120):
+                raise RuntimeError("rank 0's TCPStore did not start in 120 s")
+            procs = [ctx.Process(target=_sender, args=(r, world, port, run_id, seconds, start_box, out, go, bound))
+                     for r in range(1, world)]  # fmt: skip
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + 300
+            while len(list(Path(out).glob("ready*"))) < senders and time.monotonic() < deadline:
+                if any(p.exitcode not in (None, 0) for p in [*procs, receiver]):
+                    break  # raise_if_any_failed names it below
+                time.sleep(0.1)
+            time.sleep(2.0)  # every sender connected and idle
+            idle = _latency_us(port)  # no logging load yet
+            start_at = time.time() + 1.0
+            start_box.with_suffix(".tmp").write_text(str(start_at))
+            start_box.with_suffix(".tmp").replace(start_box)
+            go.set()
+            time.sleep(max(start_at + seconds / 2 - time.time(), 0))
+            loaded = _latency_us(port)  # mid-run, under the senders' flushes
+            senders_pss = _pss_mib([p.pid for p in procs if p.pid is not None])
+            for p in [*procs, receiver]:
+                p.join(TIMEOUT + seconds + 120)
+            raise_if_any_failed([*procs, receiver])
+        finally:  # on an error: no process left waiting out its TIMEOUTs (nor joined by multiprocessing at exit)
+            for p in [*procs, receiver]:
+                if p.is_alive():
+                    p.kill()
+                    p.join(10)
         sent = [json.loads(Path(out, f"sender{r}.json").read_text()) for r in range(1, world)]
         recv = json.loads(Path(out, "receiver.json").read_text())
         calls = {s["rank"]: s["calls"] for s in sent}
