@@ -141,14 +141,21 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def kill_leftovers(procs: Sequence[Any]) -> None:
+    """Kill and reap those of `procs` (multiprocessing processes) still running: after an error, so
+    that none waits out its own timeouts (multiprocessing joins live children at exit)."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+
+
 def raise_if_any_failed(procs: Sequence[Any]) -> None:
     """After joining `procs` (multiprocessing processes): when one exited non-zero or is still
     running, kill those still running and raise, naming the exit codes."""
     failed = [p.exitcode for p in procs if p.exitcode != 0]
     if failed:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+        kill_leftovers(procs)
         raise RuntimeError(f"{len(failed)} process(es) failed (exit codes {failed})")
 
 

@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes, free_port, raise_if_any_failed
+from benchmarks._harness import Case, Sizes, free_port, kill_leftovers, raise_if_any_failed
 from benchmarks.bench_gather_load import KEYS
 from benchmarks.bench_scale import FLUSH_EVERY, FLUSH_INTERVAL, RATE, _latency_us
 
@@ -146,11 +146,8 @@ def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict
             stop.set()
             launch.join(60)
             raise_if_any_failed([*procs, launch])
-        finally:  # on an error: no process left waiting out its TIMEOUTs (nor joined by multiprocessing at exit)
-            for p in [*procs, launch]:
-                if p.is_alive():
-                    p.kill()
-                    p.join(10)
+        finally:
+            kill_leftovers([*procs, launch])
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
         cpu = json.loads(Path(out, "launch.json").read_text())
     writers = [r for r in ranks if "rows" in r]

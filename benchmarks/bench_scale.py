@@ -39,7 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Case, Sizes, free_port, raise_if_any_failed
+from benchmarks._harness import Case, Sizes, free_port, kill_leftovers, raise_if_any_failed
 from benchmarks.bench_gather_load import (
     KEYS,
     _check_exactly_once,
@@ -245,11 +245,8 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
             for p in [*procs, receiver]:
                 p.join(TIMEOUT + seconds + 120)
             raise_if_any_failed([*procs, receiver])
-        finally:  # on an error: no process left waiting out its TIMEOUTs (nor joined by multiprocessing at exit)
-            for p in [*procs, receiver]:
-                if p.is_alive():
-                    p.kill()
-                    p.join(10)
+        finally:
+            kill_leftovers([*procs, receiver])
         sent = [json.loads(Path(out, f"sender{r}.json").read_text()) for r in range(1, world)]
         recv = json.loads(Path(out, "receiver.json").read_text())
         calls = {s["rank"]: s["calls"] for s in sent}
