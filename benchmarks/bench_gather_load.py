@@ -197,19 +197,22 @@ def _start_time(start_box: Path) -> float:
 
 
 def _stored(db: str, run_id: int) -> dict[int, tuple[int, int, int, int, int]]:
-    """Per rank: rows, distinct (seq, key), distinct seq, min seq, max seq."""
-    from multirank_logger.store.sql_store import Store
+    """Per rank: rows, distinct (seq, key), distinct seq, min seq, max seq.
 
-    store = Store(db, readonly=True)
+    Through DuckDB itself, with its own memory limit, not a `Store` reader's: a reader caches little
+    (64 MB on 2 cores), and a per-rank COUNT(DISTINCT) cannot spill: over the ~3M rows 6 unpaced
+    senders store in 2 s on an idle machine it ran out of memory there (tests/test_gather_load.py)."""
+    import duckdb
+
+    con = duckdb.connect(db, read_only=True)
     try:
-        with store.begin() as conn:
-            result = conn.exec_driver_sql(
-                "SELECT rank, count(*), count(DISTINCT (seq, key)), count(DISTINCT seq), min(seq), max(seq) "
-                f"FROM metrics WHERE run_id = {int(run_id)} GROUP BY rank"
-            )
-            return {r[0]: tuple(r[1:]) for r in result}
+        result = con.execute(
+            "SELECT rank, count(*), count(DISTINCT (seq, key)), count(DISTINCT seq), min(seq), max(seq) "
+            f"FROM metrics WHERE run_id = {int(run_id)} GROUP BY rank"
+        ).fetchall()
+        return {r[0]: tuple(r[1:]) for r in result}
     finally:
-        store.close()
+        con.close()
 
 
 def _check_exactly_once(calls: dict[int, int], stats: dict[int, tuple[int, ...]], sent: list[dict]) -> None:
