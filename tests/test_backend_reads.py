@@ -208,16 +208,12 @@ def test_duckdb_draws_no_progress_bar(tmp_path: Any) -> None:
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
 
-def test_a_duckdb_reader_on_many_cores_has_memory_for_its_threads(tmp_path: Any, monkeypatch: Any) -> None:
-    """A reader runs a DuckDB thread per CPU it may use, and its memory limit grows with them: at
-    a fixed 64MB, a per-rank COUNT(DISTINCT ...) over 768k rows (the 256-sender benchmark's check,
-    on the lent 16-core machine) failed with DuckDB's "Out of Memory Error" at 16 threads."""
+def _wide_store(db: Any, ranks: int = 256, calls: int = 300, keys: int = 10) -> int:
+    """A DuckDB store of one run, `calls` calls of `keys` keys on each of `ranks` ranks; its run id."""
     import pyarrow as pa
 
-    db = tmp_path / "wide.duckdb"
     store = Store(db)
-    run = store.create_run("wide", world_size=256)
-    ranks, calls, keys = 256, 300, 10
+    run = store.create_run("wide", world_size=ranks)
     n = ranks * calls * keys
     seq = np.tile(np.repeat(np.arange(calls), keys), ranks)
     batch = pa.RecordBatch.from_pydict({
@@ -228,19 +224,51 @@ def test_a_duckdb_reader_on_many_cores_has_memory_for_its_threads(tmp_path: Any,
     with store.begin() as conn:
         store.backend.insert_metrics(conn, metrics, batch)
     store.close()
+    return run.id
 
+
+PER_RANK_COUNTS = "SELECT rank, count(*), count(DISTINCT (seq, key)), count(DISTINCT seq), min(seq), max(seq) FROM metrics"
+
+
+def test_a_duckdb_reader_on_many_cores_has_memory_for_its_threads(tmp_path: Any, monkeypatch: Any) -> None:
+    """A reader runs a DuckDB thread per CPU it may use, and its memory limit grows with them: at
+    a fixed 64MB, a per-rank COUNT(DISTINCT ...) over 768k rows (the 256-sender benchmark's check,
+    on the lent 16-core machine) failed with DuckDB's "Out of Memory Error" at 16 threads."""
+    ranks, calls, keys = 256, 300, 10
+    run_id = _wide_store(tmp_path / "wide.duckdb", ranks, calls, keys)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))  # as on a 16-core machine
-    reader = Store(db, readonly=True)
+    reader = Store(tmp_path / "wide.duckdb", readonly=True)
     with reader.begin() as conn:
         settings = conn.exec_driver_sql(
             "SELECT current_setting('threads'), current_setting('memory_limit')").fetchone()
-        per_rank = conn.exec_driver_sql(
-            "SELECT rank, count(*), count(DISTINCT (seq, key)), count(DISTINCT seq), min(seq), max(seq) "
-            f"FROM metrics WHERE run_id = {run.id} GROUP BY rank"
-        ).fetchall()
+        per_rank = conn.exec_driver_sql(f"{PER_RANK_COUNTS} WHERE run_id = {run_id} GROUP BY rank").fetchall()
     reader.close()
     assert settings is not None and settings[0] == 16, settings
     assert sorted(per_rank) == [(r, calls * keys, calls * keys, calls, 0, calls - 1) for r in range(ranks)]
+
+
+def test_a_users_query_is_not_held_to_the_readers_small_memory_limit(tmp_path: Any, monkeypatch: Any) -> None:
+    """`sql` (a user's query) runs under DuckDB's own memory limit, and the reader's is back after
+    it: under the reader's, a per-rank COUNT(DISTINCT ...) over 12.8M rows failed with DuckDB's
+    "Out of Memory Error" (`multirank-logger sql`). Here the reader's limit is made 4 MB, so that a
+    small store shows it."""
+    from multirank_logger import open_store
+    from multirank_logger.store.backends import duckdb as duckdb_backend
+
+    ranks, calls, keys = 16, 2_000, 10
+    _wide_store(tmp_path / "wide.duckdb", ranks, calls, keys)
+    monkeypatch.setattr(duckdb_backend, "READER_MEMORY_MB", 4)
+    monkeypatch.setattr(duckdb_backend, "READER_MEMORY_MB_PER_THREAD", 1)
+    counts = f"{PER_RANK_COUNTS} GROUP BY rank ORDER BY rank"
+    with open_store(tmp_path / "wide.duckdb") as reader:
+        with reader._connect() as conn, pytest.raises(sa.exc.OperationalError, match="Out of Memory"):
+            conn.exec_driver_sql(counts).fetchall()  # the package's own reads' limit, in force
+        got = reader.sql(counts)
+        with reader._connect() as conn:
+            limit = reader.store.backend.run_readonly(conn, "SELECT current_setting('memory_limit') AS m")
+            after = conn.exec_driver_sql("SELECT current_setting('memory_limit')").scalar()
+    assert got.values.tolist() == [[r, calls * keys, calls * keys, calls, 0, calls - 1] for r in range(ranks)]
+    assert limit["m"][0] != after and after.endswith("MiB") and float(after.split()[0]) < 5, (limit, after)
 
 
 def test_a_duckdb_reader_runs_on_the_cpus_the_job_was_given() -> None:

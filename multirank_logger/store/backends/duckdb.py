@@ -206,11 +206,21 @@ class DuckDBBackend(Backend):
         for statement in statements:
             if statement.type.name not in _READ_STATEMENTS:
                 raise ReadOnlyViolation(statement.query)
+        con = driver_connection(conn)
+        limit = _memory_limit(con)
         try:
-            relation = driver_connection(conn).sql(query)
+            # a user's query runs under DuckDB's own memory limit: a reader's small one (reader_config)
+            # bounds the package's own reads' cache, and a COUNT(DISTINCT ...) or a large sort, which
+            # cannot spill, failed under it ("Out of Memory Error": a per-rank count over 12.8M rows).
+            # RESET alone changes the setting's value, not the limit in force (DuckDB 1.5): set it.
+            con.execute("RESET memory_limit")
+            con.execute(f"SET memory_limit = '{_memory_limit(con)}'")
+            relation = con.sql(query)
             return pd.DataFrame() if relation is None else relation.df()
         except duckdb.Error as exc:
             raise refusal_or_failure("DuckDB", query, exc) from None
+        finally:  # the database instance may be another connection's too (DuckDB shares one per file)
+            con.execute(f"SET memory_limit = '{limit}'")
 
 
 def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
@@ -222,6 +232,11 @@ def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:
     statement = str(compiled)
     inlined = inline_parameters(statement, params)  # no pandas import (duckdb_params.py)
     return driver_connection(conn).execute(statement, params) if inlined is None else driver_connection(conn).execute(inlined)
+
+
+def _memory_limit(con: Any) -> str:
+    row = con.execute("SELECT current_setting('memory_limit')").fetchone()
+    return str(row[0])
 
 
 def _no_progress_bar(dbapi_conn: Any, _record: Any) -> None:
