@@ -129,16 +129,16 @@ def check_store(db: Path, devices: int, steps: int) -> list[str]:
     """What is wrong with the store of one MultiRankLogger launch (empty when nothing is)."""
     from multirank_logger import open_store
 
-    store = open_store(str(db))
     problems = []
-    runs = store.runs()
+    with open_store(str(db)) as store:
+        runs = store.runs()
+        keys = ", ".join(f"'{k}'" for k in KEYS)
+        counts = store.sql(
+            f"SELECT rank, key, COUNT(*) AS n, COUNT(DISTINCT step) AS steps FROM metrics "
+            f"WHERE key IN ({keys}) GROUP BY rank, key"
+        )
     if list(runs["status"]) != ["success"]:
         problems.append(f"run status {list(runs['status'])}, not ['success']")
-    keys = ", ".join(f"'{k}'" for k in KEYS)
-    counts = store.sql(
-        f"SELECT rank, key, COUNT(*) AS n, COUNT(DISTINCT step) AS steps FROM metrics "
-        f"WHERE key IN ({keys}) GROUP BY rank, key"
-    )
     if len(counts) != devices * len(KEYS):
         problems.append(f"{len(counts)} (rank, key) pairs stored, not {devices} x {len(KEYS)}")
     short = counts[(counts["n"] != steps) | (counts["steps"] != steps)]

@@ -210,8 +210,8 @@ class DuckDBBackend(Backend):
         limit = _memory_limit(con)
         try:
             # a user's query runs under DuckDB's own memory limit: a reader's small one (reader_config)
-            # bounds the package's own reads' cache, and a COUNT(DISTINCT ...) or a large sort, which
-            # cannot spill, failed under it ("Out of Memory Error": a per-rank count over 12.8M rows).
+            # bounds the package's own reads' cache, and a COUNT(DISTINCT ...) or a list(), which DuckDB
+            # cannot spill to disk, failed under it ("Out of Memory Error": a per-rank count over 12.8M rows).
             # RESET alone changes the setting's value, not the limit in force (DuckDB 1.5): set it.
             con.execute("RESET memory_limit")
             con.execute(f"SET memory_limit = '{_memory_limit(con)}'")
