@@ -42,10 +42,10 @@ FINISH_TIMEOUT = 300.0  # rank 0's bounded wait for every sender (finalize's tim
 
 
 def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start_at: float, out: str) -> None:
-    from multirank_logger.logger.buffer import RecordBuffer
-    from multirank_logger.logger.sinks import GatherSender
-    from multirank_logger.logger.writer import BackgroundWriter
     from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.write.buffer import RecordBuffer
+    from multirank_logger.write.sinks import GatherSender
+    from multirank_logger.write.writer_thread import BackgroundWriter
 
     channel = RowChannel("load", rank, world, host="127.0.0.1", port=port, timeout=FINISH_TIMEOUT)
     # unbounded here: this measures what the channel delivers, exactly once, under saturation;
@@ -80,11 +80,11 @@ def _receiver(
 ) -> None:
     import torch.distributed as dist
 
-    from multirank_logger.logger.buffer import RecordBuffer
-    from multirank_logger.logger.sinks import GatherReceiver
-    from multirank_logger.logger.writer import BackgroundWriter
     from multirank_logger.store.sql_store import Store
     from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.write.buffer import RecordBuffer
+    from multirank_logger.write.sinks import GatherReceiver
+    from multirank_logger.write.writer_thread import BackgroundWriter
 
     server = dist.TCPStore("127.0.0.1", port, world, True, timedelta(seconds=FINISH_TIMEOUT), wait_for_workers=False)
     ready.set()

@@ -53,7 +53,7 @@ def _make_logger(kind: str, root: str) -> Any:
 
         return TensorBoardLogger(root, name="bench")
     if kind == "RecordBuffer.append (component)":
-        from multirank_logger.logger.buffer import RecordBuffer
+        from multirank_logger.write.buffer import RecordBuffer
 
         return _BufferOnly(RecordBuffer())
     if kind.startswith("MultiRankLogger"):

@@ -40,7 +40,7 @@ KEYS = 10
 
 def make_batches(batches: int, rows: int, rank: int = 0, run_id: int = 1) -> list[Any]:
     """`batches` Arrow record batches of `rows` rows, seq/step continuing across batches."""
-    from multirank_logger.logger.buffer import RecordBuffer
+    from multirank_logger.write.buffer import RecordBuffer
 
     rng = random.Random(rank)
     names = [f"metric_{i}" for i in range(KEYS)]
@@ -170,7 +170,7 @@ def raw_duckdb(batches: int, rows: int) -> dict[str, Any]:
 
 def buffer_drain(batches: int, rows: int) -> dict[str, Any]:
     """RecordBuffer.drain: buffered log calls of 10 keys -> one Arrow record batch, rows/s."""
-    from multirank_logger.logger.buffer import RecordBuffer
+    from multirank_logger.write.buffer import RecordBuffer
 
     rng = random.Random(0)
     names = [f"metric_{i}" for i in range(KEYS)]

@@ -56,12 +56,12 @@ def _launch_store(port: int, out: str, ready: Any, stop: Any) -> None:
 
 def _rank(rank: int, world: int, per_node: int, port: int, seconds: float, out: str, via_launch: bool,
           start_at: float, sampled: Any) -> None:  # fmt: skip
-    from multirank_logger.logger.buffer import RecordBuffer
-    from multirank_logger.logger.sinks import GatherSender
-    from multirank_logger.logger.transport_choice import choose_transport
-    from multirank_logger.logger.writer import BackgroundWriter
     from multirank_logger.store.backends import backend_for, resolve_url
     from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.write.buffer import RecordBuffer
+    from multirank_logger.write.sinks import GatherSender
+    from multirank_logger.write.transport_choice import choose_transport
+    from multirank_logger.write.writer_thread import BackgroundWriter
 
     os.environ.update(NODE_RANK=str(rank // per_node), LOCAL_RANK=str(rank % per_node))
     if via_launch:
@@ -112,8 +112,8 @@ def _socket_bytes(port: int) -> tuple[int, int]:
 def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict[str, Any]:
     import torch.distributed  # noqa: F401 - imported once, before the fork
 
-    import multirank_logger.logger.sinks  # noqa: F401
-    import multirank_logger.logger.transport_choice  # noqa: F401
+    import multirank_logger.write.sinks  # noqa: F401
+    import multirank_logger.write.transport_choice  # noqa: F401
 
     world = senders + nodes
     if world % nodes:

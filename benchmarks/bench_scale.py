@@ -63,12 +63,12 @@ def _sender(
 ) -> None:
     """A paced sender; with `bound`, an unpaced one (as fast as it can) with a spill file and that
     bound on its unacknowledged values (past the ceiling)."""
-    from multirank_logger.logger.buffer import RecordBuffer
-    from multirank_logger.logger.sinks import GatherSender
-    from multirank_logger.logger.spiller import Spiller
-    from multirank_logger.logger.writer import BackgroundWriter
     from multirank_logger.store.spill_file import SpillWriter
     from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.write.buffer import RecordBuffer
+    from multirank_logger.write.sinks import GatherSender
+    from multirank_logger.write.spiller import Spiller
+    from multirank_logger.write.writer_thread import BackgroundWriter
 
     channel = RowChannel("scale", rank, world, host="127.0.0.1", port=port, timeout=TIMEOUT)
     if bound is None:
@@ -123,11 +123,11 @@ def _receiver(
 ) -> None:
     import torch.distributed as dist
 
-    from multirank_logger.logger.buffer import RecordBuffer
-    from multirank_logger.logger.sinks import GatherReceiver
-    from multirank_logger.logger.writer import BackgroundWriter
     from multirank_logger.store.sql_store import Store
     from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.write.buffer import RecordBuffer
+    from multirank_logger.write.sinks import GatherReceiver
+    from multirank_logger.write.writer_thread import BackgroundWriter
 
     server = dist.TCPStore("127.0.0.1", port, world, True, timedelta(seconds=TIMEOUT), wait_for_workers=False)
     ready.set()
@@ -205,8 +205,8 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
     # every import the processes need, before the fork: they share these pages
     import torch.distributed  # noqa: F401
 
-    import multirank_logger.logger.sinks  # noqa: F401
-    import multirank_logger.logger.writer  # noqa: F401
+    import multirank_logger.write.sinks  # noqa: F401
+    import multirank_logger.write.writer_thread  # noqa: F401
     from multirank_logger.store.sql_store import Store
 
     store = Store(db)

@@ -31,7 +31,7 @@ CASES = ("drain+encode", "decode", "spill write", "spill read", "import sqlite",
 
 
 def _batches(frames: int, calls: int) -> list[Any]:
-    from multirank_logger.logger.buffer import RecordBuffer
+    from multirank_logger.write.buffer import RecordBuffer
 
     out = []
     buf = RecordBuffer()
@@ -44,7 +44,7 @@ def _batches(frames: int, calls: int) -> list[Any]:
 
 
 def _fill(calls: int) -> Any:
-    from multirank_logger.logger.buffer import RecordBuffer
+    from multirank_logger.write.buffer import RecordBuffer
 
     buf = RecordBuffer()
     for step in range(calls):

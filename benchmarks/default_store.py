@@ -82,8 +82,8 @@ def readers_during_training(backend: str, seconds: float) -> dict[str, Any]:
 
 
 def _write(db: str, batches: int, rank: int, start: Any, out: Any) -> None:
-    from multirank_logger.logger.buffer import RecordBuffer
     from multirank_logger.store.sql_store import Store
+    from multirank_logger.write.buffer import RecordBuffer
 
     try:
         store = Store(db)

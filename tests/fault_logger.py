@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--exit-flush-timeout", type=float, default=None, help="process_hooks.EXIT_FLUSH_TIMEOUT (20 s)")
     args = p.parse_args()
     if args.exit_flush_timeout is not None:
-        from multirank_logger.logger import process_hooks
+        from multirank_logger.write import process_hooks
 
         process_hooks.EXIT_FLUSH_TIMEOUT = args.exit_flush_timeout  # read at exit: the bound under test, shorter
 

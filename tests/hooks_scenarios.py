@@ -125,7 +125,7 @@ def unused_fork(db: str) -> None:
 
 def release(db: str) -> None:
     """The handler from before ours is back after finalize, once no writer runs."""
-    from multirank_logger.logger import process_hooks
+    from multirank_logger.write import process_hooks
 
     def mine(signum: int, frame: object) -> None:
         pass

@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from multirank_logger import MultiRankLogger
-from multirank_logger.logger import process_hooks
+from multirank_logger.write import process_hooks
 
 
 class TinyModel(LightningModule):

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from multirank_logger import open_store
 from multirank_logger.cli import main
-from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.store.sql_store import Store
+from multirank_logger.write.buffer import RecordBuffer
 from tests.test_query import _calls, _csvlogger_file, _store_calls
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC

@@ -474,7 +474,7 @@ def test_logger_dropped_unfinalized_leaves_nothing_behind(tmp_path: Path, db_pat
     """Lightning's own test harness after a test that logs, saves and never finalizes: the
     logger's variable is gone once the logger is (no gc.collect(): the harness does none), and
     the threads left have stop(), which flushes, then ends them."""
-    from multirank_logger.logger import process_hooks
+    from multirank_logger.write import process_hooks
 
     watcher = process_hooks._state.watcher
     if watcher is not None:  # an earlier test's, in this process: the harness stopped it there

@@ -21,7 +21,7 @@ os.umask(int(sys.argv[2], 8))
 from pathlib import Path
 from lightning.pytorch.loggers import CSVLogger
 from multirank_logger import MultiRankLogger
-from multirank_logger.logger.buffer import RecordBuffer
+from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.store.spill_file import SpillWriter
 
 out = Path(sys.argv[1])

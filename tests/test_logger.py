@@ -17,7 +17,7 @@ from lightning.pytorch import Trainer
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWritable
-from multirank_logger.logger.writer import SELDOM_MAX_CALLS
+from multirank_logger.write.writer_thread import SELDOM_MAX_CALLS
 from tests.logger_helpers import query
 
 

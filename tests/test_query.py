@@ -17,10 +17,10 @@ from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import open_store
 from multirank_logger.errors import LookupFailed, QueryFailed, ReadOnlyViolation, StoreLocked
-from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.model.csv_layout import write_csv
 from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend, backend_for, resolve_url
 from multirank_logger.store.sql_store import Store
+from multirank_logger.write.buffer import RecordBuffer
 
 Call = tuple[Mapping[str, Any], int]
 ODD_KEYS = ['it\'s "quoted", comma', "naïve ключ", "x; DROP TABLE metrics; --"]

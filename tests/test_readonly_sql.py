@@ -13,8 +13,8 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation
-from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.store.sql_store import Store
+from multirank_logger.write.buffer import RecordBuffer
 from tests.conftest import BACKEND_SUFFIXES, new_postgres_database
 
 COUNT = "SELECT count(*) AS n FROM metrics"

@@ -22,14 +22,14 @@ from multirank_logger import MultiRankLogger
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.cli import main as cli
 from multirank_logger.errors import ResumeRefused, RunIdentityMismatch
-from multirank_logger.logger.buffer import RecordBuffer
-from multirank_logger.logger.sinks import GatherReceiver
 from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
 from multirank_logger.model.side_records import encode_side
 from multirank_logger.query.reader import open_store
 from multirank_logger.store.run_lifecycle import begin_attempt, check_same_run
 from multirank_logger.store.sql_store import Store
 from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.write.buffer import RecordBuffer
+from multirank_logger.write.sinks import GatherReceiver
 from tests.conftest import free_port
 from tests.logger_helpers import query, train_env
 

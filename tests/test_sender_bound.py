@@ -14,11 +14,11 @@ import pyarrow as pa
 import pytest
 import torch.distributed as dist
 
-from multirank_logger.logger.buffer import RecordBuffer
-from multirank_logger.logger.sinks import SENDER_HELD_VALUES, GatherSender
-from multirank_logger.logger.spiller import Spiller
 from multirank_logger.store.spill_file import SpillWriter, read_spill
 from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.write.buffer import RecordBuffer
+from multirank_logger.write.sinks import SENDER_HELD_VALUES, GatherSender
+from multirank_logger.write.spiller import Spiller
 from tests.conftest import free_port
 
 CALLS_PER_BATCH = 5_000  # 10,000 values: two keys

@@ -13,11 +13,11 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main
 from multirank_logger.errors import SpillCorrupt
-from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.model.batch import empty_batch
 from multirank_logger.store.spill_file import SpillWriter, read_spill, read_spill_contents
 from multirank_logger.store.spill_import import import_spill
 from multirank_logger.store.sql_store import Store
+from multirank_logger.write.buffer import RecordBuffer
 
 #: written by the SpillWriter of commit f090cc9 (format version 1, MRB1 payloads): run exp/version_0,
 #: rank 1, two frames; see _V1_ROWS
@@ -483,10 +483,10 @@ def test_an_interrupted_launch_keeps_no_unheard_end_and_its_resume_is_a_success(
 def test_side_rows_past_the_bound_are_counted_lost(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """250,000 side rows logged before the run is known: the oldest 50,000 past the 200,000 kept
     in memory are dropped, and the drop is counted and said (before: gone with no count)."""
-    from multirank_logger.logger.sinks import DirectSink
-    from multirank_logger.logger.spiller import Spiller
-    from multirank_logger.logger.writer import BackgroundWriter
     from multirank_logger.model.side_records import MAX_PENDING, SideRecords
+    from multirank_logger.write.sinks import DirectSink
+    from multirank_logger.write.spiller import Spiller
+    from multirank_logger.write.writer_thread import BackgroundWriter
 
     store = Store(tmp_path / "runs.sqlite")
     run = store.create_run("side", world_size=1)

@@ -18,10 +18,10 @@ import pytest
 import sqlalchemy as sa
 
 from multirank_logger.errors import InvalidMetric, NotADatabase, StoreLocked, StoreNotWritable, UnsupportedStore
-from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.model.batch import METRICS_SCHEMA, column_lists, concat_batches
 from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS, decode_value, encode_value, metrics, runs
 from multirank_logger.store.sql_store import Store, head_revision
+from multirank_logger.write.buffer import RecordBuffer
 
 TRICKY_KEYS = ["a'b", 'x"; DROP TABLE metrics; --', "späce ключ 指标", "with,comma", "tab\tand\nnewline", ""]
 

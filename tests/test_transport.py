@@ -22,11 +22,11 @@ import sqlalchemy as sa
 import torch.distributed as dist
 
 from multirank_logger.errors import ChannelError, ChannelTimeout
-from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.model.batch import METRICS_SCHEMA, empty_batch
 from multirank_logger.model.wire import decode_batch, encode_batch
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.transport.tcpstore_client import CHUNK_ROWS
+from multirank_logger.write.buffer import RecordBuffer
 from tests.conftest import forkserver, free_port, spawn_ranks, stop_process
 
 pytestmark = pytest.mark.timeout(120)
@@ -290,9 +290,9 @@ def test_a_receiver_that_reconnects_loses_and_repeats_nothing(
 def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dist.TCPStore, tmp_path: Path) -> None:
     """Rank 0's gather sink over a real channel and store: a payload it cannot read is counted as
     lost, and the run's end recorded with that count is no success."""
-    from multirank_logger.logger.sinks import GatherReceiver
     from multirank_logger.store.run_end import record_end
     from multirank_logger.store.sql_store import Store
+    from multirank_logger.write.sinks import GatherReceiver
 
     store = Store(tmp_path / "runs.sqlite")
     run = store.create_run("damaged", world_size=2)

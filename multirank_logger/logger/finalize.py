@@ -21,14 +21,14 @@ from typing import Any
 from multirank_logger._util.best_effort import bounded, safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
-from multirank_logger.logger import process_hooks
-from multirank_logger.logger.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
 from multirank_logger.logger.rank_run import RankRun
-from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.store.run_end import record_end
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import SUCCESS, end_attempt, final_status
 from multirank_logger.store.write_errors import describe
+from multirank_logger.transport.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
+from multirank_logger.write import process_hooks
+from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
 
 __all__ = ["FAILED_TIMEOUT", "finish_run"]
 

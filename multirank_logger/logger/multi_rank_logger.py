@@ -35,9 +35,9 @@ from multirank_logger.logger.finalize import finish_run
 from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.logger.run_settings import RunSettings
 from multirank_logger.logger.save_dir import DEFAULT_DB_NAME, check_store_is_local
-from multirank_logger.logger.transport_choice import TRANSPORTS
 from multirank_logger.store.backends import backend_for, public_name, resolve_url
 from multirank_logger.store.run_lifecycle import check_run_choice
+from multirank_logger.write.transport_choice import TRANSPORTS
 
 __all__ = ["MultiRankLogger"]
 

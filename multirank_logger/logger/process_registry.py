@@ -29,10 +29,10 @@ from typing import Any, NamedTuple, Protocol
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.exit_logging import quiet_logging_errors
-from multirank_logger.logger import process_hooks
 from multirank_logger.store.run_lifecycle import drop_if_never_launched
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import end_at_exit, exit_status
+from multirank_logger.write import process_hooks
 
 __all__ = ["ProcessRun", "UnfinishedRun", "dist_up", "track"]
 

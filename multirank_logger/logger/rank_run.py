@@ -3,7 +3,7 @@
 It opens the store (rank 0 at construction, the others once their transport is direct),
 learns the run's identity (allocated by rank 0, store/run_lifecycle.py; shared through
 transport/identity.py), numbers this launch's attempt, sets up the sink its rows go to
-(sinks.py) and owns the writer thread that moves them there (writer.py).
+(write/sinks.py) and owns the writer thread that moves them there (write/writer_thread.py).
 
 What it holds lives in two parts. The run (settings, identity, hyperparameters) survives
 pickling into ddp_spawn's workers and a fork (ddp_notebook). The runtime (buffer, writer,
@@ -33,29 +33,29 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
 from multirank_logger.ddp.log_capture import LogCapture
 from multirank_logger.errors import MultiRankLoggerError, StoreLocked
-from multirank_logger.logger import process_hooks
-from multirank_logger.logger.buffer import RecordBuffer
 from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.launch_env import hook_launchers
 from multirank_logger.logger.process_registry import UnfinishedRun, dist_up, track
-from multirank_logger.logger.rank_facts import publish_facts, rank_facts
 from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
-from multirank_logger.logger.sink_protocol import Sink
-from multirank_logger.logger.sinks import DirectSink, GatherReceiver, GatherSender
-from multirank_logger.logger.spiller import Spiller
-from multirank_logger.logger.store_open import connection_room, store_of_writer
-from multirank_logger.logger.transport_choice import choose_transport
-from multirank_logger.logger.writer import BackgroundWriter
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.backends import backend_for
+from multirank_logger.store.open_for_write import connection_room, store_of_writer
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.transport.identity import IdentityBoard, RunIdentity, withdraw_identity
+from multirank_logger.transport.rank_facts import publish_facts, rank_facts
 from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.write import process_hooks
+from multirank_logger.write.buffer import RecordBuffer
+from multirank_logger.write.sink import Sink
+from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.write.spiller import Spiller
+from multirank_logger.write.transport_choice import choose_transport
+from multirank_logger.write.writer_thread import BackgroundWriter
 
 __all__ = ["RankRun"]
 

@@ -3,7 +3,7 @@ while the store is busy.
 
 The logger's finalize calls `record_end` once the rows are flushed: every rank records its own
 status where it writes the store; in gather mode rank 0 records the others too (a node's writer, its node's ranks), with the facts
-each of them published (logger/rank_facts.py). What each status is, is status.py's to say.
+each of them published (transport/rank_facts.py). What each status is, is status.py's to say.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Which errors of a write to the store may pass: `is_transient`, and `describe` for the messages.
 
-The logger's writer (logger/writer.py) keeps a failing batch in memory and retries it while
+The logger's writer (write/writer_thread.py) keeps a failing batch in memory and retries it while
 the error is *transient* (a reader holding the DuckDB file, a busy SQLite file, a full disk
 that may free up, a PostgreSQL server restarting). A *permanent* error (a row colliding with
 a stored one on the unique key (run_id, rank, seq, key)) would fail the same way forever:
-those rows go to the spill file at once (logger/spiller.py), and the rows after them are
+those rows go to the spill file at once (write/spiller.py), and the rows after them are
 written as usual.
 """
 
@@ -28,7 +28,7 @@ _TRANSIENT_TEXT = (
 
 
 # a store whose tables vanished: its file was deleted and a fresh one opened at the same path
-# (between the check in logger/sinks.py's DirectSink and the open; the new file can even reuse the inode)
+# (between the check in write/sinks.py's DirectSink and the open; the new file can even reuse the inode)
 _MISSING_TABLE = re.compile(r"no such table|Table with name \w+ does not exist|relation \"\w+\" does not exist")
 
 

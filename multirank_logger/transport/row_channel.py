@@ -190,7 +190,7 @@ class RowChannel(NodeRoutes):
             self._inflight.popleft()
 
     def _fail(self, reason: str) -> ChannelError:
-        self._failed = reason  # the caller says what becomes of the rows (logger/sinks.py spills them)
+        self._failed = reason  # the caller says what becomes of the rows (write/sinks.py spills them)
         undelivered = [batch for _, batch, _ in self._inflight]
         self._inflight.clear()
         return ChannelError(self._failed, undelivered)
@@ -333,7 +333,7 @@ class RowChannel(NodeRoutes):
 
     # -- side-table rows (decisions, logs, step timing) --------------------------------------
     # A queue of their own, without the acknowledgements the metrics get: they are few, and a
-    # sender whose rank 0 is gone says how many it could not deliver (logger/sinks.py).
+    # sender whose rank 0 is gone says how many it could not deliver (write/sinks.py).
 
     def send_side(self, payload: bytes) -> None:
         """Queue one encoded set of side rows (`model.side_records.encode_side`) for rank 0.

@@ -28,11 +28,11 @@ from typing import Any
 import pyarrow as pa
 
 from multirank_logger.errors import ChannelError, StoreGone
-from multirank_logger.logger.spiller import Spiller
 from multirank_logger.model.batch import with_run_id
 from multirank_logger.model.side_records import decode_side, encode_side
 from multirank_logger.store.sql_store import Store
 from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.write.spiller import Spiller
 
 __all__ = ["SENDER_HELD_VALUES", "DirectSink", "GatherReceiver", "GatherSender"]
 

@@ -5,7 +5,7 @@ that it answers "too many clients already". Rank 0 asks it how many connections 
 before the transport is chosen (`connection_room`, for transport_choice.py); a rank other than
 0 that writes (direct, or a node's writer) and is refused at set-up goes on without the
 connection (`open_or_later`): its writer retries at each flush, with backoff, holds the rows
-meanwhile and spills them past its bound (writer.py). Training never stops for it.
+meanwhile and spills them past its bound (write/writer_thread.py). Training never stops for it.
 """
 
 from __future__ import annotations

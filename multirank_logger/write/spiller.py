@@ -1,6 +1,6 @@
 """Spiller: where this rank's rows go when the store (or rank 0) does not take them, and what the user is told.
 
-Every sink (sinks.py) has one. The writer (writer.py) hands it what the store refuses for
+Every sink (sinks.py) has one. The writer thread (writer_thread.py) hands it what the store refuses for
 good, or what it held past its bound; a gather sender what it cannot deliver to rank 0. The
 rows go to this rank's spill file (store/spill_file.py), which ``multirank-logger import``
 reads back (store/spill_import.py). The user is told once per failure episode, with the

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from multirank_logger.errors import InvalidTransport, MultiRankLoggerError
-from multirank_logger.logger.rank_facts import rank_facts
 from multirank_logger.transport.node_rows import LOOPBACK, reachable_host
+from multirank_logger.transport.rank_facts import rank_facts
 
 if TYPE_CHECKING:
     from multirank_logger.store.backends import Backend

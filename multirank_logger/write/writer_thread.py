@@ -33,14 +33,14 @@ from typing import Any
 import pyarrow as pa
 
 from multirank_logger._util.best_effort import bounded
-from multirank_logger.logger import process_hooks
-from multirank_logger.logger.buffer import RecordBuffer
-from multirank_logger.logger.sink_protocol import Sink, Target
-from multirank_logger.logger.spiller import Spiller
 from multirank_logger.model.batch import concat_batches, halves
 from multirank_logger.model.side_records import MAX_PENDING as SIDE_MAX_PENDING
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
+from multirank_logger.write import process_hooks
+from multirank_logger.write.buffer import RecordBuffer
+from multirank_logger.write.sink import Sink, Target
+from multirank_logger.write.spiller import Spiller
 
 __all__ = ["HELD_VALUES_LIMIT", "BackgroundWriter", "Sink", "Target"]
 

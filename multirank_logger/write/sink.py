@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from multirank_logger.logger.spiller import Spiller
+from multirank_logger.write.spiller import Spiller
 
 __all__ = ["Sink", "Target"]
 

@@ -1,0 +1,16 @@
+"""How this rank's rows leave it: the write path, below the Lightning front-end (logger/).
+
+Top down (each module imports only those below it):
+
+- transport_choice.py: where rows go (every rank writes the store, rank 0 gathers them, or a
+  node's writer does), decided on rank 0 and published over the launch's channel.
+- sinks.py: the sinks the writer thread hands a batch to (`DirectSink` writes the store;
+  `GatherSender` ships to rank 0 or a node's writer; `GatherReceiver` writes what it receives),
+  behind sink.py's `Sink` protocol.
+- writer_thread.py: `BackgroundWriter`, the thread that drains the buffer into the sink, retries
+  and holds what the store refuses for a while, and spills the rest.
+- buffer.py: `RecordBuffer`, the hot path's memory (the only part the training thread touches).
+- spiller.py: where rows the store or rank 0 did not take go (the spill file), and what the
+  user is told.
+- process_hooks.py: the process-wide hooks that flush every writer (SIGTERM, exit, fork).
+"""
