@@ -77,7 +77,12 @@ def python_blocks(path: Path) -> list[Block]:
 
 def code_blocks(path: Path) -> list[str]:
     """The text of every fenced block, whatever its language."""
-    return re.findall(r"^```[^\n]*\n(.*?)^```", path.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    return fenced_blocks(path.read_text(encoding="utf-8"))
+
+
+def fenced_blocks(text: str) -> list[str]:
+    """The text of every fenced block of `text`, whatever its language."""
+    return re.findall(r"^```[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
 
 
 def _params() -> list[Any]:
@@ -302,13 +307,85 @@ def test_architecture_doc_has_the_layer_table_of_test_layers() -> None:
     assert table == ALLOWED
 
 
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGE = ROOT / "multirank_logger"
+
+
+def _architecture_section(title: str) -> str:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert f"\n## {title}\n" in text, f"docs/architecture.md has no section '## {title}'"
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _tree_parts() -> set[str]:
+    """The package's parts: each subpackage and each top-level module (``cli``, ``errors``...)."""
+    parts = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    return parts | {p.stem for p in PACKAGE.glob("*.py")}
+
+
+def _tree_modules() -> set[str]:
+    """Every module file under a subpackage, as a path below the package: ``store/backends/sqlite.py``."""
+    return {str(p.relative_to(PACKAGE)) for part in PACKAGE.glob("*/__init__.py")
+            for p in part.parent.rglob("*.py") if p.name != "__init__.py"}  # fmt: skip
+
+
+def _listed_modules() -> dict[str, set[str]]:
+    """The module list of docs/architecture.md: per subpackage, the module paths its line names.
+
+    A line reads ``- `part/`: `a.py` (what it does), `sub/` (`b.py`, `c.py`)``: a module named
+    inside the parentheses after a folder ``sub/`` is ``part/sub/b.py``; other parentheses are
+    words about the module before them."""
+    listed: dict[str, set[str]] = {}
+    section = _architecture_section("The modules")
+    for part, body in re.findall(r"^- `(\w+)/`:(.*?)(?=^- `|^\S|\Z)", section, re.MULTILINE | re.DOTALL):
+        names = listed.setdefault(part, set())
+        folders: list[str] = []  # the folder of each open parenthesis ("" for words)
+        folder = ""
+        for token in re.finditer(r"`([\w/.]+)`|\(|\)", body):
+            if token.group(0) == "(":
+                folders.append(folder)
+            elif token.group(0) == ")" and folders:
+                folders.pop()
+            elif re.fullmatch(r"\w+\.py", token.group(1) or ""):  # a path with a / is words about another module
+                names.add("/".join([part, *filter(None, folders), token.group(1)]))
+            folder = token.group(1)[:-1] if (token.group(1) or "").endswith("/") else ""
+    return listed
+
+
 def test_architecture_doc_names_only_modules_that_exist() -> None:
     """Each module docs/architecture.md lists under a subpackage is a file of that subpackage."""
-    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    section = text.split("## The modules", 1)[1].split("\n## ", 1)[0]
-    missing = []
-    for part, body in re.findall(r"^- `(\w+)/`:(.*?)(?=^- `|^\S|\Z)", section, re.MULTILINE | re.DOTALL):
-        for module in re.findall(r"`(\w+\.py)`", body):
-            if not any((ROOT / "multirank_logger" / part).rglob(module)):
-                missing.append(f"{part}/{module}")
-    assert not missing, f"docs/architecture.md names modules that are gone: {missing}"
+    gone = sorted(set().union(*_listed_modules().values()) - _tree_modules())
+    assert not gone, f"docs/architecture.md's module list names modules that are gone: {gone}"
+
+
+def test_architecture_doc_lists_every_module_of_the_tree() -> None:
+    """Each module file of each subpackage (``__init__.py`` aside, subfolders included) is in the module list."""
+    listed = _listed_modules()
+    missing = sorted(_tree_modules() - set().union(*listed.values()))
+    hints = []
+    for path in missing:
+        part, _, rest = path.partition("/")
+        folder, _, name = rest.rpartition("/")
+        where = f"inside `{folder}/` (...) " if folder else ""
+        line = f'on the line "- `{part}/`:"' if part in listed else f'on a new line "- `{part}/`: ..."'
+        hints.append(f"multirank_logger/{path}: add `{name}` (and a few words on its job) {where}{line}")
+    assert not missing, "docs/architecture.md's module list (## The modules) misses:\n" + "\n".join(hints)
+
+
+def test_architecture_doc_draws_and_describes_every_part() -> None:
+    """Each subpackage and top-level module of the tree has a line in the drawing (## The layers)
+    and a row in its "what it holds" table."""
+    section = _architecture_section("The layers")
+    drawing = fenced_blocks(section)[0]
+    drawn = {name for line in drawing.splitlines()
+             if (m := re.match(r"(\w+(?:\s+\|\s+\w+)*)(?:\s{2,}|$)", line))
+             for name in re.split(r"\s+\|\s+", m.group(1))}  # fmt: skip
+    described = set(re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE))
+    wrong = [f"multirank_logger/{part}: add it to the drawing under '## The layers', at its layer "
+             "(its own line, or beside the parts it does not import: `a  |  b`)"
+             for part in sorted(_tree_parts() - {"__init__"} - drawn)]  # fmt: skip
+    wrong += [f"multirank_logger/{part}: add a row '| `{part}` | what it holds |' to the table under '## The layers'"
+              for part in sorted(_tree_parts() - described)]  # fmt: skip
+    wrong += [f"'{part}' is drawn or described in docs/architecture.md but is no part of the package"
+              for part in sorted((drawn | described) - _tree_parts())]  # fmt: skip
+    assert not wrong, "docs/architecture.md:\n" + "\n".join(wrong)

@@ -1,8 +1,13 @@
-"""The package's layers: every import points down, no import circle, small modules.
+"""The package's layers: every import points down, no import circle, no branch on a backend's name.
 
-The table below is the architecture (docs/architecture.md draws it). Imports are read from the
+The table below is the architecture (docs/architecture.md draws it and lists the modules;
+tests/test_docs.py checks that page against this table and the tree). Imports are read from the
 source with ``ast``, at any depth: module level, inside functions and under ``TYPE_CHECKING``
 alike, since a type-only import back up is still a circle to a reader.
+
+A module holds one job its name says. ``MAX_LINES`` is a generous guard, a smell to look at (is
+the module two jobs?), never a target to split against: one idea in one long module reads better
+than one class cut across files to stay under a number.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "multirank_logger"
-MAX_LINES = 450
+MAX_LINES = 600  # a smell, not a target: see the module doc
 
 #: what each part of the package may import, besides itself (bottom to top)
 ALLOWED: dict[str, set[str]] = {
@@ -118,10 +123,10 @@ def test_no_import_circle() -> None:
     assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
-def test_no_module_is_over_450_lines() -> None:
-    """Small modules: each reads in one sitting."""
+def test_no_module_is_over_the_size_guard() -> None:
+    """No module over MAX_LINES lines: past it, look for a second job to move out (never split one job by size)."""
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+    assert long == {}, f"modules over {MAX_LINES} lines: does each still hold one job its name says? {long}"
 
 
 def test_importing_the_package_loads_no_transport_report_or_torch() -> None:
