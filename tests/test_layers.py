@@ -129,6 +129,59 @@ def test_no_module_is_over_the_size_guard() -> None:
     assert long == {}, f"modules over {MAX_LINES} lines: does each still hold one job its name says? {long}"
 
 
+BACKENDS = PACKAGE / "store" / "backends"
+#: the names a backend answers to: its `name`, SQLAlchemy's dialect and driver names
+BACKEND_NAMES = frozenset({"sqlite", "duckdb", "postgresql", "generic"})
+
+
+def _names_a_backend(node: ast.expr) -> bool:
+    """`node` is a backend's name: ``backend.name``, ``store.backend.name``, ``engine.dialect.name``,
+    ``url.drivername``, ``url.get_backend_name()``."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Attribute) and node.func.attr in {"get_backend_name", "get_dialect"}
+    if not isinstance(node, ast.Attribute):
+        return False
+    if node.attr == "drivername":
+        return True
+    owner = node.value
+    owner_name = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else ""
+    return node.attr == "name" and any(word in owner_name.lower() for word in ("backend", "dialect"))
+
+
+def _is_backend_name_literal(node: ast.expr) -> bool:
+    """`node` spells a backend's name: ``"duckdb"``, or a tuple, list or set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in BACKEND_NAMES
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(map(_is_backend_name_literal, node.elts))
+
+
+def _backend_name_branches(path: Path) -> list[str]:
+    """Each comparison or ``match`` in `path` on a backend's name, as "path:line: source"."""
+    source = path.read_text()
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Match):
+            operands = [node.subject, *(c.pattern.value for c in node.cases if isinstance(c.pattern, ast.MatchValue))]
+        else:
+            continue
+        if any(map(_names_a_backend, operands)) or any(map(_is_backend_name_literal, operands)):
+            where = str(path.relative_to(PACKAGE.parent))
+            found.append((node.lineno, f"{where}:{node.lineno}: {(ast.get_source_segment(source, node) or '').splitlines()[0]}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_no_branch_on_a_backend_name_outside_the_backends() -> None:
+    """What differs per database lives in store/backends/: no module elsewhere compares a backend's name."""
+    found = [hit for p in sorted(PACKAGE.rglob("*.py")) if BACKENDS not in p.parents for hit in _backend_name_branches(p)]
+    assert not found, (
+        "branches on a backend's name outside multirank_logger/store/backends/:\n" + "\n".join(found) + "\n"
+        "Give the backends a method or attribute for what differs (a default in store/backends/base.py's "
+        "Backend, the exception in store/backends/<name>.py) and call it here instead."
+    )
+
+
 def test_importing_the_package_loads_no_transport_report_or_torch() -> None:
     """`import multirank_logger` (the CLI's start) loads neither the channel, the report nor torch."""
     code = (
