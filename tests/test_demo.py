@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from multirank_logger.store.sql_store import Store, head_revision
-from tests.conftest import free_port
+from tests.helpers.launches import free_port
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 

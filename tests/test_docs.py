@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+from tests.helpers.launches import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

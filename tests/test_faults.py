@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store.sql_store import Store
-from tests.conftest import stop_process
+from tests.helpers.processes import stop_process
 from tests.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 
 SCRIPT = Path(__file__).with_name("fault_logger.py")
@@ -425,7 +425,7 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
     """The PostgreSQL server stops under a running logger and comes back: every row is written once
     it is back (held in memory meanwhile), and the run is a success."""
     pgserver = pytest.importorskip("pgserver", reason="pgserver is not installed (pip install -e '.[test]')")
-    from tests.conftest import new_postgres_database
+    from tests.helpers.stores import new_postgres_database
 
     # our own server (the test stops it), outside pytest's base directory: every pytest session
     # resets that to mode 0700, which shuts out the server's own user ("pgserver")
@@ -506,7 +506,7 @@ def _own_postgres() -> Iterator[Any]:
 def _start_paused(server, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str, list[int]]:
     """fault_logger.py on a new database of `server`, which is stopped (SIGSTOP: every process of
     it, as a host cut off mid-call) once the first half is stored; the second half then runs."""
-    from tests.conftest import new_postgres_database
+    from tests.helpers.stores import new_postgres_database
 
     url = new_postgres_database(server)
     ready, go = tmp_path / "ready", tmp_path / "go"

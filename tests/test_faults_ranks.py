@@ -21,8 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
-from tests.conftest import forkserver, join_ranks, start_ranks, stop_process
 from tests.fault_ranks import rank_main, value
+from tests.helpers.launches import forkserver, join_ranks, start_ranks
+from tests.helpers.processes import stop_process
 from tests.logger_helpers import query, ranks_stderr, spill_files_named
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

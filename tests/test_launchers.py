@@ -22,7 +22,7 @@ import pytest
 
 from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.query.reader import open_store
-from tests.conftest import free_port
+from tests.helpers.launches import free_port
 from tests.logger_helpers import query, rank_reports, train_cmd, train_env
 
 pytestmark = pytest.mark.timeout(240)

@@ -389,7 +389,7 @@ def test_finalize_leaves_no_connection_open(tmp_path: Path, monkeypatch: pytest.
     import psutil
     import torch.distributed as dist
 
-    from tests.conftest import free_port
+    from tests.helpers.launches import free_port
 
     server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
     # the launch's store, as torchrun's agent offers it to its workers
@@ -422,7 +422,7 @@ def test_start_timeout_bounds_the_wait_for_rank_0(tmp_path: Path, monkeypatch: p
     import torch.distributed as dist
 
     from multirank_logger.errors import IdentityTimeout
-    from tests.conftest import free_port
+    from tests.helpers.launches import free_port
 
     server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
     for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),

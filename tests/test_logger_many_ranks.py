@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import forkserver, spawn_ranks
+from tests.helpers.launches import forkserver, spawn_ranks
 from tests.logger_helpers import query, ranks_stderr
 from tests.logger_many_ranks import rank_main, value
 

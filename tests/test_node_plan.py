@@ -16,7 +16,7 @@ from multirank_logger.store.backends import backend_for, resolve_url
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.transport_choice import _plan, choose_transport
-from tests.conftest import free_port
+from tests.helpers.launches import free_port
 
 pytestmark = pytest.mark.timeout(60)
 SERVER_URL = "postgresql+psycopg://trainer@db-host/runs"  # never connected to: choose_transport only reads its kind

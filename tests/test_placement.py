@@ -13,7 +13,7 @@ from multirank_logger.errors import InvalidTransport
 from multirank_logger.store.backends import backend_for, resolve_url
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.transport_choice import choose_transport, filesystem_type
-from tests.conftest import free_port
+from tests.helpers.launches import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ from multirank_logger import open_store
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
-from tests.conftest import BACKEND_SUFFIXES, new_postgres_database
+from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 
 COUNT = "SELECT count(*) AS n FROM metrics"
 ROWS = 20

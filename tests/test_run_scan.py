@@ -20,7 +20,7 @@ from multirank_logger.model.schema import encode_value, metrics, ranks, runs
 from multirank_logger.query.run_scan import scan_run
 from multirank_logger.report.findings import DEPART_SPREADS, SPREAD_WINDOW, departures, outliers
 from multirank_logger.store.sql_store import Store
-from tests.conftest import new_postgres_database
+from tests.helpers.stores import new_postgres_database
 
 RANKS, STEPS, KEYS = 7, 240, ("a_loss", "b_acc", "c_flat")
 

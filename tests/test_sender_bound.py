@@ -19,7 +19,7 @@ from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.sinks import SENDER_HELD_VALUES, GatherSender
 from multirank_logger.write.spiller import Spiller
-from tests.conftest import free_port
+from tests.helpers.launches import free_port
 
 CALLS_PER_BATCH = 5_000  # 10,000 values: two keys
 BATCHES = 30  # 300,000 values: past the bound

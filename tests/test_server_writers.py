@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from multirank_logger.store.backends import public_name
-from tests.conftest import forkserver, join_ranks, new_postgres_database, start_ranks, with_password
+from tests.helpers.launches import forkserver, join_ranks, start_ranks
+from tests.helpers.stores import new_postgres_database, with_password
 from tests.logger_helpers import query, ranks_stderr
 from tests.logger_many_ranks import rank_main, value
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from multirank_logger.store.sql_store import Store
-from tests.conftest import free_port
+from tests.helpers.launches import free_port
 
 pytestmark = pytest.mark.timeout(240)
 SCRIPT = Path(__file__).with_name("shared_nothing_train.py")

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from multirank_logger.ddp import all_gather
 from multirank_logger.errors import GatherMismatch
-from tests.conftest import spawn_ranks
+from tests.helpers.launches import spawn_ranks
 
 pytestmark = pytest.mark.timeout(180)
 _JOIN_S = 120

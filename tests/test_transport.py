@@ -27,7 +27,8 @@ from multirank_logger.model.wire import decode_batch, encode_batch
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.transport.tcpstore_client import CHUNK_ROWS
 from multirank_logger.write.buffer import RecordBuffer
-from tests.conftest import forkserver, free_port, spawn_ranks, stop_process
+from tests.helpers.launches import forkserver, free_port, spawn_ranks
+from tests.helpers.processes import stop_process
 
 pytestmark = pytest.mark.timeout(120)
 
