@@ -7,10 +7,9 @@ on the rows of a window of steps (about ``WINDOW_ROWS`` rows) at a time. What st
 and step (the ranks' count, median, typical spread, min and max), per rank, and the few rows
 that may depart from the others: memory grows with the steps, not with the ranks or the rows.
 
-Per key, each window's steps x ranks table goes to the judgement's ``DepartureWindows``
-(``judgement/ranks.py``), which keeps per step (with at least 3 finite values) the ranks' count,
-median, typical spread, min and max, and the values that may depart; the report then judges on
-them (``judge_departures``). A rank's later call at a step wins (``per_rank``'s rule).
+The per-key statistics are the judgement's: each window's steps x ranks table of a key goes to
+its ``DepartureWindows`` (``judgement/ranks.py``), and the report judges on what it kept
+(``judge_departures``). A rank's later call at a step wins (``per_rank``'s rule).
 
 Non-finite values (NaN, inf) are counted per key and rank over every stored row, and each
 rank's distinct steps and last step are counted: the report's ranks table.
