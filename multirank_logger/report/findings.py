@@ -33,7 +33,7 @@ __all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notic
 MAX_LOG_MESSAGES = 20
 #: warning and error records read at most (the first, in time order)
 MAX_LOG_RECORDS = 100_000
-#: StepTimer's columns judged for stragglers, and the page's series each is drawn as
+#: StepTimer's columns judged for stragglers (the page draws each as its series `timing:COLUMN`)
 STRAGGLER_PHASES = ("data_s", "forward_s")
 
 
