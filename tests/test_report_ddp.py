@@ -144,3 +144,17 @@ def test_html_report_is_the_ui_page_in_one_file(db: Path, tmp_path: Path) -> Non
     pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.int32)
     coloured = int((pixels.max(axis=2) - pixels.min(axis=2) > 80).sum())  # the ranks' lines, the heatmaps
     assert coloured > 5000, coloured
+
+
+@pytest.mark.parametrize("run", ["faulty", "clean"])
+def test_the_page_names_the_ranks_the_report_names(db: Path, run: str) -> None:
+    """Under every chart, the live page and the HTML report name the ranks the report names, and
+    no other: the page's own rule once said "ranks departing: 0, 1, 2" under timing:forward_s of
+    such a run, where the report found no straggler."""
+    from tests.page_agreement import page_and_report
+
+    compared = page_and_report(db, run)
+    assert [item for item in compared if list(item[1]) != list(item[2])] == []
+    if run == "faulty":
+        assert ("train_loss", [2], [2]) in compared and ("timing:data_s", [1], [1]) in compared
+        assert ("weight_norm NaN/inf", [2], [2]) in compared

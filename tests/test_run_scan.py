@@ -16,9 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from multirank_logger import open_store
+from multirank_logger.judgement.ranks import DEPART_SPREADS, SPREAD_WINDOW
 from multirank_logger.model.schema import encode_value, metrics, ranks, runs
 from multirank_logger.query.run_scan import scan_run
-from multirank_logger.report.findings import DEPART_SPREADS, SPREAD_WINDOW, departures, outliers
+from multirank_logger.report.findings import departures, outliers
 from multirank_logger.store.sql_store import Store
 from tests.helpers.stores import new_postgres_database
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from multirank_logger.judgement.ranks import non_finite_ranks
 from multirank_logger.model.schema import encode_value, metrics
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import summarize
@@ -57,7 +58,7 @@ def test_summary_per_rank_and_bucket_marks_nan_and_inf(any_db: str) -> None:
             if finite and math.inf not in values:
                 highs.append(max(finite))
         assert s.lo[j] == min(lows) and s.hi[j] == max(highs), j  # the band's edges: every rank's envelope
-    assert s.with_non_finite() == [0, 1, 2]
+    assert non_finite_ranks(s.ranks, s.non_finite) == [0, 1, 2]
     band = s.band()
     # bucket 0: the ranks' means 0.05, 1.05, 2.05; bucket 1: rank 0's -inf leaves 1.25 and 2.25
     assert band["median"][:2] == pytest.approx([1.05, 1.75])

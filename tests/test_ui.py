@@ -110,7 +110,8 @@ def test_cli_binds_localhost_and_serves_summaries_not_rows(cli_server: str) -> N
     assert status == 200 and head["id"] == 1 and head["last_step"] == STEPS - 1 and "keys" not in head
     status, s = get(cli_server + "api/run/1/series?name=loss")
     assert status == 200
-    assert s["departing"] == [OUTLIER] and s["non_finite"] == [NAN_RANK]
+    status, found = get(cli_server + "api/run/1/findings")  # the ranks departing come with the report's findings
+    assert status == 200 and found["departing"]["loss"] == [OUTLIER] and s["non_finite"] == [NAN_RANK]
     assert len(s["steps"]) == STEPS and len(s["ranks"]) == RANKS and s["nodes"] == [["host0 (node 0)", 8], ["host1 (node 1)", 8]]
     import base64
 
@@ -180,7 +181,8 @@ def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tm
         shown = _wait(driver, "const t = document.getElementById('head').innerText; return t.includes('42') && t")
         assert "No run '42'" in shown and "Traceback" not in shown
         driver.get(cli_server)
-        _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.drawn")
+        # judged: the findings arrived, and each chart drew the lines of the ranks they name
+        _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.judged")
         flagged = driver.execute_script("return document.querySelector('section[data-series=loss]').dataset.flagged")
         assert set(flagged.split(",")) == {str(OUTLIER), str(NAN_RANK)}
         legend = driver.find_element("css selector", "section[data-series=loss] .u-legend").text

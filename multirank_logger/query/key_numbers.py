@@ -21,21 +21,23 @@ KEYS_IN_CASE = 64
 class KeyNumbers:
     """How a window's rows name their key: a number, the key's index in the run's ``keys``.
 
-    On DuckDB by the key's hash: ``hash(key)`` costs little more than no key at all, as DuckDB
-    hashes a dictionary-compressed column's strings once per dictionary entry, where a ``CASE``
-    compares every row's string (on the 51.2M-row store: 2.4 s of CPU for the whole pass against
-    4.8 s). A lookup table by the hash's fewest low bits that tell the run's keys apart gives
-    the index, and the full hash is compared, so a key the run did
-    not have when the pass began (a live run) is dropped, never taken for another. Elsewhere a
-    ``CASE`` in SQL (up to ``KEYS_IN_CASE`` keys) or the names themselves.
+    By the key's hash where the backend has a cheap one (``Backend.key_hash``): DuckDB's
+    ``hash(key)`` costs little more than no key at all, as DuckDB hashes a dictionary-compressed
+    column's strings once per dictionary entry, where a ``CASE`` compares every row's string (on
+    the 51.2M-row store: 2.4 s of CPU for the whole pass against 4.8 s). A lookup table by the
+    hash's fewest low bits that tell the run's keys apart gives the index, and the full hash is
+    compared, so a key the run did not have when the pass began (a live run) is dropped, never
+    taken for another. Elsewhere a ``CASE`` in SQL (up to ``KEYS_IN_CASE`` keys) or the names
+    themselves.
     """
 
     def __init__(self, reader: StoreReader, conn: sa.Connection, keys: list[str]) -> None:
         self.keys = keys
         self.hashes: np.ndarray | None = None
-        if reader.store.backend.name == "duckdb":
-            named = sa.values(sa.column("k", sa.String), name="run_keys").data([(k,) for k in keys])
-            found: dict[str, int] = {k: h for k, h in conn.execute(sa.select(named.c.k, sa.func.hash(named.c.k)))}
+        self.key_hash = reader.store.backend.key_hash
+        named = sa.values(sa.column("k", sa.String), name="run_keys").data([(k,) for k in keys])
+        if (hashed := self.key_hash(named.c.k)) is not None:
+            found: dict[str, int] = {k: h for k, h in conn.execute(sa.select(named.c.k, hashed))}
             hashes = np.array([found[k] for k in keys], dtype=np.uint64)
             for bits in range(max(1, len(keys) - 1).bit_length(), 25):  # the fewest low bits that tell the keys apart
                 low = hashes & np.uint64(2**bits - 1)
@@ -52,7 +54,7 @@ class KeyNumbers:
 
     def column(self) -> Any:
         if self.hashes is not None:
-            return sa.func.hash(metrics.c.key)
+            return self.key_hash(metrics.c.key)
         if len(self.keys) <= KEYS_IN_CASE:
             return sa.case({k: i for i, k in enumerate(self.keys)}, value=metrics.c.key, else_=-1)
         return metrics.c.key

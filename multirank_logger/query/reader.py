@@ -38,7 +38,13 @@ from multirank_logger.model.schema import (
     runs,
 )
 from multirank_logger.query.rank_spread import RankSpread, neg_zero, pivot_step_rank
-from multirank_logger.query.side_tables import read_decisions, read_logs
+from multirank_logger.query.side_tables import (
+    read_decisions,
+    read_logs,
+    read_rank_rows,
+    read_step_timing,
+    read_transport,
+)
 from multirank_logger.store.run_lifecycle import orphan_runs
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import ends_unknown
@@ -187,12 +193,14 @@ class StoreReader:
         )
         return out
 
-    def resolve_run(self, run: int | str | None = None) -> RunRef:
-        """The run meant by ``run`` (see the class docstring).
+    def resolve_run(self, run: int | str | RunRef | None = None) -> RunRef:
+        """The run meant by ``run`` (see the class docstring; a `RunRef` is taken as it is).
 
         Raises:
             LookupFailed: listing the runs there are, when none matches.
         """
+        if isinstance(run, RunRef):
+            return run
         cols = (runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.started_at, runs.c.world_size)
         stmt = sa.select(*cols).order_by(runs.c.id.desc()).limit(1)
         text = None if run is None else str(run).strip()
@@ -372,19 +380,9 @@ class StoreReader:
         with self._connect() as conn:
             return self.store.backend.run_readonly(conn, query)
 
-    def frame(self, query: str) -> Any:
-        """The package's own SELECT (the report's: never a user's SQL) as a DataFrame, through
-        SQLAlchemy on any driver: not through `sql`'s read-only guard, which on PostgreSQL needs
-        psycopg 3 (psycopg2 sends "a; b" as one string) and which this query has no need of."""
-        import pandas as pd
-
-        with self._connect() as conn:
-            result = conn.execute(sa.text(query))
-            return pd.DataFrame.from_records(result.fetchall(), columns=list(result.keys()))
-
     # -- side tables (query/side_tables.py) ----------------------------------------------
 
-    def decisions(self, run: int | str | None = None) -> Any:
+    def decisions(self, run: int | str | RunRef | None = None) -> Any:
         """Every ModelCheckpoint / EarlyStopping decision of a run, one row per (decision, rank).
 
         Columns: ``seq`` (the decision's number, the same on every rank), ``step``, ``epoch``,
@@ -399,13 +397,15 @@ class StoreReader:
         """
         return read_decisions(self._fetch_arrow, self.resolve_run(run))
 
-    def logs(self, run: int | str | None = None, rank: int | None = None, level: int | str | None = None) -> Any:
+    def logs(self, run: int | str | RunRef | None = None, rank: int | None = None, level: int | str | None = None,
+             limit: int | None = None) -> Any:  # fmt: skip
         """Every rank's logging records and warnings kept during a run (``capture_logs``).
 
         Args:
             run: see the class docstring.
             rank: only this rank's records.
             level: only records at or above this level (``"WARNING"``, ``30``).
+            limit: only the first this many records.
 
         Returns:
             Columns ``rank``, ``seq`` (the rank's record number), ``time`` (unix seconds),
@@ -415,7 +415,19 @@ class StoreReader:
             LookupFailed: for an unknown run.
             ValueError: for a level name logging does not know.
         """
-        return read_logs(self._fetch_arrow, self.resolve_run(run), rank, level)
+        return read_logs(self._fetch_arrow, self.resolve_run(run), rank, level, limit)
+
+    def step_timing(self, run: int | str | RunRef | None = None) -> Any:
+        """The run's StepTimer rows, one per (rank, batch): ``side_tables.TIMING_COLUMNS``."""
+        return read_step_timing(self._fetch_arrow, self.resolve_run(run))
+
+    def rank_rows(self, run: int | str | RunRef | None = None) -> Any:
+        """The run's registered ranks: rank, host, status, started_at, ended_at."""
+        return read_rank_rows(self._fetch_arrow, self.resolve_run(run))
+
+    def transport(self, run: int | str | RunRef | None = None) -> str | None:
+        """How the run's rows reached the store (``direct``, ``gather``, ...)."""
+        return read_transport(self._fetch_arrow, self.resolve_run(run))
 
 
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:

@@ -7,19 +7,16 @@ on the rows of a window of steps (about ``WINDOW_ROWS`` rows) at a time. What st
 and step (the ranks' count, median, typical spread, min and max), per rank, and the few rows
 that may depart from the others: memory grows with the steps, not with the ranks or the rows.
 
-For each key and each step with at least 3 finite values (as ``report.findings.departures``):
-
-- ``median``: the ranks' median; a rank's later call wins at a step (``per_rank``'s rule);
-- ``mad``: the median of the ranks' absolute deviations from it;
-- candidates: every row whose deviation is more than ``depart_spreads`` times the smallest
-  ``mad`` within ``spread_window`` steps each side. The report's typical spread (a rolling
-  median of ``mad``) is never below that minimum, so every row that departs is a candidate;
-  the report decides exactly on them. Steps at a window's edge wait for the next window.
+The per-key statistics are the judgement's: each window's steps x ranks table of a key goes to
+its ``DepartureWindows`` (``judgement/ranks.py``), and the report judges on what it kept
+(``judge_departures``). A rank's later call at a step wins (``per_rank``'s rule).
 
 Non-finite values (NaN, inf) are counted per key and rank over every stored row, and each
 rank's distinct steps and last step are counted: the report's ranks table.
 
-The SELECT is SQLAlchemy Core, the same on every backend; DuckDB hands it over as Arrow.
+The SELECT is SQLAlchemy Core, the same on every backend; how its rows come back fastest (as
+Arrow, several windows at once) is the backend's (``store/backends/``: ``numpy_columns``,
+``window_readers``, ``value_or_nan``).
 """
 
 from __future__ import annotations
@@ -35,10 +32,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import sqlalchemy as sa
 
-from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger._util.cpus import usable_cpus
 from multirank_logger._util.prefetch import prefetched
-from multirank_logger.model.csv_layout import row_columns
+from multirank_logger.judgement.ranks import DEPART_SPREADS, SPREAD_WINDOW, DepartureWindows, KeySteps
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import metrics
 from multirank_logger.query.key_numbers import KeyNumbers
@@ -48,33 +44,14 @@ from multirank_logger.query.window_grid import NON_FINITE_NAN, Window, lay_out
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["BUCKET_CELLS_MAX", "KeySteps", "RunScan", "WINDOW_ROWS", "scan_run"]
+__all__ = ["BUCKET_CELLS_MAX", "RunScan", "WINDOW_ROWS", "scan_run"]
 
 #: rows read at once (about 25 bytes each as NumPy columns, a few times that while computed)
 WINDOW_ROWS = 1_000_000
-#: threads reading windows from a DuckDB store at once
-FETCH_THREADS = 2
 #: threads computing a window's keys (besides the one reading the next window)
 KEY_THREADS = min(4, usable_cpus())
 #: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
 BUCKET_CELLS_MAX = 24_000_000
-
-
-@dataclass
-class KeySteps:
-    """One key, per step with at least 3 finite values, in step order; and its departure candidates."""
-
-    steps: np.ndarray
-    count: np.ndarray  # ranks with a finite value at the step
-    median: np.ndarray
-    mad: np.ndarray  # median absolute deviation from `median`
-    low: np.ndarray  # the ranks' min
-    high: np.ndarray  # the ranks' max
-    # candidate rows: the position in `steps`, the rank, its value and its deviation from `median`
-    cand_pos: np.ndarray
-    cand_rank: np.ndarray
-    cand_value: np.ndarray
-    cand_dev: np.ndarray
 
 
 @dataclass
@@ -95,8 +72,8 @@ def scan_run(
     reader: StoreReader,
     ref: RunRef,
     *,
-    spread_window: int,
-    depart_spreads: float,
+    spread_window: int = SPREAD_WINDOW,
+    depart_spreads: float = DEPART_SPREADS,
     window_rows: int = WINDOW_ROWS,
     bucket_columns: int = 0,
 ) -> RunScan:
@@ -109,8 +86,8 @@ def scan_run(
     Args:
         reader: the store.
         ref: the run.
-        spread_window: steps each side whose spreads are pooled (the report's ``SPREAD_WINDOW``).
-        depart_spreads: spreads past which a row may depart (the report's ``DEPART_SPREADS``).
+        spread_window: steps each side whose spreads are pooled (``judgement.ranks.SPREAD_WINDOW``).
+        depart_spreads: spreads past which a value may depart (``judgement.ranks.DEPART_SPREADS``).
         window_rows: about how many rows to hold at once.
         bucket_columns: when set, also each key's per-rank, per-bucket summary in at most that
             many buckets (``RunScan.buckets``): what the ui draws, from the same pass.
@@ -126,15 +103,15 @@ def scan_run(
             contextlib.ExitStack() as later:  # fmt: skip
         seq_conn: sa.Connection | None = None
 
-        def take(where: tuple[Any, ...], laying: Future[Window | None]) -> None:
+        def take(where: tuple[Any, ...], layout: Future[Window | None]) -> None:
             nonlocal seq_conn
             assert state is not None
-            laid = laying.result()
-            if laid is None:  # a rank logged a key twice at one step here: its later call wins, by seq
+            window = layout.result()
+            if window is None:  # a rank logged a key twice at one step here: its later call wins, by seq
                 seq_conn = seq_conn or later.enter_context(reader._connect())  # this thread's own
-                laid = lay_out(len(keys), *_fetch(reader, seq_conn, state.names, where, with_seq=True))
-                assert laid is not None
-            state.add(laid, pool)
+                window = lay_out(len(keys), *_fetch(reader, seq_conn, state.names, where, with_seq=True))
+                assert window is not None
+            state.add(window, pool)
 
         held: tuple[tuple[Any, ...], Future[Window | None]] | None = None
         for item in prefetched(lambda: _windows(reader, ref, keys, window_rows, bucket_columns)):
@@ -142,11 +119,11 @@ def scan_run(
                 state = _Scan(keys, spread_window, depart_spreads, item, bool(bucket_columns))
                 continue
             where, columns = item
-            laying = pool.submit(lay_out, len(keys), *columns)  # beside the previous window's keys
+            layout = pool.submit(lay_out, len(keys), *columns)  # beside the previous window's keys
             del item, columns  # the rows go with their layout, not at the next window
             if held is not None:
                 take(*held)
-            held = (where, laying)
+            held = (where, layout)
         if held is not None:
             take(*held)
     return scan if state is None else state.finish(scan)
@@ -186,15 +163,14 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
         where_ranks = where if named is None else sa.and_(where, metrics.c.rank.in_(named))
         windows = [(where_ranks, metrics.c.step >= start, metrics.c.step < start + span)
                    for start in range(low, high + 1, span)]  # fmt: skip
-        if reader.store.backend.name != "duckdb":
+        readers = reader.store.backend.window_readers
+        if readers == 1:
             for window in windows:
                 if (columns := _fetch(reader, conn, names, window, with_seq=False)) is not None:
                     yield window, columns
             return
-    # DuckDB turns a result into Arrow on one thread: two windows are read at once, each on a
-    # connection of its own (no one writes a DuckDB file a reader holds: every connection sees
-    # the same rows)
-    with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="multirank-logger-read") as readers, \
+    # several windows read at once, each on a connection of its own (the backend's window_readers)
+    with ThreadPoolExecutor(readers, thread_name_prefix="multirank-logger-read") as fetching, \
             contextlib.ExitStack() as connections:  # fmt: skip
         own = threading.local()
         opening = threading.Lock()
@@ -207,8 +183,8 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
 
         reading: deque[Future[tuple[tuple[Any, ...], Any]]] = deque()
         for window in windows:
-            reading.append(readers.submit(fetch, window))
-            if len(reading) >= FETCH_THREADS:
+            reading.append(fetching.submit(fetch, window))
+            if len(reading) >= readers:
                 if (done := reading.popleft().result())[1] is not None:
                     yield done
         for future in reading:
@@ -220,23 +196,12 @@ def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: t
            with_seq: bool) -> Any:  # fmt: skip
     """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
     backend = reader.store.backend
-    value: Any = metrics.c.value
-    if backend.name == "duckdb":  # NULL is a logged NaN: DuckDB hands NaN over, and Arrow's arrays need no copy
-        value = sa.func.coalesce(value, sa.cast(sa.literal("NaN"), sa.Float(53))).label("value")
-    cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, value]
+    cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, backend.value_or_nan(metrics.c.value)]
     stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
-    if backend.name == "duckdb":
-        table = backend.fetch_arrow(conn, stmt)
-        if table.num_rows == 0:
-            return None
-        out = [column_numpy(table.column(i)) for i in range(table.num_columns)]
-    else:
-        key_type = object if names.by_name else np.int64
-        types = [key_type, np.int64, np.int64, np.float64, np.int64][: len(cols) + with_seq]
-        parts = [row_columns(chunk, types) for chunk in backend.row_chunks(conn, stmt)]
-        if not parts:
-            return None
-        out = [np.concatenate(col) for col in zip(*parts)]
+    key_type = object if names.by_name else np.int64
+    out = backend.numpy_columns(conn, stmt, [key_type, np.int64, np.int64, np.float64, np.int64][: len(cols) + with_seq])
+    if out is None:
+        return None
     out[0], keep = names.numbers(out[0])
     return out if keep is None else [col[keep] for col in out]
 
@@ -247,16 +212,10 @@ class _Scan:
     def __init__(self, keys: list[str], spread_window: int, depart_spreads: float, span: _Span, buckets: bool) -> None:
         self.keys = keys
         self.names = span.names
-        self.sw = spread_window
-        self.factor = depart_spreads * (1 - 1e-9)  # a candidate rule that never misses by rounding
         self.steps_by_rank: dict[int, int] = {}
         self.last_by_rank: dict[int, int] = {}
         self.bad: dict[tuple[int, int], list[int]] = {}  # (key, rank) -> [first step, count, nan]
-        self.parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in keys]
-        self.cands: list[list[tuple[np.ndarray, ...]]] = [[] for _ in keys]
-        # per key: rows not yet judged (the last steps of the last window) and the spreads before them
-        self.pending: list[tuple[np.ndarray, ...] | None] = [None] * len(keys)
-        self.seen: list[int] = [0] * len(keys)  # counted steps so far, per key
+        self.departures = [DepartureWindows(spread_window, depart_spreads) for _ in keys]
         self.buckets = [BucketBuilder(k, span.first, span.last, span.width, span.ranks) for k in keys] if buckets else None
 
     def add(self, w: Window, pool: ThreadPoolExecutor) -> None:
@@ -279,7 +238,7 @@ class _Scan:
             mine = w.bad_key == k
             self.buckets[k].add(w.steps, w.ranks, w.grid[k], w.logged[k],
                                 (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))  # fmt: skip
-        self._add_key(k, w.steps, w.ranks, w.grid[k])
+        self.departures[k].add(w.steps, w.ranks, w.grid[k])
 
     def _count_non_finite(self, w: Window) -> None:
         is_nan = (w.bad_kind == NON_FINITE_NAN).tolist()
@@ -289,58 +248,10 @@ class _Scan:
             item[1] += 1
             item[2] += int(n)
 
-    def _add_key(self, k: int, steps: np.ndarray, ranks: np.ndarray, table: np.ndarray) -> None:
-        count = (~np.isnan(table)).sum(axis=1)
-        counted = count >= 3
-        if not counted.all():  # (a copy of the window's table: only where some step has too few)
-            table, steps, count = table[counted], steps[counted], count[counted]
-        if not len(steps):
-            return
-        median, low, high = _medians(table, count)
-        dev = table - median[:, None]
-        mad = _medians(np.abs(dev), count, extremes=False)[0]
-        self.parts[k].append((steps, count, median, mad, low, high))
-        self._candidates(k, ranks, table, dev, mad)
-
-    def _candidates(self, k: int, ranks: np.ndarray, table: np.ndarray, dev: np.ndarray, mad: np.ndarray,
-                    final: bool = False) -> None:  # fmt: skip
-        """Judge the rows whose spreads each side are known; keep the last `sw` steps' for later."""
-        first = self.seen[k]
-        self.seen[k] += len(mad)
-        pos = np.arange(first, first + len(mad))
-        cand_ranks = np.broadcast_to(ranks, dev.shape)
-        held = self.pending[k]
-        if held is not None:  # the previous window's last steps, and the spreads before them
-            h_pos, h_ranks, h_table, h_dev, h_mad_pos, h_mad = held
-            table, dev = _stack(h_table, table), _stack(h_dev, dev)
-            cand_ranks = _stack(h_ranks, cand_ranks, fill=-1)
-            pos = np.r_[h_pos, pos]
-            mad_pos, all_mad = np.r_[h_mad_pos, np.arange(first, first + len(mad))], np.r_[h_mad, mad]
-        else:
-            mad_pos, all_mad = np.arange(first, first + len(mad)), mad
-        lo = _rolling_min(all_mad, self.sw)[np.searchsorted(mad_pos, pos)]
-        judged = len(pos) if final else max(0, len(pos) - self.sw)
-        with np.errstate(invalid="ignore"):
-            hit = (dev[:judged] != 0) & (np.abs(dev[:judged]) > self.factor * lo[:judged, None])
-        rows, cols = np.nonzero(hit)
-        if len(rows):
-            self.cands[k].append((pos[rows], cand_ranks[rows, cols], table[rows, cols], dev[rows, cols]))
-        keep = slice(judged, len(pos))
-        self.pending[k] = None if final else (
-            pos[keep], cand_ranks[keep], table[keep], dev[keep], mad_pos[-2 * self.sw :], all_mad[-2 * self.sw :]
-        )  # fmt: skip
-
     def finish(self, scan: RunScan) -> RunScan:
-        for k, name in enumerate(self.keys):
-            if self.pending[k] is not None:
-                self._flush(k)
-            parts = self.parts[k]
-            if not parts:
-                continue
-            cols = [np.concatenate(c) for c in zip(*parts)]
-            cands = [np.concatenate(c) for c in zip(*self.cands[k])] if self.cands[k] else [
-                np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)]  # fmt: skip
-            scan.per_key[name] = KeySteps(*cols, *cands)
+        for name, departures in zip(self.keys, self.departures):
+            if (steps := departures.result()) is not None:
+                scan.per_key[name] = steps
         for built in self.buckets or ():
             if built.any:
                 scan.buckets[built.series] = built.summary()
@@ -350,51 +261,3 @@ class _Scan:
             for (k, r), (first, n, nan) in sorted(self.bad.items(), key=lambda item: (self.keys[item[0][0]], item[0][1]))
         ]  # fmt: skip
         return scan
-
-    def _flush(self, k: int) -> None:
-        """Judge the key's held rows: the run ends after them (fewer spreads on their right, as at
-        the end of the report's rolling window)."""
-        h_pos, h_ranks, h_table, h_dev, h_mad_pos, h_mad = self.pending[k]  # type: ignore[misc]
-        lo = _rolling_min(h_mad, self.sw)[np.searchsorted(h_mad_pos, h_pos)]
-        with np.errstate(invalid="ignore"):
-            hit = (h_dev != 0) & (np.abs(h_dev) > self.factor * lo[:, None]) & (h_ranks >= 0)
-        rows, cols = np.nonzero(hit)
-        if len(rows):
-            self.cands[k].append((h_pos[rows], h_ranks[rows, cols], h_table[rows, cols], h_dev[rows, cols]))
-        self.pending[k] = None
-
-
-def _medians(table: np.ndarray, count: np.ndarray, extremes: bool = True) -> tuple[np.ndarray, ...]:
-    """Per row of `table` (NaN where no value): the median of its values[, their min and max].
-
-    As ``np.nanmedian`` computes them (the mean of the two middle values for an even count),
-    without its slow path for rows with NaN: a sort puts NaN last, the count finds the middle.
-    """
-    if (count == table.shape[1]).all():  # no NaN: the two middle values by partition
-        n = table.shape[1]
-        # one kth, and the lower middle as the max of the values left of it: NumPy's partition
-        # with two kths took 5x as long (1.46 ms against 0.3 for 390 steps x 256 ranks)
-        part = np.partition(table, n // 2, axis=1)
-        lower = part[:, n // 2] if n % 2 else part[:, : n // 2].max(axis=1)
-        middle = (lower + part[:, n // 2]) / 2
-        return (middle, table.min(axis=1), table.max(axis=1)) if extremes else (middle,)
-    ordered = np.sort(table, axis=1)
-    rows = np.arange(len(table))
-    middle = (ordered[rows, (count - 1) // 2] + ordered[rows, count // 2]) / 2
-    return middle, ordered[:, 0], ordered[rows, count - 1]
-
-
-def _rolling_min(values: np.ndarray, half: int) -> np.ndarray:
-    """The min of `values` over `half` positions each side (fewer at the ends)."""
-    padded = np.pad(values.astype(float), half, constant_values=np.inf)
-    return np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1).min(axis=1)
-
-
-def _stack(held: np.ndarray, new: np.ndarray, fill: float = np.nan) -> np.ndarray:
-    """Rows of two windows, whose ranks may differ in number: the narrower padded with `fill`."""
-    if held.shape[1] == new.shape[1]:
-        return np.vstack((held, new))
-    width = max(held.shape[1], new.shape[1])
-    pad = [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in (held, new)]
-    return np.vstack(pad)
-

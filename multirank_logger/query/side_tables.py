@@ -1,8 +1,9 @@
-"""Read side of the side tables: checkpoint / early-stopping decisions and every rank's log.
+"""Read side of the side tables: checkpoint / early-stopping decisions, every rank's log, StepTimer's
+step timing; and the rows of a run's ranks and its transport, as the report reads them.
 
-`read_decisions` and `read_logs` build the queries and shape their frames; `StoreReader`
-(``query/reader.py``) delegates to them with its ``_fetch_arrow``, so ``open_store(db).decisions()``
-and ``.logs()`` sit beside ``.metrics()``. The pure helpers below (`disagreements`,
+`read_decisions`, `read_logs`, `read_step_timing`, `read_rank_rows` and `read_transport` build the
+queries and shape their frames; `StoreReader` (``query/reader.py``) delegates to them with its
+``_fetch_arrow``, so ``open_store(db).decisions()``, ``.logs()``, ``.step_timing()`` sit beside ``.metrics()``. The pure helpers below (`disagreements`,
 `group_alike`, `format_ranks`) shape those frames for the CLI and for anyone reading them.
 
 Example::
@@ -22,9 +23,10 @@ import sqlalchemy as sa
 
 from multirank_logger.ddp.log_capture import level_number
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import decisions, logs
+from multirank_logger.model.schema import decisions, logs, ranks, runs, step_timing
 
-__all__ = ["disagreements", "format_ranks", "group_alike", "read_decisions", "read_logs"]
+__all__ = ["disagreements", "format_ranks", "group_alike", "read_decisions", "read_logs", "read_rank_rows",
+           "read_step_timing", "read_transport"]  # fmt: skip
 
 #: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
@@ -32,6 +34,9 @@ FetchArrow = Callable[[sa.Select], Any]
 DECISION_COLUMNS = ("seq", "step", "epoch", "callback", "monitor", "mode", "rank", "value", "vote", "decision",
                     "path", "best", "time")  # fmt: skip
 LOG_COLUMNS = ("rank", "seq", "time", "level", "levelno", "logger", "message")
+TIMING_COLUMNS = ("rank", "seq", "step", "epoch", "batch_idx", "data_s", "forward_s", "rest_s", "batch_size",
+                  "mem_allocated_peak", "mem_reserved_peak", "alloc_retries", "rss", "time")  # fmt: skip
+RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at")
 
 
 def read_decisions(fetch_arrow: FetchArrow, run: RunRef) -> Any:
@@ -47,8 +52,9 @@ def read_decisions(fetch_arrow: FetchArrow, run: RunRef) -> Any:
     return df
 
 
-def read_logs(fetch_arrow: FetchArrow, run: RunRef, rank: int | None = None, level: int | str | None = None) -> Any:
-    """A run's log records, in time order: ``StoreReader.logs`` (its columns and filters).
+def read_logs(fetch_arrow: FetchArrow, run: RunRef, rank: int | None = None, level: int | str | None = None,
+              limit: int | None = None) -> Any:  # fmt: skip
+    """A run's log records, in time order (the first `limit`): ``StoreReader.logs`` (its columns and filters).
 
     Raises:
         ValueError: for a level name logging does not know.
@@ -58,7 +64,25 @@ def read_logs(fetch_arrow: FetchArrow, run: RunRef, rank: int | None = None, lev
         stmt = stmt.where(logs.c.rank == int(rank))
     if level is not None:
         stmt = stmt.where(logs.c.levelno >= level_number(level))
-    return _frame(fetch_arrow, stmt.order_by(logs.c.time, logs.c.rank, logs.c.seq), LOG_COLUMNS)
+    return _frame(fetch_arrow, stmt.order_by(logs.c.time, logs.c.rank, logs.c.seq).limit(limit), LOG_COLUMNS)
+
+
+def read_step_timing(fetch_arrow: FetchArrow, run: RunRef) -> Any:
+    """A run's StepTimer rows (``TIMING_COLUMNS``; NaN where not measured), in no order."""
+    stmt = sa.select(*(step_timing.c[name] for name in TIMING_COLUMNS)).where(step_timing.c.run_id == run.id)
+    return _frame(fetch_arrow, stmt, TIMING_COLUMNS)
+
+
+def read_rank_rows(fetch_arrow: FetchArrow, run: RunRef) -> Any:
+    """The run's registered ranks (``RANK_COLUMNS``: rank, host, status, started_at, ended_at)."""
+    stmt = sa.select(*(ranks.c[name] for name in RANK_COLUMNS)).where(ranks.c.run_id == run.id).order_by(ranks.c.rank)
+    return _frame(fetch_arrow, stmt, RANK_COLUMNS)
+
+
+def read_transport(fetch_arrow: FetchArrow, run: RunRef) -> str | None:
+    """How the run's rows reached the store (``runs.transport``: ``direct``, ``gather``, ...)."""
+    found = fetch_arrow(sa.select(runs.c.transport).where(runs.c.id == run.id)).column(0).to_pylist()
+    return found[0] if found else None
 
 
 def _frame(fetch_arrow: FetchArrow, stmt: sa.Select, columns: Iterable[str]) -> Any:

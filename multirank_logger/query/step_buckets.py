@@ -82,18 +82,6 @@ class BucketSummary:
         self._scores = np.clip(dev / spread, -SCORE_CLIP, SCORE_CLIP)
         return self._scores
 
-    def departing(self, spreads: float = 8.0, share: float = 0.05) -> list[int]:
-        """Ranks past ``spreads`` typical spreads in at least ``share`` of the buckets."""
-        if not self.ranks or not self.steps:
-            return []
-        far = np.nan_to_num(np.abs(self.scores()), nan=0.0) > spreads
-        need = max(1, math.ceil(share * len(self.steps)))
-        return [r for r, n in zip(self.ranks, far.sum(axis=1)) if n >= need]
-
-    def with_non_finite(self) -> list[int]:
-        rows: Any = np.asarray(self.non_finite).any(axis=1).tolist()
-        return [r for r, bad in zip(self.ranks, rows) if bad]
-
     def line(self, rank: int) -> list[float | None]:
         return _floats(self.mean[self.ranks.index(rank)])
 

@@ -4,20 +4,10 @@ For one run: the ranks (status, host, steps, duration); stragglers (a rank whose
 forward time stands out, from ``StepTimer``'s ``step_timing``); outlier ranks per key; non-finite
 values; ranks whose peak memory stands out; decisions the ranks disagreed on; warnings and errors
 from the ranks' logs, apart from the library warnings every rank raised alike (`library_notice`),
-which are shown as notices, not findings. Nothing here writes: every read goes through a ``StoreReader``.
-
-How a rank *departs* (outliers and stragglers), with no fixed threshold on the values:
-
-1. at each step, the median of the ranks, and each rank's deviation from it;
-2. the ranks' typical spread at that step: the median of the ranks' absolute deviations
-   (robust to one rank in three going astray), smoothed over neighbouring steps so that a step
-   where two ranks happen to agree does not make every other rank look far;
-3. a rank departs at a step when its deviation is over ``DEPART_SPREADS`` typical spreads, and
-   it *persistently* departs when it does so on most steps of a stretch of at least
-   ``MIN_STEPS`` steps (or 5% of the run), so a one-off spike or the noise of normal shards is
-   no finding. The finding gives the stretch's first step and the size of the departure.
-
-It takes three ranks: with two, each is as far from their median as the other.
+which are shown as notices, not findings. Nothing here writes: every read goes through a
+``StoreReader``, and whether a rank departs, straggles or stands out in memory is decided by the
+one judgement, ``judgement/ranks.py`` (its module docstring says how), which the page shows too
+(`Findings.departing`).
 """
 
 from __future__ import annotations
@@ -29,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from multirank_logger._util.background_import import import_in_background
+from multirank_logger.judgement import ranks as judgement
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
 from multirank_logger.query.step_buckets import BucketSummary
@@ -38,22 +29,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notice", "outliers"]
 
-#: a rank departs at a step when it is this many typical spreads of the ranks from their median
-DEPART_SPREADS = 8.0
-#: a departure is persistent over at least this many steps (or 5% of the run's steps, if more)
-MIN_STEPS = 5
-#: steps each side whose typical spreads are pooled (a rolling median)
-SPREAD_WINDOW = 5
-#: a straggler's extra time must be at least this share of a step to be worth a finding
-STRAGGLER_MIN_SHARE = 0.1
-#: a rank's peak memory stands out at this many times the other ranks' median peak
-MEMORY_RATIO = 1.25
-#: host memory (RSS) rank 0 of a gather run may hold beyond the others' before the ratio counts: it
-#: alone writes the store (connection, cache, the batches it receives). Measured: +113 MiB in a clean
-#: 2-rank DuckDB run (412 vs 525 MiB), 358-379 MiB peak under 256 senders (benchmarks/RESULTS.md, Scale)
-WRITER_RSS_ALLOWANCE = 384 * 2**20
 #: warnings/errors listed at most (distinct messages)
 MAX_LOG_MESSAGES = 20
+#: warning and error records read at most (the first, in time order)
+MAX_LOG_RECORDS = 100_000
+#: StepTimer's columns judged for stragglers (the page draws each as its series `timing:COLUMN`)
+STRAGGLER_PHASES = ("data_s", "forward_s")
 
 
 @dataclass
@@ -79,6 +60,23 @@ class Findings:
     def problems(self) -> bool:
         """Whether anything was found (the ranks' table and the notes are no finding)."""
         return any((self.stragglers, self.outliers, self.non_finite, self.memory, self.decisions, self.log_messages))
+
+    def departing(self, series: str) -> list[int]:
+        """The ranks this report names under one of the page's series (a metric key, or
+        ``timing:COLUMN``): outliers of a key, stragglers of a phase, memory of its measure."""
+        if series.startswith("timing:"):
+            column = series.split(":", 1)[1]
+            named = [s["rank"] for s in self.stragglers if s["phase"] + "_s" == column]
+            named += [m["rank"] for m in self.memory if m["measure"] == column]
+        else:
+            named = [o["rank"] for o in self.outliers if o["key"] == series]
+        return sorted(set(named))
+
+    def departing_by_series(self) -> dict[str, list[int]]:
+        """`departing` for every series under which this report names a rank."""
+        named = ([o["key"] for o in self.outliers] + [f"timing:{s['phase']}_s" for s in self.stragglers]
+                 + [f"timing:{m['measure']}" for m in self.memory])  # fmt: skip
+        return {series: self.departing(series) for series in sorted(set(named))}
 
     def keys_with_findings(self) -> list[str]:
         seen = dict.fromkeys(item["key"] for item in self.outliers + self.non_finite)
@@ -109,20 +107,18 @@ def find_with_buckets(
     import_in_background("pandas")
     out = Findings(run=ref.label, run_id=ref.id, world_size=ref.world_size)
     # one pass over the run's rows, in windows of steps: the ranks' steps, NaN/inf, and per key
-    # the per-step statistics and the rows that may depart (query/run_scan.py)
-    scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
-                    bucket_columns=bucket_columns)  # fmt: skip
+    # the per-step statistics and the values that may depart (query/run_scan.py)
+    scan = scan_run(reader, ref, bucket_columns=bucket_columns)
     out.ranks = _ranks(reader, ref, scan.rank_steps)
-    timing = _sql(reader, f"SELECT * FROM step_timing WHERE run_id = {ref.id}")
+    timing = reader.step_timing(ref)
     if len(timing):
         out.timing, out.stragglers = _timing(timing)
-        transport = _sql(reader, f"SELECT transport FROM runs WHERE id = {ref.id}")["transport"]
-        out.memory = _memory(timing, writers={0} if "gather" in transport.tolist() else set())
+        out.memory = _memory(timing, writers={0} if reader.transport(ref) == "gather" else set())
     else:
         out.notes.append("No step timing in this run: add multirank_logger.StepTimer() to the Trainer's callbacks.")
     out.non_finite = scan.non_finite
-    if ref.world_size < 3:
-        out.notes.append(f"Outlier ranks need 3 ranks or more (this run has {ref.world_size}).")
+    if ref.world_size < judgement.MIN_RANKS:
+        out.notes.append(f"Outlier ranks need {judgement.MIN_RANKS} ranks or more (this run has {ref.world_size}).")
     else:
         out.outliers = outliers(scan)
     out.decisions = _decisions(reader, ref)
@@ -137,118 +133,24 @@ def outliers(scan: RunScan) -> list[dict[str, Any]]:
     ``departures`` of each key's ``per_rank`` table, without the table."""
     out = []
     for key in scan.keys:
-        steps = scan.per_key.get(key)
-        if steps is None or len(steps.steps) < MIN_STEPS:
+        if (steps := scan.per_key.get(key)) is None:
             continue
-        found = _judge(steps.steps, steps.median, steps.mad, steps.cand_pos, steps.cand_rank, steps.cand_value,
-                       steps.cand_dev, higher_only=False)  # fmt: skip
+        found = judgement.judge_departures(steps)
         out += [{"rank": item.pop("rank"), "key": key, **item} for item in found]
     return out
 
 
-# -- the robust departure test -------------------------------------------------------------
-
-
 def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]:
-    """Ranks departing persistently from the others in a step x rank table (see the module doc).
-
-    Returns:
-        One dict per departing rank: rank, first_step, last_step, steps (departing), ratio
-        (its median value over the ranks' median, where that is not 0), spreads (its median
-        deviation in typical spreads), excess (its median deviation, in the values' unit).
-    """
-    values = table.to_numpy(dtype=float, copy=True)
-    values[~np.isfinite(values)] = np.nan  # NaN/inf are the non-finite finding's
-    counted = (~np.isnan(values)).sum(axis=1) >= 3
-    values, steps = values[counted], table.index.to_numpy()[counted]
-    if len(steps) < MIN_STEPS:
-        return []
-    median = np.nanmedian(values, axis=1)
-    dev = values - median[:, None]
-    per_step = np.nanmedian(np.abs(dev), axis=1)
-    pos, col = np.nonzero(~np.isnan(dev))  # every value is a candidate here
-    rank = np.asarray(table.columns, dtype=np.int64)[col]
-    return _judge(steps, median, per_step, pos, rank, values[pos, col], dev[pos, col], higher_only=higher_only)
-
-
-def _judge(
-    steps: np.ndarray,
-    median: np.ndarray,
-    per_step: np.ndarray,
-    pos: np.ndarray,
-    rank: np.ndarray,
-    value: np.ndarray,
-    dev: np.ndarray,
-    *,
-    higher_only: bool,
-) -> list[dict[str, Any]]:
-    """The departing ranks, from the per-step medians and spreads of the counted steps and the
-    candidate values (their step's position in `steps`, rank, value, deviation from the median):
-    every value that departs must be among the candidates (query/run_scan.py keeps a superset)."""
-    import pandas as pd
-
-    window = 2 * SPREAD_WINDOW + 1
-    spread = pd.Series(per_step).rolling(window, center=True, min_periods=1).median().to_numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        score = np.where(dev == 0, 0.0, (dev if higher_only else np.abs(dev)) / spread[pos])
-    depart = np.nan_to_num(score, nan=0.0) > DEPART_SPREADS
-    min_steps = max(MIN_STEPS, math.ceil(0.05 * len(steps)))
-    found = []
-    for r in np.unique(rank[depart]).tolist():
-        mine = rank == r
-        flags = np.zeros(len(steps), bool)
-        flags[pos[mine & depart]] = True
-        where = _persistent(flags, min_steps)
-        if not where.any():
-            continue
-        sel = mine & depart & where[pos]
-        at = pos[sel]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.nanmedian(np.where(median[at] != 0, value[sel] / median[at], np.nan))
-        found.append(
-            {
-                "rank": int(r),
-                "first_step": int(steps[at].min()),
-                "last_step": int(steps[at].max()),
-                "steps": int(len(at)),
-                "ratio": None if np.isnan(ratio) else float(ratio),
-                "spreads": float(np.nanmedian(np.minimum(score[sel], 1e300))),
-                "excess": float(np.nanmedian(dev[sel])),
-            }
-        )
-    return found
-
-
-def _persistent(depart: np.ndarray, min_steps: int) -> np.ndarray:
-    """The departing steps inside stretches where most steps depart and that last ``min_steps``,
-    each with the shorter such stretches just before it (fewer than ``MIN_STEPS`` steps apart):
-    a few steps where the other ranks were noisy too (a loaded host) do not move where a
-    departure began. A short stretch alone is still no finding."""
-    import pandas as pd
-
-    most = pd.Series(depart.astype(float)).rolling(5, center=True, min_periods=1).mean().to_numpy() > 0.5
-    keep = np.zeros(len(depart), bool)
-    edges = np.flatnonzero(np.diff(np.r_[0, most.astype(np.int8), 0]))
-    stretches = list(zip(edges[::2], edges[1::2]))
-    for i, (start, stop) in enumerate(stretches):
-        if stop - start < min_steps:
-            continue
-        first = i
-        while first > 0 and stretches[first][0] - stretches[first - 1][1] < MIN_STEPS:
-            first -= 1
-        keep[stretches[first][0] : stop] = True
-    return keep & depart
+    """``judgement.ranks.departures`` of a step x rank DataFrame (``StoreReader.per_rank``)."""
+    return judgement.departures(table.index.to_numpy(), np.asarray(table.columns), table.to_numpy(dtype=float),
+                                higher_only=higher_only)  # fmt: skip
 
 
 # -- each finding ----------------------------------------------------------------------------
 
 
-def _sql(reader: StoreReader, query: str) -> Any:
-    return reader.frame(query)  # our own SQL: not through the guard for users' (StoreReader.frame)
-
-
 def _ranks(reader: StoreReader, ref: RunRef, rank_steps: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
-    registered = _sql(reader, f"SELECT rank, host, status, started_at, ended_at FROM ranks WHERE run_id = {ref.id}")
+    registered = reader.rank_rows(ref)
     by_rank = {int(r.rank): r for r in registered.itertuples()}
     out = []
     for rank in sorted(set(range(ref.world_size)) | set(by_rank) | set(rank_steps)):
@@ -280,56 +182,35 @@ def _timing(timing: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     ]
     parts = timing[["data_s", "forward_s", "rest_s"]].astype(float)
     step_time = float(np.nanmedian(parts.sum(axis=1, min_count=1))) if len(parts) else math.nan
-    stragglers = []
-    for phase in ("data_s", "forward_s"):
+    phases = {}
+    for phase in STRAGGLER_PHASES:
         # steps with gradient accumulation share a global_step: a step's time is their sum
         table = timing.dropna(subset=[phase]).pivot_table(index="step", columns="rank", values=phase, aggfunc="sum")
-        for item in departures(table, higher_only=True):
-            share = item["excess"] / step_time if step_time > 0 else math.nan
-            if not share >= STRAGGLER_MIN_SHARE:
-                continue
-            stragglers.append(
-                {"rank": item["rank"], "phase": phase.removesuffix("_s"), "first_step": item["first_step"],
-                 "last_step": item["last_step"], "steps": item["steps"], "excess_s": item["excess"],
-                 "share_of_step": share, "spreads": item["spreads"]}
-            )  # fmt: skip
+        phases[phase] = (table.index.to_numpy(), np.asarray(table.columns), table.to_numpy(dtype=float))
+    stragglers = judgement.stragglers(phases, step_time)
     return summary, stragglers
 
 
 def _memory(timing: Any, writers: set[int]) -> list[dict[str, Any]]:
-    """Ranks whose peak memory (CUDA reserved, else RSS) is well above the other ranks'; the
-    ranks that write the others' rows (`writers`) are judged on RSS less `WRITER_RSS_ALLOWANCE`."""
+    """Each rank's peak memory (CUDA reserved, else RSS) and CUDA allocation retries, judged by
+    ``judgement.ranks.memory_outliers`` (the `writers` of the others' rows on RSS less an allowance)."""
     cuda = timing["mem_reserved_peak"].notna().any()
     measure = "mem_reserved_peak" if cuda else "rss"
     peaks = timing.groupby("rank")[measure].max().dropna().astype(float)
-    retries = timing.groupby("rank")["alloc_retries"].max().fillna(0) if cuda else None
-    out = []
-    for rank, peak in peaks.items():
-        others = float(peaks.drop(rank).median()) if len(peaks) > 1 else math.nan
-        judged = peak - WRITER_RSS_ALLOWANCE if measure == "rss" and rank in writers else peak
-        ratio = judged / others if others > 0 else math.nan
-        retried = int(retries[rank]) if retries is not None else 0
-        if ratio >= MEMORY_RATIO or retried:
-            out.append({"rank": int(rank), "measure": measure, "peak_bytes": int(peak),
-                        "others_median_bytes": None if math.isnan(others) else int(others),
-                        "ratio": None if math.isnan(ratio) else ratio, "alloc_retries": retried})  # fmt: skip
-    return out
+    retries = timing.groupby("rank")["alloc_retries"].max().fillna(0).reindex(peaks.index).to_numpy() if cuda else None
+    return judgement.memory_outliers(peaks.index.to_numpy(), peaks.to_numpy(), measure, retries, writers)
 
 
 def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
     """Checkpoint/early-stopping decisions where the ranks' own votes differed."""
-    rows = _sql(
-        reader,
-        "SELECT seq, step, callback, monitor, rank, value, vote, decision FROM decisions "
-        f"WHERE run_id = {ref.id} ORDER BY seq, rank",
-    )
+    rows = reader.decisions(ref)
     out = []
     for seq, group in rows.groupby("seq", sort=True):
-        votes = {int(r): None if v is None or v != v else bool(v) for r, v in zip(group["rank"], group["vote"])}
+        votes = {int(r): _bool(v) for r, v in zip(group["rank"], group["vote"])}
         if len({v for v in votes.values() if v is not None}) < 2:
             continue
         first = group.iloc[0]
-        decision = None if _float(first["decision"]) is None else bool(first["decision"])
+        decision = _bool(first["decision"])
         out.append(
             {"seq": int(seq), "step": int(first["step"]), "callback": first["callback"], "monitor": first["monitor"],
              "decision": decision, "votes": votes,
@@ -341,11 +222,7 @@ def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
 
 def _log_messages(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
     """Warnings and errors the ranks logged, one item per distinct message, first seen first."""
-    rows = _sql(
-        reader,
-        f"SELECT rank, level, levelno, logger, message, time FROM logs WHERE run_id = {ref.id} AND levelno >= 30 "
-        "ORDER BY time LIMIT 100000",
-    )
+    rows = reader.logs(ref, level="WARNING", limit=MAX_LOG_RECORDS)
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows.itertuples():
         item = out.setdefault((r.level, r.message), {"level": r.level, "logger": r.logger, "message": r.message,
@@ -385,4 +262,13 @@ def _median(column: Any) -> float | None:
 
 
 def _float(value: Any) -> float | None:
-    return None if value is None or value != value else float(value)
+    import pandas as pd
+
+    return None if pd.isna(value) else float(value)
+
+
+def _bool(value: Any) -> bool | None:
+    """A vote or decision (pandas' nullable boolean: NA where not recorded) as True, False or None."""
+    import pandas as pd
+
+    return None if pd.isna(value) else bool(value)

@@ -17,7 +17,8 @@ __all__ = ["findings_text"]
 COMPACT_RANKS = 16
 
 
-def _num(value: Any, unit: str = "") -> str:
+def _readable(value: Any, unit: str = "") -> str:
+    """A number for a reader: seconds as ms, bytes as MiB, else 4 significant digits; "-" for none."""
     if value is None or value != value:
         return "-"
     if unit == "s":
@@ -27,26 +28,26 @@ def _num(value: Any, unit: str = "") -> str:
     return f"{value:.4g}"
 
 
-def _lines(f: Findings) -> list[tuple[str, list[str]]]:
+def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     """The findings as (section title, lines); shared by the text and the HTML."""
     ranks = _rank_lines(f.ranks)
     timing = [
-        f"rank {t['rank']}: data {_num(t['data_s'], 's')}, forward {_num(t['forward_s'], 's')}, "
-        f"rest {_num(t['rest_s'], 's')} (median per step over {t['steps']} steps; batch {_num(t['batch_size'])})"
+        f"rank {t['rank']}: data {_readable(t['data_s'], 's')}, forward {_readable(t['forward_s'], 's')}, "
+        f"rest {_readable(t['rest_s'], 's')} (median per step over {t['steps']} steps; batch {_readable(t['batch_size'])})"
         for t in f.timing
     ]
     if len(timing) > COMPACT_RANKS:  # the stragglers below name the ranks whose time stands out
         timing = [_timing_summary(f.timing)]
     stragglers = [
-        f"rank {s['rank']}: {s['phase']} {_num(s['excess_s'], 's')} longer than the other ranks per step "
+        f"rank {s['rank']}: {s['phase']} {_readable(s['excess_s'], 's')} longer than the other ranks per step "
         f"({s['share_of_step']:.0%} of a step) from step {s['first_step']} to {s['last_step']} ({s['steps']} steps)"
         for s in f.stragglers
     ]
     outliers = [
         f"{o['key']}: rank {o['rank']} departs from the ranks' median from step {o['first_step']} to "
-        f"{o['last_step']} ({o['steps']} steps): {_num(o['excess'])} off"
-        + (f", {_num(o['ratio'])}x the median" if o["ratio"] is not None else "")
-        + f", {_num(o['spreads'])}x the ranks' typical spread"
+        f"{o['last_step']} ({o['steps']} steps): {_readable(o['excess'])} off"
+        + (f", {_readable(o['ratio'])}x the median" if o["ratio"] is not None else "")
+        + f", {_readable(o['spreads'])}x the ranks' typical spread"
         for o in f.outliers
     ]
     non_finite = [
@@ -55,8 +56,8 @@ def _lines(f: Findings) -> list[tuple[str, list[str]]]:
         for n in f.non_finite
     ]
     memory = [
-        f"rank {m['rank']}: peak {m['measure']} {_num(m['peak_bytes'], 'B')}, other ranks' median "
-        f"{_num(m['others_median_bytes'], 'B')}"
+        f"rank {m['rank']}: peak {m['measure']} {_readable(m['peak_bytes'], 'B')}, other ranks' median "
+        f"{_readable(m['others_median_bytes'], 'B')}"
         + (f", {m['alloc_retries']} allocator retries" if m["alloc_retries"] else "")
         for m in f.memory
     ]
@@ -76,7 +77,7 @@ def _lines(f: Findings) -> list[tuple[str, list[str]]]:
 
 def _rank_line(r: dict[str, Any]) -> str:
     return (f"rank {r['rank']}: {r['status']} on {r['host'] or '?'}, {r['steps']} logged steps, "
-            f"{_num(r['duration_s'])} s")  # fmt: skip
+            f"{_readable(r['duration_s'])} s")  # fmt: skip
 
 
 def _rank_lines(ranks: list[dict[str, Any]]) -> list[str]:
@@ -100,14 +101,14 @@ def _timing_summary(timing: list[dict[str, Any]]) -> str:
         values = sorted(t[col] for t in timing if t[col] is not None)
         return values[len(values) // 2] if values else None
 
-    return (f"{len(timing)} ranks, the median rank per step: data {_num(median('data_s'), 's')}, "
-            f"forward {_num(median('forward_s'), 's')}, rest {_num(median('rest_s'), 's')}")  # fmt: skip
+    return (f"{len(timing)} ranks, the median rank per step: data {_readable(median('data_s'), 's')}, "
+            f"forward {_readable(median('forward_s'), 's')}, rest {_readable(median('rest_s'), 's')}")  # fmt: skip
 
 
 def findings_text(f: Findings) -> str:
     """The findings for a terminal."""
     out = [f"Report for {f.run} (run {f.run_id}, {f.world_size} ranks)"]
-    for title, lines in _lines(f):
+    for title, lines in _sections(f):
         out += ["", f"{title}:"] + [f"  {line}" for line in lines or ["none"]]
     out += [""] + f.notes if f.notes else []
     out += ["", _verdict(f)]

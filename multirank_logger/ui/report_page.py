@@ -16,7 +16,6 @@ from urllib.parse import quote
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.report.findings import Findings
-from multirank_logger.report.render import findings_text
 from multirank_logger.ui import views
 from multirank_logger.ui.page import write_static_page
 
@@ -37,7 +36,7 @@ def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[s
     run = views.run_view(reader, run_id)
     answers: dict[str, Any] = {
         f"run/{run_id}": run,
-        f"run/{run_id}/findings": views.clean({**found.to_dict(), "problems": found.problems, "text": findings_text(found)}),
+        f"run/{run_id}/findings": views.findings_answer(found),
         f"run/{run_id}/logs": views.logs_view(reader, run_id),
     }
     drawn = []
@@ -46,7 +45,8 @@ def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[s
         if summary.ranks:
             all_lines = len(summary.ranks) <= LINES_UP_TO_RANKS
             # the path as the page's encodeURIComponent writes it
-            answers[f"run/{run_id}/series?name={quote(name, safe=_UNESCAPED)}"] = views.series_view(summary, run["nodes_of"], all_lines)
+            answers[f"run/{run_id}/series?name={quote(name, safe=_UNESCAPED)}"] = views.series_view(
+                summary, run["nodes_of"], all_lines, departing=found.departing(name))
             drawn.append(name)
     write_static_page(path, f"{found.run}: multirank-logger report", answers, f"/run/{run_id}")
     return drawn

@@ -3,22 +3,33 @@
 Each view reads through one ``StoreReader`` and returns plain data the page draws as it is:
 never the rows of a run, only per-bucket summaries (``query/step_buckets.py``). The heatmap
 travels as one byte per cell (base64): a 1,024 x 2,000 heatmap is 2 MB, not 2M JSON numbers.
+
+Which ranks depart is not decided here: the page names the ranks the report's findings name
+(``findings_answer``'s ``departing``, per series; the one judgement, ``judgement/ranks.py``). A
+series' answer comes before them (the report's pass over the rows takes seconds on a large run,
+a series' summary far less), so the live page adds the departing ranks' lines when the findings
+arrive; the HTML report, which has its findings first, embeds them in each series' answer.
 """
 
 from __future__ import annotations
 
 import base64
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sqlalchemy as sa
 
+from multirank_logger.judgement.ranks import non_finite_ranks
 from multirank_logger.model.schema import metrics, ranks, runs, step_timing
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary, summarize
 
-__all__ = ["CELL_EMPTY", "CELL_NON_FINITE", "findings_view", "logs_view", "run_view", "runs_view", "series_view"]
+if TYPE_CHECKING:
+    from multirank_logger.report.findings import Findings
+
+__all__ = ["CELL_EMPTY", "CELL_NON_FINITE", "findings_answer", "findings_view", "logs_view", "run_view", "runs_view",
+           "series_view"]  # fmt: skip
 
 #: heatmap cell codes besides a score x 10 in -120..120
 CELL_NON_FINITE, CELL_EMPTY = 127, -128
@@ -106,9 +117,12 @@ def summary(reader: StoreReader, run_id: int, series: str) -> BucketSummary:
     return summarize(reader._fetch_arrow, run_id, series)
 
 
-def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = False) -> dict[str, Any]:
+def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = False,
+                departing: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """A series' band, its flagged ranks' lines and its heatmap, ranks grouped by node.
 
+    ``departing``: the ranks the report's findings name under this series (``Findings.departing``),
+    whose lines are sent too; None where the findings come later (the live page asks for them).
     ``all_lines``: every rank's line too (the self-contained HTML report, which has no server
     to ask when a heatmap row is clicked).
     """
@@ -124,13 +138,16 @@ def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = Fa
     scores = s.scores()[order] if s.ranks else np.zeros((0, 0))
     codes = np.where(np.isnan(scores), CELL_EMPTY, np.round(scores * (120 / SCORE_CLIP))).astype(np.int8)
     codes[s.non_finite[order] if s.ranks else np.zeros((0, 0), dtype=bool)] = CELL_NON_FINITE
-    departing, bad = s.departing(), s.with_non_finite()
-    flagged = list(dict.fromkeys(departing + bad))[:MAX_FLAGGED]
+    bad = non_finite_ranks(s.ranks, s.non_finite)
+    named = [r for r in departing or [] if r in s.ranks]
+    flagged = list(dict.fromkeys(named + bad))[:MAX_FLAGGED]
     out = {
         "series": s.series, "steps": s.steps, "width": s.width, "band": s.band(), "ranks": shown, "nodes": groups,
         "heatmap": base64.b64encode(codes.tobytes()).decode(), "clip": SCORE_CLIP,
-        "departing": departing, "non_finite": bad, "lines": {str(r): s.line(r) for r in flagged},
+        "non_finite": bad, "lines": {str(r): s.line(r) for r in flagged},
     }  # fmt: skip
+    if departing is not None:
+        out["departing"] = departing
     if all_lines:
         out["all_lines"] = base64.b64encode(s.mean[order].astype(np.float32).tobytes()).decode()
     return clean(out)
@@ -141,12 +158,19 @@ def line_view(s: BucketSummary, rank: int) -> dict[str, Any]:
 
 
 def findings_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
-    """The report's findings (``multirank_logger.report.find``) and its text lines per section."""
+    """The report's findings (``multirank_logger.report.find``) as the page takes them (`findings_answer`)."""
     from multirank_logger.report.findings import find
+
+    return findings_answer(find(reader, run))
+
+
+def findings_answer(found: Findings) -> dict[str, Any]:
+    """The findings, their text lines per section, and ``departing``: per series (a key, or
+    ``timing:COLUMN``), the ranks the findings name there, which the page names under its chart."""
     from multirank_logger.report.render import findings_text
 
-    found = find(reader, run)
-    return clean({**found.to_dict(), "problems": found.problems, "text": findings_text(found)})
+    return clean({**found.to_dict(), "problems": found.problems, "text": findings_text(found),
+                  "departing": found.departing_by_series()})  # fmt: skip
 
 
 def logs_view(reader: StoreReader, run: int | str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ On the read side (``query/reader.py`` asks, the backend answers, over a connecti
 - ``per_rank_columns``: one key of every rank, in any order (``per_rank`` places each row by its step and rank);
 - ``rank_calls``: one rank's keys and its rows in call order, streamed (the CSV export);
 - ``hold_snapshot``: make the reads that follow see one state of a store still written;
+- ``window_readers``, ``value_or_nan``, ``key_hash``, ``numpy_columns``: how the report's pass
+  (``query/run_scan.py``) reads a run's rows fastest;
 - ``run_readonly``: a user's SQL, refused when it would write (``readonly_sql.py``, next to this one);
 - ``sql_infinity``: the SQL literal for +infinity.
 
@@ -213,6 +215,27 @@ class Backend:
         None where naming them gains nothing (DuckDB's zone maps skip by step, SQLite's table
         is clustered by key)."""
         return None
+
+    #: windows of a run's rows the report's pass reads at once, each on a connection of its own
+    window_readers = 1
+
+    def value_or_nan(self, value: Any) -> Any:
+        """The metric `value` column as a read into NumPy should select it: where the driver can
+        hand NaN over, a NULL (a logged NaN) as NaN; here as it is (a NULL reads as None, then NaN)."""
+        return value
+
+    def key_hash(self, key: Any) -> Any | None:
+        """A 64-bit hash of a string column that the engine computes for little more than reading
+        it (numbering a row's key by it: query/key_numbers.py), or None where there is none."""
+        return None
+
+    def numpy_columns(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> list[np.ndarray] | None:
+        """A SELECT's columns as NumPy arrays (the driver's rows converted to `types`; a backend
+        that reads Arrow keeps Arrow's types); None when it returned no row."""
+        parts = [row_columns(chunk, list(types)) for chunk in self.row_chunks(conn, stmt)]
+        if not parts:
+            return None
+        return [np.concatenate(col) for col in zip(*parts)]
 
     def run_keys(self, conn: sa.Connection, run_id: int) -> list[str]:
         """The distinct metric keys of a run, any rank, in no particular order."""

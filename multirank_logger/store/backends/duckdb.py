@@ -146,6 +146,25 @@ class DuckDBBackend(Backend):
         # not concatenated (per_rank of 5.1M rows: 112 MB of copies)
         return _execute(conn, stmt).to_arrow_table(ONE_CHUNK_ROWS)
 
+    #: DuckDB turns a result into Arrow on one thread: two windows are read at once, each on a
+    #: connection of its own (no one writes a DuckDB file a reader holds: every connection sees
+    #: the same rows)
+    window_readers = 2
+
+    def value_or_nan(self, value: Any) -> Any:
+        # DuckDB hands NaN over, and Arrow's arrays then need no copy
+        return sa.func.coalesce(value, sa.cast(sa.literal("NaN"), sa.Float(53))).label("value")
+
+    def key_hash(self, key: Any) -> Any:
+        # DuckDB hashes a dictionary-compressed column's strings once per dictionary entry
+        return sa.func.hash(key)
+
+    def numpy_columns(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> list[np.ndarray] | None:
+        table = self.fetch_arrow(conn, stmt)
+        if table.num_rows == 0:
+            return None
+        return [column_numpy(table.column(i)) for i in range(table.num_columns)]
+
     def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> Sequence[np.ndarray | None]:
         # in no order: the pivot places each row by counting (query/rank_spread.py); a sort of a
         # large key's rows took longer than the rest of per_rank, in memory that grew with them.

@@ -6,6 +6,7 @@
   const STATIC = window.MRL_STATIC || null;
   const POLL_MS = 2000;
   const REDRAW_SHARE = 20;
+  const MAX_FLAGGED = 8;  // departing ranks whose lines a chart draws (ui/views.py's MAX_FLAGGED)
   const MAX_LEGEND = 32;
   const main = document.getElementById("main");
   const liveNote = document.getElementById("live");
@@ -139,6 +140,9 @@
     ];
     where.replaceChildren(el("h2", {}, "Findings"), items.length ? el("ul", {}, items) : el("p", {}, "Nothing stands out."),
       ...f.notes.map((n) => el("p", { class: "muted" }, n)));
+    // each chart names the ranks these findings name under its series (the report's one judgement)
+    for (const [name, sec] of sections) await sec.flag((f.departing || {})[name] || []);
+    document.body.dataset.judged = "1";
   }
 
   const anchor = (name) => "s-" + name.replace(/[^A-Za-z0-9_-]/g, "_");
@@ -146,37 +150,56 @@
   function seriesSection(id, name, nodesOf) {
     const band = el("div", { class: "band" }), heat = el("div", { class: "heat" }), note = el("p", { class: "muted" });
     const node = el("section", { class: "series", id: anchor(name), "data-series": name }, el("h2", {}, name), band, heat, note);
-    let data = null, extra = {};
+    // departing: the ranks the findings name here; named: their lines the series' answer lacked
+    let data = null, extra = {}, departing = [], named = {};
     function draw() {
-      const lines = Object.assign({}, data.lines, extra);
-      node.dataset.flagged = Object.keys(data.lines).join(",");
+      const flaggedLines = Object.assign({}, data.lines, named);
+      const lines = Object.assign({}, flaggedLines, extra);
+      const flagged = Object.keys(flaggedLines);
+      node.dataset.flagged = flagged.join(",");
       band.replaceChildren();
       bandChart(band, data.steps, data.band, lines);
       heat.replaceChildren();
       heatmap(heat, data, showRank);
-      const flagged = Object.keys(data.lines);
-      note.textContent = (data.departing.length ? "ranks departing: " + data.departing.join(", ") + ". " : "") +
+      note.textContent = (departing.length ? "ranks departing: " + departing.join(", ") + ". " : "") +
         (data.non_finite.length ? "NaN/inf on ranks: " + data.non_finite.join(", ") + ". " : "") +
         (flagged.length ? "" : "No rank stands out. ") + `Buckets of ${data.width} step(s). Click a heatmap row for that rank's line.`;
     }
-    async function showRank(rank) {
+    async function lineOf(rank) {
       if (data.all_lines) {
         const all = new Float32Array(b64bytes(data.all_lines).buffer);
         const row = data.ranks.indexOf(rank), n = data.steps.length;
-        extra[rank] = Array.from(all.slice(row * n, row * n + n), (v) => (isNaN(v) ? null : v));
-      } else {
-        try { extra[rank] = (await api(`run/${id}/line?name=${encodeURIComponent(name)}&rank=${rank}`)).values; }
-        catch (e) { note.textContent = e.message; return; }
+        return Array.from(all.slice(row * n, row * n + n), (v) => (isNaN(v) ? null : v));
       }
+      return (await api(`run/${id}/line?name=${encodeURIComponent(name)}&rank=${rank}`)).values;
+    }
+    async function showRank(rank) {
+      try { extra[rank] = await lineOf(rank); }
+      catch (e) { note.textContent = e.message; return; }
       draw();
+    }
+    async function nameDeparting() {  // the departing ranks' lines, at most MAX_FLAGGED of them
+      named = {};
+      for (const rank of departing.slice(0, MAX_FLAGGED)) {
+        if (String(rank) in data.lines || !data.ranks.includes(rank)) continue;
+        try { named[rank] = await lineOf(rank); } catch (e) { /* the line route says why on a click */ }
+      }
     }
     async function load() {
       try { data = await api(`run/${id}/series?name=${encodeURIComponent(name)}`); }
       catch (e) { fail(band, e); return; }
+      if (data.departing) departing = data.departing;  // the HTML report's: its findings came first
+      if (departing.length) await nameDeparting();
       draw();
       if (!document.body.dataset.firstRender) document.body.dataset.firstRender = Math.round(performance.now());
     }
-    return { node, load };
+    async function flag(ranks) {
+      departing = ranks;
+      if (!data) return;
+      await nameDeparting();
+      draw();
+    }
+    return { node, load, flag };
   }
 
   // every line 1 px wide or less: a wider one is stroked as a polygon, ~40x slower without a GPU
