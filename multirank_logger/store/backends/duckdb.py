@@ -57,6 +57,9 @@ def reader_config() -> dict[str, Any]:
 #: 20,000 steps is 5.1M). DuckDB reserves address space for a whole batch: 2**30 reserved 21 GB
 #: for a 4,800-row result, and a process holding that much could no longer fork (ENOMEM)
 ONE_CHUNK_ROWS = 2**23
+#: and the address space one batch may reserve, all its columns together: a wide side table
+#: (step timing's 14 columns) gets shorter chunks, a key's few columns still one
+CHUNK_RESERVE_BYTES = 2**28
 
 
 class DuckDBBackend(Backend):
@@ -144,7 +147,8 @@ class DuckDBBackend(Backend):
     def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:
         # one chunk (DuckDB's default is one per 1M rows): each column is then viewed as NumPy,
         # not concatenated (per_rank of 5.1M rows: 112 MB of copies)
-        return _execute(conn, stmt).to_arrow_table(ONE_CHUNK_ROWS)
+        rows = min(ONE_CHUNK_ROWS, CHUNK_RESERVE_BYTES // (8 * max(1, len(stmt.selected_columns))))
+        return _execute(conn, stmt).to_arrow_table(rows)
 
     #: DuckDB turns a result into Arrow on one thread: two windows are read at once, each on a
     #: connection of its own (no one writes a DuckDB file a reader holds: every connection sees
