@@ -1,8 +1,8 @@
 """The end of this process's part in a run (rank_run.RankRun): what ``MultiRankLogger.finalize`` does.
 
 Flush the rows, let the sink finish (a sender waits for rank 0 to take its last rows; rank 0
-receives the others'), record how the run ended (store/run_end.py; each status is
-store/status.py's), end the attempt, and on rank 0 after a success write CSVLogger's files
+receives the others'), record how the run ended (store/status.py's `record_rank_end`, retried while
+the store is busy), end the attempt, and on rank 0 after a success write CSVLogger's files
 (csv_logger_files.py). Never a collective and never an unbounded wait: with ``"failed"`` a
 peer may be dead. Nothing here raises over Lightning's own error (`safely`).
 
@@ -22,9 +22,8 @@ from multirank_logger._util.best_effort import bounded, safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
 from multirank_logger.logger.rank_run import RankRun
-from multirank_logger.store.run_end import record_end
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.store.status import SUCCESS, end_attempt, final_status
+from multirank_logger.store.status import SUCCESS, end_attempt, final_status, record_rank_end
 from multirank_logger.store.write_errors import describe
 from multirank_logger.transport.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
 from multirank_logger.write import process_hooks
@@ -127,27 +126,28 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
         store = safely(lambda: sink.store, "opening the store for the run's end")
     sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
     if isinstance(sink, GatherSender):
-        run.unstored_recorded = sink.counted  # what rank 0 took into the run's totals
+        run.own_unstored_counted = sink.counted  # what rank 0 took into the run's totals
     spilled, lost = _unstored_since_recorded(run)
     # gather rank 0: what the senders reported, and what they reported in a phase whose end
     # could not be recorded (acknowledged to them: they will not report it again)
-    others_spilled = sink.others_unstored[0] + run.others_unrecorded[0]
-    others_lost = sink.others_unstored[1] + run.others_unrecorded[1]
+    others_spilled = sink.others_unstored[0] + run.others_unstored_uncounted[0]
+    others_lost = sink.others_unstored[1] + run.others_unstored_uncounted[1]
     if store is not None and isinstance(sink, DirectSink) and _store_still_there(sink):
 
         def record() -> bool:
-            record_end(
+            now = time.time()  # one end time, whatever the retries
+            retry_while_locked(lambda: record_rank_end(
                 store, run_id, rank=run.rank, gather_world=gather_world, status=status, others=others, facts=facts,
-                timeout=min(left(), 5.0), values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
+                now=now, values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
                 attempt=run.attempt, senders=senders,
-            )
+            ), min(left(), 5.0))
             return True
 
         if safely(record, "recording the run's end"):
-            run.unstored_recorded, run.others_unrecorded = run.unstored_totals(), (0, 0)
+            run.own_unstored_counted, run.others_unstored_uncounted = run.unstored_totals(), (0, 0)
         else:
             log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
-            run.others_unrecorded = (others_spilled, others_lost)
+            run.others_unstored_uncounted = (others_spilled, others_lost)
             if run.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
                 run.spiller.end(status, spilled + others_spilled, lost + others_lost)
         if run.rank == 0 and run.attempt is not None:
@@ -175,7 +175,7 @@ def _store_still_there(sink: DirectSink) -> bool:
 
 def _unstored_since_recorded(run: RankRun) -> tuple[int, int]:
     """(spilled, lost) values not yet added to the run's row."""
-    (spilled, lost), (s0, l0) = run.unstored_totals(), run.unstored_recorded
+    (spilled, lost), (s0, l0) = run.unstored_totals(), run.own_unstored_counted
     return spilled - s0, lost - l0
 
 

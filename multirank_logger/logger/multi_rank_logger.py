@@ -64,7 +64,7 @@ class MultiRankLogger(Logger):
         flush_logs_every_n_steps: pending log calls that make the writer flush early (and write
             rank 0's ``metrics.csv``, as CSVLogger does every that many steps); a DuckDB store,
             which each write opens, is written once per ``flush_interval`` or at
-            ``writer.SELDOM_MAX_CALLS`` pending calls instead.
+            ``writer_thread.SELDOM_MAX_CALLS`` pending calls instead.
         db: the store: a path ending in ``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``, or a
             SQLAlchemy URL. Created at the current schema when missing. Defaults to
             ``save_dir/runs.sqlite``: SQLite never blocks a reader and lets every rank of a node

@@ -41,7 +41,7 @@ from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.backends import backend_for
-from multirank_logger.store.open_for_write import connection_room, store_of_writer
+from multirank_logger.store.open_for_write import free_connections, store_of_writer
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_earlier_launches
@@ -97,9 +97,9 @@ class RankRun:
         self.sink: DirectSink | GatherSender | None = None
         self.sink_world = 0
         self.spiller: Spiller | None = None  # one per run: every phase spills into one file
-        self.unstored_recorded = (0, 0)  # (spilled, lost) values already added to the run's row
+        self.own_unstored_counted = (0, 0)  # (spilled, lost) values already added to the run's row
         #: gather rank 0: the senders' (spilled, lost) reported in a phase whose end the store did not take
-        self.others_unrecorded = (0, 0)
+        self.others_unstored_uncounted = (0, 0)
         self.rank = 0
         self.transport: str | None = None
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
@@ -286,7 +286,7 @@ class RankRun:
             transport, why = choose_transport(
                 self.settings.transport, backend_for(self.settings.url), world, rank=rank, channel=channel,
                 timeout=timeout, max_writers=self.settings.max_writers,
-                connection_room=(lambda: connection_room(self.open_store())) if rank == 0 else None,
+                free_connections=(lambda: free_connections(self.open_store())) if rank == 0 else None,
             )
             self.begin_attempt(rank, world, channel)
             spiller = self._spiller_for(run, rank)
@@ -296,7 +296,7 @@ class RankRun:
             if channel is not None and transport != "direct" and channel.receives:
                 sink = GatherReceiver(store(), run.id, channel, spiller, transport=transport)
             elif channel is not None and transport != "direct":
-                sink = GatherSender(channel, spiller, counted=self.unstored_recorded, transport=transport)
+                sink = GatherSender(channel, spiller, counted=self.own_unstored_counted, transport=transport)
                 publish_facts(channel)  # its writer records this rank's host and pid at the end
             else:
                 sink = DirectSink(store(), run.id, spiller)
@@ -325,7 +325,7 @@ class RankRun:
             path = backend_for(self.settings.url).path
             shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command
             self.spiller = Spiller(spill, shown, rank)
-            self.unstored_recorded = self.others_unrecorded = (0, 0)
+            self.own_unstored_counted = self.others_unstored_uncounted = (0, 0)
         return self.spiller
 
     def _register(

@@ -272,7 +272,7 @@ class BackgroundWriter:
             return  # identity not known yet: rows wait in the buffer
         sink, run_id, rank = target
         self._sink, self._last_ids = sink, (run_id, rank)
-        self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
+        self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.opens_store_per_write else self.flush_every
         if self._tap is not None:
             self._tap(rank)  # never raises; before the store, which may refuse the rows
         if self._buffer.calls_pending:
@@ -381,7 +381,7 @@ class BackgroundWriter:
         self._failures = 0
         self._next_try = 0.0
         if sink.spiller is not None:
-            sink.spiller.episode_over()
+            sink.spiller.store_recovered()
 
     def _spill(self, batches: list[pa.RecordBatch], why: str) -> None:
         spiller = self.spiller
