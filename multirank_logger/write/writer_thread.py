@@ -19,7 +19,7 @@ after `stop`, SIGTERM, atexit). The training thread never takes it nor waits on 
 flush on the main thread runs in a helper thread it waits for, bounded (a stopped server never
 answers; Ctrl-C reaches the caller). `spill_held` waits for the lock bounded too, and spills
 without it when a write is stuck (rows may land twice: the import skips those stored). A cycle
-may take the set-up lock inside it (``RankRun.setup_sink``): never wait for this lock holding that one.
+may take the set-up lock inside it (``SinkSetup.setup``): never wait for this lock holding that one.
 """
 
 from __future__ import annotations
