@@ -1,10 +1,10 @@
 """MultiRankLogger: the Lightning front-end. Naming, versioning, rank, and Lightning's hooks.
 
 The hot path (`log_metrics`, `save`) only appends to this rank's `RecordBuffer` and may
-wake the `BackgroundWriter`; the writer thread moves rows into a sink (sinks.py). This
-process's part in the run (store, identity, sink, writer) is a `RankRun` (rank_run.py), built
-from the checked arguments (run_settings.py), which also carries the run through pickling
-(ddp_spawn) and fork. Its end is finalize.py, rank 0's CSVLogger files csv_logger_files.py,
+wake the `BackgroundWriter` (write/hot_path.py); the writer thread moves rows into the sink
+that write/sink_setup.py sets up. This process's part in the run (who the run is, which
+attempt, and the runtime behind it) is a `RankRun` (rank_run.py), built from the checked
+arguments (run_settings.py), which also carries the run through pickling (ddp_spawn) and fork. Its end is finalize.py, rank 0's CSVLogger files csv_logger_files.py,
 what user code gets as ``logger.experiment`` experiment.py, the process-wide hooks
 process_registry.py and process_hooks.py.
 """
@@ -182,8 +182,8 @@ class MultiRankLogger(Logger):
             finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
             start_timeout=float(start_timeout) if start_timeout is not None else None,
         )
-        #: this process's part in the run: store, identity, sink, writer (pickled with its run
-        #: for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
+        #: this process's part in the run: store, identity, its hot path and sink (pickled with
+        #: its run for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
         self._run = RankRun(settings)
         self._run.capture_logs(True)
         # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
