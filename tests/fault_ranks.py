@@ -87,11 +87,11 @@ def rank_main(rank: int, world: int, port: int, db: str, spill_dir: str, calls: 
         logger.log_metrics({"value": value(rank, call), "call": call}, step=call)
         logger.save()
         if call == half - 1:
-            logger._run.writer.flush_until(time.monotonic() + 30)
+            logger._run.hot_path.writer.flush_until(time.monotonic() + 30)
             if faulty:
                 # Linux refuses to make a mount read-only while a file on it is open for writing
                 # (EBUSY): the store's pooled connection is closed first, with the writer held off
-                with logger._run.writer._io_lock:
+                with logger._run.hot_path.writer._io_lock:
                     logger._run.store.engine.dispose()
                     _store_read_only(os.path.dirname(db))
             (sync / f"ready{rank}").touch()

@@ -23,13 +23,13 @@ def fork(db: str) -> None:
     logger = MultiRankLogger(db=db, flush_interval=0.05, timeout=30)
     for i in range(50):
         logger.log_metrics({"a": float(i)}, step=i)
-    assert logger.experiment is not None and logger._run.writer.flush(10)  # rows 0..49 stored
+    assert logger.experiment is not None and logger._run.hot_path.writer.flush(10)  # rows 0..49 stored
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a writer cycle in progress at the moment of the fork
         # in the writer's order (its cycle takes the I/O lock, then the set-up lock in setup_sink):
         # the other order deadlocks with a cycle that starts meanwhile
-        with logger._run.writer._io_lock, logger._run.lock:
+        with logger._run.hot_path.writer._io_lock, logger._run.lock:
             held.set()
             release.wait(30)
 

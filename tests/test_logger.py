@@ -66,9 +66,9 @@ def _rows_written_after(logger: MultiRankLogger, calls: range, wait_s: float, wa
         logger.log_metrics({"a": float(step)}, step=step)
         logger.save()
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and logger._run.writer.rows_written != want:
+    while time.monotonic() < deadline and logger._run.hot_path.writer.rows_written != want:
         time.sleep(0.02)
-    return logger._run.writer.rows_written
+    return logger._run.hot_path.writer.rows_written
 
 
 def test_flush_every_n_calls_paces_by_backend(db_path: Path, backend: str) -> None:
@@ -163,7 +163,7 @@ def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch
     """Fault injection: one drain raises. The writer says so at once and keeps working: later
     calls are written, finalize succeeds."""
     logger = _logger(db_path)
-    buffer = logger._run.buffer
+    buffer = logger._run.hot_path.buffer
     real = {name: getattr(buffer, name) for name in ("drain",)}
 
     def broken(run_id: int, rank: int) -> None:
@@ -173,11 +173,11 @@ def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch
         raise RuntimeError("cannot encode")
 
     logger.log_metrics({"a": 1.0}, step=0)
-    assert logger._run.writer.flush(5)  # sets the sink up, writes step 0
+    assert logger._run.hot_path.writer.flush(5)  # sets the sink up, writes step 0
     for name in real:
         monkeypatch.setattr(buffer, name, broken)
     logger.log_metrics({"a": 2.0}, step=1)
-    logger._run.writer.flush(5)
+    logger._run.hot_path.writer.flush(5)
     assert "could not be encoded and are dropped: RuntimeError: cannot encode" in caplog.text
     logger.log_metrics({"a": 3.0}, step=2)
     logger.finalize("success")
@@ -272,12 +272,12 @@ def test_rows_wait_while_a_reader_holds_the_duckdb_file(tmp_path: Path) -> None:
     db = tmp_path / "runs.duckdb"
     logger = _logger(db)
     logger.log_metrics({"a": 1.0}, step=0)
-    assert logger._run.writer.flush(5)  # sets up the sink, writes the first row
+    assert logger._run.hot_path.writer.flush(5)  # sets up the sink, writes the first row
     logger.log_metrics({"a": 2.0}, step=1)
     holder = duckdb.connect(str(db))  # a read-write holder: DuckDB refuses our writer meanwhile
     try:
-        assert not logger._run.writer.flush(5)
-        assert logger._run.writer.pending == 1
+        assert not logger._run.hot_path.writer.flush(5)
+        assert logger._run.hot_path.writer.pending == 1
     finally:
         holder.close()
     logger.finalize("success")

@@ -46,7 +46,7 @@ def _decide(
         channel = RowChannel("n", rank, world, host="127.0.0.1", port=server.port)
         choice, _ = choose_transport(
             "auto", backend, world, rank=rank, channel=channel, timeout=10, max_writers=max_writers,
-            connection_room=(lambda: room) if rank == 0 else None,
+            free_connections=(lambda: room) if rank == 0 else None,
         )
         out[rank] = (choice, channel.writer, channel.senders)
         if channels is not None:

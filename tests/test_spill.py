@@ -276,14 +276,14 @@ def test_import_of_a_missing_ranks_file_records_its_end_and_completes_the_run(db
     and the run is a success only when nothing is lost."""
     import sqlalchemy as sa
 
-    from multirank_logger.store.run_end import record_end
+    from multirank_logger.store.status import record_rank_end
 
     for lost, expected in ((0, "success"), (2, "incomplete")):
         store = Store(db_path)
         run = store.create_run(f"exp{lost}", world_size=2)
         for rank in (0, 1):
             store.register_rank(run.id, rank, status="running")
-        record_end(store, run.id, rank=0, gather_world=2, status="success", others={}, facts={}, timeout=5)
+        record_rank_end(store, run.id, rank=0, gather_world=2, status="success", others={}, facts={})
         with store.begin() as conn:
             assert conn.execute(sa.text(f"SELECT status FROM runs WHERE id = {run.id}")).scalar_one() == "incomplete"
         spill = SpillWriter(tmp_path / str(lost), run_id=run.id, name=f"exp{lost}", version=run.version, rank=1)
@@ -350,13 +350,13 @@ def _run_state(store: Store, run_id: int) -> tuple:
 
 def _gather_launch(store: Store, run_id: int, heard: dict[int, str], status: str = "success") -> int:
     """One launch of 2 gather ranks, as rank 0 records it: its attempt, both ranks registered, its end."""
-    from multirank_logger.store.run_end import record_end
     from multirank_logger.store.run_lifecycle import begin_attempt
+    from multirank_logger.store.status import record_rank_end
 
     attempt = begin_attempt(store, run_id, 2)
     for rank in (0, 1):
         store.register_rank(run_id, rank)
-    record_end(store, run_id, rank=0, gather_world=2, status=status, others=heard, facts={}, timeout=5, attempt=attempt)
+    record_rank_end(store, run_id, rank=0, gather_world=2, status=status, others=heard, facts={}, attempt=attempt)
     return attempt
 
 
@@ -392,15 +392,15 @@ def test_a_later_phase_that_hears_the_rank_settles_its_earlier_unheard_end(db_pa
     """Within one launch (fit, then test in the same processes), the sender's report at its next
     end covers what its unheard end did not get counted (sinks.GatherSender): hearing it settles
     the rank, and with nothing spilled the run is a success."""
-    from multirank_logger.store.run_end import record_end
+    from multirank_logger.store.status import record_rank_end
 
     store = Store(db_path)
     run = store.create_run("exp", world_size=2)
     attempt = _gather_launch(store, run.id, heard={})
     assert _unheard(store) == [(1, attempt)]
     store.register_rank(run.id, 1)  # the test phase's set-up
-    record_end(store, run.id, rank=0, gather_world=2, status="success", others={1: "success"}, facts={}, timeout=5,
-               attempt=attempt)
+    record_rank_end(store, run.id, rank=0, gather_world=2, status="success", others={1: "success"}, facts={},
+                    attempt=attempt)
     assert _unheard(store) == []
     assert _run_state(store, run.id)[0] == "success"
     store.close()
@@ -414,9 +414,8 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
     "incomplete" and ended the launch. Launch 1 registers rank 1 again and both ranks end well:
     the run stays "incomplete" until rank 1's launch-0 file is imported. A launch that vanished
     (still "running": SIGKILL) keeps nothing: the resumed run is a success (test_run_lifecycle)."""
-    from multirank_logger.store.run_end import record_end
     from multirank_logger.store.run_lifecycle import begin_attempt
-    from multirank_logger.store.status import end_attempt
+    from multirank_logger.store.status import end_attempt, record_rank_end
 
     def launch() -> int:
         attempt = begin_attempt(store, run.id, 2)
@@ -427,7 +426,7 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
     store = Store(db_path)
     run = store.create_run("exp", world_size=2)
     first = launch()
-    record_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={}, timeout=5, attempt=first)
+    record_rank_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={}, attempt=first)
     end_attempt(store, run.id, first, "success")
     assert _run_state(store, run.id)[0] == "incomplete"
     spill = SpillWriter(tmp_path, run_id=run.id, name="exp", version=run.version, rank=1, attempt=first)
@@ -437,8 +436,8 @@ def test_a_direct_rank_that_could_not_record_its_end_keeps_the_run_incomplete_af
     second = launch()
     assert _unheard(store) == [(1, first)]
     for rank in (0, 1):
-        record_end(store, run.id, rank=rank, gather_world=0, status="success", others={}, facts={}, timeout=5,
-                   attempt=second)
+        record_rank_end(store, run.id, rank=rank, gather_world=0, status="success", others={}, facts={},
+                        attempt=second)
     assert _run_state(store, run.id)[0] == "incomplete"
     assert (import_spill(store, spill.path).rows_added, _run_state(store, run.id)) == (4, ("success", 0, 0))
     store.close()
@@ -448,19 +447,18 @@ def test_a_rank_ending_well_leaves_a_run_that_still_lacks_values_and_its_launch_
     """Direct mode: rank 0 ends first, with values spilled: the run and its launch are "incomplete".
     Rank 1 ends well later: the run still lacks those values, so neither the run nor its launch
     becomes a success (on DuckDB, whose UPDATE reports no rowcount, the launch did)."""
-    from multirank_logger.store.run_end import record_end
     from multirank_logger.store.run_lifecycle import begin_attempt
-    from multirank_logger.store.status import end_attempt
+    from multirank_logger.store.status import end_attempt, record_rank_end
 
     store = Store(db_path)
     run = store.create_run("exp", world_size=2)
     attempt = begin_attempt(store, run.id, 2)
     for rank in (0, 1):
         store.register_rank(run.id, rank)
-    record_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={}, timeout=5,
-               values_spilled=3, attempt=attempt)
+    record_rank_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={},
+                    values_spilled=3, attempt=attempt)
     end_attempt(store, run.id, attempt, "success")
-    record_end(store, run.id, rank=1, gather_world=0, status="success", others={}, facts={}, timeout=5, attempt=attempt)
+    record_rank_end(store, run.id, rank=1, gather_world=0, status="success", others={}, facts={}, attempt=attempt)
     with store.begin() as conn:
         launches = conn.exec_driver_sql("SELECT status FROM attempts").scalars().all()
     assert (_run_state(store, run.id)[0], launches) == ("incomplete", ["incomplete"])

@@ -291,8 +291,8 @@ def test_a_receiver_that_reconnects_loses_and_repeats_nothing(
 def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dist.TCPStore, tmp_path: Path) -> None:
     """Rank 0's gather sink over a real channel and store: a payload it cannot read is counted as
     lost, and the run's end recorded with that count is no success."""
-    from multirank_logger.store.run_end import record_end
     from multirank_logger.store.sql_store import Store
+    from multirank_logger.store.status import record_rank_end
     from multirank_logger.write.sinks import GatherReceiver
 
     store = Store(tmp_path / "runs.sqlite")
@@ -312,8 +312,8 @@ def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dis
 
     others = rank0.finish("success", 2.0, cycle)
     assert others == {1: "success"} and rank0.others_unstored == (0, 1)
-    record_end(store, run.id, rank=0, gather_world=2, status="success", others=others, facts={}, timeout=5,
-               values_lost=rank0.others_unstored[1])
+    record_rank_end(store, run.id, rank=0, gather_world=2, status="success", others=others, facts={},
+                    values_lost=rank0.others_unstored[1])
     with store.begin() as conn:
         row = conn.execute(sa.text("SELECT status, values_lost FROM runs")).one()
     store.close()

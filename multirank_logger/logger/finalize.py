@@ -1,8 +1,8 @@
 """The end of this process's part in a run (rank_run.RankRun): what ``MultiRankLogger.finalize`` does.
 
 Flush the rows, let the sink finish (a sender waits for rank 0 to take its last rows; rank 0
-receives the others'), record how the run ended (store/run_end.py; each status is
-store/status.py's), end the attempt, and on rank 0 after a success write CSVLogger's files
+receives the others'), record how the run ended (store/status.py's `record_rank_end`, retried while
+the store is busy), end the attempt, and on rank 0 after a success write CSVLogger's files
 (csv_logger_files.py). Never a collective and never an unbounded wait: with ``"failed"`` a
 peer may be dead. Nothing here raises over Lightning's own error (`safely`).
 
@@ -22,12 +22,12 @@ from multirank_logger._util.best_effort import bounded, safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
 from multirank_logger.logger.rank_run import RankRun
-from multirank_logger.store.run_end import record_end
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.store.status import SUCCESS, end_attempt, final_status
+from multirank_logger.store.status import SUCCESS, end_attempt, final_status, record_rank_end
 from multirank_logger.store.write_errors import describe
 from multirank_logger.transport.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
 from multirank_logger.write import process_hooks
+from multirank_logger.write.sink_setup import SinkSetup
 from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
 
 __all__ = ["FAILED_TIMEOUT", "finish_run"]
@@ -41,23 +41,24 @@ def finish_run(run: RankRun, status: str) -> None:
     """Flush everything, record how the run ended, and (rank 0, success) write the CSV files."""
     run.finalized = True
     run.capture_logs(False)  # what it kept is flushed below
+    hot_path, sink_setup = run.hot_path, run.sink_setup
     started = time.monotonic()
     status = final_status(status, terminated=process_hooks.sigterm_received.is_set())
     timeout = run.settings.timeout if status == SUCCESS else min(run.settings.timeout, FAILED_TIMEOUT)
-    if run.buffer.calls_pending and run.sink is None:
-        safely(run.setup_sink)
-    run.writer.stop(timeout)  # from here on only this thread writes
-    run.live = False
+    if hot_path.buffer.calls_pending and sink_setup.sink is None:
+        safely(sink_setup.setup)
+    hot_path.writer.stop(timeout)  # from here on only this thread writes
+    hot_path.live = False
     process_hooks.release_sigterm()  # the handler from before ours, once no writer needs it
     bound = run.settings.finalize_bound(timeout)
     left = max(bound - (time.monotonic() - started), 1.0)
     try:
-        if run.sink is None or run.identity is None:
+        if sink_setup.sink is None or run.identity is None:
             bounded(lambda: _end_unset_run(run, status, timeout), left, "the end of the run")
         else:
             bounded(lambda: _end_with_sink(run, status, timeout), left, "the end of the run")
             run.phase += 1
-            run.sink = None  # a later fit/test sets up again, on a fresh channel
+            sink_setup.drop()  # a later fit/test sets up again, on a fresh channel
     except TimeoutError:
         _give_up(run, bound)
     finally:
@@ -77,25 +78,27 @@ def _give_up(run: RankRun, bound: float) -> None:
     """The end did not return within its bound: a store call that never answers (a server stopped
     or cut off mid-call: libpq has no read timeout). What was not written goes to the spill file
     now, and the job goes on ending; the stuck call is left behind in its thread."""
-    error = run.writer.last_error
-    run.writer.spill_held(
+    writer = run.hot_path.writer
+    error = writer.last_error
+    writer.spill_held(
         f"the end of the run did not finish within {bound:g} s: the store stopped answering"
         + (f" ({describe(error)})" if error is not None else ""),
         timeout=0.0,
     )
-    spiller = run.spiller
+    spiller = run.sink_setup.spiller
     where = f" The rows not stored are in {spiller.path}: {spiller.import_command()}" if spiller is not None and (
         spiller.values_spilled or spiller.side_rows_spilled) else ""
     log.error(
         "multirank_logger: the end of the run did not finish within %g s (finalize_timeout): the store "
         "stopped answering, and its row may still say 'running'.%s", bound, where,
     )
-    run.sink = None
+    run.sink_setup.drop()
 
 
 def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> None:
     """The end with a sink: its last rows, the other ranks' ends, the run's row, the files."""
-    sink, writer, store = run.sink, run.writer, run.store
+    sink_setup, writer, store = run.sink_setup, run.hot_path.writer, run.store
+    sink = sink_setup.sink
     assert sink is not None and run.identity is not None
     run_id = run.identity.run.id
 
@@ -114,52 +117,53 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})",
             timeout=left(),
         )
-    gather_world = run.sink_world if sink.transport == "gather" else 0
+    gather_world = sink_setup.world if sink.transport == "gather" else 0
     # the ranks whose rows this rank received (gather rank 0; a node's writer): it records their ends
     senders = list(sink.channel.senders) if isinstance(sink, GatherReceiver) else None
     facts: dict[int, dict[str, Any]] = {}
     if senders and isinstance(sink, GatherReceiver):
         channel = sink.channel
         facts = safely(lambda: fetch_facts(channel, senders, min(timeout, FACTS_WAIT_S))) or {}
-    if senders is not None and run.rank != 0:
-        facts[run.rank] = rank_facts()  # a node's writer was registered by rank 0, without them
+    if senders is not None and sink_setup.rank != 0:
+        facts[sink_setup.rank] = rank_facts()  # a node's writer was registered by rank 0, without them
     if isinstance(sink, DirectSink) and not sink.connected:  # a server that refused it so far
         store = safely(lambda: sink.store, "opening the store for the run's end")
     sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
     if isinstance(sink, GatherSender):
-        run.unstored_recorded = sink.counted  # what rank 0 took into the run's totals
-    spilled, lost = _unstored_since_recorded(run)
+        sink_setup.own_unstored_counted = sink.counted  # what rank 0 took into the run's totals
+    spilled, lost = _unstored_since_counted(sink_setup)
     # gather rank 0: what the senders reported, and what they reported in a phase whose end
     # could not be recorded (acknowledged to them: they will not report it again)
-    others_spilled = sink.others_unstored[0] + run.others_unrecorded[0]
-    others_lost = sink.others_unstored[1] + run.others_unrecorded[1]
+    others_spilled = sink.others_unstored[0] + sink_setup.others_unstored_uncounted[0]
+    others_lost = sink.others_unstored[1] + sink_setup.others_unstored_uncounted[1]
     if store is not None and isinstance(sink, DirectSink) and _store_still_there(sink):
 
         def record() -> bool:
-            record_end(
-                store, run_id, rank=run.rank, gather_world=gather_world, status=status, others=others, facts=facts,
-                timeout=min(left(), 5.0), values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
+            now = time.time()  # one end time, whatever the retries
+            retry_while_locked(lambda: record_rank_end(
+                store, run_id, rank=sink_setup.rank, gather_world=gather_world, status=status, others=others, facts=facts,
+                now=now, values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
                 attempt=run.attempt, senders=senders,
-            )
+            ), min(left(), 5.0))
             return True
 
         if safely(record, "recording the run's end"):
-            run.unstored_recorded, run.others_unrecorded = run.unstored_totals(), (0, 0)
+            sink_setup.own_unstored_counted, sink_setup.others_unstored_uncounted = sink_setup.unstored_totals(), (0, 0)
         else:
             log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
-            run.others_unrecorded = (others_spilled, others_lost)
-            if run.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
-                run.spiller.end(status, spilled + others_spilled, lost + others_lost)
-        if run.rank == 0 and run.attempt is not None:
+            sink_setup.others_unstored_uncounted = (others_spilled, others_lost)
+            if sink_setup.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
+                sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost)
+        if sink_setup.rank == 0 and run.attempt is not None:
             attempt = run.attempt
             safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
                    "recording this launch's end (attempts)")  # fmt: skip
-        if run.rank == 0 and status == SUCCESS and run.settings.export_csv:
+        if sink_setup.rank == 0 and status == SUCCESS and run.settings.export_csv:
             run.files.export_if_complete(store, run_id, left())
-    elif store is None and isinstance(sink, DirectSink) and run.spiller is not None:
-        log.error("multirank_logger: rank %d never reached the store: its end is in its spill file only.", run.rank)
-        run.spiller.end(status, spilled + others_spilled, lost + others_lost)
-    spiller = run.spiller
+    elif store is None and isinstance(sink, DirectSink) and sink_setup.spiller is not None:
+        log.error("multirank_logger: rank %d never reached the store: its end is in its spill file only.", sink_setup.rank)
+        sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost)
+    spiller = sink_setup.spiller
     summary = spiller.summary() if spiller is not None else None
     if spiller is not None and summary:
         spiller.say(summary)
@@ -173,9 +177,9 @@ def _store_still_there(sink: DirectSink) -> bool:
     return bool(safely(check, "checking the store file"))
 
 
-def _unstored_since_recorded(run: RankRun) -> tuple[int, int]:
-    """(spilled, lost) values not yet added to the run's row."""
-    (spilled, lost), (s0, l0) = run.unstored_totals(), run.unstored_recorded
+def _unstored_since_counted(sink_setup: SinkSetup) -> tuple[int, int]:
+    """(spilled, lost) values of this rank not yet added to the run's row."""
+    (spilled, lost), (s0, l0) = sink_setup.unstored_totals(), sink_setup.own_unstored_counted
     return spilled - s0, lost - l0
 
 
@@ -197,7 +201,7 @@ def _held(store: Store | None, timeout: float) -> Iterator[None]:
 
 def _end_unset_run(run: RankRun, status: str, timeout: float) -> None:
     """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
-    run.writer.flush(timeout)
+    run.hot_path.writer.flush(timeout)
     if run.identity is not None and current_rank() == 0 and run.store is not None:
         store, run_id = run.store, run.identity.run.id
         safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))

@@ -1,10 +1,10 @@
 """MultiRankLogger: the Lightning front-end. Naming, versioning, rank, and Lightning's hooks.
 
 The hot path (`log_metrics`, `save`) only appends to this rank's `RecordBuffer` and may
-wake the `BackgroundWriter`; the writer thread moves rows into a sink (sinks.py). This
-process's part in the run (store, identity, sink, writer) is a `RankRun` (rank_run.py), built
-from the checked arguments (run_settings.py), which also carries the run through pickling
-(ddp_spawn) and fork. Its end is finalize.py, rank 0's CSVLogger files csv_logger_files.py,
+wake the `BackgroundWriter` (write/hot_path.py); the writer thread moves rows into the sink
+that write/sink_setup.py sets up. This process's part in the run (who the run is, which
+attempt, and the runtime behind it) is a `RankRun` (rank_run.py), built from the checked
+arguments (run_settings.py), which also carries the run through pickling (ddp_spawn) and fork. Its end is finalize.py, rank 0's CSVLogger files csv_logger_files.py,
 what user code gets as ``logger.experiment`` experiment.py, the process-wide hooks
 process_registry.py and process_hooks.py.
 """
@@ -64,7 +64,7 @@ class MultiRankLogger(Logger):
         flush_logs_every_n_steps: pending log calls that make the writer flush early (and write
             rank 0's ``metrics.csv``, as CSVLogger does every that many steps); a DuckDB store,
             which each write opens, is written once per ``flush_interval`` or at
-            ``writer.SELDOM_MAX_CALLS`` pending calls instead.
+            ``writer_thread.SELDOM_MAX_CALLS`` pending calls instead.
         db: the store: a path ending in ``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``, or a
             SQLAlchemy URL. Created at the current schema when missing. Defaults to
             ``save_dir/runs.sqlite``: SQLite never blocks a reader and lets every rank of a node
@@ -182,8 +182,8 @@ class MultiRankLogger(Logger):
             finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
             start_timeout=float(start_timeout) if start_timeout is not None else None,
         )
-        #: this process's part in the run: store, identity, sink, writer (pickled with its run
-        #: for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
+        #: this process's part in the run: store, identity, its hot path and sink (pickled with
+        #: its run for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
         self._run = RankRun(settings)
         self._run.capture_logs(True)
         # no thread yet: the first log call (or `experiment`) starts the writer, so a logger
@@ -234,7 +234,7 @@ class MultiRankLogger(Logger):
     @property
     def transport(self) -> str | None:
         """``"direct"``, ``"gather"`` or ``"node"`` once decided (when the process group is up), else None."""
-        return self._run.transport
+        return self._run.sink_setup.transport
 
     @property
     def experiment(self) -> RunExperiment | _DummyExperiment:
@@ -245,9 +245,9 @@ class MultiRankLogger(Logger):
         learns the run and sets up its sink. Bounded waits, no collective.
         """
         run = self._run
-        run.setup_sink()
-        if not run.writer.running:
-            run.writer.start()
+        run.sink_setup.setup()
+        if not run.hot_path.writer.running:
+            run.hot_path.writer.start()
         run.capture_logs(True)  # again for a later phase (fit, then test), and in ddp_spawn workers
         return RunExperiment(run) if current_rank() == 0 else _DummyExperiment()
 
@@ -259,7 +259,7 @@ class MultiRankLogger(Logger):
         # every flush_logs_every_n_steps calls, where CSVLogger's saves (the Trainer saves every step)
         if self._prefix:
             metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
-        if self._run.record_call(metrics, step):
+        if self._run.hot_path.record_call(metrics, step):
             self.save()
 
     def record(self, table: str, **values: Any) -> None:
@@ -269,10 +269,7 @@ class MultiRankLogger(Logger):
         Raises:
             KeyError: for a table or column the schema does not have.
         """
-        run = self._run
-        run.side.add(table, values)
-        if not run.live:
-            run.start()
+        self._run.hot_path.record_side(table, values)
 
     @override
     def save(self) -> None:
@@ -282,17 +279,18 @@ class MultiRankLogger(Logger):
         the open file, elsewhere a counter check (benchmarks/RESULTS.md: cheaper than CSVLogger's).
         """
         run = self._run
-        run.unsaved = 0
+        hot_path, sink_setup = run.hot_path, run.sink_setup
+        hot_path.unsaved = 0
         if run.files.calls:
-            rank = run.rank if run.sink is not None else current_rank()
-            if run.sink is None and rank == 0 and not run.save_set_up:
+            rank = sink_setup.rank if sink_setup.sink is not None else current_rank()
+            if sink_setup.sink is None and rank == 0 and not hot_path.save_set_up:
                 # once, on rank 0: the run and this launch first (a resumed run's file continues the
                 # earlier launches'); a set-up that fails is the writer thread's to retry, not each step's
-                run.save_set_up = True
-                safely(run.setup_sink, "setting up the run for metrics.csv")
-            if run.sink is not None or rank != 0:  # else the writer's cycles write the file once it is set up
+                hot_path.save_set_up = True
+                safely(sink_setup.setup, "setting up the run for metrics.csv")
+            if sink_setup.sink is not None or rank != 0:  # else the writer's cycles write the file once it is set up
                 run.files.write_live(rank)
-        run.writer.maybe_wake()
+        hot_path.writer.maybe_wake()
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:
@@ -316,7 +314,7 @@ def _dropped(run: RankRun) -> None:
     variable and no thread behind. Its writer thread (which keeps the run alive, not the logger)
     writes what is left, then ends. Returns at once: the collector may run in any thread."""
     run.board.withdraw()
-    run.writer.finish_soon()
+    run.hot_path.writer.finish_soon()
 
 
 #: the Lightning classes the logger is an instance of, in both packages (_util/lightning_compat.py).

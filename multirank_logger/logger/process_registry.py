@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from multirank_logger._util.best_effort import safely
-from multirank_logger._util.dist_env import current_rank
+from multirank_logger._util.dist_env import current_rank, dist_if_initialized
 from multirank_logger._util.exit_logging import quiet_logging_errors
 from multirank_logger.store.run_lifecycle import drop_if_never_launched
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import end_at_exit, exit_status
 from multirank_logger.write import process_hooks
 
-__all__ = ["ProcessRun", "UnfinishedRun", "dist_up", "track"]
+__all__ = ["ProcessRun", "UnfinishedRun", "track"]
 
 
 class UnfinishedRun(NamedTuple):
@@ -71,13 +71,6 @@ _ALLOCATED_FOR_A_FORK: list[tuple[int, Store, int]] = []
 def track(run: ProcessRun) -> None:
     """A run's runtime was built in this process: end it at exit, carry it over a fork."""
     _LIVE.add(run)
-
-
-def dist_up() -> bool:
-    """Whether this process is in a torch.distributed process group now."""
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
 
 
 def _end_runs_never_finalized() -> None:
@@ -117,7 +110,7 @@ def _own_runs_before_fork() -> None:
     to be rank 0, outside any process group, allocates the run of each logger that has none yet.
     The forked ranks inherit it, so every fork launch of this process continues one run (each an
     attempt of its own) instead of its rank 0 allocating a run the parent never learns."""
-    if threading.current_thread() is not threading.main_thread() or dist_up() or current_rank() != 0:
+    if threading.current_thread() is not threading.main_thread() or dist_if_initialized() is not None or current_rank() != 0:
         return
     for run in list(_LIVE):
         allocated = run.allocate_before_fork()

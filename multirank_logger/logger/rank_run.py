@@ -1,20 +1,22 @@
 """RankRun: this process's part in one run, behind the Lightning front-end (multi_rank_logger.py).
 
-It opens the store (rank 0 at construction, the others once their transport is direct),
-learns the run's identity (allocated by rank 0, store/run_lifecycle.py; shared through
-transport/identity.py), numbers this launch's attempt, sets up the sink its rows go to
-(write/sinks.py) and owns the writer thread that moves them there (write/writer_thread.py).
+Who the run is and which attempt: it opens the store (rank 0 at construction, the others once
+their transport is direct), learns the run's identity (allocated by rank 0,
+store/run_lifecycle.py; shared through transport/identity.py), numbers this launch's attempt,
+and keeps the hyperparameters. The rest of a rank's part it builds and holds: how its rows
+leave (write/sink_setup.py: transport, sink, spiller, registration), the hot path and its
+writer thread (write/hot_path.py), rank 0's CSVLogger files, the log capture.
 
 What it holds lives in two parts. The run (settings, identity, hyperparameters) survives
-pickling into ddp_spawn's workers and a fork (ddp_notebook). The runtime (buffer, writer,
-store engine, sink, locks, rank 0's files) belongs to one process: `init_runtime` builds it,
-again after unpickling and in a forked child.
+pickling into ddp_spawn's workers and a fork (ddp_notebook). The runtime (the hot path, the
+sink set-up, store engine, lock, rank 0's files) belongs to one process: `init_runtime`
+builds it, again after unpickling and in a forked child.
 
 Imports point one way, down from here. Below: rank 0's CSVLogger files (csv_logger_files.py,
-which reads the run through its `RunForFiles` protocol) and the process-wide registry
-(process_registry.py, which at exit and around a fork calls this run's methods for those
-moments, through its `ProcessRun` protocol). Above: the logger, its `experiment`
-(experiment.py) and the run's end (finalize.py), which take a RankRun.
+which reads the run through its `RunForFiles` protocol), the sink set-up (through
+`RunForSink`) and the process-wide registry (process_registry.py, which at exit and around a
+fork calls this run's methods for those moments, through its `ProcessRun` protocol). Above:
+the logger, its `experiment` (experiment.py) and the run's end (finalize.py), which take a RankRun.
 """
 
 from __future__ import annotations
@@ -23,49 +25,41 @@ import functools
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from itertools import count
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
 from multirank_logger.ddp.log_capture import LogCapture
-from multirank_logger.errors import MultiRankLoggerError, StoreLocked
+from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.launch_env import hook_launchers
-from multirank_logger.logger.process_registry import UnfinishedRun, dist_up, track
+from multirank_logger.logger.process_registry import UnfinishedRun, track
 from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.side_records import SideRecords
-from multirank_logger.store.backends import backend_for
-from multirank_logger.store.open_for_write import connection_room, store_of_writer
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
-from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.transport.identity import IdentityBoard, RunIdentity, withdraw_identity
-from multirank_logger.transport.rank_facts import publish_facts, rank_facts
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write import process_hooks
-from multirank_logger.write.buffer import RecordBuffer
-from multirank_logger.write.sink import Sink
-from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
-from multirank_logger.write.spiller import Spiller
-from multirank_logger.write.transport_choice import choose_transport
-from multirank_logger.write.writer_thread import BackgroundWriter
+from multirank_logger.write.hot_path import HotPath
+from multirank_logger.write.sink_setup import SinkSetup
+from multirank_logger.write.sinks import DirectSink, GatherReceiver
 
 __all__ = ["RankRun"]
 
 _INSTANCES = count()
 #: the runtime's parts that stay in their process when the run is pickled (engines, threads, sockets, locks)
-_PROCESS_ONLY = ("buffer", "side", "lock", "store", "sink", "writer", "spiller", "capture", "files")
+_PROCESS_ONLY = ("lock", "store", "files", "sink_setup", "hot_path", "capture")
 
 
 class RankRun:
-    """This process's part in one run: store, identity, attempt, sink and writer.
+    """This process's part in one run: who the run is, which attempt, and the runtime behind it.
 
     Args:
         settings: the logger's arguments.
@@ -88,36 +82,22 @@ class RankRun:
 
     def init_runtime(self) -> None:
         """State that lives in one process only (rebuilt after unpickling and in a forked child)."""
-        self.buffer = RecordBuffer()
-        self.side = SideRecords()
-        self.unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
         self.lock = threading.RLock()  # identity and sink set-up; never taken by log_metrics/save
         process_hooks.guard_setup(self.lock)  # a SIGTERM inside a set-up must not wait for it
         self.store: Store | None = None
-        self.sink: DirectSink | GatherSender | None = None
-        self.sink_world = 0
-        self.spiller: Spiller | None = None  # one per run: every phase spills into one file
-        self.unstored_recorded = (0, 0)  # (spilled, lost) values already added to the run's row
-        #: gather rank 0: the senders' (spilled, lost) reported in a phase whose end the store did not take
-        self.others_unrecorded = (0, 0)
-        self.rank = 0
-        self.transport: str | None = None
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
-        self.live = False  # a log call of this phase started the writer and the SIGTERM hook
-        self.save_set_up = False  # save() tried the set-up once (rank 0, before the writer did)
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
-        self.buffer.tee = self.files.calls if self.settings.export_csv else None
-        self.writer = BackgroundWriter(
-            self.buffer,
-            self.target,
-            flush_interval=self.settings.flush_interval,
+        self.sink_setup = SinkSetup(self, self.lock)  # how this rank's rows leave, once the group is up
+        self.hot_path = HotPath(
+            self.sink_setup,
             flush_every=self.settings.flush_every,
-            side=self.side,
+            flush_interval=self.settings.flush_interval,
+            tee=self.files.calls if self.settings.export_csv else None,
             tap=self.files.write_live,
         )
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         level = self.settings.capture_level
-        self.capture = None if level is None else LogCapture(self.side.add, level)
+        self.capture = None if level is None else LogCapture(self.hot_path.side.add, level)
         track(self)
 
     # -- pickling (ddp_spawn) ---------------------------------------------------------------
@@ -239,7 +219,7 @@ class RankRun:
             assert channel is not None, "a rank other than 0 runs with a process group"
             attempt = int(channel.fetch("attempt", timeout))
         self.attempt = attempt
-        self.buffer.seq_base = self.side.seq_base = seq_base(attempt)
+        self.hot_path.buffer.seq_base = self.hot_path.side.seq_base = seq_base(attempt)
         if rank == 0 and attempt:  # a resume: what earlier launches spilled here joins the run first
             earlier = functools.partial(import_earlier_launches, self.open_store(), self.settings.spill_dir,
                                         self.identity.run, attempt)
@@ -251,168 +231,37 @@ class RankRun:
         with self.lock:
             self.hparams.update(params)
             self.hparams_logged = True
-            if self.sink is not None and self.rank == 0:
-                self.sink.update_run(hparams=jsonable(self.hparams))
+            sink_setup = self.sink_setup
+            if sink_setup.sink is not None and sink_setup.rank == 0:
+                sink_setup.sink.update_run(hparams=jsonable(self.hparams))
         if self.settings.export_csv and current_rank() == 0:
             safely(self.files.write_hparams, "writing hparams.yaml")
 
-    # -- the sink ------------------------------------------------------------------------------
+    # -- what the sink set-up asks of the run (write/sink_setup.RunForSink) ----------------
 
-    def target(self) -> tuple[Sink, int, int] | None:
-        """For the writer thread: where rows go, once that is known."""
-        if self.sink is None and self.buffer.calls_pending == 0:
-            return None  # nothing to write: leave the set-up to `experiment`, in the main thread
-        sink = self.setup_sink()
-        if sink is None:
-            return None
-        assert self.identity is not None
-        return sink, self.identity.run.id, self.rank
+    def channel_name(self) -> str:
+        """The row channel of this phase: a finished phase's "done" keys stay behind in its own."""
+        return f"{self.board.namespace}-phase{self.phase}"
 
-    def setup_sink(self) -> DirectSink | GatherSender | None:
-        """Decide the transport and build the sink; None while the process group is not up."""
-        with self.lock:
-            world = current_world_size()
-            if self.sink is not None and self.sink_world == world:
-                return self.sink
-            if world > 1 and not dist_up():
-                return None  # a launched rank before its process group: rank and peers unknown
-            run = self.resolve()
-            rank = current_rank()
-            timeout = self.settings.timeout
-            channel = None
-            if world > 1:
-                # one channel per phase (fit, test...): a finished phase's "done" keys stay behind
-                channel = RowChannel(f"{self.board.namespace}-phase{self.phase}", rank, world, timeout=timeout)
-            transport, why = choose_transport(
-                self.settings.transport, backend_for(self.settings.url), world, rank=rank, channel=channel,
-                timeout=timeout, max_writers=self.settings.max_writers,
-                connection_room=(lambda: connection_room(self.open_store())) if rank == 0 else None,
-            )
-            self.begin_attempt(rank, world, channel)
-            spiller = self._spiller_for(run, rank)
-            sink: DirectSink | GatherSender
-            store = self.open_store if rank == 0 else functools.partial(
-                store_of_writer, self.open_store, run, rank, self.settings.timeout)
-            if channel is not None and transport != "direct" and channel.receives:
-                sink = GatherReceiver(store(), run.id, channel, spiller, transport=transport)
-            elif channel is not None and transport != "direct":
-                sink = GatherSender(channel, spiller, counted=self.unstored_recorded, transport=transport)
-                publish_facts(channel)  # its writer records this rank's host and pid at the end
-            else:
-                sink = DirectSink(store(), run.id, spiller)
-            self.rank, self.transport, self.sink_world = rank, transport, world
-            self.sink = sink
-            # a node's writer records itself and its ranks at the end (rank 0 registered them all)
-            if self.store is None and transport == "direct" and isinstance(sink, DirectSink):
-                sink.defer(functools.partial(self._register, sink, run, rank, world, transport, why))
-            elif self.store is not None and (rank == 0 or transport == "direct"):
-                try:
-                    self._register(sink, run, rank, world, transport, why)
-                except BaseException:
-                    self.sink = None  # set up again, registration included, on the next call
-                    raise
-            if rank == 0 and self.hparams_logged:
-                sink.update_run(hparams=jsonable(self.hparams))
-            return sink
+    def hparams_for_store(self) -> dict[str, Any] | None:
+        return jsonable(self.hparams) if self.hparams_logged else None
 
-    def _spiller_for(self, run: RunRef, rank: int) -> Spiller:
-        """This run's spill file on this rank (created on its first row): every phase spills into it."""
-        if self.spiller is None or self.spiller.spill.header["run_id"] != run.id:
-            spill = SpillWriter(
-                self.settings.spill_dir, run_id=run.id, name=run.name, version=run.version, rank=rank,
-                attempt=self.attempt, run_started_at=run.started_at,
-            )
-            path = backend_for(self.settings.url).path
-            shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command
-            self.spiller = Spiller(spill, shown, rank)
-            self.unstored_recorded = self.others_unrecorded = (0, 0)
-        return self.spiller
-
-    def _register(
-        self, sink: DirectSink | GatherSender, run: RunRef, rank: int, world: int, transport: str, why: str
-    ) -> None:
-        store = self.store
-        assert store is not None
-        facts = rank_facts()
-
-        def write() -> None:
-            with store.writing():  # one connection, one retry unit: every step is idempotent
-                store.register_rank(run.id, rank, **facts)
-                if transport != "direct":
-                    # they do not write: rank 0 (or their node's writer) records their end
-                    for other in range(1, world):
-                        store.register_rank(run.id, other)
-                elif rank == 0 and store.backend.path is None:
-                    # a server may refuse a rank its connection: its end stays unknown (the run
-                    # not a success) until it or its spill file reaches the store
-                    store.register_absent_ranks(run.id, range(1, world))
-                if rank == 0:
-                    store.update_run(run.id, transport=transport, world_size=world)
-
-        try:
-            retry_while_locked(write, min(self.settings.timeout, 1.0))
-        except StoreLocked:
-            # a reader holds the DuckDB file (a notebook): the rows must not wait for it, nor the
-            # training; the writer registers the rank with its retries, before its next rows
-            if not isinstance(sink, DirectSink):
-                raise  # a sender never writes the store: there is no writer to defer to
-            sink.defer(write)
-        if rank == 0:
-            rank_zero_info(
-                f"MultiRankLogger: run {run.name}/{run.dir_name} (id {run.id}) in "
-                f"{self.settings.db}, {world} rank(s), transport={transport} ({why})"
-            )
-
-    # -- the hot path, the writer thread and the log capture -------------------------------
-
-    def record_call(self, metrics: Mapping[str, Any], step: int | None) -> bool:
-        """Hot path: one log call into the buffer; True where CSVLogger's `log_metrics` saves."""
-        if step is None:
-            step = self.unsaved
-        self.buffer.append(step, metrics)
-        self.unsaved += 1
-        if not self.live:
-            self.start()
-        if (step + 1) % self.settings.flush_every:
-            return False
-        self.unsaved = 0  # where CSVLogger saves (every flush_logs_every_n_steps), and so restarts its count
-        return True
-
-    def flush_now(self) -> None:
-        """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
-        if self.buffer.calls_pending and self.sink is None:
-            self.setup_sink()
-        self.unsaved = 0  # as CSVLogger's save empties its unsaved rows
-        self.writer.flush(self.settings.timeout)
-
-    def start(self) -> None:
-        """The first log call of a phase (and construction): writer thread up, SIGTERM hook on top."""
-        if not self.writer.running:
-            self.writer.start()
-        # by the first log call Lightning has installed its SIGTERM handler: wrap it, so that a
-        # preemption flushes before Lightning's handler runs its broadcast
-        process_hooks.outermost_sigterm()
-        self.live = True
+    # -- the log capture -------------------------------------------------------------------
 
     def capture_logs(self, on: bool) -> None:
         if self.capture is not None:
             self.capture.install() if on else self.capture.remove()
-
-    def unstored_totals(self) -> tuple[int, int]:
-        """(spilled, lost) values of this run on this rank so far."""
-        spiller = self.spiller
-        return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
 
     # -- at exit and around a fork (called by process_registry.py's hooks) ------------------
 
     def unfinished(self) -> UnfinishedRun | None:
         """At exit after an uncaught exception: what of this run is left to record as ended, when
         it was never finalized and this rank writes the store itself; else None."""
-        store, identity, sink = self.store, self.identity, self.sink
+        store, identity, sink = self.store, self.identity, self.sink_setup.sink
         if self.finalized or store is None or identity is None:
             return None
         # the process group may be gone by now: the rank the sink was set up with
-        rank = self.rank if sink is not None else current_rank()
+        rank = self.sink_setup.rank if sink is not None else current_rank()
         if rank != 0 and not isinstance(sink, DirectSink):
             return None  # a sender's row is its writer's to write, and the store may not be reachable here
         senders = sink.channel.senders if isinstance(sink, GatherReceiver) else ()
@@ -440,8 +289,8 @@ class RankRun:
         store connection must not be used or even closed here, its locks may be held by threads
         that do not exist here, its buffered rows are the parent's to write.
         """
-        old = (self.buffer, self.side, self.lock, self.store, self.sink, self.writer, self.spiller)
-        keep(old)
+        old_hot_path = self.hot_path
+        keep((old_hot_path, self.lock, self.store, self.sink_setup))
         self.init_runtime()
-        self.buffer.continue_numbering(old[0])  # the child never reuses the parent's seq
+        self.hot_path.buffer.continue_numbering(old_hot_path.buffer)  # the child never reuses the parent's seq
 

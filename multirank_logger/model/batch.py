@@ -25,7 +25,7 @@ __all__ = [
     "METRICS_SCHEMA",
     "arrow_schema",
     "column_lists",
-    "column_numpy",
+    "column_numpy_copy",
     "concat_batches",
     "empty_batch",
     "halves",
@@ -142,8 +142,10 @@ def take_rows(batch: pa.RecordBatch, keep: np.ndarray) -> pa.RecordBatch:
     return batch.take(numeric(pa.int64(), np.flatnonzero(keep).astype(np.int64)))
 
 
-def column_numpy(column: pa.Array | pa.ChunkedArray, dtype: Any, null: Any = None) -> np.ndarray:
-    """A fixed-width Arrow column as a NumPy array (a copy), read from its buffers; NULLs become `null`.
+def column_numpy_copy(column: pa.Array | pa.ChunkedArray, dtype: Any, null: Any = None) -> np.ndarray:
+    """A fixed-width Arrow column as a NumPy array of its own (a copy, writable), read from its
+    buffers; NULLs become `null`. Where a read-only view will do (no NULLs), ``_util/arrow_numpy.py``'s
+    `column_numpy` avoids the copy.
 
     Raises:
         ValueError: when the column holds NULLs and `null` is None.
@@ -181,10 +183,10 @@ def column_lists(batch: pa.RecordBatch, names: Sequence[str]) -> list[list[Any]]
         array = batch.column(name)
         if isinstance(array, pa.DictionaryArray):
             keys = array.dictionary.to_pylist()
-            codes = column_numpy(array.indices, _NUMPY[name], null=0)
+            codes = column_numpy_copy(array.indices, _NUMPY[name], null=0)
             values = list(map(keys.__getitem__, codes.tolist())) if keys else [None] * len(array)
         else:
-            values = column_numpy(array, _NUMPY[name], null=0).tolist()
+            values = column_numpy_copy(array, _NUMPY[name], null=0).tolist()
         nulls = _nulls(array.indices if isinstance(array, pa.DictionaryArray) else array)
         if nulls is not None:
             for i in np.flatnonzero(nulls).tolist():

@@ -80,18 +80,18 @@ class LongRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from multirank_logger.model.batch import column_numpy
+        from multirank_logger.model.batch import column_numpy_copy
 
         keys = pc.dictionary_encode(table.column("key"))
         if hasattr(keys, "combine_chunks"):  # a Table's column is chunked; a RecordBatch's is not
             keys = keys.combine_chunks()
         rows = cls(
-            seq=column_numpy(table.column("seq").cast(pa.int64()), np.int64),
-            step=column_numpy(table.column("step").cast(pa.int64()), np.int64),
-            code=column_numpy(keys.indices.cast(pa.int32()), np.int32),
+            seq=column_numpy_copy(table.column("seq").cast(pa.int64()), np.int64),
+            step=column_numpy_copy(table.column("step").cast(pa.int64()), np.int64),
+            code=column_numpy_copy(keys.indices.cast(pa.int32()), np.int32),
             keys=keys.dictionary.to_pylist(),
-            value=column_numpy(table.column("value").cast(pa.float64()), np.float64, null=np.nan),
-            dtype=column_numpy(table.column("dtype").cast(pa.int16()), np.int16),
+            value=column_numpy_copy(table.column("value").cast(pa.float64()), np.float64, null=np.nan),
+            dtype=column_numpy_copy(table.column("dtype").cast(pa.int16()), np.int16),
         )
         return rows._in_call_order()
 

@@ -103,10 +103,10 @@ def scan_run(
             contextlib.ExitStack() as later:  # fmt: skip
         seq_conn: sa.Connection | None = None
 
-        def take(where: tuple[Any, ...], layout: Future[Window | None]) -> None:
+        def take(where: tuple[Any, ...], window_future: Future[Window | None]) -> None:
             nonlocal seq_conn
             assert state is not None
-            window = layout.result()
+            window = window_future.result()
             if window is None:  # a rank logged a key twice at one step here: its later call wins, by seq
                 seq_conn = seq_conn or later.enter_context(reader._connect())  # this thread's own
                 window = lay_out(len(keys), *_fetch(reader, seq_conn, state.names, where, with_seq=True))
@@ -119,11 +119,11 @@ def scan_run(
                 state = _Scan(keys, spread_window, depart_spreads, item, bool(bucket_columns))
                 continue
             where, columns = item
-            layout = pool.submit(lay_out, len(keys), *columns)  # beside the previous window's keys
+            window_future = pool.submit(lay_out, len(keys), *columns)  # beside the previous window's keys
             del item, columns  # the rows go with their layout, not at the next window
             if held is not None:
                 take(*held)
-            held = (where, layout)
+            held = (where, window_future)
         if held is not None:
             take(*held)
     return scan if state is None else state.finish(scan)

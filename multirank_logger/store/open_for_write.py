@@ -2,7 +2,7 @@
 
 A PostgreSQL server admits ``max_connections`` clients (fewer for a role or a database): past
 that it answers "too many clients already". Rank 0 asks it how many connections are free
-before the transport is chosen (`connection_room`, for transport_choice.py); a rank other than
+before the transport is chosen (`free_connections`, for transport_choice.py); a rank other than
 0 that writes (direct, or a node's writer) and is refused at set-up goes on without the
 connection (`open_or_later`): its writer retries at each flush, with backoff, holds the rows
 meanwhile and spills them past its bound (write/writer_thread.py). Training never stops for it.
@@ -20,7 +20,7 @@ from multirank_logger.store.run_lifecycle import check_same_run
 from multirank_logger.store.sql_store import Store
 from multirank_logger.store.write_errors import describe, is_transient
 
-__all__ = ["CONNECT_WAIT_S", "connection_room", "open_or_later", "store_of_writer"]
+__all__ = ["CONNECT_WAIT_S", "free_connections", "open_or_later", "store_of_writer"]
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,12 @@ log = logging.getLogger(__name__)
 CONNECT_WAIT_S = 5.0
 
 
-def connection_room(store: Store) -> tuple[int, str] | None:
+def free_connections(store: Store) -> tuple[int, str] | None:
     """(connections free now, what the server said) for a server store; None for a file, or no answer."""
 
     def ask() -> tuple[int, str] | None:
         with store.begin() as conn:
-            return store.backend.connection_room(conn)
+            return store.backend.free_connections(conn)
 
     return safely(ask, "reading the server's free connections")
 

@@ -15,7 +15,8 @@ A rank's end the store does not know is *unended*: its row says ``running`` or `
 (an earlier launch's, which the ranks table no longer shows) it is kept in ``unheard_ends``.
 
 Every transition takes the store (anything with `StatusStore`'s methods: ``sql_store.Store``) or
-an open connection; none retries while the store is locked: the caller does (run_end.py).
+an open connection; none retries while the store is locked: the caller wraps the call in
+``sql_store.retry_while_locked`` (each transition is idempotent, so a retry repeats it whole).
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def record_rank_end(
     status: str,
     others: dict[int, str],
     facts: dict[int, dict[str, Any]],
-    now: float,
+    now: float | None = None,
     values_spilled: int = 0,
     values_lost: int = 0,
     attempt: int | None = None,
@@ -174,32 +175,38 @@ def record_rank_end(
     here: its spill file, imported, records it). At a success, such a rank is also kept in
     ``unheard_ends`` under this launch's `attempt`, so that a later launch (``test`` after
     ``fit``), which registers the rank again, cannot make the run a success before that file is
-    imported. Each step is idempotent: the caller retries the whole on a busy store."""
-    received = list(range(1, gather_world) if senders is None and rank == 0 else senders or ())
-    store.update_rank(run_id, rank, **facts.get(rank, {}), status=status, ended_at=now)
-    for other in received:
-        values = {**facts.get(other, {}), "status": others.get(other, MISSING), "ended_at": now}
-        store.update_rank(run_id, other, **values)
-    if attempt is not None and received and status == SUCCESS:
-        # a success takes every heard rank's report, which covers what that rank's earlier
-        # phases of this launch did not get counted (sinks.GatherSender). A launch that did not
-        # succeed keeps none: a resume supersedes its last rows, as it does a vanished launch's
-        # (close_earlier_launches)
-        heard = [o for o in received if o in others]
-        unheard = [o for o in received if o not in others]
+    imported.
+
+    All of it on one connection (each DuckDB open costs CPU, whatever the write). Each step is
+    idempotent: the caller retries the whole on a busy store (``retry_while_locked``), with the
+    `now` it took before the first try (default: the time of this call)."""
+    now = time.time() if now is None else now
+    with store.writing():
+        received = list(range(1, gather_world) if senders is None and rank == 0 else senders or ())
+        store.update_rank(run_id, rank, **facts.get(rank, {}), status=status, ended_at=now)
+        for other in received:
+            values = {**facts.get(other, {}), "status": others.get(other, MISSING), "ended_at": now}
+            store.update_rank(run_id, other, **values)
+        if attempt is not None and received and status == SUCCESS:
+            # a success takes every heard rank's report, which covers what that rank's earlier
+            # phases of this launch did not get counted (sinks.GatherSender). A launch that did not
+            # succeed keeps none: a resume supersedes its last rows, as it does a vanished launch's
+            # (close_earlier_launches)
+            heard = [o for o in received if o in others]
+            unheard = [o for o in received if o not in others]
+            with store.begin() as conn:
+                keep_unheard(conn, run_id, attempt, unheard, now, heard=heard)
+        if values_spilled or values_lost:
+            with store.begin() as conn:
+                _count_unstored(conn, run_id, values_spilled, values_lost)
         with store.begin() as conn:
-            keep_unheard(conn, run_id, attempt, unheard, now, heard=heard)
-    if values_spilled or values_lost:
-        with store.begin() as conn:
-            _count_unstored(conn, run_id, values_spilled, values_lost)
-    with store.begin() as conn:
-        if rank == 0 or status != SUCCESS:
-            # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
-            missing = rank == 0 and any(other not in others for other in received)
-            _end_run(conn, run_id, INCOMPLETE if missing and status == SUCCESS else status, now)
-        else:
-            # a rank (not 0) that ended well after rank 0 recorded the run "incomplete" for want of it
-            _settle_incomplete(conn, run_id)
+            if rank == 0 or status != SUCCESS:
+                # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
+                missing = rank == 0 and any(other not in others for other in received)
+                _end_run(conn, run_id, INCOMPLETE if missing and status == SUCCESS else status, now)
+            else:
+                # a rank (not 0) that ended well after rank 0 recorded the run "incomplete" for want of it
+                _settle_incomplete(conn, run_id)
 
 
 def keep_unheard(

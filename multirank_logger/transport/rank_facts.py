@@ -2,7 +2,7 @@
 and how a rank that does not write the store hands those facts to rank 0 over the run's channel.
 
 A gather sender publishes its facts at set-up (`publish_facts`); rank 0 fetches them at the end
-(`fetch_facts`) and records them with each rank's end (store/run_end.py). Every wait is bounded:
+(`fetch_facts`) and records them with each rank's end (store/status.py: record_rank_end). Every wait is bounded:
 a rank that never published is recorded without its facts.
 """
 

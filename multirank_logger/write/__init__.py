@@ -2,6 +2,11 @@
 
 Top down (each module imports only those below it):
 
+- hot_path.py: `HotPath`, the training thread's side: a log call into the buffer (CSVLogger's
+  unsaved count), the writer thread started by the first call, where the writer's rows go.
+- sink_setup.py: `SinkSetup`, how this rank's rows leave: the transport chosen, the sink built
+  with its spiller, this rank registered in the store; it asks the run above (logger/) only
+  through its `RunForSink` protocol.
 - transport_choice.py: where rows go (every rank writes the store, rank 0 gathers them, or a
   node's writer does), decided on rank 0 and published over the launch's channel.
 - sinks.py: the sinks the writer thread hands a batch to (`DirectSink` writes the store;

@@ -17,7 +17,7 @@ class Sink(Protocol):
     """Where drained batches go (see sinks.py)."""
 
     @property
-    def writes_seldom(self) -> bool:
+    def opens_store_per_write(self) -> bool:
         """True when each write is costly whatever its size: write once per flush interval."""
 
     #: where rows go that the store refused (None: they stay in memory)

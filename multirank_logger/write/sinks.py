@@ -95,9 +95,9 @@ class DirectSink:
         return self._store is not None
 
     @property
-    def writes_seldom(self) -> bool:
+    def opens_store_per_write(self) -> bool:
         """True when each write opens the store (DuckDB): the writer then writes once per
-        flush interval instead of every N calls (see writer.BackgroundWriter)."""
+        flush interval instead of every N calls (see writer_thread.BackgroundWriter)."""
         return self._store is not None and self._store.backend.opens_per_transaction
 
     def update_run(self, **values: Any) -> None:
@@ -265,7 +265,7 @@ class GatherSender:
 
     transport = "gather"
     # a push to the TCPStore is cheap, and frequent pushes keep rank 0's lag short
-    writes_seldom = False
+    opens_store_per_write = False
     others_unstored = (0, 0)
 
     def __init__(

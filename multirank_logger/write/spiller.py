@@ -40,7 +40,7 @@ class Spiller:
         #: side-table rows (decisions, logs, step timing): not metric values, counted apart
         self.side_rows_spilled = 0
         self.side_rows_lost = 0
-        self._told_spilled = False  # per episode: reset by `episode_over`
+        self._told_spilled = False  # once until the store takes rows again (`store_recovered`)
         self._told_lost = False
         self._told_side_lost = False
 
@@ -130,8 +130,8 @@ class Spiller:
         """Tell the user, on stderr whatever the logging set-up (the rows may be in the spill file only)."""
         _to_stderr(text)
 
-    def episode_over(self) -> None:
-        """The store took rows again: the next failure is a new episode, with its own message."""
+    def store_recovered(self) -> None:
+        """The store took rows again: the next failure gets a message of its own."""
         self._told_spilled = self._told_lost = False
 
     def summary(self) -> str | None:

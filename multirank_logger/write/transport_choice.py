@@ -34,11 +34,11 @@ if TYPE_CHECKING:
     from multirank_logger.store.backends import Backend
     from multirank_logger.transport.row_channel import RowChannel
 
-__all__ = ["NETWORK_FILESYSTEMS", "TRANSPORTS", "ConnectionRoom", "choose_transport", "filesystem_type"]
+__all__ = ["NETWORK_FILESYSTEMS", "TRANSPORTS", "FreeConnections", "choose_transport", "filesystem_type"]
 
 TRANSPORTS = ("auto", "direct", "gather", "node")
 #: what rank 0 learns of a server: (connections free now, one line saying what it read), or None
-ConnectionRoom = Callable[[], "tuple[int, str] | None"]
+FreeConnections = Callable[[], "tuple[int, str] | None"]
 
 #: Filesystems on which SQLite's locking is unsafe (or which are shared between hosts).
 NETWORK_FILESYSTEMS = frozenset(
@@ -90,7 +90,7 @@ def choose_transport(
     channel: RowChannel | None = None,
     timeout: float = 30.0,
     max_writers: int | None = None,
-    connection_room: ConnectionRoom | None = None,
+    free_connections: FreeConnections | None = None,
 ) -> tuple[str, str]:
     """Decide "direct", "gather" or "node" for this run; the same answer on every rank.
 
@@ -109,8 +109,8 @@ def choose_transport(
         channel: the run's RowChannel; needed when ``requested="auto"`` and ``world_size > 1``.
         timeout: seconds to wait for the other ranks (rank 0) or for rank 0's choice (others).
         max_writers: the most processes that may write a server store at once (None: as many
-            as its free connections allow, `connection_room`).
-        connection_room: rank 0 only: asks the server how many connections are free.
+            as its free connections allow, `free_connections`).
+        free_connections: rank 0 only: asks the server how many connections are free.
 
     Returns:
         ``(choice, reason)``: the transport and one sentence saying why, for rank 0's console.
@@ -132,7 +132,7 @@ def choose_transport(
     if world_size > 1 and (requested == "node" or (requested == "auto" and _is_server(backend))):
         if channel is None:
             raise ValueError(f"choose_transport(requested={requested!r}) with several ranks needs the run's RowChannel")
-        return _choose_for_server(requested, world_size, rank, channel, timeout, max_writers, connection_room)
+        return _choose_for_server(requested, world_size, rank, channel, timeout, max_writers, free_connections)
     if requested == "direct":
         if world_size > 1 and not backend.concurrent_writers:
             raise InvalidTransport(
@@ -168,7 +168,7 @@ def _choose_for_server(
     channel: RowChannel,
     timeout: float,
     max_writers: int | None,
-    connection_room: ConnectionRoom | None,
+    free_connections: FreeConnections | None,
 ) -> tuple[str, str]:
     """A server store: every rank writes while its free connections allow, else one writer per node."""
     if rank != 0:
@@ -178,7 +178,7 @@ def _choose_for_server(
         if choice == "node":
             _follow_plan(channel, json.loads(channel.fetch(_KEY_PLAN, timeout)), timeout)
         return choice, reason
-    choice, reason, plan = _decide_for_server(requested, world, channel, timeout, max_writers, connection_room)
+    choice, reason, plan = _decide_for_server(requested, world, channel, timeout, max_writers, free_connections)
     if plan is not None:
         channel.publish(_KEY_PLAN, json.dumps(plan).encode())
         _follow_plan(channel, plan, timeout)
@@ -192,17 +192,17 @@ def _decide_for_server(
     channel: RowChannel,
     timeout: float,
     max_writers: int | None,
-    connection_room: ConnectionRoom | None,
+    free_connections: FreeConnections | None,
 ) -> tuple[str, str, dict[str, Any] | None]:
     """Rank 0: (choice, reason, for "node" the plan: the writer of each rank, and the writers
     whose ranks are on more hosts than their own)."""
-    room = connection_room() if connection_room is not None else None
+    free = free_connections() if free_connections is not None else None
     # the connections this job may add to rank 0's own: half of those free now (the server is
     # shared: readers, other jobs), and no more than max_writers asks
-    extra = world - 1 if room is None else max(room[0] // 2, 0)
+    extra = world - 1 if free is None else max(free[0] // 2, 0)
     if max_writers is not None:
         extra = min(extra, max_writers - 1)
-    seen = "" if room is None else f"the server has {room[0]} connection(s) free ({room[1]}); "
+    seen = "" if free is None else f"the server has {free[0]} connection(s) free ({free[1]}); "
     if requested == "auto" and world - 1 <= extra:
         return "direct", f"{seen}every rank writes its own rows ({world} connections)", None
     node_of = _gather_nodes(channel, world, timeout)

@@ -19,7 +19,7 @@ after `stop`, SIGTERM, atexit). The training thread never takes it nor waits on 
 flush on the main thread runs in a helper thread it waits for, bounded (a stopped server never
 answers; Ctrl-C reaches the caller). `spill_held` waits for the lock bounded too, and spills
 without it when a write is stuck (rows may land twice: the import skips those stored). A cycle
-may take the set-up lock inside it (``RankRun.setup_sink``): never wait for this lock holding that one.
+may take the set-up lock inside it (``SinkSetup.setup``): never wait for this lock holding that one.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ class BackgroundWriter:
             return  # identity not known yet: rows wait in the buffer
         sink, run_id, rank = target
         self._sink, self._last_ids = sink, (run_id, rank)
-        self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.writes_seldom else self.flush_every
+        self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.opens_store_per_write else self.flush_every
         if self._tap is not None:
             self._tap(rank)  # never raises; before the store, which may refuse the rows
         if self._buffer.calls_pending:
@@ -381,7 +381,7 @@ class BackgroundWriter:
         self._failures = 0
         self._next_try = 0.0
         if sink.spiller is not None:
-            sink.spiller.episode_over()
+            sink.spiller.store_recovered()
 
     def _spill(self, batches: list[pa.RecordBatch], why: str) -> None:
         spiller = self.spiller

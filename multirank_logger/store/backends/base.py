@@ -181,7 +181,7 @@ class Backend:
         """Our error for a driver error met while opening the store, or None."""
         return None
 
-    def connection_room(self, conn: sa.Connection) -> tuple[int, str] | None:
+    def free_connections(self, conn: sa.Connection) -> tuple[int, str] | None:
         """A server's connections free now for this user and database, and one line saying what
         it read (for the transport choice); None where connections are not counted (a file)."""
         return None

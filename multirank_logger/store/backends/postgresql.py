@@ -40,7 +40,7 @@ WITH RECURSIVE found(rank) AS (
 )
 SELECT rank FROM found WHERE rank IS NOT NULL
 """
-# the figures connection_room needs, in one round trip (reserved_connections: PostgreSQL 16+)
+# the figures free_connections needs, in one round trip (reserved_connections: PostgreSQL 16+)
 _ROOM_SQL = """
 SELECT current_setting('max_connections')::int AS max_connections,
        current_setting('superuser_reserved_connections')::int
@@ -109,7 +109,7 @@ class PostgreSQLBackend(Backend):
         conn.execute(sa.text(_LOCK_RUNS.format(lock="pg_advisory_xact_lock_shared")), {"runs": runs})
         conn.execute(sa.text(_LOCK_RANKS), {"runs": [run for run, _ in pairs], "ranks": [r for _, r in pairs]})
 
-    def connection_room(self, conn: sa.Connection) -> tuple[int, str] | None:
+    def free_connections(self, conn: sa.Connection) -> tuple[int, str] | None:
         # what a new connection of this role into this database may take: the server's
         # max_connections less the slots reserved for superusers (unless we are one) and those in
         # use, and the role's and the database's own limits (-1: none)

@@ -1,0 +1,101 @@
+"""The training thread's side of the write path: a log call into memory, and the writer behind it.
+
+`HotPath.record_call` is what ``log_metrics`` costs: an append to this rank's `RecordBuffer`
+(buffer.py) and CSVLogger's count of unsaved calls; no I/O, no SQL, no collective, no lock.
+The first call of a phase starts the `BackgroundWriter` (writer_thread.py) and puts the
+SIGTERM hook on top (process_hooks.py). The writer asks `target` where rows go: the sink that
+sink_setup.py builds once the process group is up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from multirank_logger.model.side_records import SideRecords
+from multirank_logger.write import process_hooks
+from multirank_logger.write.buffer import RecordBuffer
+from multirank_logger.write.sink import Sink
+from multirank_logger.write.sink_setup import SinkSetup
+from multirank_logger.write.writer_thread import BackgroundWriter
+
+__all__ = ["HotPath"]
+
+
+class HotPath:
+    """This rank's log calls in memory, and the writer thread that moves them to its sink.
+
+    Args:
+        sink_setup: where the writer's rows go, once set up.
+        flush_every: CSVLogger's ``flush_logs_every_n_steps``: calls between two saves.
+        flush_interval: seconds between two of the writer's flushes.
+        tee: rank 0's copy of each call for metrics.csv (None: no copy).
+        tap: called by the writer each cycle with the rank (rank 0's metrics.csv).
+    """
+
+    def __init__(
+        self,
+        sink_setup: SinkSetup,
+        *,
+        flush_every: int,
+        flush_interval: float,
+        tee: deque[tuple[int, Mapping[Any, Any]]] | None,
+        tap: Callable[[int], None],
+    ) -> None:
+        self.sink_setup = sink_setup
+        self.flush_every = flush_every
+        self.buffer = RecordBuffer()
+        self.buffer.tee = tee
+        self.side = SideRecords()
+        self.unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
+        self.live = False  # a log call of this phase started the writer and the SIGTERM hook
+        self.save_set_up = False  # save() tried the set-up once (rank 0, before the writer did)
+        self.writer = BackgroundWriter(
+            self.buffer, self.target, flush_interval=flush_interval, flush_every=flush_every, side=self.side, tap=tap,
+        )
+
+    def record_call(self, metrics: Mapping[str, Any], step: int | None) -> bool:
+        """Hot path: one log call into the buffer; True where CSVLogger's `log_metrics` saves."""
+        if step is None:
+            step = self.unsaved
+        self.buffer.append(step, metrics)
+        self.unsaved += 1
+        if not self.live:
+            self.start()
+        if (step + 1) % self.flush_every:
+            return False
+        self.unsaved = 0  # where CSVLogger saves (every flush_logs_every_n_steps), and so restarts its count
+        return True
+
+    def record_side(self, table: str, values: dict[str, Any]) -> None:
+        """One side-table row (decisions, logs, step timing) into memory."""
+        self.side.add(table, values)
+        if not self.live:
+            self.start()
+
+    def flush_now(self, timeout: float) -> None:
+        """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
+        if self.buffer.calls_pending and self.sink_setup.sink is None:
+            self.sink_setup.setup()
+        self.unsaved = 0  # as CSVLogger's save empties its unsaved rows
+        self.writer.flush(timeout)
+
+    def start(self) -> None:
+        """The first log call of a phase (and construction): writer thread up, SIGTERM hook on top."""
+        if not self.writer.running:
+            self.writer.start()
+        # by the first log call Lightning has installed its SIGTERM handler: wrap it, so that a
+        # preemption flushes before Lightning's handler runs its broadcast
+        process_hooks.outermost_sigterm()
+        self.live = True
+
+    def target(self) -> tuple[Sink, int, int] | None:
+        """For the writer thread: where rows go (sink, run id, rank), once that is known."""
+        sink_setup = self.sink_setup
+        if sink_setup.sink is None and self.buffer.calls_pending == 0:
+            return None  # nothing to write: leave the set-up to `experiment`, in the main thread
+        sink = sink_setup.setup()
+        if sink is None:
+            return None
+        return sink, sink_setup.run_id, sink_setup.rank
