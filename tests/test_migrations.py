@@ -261,8 +261,9 @@ def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: P
     db = tmp_path / "runs.duckdb"
     store = Store(db)
     store.downgrade("0005")
-    run = store.create_run("exp", world_size=2)
-    rows = {"run_id": [run.id] * 4, "rank": [0, 0, 1, 1], "seq": [0, 1, 0, 1], "step": [0, 1, 0, 1],
+    with store.begin() as conn:  # a run as that schema holds it (no run_uuid yet)
+        conn.exec_driver_sql("INSERT INTO runs (id, name, version, status, world_size, started_at) VALUES (1, 'exp', 0, 'running', 2, 0)")
+    rows = {"run_id": [1] * 4, "rank": [0, 0, 1, 1], "seq": [0, 1, 0, 1], "step": [0, 1, 0, 1],
             "key": ["a"] * 4, "value": [1.0, 2.0, 3.0, 4.0], "dtype": [0] * 4, "time": [0.0] * 4}  # fmt: skip
     batch = pa.RecordBatch.from_pydict(rows, schema=arrow_schema(metrics))
     with store.begin() as conn:

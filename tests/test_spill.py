@@ -67,7 +67,7 @@ def test_spill_file_round_trips(tmp_path: Path) -> None:
     header, batches = read_spill(spill.path)
     assert batches == [first, second]
     assert (header["run_id"], header["name"], header["version"], header["rank"]) == (3, "exp", 2, 1)
-    assert header["format_version"] == 3  # Arrow IPC payloads
+    assert header["format_version"] == 4  # Arrow IPC payloads, the run named by its UUID
 
 
 def test_torn_last_frame_is_dropped(tmp_path: Path) -> None:
@@ -141,8 +141,8 @@ def test_a_spill_file_of_the_first_format_imports(db_path: Path, tmp_path: Path)
 def test_a_spill_file_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     """A format version this code does not know is refused with what to do, not misread."""
     path = tmp_path / "new.mrspill"
-    path.write_bytes(b'{"format": "multirank-spill", "format_version": 4}\n')
-    with pytest.raises(SpillCorrupt, match="format version 4: written by a newer multirank-logger; upgrade it"):
+    path.write_bytes(b'{"format": "multirank-spill", "format_version": 5}\n')
+    with pytest.raises(SpillCorrupt, match="format version 5: written by a newer multirank-logger; upgrade it"):
         read_spill(path)
 
 

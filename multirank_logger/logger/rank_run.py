@@ -253,6 +253,8 @@ class RankRun:
             self.hparams_logged = True
             if self.sink is not None and self.rank == 0:
                 self.sink.update_run(hparams=jsonable(self.hparams))
+            if self.spiller is not None:  # an import recreating the run from the spill file takes them
+                self.spiller.spill.note_hparams(jsonable(self.hparams))
         if self.settings.export_csv and current_rank() == 0:
             safely(self.files.write_hparams, "writing hparams.yaml")
 
@@ -318,12 +320,14 @@ class RankRun:
     def _spiller_for(self, run: RunRef, rank: int) -> Spiller:
         """This run's spill file on this rank (created on its first row): every phase spills into it."""
         if self.spiller is None or self.spiller.spill.header["run_id"] != run.id:
-            spill = SpillWriter(
-                self.settings.spill_dir, run_id=run.id, name=run.name, version=run.version, rank=rank,
-                attempt=self.attempt, run_started_at=run.started_at,
-            )
             path = backend_for(self.settings.url).path
             shown = os.path.abspath(path) if path is not None else self.settings.db  # for the import command
+            spill = SpillWriter(
+                self.settings.spill_dir, run_id=run.id, name=run.name, version=run.version, rank=rank,
+                attempt=self.attempt, run_started_at=run.started_at, run_uuid=run.uuid, world_size=run.world_size,
+                version_name=run.version_name, hparams=jsonable(self.hparams) if self.hparams_logged else None,
+                store=None if path is None else shown,
+            )
             self.spiller = Spiller(spill, shown, rank)
             self.unstored_recorded = self.others_unrecorded = (0, 0)
         return self.spiller

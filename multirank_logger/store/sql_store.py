@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -49,7 +50,7 @@ _CREATE_RUN_ATTEMPTS = 50
 #: the schema revision this code reads and writes: the head of migrations/versions (a test checks
 #: it), named here so that opening a store costs no import of Alembic and no read of its scripts
 #: (0.3 s of every `multirank-logger` command)
-SCHEMA_HEAD = "0006"
+SCHEMA_HEAD = "0007"
 
 
 def migrations_dir() -> Path:
@@ -276,9 +277,12 @@ class Store:
         at_least: int = 0,
         version_name: str | None = None,
         run_key: str | None = None,
+        run_uuid: str | None = None,
+        status: str = RUNNING,
     ) -> RunRef:
         """Register a new run; `version=None` takes the next free version for `name` (and no
-        lower than `at_least`: versions already taken on disk, see run_lifecycle.py).
+        lower than `at_least`: versions already taken on disk, see run_lifecycle.py). A new run
+        gets a new UUID, unless `run_uuid` gives the one it had (an import recreating it).
 
         Two processes creating runs at once get different ids and versions: the
         (name, version) pair is unique, and a lost race is retried.
@@ -295,21 +299,23 @@ class Store:
                         latest = sa.select(sa.func.coalesce(sa.func.max(runs.c.version), -1) + 1)
                         chosen = max(conn.execute(latest.where(runs.c.name == name)).scalar_one(), at_least)
                     started_at = time.time()
+                    run_uuid = run_uuid or str(uuid.uuid4())
                     conn.execute(
                         runs.insert().values(
                             id=run_id,
                             name=name,
                             version=chosen,
-                            status=RUNNING,
+                            status=status,
                             world_size=world_size,
                             transport=transport,
                             started_at=started_at,
                             hparams=_to_json(hparams),
                             version_name=version_name,
                             run_key=run_key,
+                            run_uuid=run_uuid,
                         )
                     )
-                    return RunRef(run_id, name, int(chosen), version_name, started_at, world_size)
+                    return RunRef(run_id, name, int(chosen), version_name, started_at, world_size, run_uuid)
             except sa.exc.IntegrityError as exc:
                 if version is not None and self.find_run(name, version) is not None:
                     raise StoreError(
@@ -319,12 +325,12 @@ class Store:
         raise StoreError(f"Could not allocate a run id after {_CREATE_RUN_ATTEMPTS} attempts; too many concurrent launches?")
 
     def find_run(self, name: str, version: int) -> RunRef | None:
-        cols = (runs.c.id, runs.c.version_name, runs.c.started_at, runs.c.world_size)
+        cols = (runs.c.id, runs.c.version_name, runs.c.started_at, runs.c.world_size, runs.c.run_uuid)
         with self.begin() as conn:
             row = conn.execute(sa.select(*cols).where(runs.c.name == name, runs.c.version == version)).first()
         if row is None:
             return None
-        return RunRef(int(row.id), name, version, row.version_name, float(row.started_at), int(row.world_size))
+        return RunRef(int(row.id), name, version, row.version_name, float(row.started_at), int(row.world_size), row.run_uuid)
 
     def update_run(self, run_id: int, *, where_status: str | None = None, **values: Any) -> None:
         """Set columns of a run: status, ended_at, transport, world_size, hparams (a mapping);
