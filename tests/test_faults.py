@@ -320,12 +320,12 @@ def test_store_deleted_mid_run_spill_imports_into_its_own_run_only(tmp_path: Pat
                        env=_env(), capture_output=True, text=True, timeout=180, check=False)
     assert b.returncode == 0, b.stderr[-4000:]
     assert query(db, "SELECT name, version, COUNT(*) FROM runs GROUP BY name, version") == [("lightning_logs", 0, 1)]
-    (b_uuid,), = query(db, "SELECT run_uuid FROM runs")
     refused = CliRunner().invoke(cli, ["import", str(db), *files])
     assert refused.exit_code == 1, refused.output
+    assert _stored(db) == (*_expected(20), "success")  # B as it was: none of A's rows
+    (b_uuid,), = query(db, "SELECT run_uuid FROM runs")
     assert "Error: " in refused.output and "holds rows of run lightning_logs/version_0 (uuid " in refused.output
     assert f"(uuid {b_uuid}, id 1)" in refused.output and "Nothing was imported" in refused.output
-    assert _stored(db) == (*_expected(20), "success")  # B as it was: none of A's rows
     fresh = tmp_path / f"fresh{suffix}"
     Store(fresh).close()
     output = _import(fresh, files)
