@@ -278,3 +278,25 @@ def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: P
             (0, 0, 1), (1, 0, 1)
         ]
     store.close()
+
+
+def test_upgrade_gives_every_existing_run_its_own_uuid(db_path: Path) -> None:
+    """0007: runs stored before it each get a distinct UUID, and new runs get one too."""
+    import uuid
+
+    store = Store(db_path)
+    store.downgrade("0006")
+    with store.begin() as conn:  # runs as that schema holds them (no run_uuid yet)
+        for run_id in (1, 2):
+            conn.exec_driver_sql(
+                "INSERT INTO runs (id, name, version, status, world_size, started_at) "
+                f"VALUES ({run_id}, 'exp', {run_id - 1}, 'success', 1, 0)"
+            )
+    store.upgrade()
+    third = store.create_run("exp")
+    with store.begin() as conn:
+        uuids = [row[0] for row in conn.exec_driver_sql("SELECT run_uuid FROM runs ORDER BY id")]
+    store.close()
+    assert len(uuids) == 3 and len(set(uuids)) == 3
+    assert all(str(uuid.UUID(u)) == u for u in uuids)
+    assert third.uuid == uuids[2]
