@@ -93,7 +93,7 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
             sa.select(sa.func.coalesce(sa.func.max(imports.c.end_frame), 0)).where(imports.c.spill_id == spill_id)
         ).scalar_one()
         run_id, recreated = _run_of(store, conn, path, header)
-        report = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
+        report: dict[str, Any] = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
         pending: list[Any] = []
         read = added = side_added = count = 0
         end = None
