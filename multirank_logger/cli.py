@@ -90,7 +90,9 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
     """
     from multirank_logger.store.spill_import import import_spill  # the CLI's other commands never need it
 
-    store = Store(db_path, create=False)  # a mistyped path: an error, not an empty store left there
+    # a mistyped path: an error, not an empty store left there; but the store the files' run was
+    # logged to, deleted since, is created again (the command a spill prints always works)
+    store = Store(db_path, create=_names_their_store(db_path, files))
     try:
         for path in files:
             r = import_spill(store, path)
@@ -102,6 +104,15 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
                 click.echo(f"{path}: added {r.rows_added} rows to {run}{skipped}.")
     finally:
         store.close()
+
+
+def _names_their_store(db_path: str, files: tuple[str, ...]) -> bool:
+    """Whether `db_path` is the store file every one of `files` was spilled from (their header's ``store``)."""
+    from multirank_logger.store.spill_file import read_spill_header
+
+    wanted = Path(db_path).expanduser().resolve()
+    headers = [read_spill_header(path) for path in files]
+    return all(h is not None and h.get("store") and Path(h["store"]).resolve() == wanted for h in headers)
 
 
 # -- reading a store: runs, export, ranks, sql (all read-only, over query/reader.py) -----

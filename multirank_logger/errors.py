@@ -8,6 +8,8 @@ MultiRankLoggerError
  │    │    └── RemoteStore       a db on a remote filesystem (s3://, memory://...)
  │    ├── StoreNotWritable       the db's directory cannot be written
  │    ├── NotADatabase           the file exists but is not a database of its kind
+ │    ├── DamagedStore           a database of its kind, but damaged: refused before any write
+ │    ├── ForeignStore           another application's database: refused before any write
  │    ├── StoreLocked            another process holds a DuckDB file open for writing
  │    ├── SchemaOutdated         the store is behind the code: run `db upgrade`
  │    ├── SchemaTooNew           the store was written by a newer multirank_logger
@@ -24,6 +26,7 @@ MultiRankLoggerError
  ├── ResumeRefused               resume= asked for a run that cannot be resumed
  ├── IdentityTimeout             rank 0 never published the run identity in time
  ├── SpillCorrupt                a spill file that cannot be read
+ ├── SpillOfAnotherRun           a spill file of a run other than the store's run of that name
  └── ChannelError                the channel to rank 0 cannot be used
       └── ChannelTimeout         a bounded wait on the channel ran out
 GatherMismatch (ValueError)      all_gather's ranks passed tensors that cannot be gathered together
@@ -38,7 +41,9 @@ from typing import Any
 __all__ = [
     "ChannelError",
     "ChannelTimeout",
+    "DamagedStore",
     "DirNotWritable",
+    "ForeignStore",
     "GatherMismatch",
     "IdentityTimeout",
     "InvalidMetric",
@@ -56,6 +61,7 @@ __all__ = [
     "SchemaOutdated",
     "SchemaTooNew",
     "SpillCorrupt",
+    "SpillOfAnotherRun",
     "StoreError",
     "StoreGone",
     "StoreLocked",
@@ -119,6 +125,23 @@ class NotADatabase(StoreError):
         super().__init__(
             f"{path} exists but is not a {backend} database ({detail}). "
             "It was left untouched; pass another db path, or move the file away."
+        )
+
+
+class DamagedStore(StoreError):
+    def __init__(self, path: str, backend: str, detail: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} is a {backend} database, but damaged ({detail}). It was left untouched: nothing is "
+            "written to a damaged store. Log this run to another file; restore the damaged one from a backup."
+        )
+
+
+class ForeignStore(StoreError):
+    def __init__(self, path: str, found: str, advice: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} is not a multirank_logger store: it holds {found}. It was left untouched. {advice}"
         )
 
 
@@ -246,6 +269,16 @@ class SpillCorrupt(MultiRankLoggerError):
     def __init__(self, path: str, detail: str) -> None:
         self.path = path
         super().__init__(f"{path} is not a readable spill file ({detail}). It was left untouched; nothing was imported.")
+
+
+class SpillOfAnotherRun(MultiRankLoggerError):
+    def __init__(self, path: str, spilled: str, stored: str, db: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} holds rows of run {spilled}, but {db} holds another run of that name and version: "
+            f"{stored}. Nothing was imported. Import the file into the store its run was logged to, "
+            "or into a new store file, where the run is recreated."
+        )
 
 
 class TorchTooOld(ImportError):

@@ -294,9 +294,11 @@ def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, cap
 
 @pytest.mark.slow  # launches processes
 @pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
-def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> None:
-    """The store file deleted under a running logger: later rows are spilled (not written into the
-    unlinked file, nor into a fresh empty store) and the import command names them."""
+def test_store_deleted_mid_run_spill_imports_into_its_own_run_only(tmp_path: Path, suffix: str) -> None:
+    """Issue 38 points 2 and 3: run A's store is deleted mid-run (its later rows spilled), then run B
+    is logged under the same name and version into a new store at that path. Importing A's spill
+    there adds nothing to B (an error names both runs); into a fresh store, and by the very command
+    A printed once B's store is gone too, it recreates A with every spilled value once."""
     db, spill = tmp_path / f"runs{suffix}", tmp_path / "spill"
     done = subprocess.run(
         _log_cmd(db, spill, "--calls", "2000", "--timeout", "2", "--delete"),
@@ -309,16 +311,38 @@ def test_store_deleted_mid_run_rows_go_to_spill(tmp_path: Path, suffix: str) -> 
     assert "for good" not in done.stderr
     files = spill_files_named(done.stderr)
     assert len(files) == 1
-    fresh = tmp_path / f"restored{suffix}"  # the deleted store's run, recreated, takes the spill
-    s = Store(fresh)
-    s.create_run("lightning_logs", world_size=1)
-    s.close()
-    output = _import(fresh, files)
+    printed = re.findall(r"multirank-logger import (\S+) \S+\.mrspill", done.stderr)[0]
     values, total = _expected(2000)
     half = _expected(1000)
-    assert f"added {values - half[0]} rows" in output, output
+    spilled = (values - half[0], total - half[1])
+    # run B: same name and version, a new store at the same path (its own save_dir: version_0 again)
+    b = subprocess.run(_log_cmd(db, tmp_path / "spill-b", "--calls", "20", "--save-dir", str(tmp_path / "b")),
+                       env=_env(), capture_output=True, text=True, timeout=180, check=False)
+    assert b.returncode == 0, b.stderr[-4000:]
+    assert query(db, "SELECT name, version, COUNT(*) FROM runs GROUP BY name, version") == [("lightning_logs", 0, 1)]
+    refused = CliRunner().invoke(cli, ["import", str(db), *files])
+    assert refused.exit_code == 1, refused.output
+    assert _stored(db) == (*_expected(20), "success")  # B as it was: none of A's rows
+    (b_uuid,), = query(db, "SELECT run_uuid FROM runs")
+    assert "Error: " in refused.output and "holds rows of run lightning_logs/version_0 (uuid " in refused.output
+    assert f"(uuid {b_uuid}, id 1)" in refused.output and "Nothing was imported" in refused.output
+    fresh = tmp_path / f"fresh{suffix}"
+    Store(fresh).close()
+    output = _import(fresh, files)
+    assert f"added {spilled[0]} rows" in output, output
     (count, summed), = query(fresh, "SELECT COUNT(*), SUM(value) FROM metrics")
-    assert (count, summed) == (values - half[0], total - half[1])
+    assert (count, summed) == spilled
+    (a_uuid, status), = query(fresh, "SELECT run_uuid, status FROM runs WHERE name = 'lightning_logs' AND version = 0")
+    assert a_uuid != b_uuid and status in ("incomplete", "success")
+    assert "nothing added" in _import(fresh, files)  # once
+    # the command A printed, once its store path holds nothing: the store and the run come back
+    for leftover in tmp_path.glob(f"runs{suffix}*"):
+        leftover.unlink()
+    assert Path(printed) == db
+    again = CliRunner().invoke(cli, ["import", printed, *files])
+    assert again.exit_code == 0, again.output
+    assert query(db, "SELECT COUNT(*), SUM(value) FROM metrics") == [spilled]
+    assert query(db, "SELECT run_uuid FROM runs") == [(a_uuid,)]
 
 
 # -- a full disk: a small tmpfs of this test's own, in a mount namespace ---------------------------------

@@ -261,8 +261,9 @@ def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: P
     db = tmp_path / "runs.duckdb"
     store = Store(db)
     store.downgrade("0005")
-    run = store.create_run("exp", world_size=2)
-    rows = {"run_id": [run.id] * 4, "rank": [0, 0, 1, 1], "seq": [0, 1, 0, 1], "step": [0, 1, 0, 1],
+    with store.begin() as conn:  # a run as that schema holds it (no run_uuid yet)
+        conn.exec_driver_sql("INSERT INTO runs (id, name, version, status, world_size, started_at) VALUES (1, 'exp', 0, 'running', 2, 0)")
+    rows = {"run_id": [1] * 4, "rank": [0, 0, 1, 1], "seq": [0, 1, 0, 1], "step": [0, 1, 0, 1],
             "key": ["a"] * 4, "value": [1.0, 2.0, 3.0, 4.0], "dtype": [0] * 4, "time": [0.0] * 4}  # fmt: skip
     batch = pa.RecordBatch.from_pydict(rows, schema=arrow_schema(metrics))
     with store.begin() as conn:
@@ -277,3 +278,25 @@ def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: P
             (0, 0, 1), (1, 0, 1)
         ]
     store.close()
+
+
+def test_upgrade_gives_every_existing_run_its_own_uuid(db_path: Path) -> None:
+    """0007: runs stored before it each get a distinct UUID, and new runs get one too."""
+    import uuid
+
+    store = Store(db_path)
+    store.downgrade("0006")
+    with store.begin() as conn:  # runs as that schema holds them (no run_uuid yet)
+        for run_id in (1, 2):
+            conn.exec_driver_sql(
+                "INSERT INTO runs (id, name, version, status, world_size, started_at) "
+                f"VALUES ({run_id}, 'exp', {run_id - 1}, 'success', 1, 0)"
+            )
+    store.upgrade()
+    third = store.create_run("exp")
+    with store.begin() as conn:
+        uuids = [row[0] for row in conn.exec_driver_sql("SELECT run_uuid FROM runs ORDER BY id")]
+    store.close()
+    assert len(uuids) == 3 and len(set(uuids)) == 3
+    assert all(str(uuid.UUID(u)) == u for u in uuids)
+    assert third.uuid == uuids[2]

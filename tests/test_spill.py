@@ -67,7 +67,7 @@ def test_spill_file_round_trips(tmp_path: Path) -> None:
     header, batches = read_spill(spill.path)
     assert batches == [first, second]
     assert (header["run_id"], header["name"], header["version"], header["rank"]) == (3, "exp", 2, 1)
-    assert header["format_version"] == 3  # Arrow IPC payloads
+    assert header["format_version"] == 4  # Arrow IPC payloads, the run named by its UUID
 
 
 def test_torn_last_frame_is_dropped(tmp_path: Path) -> None:
@@ -141,8 +141,8 @@ def test_a_spill_file_of_the_first_format_imports(db_path: Path, tmp_path: Path)
 def test_a_spill_file_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     """A format version this code does not know is refused with what to do, not misread."""
     path = tmp_path / "new.mrspill"
-    path.write_bytes(b'{"format": "multirank-spill", "format_version": 4}\n')
-    with pytest.raises(SpillCorrupt, match="format version 4: written by a newer multirank-logger; upgrade it"):
+    path.write_bytes(b'{"format": "multirank-spill", "format_version": 5}\n')
+    with pytest.raises(SpillCorrupt, match="format version 5: written by a newer multirank-logger; upgrade it"):
         read_spill(path)
 
 
@@ -564,4 +564,46 @@ def test_a_spill_file_larger_than_the_memory_allowed_imports_completely(tmp_path
     assert "added 1999000 rows" in output and "(1000 already in the store)" in output
     store = Store(tmp_path / "runs.sqlite")
     assert _count(store, run.id) == 2_000_000
+    store.close()
+
+
+def test_import_refuses_a_spill_of_another_run_of_the_same_name_and_version(db_path: Path, tmp_path: Path) -> None:
+    """Run B of the store has A's name and version but not its UUID: nothing imported, an error naming both."""
+    from multirank_logger.errors import SpillOfAnotherRun
+
+    store = Store(db_path)
+    b = store.create_run("exp", world_size=1)
+    spill = SpillWriter(tmp_path, run_id=b.id, name="exp", version=b.version, rank=0, run_uuid="a" * 8 + "-uuid-of-run-a")
+    spill.write([_batch(0, 5, rank=0)])
+    with pytest.raises(SpillOfAnotherRun) as caught:
+        import_spill(store, spill.path)
+    assert str(caught.value) == (
+        f"{spill.path} holds rows of run exp/version_0 (uuid aaaaaaaa-uuid-of-run-a), but {db_path} holds another "
+        f"run of that name and version: exp/version_0 (uuid {b.uuid}, id {b.id}). Nothing was imported. Import the "
+        "file into the store its run was logged to, or into a new store file, where the run is recreated."
+    )
+    assert _count(store, b.id) == 0
+    store.close()
+
+
+def test_import_recreates_a_run_the_store_lacks_from_the_spill_header(db_path: Path, tmp_path: Path) -> None:
+    """A store without the file's run: the run comes back (name, version, UUID, hparams, ranks) with every row once."""
+    import json
+
+    store = Store(db_path)
+    run_uuid = "5f0c7a52-52c4-4d39-9a0e-6f8f4a5c2b11"
+    spill = SpillWriter(tmp_path, run_id=7, name="exp", version=3, rank=1, run_uuid=run_uuid, world_size=2,
+                        hparams={"lr": 0.1})
+    spill.write([_batch(0, 4)])
+    spill.note_hparams({"lr": 0.1, "layers": 4})  # logged after the file was created: a frame
+    spill.write_end("success", values_spilled=8, values_lost=0)
+    report = import_spill(store, spill.path)
+    assert report.rows_added == 8 and (report.name, report.version, report.rank) == ("exp", 3, 1)
+    with store.begin() as conn:
+        (name, version, uuid_, hparams, world, status), = conn.exec_driver_sql(
+            "SELECT name, version, run_uuid, hparams, world_size, status FROM runs").fetchall()
+        ranks = conn.exec_driver_sql("SELECT rank, status FROM ranks ORDER BY rank").fetchall()
+    assert (name, version, uuid_, json.loads(hparams), world) == ("exp", 3, run_uuid, {"layers": 4, "lr": 0.1}, 2)
+    assert status == "incomplete" and ranks == [(0, "missing"), (1, "success")]  # rank 0's file not imported yet
+    assert import_spill(store, spill.path).already_imported and _count(store, report.run_id) == 8
     store.close()

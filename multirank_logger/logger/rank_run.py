@@ -234,6 +234,8 @@ class RankRun:
             sink_setup = self.sink_setup
             if sink_setup.sink is not None and sink_setup.rank == 0:
                 sink_setup.sink.update_run(hparams=jsonable(self.hparams))
+            if sink_setup.spiller is not None:  # an import recreating the run from the spill file takes them
+                sink_setup.spiller.spill.note_hparams(jsonable(self.hparams))
         if self.settings.export_csv and current_rank() == 0:
             safely(self.files.write_hparams, "writing hparams.yaml")
 

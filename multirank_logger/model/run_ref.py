@@ -2,7 +2,8 @@
 
 A run is a row of the store's ``runs`` table. Its id says which row; name and version say where
 its files go (``save_dir/name/version_N`` or a named version's directory); ``started_at`` (the
-row's allocation time) tells two stores' runs of the same id apart.
+row's allocation time) tells two stores' runs of the same id apart; ``uuid`` is the run's one
+identity everywhere (the store, its spill files, its exports).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class RunRef:
         version_name: a named version's directory (``version="2020-02-05"``), else None.
         started_at: the ``runs`` row's allocation time (Unix seconds); 0.0 when not read.
         world_size: the number of ranks of its latest launch; 0 when not read.
+        uuid: the ``runs`` row's ``run_uuid``; None when not read (or a store from before schema 0007).
     """
 
     id: int
@@ -31,6 +33,7 @@ class RunRef:
     version_name: str | None = None
     started_at: float = 0.0
     world_size: int = 0
+    uuid: str | None = None
 
     @property
     def dir_name(self) -> str:

@@ -80,6 +80,7 @@ runs = sa.Table(
     sa.Column("run_key", sa.String(255), nullable=True, comment="caller's key to resume the run by (a job id)"),
     sa.Column("values_spilled", sa.BigInteger, nullable=True, comment="values written to spill files instead of the store"),
     sa.Column("values_lost", sa.BigInteger, nullable=True, comment="values that reached neither the store nor a spill file"),
+    sa.Column("run_uuid", sa.String(36), nullable=True, comment="the run's unique id (a UUID)"),
     sa.UniqueConstraint("name", "version", name="uq_runs_name_version"),
 )
 

@@ -180,7 +180,7 @@ def _open_run(
 
 
 def _find(store: Store, name: str, version: int | str | None, run_key: str | None, *, latest: bool) -> RunRef | None:
-    cols = (runs.c.id, runs.c.version, runs.c.version_name, runs.c.started_at, runs.c.world_size)
+    cols = (runs.c.id, runs.c.version, runs.c.version_name, runs.c.started_at, runs.c.world_size, runs.c.run_uuid)
     stmt = sa.select(*cols).where(runs.c.name == name)
     if run_key is not None:
         stmt = stmt.where(runs.c.run_key == run_key)
@@ -194,7 +194,9 @@ def _find(store: Store, name: str, version: int | str | None, run_key: str | Non
         row = conn.execute(stmt.order_by(runs.c.id.desc()).limit(1)).first()
     if row is None:
         return None
-    return RunRef(int(row.id), name, int(row.version), row.version_name, float(row.started_at), int(row.world_size))
+    return RunRef(
+        int(row.id), name, int(row.version), row.version_name, float(row.started_at), int(row.world_size), row.run_uuid
+    )
 
 
 def _describe(name: str, version: int | str | None, run_key: str | None) -> str:

@@ -5,7 +5,9 @@ batches to its own spill file; ``multirank-logger import DB FILE...`` merges the
 
 File format: one line of JSON (the header: ``spill_id``, the run's ``run_id``, ``name`` and
 ``version``, ``rank``, the launch's ``attempt`` (absent or null in older files), ``host``,
-``pid``, ``created_at``), then frames, each
+``pid``, ``created_at``; since version 4 the run's identity, ``run_uuid``, and what an import
+needs to recreate the run in a store that lost it: ``world_size``, ``version_name``, ``hparams``,
+and ``store``, the file the run was logged to), then frames, each
 ``<u64 length><payload><u32 crc32(payload)>``. A frame is written, flushed and fsynced in one
 go, so a crash can tear at most the last frame, which the reader drops. The frames are ours,
 not an Arrow IPC file's: that file's footer indexes every batch, and a crash that tears the
@@ -14,6 +16,7 @@ footer loses them all. Payload kinds:
 - metric rows: one Arrow IPC stream (``model.wire.encode_batch``, version 3); versions 1 and 2 hold
   the ``MRB1`` encoding (``model.wire_v1``), still read (version 1 files hold nothing else);
 - side-table rows (version 2): ``MRS1`` + ``model.side_records.encode_side``'s JSON;
+- the run's hyperparameters logged after the header was written (version 4): ``MRH1`` + their JSON;
 - the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost",
   "counted"}``, written at finalize, so that importing the file tells the store how a rank ended
   whose end rank 0 never heard (gather: the channel was down). The counts are the values this
@@ -54,12 +57,17 @@ __all__ = [
 
 SPILL_SUFFIX = ".mrspill"
 _FORMAT = "multirank-spill"
-_FORMAT_VERSION = 3
+#: 4: the header names the run by its UUID (what an older import would ignore, merging the file
+#: into another run of the same name and version: it refuses the file instead)
+_FORMAT_VERSION = 4
 # the decoder of the metric rows' payload in each format version this code reads
-_METRICS_DECODERS: dict[int, Callable[[bytes], pa.RecordBatch]] = {1: decode_batch_v1, 2: decode_batch_v1, 3: decode_batch}
+_METRICS_DECODERS: dict[int, Callable[[bytes], pa.RecordBatch]] = {
+    1: decode_batch_v1, 2: decode_batch_v1, 3: decode_batch, 4: decode_batch,
+}
 # payload prefixes of the frames that are not metric rows (model/wire.py's batches start otherwise)
 _SIDE = b"MRS1"
 _END = b"MRE1"
+_HPARAMS = b"MRH1"
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 
@@ -74,6 +82,11 @@ class SpillWriter:
         attempt: the launch of the run (``attempts.attempt``).
         run_started_at: when rank 0 allocated the run: with run_id, what tells this run from
             another store's run of the same name, version and id (store.spill_import.import_earlier_launches).
+        run_uuid: the run's unique id (``runs.run_uuid``): `import` puts the rows into this run only.
+        world_size, version_name, hparams: the run as far as this rank knows it, for an import
+            into a store that no longer has the run (it recreates it).
+        store: the store file the run was logged to (never a server URL: it may hold a password);
+            `import` creates it when it is gone, where it creates no other missing path.
 
     Example::
 
@@ -83,7 +96,9 @@ class SpillWriter:
 
     def __init__(
         self, directory: str | os.PathLike[str], *, run_id: int, name: str, version: int, rank: int,
-        attempt: int | None = None, run_started_at: float | None = None,
+        attempt: int | None = None, run_started_at: float | None = None, run_uuid: str | None = None,
+        world_size: int | None = None, version_name: str | None = None, hparams: dict[str, Any] | None = None,
+        store: str | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.header: dict[str, Any] = {
@@ -96,6 +111,11 @@ class SpillWriter:
             "rank": rank,
             "attempt": attempt,  # the launch (attempts.attempt); None in files written before it was kept
             "run_started_at": run_started_at,
+            "run_uuid": run_uuid,
+            "world_size": world_size,
+            "version_name": version_name,
+            "hparams": hparams,
+            "store": store,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "created_at": time.time(),
@@ -130,6 +150,19 @@ class SpillWriter:
             self._append([_SIDE + encode_side(tables)])
         return rows
 
+    def note_hparams(self, hparams: dict[str, Any]) -> None:
+        """The run's hyperparameters (JSON-ready), logged after this writer was made: into the header
+        while the file does not exist, else appended as a frame (never raises: the rows matter more).
+        """
+        try:
+            with self._lock:
+                if not self.path.exists():
+                    self.header["hparams"] = hparams
+                    return
+            self._append([_HPARAMS + json.dumps(hparams, default=str).encode()])
+        except (OSError, TypeError, ValueError):
+            pass  # an import recreating the run then takes the header's (older) hparams
+
     def write_end(self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False) -> None:
         """Append how this rank ended (only to a file that exists: a rank with nothing spilled needs none).
 
@@ -145,7 +178,7 @@ class SpillWriter:
         with self._lock, open(self.path, "ab") as fh:
             new = fh.tell() == 0
             if new:
-                fh.write(json.dumps(self.header, sort_keys=True).encode() + b"\n")
+                fh.write(json.dumps(self.header, sort_keys=True, default=str).encode() + b"\n")
             fh.writelines(_LENGTH.pack(len(payload)) + payload + _CRC.pack(zlib.crc32(payload)) for payload in payloads)
             fh.flush()
             # these are the only copies of the rows: make them survive a node crash
@@ -156,7 +189,8 @@ class SpillWriter:
 class SpillContents:
     """A spill file as read: its header and its frames in file order, by kind.
 
-    `frames` holds ("metrics", pa.RecordBatch), ("side", {table: rows}) and ("end", facts) pairs.
+    `frames` holds ("metrics", pa.RecordBatch), ("side", {table: rows}), ("hparams", dict) and
+    ("end", facts) pairs.
     """
 
     header: dict[str, Any]
@@ -246,6 +280,11 @@ def _frames(fp: Any, path: str, decode_metrics: Callable[[bytes], pa.RecordBatch
 def _decode_frame(payload: bytes, decode_metrics: Callable[[bytes], pa.RecordBatch]) -> tuple[str, Any]:
     if payload.startswith(_SIDE):
         return "side", decode_side(payload[len(_SIDE) :])
+    if payload.startswith(_HPARAMS):
+        hparams = json.loads(payload[len(_HPARAMS) :])
+        if not isinstance(hparams, dict):
+            raise ValueError("not a run's hyperparameters")
+        return "hparams", hparams
     if payload.startswith(_END):
         facts = json.loads(payload[len(_END) :])
         if not isinstance(facts, dict) or not isinstance(facts.get("status"), str):

@@ -5,11 +5,17 @@ read, and rows the store already holds (same run, rank, seq and key: rank 0 may 
 stored a batch that its sender never saw acknowledged) are skipped (store/seq_spans.py). The rank's end, when the
 store never heard it, is recorded, and the run settles: ``incomplete`` becomes ``success``
 once nothing is spilled, lost or unheard (status.py decides both: `settle_rank`, `settle_imported`).
+
+A file names its run by the run's UUID (format 4): it imports into that run only. A store holding
+another run of the same name and version is refused (`SpillOfAnotherRun`); a store without the run
+(its file was deleted mid-run, and the import targets a new one) gets it recreated from the header:
+name, version, hparams, its ranks (``missing`` until their files are imported), status ``incomplete``.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import time
@@ -20,14 +26,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from multirank_logger.errors import LookupFailed, StoreLocked
+from multirank_logger.errors import LookupFailed, SpillOfAnotherRun, StoreLocked
 from multirank_logger.model.batch import concat_batches, with_run_id
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, imports, runs
+from multirank_logger.model.schema import SIDE_TABLES, imports, ranks, runs
 from multirank_logger.store.seq_spans import insert_unstored
 from multirank_logger.store.spill_file import SPILL_SUFFIX, open_spill, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
-from multirank_logger.store.status import keep_unheard, settle_imported, settle_rank
+from multirank_logger.store.status import INCOMPLETE, MISSING, keep_unheard, settle_imported, settle_rank
 
 __all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
 
@@ -61,14 +67,17 @@ class ImportReport:
 def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
     """Merge a spill file into `store` (a writable Store), in one transaction. Idempotent.
 
-    The run is found by its (name, version), so the file imports into any store that holds
-    that run, whatever its id there. Metric rows and side-table rows the store holds already
+    The run is found by its UUID (files of format 4; older ones by name and version), so the file
+    imports into any store that holds that run, whatever its id there; a store without it gets
+    it recreated (module docstring). Metric rows and side-table rows the store holds already
     are skipped. A rank the store has as "missing" (rank 0 never heard its end) takes the end
     the file records, and the values it spilled or lost count in the run's totals.
 
     Raises:
         SpillCorrupt: when the file cannot be read as a spill file.
-        LookupFailed: when the store holds no run with the file's name and version.
+        LookupFailed: when the store holds no run with the file's name and version (a file of
+            format 3 or older, which cannot recreate its run).
+        SpillOfAnotherRun: when the store holds another run (another UUID) of that name and version.
     """
     with open_spill(path) as (header, frames):
         return _import_frames(store, str(path), header, frames)
@@ -83,11 +92,8 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
         done = conn.execute(
             sa.select(sa.func.coalesce(sa.func.max(imports.c.end_frame), 0)).where(imports.c.spill_id == spill_id)
         ).scalar_one()
-        run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name, runs.c.version == version)).scalar()
-        if run_id is None:
-            labels = conn.execute(sa.select(runs.c.name, runs.c.version)).all()
-            raise LookupFailed("run", f"{name}/version_{version}", [f"{n}/version_{v}" for n, v in labels])
-        report = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
+        run_id, recreated = _run_of(store, conn, path, header)
+        report: dict[str, Any] = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
         pending: list[Any] = []
         read = added = side_added = count = 0
         end = None
@@ -109,6 +115,9 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
                     store_pending()
             elif kind == "side":
                 side_added += _insert_side(store, conn, obj, run_id)
+            elif kind == "hparams":
+                if recreated:  # logged after the header was written: the latest is the run's
+                    conn.execute(runs.update().where(runs.c.id == run_id).values(hparams=_to_json(obj)))
             else:
                 end = obj
         if count <= done:
@@ -133,6 +142,56 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
         **report, rows_added=added, rows_skipped=read - added, frames_read=count - done,
         side_rows_added=side_added, rank_status=rank_status,
     )
+
+
+def _run_of(store: Any, conn: sa.Connection, path: str, header: dict[str, Any]) -> tuple[int, bool]:
+    """The store's id of the file's run, and whether it was recreated here (the store lacked it).
+
+    Raises:
+        SpillOfAnotherRun, LookupFailed: as `import_spill` says.
+    """
+    name, version, run_uuid = str(header["name"]), int(header["version"]), header.get("run_uuid")
+    if run_uuid is not None:
+        found = conn.execute(sa.select(runs.c.id).where(runs.c.run_uuid == run_uuid)).scalar()
+        if found is not None:
+            return int(found), False
+    row = conn.execute(sa.select(runs.c.id, runs.c.run_uuid).where(runs.c.name == name, runs.c.version == version)).first()
+    if row is not None:
+        if run_uuid is None or row.run_uuid is None:
+            return int(row.id), False  # a file (or a run) from before runs had a UUID: name and version are all there is
+        db = store.backend.path or store.url.render_as_string(hide_password=True)
+        raise SpillOfAnotherRun(
+            path, f"{name}/version_{version} (uuid {run_uuid})", f"{name}/version_{version} (uuid {row.run_uuid}, id {row.id})", str(db)
+        )
+    if run_uuid is None:
+        labels = conn.execute(sa.select(runs.c.name, runs.c.version)).all()
+        raise LookupFailed("run", f"{name}/version_{version}", [f"{n}/version_{v}" for n, v in labels])
+    return _recreate_run(conn, header), True
+
+
+def _recreate_run(conn: sa.Connection, header: dict[str, Any]) -> int:
+    """The file's run, as its header knows it, in a store that lacks it: ``incomplete`` (what its
+    other ranks logged is unknown until their files come), its ranks ``missing`` until then."""
+    run_id = conn.execute(sa.select(sa.func.coalesce(sa.func.max(runs.c.id), 0) + 1)).scalar_one()
+    world_size = max(int(header.get("world_size") or 0), int(header["rank"]) + 1)
+    conn.execute(
+        runs.insert().values(
+            id=run_id, name=str(header["name"]), version=int(header["version"]), status=INCOMPLETE,
+            world_size=world_size, started_at=float(header.get("run_started_at") or header.get("created_at") or time.time()),
+            hparams=_to_json(header.get("hparams")), version_name=header.get("version_name"), run_uuid=header["run_uuid"],
+        )
+    )
+    now = time.time()
+    conn.execute(ranks.insert(), [{"run_id": run_id, "rank": r, "status": MISSING, "started_at": now} for r in range(world_size)])
+    log.warning(
+        "multirank_logger: the store had no run %s/version_%s (uuid %s); recreated it from %s's header",
+        header["name"], header["version"], header["run_uuid"], header.get("spill_id"),
+    )
+    return int(run_id)
+
+
+def _to_json(hparams: Any) -> str | None:
+    return None if hparams is None else json.dumps(hparams, default=str, sort_keys=True)
 
 
 def import_earlier_launches(store: Any, spill_dir: str, run: RunRef, attempt: int) -> int:

@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +25,7 @@ from sqlalchemy.engine import URL
 
 from multirank_logger._version import __version__
 from multirank_logger.errors import (
+    ForeignStore,
     SchemaOutdated,
     SchemaTooNew,
     StoreError,
@@ -31,8 +33,9 @@ from multirank_logger.errors import (
     StoreNotWritable,
 )
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, ranks, runs
+from multirank_logger.model.schema import SIDE_TABLES, metadata, ranks, runs
 from multirank_logger.store.backends import Backend, backend_for, public_name, register_alembic_impl, resolve_url
+from multirank_logger.store.backends.base import StoreFileFacts
 from multirank_logger.store.seq_spans import insert_unstored
 from multirank_logger.store.status import RUNNING
 
@@ -49,7 +52,7 @@ _CREATE_RUN_ATTEMPTS = 50
 #: the schema revision this code reads and writes: the head of migrations/versions (a test checks
 #: it), named here so that opening a store costs no import of Alembic and no read of its scripts
 #: (0.3 s of every `multirank-logger` command)
-SCHEMA_HEAD = "0006"
+SCHEMA_HEAD = "0007"
 
 
 def migrations_dir() -> Path:
@@ -90,6 +93,24 @@ def _revision_of(backend: Backend, conn: sa.Connection) -> str | None:
     if not backend.has_table(conn, "alembic_version"):
         return None
     return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+
+
+#: columns every revision's runs table has: a runs table without them is another application's
+_OUR_RUNS_COLUMNS = frozenset({"id", "name", "version", "status", "world_size", "started_at"})
+
+
+def _known_revisions() -> set[str]:
+    return {rev.revision for rev in _script().walk_revisions()}
+
+
+def _beside(path: Path) -> Path:
+    """A store path next to `path` for multirank_logger alone."""
+    return path.with_name(f"{path.stem}-multirank{path.suffix}")
+
+
+def _listed(names: list[str], most: int = 6) -> str:
+    more = f", ... ({len(names)} in all)" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _check_writable(path: Path) -> None:
@@ -138,6 +159,9 @@ class Store:
                 raise StoreError(f"No store at {path}. Check the path; a store is created by the first run logged to it.")
             if not readonly:
                 _check_writable(path)
+            if not readonly:
+                # before the engine: its first connection switches a SQLite file to WAL
+                self._refuse_unless_ours(self.backend.inspect_before_write(), outdated_ok=False)
         self.engine = self.backend.create_engine(readonly=readonly)
         self._holding = threading.local()  # writing()'s connection, per thread
         self._check_schema(upgrade_empty=not readonly)
@@ -224,13 +248,38 @@ class Store:
                 return
             self._raise_for_revision(found, head)
 
+    def _refuse_unless_ours(self, facts: StoreFileFacts | None, *, outdated_ok: bool) -> None:
+        """Refuse, before anything writes it, a file that is another application's, or of a schema
+        this code does not write (`outdated_ok`: `db upgrade` is about to bring it to head).
+
+        Raises:
+            ForeignStore: with advice that fits what the file holds; SchemaOutdated, SchemaTooNew.
+        """
+        if facts is None or not facts.tables:
+            return  # a new store
+        path = str(self.backend.path)
+        own_file = f"give multirank_logger a file of its own, e.g. db={str(_beside(Path(path)))!r}"
+        foreign = sorted(facts.tables - set(metadata.tables) - {"alembic_version"})
+        revision, head = facts.revision, head_revision()
+        known = revision == head or (revision is not None and revision in _known_revisions())
+        if revision is not None and not known and foreign:
+            raise ForeignStore(path, f"another application's Alembic schema (revision {revision!r}; tables "
+                               f"{_listed(foreign)})", f"That application migrates this file itself: {own_file}.")
+        if facts.runs_columns is not None and not _OUR_RUNS_COLUMNS <= facts.runs_columns:
+            raise ForeignStore(path, f"a runs table that is not ours (columns {_listed(sorted(facts.runs_columns))})",
+                               f"Another application keeps its runs there: {own_file}.")
+        if foreign or revision is None:
+            found = f"tables of another application ({_listed(foreign or sorted(facts.tables))})"
+            raise ForeignStore(path, found, f"To keep that data apart, {own_file}.")
+        if revision != head and not (outdated_ok and known):
+            self._raise_for_revision(revision, head)
+
     def _raise_for_revision(self, found: str | None, head: str) -> None:
         # name the store as the user wrote it, so the suggested command can be pasted as is
         url = getattr(self, "_shown", None) or public_name(self.url)
         if found is None:
             raise StoreError(f"{url} holds no multirank_logger schema. Log a run to it first, or check the path.")
-        known = {rev.revision for rev in _script().walk_revisions()}
-        if found in known:
+        if found in _known_revisions():
             raise SchemaOutdated(url, found, head, __version__)
         raise SchemaTooNew(url, found, __version__)
 
@@ -257,8 +306,10 @@ class Store:
         """Open a store without the schema check, for `db upgrade` and `db current`."""
         self = cls.__new__(cls)
         self.url = resolve_url(db)
+        self._shown = public_name(db)
         self.backend = backend_for(self.url)
         self.readonly = False
+        self._refuse_unless_ours(self.backend.inspect_before_write(), outdated_ok=True)
         self.engine = self.backend.create_engine()
         self._holding = threading.local()
         return self
@@ -276,9 +327,12 @@ class Store:
         at_least: int = 0,
         version_name: str | None = None,
         run_key: str | None = None,
+        run_uuid: str | None = None,
+        status: str = RUNNING,
     ) -> RunRef:
         """Register a new run; `version=None` takes the next free version for `name` (and no
-        lower than `at_least`: versions already taken on disk, see run_lifecycle.py).
+        lower than `at_least`: versions already taken on disk, see run_lifecycle.py). A new run
+        gets a new UUID, unless `run_uuid` gives the one it had (an import recreating it).
 
         Two processes creating runs at once get different ids and versions: the
         (name, version) pair is unique, and a lost race is retried.
@@ -295,21 +349,23 @@ class Store:
                         latest = sa.select(sa.func.coalesce(sa.func.max(runs.c.version), -1) + 1)
                         chosen = max(conn.execute(latest.where(runs.c.name == name)).scalar_one(), at_least)
                     started_at = time.time()
+                    run_uuid = run_uuid or str(uuid.uuid4())
                     conn.execute(
                         runs.insert().values(
                             id=run_id,
                             name=name,
                             version=chosen,
-                            status=RUNNING,
+                            status=status,
                             world_size=world_size,
                             transport=transport,
                             started_at=started_at,
                             hparams=_to_json(hparams),
                             version_name=version_name,
                             run_key=run_key,
+                            run_uuid=run_uuid,
                         )
                     )
-                    return RunRef(run_id, name, int(chosen), version_name, started_at, world_size)
+                    return RunRef(run_id, name, int(chosen), version_name, started_at, world_size, run_uuid)
             except sa.exc.IntegrityError as exc:
                 if version is not None and self.find_run(name, version) is not None:
                     raise StoreError(
@@ -319,12 +375,12 @@ class Store:
         raise StoreError(f"Could not allocate a run id after {_CREATE_RUN_ATTEMPTS} attempts; too many concurrent launches?")
 
     def find_run(self, name: str, version: int) -> RunRef | None:
-        cols = (runs.c.id, runs.c.version_name, runs.c.started_at, runs.c.world_size)
+        cols = (runs.c.id, runs.c.version_name, runs.c.started_at, runs.c.world_size, runs.c.run_uuid)
         with self.begin() as conn:
             row = conn.execute(sa.select(*cols).where(runs.c.name == name, runs.c.version == version)).first()
         if row is None:
             return None
-        return RunRef(int(row.id), name, version, row.version_name, float(row.started_at), int(row.world_size))
+        return RunRef(int(row.id), name, version, row.version_name, float(row.started_at), int(row.world_size), row.run_uuid)
 
     def update_run(self, run_id: int, *, where_status: str | None = None, **values: Any) -> None:
         """Set columns of a run: status, ended_at, transport, world_size, hparams (a mapping);

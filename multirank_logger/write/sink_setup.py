@@ -180,12 +180,15 @@ class SinkSetup:
         """This run's spill file on this rank (created on its first row): every phase spills into it."""
         if self.spiller is None or self.spiller.spill.header["run_id"] != run.id:
             settings = self.run.settings
-            spill = SpillWriter(
-                settings.spill_dir, run_id=run.id, name=run.name, version=run.version, rank=rank,
-                attempt=self.run.attempt, run_started_at=run.started_at,
-            )
             path = backend_for(settings.url).path
             shown = os.path.abspath(path) if path is not None else settings.db  # for the import command
+            # what an import needs to recreate the run where the store lost it (never a server's URL)
+            spill = SpillWriter(
+                settings.spill_dir, run_id=run.id, name=run.name, version=run.version, rank=rank,
+                attempt=self.run.attempt, run_started_at=run.started_at, run_uuid=run.uuid,
+                world_size=run.world_size, version_name=run.version_name, hparams=self.run.hparams_for_store(),
+                store=None if path is None else shown,
+            )
             self.spiller = Spiller(spill, shown, rank)
             self.own_unstored_counted = self.others_unstored_uncounted = (0, 0)
         return self.spiller

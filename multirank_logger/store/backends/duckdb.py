@@ -17,10 +17,10 @@ from sqlalchemy.pool import NullPool
 
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger._util.cpus import usable_cpus
-from multirank_logger.errors import NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
+from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
 from multirank_logger.model.csv_layout import LongRows
 from multirank_logger.model.schema import metrics
-from multirank_logger.store.backends.base import Backend, driver_connection
+from multirank_logger.store.backends.base import FULL_CHECK_BYTES, Backend, StoreFileFacts, driver_connection
 from multirank_logger.store.backends.duckdb_params import inline_before_cursor_execute, inline_parameters
 from multirank_logger.store.backends.readonly_sql import refusal_or_failure
 
@@ -139,6 +139,35 @@ class DuckDBBackend(Backend):
             )
         return None
 
+    def inspect_before_write(self) -> StoreFileFacts | None:
+        import duckdb
+
+        path = self.path
+        if path is None or not path.is_file() or path.stat().st_size == 0:
+            return None
+        try:
+            con = duckdb.connect(str(path), read_only=True, config={"threads": 1})
+        except duckdb.ConnectionException as exc:
+            if "different configuration" in str(exc):
+                return None  # this process has the file open already: it was checked when opened
+            raise self._refusal(exc) from None
+        except duckdb.Error as exc:
+            raise self._refusal(exc) from None
+        try:
+            return _file_facts(con, full=path.stat().st_size <= FULL_CHECK_BYTES)
+        except duckdb.Error as exc:
+            raise self._refusal(exc) from None
+        finally:
+            con.close()  # before the writer opens it: DuckDB keeps one instance, of one configuration, per file
+
+    def _refusal(self, exc: Exception) -> Exception:
+        """Our error for a DuckDB error met reading a file before writing it."""
+        text = str(exc)
+        block = re.search(r"in block at location (\d+)", text)
+        if block and int(block.group(1)) > 0:  # past the file's header: a DuckDB file, damaged
+            return DamagedStore(str(self.path), "DuckDB", text.splitlines()[0])
+        return self.translate_error(exc) or DamagedStore(str(self.path), "DuckDB", text.splitlines()[0] if text else repr(exc))
+
     # -- reading ---------------------------------------------------------------------------
 
     #: rows sorted at once for an export (see _windows)
@@ -244,6 +273,27 @@ class DuckDBBackend(Backend):
             raise refusal_or_failure("DuckDB", query, exc) from None
         finally:  # the database instance may be another connection's too (DuckDB shares one per file)
             con.execute(f"SET memory_limit = '{limit}'")
+
+
+def _file_facts(con: Any, full: bool) -> StoreFileFacts:
+    """What a DuckDB file holds; with `full`, every column of every table read (each block's
+    checksum checked: a damaged one raises)."""
+    columns: dict[str, list[str]] = {}
+    for table, column in con.execute(
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+        "ORDER BY table_name, ordinal_position"
+    ).fetchall():
+        columns.setdefault(table, []).append(column)
+    if full:
+        for table, names in columns.items():
+            # hash() needs every value: a count or a min/max may be answered from statistics alone
+            hashes = ", ".join(f'bit_xor(hash("{name}"))' for name in names)
+            con.execute(f'SELECT {hashes} FROM "{table}"').fetchall()
+    revision = None
+    if "alembic_version" in columns:
+        revision = con.execute("SELECT max(version_num) FROM alembic_version").fetchone()[0]
+    runs_columns = frozenset(columns["runs"]) if "runs" in columns else None
+    return StoreFileFacts(frozenset(columns), revision, runs_columns)
 
 
 def _execute(conn: sa.Connection, stmt: sa.Select) -> Any:

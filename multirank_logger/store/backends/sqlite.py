@@ -18,11 +18,13 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from multirank_logger.errors import NotADatabase, QueryFailed, StoreLocked
+from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, StoreLocked
 from multirank_logger.model.csv_layout import LongRows, in_call_order, row_columns
 from multirank_logger.model.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics
 from multirank_logger.store.backends.base import (
+    FULL_CHECK_BYTES,
     Backend,
+    StoreFileFacts,
     _chunks,
     _raised_as_sqlalchemy_would,
     driver_connection,
@@ -137,6 +139,35 @@ class SQLiteBackend(Backend):
             hint = "It stayed locked past the busy timeout: look for a process stuck in a write."
             return StoreLocked(str(self.path), f"still locked after {SQLITE_BUSY_TIMEOUT_MS // 1000} s", hint)
         return None
+
+    def inspect_before_write(self) -> StoreFileFacts | None:
+        # the driver's own read-only connection: no WAL switch, no journal, no lock held after it
+        path = self.path
+        if path is None or not path.is_file() or path.stat().st_size == 0:
+            return None
+        con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+        try:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {name for name in tables if not name.startswith("sqlite_")}
+            if path.stat().st_size <= FULL_CHECK_BYTES:
+                # every page read and its b-tree checked: a damaged page anywhere is found now,
+                # not when a query reaches it after a run was recorded there
+                problems = [row[0] for row in con.execute("PRAGMA quick_check")]
+                if problems != ["ok"]:
+                    raise DamagedStore(str(path), "SQLite", "; ".join(problems[:3]))
+            revision = None
+            if "alembic_version" in tables:
+                revision = con.execute("SELECT max(version_num) FROM alembic_version").fetchone()[0]
+            columns = None
+            if "runs" in tables:
+                columns = frozenset(row[1] for row in con.execute("PRAGMA table_info(runs)"))
+            return StoreFileFacts(frozenset(tables), revision, columns)
+        except sqlite3.DatabaseError as exc:
+            if "malformed" in str(exc):
+                raise DamagedStore(str(path), "SQLite", str(exc)) from None
+            raise self.translate_error(exc) or exc from None
+        finally:
+            con.close()
 
     # -- reading ---------------------------------------------------------------------------
 
