@@ -322,15 +322,21 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
     path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}")))
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
+
+
 @main.command("ui")
 @click.argument("db_path", metavar="DB")
 @click.option("--port", type=int, default=8765, show_default=True, help="TCP port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but 127.0.0.1 lets others read the store: no login.")  # fmt: skip
-def ui_cmd(db_path: str, port: int, host: str) -> None:
+@click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests addressed to NAME (a tunnel's or proxy's host name); repeatable.")  # fmt: skip
+def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...]) -> None:
     """A live page over the store DB: runs, findings, every key's band and rank x step heatmap.
 
-    Read-only; it never blocks a training run writing DB. Ctrl-C stops it.
+    Read-only; it never blocks a training run writing DB. Ctrl-C stops it. It answers only
+    requests addressed to its own address (and to each --allow-host NAME): a page of another
+    site cannot read the store through a name of its own (DNS rebinding).
     """
     from multirank_logger.ui.server import UiServer
 
@@ -339,7 +345,7 @@ def ui_cmd(db_path: str, port: int, host: str) -> None:
     if "://" not in db_path and not Path(db_path).exists():
         click.echo(f"No store at {public_name(db_path)} yet: the page says so until a run logs to it.", err=True)
     try:
-        server = UiServer(db_path, host, port)
+        server = UiServer(db_path, host, port, allowed_hosts)
     except OSError as exc:
         raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}. Pick another --port.") from exc
     server.warm_up()
