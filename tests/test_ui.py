@@ -291,3 +291,55 @@ def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tm
         driver.save_screenshot(str(tmp_path / "run.png"))
         urls = requested_urls(driver)
         assert any("/api/run/1/series" in u for u in urls) and outside(urls) == [], outside(urls)
+
+
+# keys that end, or keep open, a script element holding them when not escaped: "<!--<script>"
+# enters the HTML parser's double-escaped state, where the JSON's own "</script>" ends nothing
+HOSTILE_KEYS = ("a<!--<script>b", "c</script>d", "e<!--f", "g\u2028h\u2029i")
+
+
+def _store_with_hostile_keys(db: Path) -> None:
+    from multirank_logger.store.sql_store import Store
+    from multirank_logger.write.buffer import RecordBuffer
+
+    store = Store(db)
+    run = store.create_run("lightning_logs", world_size=1)
+    buffer = RecordBuffer()
+    for step in range(5):
+        buffer.append(step, {key: float(step + i) for i, key in enumerate(HOSTILE_KEYS)})
+    store.write(buffer.drain(run.id, 0))
+    store.close()
+
+
+def test_embedded_json_escapes_what_would_end_or_hold_open_its_script(tmp_path: Path) -> None:
+    """The JSON written into a script element carries no "<!--", "<script", "</script" and no
+    raw U+2028/2029, and still reads back as the answers given."""
+    from multirank_logger.ui.page import write_static_page
+
+    page = tmp_path / "page.html"
+    answers = {"keys": list(HOSTILE_KEYS)}
+    write_static_page(page, "t", answers, "/run/1")
+    text = page.read_text(encoding="utf-8")
+    start = text.index("window.MRL_STATIC=") + len("window.MRL_STATIC=")
+    embedded = text[start : text.index(";</script>", start)]
+    for bad in ("<!--", "<script", "</script", "\u2028", "\u2029"):
+        assert bad not in embedded.lower(), bad
+    assert json.loads(embedded)["answers"] == answers
+
+
+def test_report_page_with_a_key_holding_a_script_comment_draws_in_chromium(tmp_path: Path) -> None:
+    """report -o FILE of a run whose keys hold "<!--<script>", "</script>", U+2028: the file,
+    opened in a real Chromium, draws every key's chart (it rendered blank)."""
+    from click.testing import CliRunner
+
+    from multirank_logger.cli import main
+
+    db, page = tmp_path / "runs.sqlite", tmp_path / "report.html"
+    _store_with_hostile_keys(db)
+    result = CliRunner().invoke(main, ["report", str(db), "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    with chromium(1100, 1600) as driver:
+        driver.get(page.as_uri())
+        _wait(driver, "return document.body.dataset.drawn", timeout=120)
+        drawn = driver.execute_script("return Array.from(document.querySelectorAll('section.series'), s => s.dataset.series)")
+        assert set(HOSTILE_KEYS) <= set(drawn), drawn
