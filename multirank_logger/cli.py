@@ -259,11 +259,19 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
 @click.argument("db_path", metavar="DB")
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop the query after this many seconds (default: no limit; Ctrl-C stops it any time).")  # fmt: skip
 @_friendly_errors
-def sql_cmd(db_path: str, query: str, fmt: str) -> None:
-    """Run a read-only QUERY on DB; a statement that writes is refused and changes nothing."""
+def sql_cmd(db_path: str, query: str, fmt: str, timeout: float | None) -> None:
+    """Run a read-only QUERY on DB; a statement that writes is refused and changes nothing.
+
+    Ctrl-C stops a long query at once, as --timeout does."""
     with open_store(db_path) as reader:
-        df = reader.sql(query)
+        try:
+            df = reader.sql(query, timeout=timeout)
+        except KeyboardInterrupt:
+            click.echo("Stopped (Ctrl-C): the query was interrupted; the store is unchanged.", err=True)
+            sys.exit(130)  # the shell's code for a command ended by SIGINT
     if fmt == "csv":
         click.echo(df.to_csv(index=False, lineterminator="\n"), nl=False)
     elif fmt == "json":

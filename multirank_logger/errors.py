@@ -16,6 +16,7 @@ MultiRankLoggerError
  ├── DirNotWritable              save_dir or spill_dir cannot be written
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
+ │    └── QueryTimedOut          a user's query ran past its timeout and was stopped
  ├── InvalidMetric               a logged value that is not a scalar
  ├── InvalidTransport            a transport= the logger does not know (also a ValueError)
  ├── MissingExtra                an optional dependency (an extra) is not installed
@@ -49,6 +50,7 @@ __all__ = [
     "NoMultiRankLogger",
     "NotADatabase",
     "QueryFailed",
+    "QueryTimedOut",
     "ReadOnlyViolation",
     "RemoteStore",
     "ResumeRefused",
@@ -170,6 +172,16 @@ class QueryFailed(MultiRankLoggerError):
     def __init__(self, engine: str, detail: str) -> None:
         self.detail = detail
         super().__init__(f"{engine} rejected the query: {detail.strip()}")
+
+
+class QueryTimedOut(QueryFailed):
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        MultiRankLoggerError.__init__(
+            self,
+            f"The query ran past its timeout of {timeout_s:g} s and was stopped; the store is unchanged. "
+            "Pass a larger --timeout, or narrow the query (WHERE run_id = ..., key = ...).",
+        )
 
 
 class InvalidMetric(MultiRankLoggerError, ValueError):
