@@ -7,6 +7,7 @@ MultiRankLoggerError
  │    ├── UnsupportedStore       a db path or URL of a kind we do not write
  │    │    └── RemoteStore       a db on a remote filesystem (s3://, memory://...)
  │    ├── StoreNotWritable       the db's directory cannot be written
+ │    ├── WalNotReadable         a SQLite log that only a reader who can write its directory reads
  │    ├── NotADatabase           the file exists but is not a database of its kind
  │    ├── StoreLocked            another process holds a DuckDB file open for writing
  │    ├── SchemaOutdated         the store is behind the code: run `db upgrade`
@@ -64,6 +65,7 @@ __all__ = [
     "StoreNotWritable",
     "TorchTooOld",
     "UnsupportedStore",
+    "WalNotReadable",
 ]
 
 
@@ -104,6 +106,18 @@ class StoreNotWritable(StoreError):
         super().__init__(
             f"Cannot write the store at {path}: {reason}. "
             "Pass a db path in a directory you can write to."
+        )
+
+
+class WalNotReadable(StoreError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"Cannot read {path} from here: its write-ahead log ({path}-wal) holds rows not yet in the file, "
+            f"and SQLite reads it only through {path}-shm, which it must create in that directory, and this "
+            "process cannot write there (a read-only mount, another user's folder). Copy the store with its log "
+            f"to a directory you can write and read the copy (cp {path} {path}-wal DIR/), or ask the store's "
+            "owner to open it once, which folds the log into the file."
         )
 
 
