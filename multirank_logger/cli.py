@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import click
 
 from multirank_logger._version import __version__
-from multirank_logger.errors import MultiRankLoggerError
+from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew
 from multirank_logger.store.backends import public_name
-from multirank_logger.store.sql_store import Store, head_revision
+from multirank_logger.store.sql_store import Store, head_revision, migrations_dir
 
 __all__ = ["main"]
 
@@ -57,6 +57,9 @@ def db_upgrade(db_path: str) -> None:
     """Bring the store DB to the schema this version needs (creates it when missing)."""
     store = Store.for_upgrade(db_path)
     before = store.current_revision()
+    if before is not None and not _known_revision(before):
+        store.close()  # before Alembic: it fails on a revision it cannot find, with a 36-frame traceback
+        raise SchemaTooNew(public_name(db_path), before, __version__)
     store.upgrade("head")
     after = store.current_revision()
     store.close()
@@ -75,8 +78,21 @@ def db_current(db_path: str) -> None:
     found = store.current_revision()
     store.close()
     head = head_revision()
-    state = "head" if found == head else f"behind head {head}" if found else "empty"
+    if found is not None and not _known_revision(found):
+        state = f"unknown to multirank_logger {__version__}: written by a newer version"
+    else:
+        state = "head" if found == head else f"behind head {head}" if found else "empty"
     click.echo(f"{found or '(none)'} ({state})")
+
+
+def _known_revision(revision: str) -> bool:
+    """Whether this version's migrations hold ``revision`` (a newer version's store has one they lack)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    return revision in {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
 
 
 @main.command("import")
