@@ -86,9 +86,8 @@ class UiServer(ThreadingHTTPServer):
     def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0, allowed_hosts: Iterable[str] = ()) -> None:
         self.db = db
         self.cache = _Cache()
-        self.user_hosts = tuple(_bare_host(name) for name in allowed_hosts)
         super().__init__((host, port), _Handler)
-        self.own_hosts = _own_hosts(str(self.server_address[0])) | set(self.user_hosts)
+        self.own_hosts = _own_hosts(str(self.server_address[0])) | {_bare_host(name) for name in allowed_hosts}
 
     def host_allowed(self, value: str) -> bool:
         """Whether a ``Host`` header (or an ``Origin``'s host and port) names this server: one of
@@ -183,8 +182,9 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the browser went away (a reload): nothing to answer
 
     def _addressed_to_us(self, api: bool) -> bool:
-        """Refuse (403) a Host that is not ours, and on the API an Origin of another site; a
-        request without them (curl, HTTP/1.0) comes from no page and passes."""
+        """Refuse (403) a Host that is not ours, and on the API an Origin of another site. A browser
+        always sends Host, so a request without one (HTTP/1.0) comes from no web page: it passes,
+        as one without Origin does (a same-origin GET, curl)."""
         host = self.headers.get("Host")
         if host is not None and not self.server.host_allowed(host):
             self._send(HTTPStatus.FORBIDDEN, self.server.host_refusal(host), "text/plain")
