@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import click
 
 from multirank_logger._version import __version__
-from multirank_logger.errors import MultiRankLoggerError
+from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew
 from multirank_logger.store.backends import public_name
-from multirank_logger.store.sql_store import Store, head_revision
+from multirank_logger.store.sql_store import Store, head_revision, migrations_dir
 
 __all__ = ["main"]
 
@@ -57,6 +57,9 @@ def db_upgrade(db_path: str) -> None:
     """Bring the store DB to the schema this version needs (creates it when missing)."""
     store = Store.for_upgrade(db_path)
     before = store.current_revision()
+    if before is not None and not _known_revision(before):
+        store.close()  # before Alembic: it fails on a revision it cannot find, with a 36-frame traceback
+        raise SchemaTooNew(public_name(db_path), before, __version__)
     store.upgrade("head")
     after = store.current_revision()
     store.close()
@@ -71,12 +74,25 @@ def db_upgrade(db_path: str) -> None:
 @_friendly_errors
 def db_current(db_path: str) -> None:
     """Print the store's schema revision, and whether it is this version's head."""
-    store = Store.for_upgrade(db_path)
+    store = Store.for_upgrade(db_path, newer_ok=True)
     found = store.current_revision()
     store.close()
     head = head_revision()
-    state = "head" if found == head else f"behind head {head}" if found else "empty"
+    if found is not None and not _known_revision(found):
+        state = f"unknown to multirank_logger {__version__}: written by a newer version"
+    else:
+        state = "head" if found == head else f"behind head {head}" if found else "empty"
     click.echo(f"{found or '(none)'} ({state})")
+
+
+def _known_revision(revision: str) -> bool:
+    """Whether this version's migrations hold ``revision`` (a newer version's store has one they lack)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    return revision in {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
 
 
 @main.command("import")
@@ -270,11 +286,19 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
 @click.argument("db_path", metavar="DB")
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop the query after this many seconds (default: no limit; Ctrl-C stops it any time).")  # fmt: skip
 @_friendly_errors
-def sql_cmd(db_path: str, query: str, fmt: str) -> None:
-    """Run a read-only QUERY on DB; a statement that writes is refused and changes nothing."""
+def sql_cmd(db_path: str, query: str, fmt: str, timeout: float | None) -> None:
+    """Run a read-only QUERY on DB; a statement that writes is refused and changes nothing.
+
+    Ctrl-C stops a long query at once, as --timeout does."""
     with open_store(db_path) as reader:
-        df = reader.sql(query)
+        try:
+            df = reader.sql(query, timeout=timeout)
+        except KeyboardInterrupt:
+            click.echo("Stopped (Ctrl-C): the query was interrupted; the store is unchanged.", err=True)
+            sys.exit(130)  # the shell's code for a command ended by SIGINT
     if fmt == "csv":
         click.echo(df.to_csv(index=False, lineterminator="\n"), nl=False)
     elif fmt == "json":
@@ -333,15 +357,21 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
     path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}")))
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
+
+
 @main.command("ui")
 @click.argument("db_path", metavar="DB")
 @click.option("--port", type=int, default=8765, show_default=True, help="TCP port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but 127.0.0.1 lets others read the store: no login.")  # fmt: skip
-def ui_cmd(db_path: str, port: int, host: str) -> None:
+@click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests addressed to NAME (a tunnel's or proxy's host name); repeatable.")  # fmt: skip
+def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...]) -> None:
     """A live page over the store DB: runs, findings, every key's band and rank x step heatmap.
 
-    Read-only; it never blocks a training run writing DB. Ctrl-C stops it.
+    Read-only; it never blocks a training run writing DB. Ctrl-C stops it. It answers only
+    requests addressed to its own address (and to each --allow-host NAME): a page of another
+    site cannot read the store through a name of its own (DNS rebinding).
     """
     from multirank_logger.ui.server import UiServer
 
@@ -350,7 +380,7 @@ def ui_cmd(db_path: str, port: int, host: str) -> None:
     if "://" not in db_path and not Path(db_path).exists():
         click.echo(f"No store at {public_name(db_path)} yet: the page says so until a run logs to it.", err=True)
     try:
-        server = UiServer(db_path, host, port)
+        server = UiServer(db_path, host, port, allowed_hosts)
     except OSError as exc:
         raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}. Pick another --port.") from exc
     server.warm_up()

@@ -7,6 +7,7 @@ MultiRankLoggerError
  │    ├── UnsupportedStore       a db path or URL of a kind we do not write
  │    │    └── RemoteStore       a db on a remote filesystem (s3://, memory://...)
  │    ├── StoreNotWritable       the db's directory cannot be written
+ │    ├── WalNotReadable         a SQLite log that only a reader who can write its directory reads
  │    ├── NotADatabase           the file exists but is not a database of its kind
  │    ├── DamagedStore           a database of its kind, but damaged: refused before any write
  │    ├── ForeignStore           another application's database: refused before any write
@@ -18,6 +19,7 @@ MultiRankLoggerError
  ├── DirNotWritable              save_dir or spill_dir cannot be written
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
+ │    └── QueryTimedOut          a user's query ran past its timeout and was stopped
  ├── InvalidMetric               a logged value that is not a scalar
  ├── InvalidTransport            a transport= the logger does not know (also a ValueError)
  ├── MissingExtra                an optional dependency (an extra) is not installed
@@ -54,6 +56,7 @@ __all__ = [
     "NoMultiRankLogger",
     "NotADatabase",
     "QueryFailed",
+    "QueryTimedOut",
     "ReadOnlyViolation",
     "RemoteStore",
     "ResumeRefused",
@@ -68,6 +71,7 @@ __all__ = [
     "StoreNotWritable",
     "TorchTooOld",
     "UnsupportedStore",
+    "WalNotReadable",
 ]
 
 
@@ -108,6 +112,18 @@ class StoreNotWritable(StoreError):
         super().__init__(
             f"Cannot write the store at {path}: {reason}. "
             "Pass a db path in a directory you can write to."
+        )
+
+
+class WalNotReadable(StoreError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"Cannot read {path} from here: its write-ahead log ({path}-wal) holds rows not yet in the file, "
+            f"and SQLite reads it only through {path}-shm, which it must create in that directory, and this "
+            "process cannot write there (a read-only mount, another user's folder). Copy the store with its log "
+            f"to a directory you can write and read the copy (cp {path} {path}-wal DIR/), or ask the store's "
+            "owner to open it once, which folds the log into the file."
         )
 
 
@@ -193,6 +209,16 @@ class QueryFailed(MultiRankLoggerError):
     def __init__(self, engine: str, detail: str) -> None:
         self.detail = detail
         super().__init__(f"{engine} rejected the query: {detail.strip()}")
+
+
+class QueryTimedOut(QueryFailed):
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        MultiRankLoggerError.__init__(
+            self,
+            f"The query ran past its timeout of {timeout_s:g} s and was stopped; the store is unchanged. "
+            "Pass a larger --timeout, or narrow the query (WHERE run_id = ..., key = ...).",
+        )
 
 
 class InvalidMetric(MultiRankLoggerError, ValueError):

@@ -14,6 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from click.testing import CliRunner
 
+from multirank_logger._version import __version__
 from multirank_logger.cli import main
 from multirank_logger.errors import SchemaOutdated, SchemaTooNew, StoreError
 from multirank_logger.model.schema import metadata
@@ -171,6 +172,26 @@ def test_store_ahead_of_code_is_refused(db_path: Path) -> None:
     raw.close()
     with pytest.raises(SchemaTooNew, match="is at schema f00dfeed.*written by a newer version"):
         Store(db_path)
+
+
+def test_upgrade_of_a_newer_store_is_one_clear_error(db_path: Path) -> None:
+    """`db upgrade` of a store a newer version wrote: one `Error:` line saying so and to upgrade
+    the package, the store unchanged (it was Alembic's 36-frame traceback); `db current` says so too."""
+    Store(db_path).close()
+    raw = Store.for_upgrade(db_path)
+    with raw.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'f00dfeed'"))
+    raw.close()
+    result = CliRunner().invoke(main, ["db", "upgrade", str(db_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output == (f"Error: Store {public_name(db_path)} is at schema f00dfeed, which multirank_logger "
+                             f"{__version__} does not know: it was written by a newer version. "
+                             "Upgrade the package: pip install -U multirank-logger\n")  # fmt: skip
+    result = CliRunner().invoke(main, ["db", "current", str(db_path)])
+    assert result.output == f"f00dfeed (unknown to multirank_logger {__version__}: written by a newer version)\n"
+    raw = Store.for_upgrade(db_path, newer_ok=True)
+    assert raw.current_revision() == "f00dfeed"
+    raw.close()
 
 
 def test_wheel_ships_the_migrations(tmp_path: Path) -> None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ import sqlalchemy as sa
 
 from multirank_logger._util.atomic_file import replace_atomically
 from multirank_logger._util.background_import import import_in_background
-from multirank_logger.errors import LookupFailed
+from multirank_logger.errors import LookupFailed, QueryTimedOut
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import (
@@ -370,15 +372,36 @@ class StoreReader:
         with self._rank_pieces(self.resolve_run(run), rank) as (keys, pieces):
             return write_csv(fp, keys, pieces) if keys else 0
 
-    def sql(self, query: str) -> Any:
+    def sql(self, query: str, timeout: float | None = None) -> Any:
         """Run one read-only query and return its result as a DataFrame.
+
+        The query runs in a thread of its own while this one waits: a query in the engine's C
+        code never returns to Python to see Ctrl-C, so the waiting thread takes it and stops
+        the query through the backend (``interrupt``: SQLite's and DuckDB's ``interrupt()``,
+        PostgreSQL's cancel request), as it does when ``timeout`` runs out.
+
+        Args:
+            query: the user's SQL.
+            timeout: seconds the query may run; ``None``: no limit.
 
         Raises:
             ReadOnlyViolation: for a statement that would write; nothing is changed.
             QueryFailed: with the engine's own message, for an invalid query.
+            QueryTimedOut: the query ran past ``timeout`` and was stopped.
+            KeyboardInterrupt: Ctrl-C, once the query has stopped.
         """
-        with self._connect() as conn:
-            return self.store.backend.run_readonly(conn, query)
+        running: list[sa.Connection] = []
+
+        def run() -> Any:
+            with self._connect() as conn:
+                running.append(conn)
+                return self.store.backend.run_readonly(conn, query)
+
+        def stop() -> None:
+            if running:
+                self.store.backend.interrupt(running[0])
+
+        return _stoppable(run, stop, timeout)
 
     # -- side tables (query/side_tables.py) ----------------------------------------------
 
@@ -441,3 +464,53 @@ def _counts(column: Any) -> Any:
     import pandas as pd
 
     return pd.to_numeric(column).fillna(0).astype("int64")
+
+
+#: how long a query stopped (Ctrl-C, a timeout) may take to end before the caller goes on without it
+_STOP_GRACE_S = 10.0
+#: how often the waiting thread looks up: Ctrl-C and a timeout are seen within this
+_STOP_POLL_S = 0.05
+
+
+def _stoppable(run: Callable[[], Any], stop: Callable[[], None], timeout: float | None) -> Any:
+    """``run()`` in a daemon thread, its result or error returned here; on Ctrl-C, or past
+    ``timeout`` seconds, ``stop()`` is called (again until ``run`` ends: the query may not have
+    started yet) and KeyboardInterrupt or QueryTimedOut is raised once it has ended."""
+    outcome: dict[str, Any] = {}
+    # an Event, not Thread.join/is_alive: a join that Ctrl-C interrupts can leave is_alive() False
+    # while the thread runs on, and the process then exited under a running DuckDB query (SIGABRT)
+    ended = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["value"] = run()
+        except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
+            outcome["error"] = exc
+        finally:
+            ended.set()
+
+    threading.Thread(target=target, name="multirank-logger-sql", daemon=True).start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while not ended.wait(_STOP_POLL_S) and (deadline is None or time.monotonic() < deadline):
+            pass
+    except KeyboardInterrupt:
+        _stop_until_ended(ended, stop)
+        # the stopped query's error holds the engine's objects through its frames: dropped now
+        outcome.clear()
+        raise
+    if not ended.is_set():
+        _stop_until_ended(ended, stop)
+        outcome.clear()
+        raise QueryTimedOut(timeout or 0.0)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _stop_until_ended(ended: threading.Event, stop: Callable[[], None]) -> None:
+    ends_by = time.monotonic() + _STOP_GRACE_S
+    while not ended.is_set() and time.monotonic() < ends_by:
+        with contextlib.suppress(Exception):  # the connection may be closing as the query ends
+            stop()
+        ended.wait(_STOP_POLL_S * 2)

@@ -248,7 +248,7 @@ class Store:
                 return
             self._raise_for_revision(found, head)
 
-    def _refuse_unless_ours(self, facts: StoreFileFacts | None, *, outdated_ok: bool) -> None:
+    def _refuse_unless_ours(self, facts: StoreFileFacts | None, *, outdated_ok: bool, newer_ok: bool = False) -> None:
         """Refuse, before anything writes it, a file that is another application's, or of a schema
         this code does not write (`outdated_ok`: `db upgrade` is about to bring it to head).
 
@@ -271,7 +271,7 @@ class Store:
         if foreign or revision is None:
             found = f"tables of another application ({_listed(foreign or sorted(facts.tables))})"
             raise ForeignStore(path, found, f"To keep that data apart, {own_file}.")
-        if revision != head and not (outdated_ok and known):
+        if revision != head and not (outdated_ok and known) and not (newer_ok and not known):
             self._raise_for_revision(revision, head)
 
     def _raise_for_revision(self, found: str | None, head: str) -> None:
@@ -302,14 +302,15 @@ class Store:
         getattr(command, verb)(cfg, revision)
 
     @classmethod
-    def for_upgrade(cls, db: str | os.PathLike[str] | URL) -> Store:
-        """Open a store without the schema check, for `db upgrade` and `db current`."""
+    def for_upgrade(cls, db: str | os.PathLike[str] | URL, *, newer_ok: bool = False) -> Store:
+        """Open a store without the schema check, for `db upgrade` and `db current` (`newer_ok`:
+        only to read the revision of a store a newer version wrote)."""
         self = cls.__new__(cls)
         self.url = resolve_url(db)
         self._shown = public_name(db)
         self.backend = backend_for(self.url)
         self.readonly = False
-        self._refuse_unless_ours(self.backend.inspect_before_write(), outdated_ok=True)
+        self._refuse_unless_ours(self.backend.inspect_before_write(), outdated_ok=True, newer_ok=newer_ok)
         self.engine = self.backend.create_engine()
         self._holding = threading.local()
         return self

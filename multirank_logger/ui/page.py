@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STATIC", "page_html", "write_static_page"]
+__all__ = ["STATIC", "page_html", "script_safe_json", "write_static_page"]
 
 STATIC = Path(__file__).with_name("static")
 _SCRIPTS = ("uPlot.iife.min.js", "app.js")
@@ -36,10 +36,20 @@ def write_static_page(path: str | os.PathLike[str], title: str, answers: dict[st
     data = json.dumps({"route": route, "answers": answers}, allow_nan=False, separators=(",", ":"))
     # "</" inside a script element would end it early
     inline = [(STATIC / name).read_text().replace("</script", "<\\/script") for name in _SCRIPTS]
-    scripts = "<script>window.MRL_STATIC=" + data.replace("</", "<\\/") + ";</script>"
+    scripts = "<script>window.MRL_STATIC=" + script_safe_json(data) + ";</script>"
     scripts += "".join(f"<script>{text}</script>" for text in inline)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(_shell(title, head, "", scripts))
+
+
+def script_safe_json(text: str) -> str:
+    """JSON text that a ``<script>`` element holds as it is: every ``<`` (so no ``</script``,
+    no ``<!--`` and no ``<script``: after ``<!--<script`` the HTML parser ignores the next
+    ``</script>``, and the page stayed blank), ``>`` and ``&`` as JSON escapes, and U+2028/2029
+    (line ends to older JavaScript). Outside strings JSON has none of them: it reads back the same."""
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escape)
+    return text
 
 
 def _shell(title: str, head: str, body: str, scripts: str) -> str:

@@ -8,6 +8,10 @@ under WAL; DuckDB ``read_only``) and closes it before it answers, so a training 
 into a DuckDB file waits at most one query. A store that cannot be read (missing, being created,
 of a newer schema, deleted while the server runs) gets a page that says so; the server stays up.
 
+It answers only requests addressed to it: a ``Host`` header naming its own address (or a name
+the user allowed, ``--allow-host``), and on the API no cross-site ``Origin``. A page of another
+site, served from a name that resolves to 127.0.0.1 (DNS rebinding), gets a 403, never a run.
+
 Routes: ``/`` (the runs), ``/run/ID``, ``/compare?a=ID&b=ID``, ``/static/FILE``, and under
 ``/api/``: ``runs``, ``run/ID`` (``?brief=1``: the header only), ``run/ID/findings``, ``run/ID/series?name=S``,
 ``run/ID/line?name=S&rank=R``, ``run/ID/logs``.
@@ -15,14 +19,16 @@ Routes: ``/`` (the runs), ``/run/ID``, ``/compare?a=ID&b=ID``, ``/static/FILE``,
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
+import socket
 import sys
 import threading
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +49,12 @@ __all__ = ["UiServer", "serve"]
 LOCK_TIMEOUT_S = 3.0
 #: summaries of finished runs kept in memory (a revisit draws at once)
 CACHE_ENTRIES = 64
+#: connections the kernel queues while every thread is busy: http.server's 5 dropped 11 of 200
+#: concurrent requests (their SYNs lost, answered only after retries past 90 s); Linux caps it at somaxconn
+REQUEST_QUEUE_SIZE = 1024
+#: a run id is a 64-bit integer in every backend; a longer one names no run
+_MAX_RUN_ID = 2**63 - 1
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".txt": "text/plain"}
 
 
@@ -68,12 +80,38 @@ class _Cache:
 
 
 class UiServer(ThreadingHTTPServer):
-    daemon_threads = True
+    daemon_threads = True  # a request still running never holds Ctrl-C up
+    request_queue_size = REQUEST_QUEUE_SIZE
 
-    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0, allowed_hosts: Iterable[str] = ()) -> None:
         self.db = db
         self.cache = _Cache()
         super().__init__((host, port), _Handler)
+        self.own_hosts = _own_hosts(str(self.server_address[0])) | {_bare_host(name) for name in allowed_hosts}
+
+    def host_allowed(self, value: str) -> bool:
+        """Whether a ``Host`` header (or an ``Origin``'s host and port) names this server: one of
+        its own names at its own port. Any other name may be a rebinding one's (DNS rebinding)."""
+        try:
+            parts = urlsplit(f"//{value}")
+            port = parts.port or 80
+        except ValueError:
+            return False
+        name = (parts.hostname or "").lower()
+        if port != self.server_address[1]:
+            return False
+        if name in self.own_hosts:
+            return True
+        # bound to every interface: any address of the machine reaches it, and an address (no
+        # name) is no rebinding: the browser resolved nothing
+        return _is_wildcard(str(self.server_address[0])) and _is_ip(name)
+
+    def host_refusal(self, value: str) -> str:
+        """The 403's text: what was refused, and what to pass to allow it."""
+        shown = ", ".join(sorted(self.own_hosts))
+        return (f"Host {value!r} is not this server's address ({shown}, port {self.server_address[1]}): "
+                f"refused, as a page of another site could read the store through it (DNS rebinding). "
+                f"To open the page under that name, restart with: multirank-logger ui DB --allow-host {_bare_host(value) or 'NAME'}\n")  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -111,10 +149,22 @@ class _Handler(BaseHTTPRequestHandler):
         if os.environ.get("MULTIRANK_LOGGER_UI_LOG"):
             super().log_message(format, *args)
 
+    #: answering a HEAD: the same status and headers as GET, no body
+    _head_only = False
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's name)
+        self._head_only = True
+        try:
+            self.do_GET()
+        finally:
+            self._head_only = False
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
+            if not self._addressed_to_us(api=parts.path.startswith("/api/")):
+                return
             if parts.path.startswith("/api/"):
                 try:
                     self._send_json(HTTPStatus.OK, self._api(parts.path[len("/api/") :], query))
@@ -130,6 +180,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.NOT_FOUND, page_html(error=f"No page at {parts.path}."), "text/html")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser went away (a reload): nothing to answer
+
+    def _addressed_to_us(self, api: bool) -> bool:
+        """Refuse (403) a Host that is not ours, and on the API an Origin of another site. A browser
+        always sends Host, so a request without one (HTTP/1.0) comes from no web page: it passes,
+        as one without Origin does (a same-origin GET, curl)."""
+        host = self.headers.get("Host")
+        if host is not None and not self.server.host_allowed(host):
+            self._send(HTTPStatus.FORBIDDEN, self.server.host_refusal(host), "text/plain")
+            return False
+        origin = self.headers.get("Origin")
+        if api and origin is not None and not self._same_origin(origin):
+            self._send(HTTPStatus.FORBIDDEN, f"Origin {origin!r} is another site: the API answers only this server's own page.\n", "text/plain")
+            return False
+        return True
+
+    def _same_origin(self, origin: str) -> bool:
+        parts = urlsplit(origin)  # "null" (a sandboxed frame, a file:// page) has no host: refused
+        return parts.scheme == "http" and bool(parts.netloc) and self.server.host_allowed(parts.netloc)
 
     def _api(self, route: str, query: dict[str, str]) -> Any:
         try:
@@ -152,6 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
         if m is None:
             raise _Answer(HTTPStatus.NOT_FOUND, f"No API route {route}.")
         run_id, what = int(m[1]), m[2]
+        if run_id > _MAX_RUN_ID:  # past int64: the driver would overflow binding it
+            raise _Answer(HTTPStatus.NOT_FOUND, f"No run '{m[1]}': a run id is at most {_MAX_RUN_ID}.")
         with self.server.reader() as reader:
             ref = reader.resolve_run(run_id)
             if what is None:  # ?brief=1: the header only (what the open page polls: milliseconds)
@@ -196,7 +266,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
         self.end_headers()
-        self.wfile.write(data)
+        if not self._head_only:
+            self.wfile.write(data)
 
 
 class _Answer(Exception):
@@ -207,9 +278,44 @@ class _Answer(Exception):
         self.status, self.message = status, message
 
 
-def serve(db: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, ready: Callable[[UiServer], None] | None = None) -> None:
+def _bare_host(value: str) -> str:
+    """A Host value or a name the user passed, without its port and brackets, lower case."""
+    value = value.strip()
+    if _is_ip(value):  # a bare IPv6 address: its colons are no port
+        return value.lower()
+    try:
+        return (urlsplit(f"//{value}").hostname or "").lower()
+    except ValueError:
+        return value.lower()
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_wildcard(address: str) -> bool:
+    return _is_ip(address) and ipaddress.ip_address(address).is_unspecified
+
+
+def _own_hosts(address: str) -> set[str]:
+    """The names a browser reaching the bound ``address`` puts in ``Host``."""
+    own = {address.lower()}
+    if address in _LOOPBACK_NAMES or (_is_ip(address) and ipaddress.ip_address(address).is_loopback):
+        own.update(_LOOPBACK_NAMES)
+    if _is_wildcard(address):  # every interface: the loopback names and this machine's own name
+        own.update(_LOOPBACK_NAMES)
+        own.update({socket.gethostname().lower(), socket.getfqdn().lower()})
+    return own
+
+
+def serve(db: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, ready: Callable[[UiServer], None] | None = None,
+          allowed_hosts: Iterable[str] = ()) -> None:
     """Serve ``db`` until interrupted; ``ready(server)`` is called once it listens."""
-    server = UiServer(str(Path(db)) if not str(db).count("://") else str(db), host, port)
+    server = UiServer(str(Path(db)) if not str(db).count("://") else str(db), host, port, allowed_hosts)
     server.warm_up()
     if ready is not None:
         ready(server)

@@ -314,6 +314,11 @@ class Backend:
         """
         raise QueryFailed(self.name, "sql() knows how to keep DuckDB, SQLite and PostgreSQL read-only, not this engine")
 
+    def interrupt(self, conn: sa.Connection) -> None:
+        """Stop the statement running on ``conn`` (``run_readonly``'s), from another thread: Ctrl-C
+        or a timeout. The statement fails with the engine's own error; a no-op when none runs."""
+        driver_connection(conn).interrupt()  # sqlite3's and duckdb's connections: thread-safe
+
 
 # the NumPy types of per_rank_columns: rank, seq, step, value, dtype
 PER_RANK_TYPES = (np.int64, np.int64, np.int64, np.float64, np.int16)

@@ -171,6 +171,12 @@ class PostgreSQLBackend(Backend):
             raw.rollback()  # whatever ran, nothing of it stays
 
 
+    def interrupt(self, conn: sa.Connection) -> None:
+        # a cancel request sent on a connection of its own: the server stops the statement
+        raw = driver_connection(conn)
+        (getattr(raw, "cancel_safe", None) or raw.cancel)()  # cancel_safe: psycopg >= 3.2
+
+
 def _first_keyword(query: str) -> str:
     """The statement's first word, past whitespace and ``--``/``/* */`` comments (nested, as PostgreSQL's)."""
     i, n = 0, len(query)
