@@ -51,7 +51,7 @@ class RunExperiment:
         """The calls logged and not written yet, with their ``step`` (CSVLogger's unsaved rows):
         not in metrics.csv yet, or (export_csv=False) not drained to the store yet."""
         run = self._run
-        calls = list(run.files.calls) if run.buffer.tee is not None else run.buffer.pending_calls()
+        calls = list(run.files.calls) if run.buffer.csv_calls is not None else run.buffer.pending_calls()
         return [{**values, "step": step} for step, values in calls]
 
     @property

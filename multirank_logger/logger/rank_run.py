@@ -106,14 +106,14 @@ class RankRun:
         self.live = False  # a log call of this phase started the writer and the SIGTERM hook
         self.save_set_up = False  # save() tried the set-up once (rank 0, before the writer did)
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
-        self.buffer.tee = self.files.calls if self.settings.export_csv else None
+        self.buffer.csv_calls = self.files.calls if self.settings.export_csv else None
         self.writer = BackgroundWriter(
             self.buffer,
             self.target,
             flush_interval=self.settings.flush_interval,
             flush_every=self.settings.flush_every,
             side=self.side,
-            tap=self.files.write_live,
+            csv_catch_up=self.files.catch_up,
         )
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         level = self.settings.capture_level

@@ -66,9 +66,9 @@ class RecordBuffer:
         self._next_seq = 0
         #: added to every drained row's seq: this launch's attempt in the high bits (run_lifecycle.py)
         self.seq_base = 0
-        #: when set, each call's (step, values) also goes here: rank 0's metrics.csv takes them
-        #: at save() (csv_logger_files.Rank0Files), whatever the writer thread drained meanwhile
-        self.tee: deque[tuple[int, Mapping[Any, Any]]] | None = None
+        #: when set, each call's (step, values) is also queued here for rank 0's metrics.csv, which
+        #: takes them at save() (csv_logger_files.Rank0Files), whatever the writer thread drained meanwhile
+        self.csv_calls: deque[tuple[int, Mapping[Any, Any]]] | None = None
 
     def append(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record one log call. Hot path: no I/O, no lock.
@@ -87,9 +87,9 @@ class RecordBuffer:
             metrics = dict(metrics)  # the caller may reuse its dict
         self._calls.append((self._next_seq, step, time.time(), metrics))
         self._next_seq += 1
-        tee = self.tee
-        if tee is not None:
-            tee.append((step, metrics))
+        csv_calls = self.csv_calls
+        if csv_calls is not None:
+            csv_calls.append((step, metrics))
 
     @property
     def calls_pending(self) -> int:
