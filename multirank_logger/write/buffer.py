@@ -131,7 +131,15 @@ class RecordBuffer:
         n = int(counts.sum())
         scalars = list(chain.from_iterable(map(dict.values, metrics)))
         value = np.fromiter(scalars, np.float64, n)  # ints and bools as floats, as encode_value
-        dtype = np.fromiter(map(DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
+        if set(map(type, scalars)) == {float}:  # the usual batch: no lookup per value
+            dtype = np.full(n, DTYPE_FLOAT, np.int16)
+        else:
+            dtype = np.fromiter(map(DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
+        first = keys[: len(metrics[0])] if metrics else []
+        if len(index) == len(first) and keys == first * len(metrics):
+            codes = np.tile(np.arange(len(first), dtype=np.int32), len(metrics))  # every call the same keys, in order
+        else:
+            codes = np.fromiter(map(index.__getitem__, keys), np.int32, n)
         floats = dtype == DTYPE_FLOAT
         nan = floats & (value != value)
         negative_zero = floats & (value == 0.0) & np.signbit(value)
@@ -143,7 +151,7 @@ class RecordBuffer:
             rank=np.full(n, rank, np.int32),
             seq=np.repeat(np.fromiter(map(_SEQ, calls), np.int64, len(calls)) + self.seq_base, counts),
             step=np.repeat(np.fromiter(map(_STEP, calls), np.int64, len(calls)), counts),
-            codes=np.fromiter(map(index.__getitem__, keys), np.int32, n),
+            codes=codes,
             keys=list(index),
             value=value,
             valid=~nan if nan.any() else None,
