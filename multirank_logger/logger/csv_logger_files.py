@@ -115,9 +115,8 @@ class Rank0Files:
         if not calls:
             return
         with self._lock:
-            # on the thread that appends: nothing comes in between (the writer's catch_up pops them one by one)
-            taken = list(calls)
-            calls.clear()
+            # popped one by one: a call appended meanwhile (log_metrics on another thread) waits for the next
+            taken = [calls.popleft()] if len(calls) == 1 else [calls.popleft() for _ in range(len(calls))]
             live = self.live_csv
             if live is not None and rank == 0:
                 live.add_calls(taken)  # never raises; the file's set-up is done (`_write`)

@@ -215,9 +215,12 @@ class LiveCsv:
             written = os.write(fd, data)
             while written < len(data):
                 written += os.write(fd, data[written:])
-        except Exception:  # noqa: BLE001 - cut back, then the careful way writes (or keeps) these calls
+        except BaseException as exc:  # cut back to whole lines, then the careful way writes (or keeps) the calls
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self._size)
+            if not isinstance(exc, Exception):
+                self.complete = False  # Ctrl-C: these calls miss the file, which the end rebuilds from the store
+                raise
             return False
         self._size += len(data)
         return True
@@ -226,7 +229,7 @@ class LiveCsv:
         """An explicit flush: a file removed under the run starts again now (header first), not at
         the fast path's next look."""
         self._look_at = 0.0
-        if self._columns and self._removed_under_us():
+        if self._columns and not self.gave_up and self._removed_under_us():
             self._start_again(self._columns, [])
 
     def continue_from(self, write_earlier: Callable[[Any], int]) -> None:
