@@ -133,7 +133,9 @@ class BackgroundWriter:
 
     def maybe_wake(self) -> None:
         """Hot path (`save()`): wake the thread only when enough calls are pending."""
-        if self._buffer.calls_pending >= self._wake_at:
+        # is_set: an attribute read; set() takes the Event's lock and notifies, at every save() while
+        # the thread has not drained yet (a cycle in progress, or waiting for the GIL)
+        if self._buffer.calls_pending >= self._wake_at and not self._wake.is_set():
             self._wake.set()
 
     def finish_soon(self) -> None:
