@@ -6,7 +6,10 @@ then ``save()``, and at the end ``finalize("success")``, whose flush is included
 the per-call figure. As in the Trainer's setup hook, ``logger.experiment`` is read
 once before the timed loop (that is where every logger opens its file or store).
 A logger that does nothing gives the floor of this harness. ``cpu_us`` is the CPU time
-of the whole process (all threads, so a background writer's too) per call.
+of the whole process (all threads, so a background writer's too) per call; ``loop_us`` the
+loop's wall time per call, ``thread_us`` the training thread's own CPU time in it (loop_us
+also counts the time the thread waited for the GIL while the writer thread held it, and for
+a core on a shared machine).
 """
 
 from __future__ import annotations
@@ -102,9 +105,11 @@ def measure(kind: str, calls: int, keys: int) -> dict[str, Any]:
         gc.collect()
         cpu0 = _cpu_s()
         t0 = time.perf_counter()
+        thread0 = time.thread_time()
         for step in range(calls):
             log_metrics(dict(zip(names, rows[step % 1000])), step)
             save()
+        thread1 = time.thread_time()
         t1 = time.perf_counter()
         logger.finalize("success")
         t2 = time.perf_counter()
@@ -112,6 +117,9 @@ def measure(kind: str, calls: int, keys: int) -> dict[str, Any]:
     return {
         "value": (t2 - t0) / calls * 1e6,
         "loop_us": (t1 - t0) / calls * 1e6,
+        # the training thread's own CPU in the loop: not the time it waited for the GIL (a background
+        # writer holding it) or for a core (a shared machine), which loop_us counts
+        "thread_us": (thread1 - thread0) / calls * 1e6,
         "final_flush_ms": (t2 - t1) * 1e3,
         # every thread of the process: a background writer's work shows here, not in loop_us
         "cpu_us": cpu / calls * 1e6,
@@ -130,9 +138,10 @@ def cases(sizes: Sizes) -> list[Case]:
         goals: tuple[Goal, ...] = ()
         if kind.startswith("MultiRankLogger"):
             goals = (
-                Goal("ratio", "<=", 1.0, "<= CSVLogger"),
-                # DESIGN.md's aim for the call as the Trainer makes it: the training thread's time
-                Goal("extra:loop_us", "<=", 3.0, "<= 3 us/call in the training loop"),
+                # issue 37: the whole cost (both threads, the end's flush too) and the training thread's
+                Goal("ratio", "<=", 0.6, "<= 0.6x CSVLogger"),
+                Goal("extra:loop_us", "<=", 5.0, "<= 5 us/call in the training loop"),
+                Goal("extra:thread_us", "<=", 5.0, "<= 5 us/call of the training thread's CPU"),
             )
         out.append(
             Case(

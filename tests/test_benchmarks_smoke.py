@@ -138,8 +138,8 @@ def test_report_has_header_and_table(tiny_run: tuple[list[dict], str]) -> None:
     assert "cores" in report and "GiB memory" in report and "lightning " in report
     for row in rows:
         assert f"| {row['section']} | {row['case']} |" in report
-    assert "## Targets" in report and "- hotpath / MultiRankLogger DuckDB: <= 3 us/call in the training loop: " in report
-    assert "(loop_us=" in report
+    assert "## Targets" in report and "- hotpath / MultiRankLogger DuckDB: <= 5 us/call in the training loop: " in report
+    assert "(loop_us=" in report and "(thread_us=" in report
 
 
 def test_many_ranks_check_trains_checks_the_store_and_finds_the_planted_rank(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ with them.
 from __future__ import annotations
 
 import gc
+import io
 import math
 import os
 import random
@@ -33,6 +34,7 @@ from multirank_logger import MultiRankLogger
 from multirank_logger.errors import RemoteStore
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.live_csv import LiveCsv
+from multirank_logger.model.csv_layout import csv_columns, format_calls, write_header
 from multirank_logger.transport.identity import ENV_PREFIX, RunIdentity, children_environment
 from tests.logger_helpers import query
 from tests.test_query import _calls
@@ -280,6 +282,66 @@ def test_written_every_n_steps_by_the_writer(tmp_path: Path) -> None:
     while time.monotonic() < deadline and not (path.exists() and path.read_bytes().count(b"\r\n") == 5):
         time.sleep(0.02)
     assert path.read_bytes() == b"a,step\r\n0.0,0\r\n1.0,1\r\n2.0,2\r\n3.0,3\r\n"
+    logger.finalize("success")
+
+
+def test_fast_path_lines_are_csv_layouts(tmp_path: Path) -> None:
+    """The lines save() appends from kept templates (keys in any order, missing ones, a key
+    "step", ints, bools, NaN, inf, -0.0, ints past int64) are csv_layout.format_calls' text."""
+    keys = ["b", "a", "step", "c,d", 'e"f']
+    live = LiveCsv(str(tmp_path / "metrics.csv"))
+    rng = random.Random(3)
+    values = [0.1, 1, True, False, math.nan, math.inf, -math.inf, -0.0, 2**70, 1e-5, 0.6931471824645996]
+    calls: list[tuple[int, dict[str, Any]]] = [(0, {key: 1.5 for key in keys})]
+    assert live.add_calls(calls)
+    for step in range(1, 200):
+        chosen = rng.sample(keys, rng.randint(1, len(keys)))
+        call = (step, {key: rng.choice(values) for key in chosen})
+        calls.append(call)
+        assert live.add_calls([call])
+        columns = csv_columns(keys)
+        header = io.StringIO()
+        write_header(header, columns)
+        expected = header.getvalue() + format_calls(columns, calls)
+        assert (tmp_path / "metrics.csv").read_bytes() == expected.encode()
+    assert live.rows == len(calls) and len(live._templates) > 1  # the fast path ran, with several templates
+
+
+def test_writer_writes_calls_no_save_wrote(tmp_path: Path) -> None:
+    """Log calls that no save() follows (Fabric's between its saves) reach metrics.csv by the
+    writer thread's next cycle."""
+    logger = MultiRankLogger(tmp_path, flush_logs_every_n_steps=1000, flush_interval=0.05)
+    for step in range(3):
+        logger.log_metrics({"a": float(step)}, step=step)
+    path = Path(logger.log_dir) / "metrics.csv"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (path.exists() and path.read_bytes().count(b"\r\n") == 4):
+        time.sleep(0.02)
+    assert path.read_bytes() == b"a,step\r\n0.0,0\r\n1.0,1\r\n2.0,2\r\n"
+    logger.finalize("success")
+
+
+def test_writer_leaves_the_file_to_save_while_saves_come(tmp_path: Path) -> None:
+    """While save() comes (the Trainer's pattern), the writer's cycle leaves the queued calls to
+    it, so the two threads never wait on each other's write; a cycle with no save since the
+    last one, or an explicit flush, writes them."""
+    logger = MultiRankLogger(tmp_path, flush_interval=3600)
+    logger.log_metrics({"a": 0.0}, step=0)
+    logger.save()
+    files = logger._run.files
+    files.catch_up(0, now=False)  # the writer's cycle, after that save
+    logger.log_metrics({"a": 1.0}, step=1)
+    logger.save()
+    logger.log_metrics({"a": 2.0}, step=2)  # its save() is to come
+    files.catch_up(0, now=False)
+    assert len(files.calls) == 1  # left to the save() that comes
+    files.catch_up(0, now=False)  # no save() since the last cycle: written now
+    assert not files.calls
+    logger.log_metrics({"a": 3.0}, step=3)
+    logger.save()
+    logger.log_metrics({"a": 4.0}, step=4)
+    files.catch_up(0, now=True)  # an explicit flush writes whatever came
+    assert Path(logger.log_dir, "metrics.csv").read_bytes().count(b"\r\n") == 6
     logger.finalize("success")
 
 

@@ -85,23 +85,36 @@ _DRAIN_CALLS = [
 ]
 
 
-def test_drain_rows_are_each_logged_value_encoded() -> None:
+# drain's short cuts: every call the same keys in the same order, floats only (NaN, -0.0 among
+# them); then the same keys in another order, and one call with a key fewer
+_SAME_KEYS = [(step, {"b": step / 3, "a": [math.nan, -0.0, 1e300][step % 3]}) for step in range(6)]
+_DRAIN_CASES = {
+    "mixed": _DRAIN_CALLS,
+    "same keys": _SAME_KEYS,
+    "other order": [*_SAME_KEYS, (6, {"a": 1.0, "b": 2.0})],
+    "a key fewer": [*_SAME_KEYS, (6, {"b": 2.0})],
+}
+
+
+@pytest.mark.parametrize("calls", _DRAIN_CASES.values(), ids=_DRAIN_CASES.keys())
+def test_drain_rows_are_each_logged_value_encoded(calls: list[tuple[int, dict[object, object]]]) -> None:
     """drain() gives, in call order, one row per logged value: encode_value's (value, dtype),
     the call's seq, step and time, the key as its str."""
     buffer = RecordBuffer()
-    for step, logged in _DRAIN_CALLS:
+    for step, logged in calls:
         buffer.append(step, logged)
     times = [call[2] for call in buffer._calls]
     batch = buffer.drain(run_id=4, rank=2)
     expected = [
         (4, 2, seq, step, str(key), *encode_value(value), times[seq])
-        for seq, (step, logged) in enumerate(_DRAIN_CALLS)
+        for seq, (step, logged) in enumerate(calls)
         for key, value in logged.items()
     ]
     rows = list(zip(*column_lists(batch, METRIC_COLUMNS)))
     assert [repr(row) for row in rows] == [repr(row) for row in expected]
     assert batch.schema == METRICS_SCHEMA
-    assert batch.column("value").null_count == 1  # the NaN: NULL, as the schema stores it
+    nans = sum(isinstance(v, float) and math.isnan(v) for _, logged in calls for v in logged.values())
+    assert batch.column("value").null_count == nans  # a NaN: NULL, as the schema stores it
     assert buffer.calls_pending == 0 and len(buffer.drain(4, 2)) == 0
 
 

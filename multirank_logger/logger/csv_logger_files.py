@@ -1,8 +1,11 @@
 """Rank 0's CSVLogger files: ``metrics.csv`` (written as the run goes) and ``hparams.yaml``.
 
-Rank 0's log calls also go to `Rank0Files.calls` as they are recorded; `write_live` puts them
-into the live file (live_csv.py) at every ``save()``, as CSVLogger's ``save()`` does, and at
-each of the writer thread's cycles (for callers that never save, as Fabric's). At a successful end the file is kept when it
+Rank 0's log calls are also queued in `Rank0Files.calls` as they are recorded (the buffer's
+``csv_calls``); `write_live` puts them into the live file (live_csv.py) at every ``save()``, on
+the training thread, as CSVLogger's ``save()`` does: when it returns, the file holds every row.
+The writer thread's cycles (`catch_up`) write the calls of a caller that stopped saving (Fabric's
+log calls between two of its saves), and leave the file to ``save()`` while saves come: the two
+threads then never wait for each other's write. At a successful end the file is kept when it
 holds every row rank 0 logged; otherwise it is rebuilt from the store, and only when the
 store holds every value: never a short file passed off as CSVLogger's.
 
@@ -74,10 +77,13 @@ class Rank0Files:
         self.live_csv: LiveCsv | None = None  # rank 0's metrics.csv, once rank 0 has rows
         self.csv_gaps = 0  # batches the live file missed
         self.continued = False  # the live file began with earlier launches' rows, read from the store
-        #: this process's log calls (step, values) not in the file yet: the buffer's tee
+        #: this process's log calls (step, values) not in the file yet: the buffer's csv_calls
         self.calls: deque[Call] = deque()
-        # the training thread (save) and the writer thread (its cycles) both write the file
+        # the training thread (save) and the writer thread (catch_up) both write the file; the
+        # writer only while no save() comes (catch_up), so save() finds the lock free
         self._lock = threading.Lock()
+        self.saves = 0  # write_live calls (save()) so far
+        self._saves_seen = 0  # `saves` at the writer's last cycle
 
     @property
     def metrics_path(self) -> str:
@@ -99,16 +105,42 @@ class Rank0Files:
         return kept
 
     def write_live(self, rank: int) -> None:
-        """Rank 0's metrics.csv takes the calls logged since the last time (``save()``, the
-        writer's cycles); on any other rank they are dropped. Never raises."""
+        """``save()``: rank 0's metrics.csv takes the calls logged since the last time; on any other
+        rank they are dropped. Never raises.
+
+        On the training thread at every log call (the Trainer saves after each): the new lines
+        formatted and handed to the OS in one write (live_csv.LiveCsv.add_calls)."""
+        self.saves += 1
         calls = self.calls
         if not calls:
             return
         with self._lock:
-            taken = [calls.popleft() for _ in range(len(calls))]  # the training thread only appends
-            if rank == 0 and self.run.settings.export_csv and safely(lambda: self._write(taken),
-                                                                     "writing metrics.csv") is None:
-                self.csv_gaps += 1  # these calls missed the file: the end exports it from the store
+            # popped one by one: a call appended meanwhile (log_metrics on another thread) waits for the next
+            taken = [calls.popleft()] if len(calls) == 1 else [calls.popleft() for _ in range(len(calls))]
+            live = self.live_csv
+            if live is not None and rank == 0:
+                live.add_calls(taken)  # never raises; the file's set-up is done (`_write`)
+            else:
+                self._write_taken(rank, taken)
+
+    def catch_up(self, rank: int, now: bool) -> None:
+        """The writer thread's cycle: the calls no ``save()`` wrote, when none came since its last
+        cycle (a caller that does not save after each call, as Fabric's) or when the cycle is an
+        explicit flush (`now`: ``experiment.save()``, the end). Never raises."""
+        saves, self._saves_seen = self._saves_seen, self.saves
+        calls, live = self.calls, self.live_csv
+        if now and rank == 0 and live is not None:
+            with self._lock:  # save() looks for a file removed under the run only now and then
+                safely(live.look_for_file, "looking for metrics.csv")
+        if not calls or (saves != self.saves and not now):
+            return  # save() keeps the file current: it writes these calls in a moment
+        with self._lock:
+            self._write_taken(rank, [calls.popleft() for _ in range(len(calls))])  # the training thread only appends
+
+    def _write_taken(self, rank: int, taken: list[Call]) -> None:
+        if rank == 0 and self.run.settings.export_csv and safely(lambda: self._write(taken),
+                                                                 "writing metrics.csv") is None:
+            self.csv_gaps += 1  # these calls missed the file: the end exports it from the store
 
     def _write(self, calls: list[Call]) -> bool:
         """True once the calls are in the file or kept for it (a gap is counted where they are not)."""
@@ -134,7 +166,7 @@ class Rank0Files:
 
     def live_csv_whole(self) -> bool:
         """The live metrics.csv holds every row rank 0 logged (none missed, none left to write)."""
-        self.write_live(0)
+        self.catch_up(0, now=True)
         live = self.live_csv
         if live is None:
             return False

@@ -52,7 +52,7 @@ class RunExperiment:
         not in metrics.csv yet, or (export_csv=False) not drained to the store yet."""
         run = self._run
         buffer = run.hot_path.buffer
-        calls = list(run.files.calls) if buffer.tee is not None else buffer.pending_calls()
+        calls = list(run.files.calls) if buffer.csv_calls is not None else buffer.pending_calls()
         return [{**values, "step": step} for step, values in calls]
 
     @property

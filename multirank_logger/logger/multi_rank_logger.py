@@ -275,8 +275,8 @@ class MultiRankLogger(Logger):
     def save(self) -> None:
         """Rank 0's metrics.csv holds every call logged so far, as after CSVLogger's ``save()``.
 
-        Lightning calls this after every log_metrics: on rank 0 an append of the new lines to
-        the open file, elsewhere a counter check (benchmarks/RESULTS.md: cheaper than CSVLogger's).
+        Lightning calls this after every log_metrics: on rank 0 the new lines formatted and
+        appended to the open file in one write, elsewhere a counter check (benchmarks/RESULTS.md).
         """
         run = self._run
         hot_path, sink_setup = run.hot_path, run.sink_setup
@@ -290,6 +290,8 @@ class MultiRankLogger(Logger):
                 safely(sink_setup.setup, "setting up the run for metrics.csv")
             if sink_setup.sink is not None or rank != 0:  # else the writer's cycles write the file once it is set up
                 run.files.write_live(rank)
+            if sink_setup.sink is not None and rank != 0:
+                hot_path.buffer.csv_calls = None  # this process is not rank 0: its calls need no CSV queue
         hot_path.writer.maybe_wake()
 
     @override

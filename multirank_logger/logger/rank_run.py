@@ -92,8 +92,8 @@ class RankRun:
             self.sink_setup,
             flush_every=self.settings.flush_every,
             flush_interval=self.settings.flush_interval,
-            tee=self.files.calls if self.settings.export_csv else None,
-            tap=self.files.write_live,
+            csv_calls=self.files.calls if self.settings.export_csv else None,
+            csv_catch_up=self.files.catch_up,
         )
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         level = self.settings.capture_level

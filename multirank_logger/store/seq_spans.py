@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import sqlalchemy as sa
 
 from multirank_logger.model.batch import column_lists, take_rows
@@ -53,6 +54,9 @@ def insert_unstored(conn: sa.Connection, backend: Any, batch: Any) -> int:
 
 def _ranges(run_id: np.ndarray, rank: np.ndarray, seq: np.ndarray) -> dict[tuple[int, int], tuple[int, int]]:
     """(run_id, rank) -> (lowest seq, highest seq) in the batch."""
+    if run_id.min() == run_id.max() and rank.min() == rank.max():
+        # one rank's batch (the usual case): no sort of every row's pair (np.unique along an axis)
+        return {(int(run_id[0]), int(rank[0])): (int(seq.min()), int(seq.max()))}
     out: dict[tuple[int, int], tuple[int, int]] = {}
     pairs = np.stack([run_id, rank], axis=1)
     for run, r in np.unique(pairs, axis=0).tolist():
@@ -92,15 +96,17 @@ def _without_stored_rows(
     """`batch` minus the rows whose (run, rank, seq, key) the store holds, read back only where a
     stored span overlaps the batch's range."""
     held: set[tuple[int, int, int, str]] = set()
-    # the batch's keys name the rows to read back: SQLite's table is clustered on (run_id, key, rank,
-    # seq), so a read by rank and seq alone would walk every row of the run
-    keys = sorted(set(batch.column("key").to_pylist()))
+    keys: list[str] | None = None
     for (run_id, r), spans in stored.items():
         lo, hi = ranges[(run_id, r)]
         for first, last in spans:
             start, stop = max(lo, first), min(hi, last)
             if start > stop:
-                continue  # only touching: nothing stored in the batch's range
+                continue  # only touching (the usual case: a rank's next calls): nothing stored in the batch's range
+            if keys is None:
+                # the batch's keys name the rows to read back: SQLite's table is clustered on (run_id, key,
+                # rank, seq), so a read by rank and seq alone would walk every row of the run
+                keys = _keys_of(batch.column("key"))
             rows = conn.execute(
                 sa.select(metrics.c.seq, metrics.c.key).where(
                     metrics.c.run_id == run_id, metrics.c.key.in_(keys), metrics.c.rank == r,
@@ -113,6 +119,14 @@ def _without_stored_rows(
     batch_rows = zip(*column_lists(batch, ("run_id", "rank", "seq", "key")))
     keep = np.fromiter((row not in held for row in batch_rows), np.bool_, len(batch))
     return take_rows(batch, keep)
+
+
+def _keys_of(column: Any) -> list[str]:
+    """The distinct keys of a batch's key column: its dictionary (a superset: a cut batch keeps the
+    whole dictionary), not a Python str per row."""
+    if isinstance(column, pa.DictionaryArray):
+        return sorted(set(column.dictionary.to_pylist()))
+    return sorted(set(column.to_pylist()))
 
 
 def _record(

@@ -66,9 +66,9 @@ class RecordBuffer:
         self._next_seq = 0
         #: added to every drained row's seq: this launch's attempt in the high bits (run_lifecycle.py)
         self.seq_base = 0
-        #: when set, each call's (step, values) also goes here: rank 0's metrics.csv takes them
-        #: at save() (csv_logger_files.Rank0Files), whatever the writer thread drained meanwhile
-        self.tee: deque[tuple[int, Mapping[Any, Any]]] | None = None
+        #: when set, each call's (step, values) is also queued here for rank 0's metrics.csv, which
+        #: takes them at save() (csv_logger_files.Rank0Files), whatever the writer thread drained meanwhile
+        self.csv_calls: deque[tuple[int, Mapping[Any, Any]]] | None = None
 
     def append(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record one log call. Hot path: no I/O, no lock.
@@ -87,9 +87,9 @@ class RecordBuffer:
             metrics = dict(metrics)  # the caller may reuse its dict
         self._calls.append((self._next_seq, step, time.time(), metrics))
         self._next_seq += 1
-        tee = self.tee
-        if tee is not None:
-            tee.append((step, metrics))
+        csv_calls = self.csv_calls
+        if csv_calls is not None:
+            csv_calls.append((step, metrics))
 
     @property
     def calls_pending(self) -> int:
@@ -131,7 +131,15 @@ class RecordBuffer:
         n = int(counts.sum())
         scalars = list(chain.from_iterable(map(dict.values, metrics)))
         value = np.fromiter(scalars, np.float64, n)  # ints and bools as floats, as encode_value
-        dtype = np.fromiter(map(DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
+        if set(map(type, scalars)) == {float}:  # the usual batch: no lookup per value
+            dtype = np.full(n, DTYPE_FLOAT, np.int16)
+        else:
+            dtype = np.fromiter(map(DTYPE_OF_TYPE.__getitem__, map(type, scalars)), np.int16, n)
+        first = keys[: len(metrics[0])] if metrics else []
+        if len(index) == len(first) and keys == first * len(metrics):
+            codes = np.tile(np.arange(len(first), dtype=np.int32), len(metrics))  # every call the same keys, in order
+        else:
+            codes = np.fromiter(map(index.__getitem__, keys), np.int32, n)
         floats = dtype == DTYPE_FLOAT
         nan = floats & (value != value)
         negative_zero = floats & (value == 0.0) & np.signbit(value)
@@ -143,7 +151,7 @@ class RecordBuffer:
             rank=np.full(n, rank, np.int32),
             seq=np.repeat(np.fromiter(map(_SEQ, calls), np.int64, len(calls)) + self.seq_base, counts),
             step=np.repeat(np.fromiter(map(_STEP, calls), np.int64, len(calls)), counts),
-            codes=np.fromiter(map(index.__getitem__, keys), np.int32, n),
+            codes=codes,
             keys=list(index),
             value=value,
             valid=~nan if nan.any() else None,

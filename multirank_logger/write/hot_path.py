@@ -30,8 +30,9 @@ class HotPath:
         sink_setup: where the writer's rows go, once set up.
         flush_every: CSVLogger's ``flush_logs_every_n_steps``: calls between two saves.
         flush_interval: seconds between two of the writer's flushes.
-        tee: rank 0's copy of each call for metrics.csv (None: no copy).
-        tap: called by the writer each cycle with the rank (rank 0's metrics.csv).
+        csv_calls: rank 0's queue of each call for metrics.csv (None: no queue).
+        csv_catch_up: called by the writer each cycle with the rank and whether the cycle is an
+            explicit flush: rank 0's metrics.csv gets the calls no ``save()`` wrote.
     """
 
     def __init__(
@@ -40,19 +41,19 @@ class HotPath:
         *,
         flush_every: int,
         flush_interval: float,
-        tee: deque[tuple[int, Mapping[Any, Any]]] | None,
-        tap: Callable[[int], None],
+        csv_calls: deque[tuple[int, Mapping[Any, Any]]] | None,
+        csv_catch_up: Callable[[int, bool], None],
     ) -> None:
         self.sink_setup = sink_setup
         self.flush_every = flush_every
         self.buffer = RecordBuffer()
-        self.buffer.tee = tee
+        self.buffer.csv_calls = csv_calls
         self.side = SideRecords()
         self.unsaved = 0  # CSVLogger's unsaved-row count: the step when none is given
         self.live = False  # a log call of this phase started the writer and the SIGTERM hook
         self.save_set_up = False  # save() tried the set-up once (rank 0, before the writer did)
         self.writer = BackgroundWriter(
-            self.buffer, self.target, flush_interval=flush_interval, flush_every=flush_every, side=self.side, tap=tap,
+            self.buffer, self.target, flush_interval=flush_interval, flush_every=flush_every, side=self.side, csv_catch_up=csv_catch_up,
         )
 
     def record_call(self, metrics: Mapping[str, Any], step: int | None) -> bool:

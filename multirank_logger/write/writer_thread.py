@@ -73,7 +73,8 @@ class BackgroundWriter:
         flush_interval: seconds between two cycles.
         flush_every: pending log calls that make `wake()` start a cycle early.
         side: the rank's side-table rows (decisions, logs, step timing); none when not given.
-        tap: called with the rank at each cycle, once the target is known (rank 0's live metrics.csv).
+        csv_catch_up: called at each cycle once the target is known, with the rank and whether the
+            cycle is an explicit flush: rank 0's metrics.csv takes the calls no ``save()`` wrote.
     """
 
     def __init__(
@@ -84,10 +85,10 @@ class BackgroundWriter:
         flush_interval: float,
         flush_every: int,
         side: SideRecords | None = None,
-        tap: Callable[[int], None] | None = None,
+        csv_catch_up: Callable[[int, bool], None] | None = None,
     ) -> None:
         self._buffer = buffer
-        self._tap = tap  # each cycle, with the rank (csv_logger_files.Rank0Files.write_live)
+        self._csv_catch_up = csv_catch_up  # csv_logger_files.Rank0Files.catch_up
         self._side = side if side is not None else SideRecords()
         self._side_retry: list[dict[str, list[dict[str, Any]]]] = []
         self._target = target
@@ -132,7 +133,9 @@ class BackgroundWriter:
 
     def maybe_wake(self) -> None:
         """Hot path (`save()`): wake the thread only when enough calls are pending."""
-        if self._buffer.calls_pending >= self._wake_at:
+        # is_set: an attribute read; set() takes the Event's lock and notifies, at every save() while
+        # the thread has not drained yet (a cycle in progress, or waiting for the GIL)
+        if self._buffer.calls_pending >= self._wake_at and not self._wake.is_set():
             self._wake.set()
 
     def finish_soon(self) -> None:
@@ -273,8 +276,8 @@ class BackgroundWriter:
         sink, run_id, rank = target
         self._sink, self._last_ids = sink, (run_id, rank)
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.opens_store_per_write else self.flush_every
-        if self._tap is not None:
-            self._tap(rank)  # never raises; before the store, which may refuse the rows
+        if self._csv_catch_up is not None:
+            self._csv_catch_up(rank, now)  # never raises; before the store, which may refuse the rows
         if self._buffer.calls_pending:
             try:
                 self._held.append(self._buffer.drain(run_id, rank))
