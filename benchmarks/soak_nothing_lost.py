@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/soak_nothing_lost.py [--examples N] [--only embedded|postgresql|gather]
 
 Runs the same properties as `make test` with N examples per in-process test (default 500) and
-N/10 real 2-rank gather runs, random each time (no derandomize): random log calls with adversarial
+N/10 real 2-rank gather runs (some ending without finalize: the soak alone, see the test module),
+random each time (no derandomize): random log calls with adversarial
 keys, values and steps, with the store deleted, replaced or held by another process mid-run.
 Hypothesis prints the smallest failing sequence it finds. Exits as pytest does.
 """

@@ -18,7 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,9 @@ class Scenario:
     fault: str = "none"
     fault_at: int = 0
     finalize: bool = True
-    rows: list[tuple[int, str, Any]] = field(default_factory=list)
+    #: a gather rank ending without finalize: seconds before its exit hooks run, and that it lives on after them
+    exit_delay: float = 0.0
+    linger: float = 0.0
 
 
 @st.composite
