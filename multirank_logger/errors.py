@@ -20,7 +20,7 @@ MultiRankLoggerError
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
  │    └── QueryTimedOut          a user's query ran past its timeout and was stopped
- ├── InvalidMetric               a logged value that is not a scalar
+ ├── InvalidMetric               a log call the store cannot hold (value, key or step)
  ├── InvalidTransport            a transport= the logger does not know (also a ValueError)
  ├── MissingExtra                an optional dependency (an extra) is not installed
  ├── NoMultiRankLogger           DecisionAudit in a Trainer that logs to no MultiRankLogger
@@ -222,22 +222,55 @@ class QueryTimedOut(QueryFailed):
 
 
 class InvalidMetric(MultiRankLoggerError, ValueError):
-    def __init__(self, key: str, value: object) -> None:
+    """A log call the store cannot hold, refused whole at the call (nothing of it is recorded).
+
+    ``problem`` says what is wrong when it is not the value: ``"step"`` (``value`` is the step,
+    ``key`` the call's keys), ``"surrogate:POS"``, ``"nul:POS"`` or ``"long:BYTES"`` (the key).
+    """
+
+    def __init__(self, key: str, value: object, step: object = None, *, problem: str | None = None) -> None:
         self.key = key
-        if type(value) is int:  # a number, but past what a float64 column holds
-            super().__init__(
-                f"Metric {key!r} is an int of {value.bit_length()} bits, too large for the store's "
+        self.step = step
+        at = "" if step is None else f" (logged at step {step!r})"
+        kind, _, where = (problem or "").partition(":")
+        if kind == "step":
+            message = (
+                f"Step {value!r} of the call logging {key} is not a whole number of the store's 64-bit step "
+                f"column (-2**63 to 2**63-1); nothing of this call was recorded. Pass an int step (e.g. "
+                "trainer.global_step); a float is taken only when it is whole (3.0)."
+            )
+        elif kind == "surrogate":
+            message = (
+                f"Metric key {key!r}{at} holds a lone surrogate at position {where}, which is not UTF-8 text "
+                "(os.listdir and sys.argv give these for file names that are not UTF-8); nothing of this call "
+                "was recorded. Clean the key first, e.g. "
+                "key.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')."
+            )
+        elif kind == "nul":
+            message = (
+                f"Metric key {key!r}{at} holds a NUL character at position {where}, which PostgreSQL's text "
+                "refuses and CSV readers stop at; nothing of this call was recorded. Drop or replace it."
+            )
+        elif kind == "long":
+            message = (
+                f"Metric key {key[:40]!r}...{at} is {where} bytes of UTF-8, longer than the 1024 a store's "
+                "key index holds; nothing of this call was recorded. Log it under a shorter name."
+            )
+        elif type(value) is int:  # a number, but past what a float64 column holds
+            message = (
+                f"Metric {key!r}{at} is an int of {value.bit_length()} bits, too large for the store's "
                 "64-bit float values (about 1.8e308 at most). Log it scaled, or as a float ratio."
             )
-            return
-        shown = type(value).__name__
-        shape = getattr(value, "shape", None)
-        if shape is not None:
-            shown += f" of shape {tuple(shape)}"
-        super().__init__(
-            f"Metric {key!r} is a {shown}; loggers store one number per key. "
-            "Log a scalar (a Python number or a one-element tensor), e.g. reduce it with .mean()."
-        )
+        else:
+            shown = type(value).__name__
+            shape = getattr(value, "shape", None)
+            if shape is not None:
+                shown += f" of shape {tuple(shape)}"
+            message = (
+                f"Metric {key!r}{at} is a {shown}; loggers store one number per key. "
+                "Log a scalar (a Python number or a one-element tensor), e.g. reduce it with .mean()."
+            )
+        super().__init__(message)
 
 
 class MissingExtra(MultiRankLoggerError, ImportError):

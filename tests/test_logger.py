@@ -127,7 +127,7 @@ def test_non_scalar_value_names_the_key_and_keeps_earlier_rows(db_path: Path) ->
     with pytest.raises(InvalidMetric, match="'listy'"):
         logger.log_metrics({"listy": [1, 2]}, step=2)
     # an int past float64's range: refused here, not in the writer thread (which lost every row)
-    with pytest.raises(InvalidMetric, match="'huge' is an int of 1329 bits, too large"):
+    with pytest.raises(InvalidMetric, match=r"'huge' \(logged at step 3\) is an int of 1329 bits, too large"):
         logger.log_metrics({"fine": 2.0, "huge": 10**400}, step=3)
     logger.log_metrics({"big": 2**1000}, step=4)  # large, and still a float64
     logger.finalize("success")
@@ -159,30 +159,30 @@ def test_two_keys_of_one_call_that_print_alike_keep_the_later_value(db_path: Pat
     ]
 
 
-def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
-    """Fault injection: one drain raises. The writer says so at once and keeps working: later
-    calls are written, finalize succeeds."""
+def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Fault injection: the encoder fails on one call. The writer cuts that call out, counts its
+    value lost and says so; the calls of the same batch and later ones are written, and the run is
+    not a success (issue 38 point 1: one bad call never takes another call's values with it)."""
     logger = _logger(db_path)
     buffer = logger._run.hot_path.buffer
-    real = {name: getattr(buffer, name) for name in ("drain",)}
+    encode = buffer.encode
 
-    def broken(run_id: int, rank: int) -> None:
-        for name, fn in real.items():
-            monkeypatch.setattr(buffer, name, fn)
-        fn(run_id, rank)  # the calls leave the buffer, as in a real failure
-        raise RuntimeError("cannot encode")
+    def broken(calls, run_id: int, rank: int):
+        if any(step == 1 for _, step, _, _ in calls):
+            raise RuntimeError("cannot encode")
+        return encode(calls, run_id, rank)
 
     logger.log_metrics({"a": 1.0}, step=0)
     assert logger._run.hot_path.writer.flush(5)  # sets the sink up, writes step 0
-    for name in real:
-        monkeypatch.setattr(buffer, name, broken)
-    logger.log_metrics({"a": 2.0}, step=1)
+    monkeypatch.setattr(buffer, "encode", broken)
+    for step in (1, 2, 3):
+        logger.log_metrics({"a": float(step + 1)}, step=step)
     logger._run.hot_path.writer.flush(5)
-    assert "could not be encoded and are dropped: RuntimeError: cannot encode" in caplog.text
-    logger.log_metrics({"a": 3.0}, step=2)
+    assert "could not be encoded (RuntimeError: cannot encode): 1 value(s) are LOST" in capsys.readouterr().err
+    logger.log_metrics({"a": 5.0}, step=4)
     logger.finalize("success")
-    assert query(db_path, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (2, 3.0)]
-    assert query(db_path, "SELECT status FROM runs") == [("success",)]
+    assert query(db_path, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (2, 3.0), (3, 4.0), (4, 5.0)]
+    assert query(db_path, "SELECT status, values_lost FROM runs") == [("incomplete", 1)]
 
 
 def test_unwritable_db_path_fails_at_construction(tmp_path: Path, backend: str) -> None:

@@ -178,9 +178,9 @@ def test_non_scalar_value_is_refused_and_nothing_is_lost() -> None:
 
     buffer = RecordBuffer()
     buffer.append(0, {"ok": 1.0})
-    with pytest.raises(InvalidMetric, match=r"Metric 'bad' is a Tensor of shape \(2,\)"):
+    with pytest.raises(InvalidMetric, match=r"Metric 'bad' \(logged at step 1\) is a Tensor of shape \(2,\)"):
         buffer.append(1, {"fine": 2.0, "bad": torch.tensor([1.0, 2.0])})
-    with pytest.raises(InvalidMetric, match="Metric 'lst' is a list"):
+    with pytest.raises(InvalidMetric, match=r"Metric 'lst' \(logged at step 1\) is a list"):
         buffer.append(1, {"lst": [1.0]})
     buffer.append(2, {"one": torch.tensor(3.5), "i": torch.tensor(4)})
     batch = buffer.drain(run_id=1, rank=0)

@@ -57,7 +57,7 @@ LOOK_EVERY_S = 1.0
 #: line templates kept (one per order of a call's keys); past it they are made again
 _MAX_TEMPLATES = 256
 #: one log call as recorded: (step, values)
-Call = tuple[int, Mapping[Any, Any]]
+Call = tuple[int | float, Mapping[Any, Any]]  # a whole float step stays as given: CSVLogger writes "3.0"
 
 
 class LiveCsv:
@@ -82,7 +82,7 @@ class LiveCsv:
         self._templates: dict[tuple[Any, ...], str] = {}
         self._columns: list[str] = []  # the header in the file; empty until the first write
         self._known: set[str] = set()  # the same, as a set: most calls bring no new key
-        self._pending: list[tuple[int, Mapping[str, Any]]] = []
+        self._pending: list[tuple[int | float, Mapping[str, Any]]] = []
         self._warned = False
         self._retry_wait = 0.0  # seconds between tries since the last failed write
         self._retry_at = 0.0  # monotonic time of the next try
@@ -300,7 +300,7 @@ class LiveCsv:
             self.close()
         return not os.path.lexists(local)
 
-    def _start_again(self, columns: list[str], calls: list[tuple[int, Mapping[str, Any]]]) -> None:
+    def _start_again(self, columns: list[str], calls: list[tuple[int | float, Mapping[str, Any]]]) -> None:
         """The file was deleted under the run (by hand, a cleanup job): appending would make a
         file with no header and no earlier rows. It starts again from these calls, and the end
         writes the whole file from the store (the file no longer holds every row)."""
@@ -320,7 +320,7 @@ class LiveCsv:
         protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
         return self._fs._strip_protocol(self.path) if "file" in protocols else None
 
-    def _start(self, columns: list[str], calls: list[tuple[int, Mapping[str, Any]]]) -> None:
+    def _start(self, columns: list[str], calls: list[tuple[int | float, Mapping[str, Any]]]) -> None:
         """The first write of this run: a fresh file, replacing one a former run left."""
         self.close()
         self._fs.makedirs(posixpath.dirname(self.path) or ".", exist_ok=True)

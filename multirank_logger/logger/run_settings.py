@@ -7,6 +7,7 @@ run into ddp_spawn's workers and never changes.
 
 from __future__ import annotations
 
+import math
 import os
 from argparse import Namespace
 from collections.abc import Mapping
@@ -74,12 +75,20 @@ class RunSettings:
         return os.path.join(self.save_dir, self.name)
 
 
+#: a float JSON has no literal for, stored as a string of JavaScript's name for it (docs/schema.md)
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
 def jsonable(value: Any) -> Any:
-    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure."""
+    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure; NaN and
+    infinities as the strings "NaN", "Infinity", "-Infinity" (Python's json writes bare ``NaN``,
+    which is not JSON: other readers, DuckDB's and PostgreSQL's among them, refuse it)."""
     if isinstance(value, Namespace):
         value = vars(value)
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NON_FINITE[repr(float(value))]
     return value

@@ -314,7 +314,7 @@ def write_rows(fp: IO[str], columns: list[str], pieces: Iterable[LongRows], chun
     return written
 
 
-def format_calls(columns: Sequence[str], calls: Iterable[tuple[int, Mapping[str, Any]]]) -> str:
+def format_calls(columns: Sequence[str], calls: Iterable[tuple[int | float, Mapping[str, Any]]]) -> str:
     """The data lines of log calls as recorded, ``(step, values)`` with Python scalars, under
     an existing header of `columns` (which holds every key of the calls).
 

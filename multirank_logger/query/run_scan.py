@@ -161,7 +161,9 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
         span = -(-span // width) * width
         named = reader.store.backend.window_ranks(conn, ref.id)  # PostgreSQL: its index serves the windows
         where_ranks = where if named is None else sa.and_(where, metrics.c.rank.in_(named))
-        windows = [(where_ranks, metrics.c.step >= start, metrics.c.step < start + span)
+        # each window's bounds inclusive and within [low, high]: `start + span` past the last step can
+        # pass int64 (steps of microsecond timestamps), which SQLite's driver refuses as a parameter
+        windows = [(where_ranks, metrics.c.step >= start, metrics.c.step <= min(start + span - 1, high))
                    for start in range(low, high + 1, span)]  # fmt: skip
         readers = reader.store.backend.window_readers
         if readers == 1:

@@ -19,7 +19,6 @@ Measured on the 51.2M-row store (benchmarks/RESULTS.md, "ui"): one key costs one
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,9 +42,21 @@ SCORE_CLIP = 12.0
 FetchArrow = Callable[[sa.Select], Any]
 
 
+#: the largest step; a run whose steps span more than this (from below 0 to far above) overflows `step - first`
+_INT64_MAX = 2**63 - 1
+
+
+def _bucket_numbers(steps: np.ndarray, first: int, width: int, wide: bool) -> np.ndarray:
+    """Each step's bucket, ``(steps - first) // width``; for a `wide` run in uint64, where the
+    difference (never negative) is exact though past int64."""
+    if not wide:
+        return (steps - first) // width
+    return ((steps.astype(np.uint64) - np.uint64(first % 2**64)) // np.uint64(width)).astype(np.int64)
+
+
 def bucket_width(first: int, last: int, buckets: int) -> int:
     """The width (in steps) that cuts steps ``first..last`` into at most ``buckets`` buckets."""
-    return max(1, math.ceil((last - first + 1) / max(1, buckets)))
+    return max(1, -(-(last - first + 1) // max(1, buckets)))  # in integers: a float ceil drifts past 2**53
 
 
 @dataclass
@@ -97,6 +108,7 @@ class BucketBuilder:
 
     def __init__(self, series: str, first: int, last: int, width: int, ranks: int = 8) -> None:
         self.series, self.first, self.width = series, first, width
+        self.wide = last - first > _INT64_MAX
         self.columns = (last - first) // width + 1
         shape = (max(1, ranks), self.columns)
         self.mean = np.full(shape, np.nan, np.float32)
@@ -115,10 +127,10 @@ class BucketBuilder:
         finite value), where a row was `logged`, and its non-finite rows (rank, step, kind: 0 NaN,
         1 +inf, 2 -inf)."""
         self._fit(int(ranks.max()) + 1)
-        bucket = (steps - self.first) // self.width
+        bucket = _bucket_numbers(steps, self.first, self.width, self.wide)
         cols, mean, lo, hi = _per_bucket(bucket, table, self.width)
         rank, step, kind = non_finite
-        col = (step - self.first) // self.width
+        col = _bucket_numbers(step, self.first, self.width, self.wide)
         for sign, extreme in ((1, hi), (2, lo)):  # SQL's mean, and max or min, are not finite there
             at = kind == sign
             where = np.searchsorted(cols, col[at]), np.searchsorted(ranks, rank[at])
@@ -244,7 +256,13 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
         return BucketSummary(series, [], [], 1, empty, np.zeros(0), np.zeros(0), empty.astype(bool))
     first, width = int(span["a"]), bucket_width(int(span["a"]), int(span["b"]), columns)
     step = table.c.step
-    bucket = ((step - first) - (step - first) % width) if width > 1 else (step - first)  # integers only
+    wide = int(span["b"]) - first > _INT64_MAX  # `step - first` overflows int64 (DuckDB refuses, SQLite goes REAL)
+    if wide:
+        # the bucket's number, in float: a bucket is then over 2**52 steps wide, and a step within
+        # ~2**10 of an edge landing beside it changes no picture
+        bucket: Any = sa.cast(sa.func.floor((sa.cast(step, sa.Float(53)) - float(first)) / width), sa.BigInteger)
+    else:
+        bucket = ((step - first) - (step - first) % width) if width > 1 else (step - first)  # integers only
     stmt = (
         sa.select(table.c.rank.label("rank"), bucket.label("b"), sa.func.avg(value).label("mean"),
                   sa.func.min(value).label("lo"), sa.func.max(value).label("hi"),
@@ -253,7 +271,9 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
     )  # fmt: skip
     cells = fetch_arrow(stmt)
     rank = np.asarray(cells.column("rank").to_numpy(zero_copy_only=False), dtype=np.int64)
-    col = np.asarray(cells.column("b").to_numpy(zero_copy_only=False), dtype=np.int64) // width
+    col = np.asarray(cells.column("b").to_numpy(zero_copy_only=False), dtype=np.int64)
+    # a wide run's float bucket can round up past the last bucket (its exact number: in Python's ints)
+    col = np.minimum(col, (int(span["b"]) - first) // width) if wide else col // width
     ranks = np.unique(rank)
     n_cols = int(col.max()) + 1 if len(col) else 0
     row = np.searchsorted(ranks, rank)

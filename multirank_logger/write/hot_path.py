@@ -41,7 +41,7 @@ class HotPath:
         *,
         flush_every: int,
         flush_interval: float,
-        csv_calls: deque[tuple[int, Mapping[Any, Any]]] | None,
+        csv_calls: deque[tuple[int | float, Mapping[Any, Any]]] | None,
         csv_catch_up: Callable[[int, bool], None],
     ) -> None:
         self.sink_setup = sink_setup
@@ -57,10 +57,14 @@ class HotPath:
         )
 
     def record_call(self, metrics: Mapping[str, Any], step: int | None) -> bool:
-        """Hot path: one log call into the buffer; True where CSVLogger's `log_metrics` saves."""
+        """Hot path: one log call into the buffer; True where CSVLogger's `log_metrics` saves.
+
+        Raises:
+            InvalidMetric: for a call the store cannot hold (a value, key or step); nothing of it is kept.
+        """
         if step is None:
             step = self.unsaved
-        self.buffer.append(step, metrics)
+        step = self.buffer.append(step, metrics)  # checked whole: refused here, never dropped by the writer
         self.unsaved += 1
         if not self.live:
             self.start()

@@ -83,6 +83,13 @@ class Spiller:
             )
         return values
 
+    def count_lost(self, values: int, why: str) -> None:
+        """Metric values lost before they could be written or spilled: counted (the run is then
+        never `success`), said each time (it is a bug: a log call passed checks the writer failed)."""
+        self.values_lost += values
+        _to_stderr(f"multirank_logger: rank {self.rank}: {why}: {values} value(s) are LOST (the total is said "
+                   "at the end of the run).")
+
     def count_side_lost(self, rows: int, why: str) -> None:
         """Side-table rows lost before they could be written or spilled: counted, said once."""
         self.side_rows_lost += rows

@@ -218,7 +218,7 @@ class BackgroundWriter:
         spilling = self._spill_lock.acquire(timeout=_SPILL_WAIT_S)
         try:
             if self._buffer.calls_pending and self._sink is not None and self._last_ids is not None:
-                self._held.append(self._buffer.drain(*self._last_ids))
+                self._drain(*self._last_ids)
             self._spill_all(why)
             side, self._side_retry = self._side_retry, []
             for tables in side:
@@ -279,13 +279,7 @@ class BackgroundWriter:
         if self._csv_catch_up is not None:
             self._csv_catch_up(rank, now)  # never raises; before the store, which may refuse the rows
         if self._buffer.calls_pending:
-            try:
-                self._held.append(self._buffer.drain(run_id, rank))
-            except Exception as exc:  # noqa: BLE001 - the thread must live on for the next calls
-                # unreachable for what append accepts; were it reached, say so now, not at exit
-                log.error("multirank_logger: log calls could not be encoded and are dropped: %s", describe(exc))
-                self._note_failure(exc)
-                return
+            self._drain(run_id, rank)
         if len(self._side):
             self._side_retry.append(self._side.drain(run_id, rank))
         self._count_dropped_side()
@@ -303,6 +297,28 @@ class BackgroundWriter:
                 f"({describe(self.last_error) if self.last_error else 'unknown error'}) and the "
                 f"{self.max_held_values} values this rank keeps in memory meanwhile are used up"
             )
+
+    def _drain(self, run_id: int, rank: int) -> None:
+        """The buffer's calls into one held batch. Never raises: were a call append accepted still
+        one the encoder fails on (a bug), the calls are encoded in halves until it is cut out and
+        counted lost; the calls around it are kept (`_isolate`'s way for store refusals)."""
+        calls = self._buffer.take()
+        pieces = [calls]
+        while pieces:
+            piece = pieces.pop(0)
+            try:
+                self._held.append(self._buffer.encode(piece, run_id, rank))
+            except Exception as exc:  # noqa: BLE001 - the thread must live on for the next calls
+                if len(piece) > 1:
+                    half = len(piece) // 2
+                    pieces[0:0] = [piece[:half], piece[half:]]
+                    continue
+                _, step, _, values = piece[0]
+                why = f"a log call (step {step!r}, keys {list(values)!r}) could not be encoded ({describe(exc)})"
+                if self.spiller is not None:
+                    self.spiller.count_lost(len(values), why)
+                else:
+                    log.error("multirank_logger: %s: %d value(s) are lost", why, len(values))
 
     def _write_all(self, sink: Sink) -> bool:
         """Held rows, side rows and run updates, on one connection. False on a transient failure."""
