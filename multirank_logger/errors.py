@@ -336,7 +336,8 @@ class SpillOfAnotherRun(MultiRankLoggerError):
         super().__init__(
             f"{path} holds rows of run {spilled}, but {db} holds another run of that name and version: "
             f"{stored}. Nothing was imported. Import the file into the store its run was logged to, "
-            "or into a new store file, where the run is recreated."
+            "or into a new store file, where the run is recreated: create it first with `multirank-logger db "
+            "upgrade NEW_DB`, then `multirank-logger import NEW_DB FILE...`."
         )
 
 

@@ -580,10 +580,21 @@ def test_import_refuses_a_spill_of_another_run_of_the_same_name_and_version(db_p
     assert str(caught.value) == (
         f"{spill.path} holds rows of run exp/version_0 (uuid aaaaaaaa-uuid-of-run-a), but {db_path} holds another "
         f"run of that name and version: exp/version_0 (uuid {b.uuid}, id {b.id}). Nothing was imported. Import the "
-        "file into the store its run was logged to, or into a new store file, where the run is recreated."
+        "file into the store its run was logged to, or into a new store file, where the run is recreated: create "
+        "it first with `multirank-logger db upgrade NEW_DB`, then `multirank-logger import NEW_DB FILE...`."
     )
     assert _count(store, b.id) == 0
     store.close()
+    # the advice works as written: a new store, then the import recreates run A there with its rows
+    new_db = tmp_path / f"new{db_path.suffix}"
+    for args in (["db", "upgrade", str(new_db)], ["import", str(new_db), str(spill.path)]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+    fresh = Store(new_db)
+    with fresh.begin() as conn:
+        (run_id,) = conn.exec_driver_sql("SELECT id FROM runs WHERE run_uuid = 'aaaaaaaa-uuid-of-run-a'").one()
+    assert _count(fresh, run_id) == 10  # 5 calls of 2 keys
+    fresh.close()
 
 
 def test_import_recreates_a_run_the_store_lacks_from_the_spill_header(db_path: Path, tmp_path: Path) -> None:
