@@ -7,7 +7,8 @@ the store is busy), end the attempt, and on rank 0 after a success write CSVLogg
 peer may be dead. Nothing here raises over Lightning's own error (`safely`).
 
 It sits above the run: it imports RankRun, and nothing the run imports comes back here. The
-end of a run whose process dies without `finalize` is process_registry.py's.
+end of a run whose process dies without `finalize` is process_registry.py's; a process that
+exits normally without it is ended by `finish_run` too (given to the registry below).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from multirank_logger._util.best_effort import bounded, safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
+from multirank_logger.logger.process_registry import end_normally_with
 from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import SUCCESS, end_attempt, final_status, record_rank_end
@@ -66,6 +68,9 @@ def finish_run(run: RankRun, status: str) -> None:
         safely(run.board.close)  # nor a connection: a later phase (test after fit) opens its own
         if run.store is not None:
             run.store.close()  # the idle connections (the file's descriptors); a later phase reconnects
+
+
+end_normally_with(finish_run)  # a script that exits without finalize (Fabric's) ends its runs as finalize would
 
 
 def _end_with_sink(run: RankRun, status: str, timeout: float) -> None:
