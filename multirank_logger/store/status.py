@@ -111,9 +111,17 @@ def run_is_whole() -> Any:
 def ends_unknown() -> Any:
     """SQL, for the ``runs`` row of the query: how many rank ends the store never heard, as the
     query side shows it: the unended ranks of a run that is over (a running run's ranks are still
-    to end), plus the earlier launches' unheard ends."""
+    to end), plus the unheard ends the ranks table does not show. Rank 0 keeps a gather rank it
+    did not hear in ``unheard_ends`` under its launch *and* marks its row ``missing``: one end,
+    counted once (it was counted twice)."""
     unended = sa.select(sa.func.count()).where(_unended_rank()).scalar_subquery()
-    unheard = sa.select(sa.func.count()).where(_unheard_end()).scalar_subquery()
+    latest = sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == runs.c.id).scalar_subquery()
+    shown = sa.select(ranks.c.rank).where(_unended_rank(), ranks.c.rank == unheard_ends.c.rank).exists()
+    unheard = (
+        sa.select(sa.func.count())
+        .where(_unheard_end(), ~sa.and_(unheard_ends.c.attempt == latest, shown))
+        .scalar_subquery()
+    )
     return sa.case((runs.c.status == RUNNING, 0), else_=unended) + unheard
 
 
