@@ -25,7 +25,7 @@ from multirank_logger.errors import StoreLocked
 from multirank_logger.logger.process_registry import end_normally_with
 from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.store.status import SUCCESS, end_attempt, final_status, record_rank_end
+from multirank_logger.store.status import MISSING, SUCCESS, end_attempt, final_status, record_rank_end
 from multirank_logger.store.write_errors import describe
 from multirank_logger.transport.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
 from multirank_logger.write import process_hooks
@@ -158,7 +158,10 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
             sink_setup.others_unstored_uncounted = (others_spilled, others_lost)
             if sink_setup.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
-                sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost)
+                # with the ends rank 0 heard from the ranks whose rows it wrote: else they stay
+                # "running" after the import, though they ended well (issue 38 point 6)
+                heard = {r: {**facts.get(r, {}), "status": others.get(r, MISSING)} for r in senders or ()}
+                sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost, others=heard)
         if sink_setup.rank == 0 and run.attempt is not None:
             attempt = run.attempt
             safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),

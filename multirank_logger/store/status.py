@@ -353,6 +353,7 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
         conn.execute(unheard_ends.delete().where(this_launch))
     if row_unended:
         conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+        _settle_heard_ranks(conn, run_id, end.get("others"))
     if end.get("counted"):
         end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
     if not current:  # a later launch owns the run's status now: only the counts are this file's
@@ -373,6 +374,26 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
         )
     )
     return str(end["status"])
+
+
+#: the facts of a rank's end that a spill file's "others" may set in its ``ranks`` row
+_RANK_FACTS = ("status", "host", "pid", "local_rank", "node_rank")
+
+
+def _settle_heard_ranks(conn: sa.Connection, run_id: int, others: Any) -> None:
+    """Gather rank 0's end in its spill file (it could not write the store at its end) holds the
+    ends it heard from the ranks whose rows it wrote: record each whose row is still unended."""
+    if not isinstance(others, dict):
+        return
+    for rank, heard in others.items():
+        if not isinstance(heard, dict) or not isinstance(heard.get("status"), str):
+            continue
+        values = {k: v for k, v in heard.items() if k in _RANK_FACTS}
+        conn.execute(
+            ranks.update()
+            .where(ranks.c.run_id == run_id, ranks.c.rank == int(rank), ranks.c.status.in_(UNENDED))
+            .values(**values)
+        )
 
 
 def settle_imported(conn: sa.Connection, run_id: int, values: int) -> None:
