@@ -25,7 +25,15 @@ from multirank_logger.errors import StoreLocked
 from multirank_logger.logger.process_registry import end_normally_with
 from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.store.status import MISSING, SUCCESS, end_attempt, final_status, record_rank_end
+from multirank_logger.store.status import (
+    FAILED,
+    MISSING,
+    SUCCESS,
+    end_attempt,
+    final_status,
+    read_back_run,
+    record_rank_end,
+)
 from multirank_logger.store.write_errors import describe
 from multirank_logger.transport.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
 from multirank_logger.write import process_hooks
@@ -142,6 +150,8 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     others_spilled = sink.others_unstored[0] + sink_setup.others_unstored_uncounted[0]
     others_lost = sink.others_unstored[1] + sink_setup.others_unstored_uncounted[1]
     if store is not None and isinstance(sink, DirectSink) and _store_still_there(sink):
+        if status == SUCCESS and sink_setup.rank == 0:
+            status = _success_if_readable(store, run_id, status)
 
         def record() -> bool:
             now = time.time()  # one end time, whatever the retries
@@ -175,6 +185,23 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     summary = spiller.summary() if spiller is not None else None
     if spiller is not None and summary:
         spiller.say(summary)
+
+
+def _success_if_readable(store: Store, run_id: int, status: str) -> str:
+    """Rank 0's success stands only if the store gives the run's rows back: a store damaged during
+    the run took every write and said nothing (it ended "success", no spill, exit 0). Recorded
+    "failed", not "incomplete": an import or a later rank's end settles an incomplete run back to
+    success once nothing is counted missing, and what a damaged block lost is counted nowhere."""
+    damage = read_back_run(store, run_id)
+    if damage is None:
+        return status
+    log.error(
+        "multirank_logger: the store %s cannot read this run's rows back (%s): it was damaged during the "
+        "run, and values written to it may be gone. The run is recorded as failed, not success. Keep the "
+        "file as it is, restore it from a copy if you have one, and log the next run to another file.",
+        store.url.render_as_string(hide_password=True), damage,
+    )
+    return FAILED
 
 
 def _store_still_there(sink: DirectSink) -> bool:
