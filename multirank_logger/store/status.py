@@ -21,6 +21,7 @@ an open connection; none retries while the store is locked: the caller wraps the
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -29,7 +30,7 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from multirank_logger.errors import StoreLocked
+from multirank_logger.errors import DamagedStore, NotADatabase
 from multirank_logger.model.schema import attempts, metrics, ranks, runs, unheard_ends
 
 __all__ = [
@@ -136,6 +137,10 @@ def run_lacks_values(store: StatusStore, run_id: int) -> tuple[int, int, int]:
     return (0, 0, int(unheard)) if row is None else (row[0] or 0, row[1] or 0, int(unheard))
 
 
+#: what the drivers say of a damaged file (DuckDB: a block's checksum; SQLite: a malformed image)
+_DAMAGE = re.compile(r"checksum|corrupt|malformed", re.IGNORECASE)
+
+
 def read_back_run(store: StatusStore, run_id: int) -> str | None:
     """Read every stored row of the run back, every column, before its end is recorded as a
     success: a store damaged during the run (bytes overwritten in a block of the metrics table)
@@ -148,7 +153,8 @@ def read_back_run(store: StatusStore, run_id: int) -> str | None:
 
     Returns:
         What the store said when it could not read the rows back (damaged), else None; None too
-        when a reader holds the store (the end's own writes wait for it, or spill).
+        for any other failure (a reader holds the store, the file was deleted or replaced): the
+        end's own writes meet it and wait or spill as they do.
     """
     parity = [sa.func.sum(col % 2) for col in (metrics.c.seq, metrics.c.step, metrics.c.dtype, metrics.c.rank)]
     checks = sa.select(
@@ -160,10 +166,12 @@ def read_back_run(store: StatusStore, run_id: int) -> str | None:
     try:
         with store.begin() as conn:
             conn.execute(checks).all()
-    except StoreLocked:
-        return None
-    except Exception as exc:  # noqa: BLE001 - whatever the driver says, the rows cannot be read back
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+    except Exception as exc:  # noqa: BLE001 - only damage is this check's to report
+        # a store deleted or replaced meanwhile (no table), a reader holding it: not damage, and
+        # the end's own writes meet it and spill as they do
+        text = str(exc).strip()
+        if isinstance(exc, (DamagedStore, NotADatabase)) or _DAMAGE.search(text):
+            return text.splitlines()[0] if text else repr(exc)
     return None
 
 
