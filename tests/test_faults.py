@@ -666,6 +666,12 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     (after,), = query(db, "SELECT COUNT(*) FROM metrics")
     assert after - before == len(spilled_rows - stored_before) > 0, output
     assert query(db, "SELECT COUNT(*) FROM (SELECT DISTINCT rank, seq, key FROM metrics) AS d") == [(after,)]
+    # rank 1 ended well and rank 0 heard it, but could not write it: its spill file's end carries
+    # it, and the import records it (it stayed "running", the run "incomplete": issue 38 point 6)
+    assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "success")], output
+    assert query(db, "SELECT status, values_spilled, values_lost FROM runs") == [("success", 0, 0)], output
+    listed = CliRunner().invoke(cli, ["runs", str(db)])
+    assert "never heard" not in listed.output and " success " in listed.output, listed.output
 
 
 @pytest.mark.slow  # launches processes

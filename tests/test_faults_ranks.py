@@ -78,6 +78,10 @@ def test_gather_sender_that_cannot_reach_rank0_spills_and_the_run_is_not_success
     files = spill_files_named(err)
     assert len(files) == 1 and "rank1" in files[0], err[-3000:]
     assert "could not deliver its rows to rank 0" in err
+    # one rank's end unheard, counted once: rank 0 marks its row missing and keeps it in
+    # unheard_ends for this launch (issue 38 point 6: "2 rank end(s) never heard")
+    listed = CliRunner().invoke(cli, ["runs", str(db)])
+    assert "(1 rank end(s) never heard)" in listed.output, listed.output
     output = _import(db, files)
     assert query(db, "SELECT status FROM runs") == [("success",)], output
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "success")]

@@ -7,7 +7,8 @@ the store is busy), end the attempt, and on rank 0 after a success write CSVLogg
 peer may be dead. Nothing here raises over Lightning's own error (`safely`).
 
 It sits above the run: it imports RankRun, and nothing the run imports comes back here. The
-end of a run whose process dies without `finalize` is process_registry.py's.
+end of a run whose process dies without `finalize` is process_registry.py's; a process that
+exits normally without it is ended by `finish_run` too (given to the registry below).
 """
 
 from __future__ import annotations
@@ -21,9 +22,18 @@ from typing import Any
 from multirank_logger._util.best_effort import bounded, safely
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.errors import StoreLocked
+from multirank_logger.logger.process_registry import end_normally_with
 from multirank_logger.logger.rank_run import RankRun
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.store.status import SUCCESS, end_attempt, final_status, record_rank_end
+from multirank_logger.store.status import (
+    FAILED,
+    MISSING,
+    SUCCESS,
+    end_attempt,
+    final_status,
+    read_back_run,
+    record_rank_end,
+)
 from multirank_logger.store.write_errors import describe
 from multirank_logger.transport.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
 from multirank_logger.write import process_hooks
@@ -66,6 +76,9 @@ def finish_run(run: RankRun, status: str) -> None:
         safely(run.board.close)  # nor a connection: a later phase (test after fit) opens its own
         if run.store is not None:
             run.store.close()  # the idle connections (the file's descriptors); a later phase reconnects
+
+
+end_normally_with(finish_run)  # a script that exits without finalize (Fabric's) ends its runs as finalize would
 
 
 def _end_with_sink(run: RankRun, status: str, timeout: float) -> None:
@@ -137,6 +150,8 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     others_spilled = sink.others_unstored[0] + sink_setup.others_unstored_uncounted[0]
     others_lost = sink.others_unstored[1] + sink_setup.others_unstored_uncounted[1]
     if store is not None and isinstance(sink, DirectSink) and _store_still_there(sink):
+        if status == SUCCESS and sink_setup.rank == 0:
+            status = _success_if_readable(store, run_id, status)
 
         def record() -> bool:
             now = time.time()  # one end time, whatever the retries
@@ -153,7 +168,10 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
             sink_setup.others_unstored_uncounted = (others_spilled, others_lost)
             if sink_setup.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
-                sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost)
+                # with the ends rank 0 heard from the ranks whose rows it wrote: else they stay
+                # "running" after the import, though they ended well (issue 38 point 6)
+                heard = {r: {**facts.get(r, {}), "status": others.get(r, MISSING)} for r in senders or ()}
+                sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost, others=heard)
         if sink_setup.rank == 0 and run.attempt is not None:
             attempt = run.attempt
             safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
@@ -167,6 +185,23 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     summary = spiller.summary() if spiller is not None else None
     if spiller is not None and summary:
         spiller.say(summary)
+
+
+def _success_if_readable(store: Store, run_id: int, status: str) -> str:
+    """Rank 0's success stands only if the store gives the run's rows back: a store damaged during
+    the run took every write and said nothing (it ended "success", no spill, exit 0). Recorded
+    "failed", not "incomplete": an import or a later rank's end settles an incomplete run back to
+    success once nothing is counted missing, and what a damaged block lost is counted nowhere."""
+    damage = read_back_run(store, run_id)
+    if damage is None:
+        return status
+    log.error(
+        "multirank_logger: the store %s cannot read this run's rows back (%s): it was damaged during the "
+        "run, and values written to it may be gone. The run is recorded as failed, not success. Keep the "
+        "file as it is, restore it from a copy if you have one, and log the next run to another file.",
+        store.url.render_as_string(hide_password=True), damage,
+    )
+    return FAILED
 
 
 def _store_still_there(sink: DirectSink) -> bool:

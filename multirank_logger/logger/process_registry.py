@@ -5,13 +5,18 @@ process-wide hooks, registered at import, act on them through the `ProcessRun` p
 that this module knows what a run does at those moments, never how it is built:
 
 - at exit after an uncaught exception: a run never finalized is recorded as ended
-  (`_end_runs_never_finalized`, with what `ProcessRun.unfinished` says is left);
+  (`_end_runs_never_finalized`, with what `ProcessRun.unfinished` says is left); at a normal
+  exit (a Fabric script or any script that never calls `finalize`), a run this process logged
+  to and never finalized is ended as `finalize("success")` would end it (`end_normally_with`
+  gives the way, finalize.py's);
 - before a fork (ddp_notebook's launch): rank 0 allocates each run that has none yet, so
   every forked launch continues it (`_own_runs_before_fork`); at exit, such a run that no
   launch began (the fork was a DataLoader worker's, a pool's) is removed again
   (`_drop_runs_never_launched`);
 - in the forked child: each run keeps its identity, none of the parent's runtime
-  (`_reset_after_fork`).
+  (`_reset_after_fork`), which the child never destroys, not even at its teardown. A forked
+  child that exits normally leaves the run's end to its parent (its rows are flushed by the
+  exit flush): the run is the parent's, and the parent may still be logging.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from typing import Any, NamedTuple, Protocol
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, dist_if_initialized
 from multirank_logger._util.exit_logging import quiet_logging_errors
+from multirank_logger._util.fork_keep import keep_forever
 from multirank_logger.store.run_lifecycle import drop_if_never_launched
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import end_at_exit, exit_status
 from multirank_logger.write import process_hooks
 
-__all__ = ["ProcessRun", "UnfinishedRun", "track"]
+__all__ = ["ProcessRun", "UnfinishedRun", "end_normally_with", "track"]
 
 
 class UnfinishedRun(NamedTuple):
@@ -61,9 +67,15 @@ class ProcessRun(Protocol):
     def reset_after_fork(self, keep: Callable[[object], None]) -> None:
         """In a forked child: hand the parent's runtime to `keep`, build this process's own."""
 
+    def logging_unfinished(self) -> bool:
+        """At a normal exit: this process logged to the run since its last `finalize` (a phase
+        it began and never ended), and it is not a forked child of the run's process."""
+
 
 _LIVE: weakref.WeakSet[ProcessRun] = weakref.WeakSet()
 _FORK_ORPHANS: list[Any] = []  # the parent's engines and threads' state, never touched in a child
+#: how a run is ended at a normal exit (finalize.finish_run, given by `end_normally_with`)
+_END_NORMALLY: list[Callable[[Any, str], None]] = []
 # (pid, store, run id) of each new run allocated ahead of a fork
 _ALLOCATED_FOR_A_FORK: list[tuple[int, Store, int]] = []
 
@@ -73,15 +85,31 @@ def track(run: ProcessRun) -> None:
     _LIVE.add(run)
 
 
+def end_normally_with(finish: Callable[[Any, str], None]) -> None:
+    """How a run this process never finalized is ended at a normal exit (finalize.finish_run):
+    given from above, since the end of a run sits above the run."""
+    _END_NORMALLY[:] = [finish]
+
+
 def _end_runs_never_finalized() -> None:
     """At exit after an uncaught exception: a run this process allocated (rank 0) and never
     finalized, because the script failed before or outside Lightning's loops, is recorded as
     failed (interrupted for Ctrl-C) instead of staying "running", and so is the rank's own row
     on every rank that writes the store itself. In gather mode rank 0 writes the other ranks'
     rows: those still running become "missing" (their end never reached rank 0), as `finalize`
-    records them. A normal exit leaves all of it."""
+    records them.
+
+    At a normal exit (Fabric, or any script that never calls `finalize`): each run this process
+    logged to since its last `finalize` ends as `finalize("success")` ends it, with its bounded
+    waits (a sender delivers its last rows and its end, rank 0 waits for the others' ends), so
+    the run is not left "running" forever; it is `incomplete` when values or ranks' ends are
+    missing, as ever."""
     exc = getattr(sys, "last_value", None)  # set when the interpreter printed an uncaught exception
     if exc is None:
+        for run in list(_LIVE):
+            if _END_NORMALLY and run.logging_unfinished():
+                finish = _END_NORMALLY[0]
+                safely(lambda: finish(run, "success"), "ending the run at exit (finalize was never called)")  # noqa: B023
         return
     status = exit_status(exc)
     now = time.time()
@@ -143,6 +171,9 @@ def _reset_after_fork() -> None:
     buffered rows are the parent's to write. They are kept unreachable, never collected."""
     for run in list(_LIVE):
         run.reset_after_fork(_FORK_ORPHANS.append)
+    # cleared with the module at the child's teardown, the list would destroy the parent's engines
+    # there (a DuckDB database joins threads the child does not have: it hung or aborted)
+    keep_forever(_FORK_ORPHANS)
 
 
 process_hooks.after_fork_in_child(_reset_after_fork)

@@ -77,6 +77,7 @@ class RankRun:
         self.hparams_logged = False
         self.phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
         self.finalized = False  # ever: a run never finalized is ended at exit after a crash
+        self.forked_from_its_process = False  # a forked child's copy: the run's end is its parent's
         self.init_runtime()
         self.check_store()  # the run itself is allocated when first needed (`resolve`)
 
@@ -269,6 +270,12 @@ class RankRun:
         senders = sink.channel.senders if isinstance(sink, GatherReceiver) else ()
         return UnfinishedRun(store, identity.run.id, rank, senders, self.attempt)
 
+    def logging_unfinished(self) -> bool:
+        """At a normal exit: this process logged since its last `finalize` (the writer started in
+        this phase), and it is a rank of the run, not a plain forked child of the run's process
+        (ddp_notebook's forked ranks set up their sink in a process group of several)."""
+        return self.hot_path.live and (not self.forked_from_its_process or self.sink_setup.world > 1)
+
     def allocate_before_fork(self) -> tuple[Store, int] | None:
         """Rank 0, before a fork: allocate the run now when it has none, so that every forked
         launch continues this one run.
@@ -293,6 +300,7 @@ class RankRun:
         """
         old_hot_path = self.hot_path
         keep((old_hot_path, self.lock, self.store, self.sink_setup))
+        self.forked_from_its_process = True
         self.init_runtime()
         self.hot_path.buffer.continue_numbering(old_hot_path.buffer)  # the child never reuses the parent's seq
 

@@ -19,7 +19,10 @@ footer loses them all. Payload kinds:
 - the run's hyperparameters logged after the header was written (version 4): ``MRH1`` + their JSON;
 - the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost",
   "counted"}``, written at finalize, so that importing the file tells the store how a rank ended
-  whose end rank 0 never heard (gather: the channel was down). The counts are the values this
+  whose end rank 0 never heard (gather: the channel was down). Gather rank 0 that could not write
+  its end (a reader held the store) adds ``"others"``: ``{rank: {"status", "host", "pid", ...}}``,
+  the end it heard from each rank whose rows it wrote (``missing`` for one it did not hear), which
+  the import records too (absent in older files: those ranks stayed ``running``). The counts are the values this
   rank did not deliver that the run's totals lacked when it wrote them: everything since the
   last end the run counted, earlier phases included. ``counted`` (absent in older files: false)
   says the run took them after all (rank 0 acknowledged the report).
@@ -163,14 +166,22 @@ class SpillWriter:
         except (OSError, TypeError, ValueError):
             pass  # an import recreating the run then takes the header's (older) hparams
 
-    def write_end(self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False) -> None:
-        """Append how this rank ended (only to a file that exists: a rank with nothing spilled needs none).
+    def write_end(
+        self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False,
+        others: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
+        """Append how this rank ended (only to a file that exists: a rank with nothing spilled needs none),
+        with `others`: the ends this rank heard from the ranks whose rows it wrote (gather rank 0).
 
         Raises:
             OSError: as `write` does.
         """
         if self.path.exists():
-            facts = {"status": status, "values_spilled": values_spilled, "values_lost": values_lost, "counted": counted}
+            facts: dict[str, Any] = {
+                "status": status, "values_spilled": values_spilled, "values_lost": values_lost, "counted": counted,
+            }
+            if others:
+                facts["others"] = {str(rank): end for rank, end in others.items()}
             self._append([_END + json.dumps(facts).encode()])
 
     def _append(self, payloads: list[bytes]) -> None:

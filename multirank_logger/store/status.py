@@ -21,6 +21,7 @@ an open connection; none retries while the store is locked: the caller wraps the
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -29,7 +30,8 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from multirank_logger.model.schema import attempts, ranks, runs, unheard_ends
+from multirank_logger.errors import DamagedStore, NotADatabase
+from multirank_logger.model.schema import attempts, metrics, ranks, runs, unheard_ends
 
 __all__ = [
     "FAILED",
@@ -48,6 +50,7 @@ __all__ = [
     "exit_status",
     "final_status",
     "keep_unheard",
+    "read_back_run",
     "record_rank_end",
     "run_is_whole",
     "run_lacks_values",
@@ -111,9 +114,17 @@ def run_is_whole() -> Any:
 def ends_unknown() -> Any:
     """SQL, for the ``runs`` row of the query: how many rank ends the store never heard, as the
     query side shows it: the unended ranks of a run that is over (a running run's ranks are still
-    to end), plus the earlier launches' unheard ends."""
+    to end), plus the unheard ends the ranks table does not show. Rank 0 keeps a gather rank it
+    did not hear in ``unheard_ends`` under its launch *and* marks its row ``missing``: one end,
+    counted once (it was counted twice)."""
     unended = sa.select(sa.func.count()).where(_unended_rank()).scalar_subquery()
-    unheard = sa.select(sa.func.count()).where(_unheard_end()).scalar_subquery()
+    latest = sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == runs.c.id).scalar_subquery()
+    shown = sa.select(ranks.c.rank).where(_unended_rank(), ranks.c.rank == unheard_ends.c.rank).exists()
+    unheard = (
+        sa.select(sa.func.count())
+        .where(_unheard_end(), ~sa.and_(unheard_ends.c.attempt == latest, shown))
+        .scalar_subquery()
+    )
     return sa.case((runs.c.status == RUNNING, 0), else_=unended) + unheard
 
 
@@ -124,6 +135,44 @@ def run_lacks_values(store: StatusStore, run_id: int) -> tuple[int, int, int]:
         row = conn.execute(sa.select(runs.c.values_spilled, runs.c.values_lost).where(runs.c.id == run_id)).first()
         unheard = conn.execute(sa.select(sa.func.count()).where(unheard_ends.c.run_id == run_id)).scalar_one()
     return (0, 0, int(unheard)) if row is None else (row[0] or 0, row[1] or 0, int(unheard))
+
+
+#: what the drivers say of a damaged file (DuckDB: a block's checksum; SQLite: a malformed image)
+_DAMAGE = re.compile(r"checksum|corrupt|malformed", re.IGNORECASE)
+
+
+def read_back_run(store: StatusStore, run_id: int) -> str | None:
+    """Read every stored row of the run back, every column, before its end is recorded as a
+    success: a store damaged during the run (bytes overwritten in a block of the metrics table)
+    took the writes and said nothing, and only reading the blocks checks them (DuckDB verifies a
+    block's checksum as it reads it). Aggregates that no statistic answers (a count or a min/max
+    may come from metadata alone) make the database read each column's values.
+
+    One scan of the run's rows (its other runs' row groups skipped by the run_id filter): 1.5 to
+    2 s for 51.2M rows on DuckDB, 2 loaded cores (a bare count took 1 ms: metadata, no block read).
+
+    Returns:
+        What the store said when it could not read the rows back (damaged), else None; None too
+        for any other failure (a reader holds the store, the file was deleted or replaced): the
+        end's own writes meet it and wait or spill as they do.
+    """
+    parity = [sa.func.sum(col % 2) for col in (metrics.c.seq, metrics.c.step, metrics.c.dtype, metrics.c.rank)]
+    checks = sa.select(
+        sa.func.count(), *parity,
+        sa.func.sum(sa.func.length(metrics.c.key)),
+        sa.func.sum(sa.case((metrics.c.value > 0, 1), else_=0)),
+        sa.func.sum(sa.case((metrics.c.time > 0, 1), else_=0)),
+    ).where(metrics.c.run_id == run_id)
+    try:
+        with store.begin() as conn:
+            conn.execute(checks).all()
+    except Exception as exc:  # noqa: BLE001 - only damage is this check's to report
+        # a store deleted or replaced meanwhile (no table), a reader holding it: not damage, and
+        # the end's own writes meet it and spill as they do
+        text = str(exc).strip()
+        if isinstance(exc, (DamagedStore, NotADatabase)) or _DAMAGE.search(text):
+            return text.splitlines()[0] if text else repr(exc)
+    return None
 
 
 # -- the status a process reports --------------------------------------------------------------
@@ -345,6 +394,7 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
         conn.execute(unheard_ends.delete().where(this_launch))
     if row_unended:
         conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+        _settle_heard_ranks(conn, run_id, end.get("others"))
     if end.get("counted"):
         end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
     if not current:  # a later launch owns the run's status now: only the counts are this file's
@@ -365,6 +415,26 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
         )
     )
     return str(end["status"])
+
+
+#: the facts of a rank's end that a spill file's "others" may set in its ``ranks`` row
+_RANK_FACTS = ("status", "host", "pid", "local_rank", "node_rank")
+
+
+def _settle_heard_ranks(conn: sa.Connection, run_id: int, others: Any) -> None:
+    """Gather rank 0's end in its spill file (it could not write the store at its end) holds the
+    ends it heard from the ranks whose rows it wrote: record each whose row is still unended."""
+    if not isinstance(others, dict):
+        return
+    for rank, heard in others.items():
+        if not isinstance(heard, dict) or not isinstance(heard.get("status"), str):
+            continue
+        values = {k: v for k, v in heard.items() if k in _RANK_FACTS}
+        conn.execute(
+            ranks.update()
+            .where(ranks.c.run_id == run_id, ranks.c.rank == int(rank), ranks.c.status.in_(UNENDED))
+            .values(**values)
+        )
 
 
 def settle_imported(conn: sa.Connection, run_id: int, values: int) -> None:

@@ -74,6 +74,8 @@ class Flushable(Protocol):
 
     flush_interval: float
 
+    def stop(self, timeout: float = ...) -> None: ...
+
     def flush(self, timeout: float = ...) -> bool: ...
 
     def report_unwritten(self, at_exit: bool = ...) -> None: ...
@@ -141,9 +143,17 @@ def guard_setup(lock: Any) -> None:
 
 
 def flush_all(at_exit: bool = True) -> None:
-    """Flush every live writer of this process (each for EXIT_FLUSH_TIMEOUT at most)."""
+    """Flush every live writer of this process (each for EXIT_FLUSH_TIMEOUT at most).
+
+    At exit, each writer's thread is stopped first (its cycle waited for, bounded) and the last
+    flush runs here: a daemon thread still inside a driver's C++ call (a DuckDB write, a TCPStore
+    `add`) when the interpreter tears down is ended by it as it takes the GIL back, and the
+    unwinding through that call's frames aborts the process ("terminate called without an active
+    exception", exit 134: a Fabric script without `finalize`, 1 exit in 3)."""
     for writer in list(_WRITERS):
         try:
+            if at_exit:
+                writer.stop(EXIT_FLUSH_TIMEOUT)
             if not writer.flush(EXIT_FLUSH_TIMEOUT):
                 writer.report_unwritten(at_exit)
         except Exception:

@@ -124,12 +124,16 @@ class Spiller:
             )
         return rows
 
-    def end(self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False) -> None:
+    def end(
+        self, status: str, values_spilled: int, values_lost: int, *, counted: bool = False,
+        others: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
         """Record in the spill file (when there is one) how this rank ended and the values it did
         not deliver that the run's totals lack (`counted`: the run has them already), for a store
-        that never heard its end (spill_import.import_spill). Best effort."""
+        that never heard its end (spill_import.import_spill); `others`: the ends gather rank 0
+        heard from the ranks whose rows it wrote. Best effort."""
         try:
-            self.spill.write_end(status, values_spilled, values_lost, counted=counted)
+            self.spill.write_end(status, values_spilled, values_lost, counted=counted, others=others)
         except OSError:
             pass  # the file's rows are still importable; the run then stays "incomplete"
 

@@ -6,7 +6,9 @@ Reads come back as Arrow from the driver's own connection, never as Python rows.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger._util.cpus import usable_cpus
+from multirank_logger._util.fork_keep import keep_forever
 from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
 from multirank_logger.model.csv_layout import LongRows
 from multirank_logger.model.schema import metrics
@@ -39,6 +42,37 @@ _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
 #: 768k rows ran with 2-8 threads and failed with 16 ("Out of Memory Error"), as on a 16-core machine
 READER_MEMORY_MB = 64
 READER_MEMORY_MB_PER_THREAD = 16
+
+
+# -- fork --------------------------------------------------------------------------------
+# `import duckdb` opens the module's default connection (an in-memory database with its own
+# worker threads). A forked child that exits normally destroys it at its teardown, joining
+# threads that only the parent has: the child hung, or aborted ("terminate called without an
+# active exception"). The child keeps the parent's for good (issue 38 point 7).
+_PARENTS_DEFAULT_CONNECTION: list[Any] = []
+
+
+def _hold_default_connection() -> None:
+    duckdb = sys.modules.get("duckdb")
+    if duckdb is not None and hasattr(duckdb, "default_connection"):
+        try:
+            _PARENTS_DEFAULT_CONNECTION[:] = [duckdb.default_connection()]
+        except Exception:  # noqa: BLE001 - a fork must go on whatever the driver says
+            _PARENTS_DEFAULT_CONNECTION.clear()
+
+
+def _keep_parents_default_connection() -> None:
+    for connection in _PARENTS_DEFAULT_CONNECTION:
+        keep_forever(connection)
+    _PARENTS_DEFAULT_CONNECTION.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_hold_default_connection,
+        after_in_child=_keep_parents_default_connection,
+        after_in_parent=_PARENTS_DEFAULT_CONNECTION.clear,
+    )
 
 
 def reader_config() -> dict[str, Any]:
