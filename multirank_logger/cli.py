@@ -171,8 +171,10 @@ def _status_text(status: str, started: Any, last_value: Any, spilled: int, lost:
 
 @main.command("runs")
 @click.argument("db_path", metavar="DB")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+              help="csv, json: every column, the run's uuid included (the table leaves it out).")  # fmt: skip
 @_friendly_errors
-def runs_cmd(db_path: str) -> None:
+def runs_cmd(db_path: str, fmt: str) -> None:
     """List the runs in DB: status, ranks, start, duration, steps and keys."""
     with open_store(db_path) as reader:
         df = reader.runs()
@@ -181,16 +183,30 @@ def runs_cmd(db_path: str) -> None:
         # rows written under an identity this store never allocated: a rank that took itself for
         # rank 0 somewhere else (see store/run_lifecycle.py); they belong to no run shown below
         click.echo(f"Warning: {rows} metric row(s) under run id {run_id}, which has no runs row (orphans).", err=True)
+    if fmt != "table":
+        _echo_runs_data(df, fmt)
+        return
     if df.empty:
         click.echo(f"No runs in {public_name(db_path)}.")
         return
     lacks = ("values_spilled", "values_lost", "ends_unknown")
     df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"], *(df[c] for c in lacks))]
-    df = df.drop(columns=["name", "version", "last_value", *lacks])
+    # the uuid (36 characters) only in csv and json: the table stays one readable line per run
+    df = df.drop(columns=["name", "version", "last_value", "uuid", *lacks])
     df["started"] = df["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
     df["duration_s"] = df["duration_s"].map(_duration)
     names = {"duration_s": "duration", "world_size": "ranks", "started": "started (UTC)"}
     click.echo(_frame_text(df.rename(columns=names), index=False))
+
+
+def _echo_runs_data(df: Any, fmt: str) -> None:
+    """`runs --format csv|json`: every column of `StoreReader.runs`, times as ISO 8601 UTC."""
+    for column in ("started", "last_value"):
+        df[column] = [None if t is None or t != t else t.isoformat() for t in df[column]]
+    if fmt == "csv":
+        click.echo(df.to_csv(index=False, lineterminator="\n"), nl=False)
+    else:
+        click.echo(df.to_json(orient="records", force_ascii=False))
 
 
 @main.command("export")

@@ -144,7 +144,7 @@ class StoreReader:
     def runs(self) -> Any:
         """One row per run: id, run (label), name, version, status, world_size, started,
         duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none),
-        values_spilled, values_lost, ends_unknown.
+        values_spilled, values_lost, ends_unknown, uuid.
 
         ``duration_s`` runs to ``ended_at``, or to the last logged value while a run is
         still running. ``steps`` counts the distinct steps rank 0 logged; ``keys`` the
@@ -152,6 +152,8 @@ class StoreReader:
         ``values_spilled`` (in spill files, not imported yet), ``values_lost``, and
         ``ends_unknown``, the ranks whose end the store never heard (``missing``, or
         ``running`` in a run that is over; an earlier launch's, in ``unheard_ends``: status.py).
+        ``uuid`` is the run's one identity everywhere (its spill files, ``import``, every export);
+        None for a run logged before schema 0007.
         """
         import pandas as pd
 
@@ -168,7 +170,7 @@ class StoreReader:
         stmt = (
             sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
                       runs.c.started_at, runs.c.ended_at, per_run.c.n_steps, per_run.c.n_keys, per_run.c.last_time,
-                      runs.c.values_spilled, runs.c.values_lost, ends_unknown().label("n_ends_unknown"))
+                      runs.c.values_spilled, runs.c.values_lost, ends_unknown().label("n_ends_unknown"), runs.c.run_uuid)
             .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
             .order_by(runs.c.id)
         )
@@ -191,6 +193,7 @@ class StoreReader:
                 "values_spilled": _counts(df["values_spilled"]),
                 "values_lost": _counts(df["values_lost"]),
                 "ends_unknown": _counts(df["n_ends_unknown"]),
+                "uuid": df["run_uuid"].astype("object").where(df["run_uuid"].notna(), None),
             }
         )
         return out
@@ -203,7 +206,8 @@ class StoreReader:
         """
         if isinstance(run, RunRef):
             return run
-        cols = (runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.started_at, runs.c.world_size)
+        cols = (runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.started_at, runs.c.world_size,
+                runs.c.run_uuid)
         stmt = sa.select(*cols).order_by(runs.c.id.desc()).limit(1)
         text = None if run is None else str(run).strip()
         if text is not None:
@@ -223,7 +227,8 @@ class StoreReader:
                 everything = conn.execute(sa.select(*cols).order_by(runs.c.id)).all()
                 labels = [f"{r.name}/version_{r.version} (id {r.id})" for r in everything]
                 raise LookupFailed("run", text or "(latest)", labels)
-        return RunRef(int(row.id), row.name, int(row.version), row.version_name, float(row.started_at), int(row.world_size))
+        return RunRef(int(row.id), row.name, int(row.version), row.version_name, float(row.started_at), int(row.world_size),
+                      row.run_uuid)
 
     def keys(self, run: int | str | None = None) -> list[str]:
         """The metric keys of a run, any rank, sorted."""

@@ -44,6 +44,8 @@ class Findings:
     run: str
     run_id: int
     world_size: int
+    #: the run's one identity everywhere (``runs.run_uuid``); None for a run from before schema 0007
+    run_uuid: str | None = None
     ranks: list[dict[str, Any]] = field(default_factory=list)
     timing: list[dict[str, Any]] = field(default_factory=list)
     stragglers: list[dict[str, Any]] = field(default_factory=list)
@@ -105,7 +107,7 @@ def find_with_buckets(
     ref = reader.resolve_run(run)
     # the tables after the pass are pandas': its import runs beside the pass (report: ~0.3 s less)
     import_in_background("pandas")
-    out = Findings(run=ref.label, run_id=ref.id, world_size=ref.world_size)
+    out = Findings(run=ref.label, run_id=ref.id, world_size=ref.world_size, run_uuid=ref.uuid)
     # one pass over the run's rows, in windows of steps: the ranks' steps, NaN/inf, and per key
     # the per-step statistics and the values that may depart (query/run_scan.py)
     scan = scan_run(reader, ref, bucket_columns=bucket_columns)

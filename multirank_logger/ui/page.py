@@ -30,8 +30,10 @@ def page_html(error: str | None = None) -> str:
     return _shell("multirank-logger", head, body, "" if error else scripts)
 
 
-def write_static_page(path: str | os.PathLike[str], title: str, answers: dict[str, Any], route: str) -> None:
-    """One HTML file holding the scripts, the styles and ``answers`` ({API path: its JSON})."""
+def write_static_page(path: str | os.PathLike[str], title: str, answers: dict[str, Any], route: str,
+                      run_uuid: str | None = None) -> None:  # fmt: skip
+    """One HTML file holding the scripts, the styles and ``answers`` ({API path: its JSON});
+    ``run_uuid`` shown in its header: the run's one identity, also when the file travels alone."""
     head = "".join(f"<style>{(STATIC / name).read_text()}</style>" for name in _STYLES)
     data = json.dumps({"route": route, "answers": answers}, allow_nan=False, separators=(",", ":"))
     # "</" inside a script element would end it early
@@ -39,7 +41,7 @@ def write_static_page(path: str | os.PathLike[str], title: str, answers: dict[st
     scripts = "<script>window.MRL_STATIC=" + script_safe_json(data) + ";</script>"
     scripts += "".join(f"<script>{text}</script>" for text in inline)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(_shell(title, head, "", scripts))
+        fh.write(_shell(title, head, "", scripts, run_uuid))
 
 
 def script_safe_json(text: str) -> str:
@@ -52,11 +54,12 @@ def script_safe_json(text: str) -> str:
     return text
 
 
-def _shell(title: str, head: str, body: str, scripts: str) -> str:
+def _shell(title: str, head: str, body: str, scripts: str, run_uuid: str | None = None) -> str:
+    uuid = f"<span id='run-uuid'>run {html.escape(run_uuid)}</span>" if run_uuid else ""
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{html.escape(title)}</title>{head}</head>"
-        f"<body><header><a href='/' id='home'>multirank-logger</a><span id='live'></span></header>"
+        f"<body><header><a href='/' id='home'>multirank-logger</a><span id='live'></span>{uuid}</header>"
         f"<main id='main'>{body}</main>{scripts}</body></html>\n"
     )

@@ -48,5 +48,5 @@ def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[s
             answers[f"run/{run_id}/series?name={quote(name, safe=_UNESCAPED)}"] = views.series_view(
                 summary, run["nodes_of"], all_lines, departing=found.departing(name))
             drawn.append(name)
-    write_static_page(path, f"{found.run}: multirank-logger report", answers, f"/run/{run_id}")
+    write_static_page(path, f"{found.run}: multirank-logger report", answers, f"/run/{run_id}", found.run_uuid)
     return drawn

@@ -65,7 +65,7 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
     )  # fmt: skip
     stmt = (
         sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
-                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes)
+                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes, runs.c.run_uuid)
         .select_from(runs.outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
         .order_by(runs.c.id.desc())
     )  # fmt: skip
@@ -82,7 +82,7 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
         out.append({"id": r["id"], "run": label, "status": r["status"], "ranks": r["world_size"], "nodes": r["n_nodes"],
                     "transport": r["transport"], "started": r["started_at"],
                     "duration_s": None if end is None else end - r["started_at"],
-                    "last_step": last["step"], "last_time": last["time"]})  # fmt: skip
+                    "last_step": last["step"], "last_time": last["time"], "uuid": r["run_uuid"]})  # fmt: skip
     return out
 
 
