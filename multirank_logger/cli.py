@@ -343,13 +343,22 @@ def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> N
     from multirank_logger.report.findings import find_with_buckets
     from multirank_logger.report.render import findings_text
 
-    with open_store(db_path) as reader:
+    def reads(reader: StoreReader) -> Any:
         # the page's per-bucket summaries come from the findings' own pass over the rows
         found, buckets = find_with_buckets(reader, run, HEATMAP_COLUMNS if output else 0)
         if output:
             from multirank_logger.ui.report_page import write_report
 
             write_report(reader, found, output, buckets)
+        return found
+
+    try:
+        with open_store(db_path) as reader:
+            # Ctrl-C interrupts every connection of the pass (its reader threads have their own)
+            found = reader.stoppable(lambda: reads(reader))
+    except KeyboardInterrupt:
+        click.echo("Stopped (Ctrl-C): the report was interrupted; the store is unchanged.", err=True)
+        sys.exit(130)  # the shell's code for a command ended by SIGINT
     click.echo(json.dumps(found.to_dict(), indent=2) if fmt == "json" else findings_text(found))
     if output:
         click.echo(f"Wrote {output}", err=fmt == "json")

@@ -19,7 +19,8 @@ MultiRankLoggerError
  ├── DirNotWritable              save_dir or spill_dir cannot be written
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
- │    └── QueryTimedOut          a user's query ran past its timeout and was stopped
+ │    ├── QueryTimedOut          a user's query ran past its timeout and was stopped
+ │    └── ReadsStopped           a reader's queries were stopped (Ctrl-C, a page request's bound)
  ├── InvalidMetric               a log call the store cannot hold (value, key or step)
  ├── InvalidTransport            a transport= the logger does not know (also a ValueError)
  ├── MissingExtra                an optional dependency (an extra) is not installed
@@ -57,6 +58,7 @@ __all__ = [
     "NotADatabase",
     "QueryFailed",
     "QueryTimedOut",
+    "ReadsStopped",
     "ReadOnlyViolation",
     "RemoteStore",
     "ResumeRefused",
@@ -219,6 +221,15 @@ class QueryTimedOut(QueryFailed):
             f"The query ran past its timeout of {timeout_s:g} s and was stopped; the store is unchanged. "
             "Pass a larger --timeout, or narrow the query (WHERE run_id = ..., key = ...).",
         )
+
+
+class ReadsStopped(QueryFailed):
+    """A reader's queries were stopped from another thread (``StoreReader.interrupt``); ``reason``
+    says why and what to do: the message as it is."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        MultiRankLoggerError.__init__(self, reason)
 
 
 class InvalidMetric(MultiRankLoggerError, ValueError):

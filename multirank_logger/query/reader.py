@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from multirank_logger._util.atomic_file import replace_atomically
 from multirank_logger._util.background_import import import_in_background
-from multirank_logger.errors import LookupFailed, QueryTimedOut
+from multirank_logger.errors import LookupFailed, QueryTimedOut, ReadsStopped
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import (
@@ -85,6 +85,11 @@ class StoreReader:
     def __init__(self, store: Store, *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
         self.store = store
         self.lock_timeout = lock_timeout
+        #: connections in use now, on any thread (a held one may be in use on several): what `interrupt` stops
+        self._in_use: dict[sa.Connection, int] = {}
+        self._in_use_lock = threading.Lock()
+        #: why this reader's reads were stopped (`interrupt`); None while they may run
+        self.stopped: str | None = None
 
     def close(self) -> None:
         self.store.close()
@@ -98,7 +103,51 @@ class StoreReader:
     def __repr__(self) -> str:
         return f"StoreReader({self.store.url.render_as_string(hide_password=True)!r})"
 
+    # -- stopping: Ctrl-C, a bound on the page's requests --------------------------------
+
+    def interrupt(self, reason: str = "The reads were stopped.") -> None:
+        """Stop every query this reader runs now, on any thread and connection, and refuse the
+        ones it would start (`ReadsStopped`, with ``reason``). Safe from any thread; a query
+        that has not reached the engine yet is missed: call again until the reads have ended
+        (`stoppable` does)."""
+        if self.stopped is None:
+            self.stopped = reason
+        with self._in_use_lock:
+            conns = list(self._in_use)
+        for conn in conns:
+            with contextlib.suppress(Exception):  # the connection may be closing as its query ends
+                self.store.backend.interrupt(conn)
+
+    def check_stopped(self) -> None:
+        """Raise `ReadsStopped` once `interrupt` was called: a pass of many queries ends at its next one."""
+        if self.stopped is not None:
+            raise ReadsStopped(self.stopped)
+
+    def stoppable(self, reads: Callable[[], Any], timeout: float | None = None) -> Any:
+        """``reads()`` (any reads through this reader, on any threads it starts) in a thread of its
+        own; Ctrl-C here interrupts every connection it uses and raises KeyboardInterrupt once it
+        has ended, as a timeout raises QueryTimedOut (see `sql`)."""
+        return _stoppable(reads, lambda: self.interrupt("The reads were stopped (Ctrl-C)."), timeout)
+
     # -- connections -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _in_use_while(self, conn: sa.Connection) -> Iterator[sa.Connection]:
+        """``conn`` among the connections `interrupt` stops while the block runs; an engine error
+        of a stopped reader is `ReadsStopped` (the reason, not the driver's "interrupted")."""
+        with self._in_use_lock:
+            self._in_use[conn] = self._in_use.get(conn, 0) + 1
+        try:
+            self.check_stopped()  # after registering: an interrupt either sees it or is seen here
+            yield conn
+        except Exception as exc:
+            if self.stopped is not None and not isinstance(exc, ReadsStopped):
+                raise ReadsStopped(self.stopped) from exc
+            raise
+        finally:
+            with self._in_use_lock:
+                if (left := self._in_use.pop(conn) - 1) > 0:
+                    self._in_use[conn] = left
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sa.Connection]:
@@ -108,13 +157,15 @@ class StoreReader:
         connection is used instead: a second one would open the DuckDB file again (a DuckDB open: RESULTS.md),
         and a read-only one cannot be opened beside it in the same process.
         """
+        self.check_stopped()
         held = self.store.held_connection
         if held is not None:
-            if held.in_transaction():
-                yield held
-            else:
-                with held.begin():  # ends the transaction a SELECT starts, for the next writer
+            with self._in_use_while(held):
+                if held.in_transaction():
                     yield held
+                else:
+                    with held.begin():  # ends the transaction a SELECT starts, for the next writer
+                        yield held
             return
 
         def connect() -> sa.Connection:
@@ -127,7 +178,7 @@ class StoreReader:
                 raise
 
         conn = retry_while_locked(connect, self.lock_timeout)
-        with conn:
+        with conn, self._in_use_while(conn):
             yield conn
 
     def _fetch_arrow(self, stmt: sa.Select) -> Any:
@@ -494,7 +545,7 @@ def _stoppable(run: Callable[[], Any], stop: Callable[[], None], timeout: float 
         finally:
             ended.set()
 
-    threading.Thread(target=target, name="multirank-logger-sql", daemon=True).start()
+    threading.Thread(target=target, name="multirank-logger-read", daemon=True).start()
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while not ended.wait(_STOP_POLL_S) and (deadline is None or time.monotonic() < deadline):

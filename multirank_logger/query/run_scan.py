@@ -197,6 +197,7 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
 def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
            with_seq: bool) -> Any:  # fmt: skip
     """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
+    reader.check_stopped()  # stopped (Ctrl-C, the page's bound): no window's query starts after
     backend = reader.store.backend
     cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, backend.value_or_nan(metrics.c.value)]
     stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
