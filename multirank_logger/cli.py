@@ -391,10 +391,13 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
               help="Address to listen on. Anything but 127.0.0.1 lets others read the store: no login.")  # fmt: skip
 @click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="Also answer requests addressed to NAME (a tunnel's or proxy's host name); repeatable.")  # fmt: skip
-def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...]) -> None:
+@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="SECONDS", help="Stop a request's reads after this many seconds; it answers 503 (503: try again).")  # fmt: skip
+def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...], request_timeout: float) -> None:
     """A live page over the store DB: runs, findings, every key's band and rank x step heatmap.
 
-    Read-only; it never blocks a training run writing DB. Ctrl-C stops it. It answers only
+    Read-only; it never blocks a training run writing DB. Ctrl-C stops it, the queries of
+    running requests too; a request's reads are bounded by --request-timeout. It answers only
     requests addressed to its own address (and to each --allow-host NAME): a page of another
     site cannot read the store through a name of its own (DNS rebinding).
     """
@@ -405,7 +408,7 @@ def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...]) -
     if "://" not in db_path and not Path(db_path).exists():
         click.echo(f"No store at {public_name(db_path)} yet: the page says so until a run logs to it.", err=True)
     try:
-        server = UiServer(db_path, host, port, allowed_hosts)
+        server = UiServer(db_path, host, port, allowed_hosts, request_timeout)
     except OSError as exc:
         raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}. Pick another --port.") from exc
     server.warm_up()
@@ -416,7 +419,7 @@ def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...]) -
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.close()  # the running requests' queries interrupted: none left running in the engine at exit
 
 
 # -- decisions and logs: the side tables (query/side_tables.py) ------------------------------

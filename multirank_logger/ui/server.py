@@ -26,6 +26,7 @@ import re
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from multirank_logger.errors import LookupFailed, MultiRankLoggerError
+from multirank_logger.errors import LookupFailed, MultiRankLoggerError, ReadsStopped
 from multirank_logger.query.reader import StoreReader, open_store
 from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.store.backends import public_name
@@ -52,6 +53,11 @@ CACHE_ENTRIES = 64
 #: connections the kernel queues while every thread is busy: http.server's 5 dropped 11 of 200
 #: concurrent requests (their SYNs lost, answered only after retries past 90 s); Linux caps it at somaxconn
 REQUEST_QUEUE_SIZE = 1024
+#: seconds one request's reads may run before they are stopped and it answers 503 (``--request-timeout``):
+#: a heavy request (the findings of a huge run) never holds a thread forever
+REQUEST_TIMEOUT_S = 60.0
+#: seconds a stopped request's reads may take to end (its queries interrupted again and again meanwhile)
+_STOP_GRACE_S = 5.0
 #: a run id is a 64-bit integer in every backend; a longer one names no run
 _MAX_RUN_ID = 2**63 - 1
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -83,9 +89,17 @@ class UiServer(ThreadingHTTPServer):
     daemon_threads = True  # a request still running never holds Ctrl-C up
     request_queue_size = REQUEST_QUEUE_SIZE
 
-    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0, allowed_hosts: Iterable[str] = ()) -> None:
+    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0, allowed_hosts: Iterable[str] = (),
+                 request_timeout: float | None = REQUEST_TIMEOUT_S) -> None:  # fmt: skip
         self.db = db
         self.cache = _Cache()
+        self.request_timeout = request_timeout
+        #: the readers of the requests running now, each with the event set when it has ended
+        self._running: dict[StoreReader, threading.Event] = {}
+        self._running_lock = threading.Lock()
+        #: requests being answered now (not idle keep-alive connections): what `close` waits for
+        self._answering = 0
+        self._answered = threading.Condition()
         super().__init__((host, port), _Handler)
         self.own_hosts = _own_hosts(str(self.server_address[0])) | {_bare_host(name) for name in allowed_hosts}
 
@@ -124,11 +138,62 @@ class UiServer(ThreadingHTTPServer):
         """The store, open for this request only: one connection for all its queries (a DuckDB
         open costs ~20 ms of CPU), released before the answer goes out."""
         reader = open_store(self.db, lock_timeout=LOCK_TIMEOUT_S)
+        ended = threading.Event()
+        with self._running_lock:
+            self._running[reader] = ended
+        bound = None
+        if self.request_timeout is not None:
+            reason = (f"This request's reads ran past {self.request_timeout:g} s and were stopped. Reload to try again, "
+                      f"or restart with a larger --request-timeout (or read the run with multirank-logger report).")  # fmt: skip
+            bound = threading.Timer(self.request_timeout, _stop_reads, (reader, ended, reason))
+            bound.daemon = True
+            bound.start()
         try:
             with reader.store.writing():  # holds the read-only connection; writes nothing
                 yield reader
+        except Exception as exc:
+            if reader.stopped is not None and not isinstance(exc, ReadsStopped):  # the engine's "interrupted"
+                raise ReadsStopped(reader.stopped) from exc
+            raise
         finally:
+            if bound is not None:
+                bound.cancel()
+            with self._running_lock:
+                self._running.pop(reader, None)
+            ended.set()
             reader.close()
+
+    def stop_requests(self) -> None:
+        """Stop the reads of every request running now (Ctrl-C: the server is stopping) and wait,
+        at most a few seconds, for them to end: no query is left running in the engine at exit."""
+        with self._running_lock:
+            running = list(self._running.items())
+        stoppers = [threading.Thread(target=_stop_reads, args=(reader, ended, "The server is stopping (Ctrl-C)."),
+                                     daemon=True) for reader, ended in running]  # fmt: skip
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(_STOP_GRACE_S + 1)
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """One request being answered: `close` waits for its answer to be written."""
+        with self._answered:
+            self._answering += 1
+        try:
+            yield
+        finally:
+            with self._answered:
+                self._answering -= 1
+                self._answered.notify_all()
+
+    def close(self) -> None:
+        """`stop_requests`, the answers of the requests running written (a stopped one's 503),
+        then the listening socket closed."""
+        self.stop_requests()
+        with self._answered:
+            self._answered.wait_for(lambda: self._answering == 0, timeout=_STOP_GRACE_S)
+        self.server_close()
 
     def warm_up(self) -> None:
         """Load what the first request needs (pandas, pyarrow, the views) before the URL is shown,
@@ -139,6 +204,15 @@ class UiServer(ThreadingHTTPServer):
                 views.runs_view(reader)
         except Exception:  # noqa: BLE001 (reported by the page, at the first request)
             pass
+
+
+def _stop_reads(reader: StoreReader, ended: threading.Event, reason: str) -> None:
+    """Interrupt ``reader``'s queries until its request has ended (a query that had not reached the
+    engine at the first interrupt is caught by the next), for at most `_STOP_GRACE_S`."""
+    ends_by = time.monotonic() + _STOP_GRACE_S
+    while not ended.is_set() and time.monotonic() < ends_by:
+        reader.interrupt(reason)
+        ended.wait(0.1)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -160,6 +234,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._head_only = False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        with self.server.answering():
+            self._get()
+
+    def _get(self) -> None:
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
@@ -313,13 +391,13 @@ def _own_hosts(address: str) -> set[str]:
 
 
 def serve(db: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, ready: Callable[[UiServer], None] | None = None,
-          allowed_hosts: Iterable[str] = ()) -> None:
+          allowed_hosts: Iterable[str] = (), request_timeout: float | None = REQUEST_TIMEOUT_S) -> None:
     """Serve ``db`` until interrupted; ``ready(server)`` is called once it listens."""
-    server = UiServer(str(Path(db)) if not str(db).count("://") else str(db), host, port, allowed_hosts)
+    server = UiServer(str(Path(db)) if not str(db).count("://") else str(db), host, port, allowed_hosts, request_timeout)
     server.warm_up()
     if ready is not None:
         ready(server)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
-        server.server_close()
+        server.close()

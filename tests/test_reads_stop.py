@@ -1,15 +1,21 @@
-"""Ctrl-C stops `multirank-logger report` (a real SIGINT to a real process) within seconds, exit
-130, one line saying so, no traceback (issue 38 point 8). Before, the report's pass over the rows
-(query/run_scan.py: reader threads on connections of their own) ran on to its end.
+"""Reads stop (issue 38 point 8): Ctrl-C (a real SIGINT to a real process) stops `multirank-logger
+report` within seconds, exit 130, one line saying so, no traceback; before, the report's pass over
+the rows (query/run_scan.py: reader threads on connections of their own) ran on to its end. The
+page (`multirank-logger ui`) stops on Ctrl-C while a request's query runs, and a request's reads
+are bounded (`--request-timeout`: 503 with a message saying so).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -97,3 +103,71 @@ def test_interrupt_stops_the_pass_on_every_connection(big: Path) -> None:
     time.sleep(0.2)  # the Timer's own thread ends
     assert [t.name for t in set(threading.enumerate()) - before] == []
     reader.close()
+
+
+def _start_ui(db: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`multirank-logger ui DB --port 0 ARGS`; the process and the URL it prints."""
+    proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", str(db), "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    line = proc.stdout.readline() if proc.stdout else ""
+    if "http://127.0.0.1:" not in line:
+        proc.kill()
+        raise AssertionError(line + proc.communicate()[1])
+    return proc, line.split()[2]
+
+
+def _get(url: str, answers: list[tuple[int, str]]) -> None:
+    """GET url; its status and body appended to ``answers`` (an error status too; 0: no answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            answers.append((response.status, response.read().decode()))
+    except urllib.error.HTTPError as exc:
+        answers.append((exc.code, exc.read().decode()))
+    except (OSError, http.client.HTTPException) as exc:  # the server stopped under the request
+        answers.append((0, str(exc)))
+
+
+def test_page_request_past_its_timeout_answers_503(big: Path) -> None:
+    """ui --request-timeout 1: the findings of the big run (seconds of reads) answer 503 about a
+    second later, saying so; the server answers the next request."""
+    proc, url = _start_ui(big, "--request-timeout", "1")
+    try:
+        answers: list[tuple[int, str]] = []
+        start = time.monotonic()
+        _get(f"{url}api/run/1/findings", answers)
+        took = time.monotonic() - start
+        status, body = answers[0]
+        assert status == 503 and "ran past 1 s and were stopped" in json.loads(body)["error"], answers
+        assert took < 1 + STOPS_WITHIN_S, f"answered {took:.1f} s later"
+        _get(f"{url}api/runs", answers)
+        assert answers[1][0] == 200 and json.loads(answers[1][1])[0]["id"] == 1
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_page_while_a_request_reads(big: Path) -> None:
+    """SIGINT while a request's findings are being read: its queries are interrupted, the request
+    answered (503: the server is stopping; before, the connection was dropped unanswered), and the
+    server ends within seconds, exit 0, no traceback."""
+    proc, url = _start_ui(big)  # the default bound (60 s) is far off
+    answers: list[tuple[int, str]] = []
+    client = threading.Thread(target=_get, args=(f"{url}api/run/1/findings", answers), daemon=True)
+    try:
+        client.start()
+        time.sleep(1.5)  # the request's pass under way (its store opened at start-up already)
+        assert not answers, answers
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "Traceback" not in err and "terminate called" not in err, (proc.returncode, err)
+    assert took < STOPS_WITHIN_S, f"ran on {took:.1f} s after SIGINT"
+    client.join(10)
+    assert len(answers) == 1 and answers[0][0] == 503, answers
+    assert json.loads(answers[0][1])["error"] == "The server is stopping (Ctrl-C)."
