@@ -286,11 +286,12 @@ def test_rows_wait_while_a_reader_holds_the_duckdb_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("ending", "status"),
-    [("raise RuntimeError('before fit')", "failed"), ("raise KeyboardInterrupt", "interrupted"), ("pass", "running")],
+    [("raise RuntimeError('before fit')", "failed"), ("raise KeyboardInterrupt", "interrupted"), ("pass", "success")],
 )
 def test_a_script_that_dies_before_finalize_ends_its_run(db_path: Path, ending: str, status: str) -> None:
     """A crash outside Lightning's loops (no finalize) records the run as failed or interrupted,
-    its logged rows kept; a normal exit without finalize leaves it running, as it was."""
+    its logged rows kept; a normal exit without finalize ends it as finalize("success") would
+    (issue 38 point 7: it stayed "running" forever)."""
     script = (
         "from multirank_logger import MultiRankLogger\n"
         f"logger = MultiRankLogger(db={str(db_path)!r}, flush_interval=3600)\n"
