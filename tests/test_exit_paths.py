@@ -9,6 +9,7 @@ a time budget) (tests/exit_without_finalize.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,12 +20,14 @@ import pytest
 from tests.logger_helpers import query, train_env
 
 SCRIPT = Path(__file__).with_name("exit_without_finalize.py")
-REPEATS = 20
+#: exits per test; MRL_EXIT_REPEATS raises it for a longer hunt (e.g. 100, outside the suite)
+REPEATS = int(os.environ.get("MRL_EXIT_REPEATS", "10"))
 #: the Fabric case takes 12 to 20 s per launch on 2 shared cores: the repeats stop at this budget
-FABRIC_BUDGET_S = 200.0
+#: (the suite's share: it must stay under 15 minutes on 2 cores)
+FABRIC_BUDGET_S = 75.0 if REPEATS <= 10 else 15.0 * REPEATS
 #: at least this many launches even on a slow machine: the abort came 1 exit in 3 to 4 before the
-#: fix, so 10 clean exits in a row would happen by chance about 1 time in 60 (or less)
-FABRIC_MIN_REPEATS = 10
+#: fix, so 6 clean exits in a row would happen by chance about 1 time in 8, 10 about 1 time in 40
+FABRIC_MIN_REPEATS = min(REPEATS, 6)
 STEPS = 20
 
 pytestmark = pytest.mark.slow  # each test starts many processes
