@@ -11,6 +11,7 @@ Bounded for `make test` (derandomized where $CI is set); benchmarks/soak_nothing
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import pickle
@@ -161,43 +162,97 @@ def _gather_rank(rank: int, world: int, port: int, db: str, scratch: str) -> Non
     sys.stderr.flush()
 
 
-#: ranks ending without finalize (through their exit hooks): in the soak only, for now. Both ranks of
-#: a gather run exiting so lose rank 1's rows at times (1 run in 3 of one example here: neither stored,
-#: spilled nor counted, the run left 'running'); issue 38 point 7's exit paths are to end that
-_EXIT_WITHOUT_FINALIZE = st.booleans() if "NOTHING_LOST_EXAMPLES" in os.environ else st.just(True)
+#: each rank's calls; when it ends without finalize, how long it waits before its exit hooks and lives
+#: on after them (the ranks' ends in either order, rank 0's TCPStore gone with its process)
+_gather_scenarios = st.lists(
+    st.builds(
+        lambda s, delay, linger: dataclasses.replace(s, exit_delay=delay, linger=linger),
+        model.scenarios(faults=("none",), max_calls=10), st.sampled_from([0.0, 0.3]), st.sampled_from([0.0, 0.3]),
+    ),
+    min_size=2, max_size=2,
+)
 
 
 @pytest.mark.slow
 @settings(max_examples=max(3, _examples(3) // 10), **_BOUNDED)
 @given(
     backend=st.sampled_from(sorted(BACKEND_SUFFIXES)),
-    scenarios=st.lists(model.scenarios(faults=("none",), max_calls=10), min_size=2, max_size=2),
-    finalize=_EXIT_WITHOUT_FINALIZE,
+    scenarios=_gather_scenarios,
+    finalize=st.booleans(),
 )
 def test_gather_two_ranks_keep_every_accepted_value(backend: str, scenarios: list[model.Scenario], finalize: bool) -> None:
-    """Gather transport, 2 real ranks over gloo, each with its own calls (ending without finalize in the soak)."""
+    """Gather transport, 2 real ranks over gloo, each with its own calls; some runs end without
+    finalize, both ranks through their exit hooks."""
     for scenario in scenarios:
         scenario.finalize = finalize
-    _gather_run(backend, scenarios)
-
-
-def _gather_run(backend: str, scenarios: list[model.Scenario]) -> None:
-    """Run `scenarios` (one per rank) as a gather launch and check the promise."""
     scratch = Path(tempfile.mkdtemp(prefix="nothing-lost-gather-"))
     try:
-        db = str(scratch / f"runs{BACKEND_SUFFIXES[backend]}")
-        for rank, scenario in enumerate(scenarios):
-            (scratch / f"scenario{rank}.pkl").write_bytes(pickle.dumps(scenario))
-        codes = spawn_ranks(_gather_rank, 2, db, str(scratch), join_s=120, ctx=forkserver("tests.helpers.nothing_lost"))
-        output = "".join((scratch / f"rank{r}.err").read_text() for r in range(2))
-        assert codes == [0, 0], output[-3000:]
-        run_uuid = (scratch / "uuid0").read_text()
-        assert (scratch / "uuid1").read_text() == run_uuid
-        expected = model.Counter()  # type: ignore[var-annotated]
-        for rank, scenario in enumerate(scenarios):
-            outcomes = pickle.loads((scratch / f"outcomes{rank}.pkl").read_bytes())
-            assert outcomes == [c.refused for c in scenario.calls]
-            expected += model.expected_rows(scenario.calls, outcomes)
-        model.check_promise(db, run_uuid, expected, output)
+        _gather_run(str(scratch / f"runs{BACKEND_SUFFIXES[backend]}"), scenarios, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.mark.slow
+@settings(max_examples=max(2, _examples(2) // 10), **_BOUNDED)
+@given(
+    scenarios=_gather_scenarios,
+    finalize=st.booleans(),
+)
+def test_gather_postgresql_keeps_every_accepted_value(
+    postgres_server: Any, scenarios: list[model.Scenario], finalize: bool
+) -> None:
+    """Gather transport on a PostgreSQL server, 2 real ranks (rank 0 alone connects to the server)."""
+    for scenario in scenarios:
+        scenario.finalize = finalize
+    scratch = Path(tempfile.mkdtemp(prefix="nothing-lost-gather-"))
+    try:
+        _gather_run(new_postgres_database(postgres_server), scenarios, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+_ONE_VALUE = model.Call({"b": 2.0}, step=0, stored_step=0, expected={"b": 2.0}, refused=False)
+_REFUSED = model.Call({"a": 1.0}, step="3", stored_step=model.REFUSED, expected={"a": 1.0}, refused=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("idle", [[], [_REFUSED]], ids=["no-call", "refused-call"])
+@pytest.mark.parametrize("idle_rank", [0, 1])
+def test_gather_rank_that_logged_nothing_ends_its_part_at_exit(idle_rank: int, idle: list[model.Call]) -> None:
+    """Both ranks exit through their exit hooks without finalize, one of them having logged nothing
+    accepted. Rank 0 that logged nothing still took rank 1's rows and ended the run (it ended
+    nothing: the run stayed 'running' and rank 1's value was in its spill file, or, as rank 0's
+    exit took the TCPStore with it, in neither); rank 1 that logged nothing still said it was done
+    (rank 0 waited its timeout for it and recorded the run 'incomplete')."""
+    scenarios = [model.Scenario(list(idle), finalize=False), model.Scenario([_ONE_VALUE], finalize=False)]
+    if idle_rank == 1:
+        scenarios.reverse()
+    scratch = Path(tempfile.mkdtemp(prefix="nothing-lost-gather-"))
+    try:
+        db = str(scratch / "runs.sqlite")
+        started = time.monotonic()
+        run_uuid = _gather_run(db, scenarios, scratch)
+        stored, run = model.run_rows(db, run_uuid)
+        assert run is not None and run[0] == "success", run
+        assert stored == model.Counter({(0, "b", 2.0): 1})
+        assert time.monotonic() - started < 9.0, "a rank waited its timeout (10 s) for the other's end"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _gather_run(db: str, scenarios: list[model.Scenario], scratch: Path) -> str:
+    """Run `scenarios` (one per rank) as a gather launch on `db`, check the promise; the run's uuid."""
+    for rank, scenario in enumerate(scenarios):
+        (scratch / f"scenario{rank}.pkl").write_bytes(pickle.dumps(scenario))
+    codes = spawn_ranks(_gather_rank, 2, db, str(scratch), join_s=120, ctx=forkserver("tests.helpers.nothing_lost"))
+    output = "".join((scratch / f"rank{r}.err").read_text() for r in range(2) if (scratch / f"rank{r}.err").exists())
+    assert codes == [0, 0], output[-3000:]
+    run_uuid = (scratch / "uuid0").read_text()
+    assert (scratch / "uuid1").read_text() == run_uuid
+    expected = model.Counter()  # type: ignore[var-annotated]
+    for rank, scenario in enumerate(scenarios):
+        outcomes = pickle.loads((scratch / f"outcomes{rank}.pkl").read_bytes())
+        assert outcomes == [c.refused for c in scenario.calls]
+        expected += model.expected_rows(scenario.calls, outcomes)
+    model.check_promise(db, run_uuid, expected, output)
+    return run_uuid
