@@ -1,9 +1,10 @@
 """Property-based tests of "nothing lost" (issue 38): random sequences of log calls with adversarial
 keys, values and steps, interleaved with faults (the store deleted, replaced by another store, held
-by another process, the store's disk filling up), on SQLite, DuckDB and PostgreSQL, direct transport
-in this process and gather in a real 2-process run (ending with finalize or through exit hooks). After each: every accepted value is stored, in a spill file the output
-named, or counted lost; a refused call raised at the call; `success` only with every value stored;
-importing every spill restores each value once into its own run (tests/helpers/nothing_lost.py).
+by another process, its disk filling up), on SQLite, DuckDB and PostgreSQL, direct transport in this
+process and gather in a real 2-process run (ending with finalize, or through both ranks' exit hooks).
+After each: every accepted value is stored, in a spill file the output named, or counted lost; a
+refused call raised at the call; `success` only with every value stored; importing every spill
+restores each value once into its own run (tests/helpers/nothing_lost.py).
 
 Bounded for `make test` (derandomized where $CI is set); benchmarks/soak_nothing_lost.py runs many more.
 """
