@@ -282,7 +282,8 @@ def test_gather_rank_that_logged_nothing_ends_its_part_at_exit(idle_rank: int, i
 
 
 def _gather_run(db: str, scenarios: list[model.Scenario], scratch: Path) -> str:
-    """Run `scenarios` (one per rank) as a gather launch on `db`, check the promise; the run's uuid."""
+    """Run `scenarios` (one per rank, no fault) as a gather launch on `db`, check the promise and
+    that the run is a success; the run's uuid."""
     for rank, scenario in enumerate(scenarios):
         (scratch / f"scenario{rank}.pkl").write_bytes(pickle.dumps(scenario))
     codes = spawn_ranks(_gather_rank, 2, db, str(scratch), join_s=120, ctx=forkserver("tests.helpers.nothing_lost"))
@@ -296,4 +297,7 @@ def _gather_run(db: str, scenarios: list[model.Scenario], scratch: Path) -> str:
         assert outcomes == [c.refused for c in scenario.calls]
         expected += model.expected_rows(scenario.calls, outcomes)
     model.check_promise(db, run_uuid, expected, output)
+    # no fault: every rank ended (finalize, or its exit hooks) and the store took every value
+    stored, run = model.run_rows(db, run_uuid)
+    assert run is not None and run[0] == "success" and stored == expected, f"run {run}; output:\n{output[-3000:]}"
     return run_uuid
