@@ -49,7 +49,7 @@ from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write import process_hooks
 from multirank_logger.write.hot_path import HotPath
 from multirank_logger.write.sink_setup import SinkSetup
-from multirank_logger.write.sinks import DirectSink, GatherReceiver
+from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
 
 __all__ = ["RankRun"]
 
@@ -272,9 +272,13 @@ class RankRun:
 
     def logging_unfinished(self) -> bool:
         """At a normal exit: this process logged since its last `finalize` (the writer started in
-        this phase), and it is a rank of the run, not a plain forked child of the run's process
-        (ddp_notebook's forked ranks set up their sink in a process group of several)."""
-        return self.hot_path.live and (not self.forked_from_its_process or self.sink_setup.world > 1)
+        this phase), or it is a rank of a gather run set up in this phase (rank 0 writes the
+        others' rows and records their ends: one that logged nothing itself must still take them,
+        and a sender that logged nothing must still say it is done); and it is a rank of the run,
+        not a plain forked child of the run's process (ddp_notebook's forked ranks set up their
+        sink in a process group of several)."""
+        gather = isinstance(self.sink_setup.sink, (GatherReceiver, GatherSender))
+        return (self.hot_path.live or gather) and (not self.forked_from_its_process or self.sink_setup.world > 1)
 
     def allocate_before_fork(self) -> tuple[Store, int] | None:
         """Rank 0, before a fork: allocate the run now when it has none, so that every forked

@@ -228,9 +228,7 @@ class RowChannel(NodeRoutes):
                 raise ChannelError(self._failed)
             try:
                 self._call(lambda store: store.set(f"done/{self.rank}", f"{self._base + self._sent} {status}"))
-            except ChannelError:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # a ChannelError too (no connection): the batches in flight go with it
                 raise self._fail(f"Rank {self.rank} cannot reach {self._peer} ({exc})") from exc
 
     def wait_delivered(self, timeout: float) -> list[pa.RecordBatch]:

@@ -9,6 +9,7 @@ code under test. Used by tests/test_nothing_lost_properties.py and benchmarks/so
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -30,7 +31,8 @@ from hypothesis import strategies as st
 REFUSED = object()
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT_MAX_INT = int(sys.float_info.max)
-#: faults a sequence may meet between two calls (in-process); "lock" starts a process holding the store
+#: faults a sequence may meet between two calls (in-process); "lock" starts a process holding the store;
+#: "full" (the store's disk fills up) only where the store is on a disk of its own (fill_disk)
 FAULTS = ("none", "delete", "replace", "lock")
 #: CSVLogger's count of unsaved calls restarts where step + 1 is a multiple of this (the step of a None step)
 FLUSH_EVERY = 7
@@ -228,6 +230,38 @@ def hold_store(db: Path, seconds: float, scratch: Path) -> subprocess.Popen[byte
     return proc
 
 
+class _Filler:
+    """A file filling its disk; `wait` frees the disk (the name matches hold_store's process)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def wait(self, timeout: float | None = None) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def fill_disk(directory: Path) -> _Filler:
+    """Fill the disk of `directory` (a small tmpfs of the test's own) to the last byte."""
+    path = directory / f"filler-{time.monotonic_ns()}"
+    with open(path, "wb", buffering=0) as out:
+        for chunk in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    out.write(b"\0" * chunk)
+            except OSError:  # ENOSPC: the next, smaller chunk fills what is left
+                continue
+    return _Filler(path)
+
+
+@functools.cache
+def no_unshare() -> str | None:
+    """Why this process may not mount a tmpfs in a mount namespace of its own (root on Linux), or None."""
+    if sys.platform != "linux" or shutil.which("unshare") is None:
+        return "needs Linux and the unshare command"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs none /mnt"], capture_output=True, text=True, check=False)
+    return None if probe.returncode == 0 else f"mount namespaces are not permitted here ({probe.stderr.strip()})"
+
+
 # -- the check -------------------------------------------------------------------------------------
 
 def spill_commands(output: str) -> list[tuple[str, str]]:
@@ -258,6 +292,14 @@ def run_rows(db: str, run_uuid: str) -> tuple[Counter[tuple[int, str, Any]], tup
         store.close()
 
 
+def lost_in_output(output: str) -> int:
+    """The values the output counts LOST: each rank's last end-of-run line (Spiller.summary)."""
+    last = {}
+    for line in re.finditer(r"rank (\d+): the run is incomplete in the store: .*?(\d+) value\(s\) are LOST \(neither", output):
+        last[line[1]] = int(line[2])
+    return sum(last.values())
+
+
 def import_spills(commands: list[tuple[str, str]], recovery: str | None = None) -> list[str]:
     """Run every import command; a spill the named store refuses as another run's (the file was
     replaced by another store) goes into `recovery`, a new store where its run is recreated.
@@ -285,7 +327,8 @@ def import_spills(commands: list[tuple[str, str]], recovery: str | None = None) 
 def check_promise(
     db: str, run_uuid: str, expected: Counter[tuple[int, str, Any]], output: str, recovery: str | None = None
 ) -> None:
-    """Every accepted value is in the store, in a spill file the output named, or counted lost;
+    """Every accepted value is in the store, in a spill file the output named, or counted lost (in
+    the run's row; in the output's end-of-run line where the store never took the run's end);
     `success` only with every value stored; importing every spill restores each value once into its
     run (in `db`, or in `recovery` where `db` now holds another run of that name)."""
     stored, run = run_rows(db, run_uuid)
@@ -295,6 +338,8 @@ def check_promise(
         assert stored == expected, f"'success' with {sum((expected - stored).values())} value(s) not stored"
         assert not commands, f"'success' and spill files named: {commands}"
     lost = 0 if run is None else int(run[2] or 0)
+    if run is None or run[0] == "running":  # the store never took the run's end (a full disk): the output counts
+        lost = max(lost, lost_in_output(output))
     for _ in range(2):  # a second import adds nothing: each value lands once
         import_spills(commands, recovery)
         stored, run = run_rows(db, run_uuid)
