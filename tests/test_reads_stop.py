@@ -57,6 +57,8 @@ def big_store(db: Path, ranks: int = RANKS, steps: int = STEPS, keys: int = KEYS
 BIG_RANKS = {".sqlite": 32, ".duckdb": 128}
 #: a stopped report must end within this after SIGINT (it stops in well under a second unloaded)
 STOPS_WITHIN_S = 3.0
+#: ui --request-timeout of the 503 test, per backend (see the test)
+REQUEST_BOUND_S = {".sqlite": 4, ".duckdb": 1}
 
 
 @pytest.fixture(scope="module", params=[".sqlite", ".duckdb"])
@@ -128,19 +130,22 @@ def _get(url: str, answers: list[tuple[int, str]]) -> None:
 
 
 def test_page_request_past_its_timeout_answers_503(big: Path) -> None:
-    """ui --request-timeout 1: the findings of the big run (seconds of reads) answer 503 about a
-    second later, saying so; the server answers the next request."""
-    proc, url = _start_ui(big, "--request-timeout", "1")
+    """ui --request-timeout: the findings of the big run (seconds of reads) answer 503 about the
+    bound later, saying so; the server answers the next request. The bound is below the findings'
+    time (~11 s on SQLite, ~3 s on DuckDB, quiet) and above the runs list's (~0.6 s on SQLite,
+    quiet; over 1 s beside the suite's trainings)."""
+    bound = REQUEST_BOUND_S[big.suffix]
+    proc, url = _start_ui(big, "--request-timeout", str(bound))
     try:
         answers: list[tuple[int, str]] = []
         start = time.monotonic()
         _get(f"{url}api/run/1/findings", answers)
         took = time.monotonic() - start
         status, body = answers[0]
-        assert status == 503 and "ran past 1 s and were stopped" in json.loads(body)["error"], answers
-        assert took < 1 + STOPS_WITHIN_S, f"answered {took:.1f} s later"
+        assert status == 503 and f"ran past {bound} s and were stopped" in json.loads(body)["error"], answers
+        assert took < bound + STOPS_WITHIN_S, f"answered {took:.1f} s later"
         _get(f"{url}api/runs", answers)
-        assert answers[1][0] == 200 and json.loads(answers[1][1])[0]["id"] == 1
+        assert answers[1][0] == 200 and json.loads(answers[1][1])[0]["id"] == 1, answers[1]
     finally:
         proc.kill()
         proc.communicate()
