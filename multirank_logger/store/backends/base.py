@@ -152,6 +152,11 @@ class Backend:
     #: True when every transaction opens and closes the database (so that readers get in
     #: between): a write costs an open whatever its size, and writers should write seldom.
     opens_per_transaction = False
+    #: True for a store file this process reads itself, whose damage a read of the rows shows (a
+    #: DuckDB block's checksum, a malformed SQLite page): `status.read_back_run` reads a run back
+    #: before its success. A server keeps its own pages: a scan of the run over the network there
+    #: (minutes at 1,024 ranks x 100k steps) would check nothing of ours.
+    rows_read_back_show_damage = True
     #: True when the engine's file locking is unsafe on a network filesystem (NFS, CIFS...):
     #: ranks writing the file there themselves (transport='direct') may corrupt it.
     locking_unsafe_on_network_fs = False

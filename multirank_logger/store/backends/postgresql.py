@@ -64,6 +64,7 @@ _LOCK_RANKS = (
 
 class PostgreSQLBackend(Backend):
     name = "postgresql"
+    rows_read_back_show_damage = False
 
     def create_engine(self, readonly: bool = False) -> sa.Engine:
         options = "-c default_transaction_read_only=on" if readonly else ""
