@@ -90,6 +90,7 @@ def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> No
         assert sorted(driver.execute_script("return document.getElementById('compare').dataset.runs").split(",")) == ["1", "2"]
         driver.find_element("css selector", "#runs a[href='/run/1']").click()
         _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.judged")
+        assert ", 1m30s, " in driver.find_element("id", "head").text  # the duration `runs` writes (point 15)
 
         # 4: a 25,000 peak's labels in full; RSS in MiB, StepTimer's seconds in ms
         assert "25k" in _ticks(driver, "train_loss", 1) and _labels_fit(driver, "train_loss")

@@ -25,13 +25,15 @@ MODEL_SUMMARY = (
 )
 
 
-def build(db: Path, runs: int = 2) -> Path:
+def build(db: Path, runs: int = 2, ranks: int = RANKS) -> Path:
+    """``runs`` runs of ``ranks`` ranks into a new store at ``db`` (rank 2 bad where there is one)."""
     store = Store(db)
     for n in range(runs):
-        run = store.create_run("new_user", world_size=RANKS, transport="direct")
+        run = store.create_run("new_user", world_size=ranks, transport="direct")
         t0 = time.time()
-        for rank in range(RANKS):
+        for rank in range(ranks):
             store.register_rank(run.id, rank, local_rank=rank, node_rank=0, host="node0", pid=0, status="success")
+            store.update_rank(run.id, rank, started_at=t0, ended_at=t0 + 90)
             buffer = RecordBuffer()
             for step in range(STEPS):
                 loss = 2.0 * math.exp(-step / 25) + 0.05 * rank + 0.1 * n

@@ -42,7 +42,13 @@
     return node;
   }
   const num = (v) => (v === null || v === undefined ? "-" : Math.abs(v) >= 1e4 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(3) : +v.toPrecision(4));
-  const dur = (s) => (s === null || s === undefined ? "-" : s < 120 ? s.toFixed(1) + " s" : s < 7200 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(1) + " h");
+  // a duration as `multirank-logger runs` and `report` write it (_util/readable.py): 4.2s, 21s, 1m30s, 2h05m00s
+  function dur(s) {
+    if (s === null || s === undefined || Number.isNaN(s)) return "-";
+    if (Math.abs(s) < 10) return s.toFixed(1) + "s";
+    const t = Math.round(s), h = Math.floor(t / 3600), m = Math.floor((t % 3600) / 60), sec = t % 60, two = (n) => String(n).padStart(2, "0");
+    return h ? `${h}h${two(m)}m${two(sec)}s` : m ? `${m}m${two(sec)}s` : `${sec}s`;
+  }
   const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "-");
   const runHref = (id) => (STATIC ? "#" : "/run/" + id);
 
