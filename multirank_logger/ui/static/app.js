@@ -416,7 +416,8 @@
     for (let i = 0; i < R; i++) for (let j = 0; j < C; j++) pixels[i * C + j] = LUT32[codes[i * C + src[j]] + 128];
     octx.putImageData(img, 0, 0);
     const dpr = window.devicePixelRatio || 1;
-    const width = chart.width, height = Math.min(1024, Math.max(60, R * 3, R <= 8 ? R * 16 : 0));
+    // rows a person can point at up to 32 ranks (8 px), then 3 px a rank up to 1,024 px
+    const width = chart.width, height = Math.min(1024, Math.max(60, R <= 32 ? R * 8 : R * 3));
     let label = 0, plotW = 0;  // the chart's plot area, read again at each of its draws (uPlot lays out later)
     const cv = el("canvas", { class: "heatmap", "data-ranks": R, "data-columns": C });
     cv.width = width * dpr; cv.height = height * dpr;
@@ -452,7 +453,7 @@
       for (const [nodeName, count] of d.nodes) {
         const y0 = (row / R) * height, y1 = ((row + count) / R) * height;
         if (row > 0 && d.nodes.length <= 256) { ctx.beginPath(); ctx.moveTo(label - 4, y0); ctx.lineTo(label + plotW, y0); ctx.stroke(); }
-        if (labelled) ctx.fillText(fit(nodeName), label - 6, (y0 + y1) / 2 + 4);
+        if (labelled) ctx.fillText(fit(String(nodeName).replace(/ \(node \d+\)$/, "")), label - 6, (y0 + y1) / 2 + 4);
         row += count;
       }
       if (!labelled) {
