@@ -16,7 +16,7 @@ from multirank_logger.errors import DamagedStore, ForeignStore, NotADatabase
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
 
-#: a DuckDB file's header (three 4 KiB pages), then blocks of 256 KiB (DuckDB 2.0's defaults)
+#: a DuckDB file's header (three 4 KiB pages), then blocks of the size the file records
 _DUCKDB_HEADER_BYTES = 3 * 4096
 
 

@@ -402,7 +402,8 @@
     const present = [];
     for (let j = 0; j < C; j++) { let any = false; for (let i = 0; i < R && !any; i++) any = codes[i * C + j] !== -128; if (any) present.push(j); }
     for (let j = 0; j < C; j++) src[j] = j;
-    if (present.length && present.length < C / 2) {
+    const filled = present.length && present.length < C / 2;
+    if (filled) {
       let k = 0;
       for (let j = 0; j < C; j++) {
         while (k + 1 < present.length && Math.abs(present[k + 1] - j) <= Math.abs(present[k] - j)) k++;
@@ -413,7 +414,8 @@
     off.width = C; off.height = R;
     const octx = off.getContext("2d"), img = octx.createImageData(C, R);
     const pixels = new Uint32Array(img.data.buffer);  // one write per cell (RGBA in the platform's byte order, as LUT32)
-    for (let i = 0; i < R; i++) for (let j = 0; j < C; j++) pixels[i * C + j] = LUT32[codes[i * C + src[j]] + 128];
+    if (filled) for (let i = 0; i < R; i++) for (let j = 0; j < C; j++) pixels[i * C + j] = LUT32[codes[i * C + src[j]] + 128];
+    else for (let i = 0; i < codes.length; i++) pixels[i] = LUT32[codes[i] + 128];
     octx.putImageData(img, 0, 0);
     const dpr = window.devicePixelRatio || 1;
     // rows a person can point at up to 32 ranks (8 px), then 3 px a rank up to 1,024 px
@@ -438,14 +440,16 @@
       ctx.imageSmoothingEnabled = R > height; // more ranks than pixel rows: average them, never drop a row
       const x0 = xOf(d.steps[0]), x1 = xOf(d.steps[C - 1] + d.width);
       ctx.drawImage(off, 0, 0, C, R, x0, 0, x1 - x0, height);
-      // a NaN/inf cell is one pixel of thousands: ring it so that it cannot be missed
+      ctx.restore();
+      // a NaN/inf cell is one pixel of thousands: ring it so that it cannot be missed (whole, also
+      // at the plot's edge; none outside the zoomed range)
       ctx.strokeStyle = "#000"; ctx.lineWidth = 1.5;
       let rings = 0;
       for (let i = 0; i < codes.length && rings < 200; i++) if (codes[i] === 127) {
-        const x = xOf(d.steps[i % C] + d.width / 2), y = (Math.floor(i / C) + 0.5) / R * height;
+        const x = xOf(d.steps[i % C] + d.width / 2), y = Math.min(height - 6, Math.max(6, (Math.floor(i / C) + 0.5) / R * height));
+        if (x < label - 1 || x > label + plotW + 1) continue;
         ctx.beginPath(); ctx.arc(x, y, 5, 0, 2 * Math.PI); ctx.stroke(); rings++;
       }
-      ctx.restore();
       ctx.lineWidth = 1; ctx.font = "11px sans-serif"; ctx.fillStyle = "#333"; ctx.strokeStyle = "#555"; ctx.textAlign = "right";
       let row = 0;
       const labelled = d.nodes.length > 1 && d.nodes.length * 12 <= height;
@@ -458,7 +462,7 @@
       }
       if (!labelled) {
         const rows = R <= Math.floor(height / 12) ? d.ranks.map((_, i) => i) : [0, Math.floor(R / 2), R - 1];
-        for (const i of rows) ctx.fillText(fit("rank " + d.ranks[i]), label - 6, ((i + 0.5) / R) * height + 4);
+        for (const i of rows) ctx.fillText(fit("rank " + d.ranks[i]), label - 6, Math.min(height - 2, Math.max(10, ((i + 0.5) / R) * height + 4)));
       }
       ctx.strokeStyle = "#ccc"; ctx.strokeRect(label + 0.5, 0.5, plotW - 1, height - 1);
       if (equal) {  // white everywhere is an answer, not a drawing that failed: say it
@@ -466,8 +470,9 @@
         ctx.fillText("every rank logged the same value at every step", label + plotW / 2, height / 2 + 4);
       }
     }
-    paint();
-    chart.hooks.draw = (chart.hooks.draw || []).concat(paint);  // its layout, its zoom
+    // painted at each of the chart's draws: its first (uPlot lays a new chart out a moment after
+    // it is made, and only then is its plot area known), each zoom, each resize
+    chart.hooks.draw = (chart.hooks.draw || []).concat(paint);
     const tip = el("div", { class: "tip" });
     const cell = (ev) => {
       const r = cv.getBoundingClientRect(), x = ev.clientX - r.left, y = ev.clientY - r.top;
