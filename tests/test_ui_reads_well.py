@@ -96,6 +96,7 @@ def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> No
         assert "25k" in _ticks(driver, "train_loss", 1) and _labels_fit(driver, "train_loss")
         rss = _ticks(driver, "timing:rss", 1)
         assert all(t.endswith(" MiB") for t in rss) and len(set(rss)) == len(rss) > 2, rss
+        assert all(float(t.split()[0]).is_integer() for t in rss), rss  # round MiB, not 619.9
         assert _labels_fit(driver, "timing:rss")
         assert all(t.endswith(" ms") for t in _ticks(driver, "timing:data_s", 1)[1:])
         # 6: integer steps only

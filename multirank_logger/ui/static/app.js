@@ -109,7 +109,10 @@
   for (let p = 1; p <= 1e18; p *= 10) STEP_INCRS.push(p, 2 * p, 5 * p);
   const stepTicks = (u, splits) => splits.map((v) => (Math.abs(v) >= 1e6 ? shortNum(v) : v.toLocaleString("en-US")));
   const xAxis = () => ({ incrs: STEP_INCRS, values: stepTicks, space: 60, size: 30 });
-  const yAxis = (unit) => ({ values: yTicks(unit), size: fitAxis });
+  // bytes: ticks at round KiB, MiB, GiB (1, 2, 5 x 10^k of them), not at 619.9 MiB
+  const BYTE_INCRS = [];
+  for (const base of [1, 2 ** 10, 2 ** 20, 2 ** 30, 2 ** 40]) for (const m of [1, 2, 5, 10, 20, 50, 100, 200, 500]) BYTE_INCRS.push(m * base);
+  const yAxis = (unit) => (unit === "B" && !VIEW.log ? { values: yTicks(unit), size: fitAxis, incrs: BYTE_INCRS } : { values: yTicks(unit), size: fitAxis });
 
   // TensorBoard's smoothing: exponential moving average, debiased at the start; nulls stay null
   function smoothed(values, weight) {
