@@ -176,6 +176,8 @@ def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> No
         assert overlaid and all(r == "1,2" for r in overlaid), overlaid
         labels = driver.execute_script("return MRL_CHARTS.train_loss.series.map((s) => s.label)")
         assert "1: new_user/version_0" in labels and "2: new_user/version_1" in labels
+        driver.find_element("id", "log-scale").click()  # the overlay takes the toolbar too
+        assert driver.execute_script("return MRL_CHARTS.train_loss.scales.y.distr") == 3
 
 
 def test_the_report_file_links_nowhere_outside_it(tmp_path: Path) -> None:

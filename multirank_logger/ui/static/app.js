@@ -245,7 +245,7 @@
   }
 
   // log scale and smoothing for every chart of the page; how to zoom, said once
-  function toolbar(redraw) {
+  function toolbar(redraw, hint = "Drag across a chart to zoom in (its heatmap follows), double-click to zoom out; click a heatmap row to draw that rank.") {
     const log = el("input", { type: "checkbox", id: "log-scale" });
     const smooth = el("input", { type: "range", id: "smoothing", min: 0, max: 0.99, step: 0.01, value: VIEW.smooth });
     const shown = el("span", { class: "muted" }, String(VIEW.smooth));
@@ -253,7 +253,7 @@
     log.addEventListener("change", () => { VIEW.log = log.checked; redraw(); });
     smooth.addEventListener("input", () => { VIEW.smooth = +smooth.value; shown.textContent = smooth.value; redraw(); });
     return el("div", { id: "toolbar" }, el("label", {}, log, " log scale"), el("label", {}, "smoothing ", smooth, " ", shown),
-      el("span", { class: "muted" }, "Drag across a chart to zoom in (its heatmap follows), double-click to zoom out; click a heatmap row to draw that rank."));
+      el("span", { class: "muted" }, hint));
   }
 
   const anchor = (name) => "s-" + name.replace(/[^A-Za-z0-9_-]/g, "_");
@@ -562,8 +562,10 @@
     const colour = (i) => RUN_COLOURS[i % RUN_COLOURS.length];
     main.append(el("p", { id: "overlaid" }, ...runs.flatMap((r, i) => [el("span", { class: "swatch", style: "background:" + colour(i) }),
       el("a", { href: runHref(r.id) }, `${r.id}: ${r.run}`), ` (${r.ranks} ranks, ${r.status})  `])),
-      el("p", { class: "muted" }, "Each run's median across its ranks (line) and its quartiles (band). Drag to zoom, double-click to zoom out."));
+      el("p", { class: "muted" }, "Each run's median across its ranks (line) and its quartiles (band)."));
     const names = [...new Set(runs.flatMap((r) => r.keys.concat(r.timing)))];
+    const redraws = [];
+    main.append(toolbar(() => redraws.forEach((f) => f()), "Drag across a chart to zoom in, double-click to zoom out."));
     for (const name of names) {
       const box = el("div", { class: "band" }), unit = unitOf(name);
       main.append(el("section", { class: "series", "data-series": name }, el("h2", {}, name), box));
@@ -572,18 +574,24 @@
         const got = await Promise.all(has.map(([r]) => api(`run/${r.id}/series?name=${encodeURIComponent(name)}`)));
         const steps = Array.from(new Set(got.flatMap((d) => d.steps))).sort((x, y) => x - y);
         const at = (d, arr) => { const m = new Map(d.steps.map((s, i) => [s, arr[i]])); return steps.map((s) => m.get(s) ?? null); };
-        const series = [{ label: "step" }], data = [steps], bands = [];
-        got.forEach((d, k) => {
-          const [r, i] = has[k], c = colour(i), base = series.length;
-          series.push({ label: `${r.id} q3`, stroke: c, width: 0.3, spanGaps: true, points: { show: false } },
-            { label: `${r.id}: ${r.run}`, stroke: c, width: 1, spanGaps: true },
-            { label: `${r.id} q1`, stroke: c, width: 0.3, spanGaps: true, points: { show: false } });
-          for (const s of series.slice(base)) s.value = (u, v) => withUnit(v, unit);
-          data.push(at(d, d.band.q3), at(d, d.band.median), at(d, d.band.q1));
-          bands.push({ series: [base, base + 2], fill: c + "26" });
-        });
-        CHARTS[name] = new uPlot({ width: Math.max(300, box.clientWidth || 900), height: 240, series, scales: { x: { time: false } },
-          axes: [xAxis(), yAxis(unit)], bands }, data, box);
+        const draw = () => {  // as the toolbar says: smoothing, log y
+          const prep = (v) => { const out = smoothed(v, VIEW.smooth); return VIEW.log ? positive(out) : out; };
+          const series = [{ label: "step" }], data = [steps], bands = [];
+          got.forEach((d, k) => {
+            const [r, i] = has[k], c = colour(i), base = series.length;
+            series.push({ label: `${r.id} q3`, stroke: c, width: 0.3, spanGaps: true, points: { show: false } },
+              { label: `${r.id}: ${r.run}`, stroke: c, width: 1, spanGaps: true },
+              { label: `${r.id} q1`, stroke: c, width: 0.3, spanGaps: true, points: { show: false } });
+            for (const s of series.slice(base)) s.value = (u, v) => withUnit(v, unit);
+            data.push(prep(at(d, d.band.q3)), prep(at(d, d.band.median)), prep(at(d, d.band.q1)));
+            bands.push({ series: [base, base + 2], fill: c + "26" });
+          });
+          box.replaceChildren();
+          CHARTS[name] = new uPlot({ width: Math.max(300, box.clientWidth || 900), height: 240, series,
+            scales: { x: { time: false }, y: VIEW.log ? { distr: 3 } : {} }, axes: [xAxis(), yAxis(unit)], bands }, data, box);
+        };
+        draw();
+        redraws.push(draw);
         box.dataset.runs = has.map(([r]) => r.id).join(",");
       } catch (e) { fail(box, e); }
     }
