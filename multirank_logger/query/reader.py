@@ -45,6 +45,7 @@ from multirank_logger.query.side_tables import (
     read_logs,
     read_rank_rows,
     read_step_timing,
+    read_timing_columns,
     read_transport,
 )
 from multirank_logger.store.run_lifecycle import orphan_runs
@@ -359,11 +360,15 @@ class StoreReader:
         Where a rank logged the key twice at one step, its later call wins: of a run resumed
         from a checkpoint, the latest launch's value (``metrics(all_attempts=True)`` shows all).
 
+        ``timing:COLUMN`` (``timing:data_s``, ``timing:rss``...): StepTimer's column, per rank and step.
+
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
         """
         ref = self.resolve_run(run)
         import_in_background("pandas")  # for the DataFrame, while the store reads the rows
+        if key.startswith("timing:"):  # StepTimer's series, as the page names them (timing:data_s)
+            return pivot_step_rank(*read_timing_columns(self._fetch_arrow, ref, key, self.keys(ref.id)))
         with self._connect() as conn:
             rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
         assert rank is not None and step is not None and value is not None and dtype is not None
