@@ -342,7 +342,7 @@ def test_sigkilled_attempt_is_vanished_when_the_run_resumes(db_path: Path) -> No
     assert query(db_path, "SELECT status FROM runs") == [("running",)]
     shown = CliRunner().invoke(cli, ["runs", str(db_path)])
     assert shown.exit_code == 0, shown.output
-    assert re.search(r"running \(last value \d+s ago\)", shown.output), shown.output
+    assert re.search(r"running \(last value \d+(\.\d)?s ago\)", shown.output), shown.output
     assert query(db_path, "SELECT attempt, status, ended_at FROM attempts") == [(0, "running", None)]
 
     _launch(db_path, range(2, 5), 100.0, version=0)
