@@ -33,13 +33,13 @@ from multirank_logger.errors import LookupFailed, QueryTimedOut, ReadsStopped
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import (
-    SEQ_ATTEMPT_SHIFT,
     attempts,
     metrics,
     ranks,
     runs,
 )
-from multirank_logger.query.rank_spread import RankSpread, neg_zero, pivot_step_rank
+from multirank_logger.query.long_table import FRAMES, as_frame, long_table
+from multirank_logger.query.rank_spread import RankSpread, pivot_step_rank
 from multirank_logger.query.side_tables import (
     read_decisions,
     read_logs,
@@ -310,8 +310,13 @@ class StoreReader:
         ranks: Iterable[int] | None = None,
         keys: Iterable[str] | None = None,
         all_attempts: bool = False,
+        *,
+        frame: str = "pandas",
     ) -> Any:
         """The long table of one run: rank, seq, step, key, value, dtype, time, attempt.
+
+        ``frame``: ``"pandas"`` (a DataFrame), ``"arrow"`` (a ``pyarrow.Table``) or ``"polars"`` (a
+        ``polars.DataFrame``, the ``polars`` extra): built in Arrow, never copied through pandas.
 
         ``value`` is a float (NaN where NaN was logged); ``dtype`` says what was logged
         (``schema.DTYPE_*``); ``attempt`` is the launch that logged it (store/run_lifecycle.py). Rows
@@ -321,7 +326,10 @@ class StoreReader:
 
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold.
+            ValueError: for another ``frame``; MissingExtra: polars is not installed.
         """
+        if frame not in FRAMES:
+            raise ValueError(f"frame={frame!r}: pass one of {', '.join(map(repr, FRAMES))}.")
         ref = self.resolve_run(run)
         cols = [metrics.c.run_id, metrics.c.rank, metrics.c.seq, metrics.c.step,
                 metrics.c.key, metrics.c.value, metrics.c.dtype, metrics.c.time]
@@ -332,13 +340,8 @@ class StoreReader:
             keys = list(keys)
             self._check_keys(ref, keys)
             stmt = stmt.where(metrics.c.key.in_(keys))
-        df = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq)).to_pandas()
-        df["value"] = neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
-        df["attempt"] = df["seq"].to_numpy() >> SEQ_ATTEMPT_SHIFT
-        if not all_attempts and len(df) and df["attempt"].max() > 0:
-            latest = df.groupby(["rank", "key", "step"])["attempt"].transform("max")
-            df = df[df["attempt"] == latest].reset_index(drop=True)
-        return df
+        found = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq))
+        return as_frame(long_table(found, all_attempts), frame)
 
     def attempts(self, run: int | str | None = None) -> Any:
         """The launches of one run: attempt, world_size, status, started_at, ended_at, host, job_id."""

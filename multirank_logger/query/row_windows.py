@@ -1,0 +1,130 @@
+"""A run's stored rows as Arrow, a window of steps at a time, in the store's own column types:
+what an export (``export/``) writes, with memory bounded by the window, never by the run.
+
+The windows are cut as the report's pass cuts them (``query/run_scan.py``): from the run's step
+range and row count, about ``WINDOW_ROWS`` rows each, bounds inclusive, the ranks named where the
+backend's index serves only a read that names them (PostgreSQL). Each window is one SELECT in
+the order asked, sorted by the engine over that window's rows only.
+
+Also here: a side table's rows of one run, and the Arrow schema of any table of ``model/schema.py``
+(the same types from every backend: SQLite hands back Python values, of no type when all NULL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from multirank_logger.model.run_ref import RunRef
+from multirank_logger.model.schema import DTYPE_NAN, DTYPE_NEG_ZERO, metrics
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from multirank_logger.query.reader import StoreReader
+
+__all__ = ["METRIC_COLUMNS", "WINDOW_ROWS", "arrow_schema", "metric_schema", "metric_windows", "run_table"]
+
+#: the columns of `metric_windows`' tables
+METRIC_COLUMNS = ("key", "step", "rank", "value", "dtype", "seq", "time")
+#: rows read at once (about 60 bytes each in Arrow while a window is sorted and written)
+WINDOW_ROWS = 1_000_000
+
+
+def arrow_schema(table: sa.Table, leave_out: Sequence[str] = (), only: Sequence[str] | None = None) -> pa.Schema:
+    """The Arrow schema of a table of ``model/schema.py``: its columns' SQL types as Arrow types
+    (``only``: these columns, in this order)."""
+    import pyarrow as pa
+
+    fields = []
+    for column in table.columns if only is None else [table.c[name] for name in only]:
+        if column.name in leave_out:
+            continue
+        kind = column.type
+        if isinstance(kind, sa.Boolean):
+            arrow = pa.bool_()
+        elif isinstance(kind, sa.SmallInteger):
+            arrow = pa.int16()
+        elif isinstance(kind, sa.BigInteger):
+            arrow = pa.int64()
+        elif isinstance(kind, sa.Integer):
+            arrow = pa.int32()
+        elif isinstance(kind, sa.Float):
+            arrow = pa.float64()
+        else:
+            arrow = pa.string()
+        fields.append(pa.field(column.name, arrow, nullable=column.nullable or False))
+    return pa.schema(fields)
+
+
+def metric_schema() -> pa.Schema:
+    """The schema of `metric_windows`' tables (``value`` never NULL: a logged NaN is NaN)."""
+    schema = arrow_schema(metrics, only=METRIC_COLUMNS)
+    return schema.set(schema.get_field_index("value"), schema.field("value").with_nullable(False))
+
+
+def run_table(reader: StoreReader, table: sa.Table, run_column: sa.Column[Any], ref: RunRef) -> pa.Table:
+    """One run's rows of `table` (``WHERE run_column = ref.id``), its run column left out, in the
+    Arrow types of `arrow_schema`. For the small tables: runs, attempts, ranks and the side tables."""
+    schema = arrow_schema(table, leave_out=(run_column.name,))
+    stmt = sa.select(*(table.c[name] for name in schema.names)).where(run_column == ref.id)
+    found = reader._fetch_arrow(stmt)
+    return _as_schema(found, schema)
+
+
+def metric_windows(reader: StoreReader, ref: RunRef, order_by: Sequence[str], window_rows: int = WINDOW_ROWS
+                   ) -> Iterator[pa.Table]:  # fmt: skip
+    """Run `ref`'s metric rows, a window of steps at a time, each window sorted by `order_by`.
+
+    Columns: key, step, rank, value, dtype, seq, time. ``value`` is the value logged: NaN where
+    NaN was logged (stored as NULL), -0.0 where -0.0 was (stored as 0.0). No empty window.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = list(METRIC_COLUMNS)
+    schema = metric_schema()
+    where = metrics.c.run_id == ref.id
+    with reader._connect() as conn:
+        reader.store.backend.hold_snapshot(conn)  # one state of a store still written: every window from it
+        low, high, count = conn.execute(
+            sa.select(sa.func.min(metrics.c.step), sa.func.max(metrics.c.step), sa.func.count()).where(where)
+        ).one()
+        if not count:
+            return
+        low, high = int(low), int(high)
+        span = max(1, (high - low + 1) * window_rows // int(count))
+        named = reader.store.backend.window_ranks(conn, ref.id)  # PostgreSQL: its index serves the windows
+        if named is not None:
+            where = sa.and_(where, metrics.c.rank.in_(named))
+        order = [metrics.c[name] for name in order_by]
+        for start in range(low, high + 1, span):
+            reader.check_stopped()
+            # bounds inclusive and within [low, high]: `start + span` may pass int64 (run_scan.py)
+            stmt = (
+                sa.select(*(metrics.c[name] for name in columns))
+                .where(where, metrics.c.step >= start, metrics.c.step <= min(start + span - 1, high))
+                .order_by(*order)
+            )
+            window = _as_schema(reader.store.backend.fetch_arrow(conn, stmt), arrow_schema(metrics, only=columns))
+            if window.num_rows == 0:
+                continue
+            dtype = window.column("dtype")
+            value = pc.if_else(pc.equal(dtype, DTYPE_NAN), pa.scalar(float("nan")), window.column("value"))
+            value = pc.if_else(pc.equal(dtype, DTYPE_NEG_ZERO), pa.scalar(-0.0), value)
+            yield pa.Table.from_arrays([*window.columns[:3], value, *window.columns[4:]], schema=schema)
+
+
+def _as_schema(found: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`found` in `schema`'s column types (a backend's own integer widths, or no type at all)."""
+    import pyarrow as pa
+
+    arrays = []
+    for field in schema:
+        column = found.column(field.name)
+        if column.type != field.type:
+            column = column.cast(field.type) if not pa.types.is_null(column.type) else pa.nulls(len(column), field.type)
+        arrays.append(column)
+    return pa.Table.from_arrays(arrays, schema=schema.remove_metadata()) if arrays else pa.table({})
