@@ -1,0 +1,251 @@
+"""`export --format parquet|tensorboard` read back by clients no one here wrote: DuckDB's
+read_parquet, Polars' scan_parquet, pyarrow.dataset, Spark (local mode), TensorBoard's own event
+reader; a remote destination through fsspec's memory://; and the reader's Arrow and Polars frames."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger import open_store
+from multirank_logger.cli import main
+from multirank_logger.export.destination import public_url
+from multirank_logger.export.parquet import export_parquet
+from tests.test_query import _calls, _store_calls
+
+COLUMNS = ("run", "rank", "seq", "step", "key", "value", "dtype", "time")
+
+
+def _row(d: dict[str, Any]) -> tuple[Any, ...]:
+    """A row comparable across engines: the value by its bits (NaN, -0.0, inf)."""
+    value = d["value"]
+    return (int(d["run"]), int(d["rank"]), int(d["seq"]), int(d["step"]), d["key"],
+            "nan" if value is None or math.isnan(value) else float(value).hex(), int(d["dtype"]), float(d["time"]))  # fmt: skip
+
+
+def _rows(columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
+    return sorted(_row(dict(zip(COLUMNS, values))) for values in zip(*(columns[c] for c in COLUMNS)))
+
+
+def _store_rows(db: Path) -> list[tuple[Any, ...]]:
+    """Every stored metric row of every run, through the reader's Arrow frame."""
+    out: list[tuple[Any, ...]] = []
+    with open_store(db) as reader:
+        for run_id in reader.runs()["id"]:
+            table = reader.metrics(int(run_id), all_attempts=True, frame="arrow").to_pydict()
+            table["run"] = [int(run_id)] * len(table["rank"])
+            out += _rows(table)
+    return sorted(out)
+
+
+_TEMPLATES: dict[str, Path] = {}
+
+
+@pytest.fixture
+def two_runs(db_path: Path, backend: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run 1: three ranks of _calls (NaN, inf, -0.0, ints, bools, late and odd keys); run 2: one
+    rank. Built once per backend, copied per test."""
+    if backend not in _TEMPLATES:
+        template = tmp_path_factory.mktemp("export-template") / db_path.name
+        _store_calls(template, {0: _calls(0), 1: _calls(1), 2: _calls(2)})
+        _store_calls(template, {0: _calls(0, 10)}, name="second")
+        _TEMPLATES[backend] = template
+    for suffix in ("", "-wal"):
+        source = _TEMPLATES[backend].with_name(db_path.name + suffix)
+        if source.exists():
+            shutil.copyfile(source, db_path.with_name(db_path.name + suffix))
+    return db_path
+
+
+def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_path: Path) -> None:
+    """Every stored row of every run, once, in each engine's Hive-partitioned read; sorted by key,
+    step, rank within each window; side tables beside; run 2 exported again replaces its files."""
+    import duckdb
+    import polars as pl
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    dest = tmp_path / "lake"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)])
+    assert result.exit_code == 0, result.output
+    assert "run 1" in result.output and "run 2" in result.output and "zstd" in result.output
+    expected = _store_rows(two_runs)
+    assert len(expected) > 700
+
+    con = duckdb.connect()
+    rel = con.sql(f"SELECT * FROM read_parquet('{dest}/metrics/**/*.parquet', hive_partitioning = true)")
+    assert _rows(rel.to_arrow_table().to_pydict()) == expected
+    lazy = pl.scan_parquet(f"{dest}/metrics/**/*.parquet", hive_partitioning=True)
+    assert _rows(lazy.collect().to_dict(as_series=False)) == expected
+    dataset = ds.dataset(dest / "metrics", format="parquet", partitioning="hive")
+    assert _rows(dataset.to_table().to_pydict()) == expected
+    # a key across ranks and steps reads by the row groups' min/max of key: the rows come sorted so
+    for path in (dest / "metrics").rglob("*.parquet"):
+        meta = pq.ParquetFile(path).metadata
+        assert meta.row_group(0).column(0).compression == "ZSTD"
+        keys = pq.read_table(path).column("key").to_pylist()
+        assert keys == sorted(keys)  # one window here (a few hundred rows); windows: the next test
+    runs = con.sql(f"SELECT run, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
+                   "ORDER BY run").fetchall()  # fmt: skip
+    assert runs == [(1, "lightning_logs", 3), (2, "second", 1)]
+    for table in ("attempts", "ranks", "decisions", "logs", "step_timing"):
+        assert sorted(p.name for p in (dest / table).iterdir()) == ["run=1", "run=2"]
+
+    # the nightly append: run 2 again (it was running) and any later one; run 1 untouched
+    before = sorted(p.name for p in (dest / "metrics" / "run=1").iterdir())
+    again = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--since", "2", "-o", str(dest)])
+    assert again.exit_code == 0, again.output
+    assert "run 1)" not in again.output
+    assert sorted(p.name for p in (dest / "metrics" / "run=1").iterdir()) == before
+    assert _rows(ds.dataset(dest / "metrics", format="parquet", partitioning="hive").to_table().to_pydict()) == expected
+    assert not [p for p in dest.rglob("*") if p.name.startswith(".")]  # no hidden file left
+
+
+def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
+    """Windows of a few steps (memory bounded by the window) give the same rows, each window
+    sorted by (key, step, rank, seq); to fsspec's memory:// (a remote filesystem), read back
+    by pyarrow and DuckDB through fsspec."""
+    import duckdb
+    import fsspec
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    url = "memory://exports-test/lake"
+    with open_store(two_runs) as reader:
+        refs = [reader.resolve_run(1), reader.resolve_run(2)]
+        done = export_parquet(reader, refs, url, window_rows=40)
+    assert done.destination == url and done.rows[1] + done.rows[2] == len(_store_rows(two_runs))
+    fs = fsspec.filesystem("memory")
+    try:
+        dataset = ds.dataset("/exports-test/lake/metrics", format="parquet", partitioning="hive", filesystem=fs)
+        assert _rows(dataset.to_table().to_pydict()) == _store_rows(two_runs)
+        con = duckdb.connect()
+        con.register_filesystem(fs)
+        count = con.sql(f"SELECT count(*) FROM read_parquet('{url}/metrics/**/*.parquet', hive_partitioning = true)")
+        assert count.fetchone() == (done.rows[1] + done.rows[2],)
+        (path,) = fs.glob("/exports-test/lake/metrics/run=1/*.parquet")
+        with fs.open(path, "rb") as fp:
+            table = pq.read_table(fp)
+        rows = list(zip(*(table.column(c).to_pylist() for c in ("step", "key", "rank", "seq"))))
+        windows: dict[int, list[Any]] = {}
+        for step, key, rank, seq in rows:
+            windows.setdefault(len(windows) if not windows else max(windows), []).append((key, step, rank, seq))
+        assert len(set(step for step, *_ in rows)) == 60
+        # sorted by (key, step, rank, seq) within each run of rows whose steps fall in one window
+        starts = [i for i in range(1, len(rows)) if (rows[i][1], rows[i][0], rows[i][2], rows[i][3])
+                  < (rows[i - 1][1], rows[i - 1][0], rows[i - 1][2], rows[i - 1][3])]  # fmt: skip
+        assert 2 < len(starts) + 1 <= 20  # several windows of 40 rows' steps
+        pieces = [rows[a:b] for a, b in zip([0, *starts], [*starts, len(rows)])]
+        assert all(max(p[0] for p in a) < min(p[0] for p in b) for a, b in zip(pieces, pieces[1:]))
+    finally:
+        fs.rm("/exports-test", recursive=True)
+
+
+def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
+    """A URL's user, password and query token stay out of every line; a missing filesystem
+    package is a clear error."""
+    assert public_url("s3://AKIAKEY:s3cr3t@bucket/lake?X-Amz-Signature=abc") == "s3://bucket/lake"
+    assert public_url("/local/dir") == "/local/dir"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "-o",
+                                       "s3://AKIAKEY:s3cr3t@bucket/lake?token=tok123"])  # fmt: skip
+    assert result.exit_code != 0
+    for secret in ("s3cr3t", "AKIAKEY", "tok123"):
+        assert secret not in result.output
+    assert "s3fs" in result.output and "s3://bucket/lake" in result.output
+    wrong = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet"])
+    assert wrong.exit_code == 2 and "-o DIR" in wrong.output
+
+
+@pytest.mark.parametrize("backend", ["duckdb"])  # the same files from every backend: one JVM start (~10-20 s) is enough
+def test_spark_reads_every_row(two_runs: Path, tmp_path: Path) -> None:
+    """Spark in local mode (one session, in a process of its own) reads the dataset: every row
+    of every rank of every run, equal to the store's, the run from its Hive partition."""
+    pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")
+    dest = tmp_path / "lake"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)])
+    assert result.exit_code == 0, result.output
+    script = f"""
+import json
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").appName("multirank-export-test")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "1")
+         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")  # a quicker JVM start
+         .getOrCreate())
+rows = spark.read.parquet({str(dest / 'metrics')!r}).collect()
+print(json.dumps([r.asDict() for r in rows]))
+spark.stop()
+"""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])  # json writes Spark's NaN as NaN, and reads it back
+    assert _rows({c: [r[c] for r in rows] for c in COLUMNS}) == _store_rows(two_runs)
+
+
+def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> None:
+    """TensorBoard's own event reader finds each rank's every key at every step it logged, in
+    rank_K/, and the ranks' median, min and max per key and step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--run", "1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"tensorboard --logdir {out}" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["rank_0", "rank_1", "rank_2", "ranks_max", "ranks_median", "ranks_min"]
+    with open_store(two_runs) as reader:
+        stored = reader.metrics(1, all_attempts=True)
+    for rank in (0, 1, 2):
+        acc = EventAccumulator(str(out / f"rank_{rank}"), size_guidance={"scalars": 0})
+        acc.Reload()
+        mine = stored[stored["rank"] == rank]
+        assert sorted(acc.Tags()["scalars"]) == sorted(mine["key"].unique())
+        for key, group in mine.groupby("key"):
+            events = acc.Scalars(key)
+            assert sorted(e.step for e in events) == sorted(group["step"].tolist())
+            # TensorBoard keeps a scalar as float32: compared as such
+            got = sorted((e.step, e.value) for e in events if not math.isnan(e.value))
+            want = sorted((s, float(v)) for s, v in zip(group["step"], group["value"].astype("float32")) if not math.isnan(v))
+            assert got == want
+    median = EventAccumulator(str(out / "ranks_median"), size_guidance={"scalars": 0})
+    median.Reload()
+    at = {e.step: e.value for e in median.Scalars("rank_value")}
+    assert at[5] == pytest.approx(1005.0)  # ranks 0, 1, 2 logged 5, 1005, 2005
+    high = EventAccumulator(str(out / "ranks_max"), size_guidance={"scalars": 0})
+    high.Reload()
+    assert {e.step: e.value for e in high.Scalars("rank_value")}[5] == pytest.approx(2005.0)
+
+
+def test_reader_frames_arrow_and_polars_without_pandas(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """metrics() as a pyarrow Table and a Polars DataFrame equal the pandas frame, and are built
+    without a pandas DataFrame on the way (no DataFrame can be made while they are)."""
+    import pandas as pd
+    import polars as pl
+    import pyarrow as pa
+
+    with open_store(two_runs) as reader:
+        df = reader.metrics(1)
+        with monkeypatch.context() as refused:
+            def no_pandas(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("a copy through pandas")
+
+            refused.setattr(pd.DataFrame, "__init__", no_pandas)
+            refused.setattr(pd.DataFrame, "_from_mgr", classmethod(no_pandas))  # Arrow's to_pandas
+            with pytest.raises(AssertionError, match="through pandas"):
+                pa.table({"a": [1]}).to_pandas()  # the refusal bites
+            table = reader.metrics(1, frame="arrow")
+            polars_df = reader.metrics(1, frame="polars")
+        with pytest.raises(ValueError, match="frame="):
+            reader.metrics(1, frame="numpy")
+    assert isinstance(table, pa.Table) and table.column_names == list(df.columns)
+    assert table.to_pandas().equals(df)
+    assert isinstance(polars_df, pl.DataFrame) and polars_df.to_pandas().equals(df)
