@@ -44,7 +44,7 @@ from benchmarks._harness import (  # noqa: E402
     targets_summary,
 )
 
-SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "scale", "read_scale", "ui")
+SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "scale", "read_scale", "ui", "export")
 
 SIZES = {
     "full": Sizes(

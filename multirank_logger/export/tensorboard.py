@@ -125,7 +125,7 @@ def _write_ranks(window: pa.Table, writer: Any) -> set[int]:
 def _write_spread(window: pa.Table, writer: Any) -> None:
     """Per (key, step) of the window, the median, min and max over its ranks (NaN left out)."""
     df = window.select(["step", "key", "value", "time"]).to_pandas()
-    stats = df.groupby(["step", "key"], sort=True).agg(
+    stats = df.groupby(["step", "key"], sort=True, observed=True).agg(
         ranks_median=("value", "median"), ranks_min=("value", "min"), ranks_max=("value", "max"), time=("time", "max")
     )
     steps = stats.index.get_level_values(0).tolist()

@@ -78,14 +78,19 @@ def metric_windows(reader: StoreReader, ref: RunRef, order_by: Sequence[str], wi
                    ) -> Iterator[pa.Table]:  # fmt: skip
     """Run `ref`'s metric rows, a window of steps at a time, each window sorted by `order_by`.
 
-    Columns: key, step, rank, value, dtype, seq, time. ``value`` is the value logged: NaN where
-    NaN was logged (stored as NULL), -0.0 where -0.0 was (stored as 0.0). No empty window.
+    Columns: key (dictionary-encoded: its strings once per window), step, rank, value, dtype,
+    seq, time. ``value`` is the value logged: NaN where NaN was logged (stored as NULL), -0.0
+    where -0.0 was (stored as 0.0). No empty window.
+
+    The sort is Arrow's, on integers (the key by its place among the window's sorted keys): an
+    ORDER BY on the key's strings took DuckDB 27 times its unsorted read of the same window.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
     columns = list(METRIC_COLUMNS)
     schema = metric_schema()
+    read_as = arrow_schema(metrics, only=columns)
     where = metrics.c.run_id == ref.id
     with reader._connect() as conn:
         reader.store.backend.hold_snapshot(conn)  # one state of a store still written: every window from it
@@ -99,22 +104,32 @@ def metric_windows(reader: StoreReader, ref: RunRef, order_by: Sequence[str], wi
         named = reader.store.backend.window_ranks(conn, ref.id)  # PostgreSQL: its index serves the windows
         if named is not None:
             where = sa.and_(where, metrics.c.rank.in_(named))
-        order = [metrics.c[name] for name in order_by]
         for start in range(low, high + 1, span):
             reader.check_stopped()
             # bounds inclusive and within [low, high]: `start + span` may pass int64 (run_scan.py)
-            stmt = (
-                sa.select(*(metrics.c[name] for name in columns))
-                .where(where, metrics.c.step >= start, metrics.c.step <= min(start + span - 1, high))
-                .order_by(*order)
+            stmt = sa.select(*(metrics.c[name] for name in columns)).where(
+                where, metrics.c.step >= start, metrics.c.step <= min(start + span - 1, high)
             )
-            window = _as_schema(reader.store.backend.fetch_arrow(conn, stmt), arrow_schema(metrics, only=columns))
+            window = _as_schema(reader.store.backend.fetch_arrow(conn, stmt), read_as)
             if window.num_rows == 0:
                 continue
+            key = pc.dictionary_encode(window.column("key").combine_chunks())
             dtype = window.column("dtype")
             value = pc.if_else(pc.equal(dtype, DTYPE_NAN), pa.scalar(float("nan")), window.column("value"))
             value = pc.if_else(pc.equal(dtype, DTYPE_NEG_ZERO), pa.scalar(-0.0), value)
-            yield pa.Table.from_arrays([*window.columns[:3], value, *window.columns[4:]], schema=schema)
+            out = pa.Table.from_arrays([key, *window.columns[1:3], value, *window.columns[4:]],
+                                       schema=schema.set(0, pa.field("key", key.type, nullable=False)))  # fmt: skip
+            yield out.take(_sort_indices(out, key, order_by))
+
+
+def _sort_indices(table: pa.Table, key: pa.DictionaryArray, order_by: Sequence[str]) -> pa.Array:
+    """The rows' order by `order_by`; the key by its place among the sorted dictionary's strings."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    place = pc.take(pc.rank(key.dictionary, sort_keys="ascending"), key.indices)
+    by = pa.table({name: place if name == "key" else table.column(name) for name in order_by})
+    return pc.sort_indices(by, sort_keys=[(name, "ascending") for name in order_by])
 
 
 def _as_schema(found: pa.Table, schema: pa.Schema) -> pa.Table:
