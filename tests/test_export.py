@@ -20,6 +20,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.export.destination import public_url
 from multirank_logger.export.parquet import export_parquet
+from multirank_logger.store.sql_store import Store
 from tests.test_query import _calls, _store_calls
 
 COLUMNS = ("run", "rank", "seq", "step", "key", "value", "dtype", "time")
@@ -53,11 +54,14 @@ _TEMPLATES: dict[str, Path] = {}
 @pytest.fixture
 def two_runs(db_path: Path, backend: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run 1: three ranks of _calls (NaN, inf, -0.0, ints, bools, late and odd keys); run 2: one
-    rank. Built once per backend, copied per test."""
+    rank; run 3: no metric row. Built once per backend, copied per test."""
     if backend not in _TEMPLATES:
         template = tmp_path_factory.mktemp("export-template") / db_path.name
         _store_calls(template, {0: _calls(0), 1: _calls(1), 2: _calls(2)})
         _store_calls(template, {0: _calls(0, 10)}, name="second")
+        store = Store(template)
+        store.create_run("empty", world_size=2)  # no metric row: an empty file every engine still reads
+        store.close()
         _TEMPLATES[backend] = template
     for suffix in ("", "-wal"):
         source = _TEMPLATES[backend].with_name(db_path.name + suffix)
@@ -77,7 +81,7 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
     dest = tmp_path / "lake"
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)])
     assert result.exit_code == 0, result.output
-    assert "run 1" in result.output and "run 2" in result.output and "zstd" in result.output
+    assert "run 1" in result.output and "run 2" in result.output and "run 3" in result.output and "zstd" in result.output
     expected = _store_rows(two_runs)
     assert len(expected) > 700
 
@@ -96,9 +100,9 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
         assert keys == sorted(keys)  # one window here (a few hundred rows); windows: the next test
     runs = con.sql(f"SELECT run, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
                    "ORDER BY run").fetchall()  # fmt: skip
-    assert runs == [(1, "lightning_logs", 3), (2, "second", 1)]
-    for table in ("attempts", "ranks", "decisions", "logs", "step_timing"):
-        assert sorted(p.name for p in (dest / table).iterdir()) == ["run=1", "run=2"]
+    assert runs == [(1, "lightning_logs", 3), (2, "second", 1), (3, "empty", 2)]
+    for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing"):
+        assert sorted(p.name for p in (dest / table).iterdir()) == ["run=1", "run=2", "run=3"]
 
     # the nightly append: run 2 again (it was running) and any later one; run 1 untouched
     before = sorted(p.name for p in (dest / "metrics" / "run=1").iterdir())
@@ -163,6 +167,10 @@ def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
     assert "s3fs" in result.output and "s3://bucket/lake" in result.output
     wrong = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet"])
     assert wrong.exit_code == 2 and "-o DIR" in wrong.output
+    both = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--rank", "1", "-o", "x"])
+    assert both.exit_code == 2 and "every rank" in both.output
+    csv_runs = CliRunner().invoke(main, ["export", str(two_runs), "--all-runs", "-o", "x"])
+    assert csv_runs.exit_code == 2 and "--format parquet or tensorboard" in csv_runs.output
 
 
 @pytest.mark.parametrize("backend", ["duckdb"])  # the same files from every backend: one JVM start (~10-20 s) is enough
@@ -223,6 +231,15 @@ def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> No
     high = EventAccumulator(str(out / "ranks_max"), size_guidance={"scalars": 0})
     high.Reload()
     assert {e.step: e.value for e in high.Scalars("rank_value")}[5] == pytest.approx(2005.0)
+    # several runs: a folder per run first; one rank's run has no spread
+    every = tmp_path / "tb-all"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--all-runs", "-o", str(every)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (every / "second" / "version_0").iterdir()) == ["rank_0"]
+    assert (every / "lightning_logs" / "version_0" / "ranks_median").is_dir()
+    one = EventAccumulator(str(every / "second" / "version_0" / "rank_0"), size_guidance={"scalars": 0})
+    one.Reload()
+    assert sorted(e.step for e in one.Scalars("train_loss")) == list(range(10))
 
 
 def test_reader_frames_arrow_and_polars_without_pandas(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:

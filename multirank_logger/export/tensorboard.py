@@ -30,15 +30,17 @@ from typing import TYPE_CHECKING, Any
 from multirank_logger.errors import ExportFailed, MissingExtra
 from multirank_logger.export.destination import Destination
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.query.row_windows import WINDOW_ROWS, metric_windows
+from multirank_logger.query.row_windows import metric_windows
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["SPREAD_SERIES", "TensorBoardExport", "export_tensorboard"]
+__all__ = ["SPREAD_SERIES", "WINDOW_ROWS", "TensorBoardExport", "export_tensorboard"]
 
+#: rows read at once: each becomes Python objects on the way to its event (~100 B a row held)
+WINDOW_ROWS = 131_072
 #: the folders of the ranks' spread, beside rank_K/
 SPREAD_SERIES = ("ranks_median", "ranks_min", "ranks_max")
 

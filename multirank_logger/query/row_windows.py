@@ -154,7 +154,7 @@ def _sort_indices(table: pa.Table, key: pa.DictionaryArray, order_by: Sequence[s
         for array, low, width in zip(arrays, lows, widths):
             packed <<= np.uint64(width)
             packed |= (array - low).astype(np.uint64)
-        return np.argsort(packed, kind="stable")
+        return np.argsort(packed)  # unique: (rank, seq, key) is a row's identity, so no tie to keep stable
     by = pa.table({name: column for name, column in zip(order_by, columns)})
     return pc.sort_indices(by, sort_keys=[(name, "ascending") for name in order_by])
 
