@@ -38,7 +38,7 @@ from multirank_logger._util.prefetch import prefetched
 from multirank_logger.export.destination import Destination
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import attempts, decisions, logs, ranks, runs, step_timing
-from multirank_logger.query.row_windows import metric_schema, metric_windows, run_table
+from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -126,9 +126,10 @@ def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, token:
     """The run's metric rows, window by window, into files of about `FILE_ROWS` rows each."""
     import pyarrow.parquet as pq
 
-    # the next window is read and sorted on a thread of its own while this one is compressed and
-    # written (DuckDB, Arrow's sort and zstd release the GIL): one window more in memory
-    windows = prefetched(lambda: metric_windows(reader, ref, METRIC_ORDER, window_rows))
+    # the next window is read and its order found on a thread of its own while this one is taken
+    # in order, compressed and written (DuckDB, Arrow and zstd release the GIL): one window more
+    # in memory, the work about even between the two
+    windows = (rows.take(order) for rows, order in prefetched(lambda: window_orders(reader, ref, METRIC_ORDER, window_rows)))
     pending = next(windows, None)
     if pending is None:  # a run with no metric row: one empty file, so that every engine finds the columns
         _write_file(target, ("metrics", f"run={ref.id}", f"part-{token}-00000.parquet"), metric_schema().empty_table(), out)

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["METRIC_COLUMNS", "WINDOW_ROWS", "arrow_schema", "metric_schema", "metric_windows", "run_table"]
+__all__ = ["METRIC_COLUMNS", "WINDOW_ROWS", "arrow_schema", "metric_schema", "metric_windows", "run_table",
+           "window_orders"]  # fmt: skip
 
 #: the columns of `metric_windows`' tables
 METRIC_COLUMNS = ("key", "step", "rank", "value", "dtype", "seq", "time")
@@ -76,7 +77,16 @@ def run_table(reader: StoreReader, table: sa.Table, run_column: sa.Column[Any], 
 
 def metric_windows(reader: StoreReader, ref: RunRef, order_by: Sequence[str], window_rows: int = WINDOW_ROWS
                    ) -> Iterator[pa.Table]:  # fmt: skip
-    """Run `ref`'s metric rows, a window of steps at a time, each window sorted by `order_by`.
+    """Run `ref`'s metric rows, a window of steps at a time, each window sorted by `order_by`
+    (`window_orders`, each taken in its order)."""
+    for rows, order in window_orders(reader, ref, order_by, window_rows):
+        yield rows.take(order)
+
+
+def window_orders(reader: StoreReader, ref: RunRef, order_by: Sequence[str], window_rows: int = WINDOW_ROWS
+                  ) -> Iterator[tuple[pa.Table, Any]]:  # fmt: skip
+    """Run `ref`'s metric rows, a window of steps at a time, each with its rows' order by
+    `order_by` (``rows.take(order)`` sorts it: a thread of a pipeline may do that apart).
 
     Columns: key (dictionary-encoded: its strings once per window), step, rank, value, dtype,
     seq, time. ``value`` is the value logged: NaN where NaN was logged (stored as NULL), -0.0
@@ -117,7 +127,7 @@ def metric_windows(reader: StoreReader, ref: RunRef, order_by: Sequence[str], wi
             value = _as_logged(window.column("value"), window.column("dtype"))
             out = pa.Table.from_arrays([key, *window.columns[1:3], value, *window.columns[4:]],
                                        schema=schema.set(0, pa.field("key", key.type, nullable=False)))  # fmt: skip
-            yield out.take(_sort_indices(out, key, order_by))
+            yield out, _sort_indices(out, key, order_by)
 
 
 def _as_logged(value: Any, dtype: Any) -> Any:
