@@ -1,6 +1,7 @@
 """`export --format parquet|tensorboard` read back by clients no one here wrote: DuckDB's
 read_parquet, Polars' scan_parquet, pyarrow.dataset, Spark (local mode), TensorBoard's own event
-reader; a remote destination through fsspec's memory://; and the reader's Arrow and Polars frames."""
+reader; a remote destination through fsspec's memory:// and a local S3 server (moto); and the
+reader's Arrow and Polars frames."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from multirank_logger.cli import main
 from multirank_logger.export.destination import public_url
 from multirank_logger.export.parquet import export_parquet
 from multirank_logger.store.sql_store import Store
+from tests.helpers.launches import free_port
 from tests.test_query import _calls, _store_calls
 
 COLUMNS = ("run", "rank", "seq", "step", "key", "value", "dtype", "time")
@@ -154,6 +156,38 @@ def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
         fs.rm("/exports-test", recursive=True)
 
 
+@pytest.mark.parametrize("backend", ["duckdb"])  # the destination is under test here, not the store
+def test_parquet_to_a_local_s3_server(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3:// through s3fs to a real S3 API (moto's server on 127.0.0.1), credentials from the
+    environment as on a cluster: every row read back from the bucket; the secret never printed."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        secret = "s3cr3t-" + os.urandom(6).hex()
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTESTING")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        import pyarrow.dataset as ds
+        import s3fs
+
+        fs = s3fs.S3FileSystem(skip_instance_cache=True)
+        fs.mkdir("lake-bucket")
+        result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o",
+                                           "s3://lake-bucket/nightly"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "s3://lake-bucket/nightly" in result.output and secret not in result.output
+        fs.invalidate_cache()
+        dataset = ds.dataset("lake-bucket/nightly/metrics", format="parquet", partitioning="hive", filesystem=fs)
+        assert _rows(dataset.to_table().to_pydict()) == _store_rows(two_runs)
+        assert not [p for p in fs.find("lake-bucket") if "/." in p]  # no hidden file left
+    finally:
+        server.stop()
+
+
 def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
     """A URL's user, password and query token stay out of every line; a missing filesystem
     package is a clear error."""
@@ -164,7 +198,9 @@ def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
     assert result.exit_code != 0
     for secret in ("s3cr3t", "AKIAKEY", "tok123"):
         assert secret not in result.output
-    assert "s3fs" in result.output and "s3://bucket/lake" in result.output
+    assert result.output.startswith("Error: Cannot export to s3://bucket/lake"), result.output  # not a traceback
+    missing = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "-o", "gs://me:pw0rd@b/l"])
+    assert missing.exit_code == 1 and "gcsfs" in missing.output and "pw0rd" not in missing.output, missing.output
     wrong = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet"])
     assert wrong.exit_code == 2 and "-o DIR" in wrong.output
     both = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--rank", "1", "-o", "x"])

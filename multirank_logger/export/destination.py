@@ -18,15 +18,33 @@ from typing import Any
 
 from multirank_logger.errors import ExportFailed
 
-__all__ = ["Destination", "public_url"]
+__all__ = ["Destination", "public_url", "url_secrets"]
+
+
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)(?:([^/?#]*)@)?([^?#]*)(?:\?([^#]*))?")
 
 
 def public_url(url: str) -> str:
     """`url` without what may be a secret: the user and password before ``@``, and the query string."""
-    match = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#]*@)?([^?#]*)", url)
+    match = _URL.match(url)
     if match is None:
         return url  # a path
     return match.group(1) + match.group(3)
+
+
+def url_secrets(url: str) -> list[str]:
+    """What `public_url` leaves out of `url`: its user info (whole, and each part) and its query
+    (whole, and each value); longest first, to be blotted out of any text that may quote them."""
+    match = _URL.match(url)
+    if match is None:
+        return []
+    found: list[str] = []
+    if match.group(2):
+        found += [match.group(2), *match.group(2).split(":")]
+    if match.group(4):
+        found.append(match.group(4))
+        found += [pair.partition("=")[2] for pair in match.group(4).split("&")]
+    return sorted({text for text in found if text}, key=len, reverse=True)
 
 
 class Destination:
@@ -36,16 +54,35 @@ class Destination:
         import fsspec.core
 
         self.public = public_url(url)
+        self._secrets = url_secrets(url)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
         except ImportError as exc:  # s3fs, gcsfs, adlfs: each filesystem's own package ("Install s3fs to access S3")
-            raise ExportFailed(self.public, f"its filesystem's package is missing ({_no_secret(str(exc), url)})",
+            raise ExportFailed(self.public, f"its filesystem's package is missing ({self.blotted(exc)})",
                                "Install it (pip install s3fs, gcsfs, adlfs...) or export to a local directory.") from None
         except ValueError as exc:  # a protocol fsspec does not know
-            raise ExportFailed(self.public, f"fsspec cannot open it ({_no_secret(str(exc), url)})",
+            raise ExportFailed(self.public, f"fsspec cannot open it ({self.blotted(exc)})",
                                "Pass a local directory or a URL of a filesystem fsspec knows (s3://, gs://, abfs://).") from None
         self.root = self.root.rstrip("/") or "/"
         self.local = "file" in _protocols(self.fs)
+
+    def blotted(self, exc: BaseException) -> str:
+        """An error's text with the URL's secrets blotted out (a driver may quote the URL it was given)."""
+        text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) or not exc.strerror else exc.strerror
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @contextlib.contextmanager
+    def errors_told(self) -> Iterator[None]:
+        """The filesystem's errors in the block (a bucket refused, the network, a bad name) as
+        `ExportFailed`, their text without the URL's secrets: no traceback quotes them."""
+        try:
+            yield
+        except (ExportFailed, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 (each filesystem package raises its own classes)
+            raise ExportFailed(self.public, self.blotted(exc), "Check the destination and its credentials.") from None
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -61,39 +98,38 @@ class Destination:
         final = self.path(*parts)
         folder, name = posixpath.split(final)
         hidden = posixpath.join(folder, f".{name}.tmp")
-        try:
+        with self.errors_told():
             self.fs.makedirs(folder, exist_ok=True)
             fp = self.fs.open(hidden, "wb")
-        except OSError as exc:
-            raise ExportFailed(self.shown(*parts[:-1]), exc.strerror or type(exc).__name__,
-                               "Pass a destination you can write to.") from None
-        try:
-            with fp:
-                yield fp
-        except BaseException:
-            with contextlib.suppress(OSError):
-                self.fs.rm(hidden)
-            raise
-        self.fs.mv(hidden, final)
+            try:
+                with fp:
+                    yield fp
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.fs.rm(hidden)
+                raise
+            self.fs.mv(hidden, final)
 
     def files(self, *parts: str) -> list[str]:
         """The files directly under ``parts`` (full paths), none when it is missing."""
         folder = self.path(*parts)
-        try:
-            return [p for p in self.fs.ls(folder, detail=False) if self.fs.isfile(p)]
-        except FileNotFoundError:
-            return []
+        with self.errors_told():
+            try:
+                return [p for p in self.fs.ls(folder, detail=False) if self.fs.isfile(p)]
+            except FileNotFoundError:
+                return []
+
+    def size(self, *parts: str) -> int:
+        with self.errors_told():
+            return int(self.fs.size(self.path(*parts)))
 
     def remove(self, paths: list[str]) -> None:
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(path)
+        with self.errors_told():
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(path)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def _no_secret(text: str, url: str) -> str:
-    return text.replace(url, public_url(url))

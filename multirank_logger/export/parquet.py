@@ -146,7 +146,7 @@ def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, token:
                 pending = next(windows, None)
         total += in_file
         out.files += 1
-        out.bytes += target.fs.size(target.path(*parts))
+        out.bytes += target.size(*parts)
         number += 1
     return total
 
@@ -157,7 +157,7 @@ def _write_file(target: Destination, parts: tuple[str, ...], table: pa.Table, ou
     with target.writing(*parts) as fp:
         pq.write_table(table, fp, **_WRITE_OPTIONS)
     out.files += 1
-    out.bytes += target.fs.size(target.path(*parts))
+    out.bytes += target.size(*parts)
 
 
 #: zstd; statistics for every column (the min/max a reader skips row groups by); no Arrow schema
