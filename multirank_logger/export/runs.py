@@ -28,7 +28,7 @@ def runs_asked(reader: StoreReader, run: str | None = None, all_runs: bool = Fal
     if not all_runs and since is None:
         return [reader.resolve_run(run)]
     first = reader.resolve_run(since).id if since is not None else 0
-    return [reader.resolve_run(int(i)) for i in reader.runs()["id"] if int(i) >= first]
+    return [reader.resolve_run(i) for i in reader.run_ids() if i >= first]
 
 
 def export_runs(reader: StoreReader, fmt: str, dest: str, *, run: str | None = None, all_runs: bool = False,

@@ -34,7 +34,7 @@ def long_table(found: Any, all_attempts: bool) -> Any:
         return table
     latest = table.group_by(["rank", "key", "step"]).aggregate([("attempt", "max")])
     joined = table.join(latest, keys=["rank", "key", "step"])
-    kept = joined.filter(pc.equal(joined.column("attempt"), joined.column("attempt_max"))).drop_columns(["attempt_max"])
+    kept = joined.filter(pc.equal(joined.column("attempt"), joined.column("attempt_max")))
     return kept.select(table.column_names).sort_by([("rank", "ascending"), ("seq", "ascending")])
 
 

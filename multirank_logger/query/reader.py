@@ -249,6 +249,10 @@ class StoreReader:
         )
         return out
 
+    def run_ids(self) -> list[int]:
+        """Every run's id, in order: no scan of the metrics (``runs`` counts their steps and keys)."""
+        return [int(i) for i in self._scalars(sa.select(runs.c.id).order_by(runs.c.id))]
+
     def resolve_run(self, run: int | str | RunRef | None = None) -> RunRef:
         """The run meant by ``run`` (see the class docstring; a `RunRef` is taken as it is).
 
