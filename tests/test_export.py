@@ -279,8 +279,8 @@ def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> No
 
 
 def test_reader_frames_arrow_and_polars_without_pandas(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """metrics() as a pyarrow Table and a Polars DataFrame equal the pandas frame, and are built
-    without a pandas DataFrame on the way (no DataFrame can be made while they are)."""
+    """metrics() and per_rank() as a pyarrow Table and a Polars DataFrame equal the pandas frames,
+    and are built without a pandas DataFrame on the way (no DataFrame can be made while they are)."""
     import pandas as pd
     import polars as pl
     import pyarrow as pa
@@ -297,6 +297,14 @@ def test_reader_frames_arrow_and_polars_without_pandas(two_runs: Path, monkeypat
                 pa.table({"a": [1]}).to_pandas()  # the refusal bites
             table = reader.metrics(1, frame="arrow")
             polars_df = reader.metrics(1, frame="polars")
+            wide = reader.per_rank("rank_value", 1, frame="arrow")
+            wide_polars = reader.per_rank("train_loss", 1, frame="polars")
+        grid = reader.per_rank("rank_value", 1)
+        assert wide.column_names == ["step", "0", "1", "2"] and wide.column("step").to_pylist() == grid.index.tolist()
+        for rank in (0, 1, 2):
+            assert wide.column(str(rank)).to_pylist() == grid[rank].tolist()
+        assert isinstance(wide_polars, pl.DataFrame) and wide_polars.to_pandas().set_index("step").rename(
+            columns=int).rename_axis(columns="rank").equals(reader.per_rank("train_loss", 1))
         with pytest.raises(ValueError, match="frame="):
             reader.metrics(1, frame="numpy")
     assert isinstance(table, pa.Table) and table.column_names == list(df.columns)

@@ -360,8 +360,11 @@ class StoreReader:
         with self._connect() as conn:
             return orphan_runs(conn)
 
-    def per_rank(self, key: str, run: int | str | None = None) -> Any:
+    def per_rank(self, key: str, run: int | str | None = None, *, frame: str = "pandas") -> Any:
         """One key as a step x rank table (index ``step``, one float column per rank).
+
+        ``frame``: ``"arrow"`` or ``"polars"``: a ``step`` column, then one column per rank named
+        by its number (``"0"``, ``"1"``...), from the NumPy grid without pandas.
 
         Where a rank logged the key twice at one step, its later call wins: of a run resumed
         from a checkpoint, the latest launch's value (``metrics(all_attempts=True)`` shows all).
@@ -369,14 +372,19 @@ class StoreReader:
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
         """
+        if frame not in FRAMES:
+            raise ValueError(f"frame={frame!r}: pass one of {', '.join(map(repr, FRAMES))}.")
         ref = self.resolve_run(run)
-        import_in_background("pandas")  # for the DataFrame, while the store reads the rows
+        if frame == "pandas":
+            import_in_background("pandas")  # for the DataFrame, while the store reads the rows
         with self._connect() as conn:
             rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
         assert rank is not None and step is not None and value is not None and dtype is not None
         if len(rank) == 0:
             self._check_keys(ref, [key])
-        return pivot_step_rank(rank, seq, step, value, dtype)
+        if frame == "pandas":
+            return pivot_step_rank(rank, seq, step, value, dtype)
+        return as_frame(pivot_step_rank(rank, seq, step, value, dtype, frame="arrow"), frame)
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
         """One key per rank, with how far the ranks spread and which rank stands out."""
