@@ -156,6 +156,24 @@ def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
         fs.rm("/exports-test", recursive=True)
 
 
+def test_parquet_from_postgresql(postgres_server: Any, tmp_path: Path) -> None:
+    """A PostgreSQL store: its windows name the ranks (its index), its rows come as Python values
+    (no Arrow from the driver): the same rows and types in the dataset as from a file store."""
+    import pyarrow.dataset as ds
+
+    from tests.helpers.stores import new_postgres_database
+
+    url = new_postgres_database(postgres_server)
+    _store_calls(url, {0: _calls(0), 1: _calls(1)})  # a URL where a path is typed: Store takes either
+    with open_store(url) as reader:
+        done = export_parquet(reader, [reader.resolve_run(1)], str(tmp_path / "lake"), window_rows=100)
+        expected = reader.metrics(1, all_attempts=True, frame="arrow").to_pydict()
+    expected["run"] = [1] * len(expected["rank"])
+    table = ds.dataset(tmp_path / "lake" / "metrics", format="parquet", partitioning="hive").to_table()
+    assert _rows(table.to_pydict()) == _rows(expected) and done.rows[1] == len(expected["rank"])
+    assert str(table.schema.field("rank").type) == "int32" and str(table.schema.field("dtype").type) == "int16"
+
+
 @pytest.mark.parametrize("backend", ["duckdb"])  # the destination is under test here, not the store
 def test_parquet_to_a_local_s3_server(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """s3:// through s3fs to a real S3 API (moto's server on 127.0.0.1), credentials from the
