@@ -33,12 +33,13 @@ browser:
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
-# Spark (pyspark, in local mode) reads the Parquet export in tests/test_export.py: it needs a Java
-# runtime, installed when missing (Debian's package; CI runs as root), so the test never skips
+# Spark (pyspark 4, in local mode) reads the Parquet export in tests/test_export.py: it needs a Java
+# runtime (17 or later), installed when missing (Debian's default-jre-headless: OpenJDK 17 on
+# Debian 12, 21 on 13; CI runs as root), so the test never skips
 java:
 	@command -v java >/dev/null || { \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq default-jre-headless >/dev/null; }
 
 # ruff and mypy as configured in pyproject.toml (CI runs them through `make test`)
 lint: $(STAMP)
