@@ -227,6 +227,7 @@ def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
     assert csv_runs.exit_code == 2 and "--format parquet or tensorboard" in csv_runs.output
 
 
+@pytest.mark.slow  # a JVM in a process of its own
 @pytest.mark.parametrize("backend", ["duckdb"])  # the same files from every backend: one JVM start (~10-20 s) is enough
 def test_spark_reads_every_row(two_runs: Path, tmp_path: Path) -> None:
     """Spark in local mode (one session, in a process of its own) reads the dataset: every row
