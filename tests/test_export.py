@@ -329,3 +329,23 @@ def test_reader_frames_arrow_and_polars_without_pandas(two_runs: Path, monkeypat
     assert isinstance(table, pa.Table) and table.column_names == list(df.columns)
     assert table.to_pandas().equals(df)
     assert isinstance(polars_df, pl.DataFrame) and polars_df.to_pandas().equals(df)
+
+
+def test_device_stats_cuda_memory_in_the_report(tmp_path: Path) -> None:
+    """Without StepTimer, DeviceStatsMonitor's per-rank CUDA peak (what it logs on a GPU: torch's
+    memory_stats under its prefix) is the report's memory finding, named under that key's chart
+    on the page; here the rows a 4-rank GPU run would store, rank 2's peak 3x the others'."""
+    from multirank_logger.report import find
+    from multirank_logger.report.findings import DEVICE_STATS_PEAK, DEVICE_STATS_RETRIES
+
+    db = tmp_path / "gpu.duckdb"
+    gib = 2**30
+    per_rank = {rank: [({DEVICE_STATS_PEAK: float((3 if rank == 2 else 1) * gib + step), DEVICE_STATS_RETRIES: 0,
+                         "train_loss": 1.0 / (step + 1)}, step) for step in range(20)] for rank in range(4)}  # fmt: skip
+    _store_calls(db, per_rank)
+    with open_store(db) as reader:
+        found = find(reader)
+    assert [(m["rank"], m["measure"]) for m in found.memory] == [(2, DEVICE_STATS_PEAK)]
+    assert found.memory[0]["ratio"] == pytest.approx(3.0, rel=1e-6)
+    assert found.departing_by_series()[DEVICE_STATS_PEAK] == [2]
+    assert found.departing(DEVICE_STATS_PEAK) == [2]
