@@ -6,6 +6,8 @@ unsynced `train_loss` differs: the per-rank view shows both, where CSVLogger kee
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -83,7 +85,7 @@ def main() -> None:
         print(f"\n== train_loss per rank, run {logger.name}/version_{logger.version} (step x rank)")
         print(store.per_rank("train_loss", run=logger.run_id).to_string())
     print(f"\nCSVLogger's files for this run: {logger.log_dir}/metrics.csv, hparams.yaml")
-    print(f'Query it yourself: multirank-logger sql {DB} "SELECT rank, step, value FROM metrics WHERE key = \'train_loss\'"')
+    print(f'Query it yourself: {cli_command()} sql {DB} "SELECT rank, step, value FROM metrics WHERE key = \'train_loss\'"')
     _report(logger.run_id)
 
 
@@ -96,8 +98,24 @@ def _report(run_id: int) -> None:
     with open_store(str(DB)) as store:
         write_report(store, find(store, run=run_id), page)
     print(f"\nThis run's report: {page.resolve()}")
-    print(f"In the terminal: multirank-logger report {DB} --run {run_id}")
-    print(f"Live in a browser (runs, heatmaps, findings): multirank-logger ui {DB}")
+    print(f"In the terminal: {cli_command()} report {DB} --run {run_id}")
+    print(f"Live in a browser (runs, heatmaps, findings): {cli_command()} ui {DB}")
+
+
+def cli_command() -> str:
+    """The command that runs `multirank-logger` from this shell: its bare name where it is on
+    PATH (an active venv), else the script next to this Python (`make demo` runs .venv/bin/python
+    from a shell without .venv active: the bare name is "command not found" there)."""
+    beside = Path(sys.executable).parent / "multirank-logger"
+    found = shutil.which("multirank-logger")
+    if found and (not beside.exists() or Path(found).resolve() == beside.resolve()):
+        return "multirank-logger"
+    if beside.exists():
+        try:
+            return str(beside.relative_to(Path.cwd()))
+        except ValueError:
+            return str(beside)
+    return f"{sys.executable} -m multirank_logger.cli"
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
+from multirank_logger._util.readable import duration_text as _duration
+from multirank_logger._util.readable import times_as_times
 from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew
 from multirank_logger.store.backends import public_name
@@ -144,12 +146,6 @@ def _frame_text(df: Any, index: bool = True, max_rows: int | None = None) -> str
     return df.to_string(index=index, max_rows=max_rows, line_width=None)
 
 
-def _duration(seconds: float) -> str:
-    if seconds != seconds:  # NaN: not ended, nothing logged yet
-        return "-"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _status_text(status: str, started: Any, last_value: Any, spilled: int, lost: int, unknown: int) -> str:
@@ -215,7 +211,8 @@ def _echo_runs_data(df: Any, fmt: str) -> None:
 @click.option("--rank", type=int, default=None, help="The rank to export (default: 0).")
 @click.option("--all-ranks", is_flag=True, help="Export every rank to DIR/metrics_rank_{k}.csv (needs -o DIR).")
 @click.option(
-    "-o", "--output", type=click.Path(), default=None, help="File (or directory with --all-ranks); default stdout."
+    "-o", "--output", type=click.Path(allow_dash=True), default=None,
+    help="File (or directory with --all-ranks); default (and -o -): standard output."
 )
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "tensorboard"]), default="csv", show_default=True,
               help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: rank_K/ event dirs.")  # fmt: skip
@@ -230,8 +227,9 @@ def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool,
         return
     if all_ranks and rank is not None:
         raise click.UsageError("Pass --rank K or --all-ranks, not both.")
-    if all_ranks and output is None:
+    if all_ranks and output in (None, "-"):
         raise click.UsageError("--all-ranks writes one file per rank: pass -o DIR.")
+    output = None if output == "-" else output  # -o -: standard output, as most tools read it
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
         if all_ranks:
@@ -308,12 +306,15 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
             f"Spread across ranks (max - min at a step): mean {s.spread_mean:.6g}, "
             f"largest {s.spread_max:.6g} at step {s.spread_max_step}."
         )
-    if s.standout is not None:
+    if table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
+        lines.append("Which of the 2 ranks is off cannot be told from two (each is as far from their median as "
+                     "the other): a third rank tells.")  # fmt: skip
+    elif s.standout is not None:
         dist = s.summary["from_median"]
-        lines.append(
-            f"Rank {s.standout} stands out: {dist[s.standout]:.6g} from the per-step median of the ranks "
-            f"on average, {s.ratio:.3g}x the other ranks' ({dist.drop(s.standout).median():.6g})."
-        )
+        others = dist.drop(s.standout).median()
+        than = f"{s.ratio:.3g}x the other ranks' ({others:.6g})" if others > 0 else "where the other ranks sit on it (0)"
+        lines.append(f"Rank {s.standout} stands out: {dist[s.standout]:.6g} from the per-step median of the ranks "
+                     f"on average, {than}.")  # fmt: skip
     elif s.farthest is not None:
         lines.append(
             f"No rank stands out: the farthest from the per-step median, rank {s.farthest}, is "
@@ -334,7 +335,8 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
 def sql_cmd(db_path: str, query: str, fmt: str, timeout: float | None) -> None:
     """Run a read-only QUERY on DB; a statement that writes is refused and changes nothing.
 
-    Ctrl-C stops a long query at once, as --timeout does."""
+    The table shows the store's times (time, started_at, ended_at: Unix seconds) as UTC dates;
+    csv and json keep the numbers. Ctrl-C stops a long query at once, as --timeout does."""
     with open_store(db_path) as reader:
         try:
             df = reader.sql(query, timeout=timeout)
@@ -348,7 +350,7 @@ def sql_cmd(db_path: str, query: str, fmt: str, timeout: float | None) -> None:
     elif df.columns.empty:
         click.echo("(no result)")
     else:
-        click.echo(_frame_text(df, index=False))
+        click.echo(_frame_text(times_as_times(df), index=False))
 
 
 # -- which rank is the problem: report and plot (report/: findings.py, render.py, plots.py) ----
@@ -482,7 +484,8 @@ def decisions_cmd(db_path: str, run: str | None) -> None:
         row["best"] = f"{first['best']:g}" if first["best"] == first["best"] else "-"
         row["path"] = first["path"] or ""
         rows.append(row)
-    click.echo(f"{ref.label} (run {ref.id}): {len(rows)} decisions, {len(split)} where the ranks voted differently (!)")
+    differ = f"{len(split)} where the ranks voted differently (marked !)" if split else "the ranks voted alike in each"
+    click.echo(f"{ref.label} (run {ref.id}): {len(rows)} decisions, {differ}")
     click.echo(_frame_text(pd.DataFrame(rows).fillna("-"), index=False))
     click.echo("rank K: that rank's own value and vote (yes: it alone would save / stop); best and path: rank 0's.")
 

@@ -196,7 +196,7 @@ class SchemaTooNew(StoreError):
         self.found = found
         super().__init__(
             f"Store {url} is at schema {found}, which multirank_logger {version} does not know: "
-            "it was written by a newer version. Upgrade the package: pip install -U multirank-logger"
+            "it was written by a newer version. Upgrade the package (from an up-to-date clone: pip install -U ./multirank-logger)"
         )
 
 
@@ -297,7 +297,8 @@ class MissingExtra(MultiRankLoggerError, ImportError):
         self.package = package
         super().__init__(
             f"{feature} need {package}, which is not installed. "
-            f"Install it with: pip install 'multirank-logger[{extra}]' (or pip install {package})"
+            f"Install it with: pip install {package} (the package's [{extra}] extra; from a clone: "
+            f"pip install './multirank-logger[{extra}]')"
         )
 
 

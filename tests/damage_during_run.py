@@ -19,7 +19,6 @@ import duckdb
 from multirank_logger import MultiRankLogger
 
 _DUCKDB_HEADER_BYTES = 3 * 4096
-_DUCKDB_BLOCK_BYTES = 262_144
 
 
 def _metrics_block_offset(path: str) -> int:
@@ -27,10 +26,11 @@ def _metrics_block_offset(path: str) -> int:
     try:
         blocks = sorted(b for (b,) in con.execute(
             "SELECT DISTINCT block_id FROM pragma_storage_info('metrics') WHERE block_id >= 0").fetchall())
+        block_bytes = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0]  # the file's own
     finally:
         con.close()
     assert blocks, "the metrics table has data blocks"
-    return _DUCKDB_HEADER_BYTES + blocks[len(blocks) // 2] * _DUCKDB_BLOCK_BYTES + 8192
+    return _DUCKDB_HEADER_BYTES + blocks[len(blocks) // 2] * block_bytes + 8192
 
 
 def main(db: str, spill_dir: str) -> None:

@@ -103,7 +103,7 @@ def test_decisions_cli_flags_where_ranks_disagreed(launch: dict) -> None:
     result = CliRunner().invoke(cli, ["decisions", str(launch["db"])])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == "lightning_logs/version_0 (run 1): 8 decisions, 2 where the ranks voted differently (!)"
+    assert lines[0] == "lightning_logs/version_0 (run 1): 8 decisions, 2 where the ranks voted differently (marked !)"
     flagged = [line.split() for line in lines[2:-1] if line.startswith("!")]
     assert flagged == [
         ["!", "6", "2", "ModelCheckpoint(val_score,", "min)", "not", "saved", "3", "yes", "4.5", "no", "4", "-"],

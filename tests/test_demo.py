@@ -18,8 +18,14 @@ from tests.helpers.launches import free_port
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
 
+def _path_without_venv() -> str:
+    """PATH as in a shell where the venv is not active (make demo's: it runs .venv/bin/python)."""
+    venv_bin = str(Path(sys.executable).parent)
+    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+
+
 def _run_demo(cwd: Path) -> str:
-    env = {**os.environ, "MASTER_PORT": str(free_port())}
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "PATH": _path_without_venv()}
     for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
         env.pop(var, None)
     proc = subprocess.run([sys.executable, str(DEMO)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
@@ -50,8 +56,14 @@ def test_demo_trains_two_ranks_and_shows_them(tmp_path: Path, older_store: bool)
     assert (tmp_path / "demo_runs" / "demo" / f"version_{version}" / "metrics.csv").is_file()
     page = tmp_path / "demo_runs" / "report.html"  # the run's own report, pointed at at the end
     assert f"This run's report: {page}" in out and "window.MRL_STATIC" in page.read_text()
-    assert "In the terminal: multirank-logger report demo_runs/runs.duckdb --run" in out
-    assert out.rstrip().endswith("multirank-logger ui demo_runs/runs.duckdb")  # make demo ends with the ui command
+    # the commands printed work from the shell make demo ran in, the venv not active (issue 40 point 2)
+    report_line = next(line for line in out.splitlines() if line.startswith("In the terminal: "))
+    command = report_line.removeprefix("In the terminal: ")
+    assert command.split()[0].endswith("multirank-logger") and " report demo_runs/runs.duckdb --run " in command
+    shell = subprocess.run(command, shell=True, cwd=tmp_path, env={**os.environ, "PATH": _path_without_venv()},
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shell.returncode == 0 and "Report for demo/version_" in shell.stdout, shell.stderr[-2000:]
+    assert out.rstrip().endswith("ui demo_runs/runs.duckdb")  # make demo ends with the ui command
     reader = Store(db, readonly=True)
     assert reader.current_revision() == head_revision()
     reader.close()

@@ -108,7 +108,9 @@ def test_ranks_the_server_refuses_go_on_and_spill(small_server: Any, tmp_path: P
     procs = _start(db, out, "direct", go, timeout=5.0, spill_dir=str(tmp_path / "spill"))
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     while len(list(tmp_path.glob("go.ready*"))) < WORLD:
-        assert time.monotonic() < deadline and all(p.exitcode is None for p in procs), "the ranks did not set up"
+        if time.monotonic() > deadline or any(p.exitcode is not None for p in procs):
+            join_ranks(procs, 5)  # ends the others: what each said is then whole
+            pytest.fail(f"the ranks did not set up (exit codes {[p.exitcode for p in procs]}):\n{ranks_stderr(out)[-6000:]}")
         time.sleep(0.05)
     small_server.psql(f"ALTER ROLE {role} CONNECTION LIMIT 0;")  # the connections open stay; no new one
     try:

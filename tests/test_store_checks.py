@@ -16,9 +16,8 @@ from multirank_logger.errors import DamagedStore, ForeignStore, NotADatabase
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
 
-#: a DuckDB file's header (three 4 KiB pages), then blocks of 256 KiB (DuckDB 2.0's defaults)
+#: a DuckDB file's header (three 4 KiB pages), then blocks of the size the file records
 _DUCKDB_HEADER_BYTES = 3 * 4096
-_DUCKDB_BLOCK_BYTES = 262_144
 
 
 def _filled_store(path: Path, calls: int = 20_000) -> None:
@@ -40,10 +39,11 @@ def _metrics_block_offset(path: Path) -> int:
     try:
         blocks = sorted(b for (b,) in con.execute(
             "SELECT DISTINCT block_id FROM pragma_storage_info('metrics') WHERE block_id >= 0").fetchall())
+        block_bytes = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0]  # the file's own
     finally:
         con.close()
     assert blocks, "the metrics table has data blocks"
-    return _DUCKDB_HEADER_BYTES + blocks[len(blocks) // 2] * _DUCKDB_BLOCK_BYTES + 8192
+    return _DUCKDB_HEADER_BYTES + blocks[len(blocks) // 2] * block_bytes + 8192
 
 
 def _refused_untouched(path: Path, error: type[Exception], match: str) -> str:

@@ -260,7 +260,7 @@ def _wait(driver: Any, script: str, timeout: float = 90) -> Any:
 
 
 def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tmp_path: Path, serve: Any) -> None:
-    """The landing page opens the only run; its loss chart names rank 11 and rank 4 (band lines,
+    """The landing page lists the only run; its loss chart names rank 11 and rank 4 (band lines,
     legend, findings), the heatmap is drawn, a missing store's page and an unknown run's page say
     so, and not one request leaves 127.0.0.1."""
     with chromium(1300, 1500) as driver:
@@ -270,7 +270,8 @@ def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tm
         driver.get(cli_server + "run/42")
         shown = _wait(driver, "const t = document.getElementById('head').innerText; return t.includes('42') && t")
         assert "No run '42'" in shown and "Traceback" not in shown
-        driver.get(cli_server)
+        driver.get(cli_server)  # the runs list, also of a store of one run (issue 40 point 10)
+        _wait(driver, "return document.querySelector('#runs a[href=\"/run/1\"]')").click()
         # judged: the findings arrived, and each chart drew the lines of the ranks they name
         _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.judged")
         flagged = driver.execute_script("return document.querySelector('section[data-series=loss]').dataset.flagged")
@@ -282,12 +283,19 @@ def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tm
             "return c && [c.dataset.ranks, c.dataset.columns, c.width > 0]"
         )
         assert canvas == [str(RANKS), str(STEPS), True]
+        # at 16 ranks on 2 hosts too, the heatmap lies under its chart's plot area
+        chart, heat = driver.execute_script(
+            "const s = document.querySelector('section[data-series=loss]'), c = s.querySelector('canvas.heatmap');"
+            "const o = s.querySelector('.u-over').getBoundingClientRect(), h = c.getBoundingClientRect();"
+            "return [[o.left, o.width], [h.left + parseFloat(c.dataset.left), parseFloat(c.dataset.plotWidth)]]"
+        )
+        assert abs(chart[0] - heat[0]) <= 1 and abs(chart[1] - heat[1]) <= 1, (chart, heat)
         findings = _wait(driver, "const t = document.getElementById('findings').innerText; return !t.includes('computing') && t")
         assert f"loss: rank {OUTLIER} departs" in findings and f"loss: rank {NAN_RANK} logged NaN/inf first at step {NAN_STEP}" in findings
         # a click on rank 7's heatmap row draws its line on the band chart
         driver.execute_script(
             "const c = document.querySelector('section[data-series=lr] canvas.heatmap'), r = c.getBoundingClientRect();"
-            "c.dispatchEvent(new MouseEvent('click', {clientX: r.left + r.width / 2, clientY: r.top + (7.5 / 16) * (r.height - 20)}));"
+            "c.dispatchEvent(new MouseEvent('click', {clientX: r.left + r.width / 2, clientY: r.top + (7.5 / 16) * r.height}));"
         )
         _wait(driver, "return document.querySelector('section[data-series=lr] .u-legend').innerText.includes('rank 7')")
         driver.save_screenshot(str(tmp_path / "run.png"))

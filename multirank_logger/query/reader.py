@@ -45,6 +45,7 @@ from multirank_logger.query.side_tables import (
     read_logs,
     read_rank_rows,
     read_step_timing,
+    read_timing_columns,
     read_transport,
 )
 from multirank_logger.store.run_lifecycle import orphan_runs
@@ -369,6 +370,8 @@ class StoreReader:
         Where a rank logged the key twice at one step, its later call wins: of a run resumed
         from a checkpoint, the latest launch's value (``metrics(all_attempts=True)`` shows all).
 
+        ``timing:COLUMN`` (``timing:data_s``, ``timing:rss``...): StepTimer's column, per rank and step.
+
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
         """
@@ -377,11 +380,14 @@ class StoreReader:
         ref = self.resolve_run(run)
         if frame == "pandas":
             import_in_background("pandas")  # for the DataFrame, while the store reads the rows
-        with self._connect() as conn:
-            rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
-        assert rank is not None and step is not None and value is not None and dtype is not None
-        if len(rank) == 0:
-            self._check_keys(ref, [key])
+        if key.startswith("timing:"):  # StepTimer's series, as the page names them (timing:data_s)
+            rank, seq, step, value, dtype = read_timing_columns(self._fetch_arrow, ref, key, self.keys(ref.id))
+        else:
+            with self._connect() as conn:
+                rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
+            assert rank is not None and step is not None and value is not None and dtype is not None
+            if len(rank) == 0:
+                self._check_keys(ref, [key])
         if frame == "pandas":
             return pivot_step_rank(rank, seq, step, value, dtype)
         return as_frame(pivot_step_rank(rank, seq, step, value, dtype, frame="arrow"), frame)

@@ -22,11 +22,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from multirank_logger.ddp.log_capture import level_number
+from multirank_logger.errors import LookupFailed
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import decisions, logs, ranks, runs, step_timing
 
 __all__ = ["disagreements", "format_ranks", "group_alike", "read_decisions", "read_logs", "read_rank_rows",
-           "read_step_timing", "read_transport"]  # fmt: skip
+           "read_step_timing", "read_timing_columns", "read_transport"]  # fmt: skip
 
 #: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
@@ -71,6 +72,32 @@ def read_step_timing(fetch_arrow: FetchArrow, run: RunRef) -> Any:
     """A run's StepTimer rows (``TIMING_COLUMNS``; NaN where not measured), in no order."""
     stmt = sa.select(*(step_timing.c[name] for name in TIMING_COLUMNS)).where(step_timing.c.run_id == run.id)
     return _frame(fetch_arrow, stmt, TIMING_COLUMNS)
+
+
+#: StepTimer's measured columns, each a series ``timing:COLUMN`` (as the page and the report name them)
+TIMING_MEASURES = ("data_s", "forward_s", "rest_s", "batch_size", "mem_allocated_peak", "mem_reserved_peak",
+                   "alloc_retries", "rss")  # fmt: skip
+
+
+def read_timing_columns(fetch_arrow: FetchArrow, run: RunRef, series: str, keys: list[str]) -> tuple[Any, ...]:
+    """``timing:COLUMN`` of every rank as (rank, seq, step, value, dtype) columns, as a key's rows
+    (``rank_spread.pivot_step_rank`` takes them); ``keys``: the run's, named when there is no such series.
+
+    Raises:
+        LookupFailed: for a column StepTimer does not measure, or one this run has no value of.
+    """
+    import numpy as np
+
+    column = series.split(":", 1)[1]
+    if column not in TIMING_MEASURES:
+        raise LookupFailed("key", series, keys + [f"timing:{c}" for c in TIMING_MEASURES])
+    stmt = (sa.select(step_timing.c.rank, step_timing.c.seq, step_timing.c.step, sa.cast(step_timing.c[column], sa.Float(53)))
+            .where(step_timing.c.run_id == run.id, step_timing.c[column].is_not(None)))  # fmt: skip
+    table = fetch_arrow(stmt)
+    if not table.num_rows:
+        raise LookupFailed("key", series, keys + ["(no StepTimer values in this run: add multirank_logger.StepTimer())"])
+    rank, seq, step, value = (np.asarray(table.column(i).to_numpy(), dtype=t) for i, t in enumerate(("int64", "int64", "int64", "float64")))
+    return rank, seq, step, value, np.zeros(len(rank), np.int8)
 
 
 def read_rank_rows(fetch_arrow: FetchArrow, run: RunRef) -> Any:

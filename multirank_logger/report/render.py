@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from multirank_logger._util.readable import duration_text
+from multirank_logger.judgement.ranks import MIN_RANKS
 from multirank_logger.report.findings import Findings
 
 __all__ = ["findings_text"]
@@ -50,6 +52,9 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
         + f", {_readable(o['spreads'])}x the ranks' typical spread"
         for o in f.outliers
     ]
+    if f.world_size < MIN_RANKS:  # not "none": nothing was judged
+        outliers = [f"not judged: it takes {MIN_RANKS} ranks or more, and this run has {f.world_size} "
+                    "(with two, each is as far from their median as the other)"]  # fmt: skip
     non_finite = [
         f"{n['key']}: rank {n['rank']} first at step {n['first_step']}, {n['count']} values "
         f"({n['nan']} NaN, {n['inf']} inf)"
@@ -62,8 +67,8 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
         for m in f.memory
     ]
     decisions = [
-        f"step {d['step']} {d['callback']} ({d['monitor']}): decided {d['decision']}; votes "
-        + ", ".join(f"rank {r} {v}" for r, v in d["votes"].items())
+        f"step {d['step']} {d['callback']} ({d['monitor']}): {_decided(d['callback'], d['decision'])}; votes "
+        + ", ".join(f"rank {r} {_vote(v)}" for r, v in d["votes"].items())
         for d in f.decisions
     ]
     logs, notices = ([f"{m['level']} on ranks {m['ranks']} ({m['count']}x): {m['message']}" for m in messages]
@@ -75,9 +80,22 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     return [(title, lines) for title, lines in sections if lines or title in always]
 
 
+#: what a decision did, in the words of `multirank-logger decisions` and the page
+DECIDED = {"ModelCheckpoint": ("saved", "not saved"), "EarlyStopping": ("stop", "continue")}
+
+
+def _decided(callback: str, decision: Any) -> str:
+    done, not_done = DECIDED.get(callback, ("yes", "no"))
+    return "-" if decision is None else done if decision else not_done
+
+
+def _vote(vote: Any) -> str:
+    return "-" if vote is None else "yes" if vote else "no"
+
+
 def _rank_line(r: dict[str, Any]) -> str:
-    return (f"rank {r['rank']}: {r['status']} on {r['host'] or '?'}, {r['steps']} logged steps, "
-            f"{_readable(r['duration_s'])} s")  # fmt: skip
+    took = f", its part took {duration_text(r['duration_s'])}" if r["duration_s"] is not None else ""
+    return f"rank {r['rank']}: {r['status']} on {r['host'] or '?'}, {r['steps']} logged steps{took}"
 
 
 def _rank_lines(ranks: list[dict[str, Any]]) -> list[str]:
@@ -110,7 +128,8 @@ def findings_text(f: Findings) -> str:
     out = [f"Report for {f.run} (run {f.run_id}, {f.world_size} ranks)"]
     for title, lines in _sections(f):
         out += ["", f"{title}:"] + [f"  {line}" for line in lines or ["none"]]
-    out += [""] + f.notes if f.notes else []
+    notes = [n for n in f.notes if not (f.world_size < MIN_RANKS and n.startswith("Outlier ranks need"))]  # said above
+    out += [""] + notes if notes else []
     out += ["", _verdict(f)]
     return "\n".join(out)
 

@@ -1,7 +1,7 @@
 """The page's HTML: one shell for every route of the live server, and the same views written
 into one self-contained file (``report -o FILE.html``).
 
-Every script and style is the package's own (``ui/static/``: ``app.js``, ``app.css``, uPlot
+Every script and style is the package's own (``ui/static/``: ``app.js``, ``axes.js``, ``app.css``, uPlot
 1.6.32 with its MIT licence): nothing is fetched from a CDN, so the page works on an air-gapped
 cluster. The self-contained file inlines them, with the answers the page would have asked the
 server for (``window.MRL_STATIC``), so it draws the same charts from a file:// URL.
@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["STATIC", "page_html", "script_safe_json", "write_static_page"]
 
 STATIC = Path(__file__).with_name("static")
-_SCRIPTS = ("uPlot.iife.min.js", "app.js")
+_SCRIPTS = ("uPlot.iife.min.js", "axes.js", "app.js")
 _STYLES = ("uPlot.min.css", "app.css")
 
 
@@ -41,7 +41,7 @@ def write_static_page(path: str | os.PathLike[str], title: str, answers: dict[st
     scripts = "<script>window.MRL_STATIC=" + script_safe_json(data) + ";</script>"
     scripts += "".join(f"<script>{text}</script>" for text in inline)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(_shell(title, head, "", scripts, run_uuid))
+        fh.write(_shell(title, head, "", scripts, run_uuid, static=True))
 
 
 def script_safe_json(text: str) -> str:
@@ -54,12 +54,14 @@ def script_safe_json(text: str) -> str:
     return text
 
 
-def _shell(title: str, head: str, body: str, scripts: str, run_uuid: str | None = None) -> str:
+def _shell(title: str, head: str, body: str, scripts: str, run_uuid: str | None = None, static: bool = False) -> str:
     uuid = f"<span id='run-uuid'>run {html.escape(run_uuid)}</span>" if run_uuid else ""
+    # a file opened from disk has no server's "/" to go to (it went to file:///): no link there
+    home = "<span id='home'>multirank-logger report</span>" if static else "<a href='/' id='home'>multirank-logger</a>"
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{html.escape(title)}</title>{head}</head>"
-        f"<body><header><a href='/' id='home'>multirank-logger</a><span id='live'></span>{uuid}</header>"
+        f"<body><header>{home}<span id='live'></span>{uuid}</header>"
         f"<main id='main'>{body}</main>{scripts}</body></html>\n"
     )

@@ -12,7 +12,7 @@ It answers only requests addressed to it: a ``Host`` header naming its own addre
 the user allowed, ``--allow-host``), and on the API no cross-site ``Origin``. A page of another
 site, served from a name that resolves to 127.0.0.1 (DNS rebinding), gets a 403, never a run.
 
-Routes: ``/`` (the runs), ``/run/ID``, ``/compare?a=ID&b=ID``, ``/static/FILE``, and under
+Routes: ``/`` (the runs), ``/run/ID``, ``/compare?runs=ID,ID,...``, ``/static/FILE``, and under
 ``/api/``: ``runs``, ``run/ID`` (``?brief=1``: the header only), ``run/ID/findings``, ``run/ID/series?name=S``,
 ``run/ID/line?name=S&rank=R``, ``run/ID/logs``.
 """

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import random
 import socket
 from collections.abc import Callable
 from typing import Any
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now, for a gloo rendezvous."""
+    """A TCP port free on loopback right now, for a gloo rendezvous.
+
+    Drawn below the kernel's ephemeral range (32768-60999 by default), not bound to port 0:
+    an ephemeral port is free again once this socket closes, and any of the many client
+    connections the suite's trainings open (to TCPStores, to PostgreSQL) may take it before
+    the launch's rank 0 binds it ("address already in use", every rank then waiting)."""
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randrange(20_000, 32_768)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -87,6 +87,10 @@ def reader_config() -> dict[str, Any]:
     return {"enable_external_access": False, "threads": threads, "memory_limit": f"{memory_mb}MB"}
 
 
+#: the block size of a store file DuckDB creates (bytes; DuckDB takes 16 KiB to 256 KiB). Measured
+#: in benchmarks/RESULTS.md ("DuckDB block size"): the 20-value store and ingest at each size
+BLOCK_SIZE = 2**16
+
 #: Arrow batch size of a read result: one chunk up to 8.4M rows (per_rank's key of 256 ranks x
 #: 20,000 steps is 5.1M). DuckDB reserves address space for a whole batch: 2**30 reserved 21 GB
 #: for a 4,800-row result, and a process holding that much could no longer fork (ENOMEM)
@@ -120,7 +124,10 @@ class DuckDBBackend(Backend):
             # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
             # rows then checkpointing gains nothing from them but CPU taken from the training
             # (measured: -30% CPU per 20k-row flush, wall time the same)
-            connect_args["config"] = {"threads": 1}
+            # a new file's blocks (an existing file keeps its own): DuckDB's 256 KiB default made a
+            # store of 20 values 5.3 MB, where every table, index and checkpoint's metadata holds
+            # at least one block of its own (SQLite: 96 KB); see BLOCK_SIZE
+            connect_args["config"] = {"threads": 1, "default_block_size": str(BLOCK_SIZE)}
         engine = sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
         sa.event.listen(engine, "connect", _no_progress_bar)
         # a bound parameter makes DuckDB's client import pandas first (duckdb_params.py)

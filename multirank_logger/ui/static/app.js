@@ -11,6 +11,11 @@
   const main = document.getElementById("main");
   const liveNote = document.getElementById("live");
   const LINE_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#2ca02c"];
+  const RUN_COLOURS = ["#08519c", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+  // how every chart draws (a toolbar above the charts): log y, and TensorBoard's smoothing (a
+  // debiased exponential moving average, 0: none)
+  const VIEW = { log: false, smooth: 0 };
+  const CHARTS = {};  // series -> its uPlot chart (the tests read its axes and scales)
   const LEVELS = { DEBUG: 10, INFO: 20, WARNING: 30, ERROR: 40, CRITICAL: 50 };
 
   async function api(path) {
@@ -37,39 +42,60 @@
     return node;
   }
   const num = (v) => (v === null || v === undefined ? "-" : Math.abs(v) >= 1e4 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(3) : +v.toPrecision(4));
-  const dur = (s) => (s === null || s === undefined ? "-" : s < 120 ? s.toFixed(1) + " s" : s < 7200 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(1) + " h");
+  // a duration as `multirank-logger runs` and `report` write it (_util/readable.py): 4.2s, 21s, 1m30s, 2h05m00s
+  function dur(s) {
+    if (s === null || s === undefined || Number.isNaN(s)) return "-";
+    if (Math.abs(s) < 10) return s.toFixed(1) + "s";
+    const t = Math.round(s), h = Math.floor(t / 3600), m = Math.floor((t % 3600) / 60), sec = t % 60, two = (n) => String(n).padStart(2, "0");
+    return h ? `${h}h${two(m)}m${two(sec)}s` : m ? `${m}m${two(sec)}s` : `${sec}s`;
+  }
   const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "-");
   const runHref = (id) => (STATIC ? "#" : "/run/" + id);
+
+  // how values and steps read: static/axes.js
+  const { unitOf, withUnit, xAxis, yAxis, smoothed, positive, sparse } = window.MRL_AXES;
   function fail(where, err) { where.replaceChildren(el("p", { class: "error" }, err.message || String(err))); }
   function setLive(text) { liveNote.textContent = text; }
 
   // -- the runs ---------------------------------------------------------------------------
+  // every run listed (also a store's only one: the list says what the store holds); tick runs
+  // to overlay them, each key's median and quartile band per run
   async function runsPage() {
     const table = el("table", { id: "runs" });
-    const compare = el("form", { id: "compare", action: "/compare" });
-    main.replaceChildren(el("h1", {}, "Runs"), table, el("h2", {}, "Compare two runs"), compare);
-    let first = true, shown = "";
+    const button = el("button", { type: "button", id: "overlay", disabled: "" }, "Overlay the ticked runs");
+    const compare = el("p", { id: "compare" }, button, " ", el("span", { class: "muted" }, "tick two runs or more"));
+    main.replaceChildren(el("h1", {}, "Runs"), table, compare);
+    const ticked = new Set();
+    let shown = "";
+    const ready = () => {
+      button.disabled = ticked.size < 2;
+      compare.dataset.runs = [...ticked].join(",");
+    };
+    button.addEventListener("click", () => { location.href = "/compare?runs=" + [...ticked].sort((x, y) => x - y).join(","); });
     async function refresh() {
       let runs;
-      // only a store that holds one run when the page opens goes straight to it; a run that
-      // appears later is listed (the page never navigates away under its reader)
-      const opening = first;
-      first = false;
       try { runs = await api("runs"); } catch (e) { shown = ""; fail(table, e); return; }
-      if (opening && runs.length === 1) { location.replace(runHref(runs[0].id)); return; }
       const token = JSON.stringify(runs);
       if (token === shown) return;
+      if (!shown && runs.length >= 2) runs.slice(0, 2).forEach((r) => ticked.add(r.id));  // the two newest, at first
       shown = token;
+      const tick = (r) => {
+        const box = el("input", { type: "checkbox", name: "run", value: r.id, title: "overlay this run" });
+        box.checked = ticked.has(r.id);
+        box.addEventListener("change", () => { if (box.checked) ticked.add(r.id); else ticked.delete(r.id); ready(); });
+        return box;
+      };
       table.replaceChildren(
-        el("tr", {}, ...["id", "run", "status", "ranks", "nodes", "duration", "last step", "transport", "started"].map((h) => el("th", {}, h))),
+        el("tr", {}, ...["id", "run", "status", "ranks", "nodes", "duration", "last step", "transport", "started", STATIC ? "" : "overlay"].map((h) => el("th", {}, h))),
         ...runs.map((r) => el("tr", { "data-run": r.id },
           el("td", {}, r.id), el("td", {}, el("a", { href: runHref(r.id) }, r.run)), el("td", { class: "st-" + r.status }, r.status),
           el("td", {}, r.ranks), el("td", {}, r.nodes ?? "-"), el("td", {}, dur(r.duration_s)), el("td", {}, r.last_step ?? "-"),
-          el("td", {}, r.transport ?? "-"), el("td", {}, when(r.started)))));
-      const pick = (name) => el("select", { name }, ...runs.map((r) => el("option", { value: r.id }, r.id + ": " + r.run)));
-      if (runs.length > 1 && !compare.childElementCount) compare.replaceChildren(pick("a"), pick("b"), el("button", { type: "submit" }, "Compare"));
+          el("td", {}, r.transport ?? "-"), el("td", {}, when(r.started)), el("td", {}, STATIC ? null : tick(r)))));
+      compare.hidden = runs.length < 2;
+      ready();
     }
     await refresh();
+    document.body.dataset.drawn = "1";
     if (!STATIC) setInterval(refresh, POLL_MS);
   }
 
@@ -77,7 +103,7 @@
   async function runPage(id) {
     const head = el("section", { id: "head" }), found = el("section", { id: "findings" }, el("h2", {}, "Findings"), el("p", { class: "muted" }, "computing…"));
     const charts = el("section", { id: "charts" }), logs = el("section", { id: "logs" });
-    main.replaceChildren(head, found, charts, logs);
+    main.replaceChildren(head, found, toolbar(() => { for (const sec of sections.values()) sec.redraw(); }), charts, logs);
     let run;
     for (;;) {  // a store being created, or a run not there yet: say so, and look again
       try { run = await api("run/" + id); break; }
@@ -146,25 +172,52 @@
     document.body.dataset.judged = "1";
   }
 
+  // log scale and smoothing for every chart of the page; how to zoom, said once
+  function toolbar(redraw, hint = "Drag across a chart to zoom in (its heatmap follows), double-click to zoom out; click a heatmap row to draw that rank.") {
+    const log = el("input", { type: "checkbox", id: "log-scale" });
+    const smooth = el("input", { type: "range", id: "smoothing", min: 0, max: 0.99, step: 0.01, value: VIEW.smooth });
+    const shown = el("span", { class: "muted" }, String(VIEW.smooth));
+    log.checked = VIEW.log;
+    log.addEventListener("change", () => { VIEW.log = log.checked; redraw(); });
+    smooth.addEventListener("input", () => { VIEW.smooth = +smooth.value; shown.textContent = smooth.value; redraw(); });
+    return el("div", { id: "toolbar" }, el("label", {}, log, " log scale"), el("label", {}, "smoothing ", smooth, " ", shown),
+      el("span", { class: "muted" }, hint));
+  }
+
   const anchor = (name) => "s-" + name.replace(/[^A-Za-z0-9_-]/g, "_");
 
   function seriesSection(id, name, nodesOf) {
-    const band = el("div", { class: "band" }), heat = el("div", { class: "heat" }), note = el("p", { class: "muted" });
-    const node = el("section", { class: "series", id: anchor(name), "data-series": name }, el("h2", {}, name), band, heat, note);
+    const box = el("div", { class: "band" }), note = el("p", { class: "muted" });
+    const node = el("section", { class: "series", id: anchor(name), "data-series": name }, el("h2", {}, name), box, note);
+    const unit = unitOf(name);
     // departing: the ranks the findings name here; named: their lines the series' answer lacked
-    let data = null, extra = {}, departing = [], named = {};
+    let data = null, extra = {}, departing = [], named = {}, codes = null;
+    const colours = new Map();  // rank -> its colour, kept for the page's life: a click never recolours
+    const colourOf = (rank) => {
+      if (!colours.has(rank)) colours.set(rank, LINE_COLOURS[colours.size % LINE_COLOURS.length]);
+      return colours.get(rank);
+    };
     function draw() {
       const flaggedLines = Object.assign({}, data.lines, named);
-      const lines = Object.assign({}, flaggedLines, extra);
       const flagged = Object.keys(flaggedLines);
+      // flagged ranks first (in the findings' order), then the clicked ones in click order
+      const order = [...new Set([...departing.map(String).filter((r) => r in flaggedLines), ...flagged, ...Object.keys(extra)])];
+      const lines = order.map((rank) => [rank, flaggedLines[rank] ?? extra[rank], colourOf(rank)]);
       node.dataset.flagged = flagged.join(",");
-      band.replaceChildren();
-      bandChart(band, data.steps, data.band, lines);
-      heat.replaceChildren();
-      heatmap(heat, data, showRank);
+      box.replaceChildren();
+      const chart = bandChart(box, data, lines, unit);
+      CHARTS[name] = chart;
+      codes = codes || new Int8Array(b64bytes(data.heatmap).buffer);
+      const heat = heatmap(box, data, codes, chart, showRank);
+      const equal = codes.some((c) => c === 0) && codes.every((c) => c === 0 || c === -128);
+      const skipped = VIEW.log && [data.band.lo, ...lines.map((l) => l[1])].some((v) => v && v.some((x) => x !== null && x <= 0));
       note.textContent = (departing.length ? "ranks departing: " + departing.join(", ") + ". " : "") +
         (data.non_finite.length ? "NaN/inf on ranks: " + data.non_finite.join(", ") + ". " : "") +
-        (flagged.length ? "" : "No rank stands out. ") + `Buckets of ${data.width} step(s). Click a heatmap row for that rank's line.`;
+        (equal ? "Every rank logged the same values here. " : flagged.length ? "" : "No rank stands out. ") +
+        (skipped ? "Log scale: values at or below 0 are not drawn. " : "") +
+        `Buckets of ${data.width} step(s)` + (unit ? `; values in ${unit === "B" ? "bytes (KiB, MiB, GiB)" : "seconds"}` : "") + ".";
+      node.dataset.equal = equal ? "1" : "";
+      return heat;
     }
     async function lineOf(rank) {
       if (data.all_lines) {
@@ -187,8 +240,8 @@
       }
     }
     async function load() {
-      try { data = await api(`run/${id}/series?name=${encodeURIComponent(name)}`); }
-      catch (e) { fail(band, e); return; }
+      try { data = await api(`run/${id}/series?name=${encodeURIComponent(name)}`); codes = null; }
+      catch (e) { fail(box, e); return; }
       if (data.departing) departing = data.departing;  // the HTML report's: its findings came first
       if (departing.length) await nameDeparting();
       draw();
@@ -200,25 +253,42 @@
       await nameDeparting();
       draw();
     }
-    return { node, load, flag };
+    const redraw = () => { if (data) draw(); };
+    return { node, load, flag, redraw };
   }
 
-  // every line 1 px wide or less: a wider one is stroked as a polygon, ~40x slower without a GPU
-  // (headless Chromium, measured: 30 lines of 2,000 points 3.5 s at 1.5 px, 0.07 s at 1 px)
-  function bandChart(where, steps, b, lines) {
-    const series = [{ label: "step" },
-      { label: "min", stroke: "#aaa", width: 0.5 }, { label: "q1", stroke: "#9ecae1", width: 0.5 },
-      { label: "median", stroke: "#08519c", width: 1 }, { label: "q3", stroke: "#9ecae1", width: 0.5 }, { label: "max", stroke: "#aaa", width: 0.5 }];
-    const data = [steps, b.lo, b.q1, b.median, b.q3, b.hi];
-    Object.entries(lines).forEach(([rank, values], i) => {
-      series.push({ label: "rank " + rank, stroke: LINE_COLOURS[i % LINE_COLOURS.length], width: 1 });
-      data.push(values);
-    });
+  // a run's band (min-max grey, quartiles blue, median) with ranks' lines: [rank, values, colour].
+  // Every line 1 px wide or less: a wider one is stroked as a polygon, ~40x slower without a GPU
+  // (headless Chromium, measured: 30 lines of 2,000 points 3.5 s at 1.5 px, 0.07 s at 1 px).
+  // A sparse series (a key logged at epoch ends) joins its points across the empty buckets and
+  // shows them; smoothing and log y as the toolbar says.
+  function bandChart(where, d, lines, unit) {
+    const few = sparse(d.band.median);
+    const prep = (v) => { const out = smoothed(v, VIEW.smooth); return VIEW.log ? positive(out) : out; };
+    const pts = { show: few, size: 6 };
+    const series = [{ label: "step", value: (u, v) => (v === null ? "-" : v.toLocaleString("en-US")) },
+      { label: "min", stroke: "#aaa", width: 0.5, spanGaps: few, points: { show: false } },
+      { label: "q1", stroke: "#9ecae1", width: 0.5, spanGaps: few, points: { show: false } },
+      { label: "median", stroke: "#08519c", width: 1, spanGaps: few, points: { ...pts, fill: "#08519c" } },
+      { label: "q3", stroke: "#9ecae1", width: 0.5, spanGaps: few, points: { show: false } },
+      { label: "max", stroke: "#aaa", width: 0.5, spanGaps: few, points: { show: false } }];
+    for (const s of series.slice(1)) s.value = (u, v) => withUnit(v, unit);
+    const b = d.band;
+    const data = [d.steps, prep(b.lo), prep(b.q1), prep(b.median), prep(b.q3), prep(b.hi)];
+    for (const [rank, values, colour] of lines) {
+      series.push({ label: "rank " + rank, stroke: colour, width: 1, spanGaps: few, points: { ...pts, fill: colour }, value: (u, v) => withUnit(v, unit) });
+      data.push(prep(values));
+    }
+    const first = d.steps[0], last = d.steps[d.steps.length - 1];
     const opts = {
-      width: Math.max(300, where.clientWidth || 900), height: 240, series, scales: { x: { time: false } },
+      width: Math.max(300, where.clientWidth || 900), height: 240, series,
+      // the x range ends where the last bucket ends: the heatmap's last column is as wide as the others
+      scales: { x: { time: false, range: (u, lo, hi) => (lo === first && hi === last ? [first, last + d.width] : [lo, hi]) },
+                y: VIEW.log ? { distr: 3 } : {} },
+      axes: [xAxis(), yAxis(unit, VIEW.log)],
       bands: [{ series: [5, 1], fill: "rgba(120,120,120,0.12)" }, { series: [4, 2], fill: "rgba(33,113,181,0.22)" }],
       // past MAX_LEGEND lines a legend row per rank is a wall of text (and costs the most to draw)
-      legend: { show: Object.keys(lines).length <= MAX_LEGEND, live: true }, cursor: { drag: { x: true, y: false } },
+      legend: { show: lines.length <= MAX_LEGEND, live: true }, cursor: { drag: { x: true, y: false } },
     };
     return new uPlot(opts, data, where);
   }
@@ -253,67 +323,126 @@
     return out;
   }
 
-  function heatmap(where, d, onRow) {
+  // the heatmap under its chart: its cells in the chart's plot area, step for step (the columns
+  // follow the chart's zoom), the rank labels in the chart's y-axis gutter, a colour legend below
+  function heatmap(where, d, codes, chart, onRow) {
     const R = d.ranks.length, C = d.steps.length;
-    if (!R || !C) return;
-    const codes = new Int8Array(b64bytes(d.heatmap).buffer);
+    if (!R || !C) return null;
+    // a sparse key (logged at epoch ends): a column no rank logged shows the nearest logged one
+    const src = new Int32Array(C);
+    const present = [];
+    for (let j = 0; j < C; j++) { let any = false; for (let i = 0; i < R && !any; i++) any = codes[i * C + j] !== -128; if (any) present.push(j); }
+    for (let j = 0; j < C; j++) src[j] = j;
+    const filled = present.length && present.length < C / 2;
+    if (filled) {
+      let k = 0;
+      for (let j = 0; j < C; j++) {
+        while (k + 1 < present.length && Math.abs(present[k + 1] - j) <= Math.abs(present[k] - j)) k++;
+        src[j] = present[k];
+      }
+    }
     const off = document.createElement("canvas");
     off.width = C; off.height = R;
     const octx = off.getContext("2d"), img = octx.createImageData(C, R);
     const pixels = new Uint32Array(img.data.buffer);  // one write per cell (RGBA in the platform's byte order, as LUT32)
-    for (let i = 0; i < codes.length; i++) pixels[i] = LUT32[codes[i] + 128];
+    if (filled) for (let i = 0; i < R; i++) for (let j = 0; j < C; j++) pixels[i * C + j] = LUT32[codes[i * C + src[j]] + 128];
+    else for (let i = 0; i < codes.length; i++) pixels[i] = LUT32[codes[i] + 128];
     octx.putImageData(img, 0, 0);
-    const label = 90, width = Math.max(300, where.clientWidth || 900), plotW = width - label;
-    const height = Math.min(1024, Math.max(120, R * 3)), dpr = window.devicePixelRatio || 1;
+    const dpr = window.devicePixelRatio || 1;
+    // rows a person can point at up to 32 ranks (8 px), then 3 px a rank up to 1,024 px
+    const width = chart.width, height = Math.min(1024, Math.max(60, R <= 32 ? R * 8 : R * 3));
+    let label = 0, plotW = 0;  // the chart's plot area, read again at each of its draws (uPlot lays out later)
     const cv = el("canvas", { class: "heatmap", "data-ranks": R, "data-columns": C });
-    cv.width = width * dpr; cv.height = (height + 20) * dpr;
-    cv.style.width = width + "px"; cv.style.height = height + 20 + "px";
+    cv.width = width * dpr; cv.height = height * dpr;
+    cv.style.width = width + "px"; cv.style.height = height + "px";
     const ctx = cv.getContext("2d");
     ctx.scale(dpr, dpr);
-    ctx.imageSmoothingEnabled = R > height; // more ranks than pixel rows: average them, never drop a row
-    ctx.drawImage(off, 0, 0, C, R, label, 0, plotW, height);
-    ctx.font = "11px sans-serif"; ctx.fillStyle = "#333"; ctx.strokeStyle = "#555";
-    let row = 0;
-    const labelled = d.nodes.length > 1 && d.nodes.length * 12 <= height;
-    for (const [nodeName, count] of d.nodes) {
-      const y0 = (row / R) * height, y1 = ((row + count) / R) * height;
-      if (row > 0 && d.nodes.length <= 256) { ctx.beginPath(); ctx.moveTo(label - 6, y0); ctx.lineTo(width, y0); ctx.stroke(); }
-      if (labelled) ctx.fillText(String(nodeName).slice(0, 14), 2, (y0 + y1) / 2 + 4);
-      row += count;
-    }
-    if (!labelled) for (const i of [0, Math.floor(R / 2), R - 1]) ctx.fillText("rank " + d.ranks[i], 2, ((i + 0.5) / R) * height + 4);
-    // a NaN/inf cell is one pixel of thousands: ring it so that it cannot be missed
-    ctx.strokeStyle = "#000"; ctx.lineWidth = 1.5;
-    let rings = 0;
-    for (let i = 0; i < codes.length && rings < 200; i++) if (codes[i] === 127) {
-      const x = label + ((i % C) + 0.5) / C * plotW, y = (Math.floor(i / C) + 0.5) / R * height;
-      ctx.beginPath(); ctx.arc(x, y, 5, 0, 2 * Math.PI); ctx.stroke(); rings++;
-    }
-    ctx.lineWidth = 1;
-    [[0, "left"], [Math.floor(C / 2), "center"], [C - 1, "right"]].forEach(([j, align]) => {
-      ctx.textAlign = align;
-      ctx.fillText("step " + d.steps[j], align === "left" ? label : align === "right" ? width : label + ((j + 0.5) / C) * plotW, height + 14);
-    });
+    const legend = heatLegend();
+    const xOf = (step) => label + chart.valToPos(step, "x");
     const nodeOf = [];
     for (const [nodeName, count] of d.nodes) for (let i = 0; i < count; i++) nodeOf.push(nodeName);
+    const equal = codes.every((c) => c === 0 || c === -128) && codes.some((c) => c === 0);
+    function paint() {
+      label = chart.bbox.left / dpr; plotW = chart.bbox.width / dpr;
+      cv.dataset.left = label; cv.dataset.plotWidth = plotW; legend.style.marginLeft = label + "px";
+      ctx.clearRect(0, 0, width, height);
+      ctx.save();
+      ctx.beginPath(); ctx.rect(label, 0, plotW, height); ctx.clip();
+      ctx.imageSmoothingEnabled = R > height; // more ranks than pixel rows: average them, never drop a row
+      const x0 = xOf(d.steps[0]), x1 = xOf(d.steps[C - 1] + d.width);
+      ctx.drawImage(off, 0, 0, C, R, x0, 0, x1 - x0, height);
+      ctx.restore();
+      // a NaN/inf cell is one pixel of thousands: ring it so that it cannot be missed (whole, also
+      // at the plot's edge; none outside the zoomed range)
+      ctx.strokeStyle = "#000"; ctx.lineWidth = 1.5;
+      let rings = 0;
+      for (let i = 0; i < codes.length && rings < 200; i++) if (codes[i] === 127) {
+        const x = xOf(d.steps[i % C] + d.width / 2), y = Math.min(height - 6, Math.max(6, (Math.floor(i / C) + 0.5) / R * height));
+        if (x < label - 1 || x > label + plotW + 1) continue;
+        ctx.beginPath(); ctx.arc(x, y, 5, 0, 2 * Math.PI); ctx.stroke(); rings++;
+      }
+      ctx.lineWidth = 1; ctx.font = "11px sans-serif"; ctx.fillStyle = "#333"; ctx.strokeStyle = "#555"; ctx.textAlign = "right";
+      let row = 0;
+      const labelled = d.nodes.length > 1 && d.nodes.length * 12 <= height;
+      const fit = (text) => { let t = String(text); while (t.length > 3 && ctx.measureText(t).width > label - 8) t = t.slice(0, -2) + "…"; return t; };
+      for (const [nodeName, count] of d.nodes) {
+        const y0 = (row / R) * height, y1 = ((row + count) / R) * height;
+        if (row > 0 && d.nodes.length <= 256) { ctx.beginPath(); ctx.moveTo(label - 4, y0); ctx.lineTo(label + plotW, y0); ctx.stroke(); }
+        if (labelled) ctx.fillText(fit(String(nodeName).replace(/ \(node \d+\)$/, "")), label - 6, (y0 + y1) / 2 + 4);
+        row += count;
+      }
+      if (!labelled) {
+        const rows = R <= Math.floor(height / 12) ? d.ranks.map((_, i) => i) : [0, Math.floor(R / 2), R - 1];
+        for (const i of rows) ctx.fillText(fit("rank " + d.ranks[i]), label - 6, Math.min(height - 2, Math.max(10, ((i + 0.5) / R) * height + 4)));
+      }
+      ctx.strokeStyle = "#ccc"; ctx.strokeRect(label + 0.5, 0.5, plotW - 1, height - 1);
+      if (equal) {  // white everywhere is an answer, not a drawing that failed: say it
+        ctx.textAlign = "center"; ctx.fillStyle = "#666";
+        ctx.fillText("every rank logged the same value at every step", label + plotW / 2, height / 2 + 4);
+      }
+    }
+    // painted at each of the chart's draws: its first (uPlot lays a new chart out a moment after
+    // it is made, and only then is its plot area known), each zoom, each resize
+    chart.hooks.draw = (chart.hooks.draw || []).concat(paint);
     const tip = el("div", { class: "tip" });
     const cell = (ev) => {
-      const r = cv.getBoundingClientRect(), x = ev.clientX - r.left - label, y = ev.clientY - r.top;
-      if (x < 0 || y < 0 || y >= height) return null;
-      return [Math.min(R - 1, Math.floor((y / height) * R)), Math.min(C - 1, Math.floor((x / plotW) * C))];
+      const r = cv.getBoundingClientRect(), x = ev.clientX - r.left, y = ev.clientY - r.top;
+      if (x < label || x > label + plotW || y < 0 || y >= height) return null;
+      const step = chart.posToVal(x - label, "x"), j = Math.floor((step - d.steps[0]) / d.width);
+      if (j < 0 || j >= C) return null;
+      return [Math.min(R - 1, Math.floor((y / height) * R)), src[j]];
     };
     cv.addEventListener("mousemove", (ev) => {
       const at = cell(ev);
       if (!at) { tip.style.display = "none"; return; }
       const code = codes[at[0] * C + at[1]], rank = d.ranks[at[0]], s0 = d.steps[at[1]];
-      const what = code === 127 ? "NaN or inf here" : code === -128 ? "no value" : num(code / 10) + " typical spreads from the ranks' median";
-      tip.textContent = `rank ${rank} (${nodeOf[at[0]]}, steps ${s0}–${s0 + d.width - 1}): ${what}`;
+      const what = code === 127 ? "NaN or inf here" : code === -128 ? "no value" : num(code / 10) + " typical spreads " + (code < 0 ? "below" : "above") + " the ranks' median";
+      const steps = d.width > 1 ? `steps ${s0}–${s0 + d.width - 1}` : `step ${s0}`;
+      tip.textContent = `rank ${rank} (${nodeOf[at[0]]}, ${steps}): ${what}`;
       tip.style.display = "block"; tip.style.top = ev.offsetY + 12 + "px";
       tip.style.left = (ev.offsetX > width / 2 ? ev.offsetX - tip.offsetWidth - 12 : ev.offsetX + 12) + "px";
     });
     cv.addEventListener("mouseleave", () => { tip.style.display = "none"; });
     cv.addEventListener("click", (ev) => { const at = cell(ev); if (at) onRow(d.ranks[at[0]]); });
-    where.append(cv, tip);
+    const wrap = el("div", { class: "heat" }, cv, tip, legend);
+    // right under the chart's plot and x axis, above its legend (moved under the heading by CSS)
+    chart.root.insertBefore(wrap, chart.root.querySelector(".u-legend"));
+    return cv;
+  }
+
+  // what a heatmap's colours say: a gradient from -8 to +8 typical spreads, and the two other cells
+  function heatLegend() {
+    const bar = el("canvas", { class: "scale", width: 160, height: 10 });
+    const ctx = bar.getContext("2d");
+    for (let x = 0; x < 160; x++) {
+      const code = Math.round((x / 159) * 160 - 80), i = (code + 128) * 3;
+      ctx.fillStyle = `rgb(${LUT[i]},${LUT[i + 1]},${LUT[i + 2]})`; ctx.fillRect(x, 0, 1, 10);
+    }
+    const swatch = (colour) => el("span", { class: "swatch", style: "background:" + colour });
+    return el("div", { class: "heat-legend" },
+      el("span", {}, "below the ranks' median −8"), bar, el("span", {}, "+8 above"),
+      el("span", { class: "muted" }, "(typical spreads, the report's yardstick; full colour: departing)"),
+      swatch("#000"), el("span", {}, "NaN/inf"), swatch("rgb(235,235,235)"), el("span", {}, "no value"));
   }
 
   // -- decisions and logs -----------------------------------------------------------------
@@ -327,54 +456,90 @@
     const show = () => {
       const ranks = rankBox.value.split(/[ ,]+/).filter(Boolean).map(Number);
       const keep = (r) => !ranks.length || ranks.includes(r.rank);
-      const dec = d.decisions.filter(keep), logs = d.logs.filter((r) => keep(r) && r.levelno >= LEVELS[level.value]);
+      // the terminal's words (`multirank-logger decisions`): yes/no, saved/not saved, stop/continue
+      const dec = d.decisions.filter(keep).map((r) => {
+        const [done, notDone] = DECIDED[r.callback] || ["yes", "no"];
+        return { ...r, vote: r.vote === null ? "-" : r.vote ? "yes" : "no", decision: r.decision === null ? "-" : r.decision ? done : notDone };
+      });
+      const logs = d.logs.filter((r) => keep(r) && r.levelno >= LEVELS[level.value]);
       body.replaceChildren(
         el("h3", {}, `Decisions (${dec.length})`), table(dec, ["step", "callback", "monitor", "rank", "value", "vote", "decision"]),
-        el("h3", {}, `Log records (${logs.length})`), table(logs.slice(-500), ["rank", "level", "logger", "message"]));
+        el("h3", {}, `Log records (${logs.length})`), table(logs.slice(-500), ["rank", "level", "logger", "message"], "logs"));
     };
     rankBox.addEventListener("input", show); level.addEventListener("change", show);
     where.replaceChildren(el("h2", {}, "Decisions and logs"), el("label", {}, "ranks ", rankBox), " ", el("label", {}, "level ", level), body);
     show();
   }
-  function table(rows, cols) {
+  const DECIDED = { ModelCheckpoint: ["saved", "not saved"], EarlyStopping: ["stop", "continue"] };
+  function table(rows, cols, kind) {
     if (!rows.length) return el("p", { class: "muted" }, "none");
-    return el("table", {}, el("tr", {}, cols.map((c) => el("th", {}, c))),
-      rows.map((r) => el("tr", {}, cols.map((c) => el("td", {}, typeof r[c] === "number" ? num(r[c]) : String(r[c] ?? "-"))))));
+    // a message keeps its lines (Lightning's model summary is a table of its own)
+    const cellOf = (r, c) => (c === "message" ? el("td", {}, el("pre", { class: "message" }, String(r[c] ?? "")))
+      : el("td", {}, typeof r[c] === "number" ? num(r[c]) : String(r[c] ?? "-")));
+    return el("table", { class: kind || null }, el("tr", {}, cols.map((c) => el("th", {}, c))),
+      rows.map((r) => el("tr", {}, cols.map((c) => cellOf(r, c)))));
   }
 
-  // -- compare ----------------------------------------------------------------------------
-  async function comparePage(a, b) {
-    main.replaceChildren(el("h1", {}, `Compare runs ${a} and ${b}`));
-    let ra, rb;
-    try { [ra, rb] = await Promise.all([api("run/" + a), api("run/" + b)]); } catch (e) { fail(main, e); return; }
-    main.append(el("p", {}, `A: ${ra.run} (${ra.ranks} ranks), B: ${rb.run} (${rb.ranks} ranks): each key's median and quartile band across ranks.`));
-    const keys = ra.keys.filter((k) => rb.keys.includes(k));
-    if (!keys.length) main.append(el("p", { class: "error" }, "The two runs share no key."));
-    for (const key of keys) {
-      const box = el("div", { class: "band" });
-      main.append(el("section", { class: "series", "data-series": key }, el("h2", {}, key), box));
+  // -- several runs overlaid --------------------------------------------------------------
+  // each key any of them logged: per run its median and quartile band, a colour per run
+  async function comparePage(ids) {
+    main.replaceChildren(el("h1", {}, `Runs ${ids.join(", ")} overlaid`));
+    if (ids.length < 1) { fail(main, new Error("Name the runs: /compare?runs=1,2,3 (tick them in the runs list).")); return; }
+    let runs;
+    try { runs = await Promise.all(ids.map((id) => api("run/" + id))); } catch (e) { fail(main, e); return; }
+    const colour = (i) => RUN_COLOURS[i % RUN_COLOURS.length];
+    main.append(el("p", { id: "overlaid" }, ...runs.flatMap((r, i) => [el("span", { class: "swatch", style: "background:" + colour(i) }),
+      el("a", { href: runHref(r.id) }, `${r.id}: ${r.run}`), ` (${r.ranks} ranks, ${r.status})  `])),
+      el("p", { class: "muted" }, "Each run's median across its ranks (line) and its quartiles (band)."));
+    const names = [...new Set(runs.flatMap((r) => r.keys.concat(r.timing)))];
+    const redraws = [];
+    main.append(toolbar(() => redraws.forEach((f) => f()), "Drag across a chart to zoom in, double-click to zoom out."));
+    for (const name of names) {
+      const box = el("div", { class: "band" }), unit = unitOf(name);
+      main.append(el("section", { class: "series", "data-series": name }, el("h2", {}, name), box));
       try {
-        const [da, db] = await Promise.all([api(`run/${a}/series?name=${encodeURIComponent(key)}`), api(`run/${b}/series?name=${encodeURIComponent(key)}`)]);
-        const steps = Array.from(new Set(da.steps.concat(db.steps))).sort((x, y) => x - y);
+        const has = runs.map((r, i) => [r, i]).filter(([r]) => r.keys.includes(name) || r.timing.includes(name));
+        const got = await Promise.all(has.map(([r]) => api(`run/${r.id}/series?name=${encodeURIComponent(name)}`)));
+        const steps = Array.from(new Set(got.flatMap((d) => d.steps))).sort((x, y) => x - y);
         const at = (d, arr) => { const m = new Map(d.steps.map((s, i) => [s, arr[i]])); return steps.map((s) => m.get(s) ?? null); };
-        const series = [{ label: "step" }], data = [steps];
-        for (const [tag, d, colour] of [["A", da, "#08519c"], ["B", db, "#d62728"]]) {
-          series.push({ label: tag + " q3", stroke: colour, width: 0.3 }, { label: tag + " median", stroke: colour, width: 1 }, { label: tag + " q1", stroke: colour, width: 0.3 });
-          data.push(at(d, d.band.q3), at(d, d.band.median), at(d, d.band.q1));
-        }
-        new uPlot({ width: Math.max(300, box.clientWidth || 900), height: 240, series, scales: { x: { time: false } },
-          bands: [{ series: [1, 3], fill: "rgba(8,81,156,0.15)" }, { series: [4, 6], fill: "rgba(214,39,40,0.15)" }] }, data, box);
+        const draw = () => {  // as the toolbar says: smoothing, log y
+          const prep = (v) => { const out = smoothed(v, VIEW.smooth); return VIEW.log ? positive(out) : out; };
+          const series = [{ label: "step" }], data = [steps], bands = [];
+          got.forEach((d, k) => {
+            const [r, i] = has[k], c = colour(i), base = series.length;
+            series.push({ label: `${r.id} q3`, stroke: c, width: 0.3, spanGaps: true, points: { show: false } },
+              { label: `${r.id}: ${r.run}`, stroke: c, width: 1, spanGaps: true },
+              { label: `${r.id} q1`, stroke: c, width: 0.3, spanGaps: true, points: { show: false } });
+            for (const s of series.slice(base)) s.value = (u, v) => withUnit(v, unit);
+            data.push(prep(at(d, d.band.q3)), prep(at(d, d.band.median)), prep(at(d, d.band.q1)));
+            bands.push({ series: [base, base + 2], fill: c + "26" });
+          });
+          box.replaceChildren();
+          CHARTS[name] = new uPlot({ width: Math.max(300, box.clientWidth || 900), height: 240, series,
+            scales: { x: { time: false }, y: VIEW.log ? { distr: 3 } : {} }, axes: [xAxis(), yAxis(unit, VIEW.log)], bands }, data, box);
+        };
+        draw();
+        redraws.push(draw);
+        box.dataset.runs = has.map(([r]) => r.id).join(",");
       } catch (e) { fail(box, e); }
     }
     document.body.dataset.drawn = "1";
   }
 
-  window.MRL_DRAW = { bandChart, heatmap };  // for benchmarks/bench_ui.py's render timings
+  window.MRL_DRAW = {  // for benchmarks/bench_ui.py's render timings: the page's own drawing, on made-up data
+    bandChart: (where, steps, band, lines) => bandChart(where, { steps, band, width: 1 },
+      Object.entries(lines).map(([rank, values], i) => [rank, values, LINE_COLOURS[i % LINE_COLOURS.length]]), ""),
+    chartFor: (where, d) => { const none = d.steps.map(() => null); return bandChart(where, { ...d, band: { lo: none, q1: none, median: none, q3: none, hi: none } }, [], ""); },
+    heatmap: (where, d, chart, onRow) => heatmap(where, d, new Int8Array(b64bytes(d.heatmap).buffer), chart, onRow),
+  };
+  window.MRL_CHARTS = CHARTS;  // for benchmarks/bench_ui.py's render timings
 
   // -- route ------------------------------------------------------------------------------
   const where = STATIC ? STATIC.route : location.pathname;
   const m = where.match(/^\/run\/(\d+)$/);
   const q = new URLSearchParams(location.search);
-  const started = m ? runPage(m[1]) : where === "/compare" ? comparePage(q.get("a"), q.get("b")) : runsPage();
+  // /compare?runs=1,2,3 (and the older ?a=1&b=2)
+  const compared = (q.get("runs") || [q.get("a"), q.get("b")].filter(Boolean).join(",")).split(",").filter((x) => /^\d+$/.test(x));
+  const started = m ? runPage(m[1]) : where === "/compare" ? comparePage([...new Set(compared)]) : runsPage();
   started.catch((e) => fail(main, e));
 })();

@@ -1,0 +1,40 @@
+"""Durations and times as a person reads them: one format for `runs`, `report`, `sql` and the page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["TIME_COLUMNS", "duration_text", "times_as_times"]
+
+#: the store's columns of Unix seconds (runs, ranks, metrics and the side tables)
+TIME_COLUMNS = ("time", "started_at", "ended_at", "last_time")
+
+
+def duration_text(seconds: float | None) -> str:
+    """``4.2s``, ``21s``, ``1m30s``, ``2h05m00s``; "-" for none (a run not ended, nothing logged).
+    The page's header writes the same (ui/static/app.js ``dur``)."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    if abs(seconds) < 10:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def times_as_times(df: Any) -> Any:
+    """``df`` with its time columns (``TIME_COLUMNS``, any ``*_at``) of Unix seconds shown as UTC
+    dates to the millisecond (``2026-11-26 22:56:40.470``) instead of ``1.795715e+09``."""
+    import pandas as pd
+
+    out = df
+    for name in df.columns:
+        column = df[name]
+        if not (str(name) in TIME_COLUMNS or str(name).endswith("_at")) or not pd.api.types.is_numeric_dtype(column):
+            continue
+        seconds = pd.to_numeric(column, errors="coerce")
+        if not seconds.dropna().between(1e8, 1e10).all():  # not Unix seconds of this era: leave it
+            continue
+        shown = pd.to_datetime(seconds, unit="s", utc=True).dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3]
+        out = out.assign(**{str(name): shown.where(seconds.notna(), "-")})
+    return out
