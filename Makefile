@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint browser bench bench-quick clean
+.PHONY: demo test test-fast lint browser java bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 
 # the 25 slowest tests are listed at the end: where the suite's time goes, in every CI log
-test: lint browser
+test: lint browser java
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # the HTML report and ui tests render pages in a real headless Chromium, the ui's through Selenium
@@ -32,6 +32,14 @@ browser:
 	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+# Spark (pyspark 4, in local mode) reads the Parquet export in tests/test_export.py: it needs a Java
+# runtime (17 or later), installed when missing (Debian's default-jre-headless: OpenJDK 17 on
+# Debian 12, 21 on 13; CI runs as root), so the test never skips
+java:
+	@command -v java >/dev/null || { \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq default-jre-headless >/dev/null; }
 
 # ruff and mypy as configured in pyproject.toml (CI runs them through `make test`)
 lint: $(STAMP)

@@ -1,6 +1,6 @@
 """The benchmark suite: ``make bench`` (full), ``make bench-quick`` (sanity check, < 2 min).
 
-    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load,scale,read_scale,ui]
+    .venv/bin/python benchmarks/run.py [--quick | --tiny] [--only hotpath,memory,ingest,e2e,query,gather,gather_load,scale,read_scale,ui,export]
                                        [--out FILE] [--json FILE] [--in-process]
 
 Sections: hotpath (log_metrics + save per call), memory (RSS over a long run),
@@ -11,7 +11,8 @@ gather_load (32 senders into one rank 0: its sustained rows/s and lag),
 scale (256 senders paced at a training's rate into one rank 0: intake, lag, rank 0's CPU
 and memory, the senders' memory, the launch's TCPStore latency with and without them), read_scale (report, report -o, per_rank,
 rank_spread and export on the 51.2M-row store, each in a fresh process: time and peak RSS at two
-sizes; bytes per row on each backend). Each
+sizes; bytes per row on each backend), export (the Parquet export against DuckDB's COPY ... TO of
+the same rows: time, peak RSS, bytes per row, at two sizes). Each
 figure is a median with min and max; each row names the peer it is divided by. The
 table is printed at the end and written to benchmarks/RESULTS.md (full mode, every
 section) or benchmarks/.cache/RESULTS-<mode>[-<sections>].md.
@@ -44,7 +45,7 @@ from benchmarks._harness import (  # noqa: E402
     targets_summary,
 )
 
-SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "scale", "read_scale", "ui")
+SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "gather", "gather_load", "scale", "read_scale", "ui", "export")
 
 SIZES = {
     "full": Sizes(

@@ -214,9 +214,17 @@ def _echo_runs_data(df: Any, fmt: str) -> None:
     "-o", "--output", type=click.Path(allow_dash=True), default=None,
     help="File (or directory with --all-ranks); default (and -o -): standard output."
 )
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "tensorboard"]), default="csv", show_default=True,
+              help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: rank_K/ event dirs.")  # fmt: skip
+@click.option("--all-runs", is_flag=True, help="parquet, tensorboard: every run in DB.")
+@click.option("--since", default=None, metavar="RUN", help="parquet, tensorboard: RUN and every later run (a nightly append).")
 @_friendly_errors
-def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool, output: str | None) -> None:
-    """Write a rank's metrics in CSVLogger's metrics.csv layout, byte for byte."""
+def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool, output: str | None, fmt: str,
+               all_runs: bool, since: str | None) -> None:  # fmt: skip
+    """Write a rank's metrics in CSVLogger's metrics.csv layout, byte for byte; or runs as Parquet or TensorBoard files."""
+    if fmt != "csv" or all_runs or since is not None:
+        _export_runs(db_path, fmt, run, all_runs, since, output, rank is not None or all_ranks)
+        return
     if all_ranks and rank is not None:
         raise click.UsageError("Pass --rank K or --all-ranks, not both.")
     if all_ranks and output in (None, "-"):
@@ -237,6 +245,24 @@ def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool,
             stream.detach()
         else:
             _export_one(reader, ref.id, ref.label, rank or 0, output)
+
+
+def _export_runs(db_path: str, fmt: str, run: str | None, all_runs: bool, since: str | None, output: str | None,
+                 ranks_chosen: bool) -> None:  # fmt: skip
+    """`export --format parquet|tensorboard`: the runs asked for, every rank (export/)."""
+    from multirank_logger.export.runs import export_runs
+
+    if fmt == "csv":
+        raise click.UsageError("--all-runs and --since export whole runs: pass --format parquet or tensorboard.")
+    if ranks_chosen:
+        raise click.UsageError(f"--format {fmt} writes every rank: leave out --rank and --all-ranks.")
+    if sum((run is not None, all_runs, since is not None)) > 1:
+        raise click.UsageError("Pass one of --run, --all-runs and --since.")
+    if output is None or output == "-":
+        raise click.UsageError(f"--format {fmt} writes a directory: pass -o DIR (parquet: or an fsspec URL, s3://...).")
+    with open_store(db_path) as reader:
+        for line in export_runs(reader, fmt, output, run=run, all_runs=all_runs, since=since):
+            click.echo(line)
 
 
 def _export_one(reader: StoreReader, run_id: int, label: str, rank: int, path: str) -> None:

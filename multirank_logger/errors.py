@@ -17,6 +17,7 @@ MultiRankLoggerError
  │    ├── ReadOnlyViolation      a write statement sent through the read-only query path
  │    └── StoreGone              the store's file was deleted or replaced during the run
  ├── DirNotWritable              save_dir or spill_dir cannot be written
+ ├── ExportFailed                an export's destination cannot be written (its URL's secrets left out)
  ├── LookupFailed                a run or a key that the store does not hold
  ├── QueryFailed                 the database engine rejected a query (its message kept)
  │    ├── QueryTimedOut          a user's query ran past its timeout and was stopped
@@ -46,6 +47,7 @@ __all__ = [
     "ChannelTimeout",
     "DamagedStore",
     "DirNotWritable",
+    "ExportFailed",
     "ForeignStore",
     "GatherMismatch",
     "IdentityTimeout",
@@ -135,6 +137,12 @@ class DirNotWritable(MultiRankLoggerError):
         super().__init__(
             f"Cannot write {argument}={path!r} ({use}): {reason}. Pass a {argument} in a directory you can write to."
         )
+
+
+class ExportFailed(MultiRankLoggerError):
+    def __init__(self, destination: str, reason: str, todo: str) -> None:
+        self.destination = destination
+        super().__init__(f"Cannot export to {destination}: {reason}. {todo}")
 
 
 class NotADatabase(StoreError):

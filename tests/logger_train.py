@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import DeviceStatsMonitor
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--report", default=None, help="each rank writes {rank: version, log_dir} here")
     parser.add_argument("--timeout", type=float, default=60.0, help="the logger's timeout")
     parser.add_argument("--spill-dir", default=None)
+    parser.add_argument("--device-stats", action="store_true", help="with Lightning's DeviceStatsMonitor")
     parser.add_argument("--dump-env", default=None, help="each rank writes its environment and the TCPStore identity here")
     args = parser.parse_args()
     if args.slow_sigterm_flush and os.environ.get("LOCAL_RANK", "0") == "0":  # the launcher's process: rank 0
@@ -151,6 +153,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=args.mode == "checkpoint",
+        callbacks=[DeviceStatsMonitor()] if args.device_stats else None,
     )
     model = TinyModel(mode=args.mode, sleep=args.sleep)
     model.sleep_after = args.sleep_after

@@ -34,9 +34,10 @@ ALLOWED: dict[str, set[str]] = {
     "write": {"judgement", "store", "transport", "ddp", "model", "_util", "errors"},
     "logger": {"write", "query", "judgement", "store", "transport", "ddp", "model", "_util", "errors", "_version"},
     "report": {"query", "judgement", "store", "model", "_util", "errors"},
+    "export": {"query", "model", "_util", "errors"},
     "callbacks": {"logger", "ddp", "model", "_util", "errors"},
     "ui": {"report", "query", "judgement", "store", "model", "_util", "errors"},
-    "cli": {"ui", "report", "query", "store", "model", "_util", "errors", "_version"},
+    "cli": {"ui", "report", "export", "query", "store", "model", "_util", "errors", "_version"},
     "__init__": {"callbacks", "logger", "query", "store", "ddp", "_version"},
 }
 

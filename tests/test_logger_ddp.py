@@ -36,7 +36,7 @@ def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         db = root / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
     proc = run_training(
         db, root, "--mode", "asym", "--steps", str(STEPS), "--csv-dir", str(root / "csv"),
-        "--read-version", "--report", str(root / "report"), "--dump-env", str(root / "dumped"),
+        "--read-version", "--report", str(root / "report"), "--dump-env", str(root / "dumped"), "--device-stats",
     )
     return {"backend": backend, "db": db, "root": root, "output": proc.stdout + proc.stderr, "secret": secret}
 
@@ -73,6 +73,20 @@ def test_asymmetric_logging_is_recorded_per_rank(launch: dict) -> None:
     # Lightning re-sends a key's last value at a step where it was not logged, so rank 1's
     # skipped steps still have a row: what matters is that the run did not hang
     assert counts[(0, "sometimes")] == STEPS and counts[(1, "sometimes")] >= STEPS // 2
+
+
+def test_device_stats_monitor_stored_per_rank(launch: dict) -> None:
+    """Lightning's DeviceStatsMonitor calls every logger on every rank: with ours, both ranks'
+    own device statistics (CPU here: psutil's) are stored, each under its rank, at every step."""
+    rows = query(launch["db"], "SELECT rank, key, step, value FROM metrics WHERE key LIKE 'DeviceStatsMonitor%'")
+    keys = {key for _, key, _, _ in rows}
+    assert "DeviceStatsMonitor.on_train_batch_start/cpu_percent" in keys, sorted(keys)
+    assert "DeviceStatsMonitor.on_train_batch_end/cpu_vm_percent" in keys, sorted(keys)
+    for rank in (0, 1):
+        mine = [(key, step, value) for r, key, step, value in rows if r == rank]
+        assert {key for key, _, _ in mine} == keys  # every statistic, from each rank itself
+        assert len({step for _, step, _ in mine}) >= STEPS - 1
+        assert all(0.0 <= value <= 100.0 for key, _, value in mine if key.endswith("_percent"))
 
 
 def test_run_finishes_with_success_and_transport(launch: dict) -> None:

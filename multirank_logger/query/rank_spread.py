@@ -73,17 +73,32 @@ class RankSpread:
 
 
 def pivot_step_rank(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, value: np.ndarray,
-                    dtype: np.ndarray) -> Any:  # fmt: skip
+                    dtype: np.ndarray, frame: str = "pandas") -> Any:  # fmt: skip
     """Long rows of one key (in any order) -> a step x rank DataFrame; a rank's later call wins at a
-    step. ``seq`` None: the caller found no (rank, step) twice (and it is not counted again)."""
+    step. ``seq`` None: the caller found no (rank, step) twice (and it is not counted again).
+    ``frame="arrow"``: a pyarrow Table of a ``step`` column and one column per rank (named by its
+    number), from the NumPy grid without pandas (``StoreReader.per_rank``)."""
+    if frame != "pandas":
+        steps, ranks, table = _grid(rank, seq, step, value, dtype)
+        import pyarrow as pa
+
+        return pa.table({"step": steps, **{str(r): table[:, j] for j, r in enumerate(ranks.tolist())}})
     import pandas as pd
 
+    steps, ranks, table = _grid(rank, seq, step, value, dtype)
+    # copy=False: pandas 3 copies an array by default (41 MB and 0.03-0.09 s for 20,000 x 256)
+    return pd.DataFrame(table, index=pd.Index(steps, name="step"), columns=pd.Index(ranks.tolist(), name="rank"),
+                        copy=False)  # fmt: skip
+
+
+def _grid(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, value: np.ndarray, dtype: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """`pivot_step_rank`'s steps, ranks and step x rank values."""
     # by counting, not sorting: a sort of a large key's rows (in SQL or here) cost more than the rest
     # (RESULTS.md, scale); only repeated cells are sorted, by seq
     value = neg_zero(value, dtype)
     if not len(rank):
-        return pd.DataFrame(np.zeros((0, 0)), index=pd.Index(np.zeros(0, np.int64), name="step"),
-                            columns=pd.Index([], name="rank"))  # fmt: skip
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0))
     steps, ranks, cell = step_rank_cells(step, rank)
     grid = np.full(len(steps) * len(ranks), np.nan)
     logged = np.zeros(len(grid), bool)
@@ -98,9 +113,7 @@ def pivot_step_rank(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, 
     step_in, rank_in = in_cell.any(axis=1), in_cell.any(axis=0)  # dense cells: a step or rank may have no row
     if not (step_in.all() and rank_in.all()):
         steps, ranks, table = steps[step_in], ranks[rank_in], table[step_in][:, rank_in]
-    # copy=False: pandas 3 copies an array by default (41 MB and 0.03-0.09 s for 20,000 x 256)
-    return pd.DataFrame(table, index=pd.Index(steps, name="step"), columns=pd.Index(ranks.tolist(), name="rank"),
-                        copy=False)  # fmt: skip
+    return steps, ranks, table
 
 
 def step_rank_cells(step: np.ndarray, rank: np.ndarray, layers: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

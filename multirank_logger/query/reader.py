@@ -33,13 +33,13 @@ from multirank_logger.errors import LookupFailed, QueryTimedOut, ReadsStopped
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import (
-    SEQ_ATTEMPT_SHIFT,
     attempts,
     metrics,
     ranks,
     runs,
 )
-from multirank_logger.query.rank_spread import RankSpread, neg_zero, pivot_step_rank
+from multirank_logger.query.long_table import FRAMES, as_frame, long_table
+from multirank_logger.query.rank_spread import RankSpread, pivot_step_rank
 from multirank_logger.query.side_tables import (
     read_decisions,
     read_logs,
@@ -250,6 +250,10 @@ class StoreReader:
         )
         return out
 
+    def run_ids(self) -> list[int]:
+        """Every run's id, in order: no scan of the metrics (``runs`` counts their steps and keys)."""
+        return [int(i) for i in self._scalars(sa.select(runs.c.id).order_by(runs.c.id))]
+
     def resolve_run(self, run: int | str | RunRef | None = None) -> RunRef:
         """The run meant by ``run`` (see the class docstring; a `RunRef` is taken as it is).
 
@@ -311,8 +315,13 @@ class StoreReader:
         ranks: Iterable[int] | None = None,
         keys: Iterable[str] | None = None,
         all_attempts: bool = False,
+        *,
+        frame: str = "pandas",
     ) -> Any:
         """The long table of one run: rank, seq, step, key, value, dtype, time, attempt.
+
+        ``frame``: ``"pandas"`` (a DataFrame), ``"arrow"`` (a ``pyarrow.Table``) or ``"polars"`` (a
+        ``polars.DataFrame``, the ``polars`` extra): built in Arrow, never copied through pandas.
 
         ``value`` is a float (NaN where NaN was logged); ``dtype`` says what was logged
         (``schema.DTYPE_*``); ``attempt`` is the launch that logged it (store/run_lifecycle.py). Rows
@@ -322,7 +331,10 @@ class StoreReader:
 
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold.
+            ValueError: for another ``frame``; MissingExtra: polars is not installed.
         """
+        if frame not in FRAMES:
+            raise ValueError(f"frame={frame!r}: pass one of {', '.join(map(repr, FRAMES))}.")
         ref = self.resolve_run(run)
         cols = [metrics.c.run_id, metrics.c.rank, metrics.c.seq, metrics.c.step,
                 metrics.c.key, metrics.c.value, metrics.c.dtype, metrics.c.time]
@@ -333,13 +345,8 @@ class StoreReader:
             keys = list(keys)
             self._check_keys(ref, keys)
             stmt = stmt.where(metrics.c.key.in_(keys))
-        df = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq)).to_pandas()
-        df["value"] = neg_zero(df["value"].astype("float64").to_numpy(), df["dtype"].to_numpy())
-        df["attempt"] = df["seq"].to_numpy() >> SEQ_ATTEMPT_SHIFT
-        if not all_attempts and len(df) and df["attempt"].max() > 0:
-            latest = df.groupby(["rank", "key", "step"])["attempt"].transform("max")
-            df = df[df["attempt"] == latest].reset_index(drop=True)
-        return df
+        found = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq))
+        return as_frame(long_table(found, all_attempts), frame)
 
     def attempts(self, run: int | str | None = None) -> Any:
         """The launches of one run: attempt, world_size, status, started_at, ended_at, host, job_id."""
@@ -354,8 +361,11 @@ class StoreReader:
         with self._connect() as conn:
             return orphan_runs(conn)
 
-    def per_rank(self, key: str, run: int | str | None = None) -> Any:
+    def per_rank(self, key: str, run: int | str | None = None, *, frame: str = "pandas") -> Any:
         """One key as a step x rank table (index ``step``, one float column per rank).
+
+        ``frame``: ``"arrow"`` or ``"polars"``: a ``step`` column, then one column per rank named
+        by its number (``"0"``, ``"1"``...), from the NumPy grid without pandas.
 
         Where a rank logged the key twice at one step, its later call wins: of a run resumed
         from a checkpoint, the latest launch's value (``metrics(all_attempts=True)`` shows all).
@@ -365,16 +375,22 @@ class StoreReader:
         Raises:
             LookupFailed: for an unknown run, or a key the run does not hold (the keys are listed).
         """
+        if frame not in FRAMES:
+            raise ValueError(f"frame={frame!r}: pass one of {', '.join(map(repr, FRAMES))}.")
         ref = self.resolve_run(run)
-        import_in_background("pandas")  # for the DataFrame, while the store reads the rows
+        if frame == "pandas":
+            import_in_background("pandas")  # for the DataFrame, while the store reads the rows
         if key.startswith("timing:"):  # StepTimer's series, as the page names them (timing:data_s)
-            return pivot_step_rank(*read_timing_columns(self._fetch_arrow, ref, key, self.keys(ref.id)))
-        with self._connect() as conn:
-            rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
-        assert rank is not None and step is not None and value is not None and dtype is not None
-        if len(rank) == 0:
-            self._check_keys(ref, [key])
-        return pivot_step_rank(rank, seq, step, value, dtype)
+            rank, seq, step, value, dtype = read_timing_columns(self._fetch_arrow, ref, key, self.keys(ref.id))
+        else:
+            with self._connect() as conn:
+                rank, seq, step, value, dtype = self.store.backend.per_rank_columns(conn, ref.id, key)
+            assert rank is not None and step is not None and value is not None and dtype is not None
+            if len(rank) == 0:
+                self._check_keys(ref, [key])
+        if frame == "pandas":
+            return pivot_step_rank(rank, seq, step, value, dtype)
+        return as_frame(pivot_step_rank(rank, seq, step, value, dtype, frame="arrow"), frame)
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
         """One key per rank, with how far the ranks spread and which rank stands out."""

@@ -70,14 +70,15 @@ class Findings:
             column = series.split(":", 1)[1]
             named = [s["rank"] for s in self.stragglers if s["phase"] + "_s" == column]
             named += [m["rank"] for m in self.memory if m["measure"] == column]
-        else:
+        else:  # a metric key: its outliers, and memory measured by a key (DeviceStatsMonitor's)
             named = [o["rank"] for o in self.outliers if o["key"] == series]
+            named += [m["rank"] for m in self.memory if m["measure"] == series]
         return sorted(set(named))
 
     def departing_by_series(self) -> dict[str, list[int]]:
         """`departing` for every series under which this report names a rank."""
         named = ([o["key"] for o in self.outliers] + [f"timing:{s['phase']}_s" for s in self.stragglers]
-                 + [f"timing:{m['measure']}" for m in self.memory])  # fmt: skip
+                 + [_memory_series(m["measure"]) for m in self.memory])  # fmt: skip
         return {series: self.departing(series) for series in sorted(set(named))}
 
     def keys_with_findings(self) -> list[str]:
@@ -117,6 +118,7 @@ def find_with_buckets(
         out.timing, out.stragglers = _timing(timing)
         out.memory = _memory(timing, writers={0} if reader.transport(ref) == "gather" else set())
     else:
+        out.memory = _device_stats_memory(reader, ref, scan.keys)
         out.notes.append("No step timing in this run: add multirank_logger.StepTimer() to the Trainer's callbacks.")
     out.non_finite = scan.non_finite
     if ref.world_size < judgement.MIN_RANKS:
@@ -201,6 +203,29 @@ def _memory(timing: Any, writers: set[int]) -> list[dict[str, Any]]:
     peaks = timing.groupby("rank")[measure].max().dropna().astype(float)
     retries = timing.groupby("rank")["alloc_retries"].max().fillna(0).reindex(peaks.index).to_numpy() if cuda else None
     return judgement.memory_outliers(peaks.index.to_numpy(), peaks.to_numpy(), measure, retries, writers)
+
+
+def _memory_series(measure: str) -> str:
+    """The page's series of a memory measure: StepTimer's column, or DeviceStatsMonitor's metric key."""
+    return measure if measure == DEVICE_STATS_PEAK else f"timing:{measure}"
+
+
+#: Lightning's DeviceStatsMonitor on CUDA logs torch.cuda.memory_stats() per rank, at each batch's end
+DEVICE_STATS_PEAK = "DeviceStatsMonitor.on_train_batch_end/reserved_bytes.all.peak"
+DEVICE_STATS_RETRIES = "DeviceStatsMonitor.on_train_batch_end/num_alloc_retries"
+
+
+def _device_stats_memory(reader: StoreReader, ref: RunRef, keys: list[str]) -> list[dict[str, Any]]:
+    """Without StepTimer, each rank's peak CUDA reserved memory as DeviceStatsMonitor logged it on
+    every rank (its metric key is the measure), judged as `_memory` judges StepTimer's. On CPU the
+    monitor logs the host's figures (psutil: the same on every rank of a node): nothing to judge."""
+    if DEVICE_STATS_PEAK not in keys:
+        return []
+    peaks = reader.per_rank(DEVICE_STATS_PEAK, ref.id).max(axis=0).dropna().astype(float)
+    retries = None
+    if DEVICE_STATS_RETRIES in keys:
+        retries = reader.per_rank(DEVICE_STATS_RETRIES, ref.id).max(axis=0).reindex(peaks.index).fillna(0).to_numpy()
+    return judgement.memory_outliers(peaks.index.to_numpy(), peaks.to_numpy(), DEVICE_STATS_PEAK, retries)
 
 
 def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:

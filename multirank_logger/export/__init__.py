@@ -1,0 +1,1 @@
+"""Runs in the formats other tools read: a Parquet dataset (Spark, Trino, DuckDB, Polars), TensorBoard's event files."""

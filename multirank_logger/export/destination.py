@@ -1,0 +1,135 @@
+"""Where an export goes: a local directory or any fsspec URL (``s3://``, ``gs://``, ``abfs://``,
+``memory://``) whose filesystem package is installed; and its name as printed, without secrets.
+
+Files are written under a hidden name (``.NAME.tmp``: Spark, pyarrow.dataset, Polars and DuckDB's
+``*.parquet`` globs all skip it) and moved to their name once whole, so a reader never meets a
+half-written file. Credentials come as fsspec finds them (the environment, the filesystem's
+own config files); one written into the URL (``s3://KEY:SECRET@bucket``, a ``?sig=`` token) is
+passed on but never printed: `public_url`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from multirank_logger.errors import ExportFailed
+
+__all__ = ["Destination", "public_url", "url_secrets"]
+
+
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)(?:([^/?#]*)@)?([^?#]*)(?:\?([^#]*))?")
+
+
+def public_url(url: str) -> str:
+    """`url` without what may be a secret: the user and password before ``@``, and the query string."""
+    match = _URL.match(url)
+    if match is None:
+        return url  # a path
+    return match.group(1) + match.group(3)
+
+
+def url_secrets(url: str) -> list[str]:
+    """What `public_url` leaves out of `url`: its user info (whole, and each part) and its query
+    (whole, and each value); longest first, to be blotted out of any text that may quote them."""
+    match = _URL.match(url)
+    if match is None:
+        return []
+    found: list[str] = []
+    if match.group(2):
+        found += [match.group(2), *match.group(2).split(":")]
+    if match.group(4):
+        found.append(match.group(4))
+        found += [pair.partition("=")[2] for pair in match.group(4).split("&")]
+    return sorted({text for text in found if text}, key=len, reverse=True)
+
+
+class Destination:
+    """A directory of an export, local or remote, opened through fsspec."""
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        import fsspec.core
+
+        self.public = public_url(url)
+        self._secrets = url_secrets(url)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
+        except ImportError as exc:  # s3fs, gcsfs, adlfs: each filesystem's own package ("Install s3fs to access S3")
+            raise ExportFailed(self.public, f"its filesystem's package is missing ({self.blotted(exc)})",
+                               "Install it (pip install s3fs, gcsfs, adlfs...) or export to a local directory.") from None
+        except ValueError as exc:  # a protocol fsspec does not know
+            raise ExportFailed(self.public, f"fsspec cannot open it ({self.blotted(exc)})",
+                               "Pass a local directory or a URL of a filesystem fsspec knows (s3://, gs://, abfs://).") from None
+        self.root = self.root.rstrip("/") or "/"
+        self.local = "file" in _protocols(self.fs)
+
+    def blotted(self, exc: BaseException) -> str:
+        """An error's text with the URL's secrets blotted out (a driver may quote the URL it was given)."""
+        text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) or not exc.strerror else exc.strerror
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @contextlib.contextmanager
+    def errors_told(self) -> Iterator[None]:
+        """The filesystem's errors in the block (a bucket refused, the network, a bad name) as
+        `ExportFailed`, their text without the URL's secrets: no traceback quotes them."""
+        try:
+            yield
+        except (ExportFailed, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 (each filesystem package raises its own classes)
+            raise ExportFailed(self.public, self.blotted(exc), "Check the destination and its credentials.") from None
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def shown(self, *parts: str) -> str:
+        """A path under the destination as printed (no secret)."""
+        return posixpath.join(self.public.rstrip("/"), *parts)
+
+    @contextlib.contextmanager
+    def writing(self, *parts: str) -> Iterator[Any]:
+        """A binary file at ``parts`` under the destination, in place once the block ends without
+        an error (written under a hidden name until then; removed on an error)."""
+        final = self.path(*parts)
+        folder, name = posixpath.split(final)
+        hidden = posixpath.join(folder, f".{name}.tmp")
+        with self.errors_told():
+            self.fs.makedirs(folder, exist_ok=True)
+            fp = self.fs.open(hidden, "wb")
+            try:
+                with fp:
+                    yield fp
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.fs.rm(hidden)
+                raise
+            self.fs.mv(hidden, final)
+
+    def files(self, *parts: str) -> list[str]:
+        """The files directly under ``parts`` (full paths), none when it is missing."""
+        folder = self.path(*parts)
+        with self.errors_told():
+            try:
+                return [p for p in self.fs.ls(folder, detail=False) if self.fs.isfile(p)]
+            except FileNotFoundError:
+                return []
+
+    def size(self, *parts: str) -> int:
+        with self.errors_told():
+            return int(self.fs.size(self.path(*parts)))
+
+    def remove(self, paths: list[str]) -> None:
+        with self.errors_told():
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(path)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

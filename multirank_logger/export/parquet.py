@@ -1,0 +1,176 @@
+"""Runs as a Hive-partitioned Parquet dataset, for the engines that spread over many machines
+(Spark, Trino, DuckDB, Polars, pyarrow): ``multirank-logger export DB --format parquet -o DEST``.
+
+The layout, one folder per table and one ``run=ID`` folder per run under it::
+
+    DEST/metrics/run=3/part-<token>-00000.parquet   key, step, rank, value, dtype, seq, time
+    DEST/runs/run=3/...          the run's row (name, version, status, world_size, hparams, run_uuid...)
+    DEST/attempts/run=3/...      its launches
+    DEST/ranks/run=3/...         its registered ranks (host, pid, status...)
+    DEST/decisions/run=3/...     DecisionAudit's rows, DEST/logs/run=3/..., DEST/step_timing/run=3/...
+
+Every stored row is there once, with the store's columns: ``value`` is the value logged (NaN and
+-0.0 included), ``dtype`` what Python type it had (``model/schema.py``), ``seq`` the rank's call
+number (the launch, ``attempt``, in its bits from ``SEQ_ATTEMPT_SHIFT`` up). Read them with any
+engine's Hive partitioning (``read_parquet('DEST/metrics/**/*.parquet', hive_partitioning=true)``,
+``spark.read.parquet('DEST/metrics')``, ``pl.scan_parquet('DEST/metrics/**/*.parquet', hive_partitioning=True)``).
+
+Sorted for the read users make, one key across ranks and steps: the rows are read a window of
+steps at a time (``query/row_windows.py``: memory bounded by the window, not the run) and each
+window is sorted by (key, step, rank, seq) and written as row groups of ``ROW_GROUP_ROWS``, so a
+key's rows sit together and each row group's min/max of ``key`` lets a reader skip the others.
+zstd; the sort makes ``key``, ``step``, ``rank`` and ``time`` runs that cost next to nothing:
+``value`` is most of a row's bytes (benchmarks/bench_export.py).
+
+A run exported again (a nightly ``--since``, a run that was still running) replaces its own
+files: the new ones are written first, then the old ones removed; other runs are left as they
+are. A file appears under its name only once whole (``export/destination.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from multirank_logger._util.prefetch import prefetched
+from multirank_logger.export.destination import Destination
+from multirank_logger.model.run_ref import RunRef
+from multirank_logger.model.schema import attempts, decisions, logs, ranks, runs, step_timing
+from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from multirank_logger.query.reader import StoreReader
+
+__all__ = ["FILE_ROWS", "ROW_GROUP_ROWS", "WINDOW_ROWS", "ParquetExport", "export_parquet"]
+
+#: rows per row group: of a window of `WINDOW_ROWS` sorted by key, a row group spans one or two
+#: keys of a 10-key run, so a read of one key skips most (65,536: 0.015 B/row more than 131,072)
+ROW_GROUP_ROWS = 65_536
+#: rows read, sorted and written at once (two windows in memory: the next is read meanwhile):
+#: peak RSS of the export of 5.12M rows 313 MiB at 262,144, ~380 at 524,288, 477 at 1M
+WINDOW_ROWS = 524_288
+#: rows per file: a new file past this many (several files per run: an engine reads them in parallel)
+FILE_ROWS = 8_000_000
+#: the run's own tables beside its metrics: (folder, table, its run column)
+RUN_TABLES = (
+    ("runs", runs, runs.c.id),
+    ("attempts", attempts, attempts.c.run_id),
+    ("ranks", ranks, ranks.c.run_id),
+    ("decisions", decisions, decisions.c.run_id),
+    ("logs", logs, logs.c.run_id),
+    ("step_timing", step_timing, step_timing.c.run_id),
+)
+#: the metric rows' order in each window (see the module docstring)
+METRIC_ORDER = ("key", "step", "rank", "seq")
+
+
+@dataclass
+class ParquetExport:
+    """What an export wrote."""
+
+    destination: str
+    runs: list[RunRef] = field(default_factory=list)
+    #: metric rows written, per run id
+    rows: dict[int, int] = field(default_factory=dict)
+    files: int = 0
+    bytes: int = 0
+
+
+def export_parquet(
+    reader: StoreReader,
+    refs: Iterable[RunRef],
+    dest: str,
+    *,
+    window_rows: int = WINDOW_ROWS,
+    progress: Callable[[RunRef, int], None] | None = None,
+    **storage_options: Any,
+) -> ParquetExport:
+    """Write each run of `refs` under `dest` (a directory or an fsspec URL): see the module docstring.
+
+    Args:
+        reader: the store.
+        refs: the runs (``reader.resolve_run``'s).
+        dest: a local directory or an fsspec URL; made when missing.
+        window_rows: about how many rows are held at once.
+        progress: called with each run and its metric rows once written.
+        storage_options: passed to the fsspec filesystem.
+
+    Raises:
+        ExportFailed: the destination cannot be written (its URL's secrets left out).
+    """
+    target = Destination(dest, **storage_options)
+    out = ParquetExport(target.public)
+    for ref in refs:
+        token = uuid.uuid4().hex[:12]
+        old = {folder: target.files(folder, f"run={ref.id}") for folder, _, _ in RUN_TABLES}
+        old["metrics"] = target.files("metrics", f"run={ref.id}")
+        rows = _write_metrics(reader, ref, target, token, window_rows, out)
+        for folder, table, run_column in RUN_TABLES:
+            _write_file(target, (folder, f"run={ref.id}", f"part-{token}-00000.parquet"),
+                        run_table(reader, table, run_column, ref), out)  # fmt: skip
+        for stale in old.values():  # only now: the run is never missing to a reader meanwhile
+            target.remove(stale)
+        out.runs.append(ref)
+        out.rows[ref.id] = rows
+        if progress is not None:
+            progress(ref, rows)
+    return out
+
+
+def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, token: str, window_rows: int,
+                   out: ParquetExport) -> int:  # fmt: skip
+    """The run's metric rows, window by window, into files of about `FILE_ROWS` rows each."""
+    import pyarrow.parquet as pq
+
+    # the next window is read and its order found on a thread of its own while this one is taken
+    # in order, compressed and written (DuckDB, Arrow and zstd release the GIL): one window more
+    # in memory, the work about even between the two
+    windows = (rows.take(order) for rows, order in prefetched(lambda: window_orders(reader, ref, METRIC_ORDER, window_rows)))
+    pending = next(windows, None)
+    if pending is None:  # a run with no metric row: one empty file, so that every engine finds the columns
+        _write_file(target, ("metrics", f"run={ref.id}", f"part-{token}-00000.parquet"), metric_schema().empty_table(), out)
+        return 0
+    total = 0
+    number = 0
+    while pending is not None:
+        parts = ("metrics", f"run={ref.id}", f"part-{token}-{number:05d}.parquet")
+        with target.writing(*parts) as fp, pq.ParquetWriter(fp, pending.schema, **_METRIC_OPTIONS) as writer:
+            in_file = 0
+            while pending is not None and in_file < FILE_ROWS:
+                writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
+                in_file += pending.num_rows
+                pending = next(windows, None)
+        total += in_file
+        out.files += 1
+        out.bytes += target.size(*parts)
+        number += 1
+    return total
+
+
+def _write_file(target: Destination, parts: tuple[str, ...], table: pa.Table, out: ParquetExport) -> None:
+    import pyarrow.parquet as pq
+
+    with target.writing(*parts) as fp:
+        pq.write_table(table, fp, **_WRITE_OPTIONS)
+    out.files += 1
+    out.bytes += target.size(*parts)
+
+
+#: zstd; statistics for every column (the min/max a reader skips row groups by); no Arrow schema
+#: stored: ``key`` (dictionary-encoded in memory) reads back as the string it is, in every engine
+_WRITE_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_statistics": True, "store_schema": False}
+#: the metrics' encodings, measured on the scale store (benchmarks/bench_export.py; B/row of the
+#: 64x1,000-step window, zstd): pyarrow's defaults (a dictionary tried on every column) 9.67;
+#: dictionaries for key, rank and dtype only 8.06, and 4x faster to write; with the doubles' bytes
+#: split by position (BYTE_STREAM_SPLIT: zstd then finds the exponents alike) 7.44; with step
+#: and seq as deltas 7.02, of which value is 6.9 (random doubles: no encoding removes them)
+_METRIC_OPTIONS: dict[str, Any] = {
+    **_WRITE_OPTIONS,
+    "use_dictionary": ["key", "rank", "dtype"],
+    "column_encoding": {"step": "DELTA_BINARY_PACKED", "seq": "DELTA_BINARY_PACKED",
+                        "value": "BYTE_STREAM_SPLIT", "time": "BYTE_STREAM_SPLIT"},
+}

@@ -1,0 +1,351 @@
+"""`export --format parquet|tensorboard` read back by clients no one here wrote: DuckDB's
+read_parquet, Polars' scan_parquet, pyarrow.dataset, Spark (local mode), TensorBoard's own event
+reader; a remote destination through fsspec's memory:// and a local S3 server (moto); and the
+reader's Arrow and Polars frames."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger import open_store
+from multirank_logger.cli import main
+from multirank_logger.export.destination import public_url
+from multirank_logger.export.parquet import export_parquet
+from multirank_logger.store.sql_store import Store
+from tests.helpers.launches import free_port
+from tests.test_query import _calls, _store_calls
+
+COLUMNS = ("run", "rank", "seq", "step", "key", "value", "dtype", "time")
+
+
+def _row(d: dict[str, Any]) -> tuple[Any, ...]:
+    """A row comparable across engines: the value by its bits (NaN, -0.0, inf)."""
+    value = d["value"]
+    return (int(d["run"]), int(d["rank"]), int(d["seq"]), int(d["step"]), d["key"],
+            "nan" if value is None or math.isnan(value) else float(value).hex(), int(d["dtype"]), float(d["time"]))  # fmt: skip
+
+
+def _rows(columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
+    return sorted(_row(dict(zip(COLUMNS, values))) for values in zip(*(columns[c] for c in COLUMNS)))
+
+
+def _store_rows(db: Path) -> list[tuple[Any, ...]]:
+    """Every stored metric row of every run, through the reader's Arrow frame."""
+    out: list[tuple[Any, ...]] = []
+    with open_store(db) as reader:
+        for run_id in reader.runs()["id"]:
+            table = reader.metrics(int(run_id), all_attempts=True, frame="arrow").to_pydict()
+            table["run"] = [int(run_id)] * len(table["rank"])
+            out += _rows(table)
+    return sorted(out)
+
+
+_TEMPLATES: dict[str, Path] = {}
+
+
+@pytest.fixture
+def two_runs(db_path: Path, backend: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run 1: three ranks of _calls (NaN, inf, -0.0, ints, bools, late and odd keys); run 2: one
+    rank; run 3: no metric row. Built once per backend, copied per test."""
+    if backend not in _TEMPLATES:
+        template = tmp_path_factory.mktemp("export-template") / db_path.name
+        _store_calls(template, {0: _calls(0), 1: _calls(1), 2: _calls(2)})
+        _store_calls(template, {0: _calls(0, 10)}, name="second")
+        store = Store(template)
+        store.create_run("empty", world_size=2)  # no metric row: an empty file every engine still reads
+        store.close()
+        _TEMPLATES[backend] = template
+    for suffix in ("", "-wal"):
+        source = _TEMPLATES[backend].with_name(db_path.name + suffix)
+        if source.exists():
+            shutil.copyfile(source, db_path.with_name(db_path.name + suffix))
+    return db_path
+
+
+def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_path: Path) -> None:
+    """Every stored row of every run, once, in each engine's Hive-partitioned read; sorted by key,
+    step, rank within each window; side tables beside; run 2 exported again replaces its files."""
+    import duckdb
+    import polars as pl
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    dest = tmp_path / "lake"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)])
+    assert result.exit_code == 0, result.output
+    assert "run 1" in result.output and "run 2" in result.output and "run 3" in result.output and "zstd" in result.output
+    expected = _store_rows(two_runs)
+    assert len(expected) > 700
+
+    con = duckdb.connect()
+    rel = con.sql(f"SELECT * FROM read_parquet('{dest}/metrics/**/*.parquet', hive_partitioning = true)")
+    assert _rows(rel.to_arrow_table().to_pydict()) == expected
+    lazy = pl.scan_parquet(f"{dest}/metrics/**/*.parquet", hive_partitioning=True)
+    assert _rows(lazy.collect().to_dict(as_series=False)) == expected
+    dataset = ds.dataset(dest / "metrics", format="parquet", partitioning="hive")
+    assert _rows(dataset.to_table().to_pydict()) == expected
+    # a key across ranks and steps reads by the row groups' min/max of key: the rows come sorted so
+    for path in (dest / "metrics").rglob("*.parquet"):
+        meta = pq.ParquetFile(path).metadata
+        assert meta.row_group(0).column(0).compression == "ZSTD"
+        keys = pq.read_table(path).column("key").to_pylist()
+        assert keys == sorted(keys)  # one window here (a few hundred rows); windows: the next test
+    runs = con.sql(f"SELECT run, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
+                   "ORDER BY run").fetchall()  # fmt: skip
+    assert runs == [(1, "lightning_logs", 3), (2, "second", 1), (3, "empty", 2)]
+    for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing"):
+        assert sorted(p.name for p in (dest / table).iterdir()) == ["run=1", "run=2", "run=3"]
+
+    # the nightly append: run 2 again (it was running) and any later one; run 1 untouched
+    before = sorted(p.name for p in (dest / "metrics" / "run=1").iterdir())
+    again = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--since", "2", "-o", str(dest)])
+    assert again.exit_code == 0, again.output
+    assert "run 1)" not in again.output
+    assert sorted(p.name for p in (dest / "metrics" / "run=1").iterdir()) == before
+    assert _rows(ds.dataset(dest / "metrics", format="parquet", partitioning="hive").to_table().to_pydict()) == expected
+    assert not [p for p in dest.rglob("*") if p.name.startswith(".")]  # no hidden file left
+
+
+def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
+    """Windows of a few steps (memory bounded by the window) give the same rows, each window
+    sorted by (key, step, rank, seq); to fsspec's memory:// (a remote filesystem), read back
+    by pyarrow and DuckDB through fsspec."""
+    import duckdb
+    import fsspec
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    url = "memory://exports-test/lake"
+    with open_store(two_runs) as reader:
+        refs = [reader.resolve_run(1), reader.resolve_run(2)]
+        done = export_parquet(reader, refs, url, window_rows=40)
+    assert done.destination == url and done.rows[1] + done.rows[2] == len(_store_rows(two_runs))
+    fs = fsspec.filesystem("memory")
+    try:
+        dataset = ds.dataset("/exports-test/lake/metrics", format="parquet", partitioning="hive", filesystem=fs)
+        assert _rows(dataset.to_table().to_pydict()) == _store_rows(two_runs)
+        con = duckdb.connect()
+        con.register_filesystem(fs)
+        count = con.sql(f"SELECT count(*) FROM read_parquet('{url}/metrics/**/*.parquet', hive_partitioning = true)")
+        assert count.fetchone() == (done.rows[1] + done.rows[2],)
+        (path,) = fs.glob("/exports-test/lake/metrics/run=1/*.parquet")
+        with fs.open(path, "rb") as fp:
+            table = pq.read_table(fp)
+        rows = list(zip(*(table.column(c).to_pylist() for c in ("step", "key", "rank", "seq"))))
+        windows: dict[int, list[Any]] = {}
+        for step, key, rank, seq in rows:
+            windows.setdefault(len(windows) if not windows else max(windows), []).append((key, step, rank, seq))
+        assert len(set(step for step, *_ in rows)) == 60
+        # sorted by (key, step, rank, seq) within each run of rows whose steps fall in one window
+        starts = [i for i in range(1, len(rows)) if (rows[i][1], rows[i][0], rows[i][2], rows[i][3])
+                  < (rows[i - 1][1], rows[i - 1][0], rows[i - 1][2], rows[i - 1][3])]  # fmt: skip
+        assert 2 < len(starts) + 1 <= 20  # several windows of 40 rows' steps
+        pieces = [rows[a:b] for a, b in zip([0, *starts], [*starts, len(rows)])]
+        assert all(max(p[0] for p in a) < min(p[0] for p in b) for a, b in zip(pieces, pieces[1:]))
+    finally:
+        fs.rm("/exports-test", recursive=True)
+
+
+def test_parquet_from_postgresql(postgres_server: Any, tmp_path: Path) -> None:
+    """A PostgreSQL store: its windows name the ranks (its index), its rows come as Python values
+    (no Arrow from the driver): the same rows and types in the dataset as from a file store."""
+    import pyarrow.dataset as ds
+
+    from tests.helpers.stores import new_postgres_database
+
+    url = new_postgres_database(postgres_server)
+    _store_calls(url, {0: _calls(0), 1: _calls(1)})  # a URL where a path is typed: Store takes either
+    with open_store(url) as reader:
+        done = export_parquet(reader, [reader.resolve_run(1)], str(tmp_path / "lake"), window_rows=100)
+        expected = reader.metrics(1, all_attempts=True, frame="arrow").to_pydict()
+    expected["run"] = [1] * len(expected["rank"])
+    table = ds.dataset(tmp_path / "lake" / "metrics", format="parquet", partitioning="hive").to_table()
+    assert _rows(table.to_pydict()) == _rows(expected) and done.rows[1] == len(expected["rank"])
+    assert str(table.schema.field("rank").type) == "int32" and str(table.schema.field("dtype").type) == "int16"
+
+
+@pytest.mark.parametrize("backend", ["duckdb"])  # the destination is under test here, not the store
+def test_parquet_to_a_local_s3_server(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3:// through s3fs to a real S3 API (moto's server on 127.0.0.1), credentials from the
+    environment as on a cluster: every row read back from the bucket; the secret never printed."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        secret = "s3cr3t-" + os.urandom(6).hex()
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTESTING")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        import pyarrow.dataset as ds
+        import s3fs
+
+        fs = s3fs.S3FileSystem(skip_instance_cache=True)
+        fs.mkdir("lake-bucket")
+        result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o",
+                                           "s3://lake-bucket/nightly"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "s3://lake-bucket/nightly" in result.output and secret not in result.output
+        fs.invalidate_cache()
+        dataset = ds.dataset("lake-bucket/nightly/metrics", format="parquet", partitioning="hive", filesystem=fs)
+        assert _rows(dataset.to_table().to_pydict()) == _store_rows(two_runs)
+        assert not [p for p in fs.find("lake-bucket") if "/." in p]  # no hidden file left
+    finally:
+        server.stop()
+
+
+def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
+    """A URL's user, password and query token stay out of every line; a missing filesystem
+    package is a clear error."""
+    assert public_url("s3://AKIAKEY:s3cr3t@bucket/lake?X-Amz-Signature=abc") == "s3://bucket/lake"
+    assert public_url("/local/dir") == "/local/dir"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "-o",
+                                       "s3://AKIAKEY:s3cr3t@bucket/lake?token=tok123"])  # fmt: skip
+    assert result.exit_code != 0
+    for secret in ("s3cr3t", "AKIAKEY", "tok123"):
+        assert secret not in result.output
+    assert result.output.startswith("Error: Cannot export to s3://bucket/lake"), result.output  # not a traceback
+    missing = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "-o", "gs://me:pw0rd@b/l"])
+    assert missing.exit_code == 1 and "gcsfs" in missing.output and "pw0rd" not in missing.output, missing.output
+    wrong = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet"])
+    assert wrong.exit_code == 2 and "-o DIR" in wrong.output
+    both = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--rank", "1", "-o", "x"])
+    assert both.exit_code == 2 and "every rank" in both.output
+    csv_runs = CliRunner().invoke(main, ["export", str(two_runs), "--all-runs", "-o", "x"])
+    assert csv_runs.exit_code == 2 and "--format parquet or tensorboard" in csv_runs.output
+
+
+@pytest.mark.slow  # a JVM in a process of its own
+@pytest.mark.parametrize("backend", ["duckdb"])  # the same files from every backend: one JVM start (~10-20 s) is enough
+def test_spark_reads_every_row(two_runs: Path, tmp_path: Path) -> None:
+    """Spark in local mode (one session, in a process of its own) reads the dataset: every row
+    of every rank of every run, equal to the store's, the run from its Hive partition."""
+    pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")
+    dest = tmp_path / "lake"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)])
+    assert result.exit_code == 0, result.output
+    script = f"""
+import json
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").appName("multirank-export-test")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "1")
+         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")  # a quicker JVM start
+         .getOrCreate())
+rows = spark.read.parquet({str(dest / 'metrics')!r}).collect()
+print(json.dumps([r.asDict() for r in rows]))
+spark.stop()
+"""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])  # json writes Spark's NaN as NaN, and reads it back
+    assert _rows({c: [r[c] for r in rows] for c in COLUMNS}) == _store_rows(two_runs)
+
+
+def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> None:
+    """TensorBoard's own event reader finds each rank's every key at every step it logged, in
+    rank_K/, and the ranks' median, min and max per key and step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--run", "1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"tensorboard --logdir {out}" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["rank_0", "rank_1", "rank_2", "ranks_max", "ranks_median", "ranks_min"]
+    with open_store(two_runs) as reader:
+        stored = reader.metrics(1, all_attempts=True)
+    for rank in (0, 1, 2):
+        acc = EventAccumulator(str(out / f"rank_{rank}"), size_guidance={"scalars": 0})
+        acc.Reload()
+        mine = stored[stored["rank"] == rank]
+        assert sorted(acc.Tags()["scalars"]) == sorted(mine["key"].unique())
+        for key, group in mine.groupby("key"):
+            events = acc.Scalars(key)
+            assert sorted(e.step for e in events) == sorted(group["step"].tolist())
+            # TensorBoard keeps a scalar as float32: compared as such
+            got = sorted((e.step, e.value) for e in events if not math.isnan(e.value))
+            want = sorted((s, float(v)) for s, v in zip(group["step"], group["value"].astype("float32")) if not math.isnan(v))
+            assert got == want
+    median = EventAccumulator(str(out / "ranks_median"), size_guidance={"scalars": 0})
+    median.Reload()
+    at = {e.step: e.value for e in median.Scalars("rank_value")}
+    assert at[5] == pytest.approx(1005.0)  # ranks 0, 1, 2 logged 5, 1005, 2005
+    high = EventAccumulator(str(out / "ranks_max"), size_guidance={"scalars": 0})
+    high.Reload()
+    assert {e.step: e.value for e in high.Scalars("rank_value")}[5] == pytest.approx(2005.0)
+    # several runs: a folder per run first; one rank's run has no spread
+    every = tmp_path / "tb-all"
+    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--all-runs", "-o", str(every)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (every / "second" / "version_0").iterdir()) == ["rank_0"]
+    assert (every / "lightning_logs" / "version_0" / "ranks_median").is_dir()
+    one = EventAccumulator(str(every / "second" / "version_0" / "rank_0"), size_guidance={"scalars": 0})
+    one.Reload()
+    assert sorted(e.step for e in one.Scalars("train_loss")) == list(range(10))
+
+
+def test_reader_frames_arrow_and_polars_without_pandas(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """metrics() and per_rank() as a pyarrow Table and a Polars DataFrame equal the pandas frames,
+    and are built without a pandas DataFrame on the way (no DataFrame can be made while they are)."""
+    import pandas as pd
+    import polars as pl
+    import pyarrow as pa
+
+    with open_store(two_runs) as reader:
+        df = reader.metrics(1)
+        with monkeypatch.context() as refused:
+            def no_pandas(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("a copy through pandas")
+
+            refused.setattr(pd.DataFrame, "__init__", no_pandas)
+            refused.setattr(pd.DataFrame, "_from_mgr", classmethod(no_pandas))  # Arrow's to_pandas
+            with pytest.raises(AssertionError, match="through pandas"):
+                pa.table({"a": [1]}).to_pandas()  # the refusal bites
+            table = reader.metrics(1, frame="arrow")
+            polars_df = reader.metrics(1, frame="polars")
+            wide = reader.per_rank("rank_value", 1, frame="arrow")
+            wide_polars = reader.per_rank("train_loss", 1, frame="polars")
+        grid = reader.per_rank("rank_value", 1)
+        assert wide.column_names == ["step", "0", "1", "2"] and wide.column("step").to_pylist() == grid.index.tolist()
+        for rank in (0, 1, 2):
+            assert wide.column(str(rank)).to_pylist() == grid[rank].tolist()
+        assert isinstance(wide_polars, pl.DataFrame) and wide_polars.to_pandas().set_index("step").rename(
+            columns=int).rename_axis(columns="rank").equals(reader.per_rank("train_loss", 1))
+        with pytest.raises(ValueError, match="frame="):
+            reader.metrics(1, frame="numpy")
+    assert isinstance(table, pa.Table) and table.column_names == list(df.columns)
+    assert table.to_pandas().equals(df)
+    assert isinstance(polars_df, pl.DataFrame) and polars_df.to_pandas().equals(df)
+
+
+def test_device_stats_cuda_memory_in_the_report(tmp_path: Path) -> None:
+    """Without StepTimer, DeviceStatsMonitor's per-rank CUDA peak (what it logs on a GPU: torch's
+    memory_stats under its prefix) is the report's memory finding, named under that key's chart
+    on the page; here the rows a 4-rank GPU run would store, rank 2's peak 3x the others'."""
+    from multirank_logger.report import find
+    from multirank_logger.report.findings import DEVICE_STATS_PEAK, DEVICE_STATS_RETRIES
+
+    db = tmp_path / "gpu.duckdb"
+    gib = 2**30
+    per_rank = {rank: [({DEVICE_STATS_PEAK: float((3 if rank == 2 else 1) * gib + step), DEVICE_STATS_RETRIES: 0,
+                         "train_loss": 1.0 / (step + 1)}, step) for step in range(20)] for rank in range(4)}  # fmt: skip
+    _store_calls(db, per_rank)
+    with open_store(db) as reader:
+        found = find(reader)
+    assert [(m["rank"], m["measure"]) for m in found.memory] == [(2, DEVICE_STATS_PEAK)]
+    assert found.memory[0]["ratio"] == pytest.approx(3.0, rel=1e-6)
+    assert found.departing_by_series()[DEVICE_STATS_PEAK] == [2]
+    assert found.departing(DEVICE_STATS_PEAK) == [2]
