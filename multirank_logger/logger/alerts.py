@@ -16,6 +16,7 @@ Each new finding of the watch (watch.py) is raised once, here, on the watch's th
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from multirank_logger.judgement.live import Finding
 from multirank_logger.model.schema import alerts as alerts_table
@@ -113,11 +114,19 @@ def check_alert_url(url: str | None) -> None:
 class Webhook:
     """POSTs each alert's JSON on a thread of its own; a failure is said once."""
 
-    def __init__(self, url: str, timeout: float = WEBHOOK_TIMEOUT_S, tries: int = WEBHOOK_TRIES) -> None:
+    def __init__(self, url: str, timeout: float | None = None, tries: int | None = None) -> None:
+        parts = urlsplit(url)
+        self._headers = {"Content-Type": "application/json"}
+        if parts.username is not None:  # user:password@ in the URL: HTTP basic auth (urllib sends none itself)
+            token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            self._headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+            host = parts.hostname or ""
+            netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+            url = urlunsplit(parts._replace(netloc=netloc))
         self._url = url
         self.shown = redact_url(url)
-        self.timeout = timeout
-        self.tries = tries
+        self.timeout = WEBHOOK_TIMEOUT_S if timeout is None else timeout
+        self.tries = WEBHOOK_TRIES if tries is None else tries
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(WEBHOOK_QUEUE)
         self._thread = threading.Thread(target=self._run, name="multirank-logger-alert-webhook", daemon=True)
         self._thread.start()
@@ -132,12 +141,16 @@ class Webhook:
             self.failed += 1
 
     def close(self, timeout: float = 0.0) -> None:
-        """Stop after what is queued, waiting at most `timeout` (the rest is not sent)."""
+        """Stop after what is queued, waiting at most `timeout` (the rest is not sent, and said)."""
         try:
             self._queue.put_nowait(None)
         except queue.Full:
             pass
         self._thread.join(timeout)
+        if self._thread.is_alive() and not self._said:
+            self._said = True
+            say(f"the alert webhook {self.shown} had not taken every alert when the run ended ({self.sent} sent); "
+                "the rest are not sent.")  # fmt: skip
 
     def _run(self) -> None:
         while (payload := self._queue.get()) is not None:
@@ -145,8 +158,7 @@ class Webhook:
             why = ""
             for attempt in range(self.tries):
                 try:
-                    request = urllib.request.Request(self._url, data=data, method="POST",
-                                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                    request = urllib.request.Request(self._url, data=data, method="POST", headers=self._headers)
                     with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http(s) checked
                         response.read()
                     self.sent += 1
@@ -161,9 +173,29 @@ class Webhook:
                 self.failed += 1
                 if not self._said:
                     self._said = True
-                    log.warning("multirank_logger: the alert webhook %s did not take an alert after %d tries (%s); "
-                                "later alerts are still sent, and a failure is not said again.",
-                                self.shown, self.tries, why)  # fmt: skip
+                    say(f"the alert webhook {self.shown} did not take an alert after {self.tries} tries ({why}); "
+                        "later alerts are still sent, and a failure is not said again.")  # fmt: skip
+
+
+def say(message: str, level: int = logging.WARNING) -> None:
+    """A line on rank 0's console now (standard error, as an alert's), and a log record (the
+    run's ``logs`` table keeps it); the record is not printed again by logging's last resort."""
+    print(f"multirank_logger: {message}", file=sys.stderr, flush=True)
+    if log.isEnabledFor(level):
+        record = log.makeRecord(log.name, level, __file__, 0, f"multirank_logger: {message}", (), None)
+        for handler in _handlers(log):
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def _handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers a record of `logger` reaches (not logging's last resort)."""
+    out: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        out += current.handlers
+        current = current.parent if current.propagate else None
+    return out
 
 
 def _reason(exc: BaseException) -> str:
@@ -216,7 +248,7 @@ class AlertOutlets:
         try:
             self.record(alerts_table.name, row)
         except Exception as exc:  # noqa: BLE001
-            log.warning("multirank_logger: an alert could not be kept for the store: %s", exc)
+            say(f"an alert could not be kept for the store: {exc}")
         if self.on_alert is not None:
             try:
                 self.on_alert(alert)
@@ -224,8 +256,7 @@ class AlertOutlets:
                 name = type(exc).__name__
                 if name not in self._callable_failures:
                     self._callable_failures.add(name)
-                    log.warning("multirank_logger: on_alert raised %s: %s (caught; said once per exception type)",
-                                name, exc, exc_info=True)  # fmt: skip
+                    say(f"on_alert raised {name}: {exc} (caught: training goes on; said once per exception type)")
         if self.webhook is not None:
             self.webhook.send({"text": f"multirank_logger: {alert.message}", "alert": {**alert.to_dict(), "value": value}})
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import weakref
 from argparse import Namespace
 from collections.abc import Callable, Mapping
@@ -325,6 +326,15 @@ class MultiRankLogger(Logger):
         on the other ranks (``StopOnAlert`` reads it)."""
         earlier = list(self._run.alerts_raised)
         return earlier + (list(self._run.watch.alerts) if self._run.watch is not None else [])
+
+    def stopped_by_alert(self, alert: Alert, step: int) -> None:
+        """Rank 0: `StopOnAlert` ends the fit at `step` for `alert`: said and recorded as an alert of kind ``stop``."""
+        watch = self._run.watch
+        if watch is None:
+            return
+        message = f"step {step:,}: StopOnAlert ends the fit on every rank (for: {alert.message})"
+        watch.outlets.deliver(Alert("stop", alert.rank, alert.key, alert.first_step, step, time.time(), None, message,
+                                    {"alert_kind": alert.kind, "stopped_at": step}))  # fmt: skip
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:
