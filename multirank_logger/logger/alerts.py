@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from multirank_logger.ddp.log_capture import SHOWN
 from multirank_logger.judgement.live import Finding
 from multirank_logger.model.schema import alerts as alerts_table
 
@@ -182,20 +183,27 @@ def say(message: str, level: int = logging.WARNING) -> None:
     run's ``logs`` table keeps it); the record is not printed again by logging's last resort."""
     print(f"multirank_logger: {message}", file=sys.stderr, flush=True)
     if log.isEnabledFor(level):
-        record = log.makeRecord(log.name, level, __file__, 0, f"multirank_logger: {message}", (), None)
+        record = log.makeRecord(log.name, level, __file__, 0, f"multirank_logger: {message}", (), None,
+                                extra={SHOWN: True})  # fmt: skip
         for handler in _handlers(log):
             if record.levelno >= handler.level:
                 handler.handle(record)
 
 
 def _handlers(logger: logging.Logger) -> list[logging.Handler]:
-    """The handlers a record of `logger` reaches (not logging's last resort)."""
+    """The handlers a record of `logger` reaches, less those writing to the console (the line is
+    printed already) and logging's last resort."""
     out: list[logging.Handler] = []
     current: logging.Logger | None = logger
     while current is not None:
-        out += current.handlers
+        out += [h for h in current.handlers if not _to_console(h)]
         current = current.parent if current.propagate else None
     return out
+
+
+def _to_console(handler: logging.Handler) -> bool:
+    stream = getattr(handler, "stream", None)
+    return type(handler) is logging.StreamHandler and stream in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
 
 
 def _reason(exc: BaseException) -> str:
