@@ -160,7 +160,7 @@ def main() -> None:
               f"{off['peak_rss_mib']:>8.0f}M {on_['peak_rss_mib']:>9.0f}M {on_['peak_rss_mib'] - off['peak_rss_mib']:>6.1f}"
               f"  {on_['latency_s']} {on_['alerts']} skipped={on_['skipped']}", flush=True)  # fmt: skip
     if args.clean_runs:
-        print(f"\nfalse alarms on seeded clean noisy runs (tests/test_findings.py's), fed 10 steps at a time:")
+        print("\nfalse alarms on seeded clean noisy runs (tests/test_findings.py's), fed 10 steps at a time:")
         for row in false_alarms(args.clean_runs):
             print(f"  {row['ranks']:>3} ranks x {row['steps']} steps: watch {row['watch_false_alarms']}/{row['runs']} "
                   f"runs, report {row['report_false_alarms']}/{row['runs']}", flush=True)  # fmt: skip

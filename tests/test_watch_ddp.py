@@ -130,3 +130,45 @@ def test_stop_on_alert_stops_every_rank_at_one_step(trained: tuple[Path, str, li
         counts = query(db, f"SELECT rank, COUNT(DISTINCT step), MAX(step), COUNT(*) FROM metrics WHERE run_id = {run_id} "
                            "AND key = 'train_loss' GROUP BY rank ORDER BY rank")  # fmt: skip
         assert counts == [(r, stop, stop - 1, stop) for r in range(4)]
+
+
+def test_the_page_shows_alerts_live(trained: tuple[Path, str, list[dict[str, Any]]]) -> None:
+    """Chromium on the run's page: its alerts at the top, and one stored while the page is open
+    appears without a reload (the block polls its own route, run/ID/alerts)."""
+    import time
+
+    from multirank_logger.store.sql_store import Store
+    from multirank_logger.ui.server import UiServer
+    from tests.ui_browser import chromium
+
+    db, _, _ = trained
+    server = UiServer(str(db), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    items = "return [...document.querySelectorAll('#alerts li')].map(li => li.dataset.kind + ' ' + li.dataset.rank)"
+    try:
+        with chromium() as driver:
+            driver.get(server.url + "run/2")  # the "hanging" logger's run: its webhook failed, its alerts are here
+            shown = _until(driver, items, lambda got: len(got) == 2)
+            assert shown == ["non_finite 2", "departure 1"]
+            store = Store(db)
+            try:
+                store.write_side({"alerts": [{"run_id": 2, "rank": 3, "seq": 99, "kind": "non_finite", "key": "lr",
+                                              "first_step": 7, "seen_at": time.time(), "message": "rank 3 lr is inf"}]})  # fmt: skip
+            finally:
+                store.close()
+            assert _until(driver, items, lambda got: len(got) == 3)[-1] == "non_finite 3"
+            assert "rank 3 lr is inf" in driver.find_element("css selector", "#alerts").text
+    finally:
+        server.shutdown()
+        server.close()
+
+
+def _until(driver: Any, script: str, done: Any, timeout: float = 20.0) -> Any:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = driver.execute_script(script)
+        if done(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
