@@ -79,6 +79,11 @@ def test_alerts_on_the_console_during_training(trained: tuple[Path, str, list[di
     assert len(nan) == 2 and len(depart) == 2, out[-4000:]  # one per logger ("watched", "hanging")
     assert max(nan + depart) < end
     assert out.count("multirank_logger alert: ") == 5  # and StopOnAlert's, once (the "watched" logger's): nothing else, nothing twice
+    # on_alert was called on rank 0 with each; the NaN's latency (logged -> alert) is printed, not asserted
+    seen = [line.split() for line in (trained[0].parent / "alerts-seen.txt").read_text().splitlines()]
+    assert [tuple(s[:3]) for s in seen] == [("non_finite", "2", "40"), ("departure", "1", "60"), ("stop", "1", "60")]
+    logged = float((trained[0].parent / "nan-logged-at.txt").read_text())
+    print(f"NaN logged at step 40 -> alert on rank 0: {float(seen[0][3]) - logged:.2f} s (flush_interval 0.5 s)")
 
 
 def test_alert_rows_agree_with_the_report(trained: tuple[Path, str, list[dict[str, Any]]]) -> None:

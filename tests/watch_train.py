@@ -41,6 +41,8 @@ class Regression(LightningModule):
         shown = loss.detach()
         if not self.hparams.clean and self.global_rank == NAN_RANK and self.global_step >= NAN_FROM:
             shown = torch.tensor(float("nan"))
+            if self.global_step == NAN_FROM:  # when the NaN was logged (the watch's latency: logged -> alert)
+                (Path(self.trainer.loggers[0].save_dir) / "nan-logged-at.txt").write_text(repr(time.time()))
         if not self.hparams.clean and self.global_rank == DEPART_RANK and self.global_step >= DEPART_FROM:
             shown = shown * 10
         self.log("train_loss", shown)
@@ -80,8 +82,14 @@ def main() -> None:
     alerts.WEBHOOK_TIMEOUT_S, alerts.WEBHOOK_TRIES = 1.0, 2  # the dead hook's failure said within the run
     seed_everything(0, verbose=False)
     torch.set_num_threads(1)
+    seen = Path(args.save_dir) / "alerts-seen.txt"
+
+    def on_alert(alert: alerts.Alert) -> None:  # rank 0's watch thread
+        with seen.open("a") as fh:
+            fh.write(f"{alert.kind} {alert.rank} {alert.first_step} {time.time()!r}\n")
+
     loggers = [MultiRankLogger(db=args.db, save_dir=args.save_dir, name="watched", flush_interval=0.5,
-                               transport="gather", alert_url=args.hook)]  # fmt: skip
+                               transport="gather", alert_url=args.hook, on_alert=on_alert)]  # fmt: skip
     if args.dead_hook:
         loggers.append(MultiRankLogger(db=args.db, save_dir=args.save_dir, name="hanging", flush_interval=0.5,
                                        transport="gather", alert_url=args.dead_hook))  # fmt: skip
