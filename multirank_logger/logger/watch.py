@@ -48,6 +48,8 @@ JUDGE_S = 1.0
 POLL_S = 1.0
 #: seconds between two reads of the run's keys (direct and node)
 KEYS_S = 10.0
+#: seconds without a new row after which a rank is read on its own (direct and node: `Watch._rank_groups`)
+STALE_S = 30.0
 
 
 class Watch:
@@ -76,8 +78,9 @@ class Watch:
         self._thread: threading.Thread | None = None
         self.skipped = 0  # batches the watch dropped, behind
         self._said_behind = False
-        self._last_seq: dict[int, int] = {}  # direct/node: per rank, the last metric seq read
-        self._last_timing_seq: dict[int, int] = {}
+        # direct/node: per rank, the last (seq, step) read and when it last grew
+        self._last_seq: dict[int, tuple[int, int, float]] = {}
+        self._last_timing_seq: dict[int, tuple[int, int, float]] = {}
         self._keys: list[str] = []
         self._keys_at = 0.0
         self._reader: Store | None = None
@@ -179,6 +182,7 @@ class Watch:
     # -- direct and node: the store, read-only -----------------------------------------------
 
     def _poll(self) -> None:
+        """The rows the ranks stored since the last read, per rank by its call counter (``seq``)."""
         if self._reader is None:
             self._reader = Store(self._read_store, readonly=True)
         store = self._reader
@@ -187,32 +191,59 @@ class Watch:
             if now - self._keys_at >= KEYS_S or not self._keys:
                 self._keys = sorted(store.backend.run_keys(conn, self.run_id))
                 self._keys_at = now
-            ranks = list(range(self.world_size))
             if self._keys:
-                low = min(self._last_seq.get(r, -1) for r in ranks)
-                stmt = sa.select(metrics.c.key, metrics.c.rank, metrics.c.step, store.backend.value_or_nan(metrics.c.value),
-                                 metrics.c.seq).where(
-                    metrics.c.run_id == self.run_id, metrics.c.key.in_(self._keys), metrics.c.rank.in_(ranks),
-                    metrics.c.seq > low).order_by(metrics.c.rank, metrics.c.seq)  # fmt: skip
-                rows = conn.execute(stmt).all()
+                c = metrics.c
+                cols = [c.key, c.rank, c.step, store.backend.value_or_nan(c.value), c.seq]
+                rows: list[Any] = []
+                for where in self._rank_groups(self._last_seq, c.rank, c.seq, c.step, now):
+                    stmt = sa.select(*cols).where(c.run_id == self.run_id, c.key.in_(self._keys), where)
+                    rows += conn.execute(stmt).all()
                 if rows:
-                    key, rank, step, value, seq = (np.asarray(c) for c in zip(*rows))
-                    rank, seq = rank.astype(np.int64), seq.astype(np.int64)
-                    last = np.array([self._last_seq.get(int(r), -1) for r in rank])
-                    new = seq > last
-                    for r in np.unique(rank).tolist():
-                        self._last_seq[r] = max(self._last_seq.get(r, -1), int(seq[rank == r].max()))
-                    values = np.array([np.nan if v is None else v for v in value[new].tolist()], float)
-                    self._found(self.judgement.add_rows(key[new].astype(object), rank[new], step[new].astype(np.int64),
-                                                        values, now))  # fmt: skip
-            low = min(self._last_timing_seq.get(r, -1) for r in ranks)
-            stmt = sa.select(step_timing).where(step_timing.c.run_id == self.run_id, step_timing.c.rank.in_(ranks),
-                                                step_timing.c.seq > low)  # fmt: skip
-            timing = [dict(m) for m in conn.execute(stmt).mappings()
-                      if m["seq"] > self._last_timing_seq.get(m["rank"], -1)]  # fmt: skip
-            for row in timing:
-                self._last_timing_seq[row["rank"]] = max(self._last_timing_seq.get(row["rank"], -1), row["seq"])
+                    self._add_polled(rows, now)
+            t = step_timing.c
+            timing = []
+            for where in self._rank_groups(self._last_timing_seq, t.rank, t.seq, None, now):
+                timing += [dict(m) for m in conn.execute(sa.select(step_timing).where(t.run_id == self.run_id, where)).mappings()]
+            timing = [row for row in timing if row["seq"] > self._last_timing_seq.get(row["rank"], (-1, 0, 0.0))[0]]
+            self._advance(self._last_timing_seq, [(row["rank"], row["seq"], row["step"]) for row in timing], now)
             self.judgement.add_timing(timing, now)
+
+    def _rank_groups(self, last: dict[int, tuple[int, int, float]], rank: Any, seq: Any, step: Any,
+                     now: float) -> list[Any]:  # fmt: skip
+        """WHERE clauses that read each rank's rows past its last ``seq`` (`last`: rank -> (seq,
+        step, when it last grew)), in few queries that an index serves: the ranks that keep
+        logging in one (past the lowest of their seqs; and steps, for PostgreSQL's (rank, step)
+        index), a rank silent for a while or never seen in one each (a dead rank's old rows
+        are not read again at every poll)."""
+        live = [r for r in range(self.world_size) if r in last and now - last[r][2] < STALE_S]
+        out = []
+        if live:
+            where = [rank.in_(live), seq > min(last[r][0] for r in live)]
+            if step is not None:
+                where.append(step >= min(last[r][1] for r in live))
+            out.append(sa.and_(*where))
+        out += [sa.and_(rank == r, seq > last.get(r, (-1, 0, 0.0))[0]) for r in range(self.world_size)
+                if r not in live]  # fmt: skip
+        return out
+
+    @staticmethod
+    def _advance(last: dict[int, tuple[int, int, float]], rows: list[tuple[int, int, int]], now: float) -> None:
+        for r, seq, step in rows:
+            if seq > last.get(r, (-1, 0, 0.0))[0]:
+                last[r] = (int(seq), int(step), now)
+
+    def _add_polled(self, rows: list[Any], now: float) -> None:
+        key, rank, step, value, seq = (np.asarray(col) for col in zip(*rows))
+        rank, seq, step = rank.astype(np.int64), seq.astype(np.int64), step.astype(np.int64)
+        order = np.lexsort((seq, rank))  # each rank's rows in its call order
+        key, rank, step, value, seq = key[order], rank[order], step[order], value[order], seq[order]
+        new = seq > np.array([self._last_seq.get(int(r), (-1, 0, 0.0))[0] for r in rank.tolist()])
+        if not new.any():
+            return
+        key, rank, step, value, seq = key[new], rank[new], step[new], value[new], seq[new]
+        self._advance(self._last_seq, list(zip(rank.tolist(), seq.tolist(), step.tolist())), now)
+        values = np.array([np.nan if v is None else v for v in value.tolist()], float)
+        self._found(self.judgement.add_rows(key.astype(object), rank, step, values, now))
 
 
 def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_transaction: bool,
