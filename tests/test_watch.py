@@ -109,3 +109,44 @@ def test_logger_refuses_bad_alert_arguments(tmp_path: object) -> None:
         MultiRankLogger(str(tmp_path), on_alert="print")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="watch"):
         MultiRankLogger(str(tmp_path), watch="yes")  # type: ignore[arg-type]
+
+
+def test_direct_watch_reads_the_ranks_rows_from_sqlite_while_they_are_written(tmp_path: object) -> None:
+    """transport='direct': the watch reads each rank's new rows from the store (SQLite, WAL),
+    read-only, as the ranks write them: a rank's NaN and a departing rank alerted, each once,
+    and a rank that stopped logging early (its rows read on their own) holds nothing back."""
+    import time
+    from pathlib import Path
+
+    from multirank_logger.logger.alerts import AlertOutlets
+    from multirank_logger.logger.watch import Watch
+    from multirank_logger.store.sql_store import Store
+    from multirank_logger.write.buffer import RecordBuffer
+
+    store = Store(Path(str(tmp_path)) / "runs.sqlite")
+    run = store.create_run("direct", world_size=4, transport="direct")
+    rows: list[dict] = []
+    watch = Watch(run.id, 4, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=1.0,
+                  read_store=store.url)  # fmt: skip
+    buffers = [RecordBuffer() for _ in range(4)]
+    rng = np.random.default_rng(0)
+    watch.start()
+    try:
+        for first in range(0, 120, 20):  # each rank writes 20 steps at a time (a flush)
+            for rank, buffer in enumerate(buffers):
+                if rank == 3 and first >= 40:
+                    continue  # rank 3 stops logging at step 40
+                for step in range(first, first + 20):
+                    loss = 1.0 + 0.05 * rng.standard_normal()
+                    loss = loss * 10 if rank == 1 and step >= 60 else loss
+                    buffer.append(step, {"loss": float("nan") if rank == 2 and step == 30 else loss})
+                store.write(buffer.encode(buffer.take(), run.id, rank))
+            time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while len(rows) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        watch.stop(5.0)
+        store.close()
+    assert [(r["kind"], r["rank"], r["key"], r["first_step"]) for r in rows] == [
+        ("non_finite", 2, "loss", 30), ("departure", 1, "loss", 60)]  # fmt: skip
