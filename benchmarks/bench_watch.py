@@ -103,6 +103,36 @@ def measure(ranks: int, seconds: float, watch_on: bool) -> dict[str, Any]:
             "nan_step": nan_step, "skipped": watch.skipped if watch is not None else 0}  # fmt: skip
 
 
+def long_run(ranks: int, steps: int) -> dict[str, Any]:
+    """The watch's judgement fed `steps` steps of R ranks x 10 keys as fast as it takes them (no
+    pacing, no thread): the most rows a second it judges, and whether its memory stays windowed.
+    Run in a process of its own; the batches are made as it goes (5 steps at a time)."""
+    from multirank_logger.judgement.live import LiveJudgement
+
+    live = LiveJudgement(ranks, close_after=1e9)
+    rng = np.random.default_rng(0)
+    keys = np.array([f"key_{k}" for k in range(KEYS)], dtype=object)
+    per = int(STEPS_PER_S * FLUSH_S)
+    rss = []
+    judge_cpu = 0.0
+    for first in range(0, steps, per):
+        step = np.repeat(np.arange(first, first + per), ranks * KEYS)
+        rank = np.tile(np.repeat(np.arange(ranks), KEYS), per)
+        key = keys[np.tile(np.arange(KEYS), per * ranks)]
+        value = 1.0 + 0.05 * rng.standard_normal(len(step))
+        t = time.process_time()
+        live.add_rows(key, rank, step, value, 0.0)
+        if first % STEPS_PER_S == 0:  # a judgement a second, as the watch's thread does
+            live.judge(0.0)
+        judge_cpu += time.process_time() - t
+        if first % (steps // 10) == 0:
+            rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    held = max(sum(len(p[0]) for p in k.windows.parts) for k in live.keys.values())
+    rows = steps * ranks * KEYS
+    return {"ranks": ranks, "steps": steps, "rows": rows, "cpu_s": judge_cpu, "rows_per_cpu_s": rows / judge_cpu,
+            "peak_rss_mib_by_tenth": [round(r) for r in rss], "held_steps_per_key": held}  # fmt: skip
+
+
 def false_alarms(runs: int, ranks_list: tuple[int, ...] = (3, 4, 8, 32), steps: int = 200) -> list[dict[str, Any]]:
     from multirank_logger.judgement.live import LiveJudgement
     from multirank_logger.judgement.ranks import departures
@@ -140,10 +170,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 256])
     parser.add_argument("--clean-runs", type=int, default=100)
+    parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the unpaced 256-rank run (0: none)")
     parser.add_argument("--one", nargs=3, metavar=("RANKS", "SECONDS", "WATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--long", nargs=2, type=int, metavar=("RANKS", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(int(args.one[0]), float(args.one[1]), args.one[2] == "1")))
+        return
+    if args.long:
+        print(json.dumps(long_run(*args.long)))
         return
     print(f"feed: R ranks x {KEYS} keys x {STEPS_PER_S} steps/s, a batch every {FLUSH_S} s, {args.seconds:.0f} s per run")
     print(f"{'ranks':>6} {'rows/s':>8} {'CPU feed':>9} {'CPU watch':>10} {'watch: share of a core':>23} "
@@ -159,6 +194,15 @@ def main() -> None:
         print(f"{ranks:>6} {on_['rows_per_s']:>8,} {off['cpu_share']:>8.1%} {on_['cpu_share']:>9.1%} {share:>22.2%} "
               f"{off['peak_rss_mib']:>8.0f}M {on_['peak_rss_mib']:>9.0f}M {on_['peak_rss_mib'] - off['peak_rss_mib']:>6.1f}"
               f"  {on_['latency_s']} {on_['alerts']} skipped={on_['skipped']}", flush=True)  # fmt: skip
+    if args.long_steps:
+        proc = subprocess.run([sys.executable, __file__, "--long", "256", str(args.long_steps)], capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"\nunpaced: 256 ranks x {KEYS} keys x {row['steps']:,} steps ({row['rows']:,} rows) judged in "
+              f"{row['cpu_s']:.1f} CPU s: {row['rows_per_cpu_s']:,.0f} rows per CPU second "
+              f"({row['rows_per_cpu_s'] / (256 * KEYS * STEPS_PER_S):.0f}x the paced feed); peak RSS at each tenth "
+              f"(MiB): {row['peak_rss_mib_by_tenth']}; steps held per key at the end: {row['held_steps_per_key']}",
+              flush=True)  # fmt: skip
     if args.clean_runs:
         print("\nfalse alarms on seeded clean noisy runs (tests/test_findings.py's), fed 10 steps at a time:")
         for row in false_alarms(args.clean_runs):
