@@ -165,10 +165,28 @@ def false_alarms(runs: int, ranks_list: tuple[int, ...] = (3, 4, 8, 32), steps: 
     return out
 
 
+def paced(ranks_list: list[int], seconds: float) -> None:
+    """Each R's feed into a watch and into nothing, each in a process of its own."""
+    print(f"feed: R ranks x {KEYS} keys x {STEPS_PER_S} steps/s, a batch every {FLUSH_S} s, {seconds:.0f} s per run")
+    print(f"{'ranks':>6} {'rows/s':>8} {'CPU feed':>9} {'CPU watch':>10} {'watch: share of a core':>23} "
+          f"{'RSS feed':>9} {'RSS watch':>10} {'+MiB':>6}  latency (s), alerts")  # fmt: skip
+    for ranks in ranks_list:
+        runs = {}
+        for on in (False, True):
+            proc = subprocess.run([sys.executable, __file__, "--one", str(ranks), str(seconds), str(int(on))],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+            runs[on] = json.loads(proc.stdout.strip().splitlines()[-1])
+        off, on_ = runs[False], runs[True]
+        share = on_["cpu_share"] - off["cpu_share"]
+        print(f"{ranks:>6} {on_['rows_per_s']:>8,} {off['cpu_share']:>8.1%} {on_['cpu_share']:>9.1%} {share:>22.2%} "
+              f"{off['peak_rss_mib']:>8.0f}M {on_['peak_rss_mib']:>9.0f}M {on_['peak_rss_mib'] - off['peak_rss_mib']:>6.1f}"
+              f"  {on_['latency_s']} {on_['alerts']} skipped={on_['skipped']}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 256])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[2, 16, 256], help="the paced feeds' ranks (none: skip)")
     parser.add_argument("--clean-runs", type=int, default=100)
     parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the unpaced 256-rank run (0: none)")
     parser.add_argument("--one", nargs=3, metavar=("RANKS", "SECONDS", "WATCH"), help=argparse.SUPPRESS)
@@ -180,20 +198,8 @@ def main() -> None:
     if args.long:
         print(json.dumps(long_run(*args.long)))
         return
-    print(f"feed: R ranks x {KEYS} keys x {STEPS_PER_S} steps/s, a batch every {FLUSH_S} s, {args.seconds:.0f} s per run")
-    print(f"{'ranks':>6} {'rows/s':>8} {'CPU feed':>9} {'CPU watch':>10} {'watch: share of a core':>23} "
-          f"{'RSS feed':>9} {'RSS watch':>10} {'+MiB':>6}  latency (s), alerts")  # fmt: skip
-    for ranks in args.ranks:
-        runs = {}
-        for on in (False, True):
-            proc = subprocess.run([sys.executable, __file__, "--one", str(ranks), str(args.seconds), str(int(on))],
-                                  capture_output=True, text=True, check=True)  # fmt: skip
-            runs[on] = json.loads(proc.stdout.strip().splitlines()[-1])
-        off, on_ = runs[False], runs[True]
-        share = on_["cpu_share"] - off["cpu_share"]
-        print(f"{ranks:>6} {on_['rows_per_s']:>8,} {off['cpu_share']:>8.1%} {on_['cpu_share']:>9.1%} {share:>22.2%} "
-              f"{off['peak_rss_mib']:>8.0f}M {on_['peak_rss_mib']:>9.0f}M {on_['peak_rss_mib'] - off['peak_rss_mib']:>6.1f}"
-              f"  {on_['latency_s']} {on_['alerts']} skipped={on_['skipped']}", flush=True)  # fmt: skip
+    if args.ranks:
+        paced(args.ranks, args.seconds)
     if args.long_steps:
         proc = subprocess.run([sys.executable, __file__, "--long", "256", str(args.long_steps)], capture_output=True,
                               text=True, check=True)  # fmt: skip
@@ -205,7 +211,8 @@ def main() -> None:
               flush=True)  # fmt: skip
     if args.clean_runs:
         print("\nfalse alarms on seeded clean noisy runs (tests/test_findings.py's), fed 10 steps at a time:")
-        for row in false_alarms(args.clean_runs):
+        rows = false_alarms(args.clean_runs) + false_alarms(max(1, args.clean_runs // 4), (3, 8), steps=1000)
+        for row in rows:
             print(f"  {row['ranks']:>3} ranks x {row['steps']} steps: watch {row['watch_false_alarms']}/{row['runs']} "
                   f"runs, report {row['report_false_alarms']}/{row['runs']}", flush=True)  # fmt: skip
 
