@@ -111,19 +111,18 @@ def test_logger_refuses_bad_alert_arguments(tmp_path: object) -> None:
         MultiRankLogger(str(tmp_path), watch="yes")  # type: ignore[arg-type]
 
 
-def test_direct_watch_reads_the_ranks_rows_from_sqlite_while_they_are_written(tmp_path: object) -> None:
-    """transport='direct': the watch reads each rank's new rows from the store (SQLite, WAL),
-    read-only, as the ranks write them: a rank's NaN and a departing rank alerted, each once,
-    and a rank that stopped logging early (its rows read on their own) holds nothing back."""
+def test_direct_watch_reads_the_ranks_rows_while_they_are_written(many_writers_db: str) -> None:
+    """transport='direct': the watch reads each rank's new rows from the store (SQLite in WAL
+    mode, PostgreSQL), read-only, as the ranks write them: a rank's NaN and a departing rank
+    alerted, each once, and a rank that stopped logging early holds nothing back."""
     import time
-    from pathlib import Path
 
     from multirank_logger.logger.alerts import AlertOutlets
     from multirank_logger.logger.watch import Watch
     from multirank_logger.store.sql_store import Store
     from multirank_logger.write.buffer import RecordBuffer
 
-    store = Store(Path(str(tmp_path)) / "runs.sqlite")
+    store = Store(many_writers_db)
     run = store.create_run("direct", world_size=4, transport="direct")
     rows: list[dict] = []
     watch = Watch(run.id, 4, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=1.0,

@@ -252,7 +252,7 @@ def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_
     fed = transport == "gather" or world_size == 1
     read = None if fed or opens_per_transaction else url
     if not fed and read is None:
-        log.warning("multirank_logger: the watch sees rank 0's own rows only: with transport=%r a DuckDB file "
+        log.info("multirank_logger: the watch sees rank 0's own rows only: with transport=%r a DuckDB file "
                     "cannot be read while the ranks write it (a reader would lock them out). transport='gather' "
                     "(DuckDB's default) gives the watch every rank's rows.", transport)  # fmt: skip
         fed = True
