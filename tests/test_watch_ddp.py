@@ -76,9 +76,12 @@ def test_alerts_on_the_console_during_training(trained: tuple[Path, str, list[di
     end = out.index("TRAINING ENDS AT STEP")
     nan = [m.start() for m in re.finditer(r"alert: step [\d,]+: rank 2 train_loss is NaN at step 40 \(its first", out)]
     depart = [m.start() for m in re.finditer(r"alert: step [\d,]+: rank 1 train_loss departs .* since step 60 ", out)]
-    assert len(nan) == 2 and len(depart) == 2, out[-4000:]  # one per logger ("watched", "hanging")
+    # one per logger ("watched", "hanging"); the stop may come before "hanging"'s watch holds the
+    # departure's stretch (the two loggers' writers cycle apart): its finalize ends its watch
+    assert len(nan) == 2 and len(depart) in (1, 2), out[-4000:]
     assert max(nan + depart) < end
-    assert out.count("multirank_logger alert: ") == 5  # and StopOnAlert's, once (the "watched" logger's): nothing else, nothing twice
+    # and StopOnAlert's, once (the "watched" logger's): nothing else, nothing twice
+    assert out.count("multirank_logger alert: ") == 3 + len(depart)
     # on_alert was called on rank 0 with each; the NaN's latency (logged -> alert) is printed, not asserted
     seen = [line.split() for line in (trained[0].parent / "alerts-seen.txt").read_text().splitlines()]
     assert [tuple(s[:3]) for s in seen] == [("non_finite", "2", "40"), ("departure", "1", "60"), ("stop", "1", "60")]
