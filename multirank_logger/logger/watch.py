@@ -96,6 +96,10 @@ class Watch:
         """Judge what arrived so far (within `timeout`), then end the thread; the alerts raised are
         recorded before the writer's last cycle."""
         self._stop.set()
+        try:
+            self._queue.put_nowait(([], []))  # wakes the thread now (a finalize must not wait out its poll)
+        except queue.Full:
+            pass  # it has batches to take: it is not waiting
         if self._thread is not None:
             self._thread.join(timeout)
         if self._reader is not None:
