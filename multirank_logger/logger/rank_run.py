@@ -43,6 +43,7 @@ from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
 from multirank_logger.logger.watch import Watch, watch_for
 from multirank_logger.model.run_ref import RunRef
+from multirank_logger.store.backends import backend_for
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
@@ -103,6 +104,7 @@ class RankRun:
         level = self.settings.capture_level
         self.capture = None if level is None else LogCapture(self.hot_path.side.add, level)
         self.watch: Watch | None = None  # rank 0's, once its sink is set up (`start_watch`)
+        self.watch_failed = False  # it could not start: not tried again at every step
         track(self)
 
     # -- rank 0's watch ------------------------------------------------------------------
@@ -114,18 +116,23 @@ class RankRun:
         if self.watch is not None or not self.settings.watch or setup.sink is None or setup.rank != 0:
             return
         with self.lock:
-            if self.watch is not None or setup.transport is None:
+            if self.watch is not None or setup.transport is None or self.watch_failed:
                 return
             settings = self.settings
-            outlets = AlertOutlets(self.hot_path.side.add, settings.on_alert, settings.alert_url)
-            store = self.store
-            per_transaction = store.backend.opens_per_transaction if store is not None else True
-            watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction, outlets,
-                                   close_after=max(10.0, 2 * settings.flush_interval + 2))  # fmt: skip
+            try:
+                outlets = AlertOutlets(self.hot_path.side.add, settings.on_alert, settings.alert_url)
+                per_transaction = backend_for(settings.url).opens_per_transaction
+                watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction,
+                                       outlets, close_after=max(10.0, 2 * settings.flush_interval + 2))  # fmt: skip
+                watch.start()
+            except Exception as exc:  # noqa: BLE001 - the watch never takes the training down
+                self.watch_failed = True
+                rank_zero_warn(f"MultiRankLogger: the watch could not start ({type(exc).__name__}: {exc}); the run "
+                               "is logged as usual, without alerts.")  # fmt: skip
+                return
             if fed:
                 self.hot_path.writer.observe = watch.observe
             self.watch = watch
-            watch.start()
 
     def stop_watch(self, timeout: float = 2.0) -> None:
         """The run's end (finalize): judge what arrived, record the alerts before the writer's last cycle."""
