@@ -77,9 +77,9 @@ def test_alerts_on_the_console_during_training(trained: tuple[Path, str, list[di
     nan = [m.start() for m in re.finditer(r"alert: step [\d,]+: rank 2 train_loss is NaN at step 40 \(its first", out)]
     depart = [m.start() for m in re.finditer(r"alert: step [\d,]+: rank 1 train_loss departs .* since step 60 ", out)]
     # one per logger ("watched", "hanging"); the stop may come before "hanging"'s watch holds the
-    # departure's stretch (the two loggers' writers cycle apart): its finalize ends its watch
+    # departure's stretch (the two loggers' writers cycle apart): it says it at its finalize, or not
     assert len(nan) == 2 and len(depart) in (1, 2), out[-4000:]
-    assert max(nan + depart) < end
+    assert max(nan) < end and depart[0] < end  # the first departure line is the one that stopped the fit
     # and StopOnAlert's, once (the "watched" logger's): nothing else, nothing twice
     assert out.count("multirank_logger alert: ") == 3 + len(depart)
     # on_alert was called on rank 0 with each; the NaN's latency (logged -> alert) is printed, not asserted
