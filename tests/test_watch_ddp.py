@@ -140,31 +140,34 @@ def test_stop_on_alert_stops_every_rank_at_one_step(trained: tuple[Path, str, li
         assert counts == [(r, stop, stop - 1, stop) for r in range(4)]
 
 
-def test_the_page_shows_alerts_live(trained: tuple[Path, str, list[dict[str, Any]]]) -> None:
+def test_the_page_shows_alerts_live(trained: tuple[Path, str, list[dict[str, Any]]], tmp_path: Path) -> None:
     """Chromium on the run's page: its alerts at the top, and one stored while the page is open
     appears without a reload (the block polls its own route, run/ID/alerts)."""
+    import sqlite3
     import time
 
     from multirank_logger.store.sql_store import Store
     from multirank_logger.ui.server import UiServer
     from tests.ui_browser import chromium
 
-    db, _, _ = trained
+    db = tmp_path / "runs.sqlite"  # a copy: the row this test adds is not the other tests' to see
+    with sqlite3.connect(trained[0]) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)
     server = UiServer(str(db), "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
     items = "return [...document.querySelectorAll('#alerts li')].map(li => li.dataset.kind + ' ' + li.dataset.rank)"
     try:
         with chromium() as driver:
-            driver.get(server.url + "run/2")  # the "hanging" logger's run: its webhook failed, its alerts are here
-            shown = _until(driver, items, lambda got: len(got) == 2)
-            assert shown == ["non_finite 2", "departure 1"]
+            driver.get(server.url + "run/1")  # the "watched" logger's run (the other's departure may race the stop)
+            shown = _until(driver, items, lambda got: len(got) == 3)
+            assert shown == ["non_finite 2", "departure 1", "stop 1"]
             store = Store(db)
             try:
-                store.write_side({"alerts": [{"run_id": 2, "rank": 3, "seq": 99, "kind": "non_finite", "key": "lr",
+                store.write_side({"alerts": [{"run_id": 1, "rank": 3, "seq": 99, "kind": "non_finite", "key": "lr",
                                               "first_step": 7, "seen_at": time.time(), "message": "rank 3 lr is inf"}]})  # fmt: skip
             finally:
                 store.close()
-            assert _until(driver, items, lambda got: len(got) == 3)[-1] == "non_finite 3"
+            assert _until(driver, items, lambda got: len(got) == 4)[-1] == "non_finite 3"
             assert "rank 3 lr is inf" in driver.find_element("css selector", "#alerts").text
     finally:
         server.shutdown()
