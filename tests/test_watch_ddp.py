@@ -100,8 +100,11 @@ def test_alert_rows_agree_with_the_report(trained: tuple[Path, str, list[dict[st
     assert [(n["rank"], n["key"], n["first_step"]) for n in found.non_finite] == [(2, "train_loss", 40)]
     assert [(o["rank"], o["key"], o["first_step"]) for o in found.outliers] == [(1, "train_loss", 60)]
     assert [a["in_report"] for a in found.alerts] == [True, True, None]
-    text = CliRunner().invoke(main, ["report", str(db), "--run", "watched"]).output
+    page = db.parent / "watched.html"
+    text = CliRunner().invoke(main, ["report", str(db), "--run", "watched", "-o", str(page)]).output
     assert "Alerts raised during the run:" in text and text.count("[found here too]") == 2
+    html = page.read_text()  # the page in one file carries its alerts' answer and the block's script
+    assert '"run/1/alerts":[{' in html and "Alerts raised during the run (" in html
     listed = CliRunner().invoke(main, ["alerts", str(db), "--run", "watched", "--format", "json"])
     assert listed.exit_code == 0, listed.output
     assert [(a["kind"], a["rank"], a["first_step"]) for a in json.loads(listed.output)["alerts"]][:2] == [
