@@ -17,10 +17,11 @@ from multirank_logger.store.sql_store import Store
 if TYPE_CHECKING:
     from multirank_logger.callbacks.decision_audit import DecisionAudit
     from multirank_logger.callbacks.step_timer import StepTimer
+    from multirank_logger.callbacks.stop_on_alert import StopOnAlert
     from multirank_logger.logger.multi_rank_logger import MultiRankLogger
 
 __all__ = [
-    "DecisionAudit", "MultiRankLogger", "StepTimer", "Store", "StoreReader", "__version__", "open_store",
+    "DecisionAudit", "MultiRankLogger", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "open_store",
     "rank_aware_console",
 ]
 
@@ -31,6 +32,7 @@ _LAZY = {
     "MultiRankLogger": "multirank_logger.logger.multi_rank_logger",
     "DecisionAudit": "multirank_logger.callbacks.decision_audit",
     "StepTimer": "multirank_logger.callbacks.step_timer",
+    "StopOnAlert": "multirank_logger.callbacks.stop_on_alert",
 }
 
 

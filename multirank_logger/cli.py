@@ -457,6 +457,21 @@ from multirank_logger.query.side_tables import disagreements, format_ranks, grou
 _DECIDED = {"ModelCheckpoint": ("saved", "not saved"), "EarlyStopping": ("stop", "continue")}
 
 
+@main.command("alerts")
+@click.argument("db_path", metavar="DB")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@_friendly_errors
+def alerts_cmd(db_path: str, run: str | None, fmt: str) -> None:
+    """What the watch raised during a run, in order, with when each was seen."""
+    from multirank_logger.report.alert_list import alerts_text
+
+    with open_store(db_path) as reader:
+        ref = reader.resolve_run(run)
+        df = reader.alerts(ref.id)
+    click.echo(alerts_text(ref.label, ref.id, df, fmt))
+
+
 @main.command("decisions")
 @click.argument("db_path", metavar="DB")
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")

@@ -76,6 +76,22 @@ def test_clean_run_reports_nothing(db: Path) -> None:
     assert not found.problems and len(found.timing) == 3
 
 
+def test_the_watch_alerted_what_the_report_finds_and_nothing_in_the_clean_run(db: Path) -> None:
+    """The watch (on by default; direct transport: it read the SQLite store while the ranks wrote it)
+    raised each finding of the faulty run once during it, with the report's rank, key and first
+    step; in the clean run it raised nothing (no false alarm)."""
+    with open_store(db) as reader:
+        found = find(reader, run="faulty")
+        clean = reader.alerts("clean")
+    assert sorted((a["kind"], a["rank"], a["key"], a["first_step"]) for a in found.alerts) == sorted(
+        [("straggler", s["rank"], f"timing:{s['phase']}_s", s["first_step"]) for s in found.stragglers]
+        + [("departure", o["rank"], o["key"], o["first_step"]) for o in found.outliers]
+        + [("non_finite", n["rank"], n["key"], n["first_step"]) for n in found.non_finite]
+    )
+    assert all(a["in_report"] for a in found.alerts) and all(a["step_seen"] < STEPS for a in found.alerts)
+    assert clean.empty, clean.to_string()
+
+
 def test_report_json_lists(db: Path) -> None:
     """--format json: top-level stragglers, outliers, non_finite, each item with rank (key, first_step)."""
     result = CliRunner().invoke(main, ["report", str(db), "--run", "faulty", "--format", "json"])

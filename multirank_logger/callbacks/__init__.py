@@ -1,1 +1,1 @@
-"""Lightning callbacks that record into the run's store: DecisionAudit and StepTimer."""
+"""Lightning callbacks that record into the run's store: DecisionAudit, StepTimer, StopOnAlert."""

@@ -30,6 +30,8 @@ __all__ = ["LogCapture", "capture_level", "level_number"]
 
 #: `capture_logs=True` means this level
 DEFAULT_LEVEL = logging.INFO
+#: a record's attribute saying its text was printed on the console already (logger/alerts.py's `say`)
+SHOWN = "multirank_logger_shown"
 _WARNINGS_LOGGER = "py.warnings"  # the name `logging.captureWarnings` gives warnings, reused here
 
 
@@ -118,7 +120,7 @@ class LogCapture(logging.Handler):
                 if record.exc_info:
                     message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
                 self._keep(record.created, record.levelname, record.levelno, record.name, message)
-            if not self._others_in_chain(record):
+            if not self._others_in_chain(record) and not getattr(record, SHOWN, False):
                 _last_resort(record)
         except Exception:  # noqa: BLE001 - logging's own policy for a failing handler
             self.handleError(record)

@@ -107,11 +107,12 @@ def departures(steps: np.ndarray, ranks: np.ndarray, values: np.ndarray, *, high
 
 
 def judge_departures(stats: KeySteps, *, higher_only: bool = False, spread_window: int = SPREAD_WINDOW,
-                     depart_spreads: float = DEPART_SPREADS) -> list[dict[str, Any]]:  # fmt: skip
+                     depart_spreads: float = DEPART_SPREADS, counted_steps: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The ranks departing persistently, from one key's per-step statistics and its candidate
     values (`departures` gives the dicts' fields); every value that departs must be among the
     candidates. ``higher_only``: only a rank above the others departs (a time: a faster rank is
-    no straggler)."""
+    no straggler). ``counted_steps``: the run's counted steps so far, where `stats` hold only
+    its latest (a watch's window, `DepartureWindows.trim`): a stretch must last 5% of those."""
     steps, median, pos, rank, value, dev = (stats.steps, stats.median, stats.cand_pos, stats.cand_rank,
                                             stats.cand_value, stats.cand_dev)  # fmt: skip
     if len(steps) < MIN_STEPS:
@@ -120,7 +121,7 @@ def judge_departures(stats: KeySteps, *, higher_only: bool = False, spread_windo
     with np.errstate(divide="ignore", invalid="ignore"):
         score = np.where(dev == 0, 0.0, (dev if higher_only else np.abs(dev)) / spread[pos])
     depart = np.nan_to_num(score, nan=0.0) > depart_spreads
-    min_steps = max(MIN_STEPS, math.ceil(0.05 * len(steps)))
+    min_steps = max(MIN_STEPS, math.ceil(0.05 * (len(steps) if counted_steps is None else counted_steps)))
     found = []
     for r in np.unique(rank[depart]).tolist():
         mine = rank == r
@@ -241,6 +242,36 @@ class DepartureWindows:
         if len(rows):
             self.candidates.append((h_pos[rows], h_ranks[rows, cols], h_table[rows, cols], h_dev[rows, cols]))
         self.pending = None
+
+    def peek(self) -> KeySteps | None:
+        """`result` as if the run ended now, leaving the windows to go on (a watch's judgement)."""
+        if self.pending is None:
+            return self.result()
+        parts, candidates, pending = list(self.parts), list(self.candidates), self.pending
+        try:
+            return self.result()
+        finally:
+            self.parts, self.candidates, self.pending = parts, candidates, pending
+
+    def trim(self, keep: int) -> None:
+        """Forget all but the last `keep` counted steps (and their candidates): a watch's memory,
+        whatever the run's length. The steps held for the next window stay."""
+        held = sum(len(part[0]) for part in self.parts)
+        drop = held - keep
+        if drop <= 0 or not self.parts:
+            return
+        cols = [np.concatenate(c)[drop:] for c in zip(*self.parts)]
+        self.parts = [tuple(cols)]
+        first = self.seen - held  # the position of the first step held
+        cut = first + drop
+        if self.candidates:
+            pos, rank, value, dev = (np.concatenate(c) for c in zip(*self.candidates))
+            mine = pos >= cut
+            self.candidates = [(pos[mine] - cut, rank[mine], value[mine], dev[mine])]
+        self.seen -= cut
+        if self.pending is not None:
+            h_pos, h_ranks, h_table, h_dev, h_mad_pos, h_mad = self.pending
+            self.pending = (h_pos - cut, h_ranks, h_table, h_dev, h_mad_pos - cut, h_mad)
 
     def result(self) -> KeySteps | None:
         """The key's statistics and candidates so far, the held steps judged; None without a counted step."""

@@ -51,6 +51,7 @@ def finish_run(run: RankRun, status: str) -> None:
     """Flush everything, record how the run ended, and (rank 0, success) write the CSV files."""
     run.finalized = True
     run.capture_logs(False)  # what it kept is flushed below
+    safely(run.stop_watch)  # its alerts into the side rows before the writer's last cycles
     hot_path, sink_setup = run.hot_path, run.sink_setup
     started = time.monotonic()
     status = final_status(status, terminated=process_hooks.sigterm_received.is_set())

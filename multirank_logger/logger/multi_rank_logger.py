@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import weakref
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lightning.fabric.loggers.logger import _DummyExperiment
@@ -29,6 +30,7 @@ from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.ddp.log_capture import capture_level
 from multirank_logger.errors import InvalidTransport
+from multirank_logger.logger.alerts import Alert, check_alert_url
 from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_METRICS_FILE
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.finalize import finish_run
@@ -98,6 +100,16 @@ class MultiRankLogger(Logger):
             answering) what is unwritten goes to the spill file. Default: ``2 * timeout + 30``.
         start_timeout: the longest a rank other than 0 waits for rank 0 to open the run (ranks a
             scheduler starts minutes apart), in seconds. Default: `timeout`.
+        watch: rank 0 judges the steps as they arrive, with the report's judgement, and raises
+            each new finding once as an alert: a rank's first NaN/inf of a key, a rank departing
+            persistently from the others, a straggler or a memory peak (with ``StepTimer``).
+            An alert is a line on rank 0's console, a row of the ``alerts`` table, and goes to
+            `on_alert` and `alert_url`. ``False`` turns it off. See docs/report.md#alerts-during-the-run.
+        on_alert: called with each `Alert` on rank 0's watch thread (its exceptions are caught
+            and said, never raised into training).
+        alert_url: a webhook (Slack, Mattermost): each alert is POSTed as JSON with a ``text``
+            field, off the training thread, with a bounded timeout and retries. The URL is
+            never shown or stored (only its scheme and host, in a failure's message).
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -136,12 +148,20 @@ class MultiRankLogger(Logger):
         run_key: str | None = None,
         finalize_timeout: float | None = None,
         start_timeout: float | None = None,
+        watch: bool = True,
+        on_alert: Callable[[Alert], Any] | None = None,
+        alert_url: str | None = None,
     ) -> None:
         super().__init__()
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
         if transport not in TRANSPORTS:
             raise InvalidTransport(transport, TRANSPORTS)
         check_run_choice(version, resume, run_key)
+        if not isinstance(watch, bool):
+            raise TypeError(f"watch={watch!r}: pass True (the default) or False.")
+        if on_alert is not None and not callable(on_alert):
+            raise TypeError(f"on_alert={on_alert!r}: pass a callable taking one Alert, or None.")
+        check_alert_url(alert_url)
         if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
         waits = [("flush_interval", flush_interval), ("timeout", timeout)]
@@ -181,6 +201,9 @@ class MultiRankLogger(Logger):
             owner_class=type(self).__name__,
             finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
             start_timeout=float(start_timeout) if start_timeout is not None else None,
+            watch=watch,
+            on_alert=on_alert,
+            alert_url=alert_url,
         )
         #: this process's part in the run: store, identity, its hot path and sink (pickled with
         #: its run for ddp_spawn; its engines, threads and sockets are rebuilt in each process)
@@ -249,6 +272,7 @@ class MultiRankLogger(Logger):
         if not run.hot_path.writer.running:
             run.hot_path.writer.start()
         run.capture_logs(True)  # again for a later phase (fit, then test), and in ddp_spawn workers
+        run.start_watch()
         return RunExperiment(run) if current_rank() == 0 else _DummyExperiment()
 
     # -- the hot path ------------------------------------------------------------------------
@@ -293,6 +317,24 @@ class MultiRankLogger(Logger):
             if sink_setup.sink is not None and rank != 0:
                 hot_path.buffer.csv_calls = None  # this process is not rank 0: its calls need no CSV queue
         hot_path.writer.maybe_wake()
+        if run.watch is None and sink_setup.sink is not None and sink_setup.rank == 0:
+            run.start_watch()
+
+    @property
+    def alerts(self) -> list[Alert]:
+        """The alerts rank 0's watch raised so far in this run (every phase), oldest first; empty
+        on the other ranks (``StopOnAlert`` reads it)."""
+        earlier = list(self._run.alerts_raised)
+        return earlier + (list(self._run.watch.alerts) if self._run.watch is not None else [])
+
+    def stopped_by_alert(self, alert: Alert, step: int) -> None:
+        """Rank 0: `StopOnAlert` ends the fit at `step` for `alert`: said and recorded as an alert of kind ``stop``."""
+        watch = self._run.watch
+        if watch is None:
+            return
+        message = f"step {step:,}: StopOnAlert ends the fit on every rank (for: {alert.message})"
+        watch.outlets.deliver(Alert("stop", alert.rank, alert.key, alert.first_step, step, time.time(), None, message,
+                                    {"alert_kind": alert.kind, "stopped_at": step}))  # fmt: skip
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:

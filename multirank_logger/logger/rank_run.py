@@ -35,12 +35,15 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
 from multirank_logger.ddp.log_capture import LogCapture
 from multirank_logger.errors import MultiRankLoggerError
+from multirank_logger.logger.alerts import Alert, AlertOutlets
 from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.launch_env import hook_launchers
 from multirank_logger.logger.process_registry import UnfinishedRun, track
 from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
+from multirank_logger.logger.watch import Watch, watch_for
 from multirank_logger.model.run_ref import RunRef
+from multirank_logger.store.backends import backend_for
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
@@ -55,7 +58,7 @@ __all__ = ["RankRun"]
 
 _INSTANCES = count()
 #: the runtime's parts that stay in their process when the run is pickled (engines, threads, sockets, locks)
-_PROCESS_ONLY = ("lock", "store", "files", "sink_setup", "hot_path", "capture")
+_PROCESS_ONLY = ("lock", "store", "files", "sink_setup", "hot_path", "capture", "watch")
 
 
 class RankRun:
@@ -78,6 +81,7 @@ class RankRun:
         self.phase = 0  # finalize calls so far: each phase (fit, test) gets its own row channel
         self.finalized = False  # ever: a run never finalized is ended at exit after a crash
         self.forked_from_its_process = False  # a forked child's copy: the run's end is its parent's
+        self.alerts_raised: list[Alert] = []  # the watch's alerts of the phases that ended
         self.init_runtime()
         self.check_store()  # the run itself is allocated when first needed (`resolve`)
 
@@ -99,7 +103,46 @@ class RankRun:
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         level = self.settings.capture_level
         self.capture = None if level is None else LogCapture(self.hot_path.side.add, level)
+        self.watch: Watch | None = None  # rank 0's, once its sink is set up (`start_watch`)
+        self.watch_failed = False  # it could not start: not tried again at every step
         track(self)
+
+    # -- rank 0's watch ------------------------------------------------------------------
+
+    def start_watch(self) -> None:
+        """Rank 0, once its sink is set up: start the watch (logger/watch.py) when asked for.
+        Cheap when there is nothing to do (`save` calls it on every step of rank 0)."""
+        setup = self.sink_setup
+        if self.watch is not None or not self.settings.watch or setup.sink is None or setup.rank != 0:
+            return
+        with self.lock:
+            if self.watch is not None or setup.transport is None or self.watch_failed:
+                return
+            settings = self.settings
+            try:
+                outlets = AlertOutlets(self.hot_path.side.add, settings.on_alert, settings.alert_url)
+                per_transaction = backend_for(settings.url).opens_per_transaction
+                watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction,
+                                       outlets, close_after=max(10.0, 2 * settings.flush_interval + 2))  # fmt: skip
+                watch.start()
+            except Exception as exc:  # noqa: BLE001 - the watch never takes the training down
+                self.watch_failed = True
+                rank_zero_warn(f"MultiRankLogger: the watch could not start ({type(exc).__name__}: {exc}); the run "
+                               "is logged as usual, without alerts.")  # fmt: skip
+                return
+            if fed:
+                self.hot_path.writer.observe = watch.observe
+            self.watch = watch
+
+    def stop_watch(self, timeout: float = 2.0) -> None:
+        """The run's end (finalize): judge what arrived, record the alerts before the writer's last cycle."""
+        watch, self.watch = self.watch, None
+        if watch is None:
+            return
+        self.hot_path.writer.observe = None
+        watch.stop(timeout)
+        watch.outlets.close(min(timeout, 1.0))
+        self.alerts_raised.extend(watch.alerts)
 
     # -- pickling (ddp_spawn) ---------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import math
 import os
 from argparse import Namespace
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import URL
@@ -54,6 +54,12 @@ class RunSettings:
     finalize_timeout: float | None = None
     #: the longest a rank > 0 waits for rank 0's run identity (None: `timeout`)
     start_timeout: float | None = None
+    #: rank 0 judges the steps as they arrive and raises alerts (logger/watch.py)
+    watch: bool = True
+    #: called with each alert on rank 0's watch thread
+    on_alert: Any = None
+    #: the alert webhook: its path is a token, never shown (alerts.redact_url), never sent to another rank
+    alert_url: str | None = field(default=None, repr=False)
 
     def finalize_bound(self, timeout: float) -> float:
         """The longest `finalize` lasts, its end's own waits sharing `timeout` (the flush, the other

@@ -29,6 +29,7 @@ __all__ = [
     "RUN_STATUSES",
     "SEQ_ATTEMPT_SHIFT",
     "SIDE_TABLES",
+    "alerts",
     "attempts",
     "decisions",
     "logs",
@@ -254,8 +255,27 @@ step_timing = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_step_timing"),
 )
 
+# What the watch raised during the run (logger/watch.py), each finding once, recorded by rank 0:
+# the rank it names (not the recording rank), the key, the first step, when it was seen.
+alerts = sa.Table(
+    "alerts",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False, comment="the rank the alert names"),
+    sa.Column("seq", sa.BigInteger, nullable=False, comment="the alert's number in the run (rank 0's counter)"),
+    sa.Column("kind", sa.String(32), nullable=False, comment="non_finite | departure | straggler | memory | stop"),
+    sa.Column("key", sa.String, nullable=True, comment="the metric key (a phase or memory measure for timing)"),
+    sa.Column("first_step", sa.BigInteger, nullable=True, comment="the finding's first step"),
+    sa.Column("step_seen", sa.BigInteger, nullable=True, comment="the newest step the watch held when it raised it"),
+    sa.Column("seen_at", sa.Float(53), nullable=False, comment="unix time the watch raised it"),
+    sa.Column("value", sa.Float(53), nullable=True, comment="the finding's number (a ratio, a value)"),
+    sa.Column("detail", sa.Text, nullable=True, comment="the finding's numbers as JSON"),
+    sa.Column("message", sa.Text, nullable=False, comment="the console line"),
+    sa.PrimaryKeyConstraint("run_id", "seq", name="pk_alerts"),
+)
+
 #: the side tables by name: what `MultiRankLogger.record(table, ...)` accepts
-SIDE_TABLES = {t.name: t for t in (decisions, logs, step_timing)}
+SIDE_TABLES = {t.name: t for t in (decisions, logs, step_timing, alerts)}
 
 
 def encode_value(value: bool | int | float) -> tuple[float | None, int]:

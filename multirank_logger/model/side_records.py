@@ -73,7 +73,8 @@ class SideRecords:
             rows, self._rows = self._rows, deque()
         out: dict[str, list[dict[str, Any]]] = {}
         for table, values in rows:
-            out.setdefault(table, []).append({**values, "run_id": run_id, "rank": rank, "seq": seq_base + values["seq"]})
+            # a row may name its rank (an alert names the rank it is about): else this rank's
+            out.setdefault(table, []).append({"rank": rank, **values, "run_id": run_id, "seq": seq_base + values["seq"]})
         return out
 
 

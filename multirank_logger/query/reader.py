@@ -41,6 +41,7 @@ from multirank_logger.model.schema import (
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, pivot_step_rank
 from multirank_logger.query.side_tables import (
+    read_alerts,
     read_decisions,
     read_logs,
     read_rank_rows,
@@ -481,6 +482,18 @@ class StoreReader:
         return _stoppable(run, stop, timeout)
 
     # -- side tables (query/side_tables.py) ----------------------------------------------
+
+    def alerts(self, run: int | str | RunRef | None = None) -> Any:
+        """What the watch raised during a run (``MultiRankLogger(watch=True)``), in the order raised.
+
+        Columns: ``seq``, ``kind`` (non_finite, departure, straggler, memory, stop), ``rank``,
+        ``key``, ``first_step``, ``step_seen``, ``seen_at`` (unix seconds), ``value``,
+        ``message`` and ``detail`` (JSON). Empty when nothing was raised.
+
+        Raises:
+            LookupFailed: for an unknown run.
+        """
+        return read_alerts(self._fetch_arrow, self.resolve_run(run))
 
     def decisions(self, run: int | str | RunRef | None = None) -> Any:
         """Every ModelCheckpoint / EarlyStopping decision of a run, one row per (decision, rank).

@@ -24,9 +24,9 @@ import sqlalchemy as sa
 from multirank_logger.ddp.log_capture import level_number
 from multirank_logger.errors import LookupFailed
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import decisions, logs, ranks, runs, step_timing
+from multirank_logger.model.schema import alerts, decisions, logs, ranks, runs, step_timing
 
-__all__ = ["disagreements", "format_ranks", "group_alike", "read_decisions", "read_logs", "read_rank_rows",
+__all__ = ["disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_logs", "read_rank_rows",
            "read_step_timing", "read_timing_columns", "read_transport"]  # fmt: skip
 
 #: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
@@ -38,6 +38,13 @@ LOG_COLUMNS = ("rank", "seq", "time", "level", "levelno", "logger", "message")
 TIMING_COLUMNS = ("rank", "seq", "step", "epoch", "batch_idx", "data_s", "forward_s", "rest_s", "batch_size",
                   "mem_allocated_peak", "mem_reserved_peak", "alloc_retries", "rss", "time")  # fmt: skip
 RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at")
+ALERT_COLUMNS = ("seq", "kind", "rank", "key", "first_step", "step_seen", "seen_at", "value", "message", "detail")
+
+
+def read_alerts(fetch_arrow: FetchArrow, run: RunRef) -> Any:
+    """A run's alerts (what the watch raised during it), in the order raised: ``StoreReader.alerts``."""
+    stmt = sa.select(*(alerts.c[name] for name in ALERT_COLUMNS)).where(alerts.c.run_id == run.id).order_by(alerts.c.seq)
+    return _frame(fetch_arrow, stmt, ALERT_COLUMNS)
 
 
 def read_decisions(fetch_arrow: FetchArrow, run: RunRef) -> Any:

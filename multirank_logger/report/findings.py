@@ -27,7 +27,7 @@ from multirank_logger.query.step_buckets import BucketSummary
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notice", "outliers"]
+__all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notice", "outliers", "raised_alerts"]
 
 #: warnings/errors listed at most (distinct messages)
 MAX_LOG_MESSAGES = 20
@@ -57,6 +57,9 @@ class Findings:
     #: warnings raised alike by library code (`library_notice`): shown apart, no finding
     library_warnings: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: what the watch raised during the run (the ``alerts`` table), each with ``in_report``:
+    #: whether this report finds the same (rank, key, first step)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def problems(self) -> bool:
@@ -126,6 +129,7 @@ def find_with_buckets(
     else:
         out.outliers = outliers(scan)
     out.decisions = _decisions(reader, ref)
+    out.alerts = raised_alerts(reader, ref, out)
     messages = _log_messages(reader, ref)
     out.library_warnings = [m for m in messages if library_notice(m, ref.world_size)]
     out.log_messages = [m for m in messages if not library_notice(m, ref.world_size)]
@@ -148,6 +152,24 @@ def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]
     """``judgement.ranks.departures`` of a step x rank DataFrame (``StoreReader.per_rank``)."""
     return judgement.departures(table.index.to_numpy(), np.asarray(table.columns), table.to_numpy(dtype=float),
                                 higher_only=higher_only)  # fmt: skip
+
+
+def raised_alerts(reader: StoreReader, ref: RunRef, found: Findings) -> list[dict[str, Any]]:
+    """The alerts the watch raised during the run, each with whether this report finds the same."""
+    rows = reader.alerts(ref)
+    named = {("non_finite", n["key"], n["rank"], n["first_step"]) for n in found.non_finite}
+    named |= {("departure", o["key"], o["rank"], o["first_step"]) for o in found.outliers}
+    named |= {("straggler", f"timing:{s['phase']}_s", s["rank"], s["first_step"]) for s in found.stragglers}
+    named |= {("memory", m["measure"], m["rank"], None) for m in found.memory}
+    out = []
+    for r in rows.itertuples():
+        first = None if r.first_step != r.first_step or r.first_step is None else int(r.first_step)
+        item = {"kind": r.kind, "rank": int(r.rank), "key": r.key, "first_step": first,
+                "step_seen": None if r.step_seen != r.step_seen else int(r.step_seen), "seen_at": float(r.seen_at),
+                "message": r.message}  # fmt: skip
+        item["in_report"] = None if r.kind == "stop" else (r.kind, r.key, item["rank"], first) in named
+        out.append(item)
+    return out
 
 
 # -- each finding ----------------------------------------------------------------------------
@@ -233,6 +255,8 @@ def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
     rows = reader.decisions(ref)
     out = []
     for seq, group in rows.groupby("seq", sort=True):
+        if group.iloc[0]["callback"] == "StopOnAlert":
+            continue  # rank 0 alone votes (its watch's alert): no disagreement; the report's alerts say it
         votes = {int(r): _bool(v) for r, v in zip(group["rank"], group["vote"])}
         if len({v for v in votes.values() if v is not None}) < 2:
             continue

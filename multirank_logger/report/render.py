@@ -6,6 +6,7 @@ The HTML report (``report -o FILE.html``) is the ui's page of the run in one fil
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -73,7 +74,12 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     ]
     logs, notices = ([f"{m['level']} on ranks {m['ranks']} ({m['count']}x): {m['message']}" for m in messages]
                      for messages in (f.log_messages, f.library_warnings))
-    sections = [("Ranks", ranks), ("Step timing", timing), ("Stragglers", stragglers), ("Outlier ranks", outliers),
+    alerts = [
+        f"{time.strftime('%H:%M:%S', time.localtime(a['seen_at']))} {a['message']}"
+        + ("" if a["in_report"] is None else " [found here too]" if a["in_report"] else " [not a finding of the whole run]")
+        for a in f.alerts
+    ]
+    sections = [("Alerts raised during the run", alerts), ("Ranks", ranks), ("Step timing", timing), ("Stragglers", stragglers), ("Outlier ranks", outliers),
                 ("Non-finite values", non_finite), ("Memory", memory), ("Decisions the ranks disagreed on", decisions),
                 ("Warnings and errors", logs), ("Notices (library warnings that name no rank; no finding)", notices)]  # fmt: skip
     always = ("Stragglers", "Outlier ranks", "Non-finite values")  # "none" is an answer there

@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["STATIC", "page_html", "script_safe_json", "write_static_page"]
 
 STATIC = Path(__file__).with_name("static")
-_SCRIPTS = ("uPlot.iife.min.js", "axes.js", "app.js")
+_SCRIPTS = ("uPlot.iife.min.js", "axes.js", "app.js", "alerts.js")
 _STYLES = ("uPlot.min.css", "app.css")
 
 
@@ -63,5 +63,5 @@ def _shell(title: str, head: str, body: str, scripts: str, run_uuid: str | None 
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{html.escape(title)}</title>{head}</head>"
         f"<body><header>{home}<span id='live'></span>{uuid}</header>"
-        f"<main id='main'>{body}</main>{scripts}</body></html>\n"
+        f"<div id='alerts'></div><main id='main'>{body}</main>{scripts}</body></html>\n"
     )

@@ -38,6 +38,7 @@ def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[s
         f"run/{run_id}": run,
         f"run/{run_id}/findings": views.findings_answer(found),
         f"run/{run_id}/logs": views.logs_view(reader, run_id),
+        f"run/{run_id}/alerts": views.alerts_view(reader, run_id),
     }
     drawn = []
     for name in run["keys"] + run["timing"]:

@@ -181,3 +181,11 @@ def logs_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
         logged = logged.sort_values("time").tail(MAX_RECORDS)
     return clean({"decisions": decided.astype(object).where(decided.notna(), None).to_dict("records"),
                   "logs": logged.astype(object).where(logged.notna(), None).to_dict("records")})  # fmt: skip
+
+
+def alerts_view(reader: StoreReader, run_id: int) -> list[dict[str, Any]]:
+    """What the watch raised during the run, oldest first: the block at the top of the run's page
+    (``static/alerts.js``), polled while the run goes."""
+    rows = reader.alerts(run_id)
+    keep = ["seq", "kind", "rank", "key", "first_step", "step_seen", "seen_at", "message"]
+    return [clean(row) for row in rows[keep].to_dict("records")]

@@ -111,6 +111,8 @@ class BackgroundWriter:
         self.last_error: BaseException | None = None
         self.rows_written = 0
         self._thread: threading.Thread | None = None
+        #: rank 0's watch (logger/watch.py): each cycle's new rows, handed over without waiting
+        self.observe: Callable[[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -278,6 +280,7 @@ class BackgroundWriter:
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.opens_store_per_write else self.flush_every
         if self._csv_catch_up is not None:
             self._csv_catch_up(rank, now)  # never raises; before the store, which may refuse the rows
+        held, side_held = len(self._held), len(self._side_retry)
         if self._buffer.calls_pending:
             self._drain(run_id, rank)
         if len(self._side):
@@ -289,6 +292,12 @@ class BackgroundWriter:
             self._side_retry.extend(side)
         except Exception as exc:  # noqa: BLE001
             self._note_failure(exc)
+        if self.observe is not None and (len(self._held) > held or len(self._side_retry) > side_held):
+            try:  # the new rows only (a batch held for a retry is not handed over again)
+                self.observe(self._held[held:], self._side_retry[side_held:])
+            except Exception as exc:  # noqa: BLE001 - the watch never costs a row
+                log.warning("multirank_logger: the watch could not take rows: %s", exc)
+                self.observe = None
         if (now or time.monotonic() >= self._next_try) and self._write_all(sink):
             self._recovered(sink)
         if self.held_values > self.max_held_values:

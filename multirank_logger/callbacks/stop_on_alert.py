@@ -1,0 +1,102 @@
+"""StopOnAlert: end ``fit`` on every rank at the same step when the watch raises an alert of a chosen kind.
+
+The watch (logger/watch.py) runs on rank 0 alone; the stop must be symmetric, or the other
+ranks would wait forever in their next collective. This callback does what `EarlyStopping`
+does: at a hook every rank runs at the same point (the end of a training batch, every
+``check_every_n_steps`` steps), each rank votes (rank 0: "an alert of these kinds was raised";
+the others: no), the votes are reduced through ``trainer.strategy.reduce_boolean_decision``
+(any may stop), and every rank sets ``trainer.should_stop`` from the same result: Lightning
+ends the fit at the same step everywhere. The reduction is the callback's, in Lightning's
+hook, as EarlyStopping's is; the logger itself never runs a collective.
+
+What it records: each rank a row of the ``decisions`` table (callback ``StopOnAlert``, the
+alert as the monitor, its own vote and the decision), and rank 0 an alert of kind ``stop`` (its
+console line, the ``alerts`` table, ``on_alert`` and the webhook). Nothing logged is lost: the
+fit ends as at ``max_steps``, and the logger's finalize stores every row.
+
+Example::
+
+    from multirank_logger import MultiRankLogger, StopOnAlert
+
+    trainer = Trainer(strategy="ddp", devices=8, logger=MultiRankLogger(db="runs.sqlite"),
+                      callbacks=[StopOnAlert(kinds={"non_finite"})])
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from multirank_logger._util import lightning_compat
+from multirank_logger.errors import NoMultiRankLogger
+from multirank_logger.logger.alerts import Alert
+from multirank_logger.logger.multi_rank_logger import LIGHTNING_BASES, MultiRankLogger
+
+__all__ = ["ALERT_KINDS", "StopOnAlert"]
+
+#: the kinds of alert the watch raises
+ALERT_KINDS = frozenset({"non_finite", "departure", "straggler", "memory"})
+
+
+class StopOnAlert(Callback):
+    """End the fit on every rank at one step once the watch raises an alert of one of `kinds`.
+
+    Args:
+        kinds: the alert kinds that stop (``non_finite``, ``departure``, ``straggler``, ``memory``).
+        check_every_n_steps: training steps between two checks (each check is one all-reduce of a
+            boolean on every rank, as EarlyStopping's; 1 stops soonest).
+
+    Raises:
+        ValueError: for an unknown kind or a check interval below 1.
+        NoMultiRankLogger: at setup, when the Trainer has no `MultiRankLogger`.
+    """
+
+    def __init__(self, kinds: Iterable[str] = ("non_finite",), check_every_n_steps: int = 1) -> None:
+        super().__init__()
+        chosen = frozenset([kinds] if isinstance(kinds, str) else kinds)
+        unknown = chosen - ALERT_KINDS
+        if unknown or not chosen:
+            raise ValueError(f"StopOnAlert(kinds={sorted(chosen)!r}): choose among {sorted(ALERT_KINDS)}.")
+        if not (isinstance(check_every_n_steps, int) and check_every_n_steps >= 1):
+            raise ValueError(f"check_every_n_steps={check_every_n_steps!r}: pass a whole number of steps, 1 or more.")
+        self.kinds = chosen
+        self.every = check_every_n_steps
+        self._logger: MultiRankLogger | None = None
+        #: the alert that stopped the fit (rank 0), and the step it stopped at (every rank)
+        self.stopped_by: Alert | None = None
+        self.stopped_at: int | None = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        lightning_compat.adopt(MultiRankLogger, *LIGHTNING_BASES)  # the Trainer's package, imported by now
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, MultiRankLogger)]
+        if not loggers:
+            raise NoMultiRankLogger([type(lg).__name__ for lg in trainer.loggers])
+        self._logger = loggers[0]
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:  # fmt: skip
+        if self._logger is None or self.stopped_at is not None or trainer.global_step % self.every:
+            return
+        alert = next((a for a in self._logger.alerts if a.kind in self.kinds), None)  # rank 0 alone holds any
+        vote = alert is not None
+        stop = bool(trainer.strategy.reduce_boolean_decision(vote, all=False))  # every rank, this hook: one result
+        if not stop:
+            return
+        trainer.should_stop = True
+        self.stopped_at = trainer.global_step
+        self.stopped_by = alert
+        self._logger.record(
+            "decisions", step=trainer.global_step, epoch=trainer.current_epoch, callback=type(self).__name__,
+            monitor=f"{alert.kind}:{alert.key}:rank {alert.rank}" if alert is not None else None,
+            value=None, vote=vote, decision=True, time=time.time(),
+        )  # fmt: skip
+        if alert is not None:
+            self._logger.stopped_by_alert(alert, trainer.global_step)
+

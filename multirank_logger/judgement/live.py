@@ -1,0 +1,290 @@
+"""The one judgement (ranks.py), fed as a run goes: rows in, each new finding out once.
+
+What a watch on rank 0 holds (logger/watch.py feeds it and says what it finds); pure NumPy,
+no I/O, no clock (the caller passes ``now``):
+
+- a rank's first non-finite value of a key, at once, from the rows as they arrive;
+- a rank departing persistently from the others on a key (`ranks.judge_departures`, on the
+  statistics a `ranks.DepartureWindows` keeps per key), once its steps are *closed*: every rank
+  that logs the key has its value there, or the step's first row is ``close_after`` seconds old
+  (a rank that stopped logging does not hold the others back). A row of a closed step that
+  comes later is not judged (counted in `late_rows`);
+- a straggler (StepTimer's ``data_s``/``forward_s``: a rank's time departs upwards by at least
+  ``STRAGGLER_MIN_SHARE`` of a step, the median step time of the steps held) and a rank whose
+  peak memory stands out (`ranks.memory_outliers` on the peaks so far).
+
+Memory, whatever the run's length: per key the open steps' rows, and the last ``keep_steps``
+closed steps' statistics (or 10% of the key's counted steps, if more: a stretch must last 5% of
+them to persist, `ranks.judge_departures`' ``counted_steps``); never the run's history.
+
+Agreement with the report: the same functions, on the same values. The report's stretch must
+last 5% of the run's counted steps, which the watch cannot know before the end: it counts the
+steps seen so far, or ``EXPECTED_STEPS`` (200) while fewer, so a stretch must last 10 steps at
+least (as in a 200-step run's report). Counting only the steps seen, 9 in 200 seeded noisy
+3-rank runs raised a departure the report did not find (benchmarks/bench_watch.py). A stretch
+that ends before lasting 5% of a longer run's steps is an alert the report will not list; the
+report says so beside each alert (``[not a finding of the whole run]``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from multirank_logger.judgement.ranks import (
+    MIN_RANKS,
+    MIN_STEPS,
+    STRAGGLER_MIN_SHARE,
+    DepartureWindows,
+    judge_departures,
+    memory_outliers,
+)
+
+__all__ = ["Finding", "LiveJudgement", "STRAGGLER_PHASES"]
+
+#: StepTimer's columns judged for stragglers (as the report's findings.STRAGGLER_PHASES)
+STRAGGLER_PHASES = ("data_s", "forward_s")
+#: counted steps a run is taken to last at least, for the 5% a stretch must last (see the module docstring)
+EXPECTED_STEPS = 200
+#: closed steps' statistics held per key at least (see the module docstring)
+KEEP_STEPS = 512
+#: StepTimer rows whose step time the straggler's share is taken against (the latest)
+STEP_TIMES_KEPT = 65_536
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One new finding: its kind (``non_finite``, ``departure``, ``straggler``, ``memory``), the
+    rank it names, the key (``timing:data_s`` for a straggler, the measure for memory), its first
+    step, the newest step held when found, its number and its numbers."""
+
+    kind: str
+    rank: int
+    key: str
+    first_step: int | None
+    step_seen: int | None
+    value: float | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class _Key:
+    """One key's open rows and its closed steps' statistics."""
+
+    def __init__(self, world: int, summed: bool) -> None:
+        self.summed = summed  # a time per step: the step's batches summed (gradient accumulation)
+        self.chunks: list[tuple[np.ndarray, ...]] = []  # steps, ranks, values, each row's arrival
+        self.ranks_seen = np.zeros(world, bool)
+        self.closed_through: int | None = None  # the last step closed
+        self.windows = DepartureWindows()
+        self.counted = 0  # closed steps with MIN_RANKS values
+        self.new_steps = False
+        self.newest: int | None = None
+
+
+class LiveJudgement:
+    """Rows of a run in, new findings out (see the module docstring).
+
+    Args:
+        world_size: the run's ranks.
+        close_after: seconds after which a step's missing ranks are no longer waited for.
+        writers: ranks that write the others' rows (gather's rank 0): memory judged as the report does.
+        keep_steps: closed steps' statistics held per key at least.
+        expected_steps: counted steps the run is taken to last at least (`EXPECTED_STEPS`).
+    """
+
+    def __init__(self, world_size: int, *, close_after: float = 10.0, writers: frozenset[int] = frozenset(),
+                 keep_steps: int = KEEP_STEPS, expected_steps: int = EXPECTED_STEPS) -> None:  # fmt: skip
+        self.world = max(1, int(world_size))
+        self.close_after = close_after
+        self.writers = writers
+        self.keep_steps = keep_steps
+        self.expected_steps = expected_steps
+        self.keys: dict[str, _Key] = {}
+        self.raised: set[tuple[str, str, int]] = set()  # (kind, key, rank): each finding once
+        self.late_rows = 0
+        self.newest_step: int | None = None
+        self._peaks: dict[str, dict[int, float]] = {"rss": {}, "mem_reserved_peak": {}}
+        self._retries: dict[int, int] = {}
+        self._memory_changed = False
+        #: the latest rows' step times (each row's parts summed: the report's step time is their median)
+        self._step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
+
+    # -- rows in --------------------------------------------------------------------------
+
+    def add_rows(self, keys: np.ndarray, ranks: np.ndarray, steps: np.ndarray, values: np.ndarray,
+                 now: float) -> list[Finding]:  # fmt: skip
+        """Metric rows (`keys` as str objects, in arrival order; a rank's in its call order).
+        Returns the new non-finite findings (a rank's first NaN/inf of a key)."""
+        if not len(keys):
+            return []
+        ranks = np.asarray(ranks, np.int64)
+        steps = np.asarray(steps, np.int64)
+        values = np.asarray(values, float)
+        top = int(steps.max())
+        self.newest_step = top if self.newest_step is None else max(self.newest_step, top)
+        found = []
+        bad = np.flatnonzero(~np.isfinite(values))
+        firsts: dict[tuple[str, int], tuple[int, float]] = {}
+        for i in bad.tolist():
+            at = (str(keys[i]), int(ranks[i]))
+            if at not in firsts or steps[i] < firsts[at][0]:
+                firsts[at] = (int(steps[i]), float(values[i]))
+        for (key, rank), (step, value) in firsts.items():
+            if ("non_finite", key, rank) in self.raised:
+                continue
+            self.raised.add(("non_finite", key, rank))
+            kind = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            found.append(Finding("non_finite", rank, key, step, self.newest_step, value, {"value": kind}))
+        clean = values.copy()
+        clean[bad] = np.nan  # NaN/inf are the non-finite finding's, not a departure
+        names, inverse = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(names) + 1))
+        for j, name in enumerate(names.tolist()):
+            rows = order[bounds[j] : bounds[j + 1]]
+            self._add_key(name, steps[rows], ranks[rows], clean[rows], now, summed=False)
+        return found
+
+    def add_timing(self, rows: list[dict[str, Any]], now: float) -> None:
+        """StepTimer's ``step_timing`` rows (each with rank, step and its columns)."""
+        if not rows:
+            return
+        rank = np.array([r["rank"] for r in rows], np.int64)
+        step = np.array([r["step"] for r in rows], np.int64)
+        for phase in STRAGGLER_PHASES:
+            value = np.array([_num(r.get(phase)) for r in rows])
+            keep = ~np.isnan(value)
+            if keep.any():
+                self._add_key(f"timing:{phase}", step[keep], rank[keep], value[keep], now, summed=True)
+        for r in rows:
+            parts = [r.get(c) for c in ("data_s", "forward_s", "rest_s")]
+            if any(p is not None for p in parts):  # pandas' sum(min_count=1): a row with no part has no time
+                self._step_times.append(sum(_num(p, 0.0) for p in parts))
+        for r in rows:
+            for measure in ("rss", "mem_reserved_peak"):
+                v = r.get(measure)
+                if v is not None and v == v and v > self._peaks[measure].get(int(r["rank"]), -1.0):
+                    self._peaks[measure][int(r["rank"])] = float(v)
+                    self._memory_changed = True
+            if r.get("alloc_retries"):
+                self._retries[int(r["rank"])] = max(self._retries.get(int(r["rank"]), 0), int(r["alloc_retries"]))
+                self._memory_changed = True
+
+    def _add_key(self, name: str, steps: np.ndarray, ranks: np.ndarray, values: np.ndarray, now: float,
+                 summed: bool) -> None:  # fmt: skip
+        key = self.keys.get(name)
+        if key is None:
+            key = self.keys[name] = _Key(self.world, summed)
+        inside = (ranks >= 0) & (ranks < self.world)
+        if key.closed_through is not None:
+            inside &= steps > key.closed_through
+        if not inside.all():
+            self.late_rows += int((~inside).sum())
+            steps, ranks, values = steps[inside], ranks[inside], values[inside]
+        if len(steps):
+            key.ranks_seen[ranks] = True
+            key.chunks.append((steps, ranks, values, np.full(len(steps), now)))
+
+    # -- judging ----------------------------------------------------------------------------
+
+    def judge(self, now: float, final: bool = False) -> list[Finding]:
+        """Close what steps can be closed and judge the keys that got new ones; `final`: the run
+        ended, every step is closed. Returns the new findings (each once)."""
+        found: list[Finding] = []
+        for name, key in self.keys.items():
+            self._close(key, now, final)
+            if key.new_steps:
+                key.new_steps = False
+                found += self._departures(name, key)
+        if self._memory_changed:
+            self._memory_changed = False
+            found += self._memory()
+        return found
+
+    def _close(self, key: _Key, now: float, final: bool) -> None:
+        if not key.chunks:
+            return
+        steps = np.concatenate([c[0] for c in key.chunks])
+        ranks = np.concatenate([c[1] for c in key.chunks])
+        values = np.concatenate([c[2] for c in key.chunks])
+        arrived = np.concatenate([c[3] for c in key.chunks])
+        uniq, inv = np.unique(steps, return_inverse=True)
+        have = np.zeros((len(uniq), self.world), bool)
+        have[inv, ranks] = True
+        first_seen = np.full(len(uniq), np.inf)
+        np.minimum.at(first_seen, inv, arrived)
+        expected = int(key.ranks_seen.sum())
+        done = (have.sum(axis=1) >= expected) | (now - first_seen >= self.close_after) | final
+        # a later step closed with an earlier one open would come before it: close a prefix only
+        n = len(done) if done.all() else int(np.argmin(done))
+        if n == 0:
+            return
+        table = np.full((n, self.world), np.nan)
+        closed = inv < n
+        if key.summed:
+            table[:] = 0.0
+            np.add.at(table, (inv[closed], ranks[closed]), values[closed])
+            table[~have[:n]] = np.nan
+        else:
+            table[inv[closed], ranks[closed]] = values[closed]  # a rank's later call at a step wins
+        rest = ~closed
+        key.chunks = [(steps[rest], ranks[rest], values[rest], arrived[rest])] if rest.any() else []
+        key.closed_through = int(uniq[n - 1])
+        key.newest = key.closed_through
+        counted = (~np.isnan(table)).sum(axis=1) >= MIN_RANKS
+        key.counted += int(counted.sum())
+        if counted.any():
+            key.windows.add(uniq[:n], np.arange(self.world), table)
+            key.new_steps = True
+
+    def _departures(self, name: str, key: _Key) -> list[Finding]:
+        if key.counted < MIN_STEPS:
+            return []
+        stats = key.windows.peek()
+        if stats is None:
+            return []
+        timing = name.startswith("timing:")
+        items = judge_departures(stats, higher_only=timing, counted_steps=max(key.counted, self.expected_steps))
+        key.windows.trim(max(self.keep_steps, math.ceil(0.1 * key.counted) + 64))
+        out = []
+        for item in items:
+            kind = "straggler" if timing else "departure"
+            if (kind, name, item["rank"]) in self.raised:
+                continue
+            detail = {k: v for k, v in item.items() if k != "rank"}
+            value = item["ratio"]
+            if timing:
+                step_time = float(np.median(np.fromiter(self._step_times, float))) if self._step_times else math.nan
+                share = item["excess"] / step_time if step_time > 0 else math.nan
+                if not share >= STRAGGLER_MIN_SHARE:
+                    continue
+                detail = {"phase": name.split(":", 1)[1].removesuffix("_s"), "excess_s": item["excess"],
+                          "share_of_step": share, **detail}  # fmt: skip
+                value = item["excess"]
+            self.raised.add((kind, name, item["rank"]))
+            out.append(Finding(kind, item["rank"], name, item["first_step"], key.newest, value, detail))
+        return out
+
+    def _memory(self) -> list[Finding]:
+        measure = "mem_reserved_peak" if self._peaks["mem_reserved_peak"] else "rss"
+        peaks = self._peaks[measure]
+        if len(peaks) < 2:
+            return []
+        ranks = np.array(sorted(peaks))
+        retries = np.array([self._retries.get(int(r), 0) for r in ranks]) if measure != "rss" else None
+        out = []
+        for item in memory_outliers(ranks, np.array([peaks[int(r)] for r in ranks]), measure, retries, self.writers):
+            if ("memory", measure, item["rank"]) in self.raised:
+                continue
+            self.raised.add(("memory", measure, item["rank"]))
+            detail = {k: v for k, v in item.items() if k != "rank"}
+            out.append(Finding("memory", item["rank"], measure, None, self.newest_step, item["ratio"], detail))
+        return out
+
+
+def _num(value: Any, missing: float = math.nan) -> float:
+    return missing if value is None else float(value)

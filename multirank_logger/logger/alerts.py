@@ -1,0 +1,280 @@
+"""Where an alert goes: rank 0's console, the ``alerts`` table, ``on_alert`` and ``alert_url``.
+
+Each new finding of the watch (watch.py) is raised once, here, on the watch's thread:
+
+- one line on rank 0's console at once (standard error), e.g. ``step 1,204: rank 37
+  train_loss is NaN (its first non-finite value)``;
+- a row of the ``alerts`` table, through rank 0's own side rows (the writer stores it with its
+  next cycle, spills it like any row);
+- ``on_alert(alert)``, the user's callable: its exceptions are caught and said (once per
+  exception type), never raised into training;
+- ``alert_url``: a POST of JSON with a ``text`` field (Slack and Mattermost take it), on a
+  thread of its own, with a bounded timeout and retries. A failure is said once; the URL is
+  shown as its scheme and host only (a webhook's path is its token: never on a console line, in
+  a log record or a stored row).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import queue
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from multirank_logger.ddp.log_capture import SHOWN
+from multirank_logger.judgement.live import Finding
+from multirank_logger.model.schema import alerts as alerts_table
+
+__all__ = ["Alert", "AlertOutlets", "Webhook", "alert_message", "redact_url"]
+
+log = logging.getLogger(__name__)
+
+#: seconds one webhook request may take
+WEBHOOK_TIMEOUT_S = 5.0
+#: tries of one webhook POST (with 1 s, 2 s between them)
+WEBHOOK_TRIES = 3
+#: alerts waiting for the webhook at most (past that the oldest are not sent)
+WEBHOOK_QUEUE = 1000
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert: what `on_alert` gets, and what the ``alerts`` table holds.
+
+    ``kind``: ``non_finite``, ``departure``, ``straggler``, ``memory`` (or ``stop``: StopOnAlert
+    ended the fit); ``rank``: the rank it names; ``key``: the metric key (``timing:data_s``...
+    for a straggler, the memory measure); ``first_step``: the finding's first step, as the
+    report gives it; ``step_seen``: the newest step the watch held; ``seen_at``: unix time.
+    """
+
+    kind: str
+    rank: int
+    key: str
+    first_step: int | None
+    step_seen: int | None
+    seen_at: float
+    value: float | None
+    message: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def alert_message(f: Finding) -> str:
+    """The console line of a finding."""
+    at = f"step {f.step_seen:,}: " if f.step_seen is not None else ""
+    if f.kind == "non_finite":
+        return f"{at}rank {f.rank} {f.key} is {f.detail.get('value', 'NaN')} at step {f.first_step:,} (its first non-finite value)"
+    if f.kind == "departure":
+        ratio = f.detail.get("ratio")
+        size = f"{ratio:.3g}x the ranks' median, " if ratio is not None else ""
+        return (f"{at}rank {f.rank} {f.key} departs from the other ranks since step {f.first_step:,} "
+                f"({size}{f.detail.get('spreads', math.nan):.0f} typical spreads)")  # fmt: skip
+    if f.kind == "straggler":
+        return (f"{at}rank {f.rank} straggles in {f.detail.get('phase')} since step {f.first_step:,} "
+                f"(+{f.detail.get('excess_s', math.nan):.3g} s a step, "
+                f"{100 * f.detail.get('share_of_step', math.nan):.0f}% of a step)")  # fmt: skip
+    if f.kind == "memory":
+        ratio = f.detail.get("ratio")
+        size = f"{ratio:.2f}x the other ranks' median peak" if ratio is not None else "it retried CUDA allocations"
+        return f"{at}rank {f.rank} stands out in peak memory ({f.key}): {size}"
+    return f"{at}rank {f.rank} {f.key}: {f.kind}"
+
+
+def redact_url(url: str) -> str:
+    """A webhook URL as it may be shown: scheme and host (no user, password, path or query)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}/…"
+    except ValueError:
+        return "(the alert_url)"
+
+
+def check_alert_url(url: str | None) -> None:
+    """A clear error at the call for an alert_url that cannot be posted to (its text never shown)."""
+    if url is None:
+        return
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("alert_url: pass an http:// or https:// URL (a Slack or Mattermost incoming webhook), or None.")
+
+
+class Webhook:
+    """POSTs each alert's JSON on a thread of its own; a failure is said once."""
+
+    def __init__(self, url: str, timeout: float | None = None, tries: int | None = None) -> None:
+        parts = urlsplit(url)
+        self._headers = {"Content-Type": "application/json"}
+        if parts.username is not None:  # user:password@ in the URL: HTTP basic auth (urllib sends none itself)
+            token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            self._headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+            host = parts.hostname or ""
+            netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+            url = urlunsplit(parts._replace(netloc=netloc))
+        self._url = url
+        self.shown = redact_url(url)
+        self.timeout = WEBHOOK_TIMEOUT_S if timeout is None else timeout
+        self.tries = WEBHOOK_TRIES if tries is None else tries
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(WEBHOOK_QUEUE)
+        self._thread = threading.Thread(target=self._run, name="multirank-logger-alert-webhook", daemon=True)
+        self._thread.start()
+        self.sent = 0
+        self.failed = 0
+        self._said = False
+
+    def send(self, payload: dict[str, Any]) -> None:
+        try:
+            self._queue.put_nowait(payload)
+        except queue.Full:
+            self.failed += 1
+
+    def close(self, timeout: float = 0.0) -> None:
+        """Stop after what is queued, waiting at most `timeout` (the rest is not sent, and said)."""
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        if self._thread.is_alive() and not self._said:
+            self._said = True
+            say(f"the alert webhook {self.shown} had not taken every alert when the run ended ({self.sent} sent); "
+                "the rest are not sent.")  # fmt: skip
+
+    def _run(self) -> None:
+        while (payload := self._queue.get()) is not None:
+            data = json.dumps(payload, default=str).encode()
+            why = ""
+            for attempt in range(self.tries):
+                try:
+                    request = urllib.request.Request(self._url, data=data, method="POST", headers=self._headers)
+                    with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http(s) checked
+                        response.read()
+                    self.sent += 1
+                    break
+                except urllib.error.HTTPError as exc:  # the status only: its text may echo the URL
+                    why = f"HTTP {exc.code}"
+                except Exception as exc:  # noqa: BLE001 - a webhook never takes the run down
+                    why = _reason(exc)
+                if attempt + 1 < self.tries:
+                    time.sleep(float(attempt + 1))
+            else:
+                self.failed += 1
+                if not self._said:
+                    self._said = True
+                    say(f"the alert webhook {self.shown} did not take an alert after {self.tries} tries ({why}); "
+                        "later alerts are still sent, and a failure is not said again.")  # fmt: skip
+
+
+def say(message: str, level: int = logging.WARNING) -> None:
+    """A line on rank 0's console now (standard error, as an alert's), and a log record (the
+    run's ``logs`` table keeps it); the record is not printed again by logging's last resort."""
+    print(f"multirank_logger: {message}", file=sys.stderr, flush=True)
+    if log.isEnabledFor(level):
+        record = log.makeRecord(log.name, level, __file__, 0, f"multirank_logger: {message}", (), None,
+                                extra={SHOWN: True})  # fmt: skip
+        for handler in _handlers(log):
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def _handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers a record of `logger` reaches, less those writing to the console (the line is
+    printed already) and logging's last resort."""
+    out: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        out += [h for h in current.handlers if not _to_console(h)]
+        current = current.parent if current.propagate else None
+    return out
+
+
+def _to_console(handler: logging.Handler) -> bool:
+    stream = getattr(handler, "stream", None)
+    return type(handler) is logging.StreamHandler and stream in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a POST failed, in words that never hold the URL."""
+    if isinstance(exc, urllib.error.URLError):
+        reason = exc.reason
+        if isinstance(reason, BaseException):
+            return type(reason).__name__ + (" (timed out)" if "timed out" in str(reason) else "")
+        return "URLError"
+    if isinstance(exc, TimeoutError) or "timed out" in str(exc):
+        return "timed out"
+    return type(exc).__name__
+
+
+class AlertOutlets:
+    """Each alert, once, to the console, the store, the callable and the webhook.
+
+    Args:
+        record: appends a row to rank 0's side rows (``SideRecords.add``).
+        on_alert: the user's callable, or None.
+        alert_url: the webhook, or None.
+        echo: print the console line (rank 0's standard error).
+    """
+
+    def __init__(self, record: Callable[[str, dict[str, Any]], None], on_alert: Callable[[Alert], Any] | None = None,
+                 alert_url: str | None = None, echo: bool = True) -> None:  # fmt: skip
+        self.record = record
+        self.on_alert = on_alert
+        self.webhook = Webhook(alert_url) if alert_url else None
+        self.echo = echo
+        self.raised: list[Alert] = []
+        self._lock = threading.Lock()
+        self._callable_failures: set[str] = set()
+
+    def raise_alert(self, finding: Finding) -> Alert:
+        alert = Alert(finding.kind, finding.rank, finding.key, finding.first_step, finding.step_seen, time.time(),
+                      finding.value, alert_message(finding), dict(finding.detail))  # fmt: skip
+        self.deliver(alert)
+        return alert
+
+    def deliver(self, alert: Alert) -> None:
+        with self._lock:
+            self.raised.append(alert)
+        if self.echo:
+            print(f"multirank_logger alert: {alert.message}", file=sys.stderr, flush=True)
+        value = alert.value if alert.value is not None and not math.isnan(alert.value) else None
+        row = {"rank": alert.rank, "kind": alert.kind, "key": alert.key, "first_step": alert.first_step,
+               "step_seen": alert.step_seen, "seen_at": alert.seen_at, "value": value,
+               "detail": json.dumps(alert.detail, default=_jsonable), "message": alert.message}  # fmt: skip
+        try:
+            self.record(alerts_table.name, row)
+        except Exception as exc:  # noqa: BLE001
+            say(f"an alert could not be kept for the store: {exc}")
+        if self.on_alert is not None:
+            try:
+                self.on_alert(alert)
+            except Exception as exc:  # noqa: BLE001 - the user's callable never reaches training
+                name = type(exc).__name__
+                if name not in self._callable_failures:
+                    self._callable_failures.add(name)
+                    say(f"on_alert raised {name}: {exc} (caught: training goes on; said once per exception type)")
+        if self.webhook is not None:
+            self.webhook.send({"text": f"multirank_logger: {alert.message}", "alert": {**alert.to_dict(), "value": value}})
+
+    def close(self, timeout: float = 0.0) -> None:
+        if self.webhook is not None:
+            self.webhook.close(timeout)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)

@@ -1,0 +1,266 @@
+"""The watch: rank 0 judges the run's new steps as they arrive, and says each new finding once.
+
+On by default (``MultiRankLogger(watch=False)`` turns it off). It runs on a thread of its own on
+rank 0, never on the training thread and never in the writer's way:
+
+- ``gather``: rank 0's writer already holds every rank's rows; each cycle hands the new ones
+  (its own and those received, metrics and StepTimer's rows) to the watch's bounded queue
+  (``BackgroundWriter.observe``), without waiting. A watch that falls behind drops what the
+  queue cannot take (never a row of the store: only the watch skips ahead) and says so once.
+- ``direct`` and ``node``: the watch reads the rows the ranks wrote from the store, read-only,
+  every ``POLL_S``: on SQLite (WAL: a reader never blocks a writer) and PostgreSQL. A DuckDB
+  file is never held (its writers open it per transaction, `Backend.opens_per_transaction`: a
+  reader would lock them out), so on DuckDB with ``direct`` the watch sees rank 0's own rows
+  only, and says so (``gather``, DuckDB's default, gives it every rank's).
+
+What is judged, and how, is `judgement.live.LiveJudgement`: the report's one judgement, fed
+windows. Each new finding becomes an `Alert` (alerts.py): a line on rank 0's console, a row of
+the ``alerts`` table (through rank 0's own side rows: the road a decision row takes), the user's
+``on_alert`` and ``alert_url``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import sqlalchemy as sa
+
+from multirank_logger.judgement.live import LiveJudgement
+from multirank_logger.logger.alerts import Alert, AlertOutlets
+from multirank_logger.model.schema import metrics, step_timing
+from multirank_logger.store.sql_store import Store
+
+__all__ = ["Watch"]
+
+log = logging.getLogger(__name__)
+
+#: batches the writer may hand over before the watch is behind (and skips ahead)
+QUEUE_BATCHES = 256
+#: seconds between two judgements (closing steps, departures)
+JUDGE_S = 1.0
+#: seconds between two reads of the store (direct and node transports)
+POLL_S = 1.0
+#: seconds between two reads of the run's keys (direct and node)
+KEYS_S = 10.0
+#: seconds without a new row after which a rank is read on its own (direct and node: `Watch._rank_groups`)
+STALE_S = 30.0
+
+
+class Watch:
+    """Rank 0's watch over one run (see the module docstring).
+
+    Args:
+        run_id: the run.
+        world_size: its ranks.
+        outlets: where each alert goes.
+        close_after: seconds a step waits for its missing ranks (`LiveJudgement`).
+        writers: ranks that write the others' rows (memory judged as the report does).
+        read_store: for direct and node: the store's URL to read the ranks' rows from (None:
+            fed by the writer).
+    """
+
+    def __init__(self, run_id: int, world_size: int, outlets: AlertOutlets, *, close_after: float,
+                 writers: frozenset[int] = frozenset(), read_store: Any = None) -> None:  # fmt: skip
+        self.run_id = run_id
+        self.world_size = world_size
+        self.outlets = outlets
+        self.judgement = LiveJudgement(world_size, close_after=close_after, writers=writers)
+        self._queue: queue.Queue[tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]] = \
+            queue.Queue(QUEUE_BATCHES)  # fmt: skip
+        self._read_store = read_store
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.skipped = 0  # batches the watch dropped, behind
+        self._said_behind = False
+        # direct/node: per rank, the last (seq, step) read and when it last grew
+        self._last_seq: dict[int, tuple[int, int, float]] = {}
+        self._last_timing_seq: dict[int, tuple[int, int, float]] = {}
+        self._keys: list[str] = []
+        self._keys_at = 0.0
+        self._reader: Store | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="multirank-logger-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Judge what arrived so far (within `timeout`), then end the thread; the alerts raised are
+        recorded before the writer's last cycle."""
+        self._stop.set()
+        try:
+            self._queue.put_nowait(([], []))  # wakes the thread now (a finalize must not wait out its poll)
+        except queue.Full:
+            pass  # it has batches to take: it is not waiting
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            try:
+                reader.close()
+            except Exception:  # noqa: BLE001 - a reader's close never fails the run's end
+                pass
+
+    @property
+    def alerts(self) -> list[Alert]:
+        return self.outlets.raised
+
+    # -- feeding (the writer thread: never waits) ----------------------------------------
+
+    def observe(self, batches: list[pa.RecordBatch], side: list[dict[str, list[dict[str, Any]]]]) -> None:
+        """The writer's new rows (gather's rank 0): into the queue, or dropped when it is full."""
+        try:
+            self._queue.put_nowait((batches, side))
+        except queue.Full:
+            self.skipped += 1
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_judge = next_poll = time.monotonic()
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                self._take(stopping)
+                now = time.monotonic()
+                if self._read_store is not None and (now >= next_poll or stopping):
+                    self._poll()
+                    next_poll = now + POLL_S
+                if now >= next_judge or stopping:
+                    self._judge()
+                    next_judge = now + JUDGE_S
+            except Exception as exc:  # noqa: BLE001 - the watch never takes the run down
+                log.warning("multirank_logger: the watch failed (%s: %s); it goes on with the next rows.",
+                            type(exc).__name__, exc)  # fmt: skip
+                time.sleep(JUDGE_S)
+            if stopping:
+                return
+
+    def _take(self, stopping: bool) -> None:
+        """Take the queued batches (waiting for the first a moment while running)."""
+        wait = 0.0 if stopping else min(JUDGE_S, POLL_S) / 2
+        while True:
+            try:
+                batches, side = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            wait = 0.0
+            now = time.monotonic()
+            for batch in batches:
+                self._add_batch(batch, now)
+            timing = [row for tables in side for row in tables.get(step_timing.name, ())]
+            self.judgement.add_timing(timing, now)
+        if self.skipped and not self._said_behind:
+            self._said_behind = True
+            log.warning("multirank_logger: the watch fell behind the rows and skipped %d batch(es) (only the watch: "
+                        "every row is stored); it goes on with the newest.", self.skipped)  # fmt: skip
+
+    def _add_batch(self, batch: pa.RecordBatch, now: float) -> None:
+        if not len(batch):
+            return
+        keys = batch.column("key")
+        if pa.types.is_dictionary(keys.type):
+            names = np.asarray(keys.dictionary.to_pylist(), dtype=object)
+            keys = names[keys.indices.to_numpy(zero_copy_only=False)]
+        else:
+            keys = np.asarray(keys.to_pylist(), dtype=object)
+        values = batch.column("value").to_numpy(zero_copy_only=False).astype(float)  # NULL (a NaN) -> NaN
+        self._found(self.judgement.add_rows(keys, batch.column("rank").to_numpy(), batch.column("step").to_numpy(),
+                                            values, now))  # fmt: skip
+
+    def _judge(self) -> None:
+        self._found(self.judgement.judge(time.monotonic()))
+
+    def _found(self, findings: list[Any]) -> None:
+        for finding in findings:
+            self.outlets.raise_alert(finding)
+
+    # -- direct and node: the store, read-only -----------------------------------------------
+
+    def _poll(self) -> None:
+        """The rows the ranks stored since the last read, per rank by its call counter (``seq``)."""
+        if self._reader is None:
+            self._reader = Store(self._read_store, readonly=True)
+        store = self._reader
+        now = time.monotonic()
+        with store.engine.connect() as conn:
+            if now - self._keys_at >= KEYS_S or not self._keys:
+                self._keys = sorted(store.backend.run_keys(conn, self.run_id))
+                self._keys_at = now
+            if self._keys:
+                c = metrics.c
+                cols = [c.key, c.rank, c.step, store.backend.value_or_nan(c.value), c.seq]
+                rows: list[Any] = []
+                for where in self._rank_groups(self._last_seq, c.rank, c.seq, c.step, now):
+                    stmt = sa.select(*cols).where(c.run_id == self.run_id, c.key.in_(self._keys), where)
+                    rows += conn.execute(stmt).all()
+                if rows:
+                    self._add_polled(rows, now)
+            t = step_timing.c
+            timing = []
+            for where in self._rank_groups(self._last_timing_seq, t.rank, t.seq, None, now):
+                timing += [dict(m) for m in conn.execute(sa.select(step_timing).where(t.run_id == self.run_id, where)).mappings()]
+            timing = [row for row in timing if row["seq"] > self._last_timing_seq.get(row["rank"], (-1, 0, 0.0))[0]]
+            self._advance(self._last_timing_seq, [(row["rank"], row["seq"], row["step"]) for row in timing], now)
+            self.judgement.add_timing(timing, now)
+
+    def _rank_groups(self, last: dict[int, tuple[int, int, float]], rank: Any, seq: Any, step: Any,
+                     now: float) -> list[Any]:  # fmt: skip
+        """WHERE clauses that read each rank's rows past its last ``seq`` (`last`: rank -> (seq,
+        step, when it last grew)), in few queries that an index serves: the ranks that keep
+        logging in one (past the lowest of their seqs; and steps, for PostgreSQL's (rank, step)
+        index), a rank silent for a while or never seen in one each (a dead rank's old rows
+        are not read again at every poll)."""
+        live = [r for r in range(self.world_size) if r in last and now - last[r][2] < STALE_S]
+        out = []
+        if live:
+            where = [rank.in_(live), seq > min(last[r][0] for r in live)]
+            if step is not None:
+                where.append(step >= min(last[r][1] for r in live))
+            out.append(sa.and_(*where))
+        out += [sa.and_(rank == r, seq > last.get(r, (-1, 0, 0.0))[0]) for r in range(self.world_size)
+                if r not in live]  # fmt: skip
+        return out
+
+    @staticmethod
+    def _advance(last: dict[int, tuple[int, int, float]], rows: list[tuple[int, int, int]], now: float) -> None:
+        for r, seq, step in rows:
+            if seq > last.get(r, (-1, 0, 0.0))[0]:
+                last[r] = (int(seq), int(step), now)
+
+    def _add_polled(self, rows: list[Any], now: float) -> None:
+        key, rank, step, value, seq = (np.asarray(col) for col in zip(*rows))
+        rank, seq, step = rank.astype(np.int64), seq.astype(np.int64), step.astype(np.int64)
+        order = np.lexsort((seq, rank))  # each rank's rows in its call order
+        key, rank, step, value, seq = key[order], rank[order], step[order], value[order], seq[order]
+        new = seq > np.array([self._last_seq.get(int(r), (-1, 0, 0.0))[0] for r in rank.tolist()])
+        if not new.any():
+            return
+        key, rank, step, value, seq = key[new], rank[new], step[new], value[new], seq[new]
+        self._advance(self._last_seq, list(zip(rank.tolist(), seq.tolist(), step.tolist())), now)
+        values = np.array([np.nan if v is None else v for v in value.tolist()], float)
+        self._found(self.judgement.add_rows(key.astype(object), rank, step, values, now))
+
+
+def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_transaction: bool,
+              outlets: AlertOutlets, close_after: float) -> tuple[Watch, bool]:  # fmt: skip
+    """The watch for rank 0 of a run, and whether the writer feeds it (gather) rather than the store."""
+    fed = transport == "gather" or world_size == 1
+    read = None if fed or opens_per_transaction else url
+    if not fed and read is None:
+        log.info("multirank_logger: the watch sees rank 0's own rows only: with transport=%r a DuckDB file "
+                    "cannot be read while the ranks write it (a reader would lock them out). transport='gather' "
+                    "(DuckDB's default) gives the watch every rank's rows.", transport)  # fmt: skip
+        fed = True
+    watch = Watch(run_id, world_size, outlets, close_after=close_after,
+                  writers=frozenset({0}) if transport == "gather" else frozenset(), read_store=read)  # fmt: skip
+    return watch, fed
+

@@ -1,0 +1,151 @@
+"""The watch's judgement fed as a run goes (judgement/live.py), and where its alerts go (logger/alerts.py).
+
+The 4-rank DDP training is tests/test_watch_ddp.py's; here the judgement meets seeded noisy runs
+(the report's own, tests/test_findings.py) fed in windows, in the order rows arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from multirank_logger.judgement.live import LiveJudgement
+from multirank_logger.judgement.ranks import departures
+from multirank_logger.logger.alerts import AlertOutlets, redact_url
+from tests.test_findings import _noisy
+
+
+def _feed(values: np.ndarray, chunk: int = 7, seed: int = 0, keep_steps: int = 512) -> tuple[list, LiveJudgement]:
+    """Rows of a steps x ranks table, `chunk` steps at a time, each chunk's rows shuffled (ranks
+    arrive in any order), judged after each chunk; then the end."""
+    rng = np.random.default_rng(seed)
+    steps, world = values.shape
+    live = LiveJudgement(world, close_after=1e9, keep_steps=keep_steps)
+    found = []
+    for first in range(0, steps, chunk):
+        step = np.repeat(np.arange(first, min(steps, first + chunk)), world)
+        rank = np.tile(np.arange(world), len(step) // world)
+        order = rng.permutation(len(step))
+        step, rank = step[order], rank[order]
+        found += live.add_rows(np.full(len(step), "loss", object), rank, step, values[step, rank], now=0.0)
+        found += live.judge(now=0.0)
+    return found + live.judge(now=0.0, final=True), live
+
+
+@pytest.mark.parametrize("ranks", [3, 8])
+def test_no_alert_in_normal_shard_noise(ranks: int) -> None:
+    """The report's seeded noisy runs, fed as they would arrive: no alert (no false alarm)."""
+    assert [(seed, f) for seed in range(20) if (f := _feed(_noisy(seed, ranks), seed=seed)[0])] == []
+
+
+@pytest.mark.parametrize("ranks", [3, 8, 32])
+def test_alert_agrees_with_the_report(ranks: int) -> None:
+    """A rank at 20x from step 120 and another's NaN at step 90 and inf at 150: each alerted once
+    (the non-finite value at its first step), with the rank and first step the report's judgement
+    gives over the whole table."""
+    values = _noisy(1, ranks)
+    values[120:, ranks - 1] *= 20
+    values[90, 0], values[150, 0] = np.nan, np.inf
+    found, _ = _feed(values)
+    clean = values.copy()
+    clean[~np.isfinite(clean)] = np.nan
+    (report,) = departures(np.arange(len(values)), np.arange(ranks), clean)
+    assert [(f.kind, f.rank, f.key, f.first_step) for f in found] == [
+        ("non_finite", 0, "loss", 90), ("departure", report["rank"], "loss", report["first_step"])]  # fmt: skip
+    assert report["first_step"] == 120 and found[1].step_seen < 140  # during the run, soon after
+
+
+def test_memory_stays_windowed_on_a_long_run() -> None:
+    """5,000 steps: the statistics held stay at the window (not the history), and a departure from
+    step 4,000 is still found from its first step."""
+    values = np.vstack([_noisy(seed, 6, 500) for seed in range(10)])
+    values[4000:, 2] *= 20
+    found, live = _feed(values, chunk=50)
+    (key,) = live.keys.values()
+    held = sum(len(part[0]) for part in key.windows.parts)
+    assert held <= max(live.keep_steps, 0.1 * 5000 + 64) + 50
+    assert [(f.kind, f.rank, f.first_step) for f in found] == [("departure", 2, 4000)]
+
+
+def test_a_late_row_of_a_closed_step_is_counted_not_judged() -> None:
+    live = LiveJudgement(3, close_after=5.0)
+    live.add_rows(np.array(["k"] * 2, object), np.array([0, 1]), np.array([0, 0]), np.array([1.0, 1.0]), now=0.0)
+    live.judge(now=10.0)  # rank 2 never came: the step closes after close_after
+    live.add_rows(np.array(["k"], object), np.array([2]), np.array([0]), np.array([1.0]), now=11.0)
+    assert live.late_rows == 1
+
+
+def test_redacted_url_keeps_no_token() -> None:
+    shown = redact_url("https://bot:s3cret@hooks.slack.com:8443/services/T00/B00/XXXXTOKEN?x=1")
+    assert shown == "https://hooks.slack.com:8443/…"
+
+
+def test_on_alert_exception_caught_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A failing on_alert never reaches the watch's caller; each exception type said once."""
+    rows: list[tuple[str, dict]] = []
+
+    def broken(alert: object) -> None:
+        raise RuntimeError("boom")
+
+    outlets = AlertOutlets(lambda table, row: rows.append((table, row)), broken, echo=False)
+    live = LiveJudgement(3)
+    with caplog.at_level(logging.WARNING, logger="multirank_logger"):
+        for rank in (0, 1):
+            for finding in live.add_rows(np.array(["k"], object), np.array([rank]), np.array([5]), np.array([np.inf]), 0.0):
+                outlets.raise_alert(finding)
+    assert [(t, r["kind"], r["rank"], r["first_step"]) for t, r in rows] == [("alerts", "non_finite", 0, 5),
+                                                                           ("alerts", "non_finite", 1, 5)]  # fmt: skip
+    assert sum("on_alert raised RuntimeError" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_logger_refuses_bad_alert_arguments(tmp_path: object) -> None:
+    from multirank_logger import MultiRankLogger
+
+    with pytest.raises(ValueError, match="alert_url"):
+        MultiRankLogger(str(tmp_path), alert_url="ftp://example.com/x")
+    with pytest.raises(TypeError, match="on_alert"):
+        MultiRankLogger(str(tmp_path), on_alert="print")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="watch"):
+        MultiRankLogger(str(tmp_path), watch="yes")  # type: ignore[arg-type]
+
+
+def test_direct_watch_reads_the_ranks_rows_while_they_are_written(many_writers_db: str) -> None:
+    """transport='direct': the watch reads each rank's new rows from the store (SQLite in WAL
+    mode, PostgreSQL), read-only, as the ranks write them: a rank's NaN and a departing rank
+    alerted, each once, and a rank that stopped logging early holds nothing back."""
+    import time
+
+    from multirank_logger.logger.alerts import AlertOutlets
+    from multirank_logger.logger.watch import Watch
+    from multirank_logger.store.sql_store import Store
+    from multirank_logger.write.buffer import RecordBuffer
+
+    store = Store(many_writers_db)
+    run = store.create_run("direct", world_size=4, transport="direct")
+    rows: list[dict] = []
+    watch = Watch(run.id, 4, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=1.0,
+                  read_store=store.url)  # fmt: skip
+    buffers = [RecordBuffer() for _ in range(4)]
+    rng = np.random.default_rng(0)
+    watch.start()
+    try:
+        for first in range(0, 120, 20):  # each rank writes 20 steps at a time (a flush)
+            for rank, buffer in enumerate(buffers):
+                if rank == 3 and first >= 40:
+                    continue  # rank 3 stops logging at step 40
+                for step in range(first, first + 20):
+                    loss = 1.0 + 0.05 * rng.standard_normal()
+                    loss = loss * 10 if rank == 1 and step >= 60 else loss
+                    buffer.append(step, {"loss": float("nan") if rank == 2 and step == 30 else loss})
+                store.write(buffer.encode(buffer.take(), run.id, rank))
+            time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while len(rows) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        watch.stop(5.0)
+        store.close()
+    assert [(r["kind"], r["rank"], r["key"], r["first_step"]) for r in rows] == [
+        ("non_finite", 2, "loss", 30), ("departure", 1, "loss", 60)]  # fmt: skip
