@@ -114,8 +114,8 @@ def backfill(metrics_table: str = "metrics", summaries_table: str = "step_summar
     the migration to schema 0009 ran, and a bulk-loaded benchmark store runs.
 
     The mask is a SUM of the bucket's distinct steps' bits (a distinct power of two each: their
-    OR); a modulo here truncates toward zero on every engine, so ``((step % S) + S) % S`` is
-    the step's place in its bucket also below 0."""
+    OR; on DuckDB as fast as its BIT_OR); a modulo here truncates toward zero on every engine,
+    so ``((step % S) + S) % S`` is the step's place in its bucket also below 0."""
     s = SUMMARY_STEPS
     finite = f"(value IS NOT NULL AND value <= {_LARGEST} AND value >= -{_LARGEST})"
     return (
