@@ -188,8 +188,9 @@ step_summaries = sa.Table(
     sa.Column("last_time", sa.Float(53), nullable=False, comment="latest unix time of a log call among the rows"),
 )
 # SQLite and PostgreSQL read one key's summaries by this index; DuckDB by its zone maps, as metrics
+# (a tuple of dialects: SQLAlchemy's documented form, which its type hints leave out)
 sa.Index("ix_step_summaries_run_key", step_summaries.c.run_id, step_summaries.c.key).ddl_if(
-    dialect=("sqlite", "postgresql")
+    dialect=("sqlite", "postgresql")  # type: ignore[arg-type]
 )
 
 # One row per import of a spill file (store/spill_import.py). Insert-only, keyed by the file's id and the
