@@ -96,10 +96,18 @@ def store_write(backend: str, batches: int, rows: int, held: bool = False, busy:
     beside a thread busy in Python (`_timed`); without `summaries`, the write path less its
     step summaries (store/step_summaries.py): what keeping them costs.
     """
-    if not summaries:
-        from multirank_logger.store import seq_spans
+    from multirank_logger.store import seq_spans
 
-        seq_spans.insert_summaries = lambda *_: None  # type: ignore[assignment]  # this case's own process
+    keep = seq_spans.insert_summaries
+    if not summaries:  # put back below: `--in-process` runs the next cases in this process
+        seq_spans.insert_summaries = lambda *_: None  # type: ignore[assignment]
+    try:
+        return _store_write(backend, batches, rows, held, busy)
+    finally:
+        seq_spans.insert_summaries = keep  # type: ignore[assignment]
+
+
+def _store_write(backend: str, batches: int, rows: int, held: bool, busy: bool) -> dict[str, Any]:
     data = make_batches(batches, rows)
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
         store, _ = _new_store(root, ".sqlite" if backend == "sqlite" else ".duckdb")
