@@ -258,7 +258,7 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
     """
     if not series.startswith("timing:") and (found := _from_summaries(fetch_arrow, run_id, series, columns)) is not None:
         return found
-    table, where, value = _series(run_id, series)
+    table = _series(run_id, series)[0]
     span = fetch_arrow(sa.select(sa.func.min(table.c.step).label("a"), sa.func.max(table.c.step).label("b"))
                        .where(table.c.run_id == run_id)).to_pylist()[0]  # fmt: skip
     if span["a"] is None:
