@@ -88,12 +88,26 @@ def _timed(write: Callable[[], Any], busy: bool) -> float:
     return took[0]
 
 
-def store_write(backend: str, batches: int, rows: int, held: bool = False, busy: bool = False) -> dict[str, Any]:
+def store_write(backend: str, batches: int, rows: int, held: bool = False, busy: bool = False,
+                summaries: bool = True) -> dict[str, Any]:  # fmt: skip
     """The project's write path: Store.write(batch), one call per batch.
 
     With `held`, inside ``Store.writing()`` (one connection across the batches); with `busy`,
-    beside a thread busy in Python (`_timed`).
+    beside a thread busy in Python (`_timed`); without `summaries`, the write path less its
+    step summaries (store/step_summaries.py): what keeping them costs.
     """
+    from multirank_logger.store import seq_spans
+
+    keep = seq_spans.insert_summaries
+    if not summaries:  # put back below: `--in-process` runs the next cases in this process
+        seq_spans.insert_summaries = lambda *_: None  # type: ignore[assignment]
+    try:
+        return _store_write(backend, batches, rows, held, busy)
+    finally:
+        seq_spans.insert_summaries = keep  # type: ignore[assignment]
+
+
+def _store_write(backend: str, batches: int, rows: int, held: bool, busy: bool) -> dict[str, Any]:
     data = make_batches(batches, rows)
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
         store, _ = _new_store(root, ".sqlite" if backend == "sqlite" else ".duckdb")
@@ -216,6 +230,13 @@ def cases(sizes: Sizes) -> list[Case]:
         Case(SECTION, "Store.write DuckDB, 1k-row batches", "benchmarks.bench_ingest:store_write", "rows/s",
              {"backend": "duckdb", **small}, peer="raw DuckDB from Arrow, 1k-row batches",
              note=f"{small_shape}; the file opened per batch, as the logger's flush does"),
+        Case(SECTION, "Store.write SQLite, 1k-row batches, without summaries", "benchmarks.bench_ingest:store_write",
+             "rows/s", {"backend": "sqlite", "summaries": False, **small}, peer="Store.write SQLite, 1k-row batches",
+             note=f"{small_shape}; less step_summaries: the peer's ratio is what keeping them costs"),
+        Case(SECTION, "Store.write DuckDB in Store.writing(), without summaries", "benchmarks.bench_ingest:store_write",
+             "rows/s", {"backend": "duckdb", "held": True, "summaries": False, **kw},
+             peer="Store.write DuckDB in Store.writing()",
+             note=f"{shape}; less step_summaries: the peer's ratio is what keeping them costs"),
         Case(SECTION, "RecordBuffer.drain (component)", "benchmarks.bench_ingest:buffer_drain", "rows/s", kw,
              note="log calls -> Arrow record batch, before any write"),
     ]

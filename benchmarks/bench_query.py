@@ -107,6 +107,10 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
                     f"AND step >= {steps // 2}")
         con.execute(f"UPDATE metrics SET value = NULL, dtype = {DTYPE_NAN} WHERE rank = {nan_rank} "
                     f"AND step = {nan_step} AND key = '{KEY}'")
+    # what the store's own writes keep beside the rows (store/step_summaries.py): their summaries
+    from multirank_logger.store.step_summaries import backfill
+
+    con.execute(backfill())
     # what the store's own writes record (store/seq_spans.py): one seq span per rank
     con.execute("INSERT INTO metric_spans (run_id, rank, first_seq, last_seq) "
                 "SELECT run_id, rank, MIN(seq), MAX(seq) FROM metrics GROUP BY run_id, rank")

@@ -2,7 +2,9 @@
 time and its own peak RSS, at two sizes (memory must not grow with the store); and bytes per row.
 
 The store: ``bench_query.build_scale_store`` (full mode: 256 ranks x 20,000 steps x 10 keys =
-51.2M rows, one outlier rank, one NaN), and the same with 64 ranks (12.8M rows) as the second size.
+51.2M rows, one outlier rank, one NaN), and the same with 64 ranks (12.8M rows) as the second size;
+in full mode also 1,024 ranks x 25,000 steps x 10 keys (256M rows, 2.9 GB; issue 42's targets),
+with ``MULTIRANK_BENCH_256M=1`` (its build alone takes 10-50 minutes on 2 shared cores).
 Each case starts the command as a child of the benchmark's worker and reads the child's own peak
 RSS (``os.wait4``): what a user's shell would see.
 
@@ -11,6 +13,9 @@ RSS (``os.wait4``): what a user's shell would see.
 - ``per_rank``: ``open_store(DB).per_rank("metric_0")``, a step x rank DataFrame;
 - ``rank_spread``: ``open_store(DB).rank_spread("metric_0")``;
 - ``export rank 0``: ``multirank-logger export DB -o FILE`` (rank 0's metrics.csv);
+- ``runs``: ``multirank-logger runs DB`` (from ``step_summaries``, not the rows);
+- ``page``: the live page's first answer, ``/api/run/ID/series?name=metric_0``'s view built in a
+  fresh process (``ui.views.summary`` + ``series_view`` + JSON), from the summaries past 8,000 steps;
 - peer, raw DuckDB: every key's per-step median (``GROUP BY key, step``) on the same file, in a
   fresh process (the floor under the report's per-step statistics);
 - ``bytes/row``: the DuckDB file's size over its rows (no unique index since migration 0006);
@@ -43,6 +48,8 @@ BYTES_SLICE = (64, 2_000)
 
 _PER_RANK = "from multirank_logger.query.reader import open_store; r = open_store({db!r}); t = r.per_rank('metric_0')"
 _SPREAD = "from multirank_logger.query.reader import open_store; r = open_store({db!r}); s = r.rank_spread('metric_0')"
+_PAGE = ("import json; from multirank_logger.query.reader import open_store; from multirank_logger.ui import views; "
+         "r = open_store({db!r}); s = views.summary(r, 1, 'metric_0'); n = len(json.dumps(views.clean(views.series_view(s, views._nodes(r, 1)))))")  # fmt: skip
 _RAW = ("import duckdb; c = duckdb.connect({db!r}, read_only=True); c.execute(\"SET memory_limit = '256MB'\"); c.execute('SET enable_progress_bar = false'); "
         "n = len(c.execute('SELECT key, step, median(value) FROM metrics GROUP BY key, step').fetchall())")  # fmt: skip
 
@@ -76,6 +83,8 @@ def command(what: str, ranks: int, steps: int, keys: int) -> dict[str, Any]:
             "per_rank": [py, "-c", _PER_RANK.format(db=db)],
             "rank_spread": [py, "-c", _SPREAD.format(db=db)],
             "export": [py, "-m", "multirank_logger.cli", "export", db, "--rank", "0", "-o", f"{out}.csv"],
+            "runs": [py, "-m", "multirank_logger.cli", "runs", db],
+            "page": [py, "-c", _PAGE.format(db=db)],
             "raw": [py, "-c", _RAW.format(db=db)],
         }[what]
         seconds, rss = _timed(argv)
@@ -154,13 +163,27 @@ def cases(sizes: Sizes) -> list[Case]:
         "export": (peak,),
     }
     out = []
+    if sizes.mode == "full" and os.environ.get("MULTIRANK_BENCH_256M"):
+        # issue 42's store and targets: 1,024 ranks x 25,000 steps x 10 keys
+        kw = {"ranks": 1024, "steps": 25_000, "keys": 10}
+        label = "1024x25,000x10 (256M rows)"
+        targets = {
+            "report": (Goal("value", "<=", 15.0, "<= 15 s"), Goal("extra:peak_MiB", "<=", 1024, "<= 1 GiB")),
+            "per_rank": (Goal("extra:peak_MiB", "<=", 600, "<= 600 MiB"),),
+            "runs": (Goal("value", "<=", 1.0, "<= 1 s"),),
+            "page": (Goal("value", "<=", 1.0, "<= 1 s"),),
+        }
+        for what, goals_256m in targets.items():
+            out.append(Case(SECTION, f"{what} {label}", "benchmarks.bench_read_scale:command", "s", {"what": what, **kw},
+                            goals=goals_256m, rounds=2, inner=1, timeout_s=1800,
+                            note="a fresh process; RSS is the command's own"))  # fmt: skip
     # the targets' store: 5 rounds in full mode, as one command's time moves by a quarter within
     # minutes on this shared host (a median of 2 is the mean of two draws); the other store: 2
     target_rounds = 5 if sizes.mode == "full" else min(2, sizes.query_rounds)
     for shape in (big, small):
         kw = dict(zip(("ranks", "steps", "keys"), shape))
         label = f"{shape[0]}x{shape[1]:,}x{shape[2]} ({shape[0] * shape[1] * shape[2] / 1e6:g}M rows)"
-        for what in ("raw", "report", "report -o", "per_rank", "rank_spread", "export"):
+        for what in ("raw", "report", "report -o", "per_rank", "rank_spread", "export", "runs", "page")[: 8 if shape == big else 6]:
             name = f"{'raw DuckDB median per (key, step)' if what == 'raw' else what} {label}"
             out.append(Case(SECTION, name, "benchmarks.bench_read_scale:command", "s", {"what": what, **kw},
                             peer=None if what == "raw" else f"raw DuckDB median per (key, step) {label}",

@@ -47,6 +47,8 @@ EXPECTED = {
         "Store.write SQLite, 1k-row batches",
         "raw DuckDB from Arrow, 1k-row batches",
         "Store.write DuckDB, 1k-row batches",
+        "Store.write SQLite, 1k-row batches, without summaries",
+        "Store.write DuckDB in Store.writing(), without summaries",
         "RecordBuffer.drain (component)",
         "raw sqlite3 executemany, beside a busy thread",
         "Store.write SQLite, beside a busy thread",
@@ -77,7 +79,8 @@ EXPECTED = {
 }
 # read_scale's rows are named by their store's shape (which its module sets per mode): each kind, in this order
 KINDS = {
-    "read_scale": ["raw DuckDB median per (key, step)", "report", "report -o", "per_rank", "rank_spread", "export"] * 2
+    "read_scale": ["raw DuckDB median per (key, step)", "report", "report -o", "per_rank", "rank_spread", "export", "runs", "page"]
+    + ["raw DuckDB median per (key, step)", "report", "report -o", "per_rank", "rank_spread", "export"]
     + ["bytes/row DuckDB", "bytes/row sqlite", "bytes/row postgresql"],
 }
 

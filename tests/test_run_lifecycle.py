@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 import torch.distributed as dist
@@ -22,6 +23,7 @@ from multirank_logger import MultiRankLogger
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.cli import main as cli
 from multirank_logger.errors import ResumeRefused, RunIdentityMismatch
+from multirank_logger.model.batch import metrics_batch
 from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
 from multirank_logger.model.side_records import encode_side
 from multirank_logger.query.reader import open_store
@@ -268,8 +270,10 @@ def test_cli_runs_reports_orphan_rows(db_path: Path) -> None:
     """Metric rows under a run id with no runs row are named by `multirank-logger runs`."""
     logger = _launch(db_path, range(2), 0.0)
     store = Store(db_path)
-    with store.begin() as conn:
-        conn.execute(sa.text("UPDATE metrics SET run_id = 7 WHERE step = 1"))
+    # as a rank that took itself for rank 0 elsewhere writes them: through the store, under its own id
+    two = np.ones(2, np.int64)
+    store.write(metrics_batch(run_id=7 * two, rank=np.arange(2), seq=two, step=two, codes=two - 1, keys=["loss"],
+                              value=two * 0.5, valid=None, dtype=two - 1, time=two * 1.7e9))  # fmt: skip
     store.close()
     result = CliRunner().invoke(cli, ["runs", str(db_path)])
     assert result.exit_code == 0, result.output

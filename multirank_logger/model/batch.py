@@ -183,10 +183,10 @@ def column_lists(batch: pa.RecordBatch, names: Sequence[str]) -> list[list[Any]]
         array = batch.column(name)
         if isinstance(array, pa.DictionaryArray):
             keys = array.dictionary.to_pylist()
-            codes = column_numpy_copy(array.indices, _NUMPY[name], null=0)
+            codes = column_numpy_copy(array.indices, _NUMPY_OF[array.indices.type], null=0)
             values = list(map(keys.__getitem__, codes.tolist())) if keys else [None] * len(array)
-        else:
-            values = column_numpy_copy(array, _NUMPY[name], null=0).tolist()
+        else:  # any table's columns (metrics, step_summaries), by their Arrow type
+            values = column_numpy_copy(array, _NUMPY_OF[array.type], null=0).tolist()
         nulls = _nulls(array.indices if isinstance(array, pa.DictionaryArray) else array)
         if nulls is not None:
             for i in np.flatnonzero(nulls).tolist():

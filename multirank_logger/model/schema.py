@@ -29,10 +29,12 @@ __all__ = [
     "RUN_STATUSES",
     "SEQ_ATTEMPT_SHIFT",
     "SIDE_TABLES",
+    "SUMMARY_STEPS",
     "alerts",
     "attempts",
     "decisions",
     "logs",
+    "step_summaries",
     "step_timing",
     "unheard_ends",
     "decode_value",
@@ -159,6 +161,38 @@ metric_spans = sa.Table(
 )
 
 METRIC_COLUMNS: tuple[str, ...] = tuple(c.name for c in metrics.columns)
+
+#: steps per bucket of `step_summaries`: a bucket holds steps ``step .. step + SUMMARY_STEPS - 1``,
+#: its ``step`` a multiple of it (also below 0); its ``steps_mask`` has one bit per step
+SUMMARY_STEPS = 16
+
+# Per (run, rank, key, bucket of SUMMARY_STEPS steps), what the rows there hold, kept by every
+# insert of metric rows beside them (store/step_summaries.py): the page's first render and the
+# runs list read these, not the rows. A row is a *partial* aggregate of the rows one insert
+# added to that bucket: a bucket written by several inserts (flushes that cut it, a resumed
+# run, an import) has several rows, merged by SUM (counts, total), MIN, MAX and OR (the mask).
+step_summaries = sa.Table(
+    "step_summaries",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False, comment="global rank that logged the values"),
+    sa.Column("key", sa.String, nullable=False, comment="metric name, prefix included"),
+    sa.Column("step", sa.BigInteger, nullable=False, comment="the bucket's first step: a multiple of SUMMARY_STEPS"),
+    sa.Column("steps_mask", sa.Integer, nullable=False, comment="bit i: a row at step `step + i`"),
+    sa.Column("n_finite", sa.BigInteger, nullable=False, comment="finite values"),
+    sa.Column("total", sa.Float(53), nullable=False, comment="sum of the finite values (0 when none)"),
+    sa.Column("lo", sa.Float(53), nullable=True, comment="least finite value; NULL when none"),
+    sa.Column("hi", sa.Float(53), nullable=True, comment="greatest finite value; NULL when none"),
+    sa.Column("n_nan", sa.BigInteger, nullable=False, comment="NaN values (stored as NULL)"),
+    sa.Column("n_pos_inf", sa.BigInteger, nullable=False, comment="+inf values"),
+    sa.Column("n_neg_inf", sa.BigInteger, nullable=False, comment="-inf values"),
+    sa.Column("last_time", sa.Float(53), nullable=False, comment="latest unix time of a log call among the rows"),
+)
+# SQLite and PostgreSQL read one key's summaries by this index; DuckDB by its zone maps, as metrics
+# (a tuple of dialects: SQLAlchemy's documented form, which its type hints leave out)
+sa.Index("ix_step_summaries_run_key", step_summaries.c.run_id, step_summaries.c.key).ddl_if(
+    dialect=("sqlite", "postgresql")  # type: ignore[arg-type]
+)
 
 # One row per import of a spill file (store/spill_import.py). Insert-only, keyed by the file's id and the
 # first frame read, so a file imported twice adds nothing twice, and a file that grew after

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import sqlalchemy as sa
 
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import DTYPE_NEG_ZERO
+from multirank_logger.model.schema import DTYPE_NEG_ZERO, step_summaries
 
-__all__ = ["RankSpread", "neg_zero", "pivot_step_rank", "positions", "step_rank_cells"]
+__all__ = ["RankSpread", "key_extent", "neg_zero", "pivot_step_rank", "pivot_streamed", "positions", "step_rank_cells"]
 
 
 @dataclass
@@ -78,14 +80,18 @@ def pivot_step_rank(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, 
     step. ``seq`` None: the caller found no (rank, step) twice (and it is not counted again).
     ``frame="arrow"``: a pyarrow Table of a ``step`` column and one column per rank (named by its
     number), from the NumPy grid without pandas (``StoreReader.per_rank``)."""
+    return _step_rank_frame(*_grid(rank, seq, step, value, dtype), frame)
+
+
+def _step_rank_frame(steps: np.ndarray, ranks: np.ndarray, table: np.ndarray, frame: str) -> Any:
+    """The step x rank `table` as a pandas DataFrame (steps its index, ranks its columns), or for
+    ``frame="arrow"`` a pyarrow Table of a ``step`` column and one column per rank (named by its number)."""
     if frame != "pandas":
-        steps, ranks, table = _grid(rank, seq, step, value, dtype)
         import pyarrow as pa
 
         return pa.table({"step": steps, **{str(r): table[:, j] for j, r in enumerate(ranks.tolist())}})
     import pandas as pd
 
-    steps, ranks, table = _grid(rank, seq, step, value, dtype)
     # copy=False: pandas 3 copies an array by default (41 MB and 0.03-0.09 s for 20,000 x 256)
     return pd.DataFrame(table, index=pd.Index(steps, name="step"), columns=pd.Index(ranks.tolist(), name="rank"),
                         copy=False)  # fmt: skip
@@ -114,6 +120,60 @@ def _grid(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, value: np.
     if not (step_in.all() and rank_in.all()):
         steps, ranks, table = steps[step_in], ranks[rank_in], table[step_in][:, rank_in]
     return steps, ranks, table
+
+
+def key_extent(conn: sa.Connection, run_id: int, key: str) -> tuple[int, int, int, int, int] | None:
+    """(first step, last step, lowest rank, highest rank, rows) of one key, from its summaries
+    (store/step_summaries.py: 1/16 of its rows, and the masks of the first and last bucket give
+    the exact steps); None when the run holds no summary of it."""
+    s = step_summaries.c
+    mine = (s.run_id == run_id, s.key == key)
+    rows = s.n_finite + s.n_nan + s.n_pos_inf + s.n_neg_inf
+    low, high, rank_lo, rank_hi, count = conn.execute(
+        sa.select(sa.func.min(s.step), sa.func.max(s.step), sa.func.min(s.rank), sa.func.max(s.rank),
+                  sa.cast(sa.func.sum(rows), sa.BigInteger)).where(*mine)
+    ).one()  # fmt: skip
+    if low is None:
+        return None
+    masks = {int(low): 0, int(high): 0}
+    for step, mask in conn.execute(sa.select(s.step, s.steps_mask).where(*mine, s.step.in_(list(masks)))):
+        masks[int(step)] |= int(mask)
+    first = int(low) + (masks[int(low)] & -masks[int(low)]).bit_length() - 1
+    last = int(high) + masks[int(high)].bit_length() - 1
+    return first, last, int(rank_lo), int(rank_hi), int(count)
+
+
+def pivot_streamed(extent: tuple[int, int, int, int, int], chunks: Iterable[list[np.ndarray]], frame: str = "pandas") -> Any:
+    """`pivot_step_rank` of one key's rows arriving in chunks (rank, step, value, dtype), each placed
+    in the step x rank table as it comes and let go: the peak is the table (8 bytes a cell) and
+    a byte a cell of where a row was, not every row's columns at once. None where the cells are
+    sparse (the counting pivot's case), a row falls outside `extent`, or a rank logged a step
+    twice (its later call wins: the caller reads seq then). `frame` as `pivot_step_rank`'s."""
+    first, last, rank_lo, rank_hi, count = extent
+    n_steps, n_ranks = last - first + 1, rank_hi - rank_lo + 1
+    if n_steps * n_ranks > 4 * count + 1024 or n_steps * n_ranks >= 2**62:
+        return None
+    grid = np.full(n_steps * n_ranks, np.nan)
+    logged = np.zeros(len(grid), bool)
+    rows = 0
+    for rank, step, value, dtype in chunks:
+        cell = step - first
+        cell *= n_ranks
+        cell += rank - rank_lo
+        if len(cell) and (cell.min() < 0 or cell.max() >= len(grid)):
+            return None
+        grid[cell] = neg_zero(value, dtype)
+        logged[cell] = True
+        rows += len(cell)
+        del rank, step, value, dtype, cell
+    if np.count_nonzero(logged) != rows:
+        return None
+    table, in_cell = grid.reshape(n_steps, n_ranks), logged.reshape(n_steps, n_ranks)
+    steps, ranks = np.arange(first, last + 1), np.arange(rank_lo, rank_hi + 1)
+    step_in, rank_in = in_cell.any(axis=1), in_cell.any(axis=0)
+    if not (step_in.all() and rank_in.all()):
+        steps, ranks, table = steps[step_in], ranks[rank_in], table[step_in][:, rank_in]
+    return _step_rank_frame(steps, ranks, table, frame)
 
 
 def step_rank_cells(step: np.ndarray, rank: np.ndarray, layers: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

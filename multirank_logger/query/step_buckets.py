@@ -15,6 +15,13 @@ ranks x buckets small rows, as Arrow. From that matrix, in NumPy:
 
 A *series* is a metric key, or a StepTimer column (``timing:data_s``, ``timing:rss``, ...).
 Measured on the 51.2M-row store (benchmarks/RESULTS.md, "ui"): one key costs one scan.
+
+A long run's metric key is read from ``step_summaries`` instead (the partial aggregates the
+write path keeps per 16 steps, ``store/step_summaries.py``): about 1/16 of the key's rows, its
+bucket width rounded up to a multiple of ``SUMMARY_STEPS``. A run is long enough when its own
+width is at least half of that (``SUMMARY_STEPS // 2`` steps a bucket: 8,000 steps and more at
+the page's 2,000 buckets), so the page still gets at least half the buckets it asked for;
+a shorter run's rows are few, and read as they are, at their finer width.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
+from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import LookupFailed
-from multirank_logger.model.schema import metrics, step_timing
+from multirank_logger.model.schema import SUMMARY_STEPS, metrics, step_summaries, step_timing
 
 __all__ = ["HEATMAP_COLUMNS", "TIMING_SERIES", "BucketBuilder", "BucketSummary", "bucket_width", "summarize"]
 
@@ -248,15 +256,23 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
     mean, min or max that is not finite is dropped (NaN) and the cell marked. Measured on the
     51.2M-row store: 25% less CPU than a CASE per value.
     """
-    table, where, value = _series(run_id, series)
+    if not series.startswith("timing:") and (found := _from_summaries(fetch_arrow, run_id, series, columns)) is not None:
+        return found
+    table = _series(run_id, series)[0]
     span = fetch_arrow(sa.select(sa.func.min(table.c.step).label("a"), sa.func.max(table.c.step).label("b"))
                        .where(table.c.run_id == run_id)).to_pylist()[0]  # fmt: skip
     if span["a"] is None:
         empty = np.zeros((0, 0))
         return BucketSummary(series, [], [], 1, empty, np.zeros(0), np.zeros(0), empty.astype(bool))
-    first, width = int(span["a"]), bucket_width(int(span["a"]), int(span["b"]), columns)
+    first, last = int(span["a"]), int(span["b"])
+    return _rows_grid(fetch_arrow, run_id, series, first, last, bucket_width(first, last, columns))
+
+
+def _rows_grid(fetch_arrow: FetchArrow, run_id: int, series: str, first: int, last: int, width: int) -> BucketSummary:
+    """`summarize` from the rows, in buckets of `width` steps from `first` (steps up to `last`)."""
+    table, where, value = _series(run_id, series)
     step = table.c.step
-    wide = int(span["b"]) - first > _INT64_MAX  # `step - first` overflows int64 (DuckDB refuses, SQLite goes REAL)
+    wide = last - first > _INT64_MAX  # `step - first` overflows int64 (DuckDB refuses, SQLite goes REAL)
     if wide:
         # the bucket's number, in float: a bucket is then over 2**52 steps wide, and a step within
         # ~2**10 of an edge landing beside it changes no picture
@@ -270,27 +286,110 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
         .where(where).group_by(table.c.rank, sa.literal_column("b"))
     )  # fmt: skip
     cells = fetch_arrow(stmt)
-    rank = np.asarray(cells.column("rank").to_numpy(zero_copy_only=False), dtype=np.int64)
-    col = np.asarray(cells.column("b").to_numpy(zero_copy_only=False), dtype=np.int64)
+    rank, col = _column(cells, "rank", np.int64), _column(cells, "b", np.int64)
     # a wide run's float bucket can round up past the last bucket (its exact number: in Python's ints)
-    col = np.minimum(col, (int(span["b"]) - first) // width) if wide else col // width
+    col = np.minimum(col, (last - first) // width) if wide else col // width
+    mean, lo, hi = (np.array(_column(cells, name, float)) for name in ("mean", "lo", "hi"))  # written below
+    bad = _column(cells, "nulls", float) > 0
+    for m in (mean, lo, hi):  # an inf among the bucket's values: its mean, min or max is not finite
+        bad |= np.isinf(m)
+        m[np.isinf(m)] = np.nan
+    return _matrix(series, first, width, rank, col, mean, lo, hi, bad)
+
+
+def _column(cells: Any, name: str, dtype: Any) -> np.ndarray:
+    # not pyarrow's to_numpy, which imports pandas (0.3-0.5 s of the page's first answer)
+    return np.asarray(column_numpy(cells.column(name), null=np.nan), dtype=dtype)
+
+
+def _from_summaries(fetch_arrow: FetchArrow, run_id: int, key: str, columns: int) -> BucketSummary | None:
+    """`summarize` of a metric key from ``step_summaries``, or None where the run is too short
+    for them (see the module docstring), has none, or spans past int64."""
+    s = step_summaries.c
+    span = fetch_arrow(sa.select(sa.func.min(s.step).label("a"), sa.func.max(s.step).label("b"))
+                       .where(s.run_id == run_id)).to_pylist()[0]  # fmt: skip
+    if span["a"] is None:
+        return None
+    first, last = int(span["a"]), int(span["b"]) + SUMMARY_STEPS - 1
+    width = bucket_width(first, last, columns)
+    if width < SUMMARY_STEPS // 2 or last - first > _INT64_MAX:
+        return None
+    return _summaries_grid(fetch_arrow, run_id, key, first, -(-width // SUMMARY_STEPS) * SUMMARY_STEPS)
+
+
+def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, width: int) -> BucketSummary | None:
+    """`summarize` of a metric key from its summaries, in buckets of `width` steps from `first`
+    (both multiples of SUMMARY_STEPS); None when the run holds no summary of the key."""
+    s = step_summaries.c
+    mine = (s.run_id == run_id, s.key == key)
+    sums = ("n_finite", "total", "n_nan", "n_pos_inf", "n_neg_inf")
+    cells: Any = None
+    if width == SUMMARY_STEPS:
+        # a bucket a column: about one summary row a cell, which DuckDB's GROUP BY of as many groups
+        # took 0.9 s to hash (1,024 ranks x 1,563 buckets); NumPy merges them in ~0.1 s
+        rows = fetch_arrow(sa.select(s.rank.label("rank"), (s.step - first).label("b"), *(s[n] for n in sums), s.lo, s.hi)
+                           .where(*mine))  # fmt: skip
+        cells = _merged(rows, sums, width)
+    if cells is None:
+        bucket = (s.step - first) - (s.step - first) % width
+        stmt = (
+            sa.select(s.rank.label("rank"), bucket.label("b"), *(sa.cast(sa.func.sum(s[n]), sa.Float(53)).label(n) for n in sums),
+                      sa.func.min(s.lo).label("lo"), sa.func.max(s.hi).label("hi"))
+            .where(*mine).group_by(s.rank, sa.literal_column("b"))
+        )  # fmt: skip
+        found = fetch_arrow(stmt)
+        cells = {name: _column(found, name, np.int64 if name in ("rank", "b") else float) for name in found.column_names}
+    if not len(cells["rank"]):
+        return None  # a key the run does not hold: the rows' path answers it as it always has
+    n, pos, neg = cells["n_finite"], cells["n_pos_inf"], cells["n_neg_inf"]
+    with np.errstate(invalid="ignore", divide="ignore"):  # SQL's avg: NaN where an inf was among the values
+        mean = np.where((pos + neg == 0) & (n > 0), cells["total"] / n, np.nan)
+    lo = np.where(neg > 0, np.nan, cells["lo"])  # NULL (no finite value): NaN already
+    hi = np.where(pos > 0, np.nan, cells["hi"])
+    bad = cells["n_nan"] + pos + neg > 0
+    return _matrix(key, first, width, cells["rank"], cells["b"] // width, mean, lo, hi, bad)
+
+
+def _merged(rows: Any, sums: tuple[str, ...], width: int) -> dict[str, np.ndarray] | None:
+    """Summary rows (rank, b, the `sums`, lo, hi) merged per (rank, bucket of `width`): SUM, MIN
+    (NaN: none), MAX; None where the ranks and buckets are too sparse to count them in place."""
+    rank, col = _column(rows, "rank", np.int64), _column(rows, "b", np.int64) // width
+    if not len(rank):
+        return {name: np.zeros(0) for name in ("rank", "b", *sums, "lo", "hi")}
+    low, n_cols = int(rank.min()), int(col.max()) + 1
+    size = (int(rank.max()) - low + 1) * n_cols
+    if size > 4 * len(rank) + 1024:
+        return None
+    cell = (rank - low) * n_cols + col
+    present = np.flatnonzero(np.bincount(cell, minlength=size))
+    out = {"rank": present // n_cols + low, "b": (present % n_cols) * width}
+    for name in sums:
+        out[name] = np.bincount(cell, weights=_column(rows, name, float), minlength=size)[present]
+    for name, reduce in (("lo", np.fmin), ("hi", np.fmax)):  # fmin/fmax: a NULL (NaN) loses to any value
+        merged = np.full(size, np.nan)
+        reduce.at(merged, cell, _column(rows, name, float))
+        out[name] = merged[present]
+    return out
+
+
+def _matrix(series: str, first: int, width: int, rank: np.ndarray, col: np.ndarray, mean: np.ndarray,
+            lo: np.ndarray, hi: np.ndarray, bad: np.ndarray) -> BucketSummary:  # fmt: skip
+    """The summary of per-(rank, bucket) cells: each cell's rank, bucket number, mean, min, max
+    (NaN where not finite) and whether a non-finite value fell there."""
     ranks = np.unique(rank)
     n_cols = int(col.max()) + 1 if len(col) else 0
     row = np.searchsorted(ranks, rank)
     shape = (len(ranks), n_cols)
     out = []
-    for name in ("mean", "lo", "hi"):
+    for cell_values in (mean, lo, hi):
         m = np.full(shape, np.nan)
-        m[row, col] = np.asarray(cells.column(name).to_numpy(zero_copy_only=False), dtype=float)
+        m[row, col] = cell_values
         out.append(m)
-    bad = np.zeros(shape, dtype=bool)
-    bad[row, col] = np.asarray(cells.column("nulls").to_numpy(zero_copy_only=False), dtype=float) > 0
-    for m in out:  # an inf among the bucket's values: its mean, min or max is not finite
-        bad |= np.isinf(m)
-        m[np.isinf(m)] = np.nan
+    flags = np.zeros(shape, dtype=bool)
+    flags[row, col] = bad
     steps = [first + j * width for j in range(n_cols)]
     lo, hi = np.full(n_cols, np.nan), np.full(n_cols, np.nan)
     if len(ranks):
         with _quiet():  # a bucket no rank has a finite value in: NaN
             lo, hi = np.nanmin(out[1], axis=0), np.nanmax(out[2], axis=0)
-    return BucketSummary(series, ranks.tolist(), steps, width, out[0], lo, hi, bad)
+    return BucketSummary(series, ranks.tolist(), steps, width, out[0], lo, hi, flags)

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from multirank_logger.errors import ResumeRefused, RunIdentityMismatch
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, attempts, metadata, metrics, runs
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, attempts, metadata, metrics, runs, step_summaries
 from multirank_logger.store.sql_store import Store
 from multirank_logger.store.status import RUNNING, close_earlier_launches
 
@@ -272,12 +272,15 @@ def drop_if_never_launched(store: Store, run_id: int) -> bool:
 
 def orphan_runs(conn: sa.Connection) -> list[tuple[int, int]]:
     """(run id, rows) of metric rows whose run has no ``runs`` row: written under an identity
-    rank 0's store never allocated. Never expected; reported by ``multirank-logger runs``."""
-    known = sa.select(runs.c.id)
+    rank 0's store never allocated. Never expected; reported by ``multirank-logger runs``.
+
+    Counted from ``step_summaries``, which every insert of metric rows keeps beside them
+    (store/step_summaries.py): a scan of every metric row was 1.9 s of `runs` at 256M rows."""
+    s = step_summaries.c
     stmt = (
-        sa.select(metrics.c.run_id, sa.func.count())
-        .where(metrics.c.run_id.not_in(known))
-        .group_by(metrics.c.run_id)
-        .order_by(metrics.c.run_id)
+        sa.select(s.run_id, sa.func.sum(s.n_finite + s.n_nan + s.n_pos_inf + s.n_neg_inf))
+        .where(s.run_id.not_in(sa.select(runs.c.id)))
+        .group_by(s.run_id)
+        .order_by(s.run_id)
     )
     return [(int(r[0]), int(r[1])) for r in conn.execute(stmt)]

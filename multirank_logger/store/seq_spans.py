@@ -14,7 +14,8 @@ Every insert of metric rows (`Store.write`, a spill import) goes through `insert
 - an overlap (a batch retried after a commit its writer never saw, a spill file imported
   again, a call cut in two between batches): the rows of the overlapping seqs that the store
   holds already, by (rank, seq, key), are read back and left out; the others go in;
-- the ranges are then extended (or a new one added) to cover what was inserted.
+- the ranges are then extended (or a new one added) to cover what was inserted;
+- the inserted rows' summaries go in beside them (store/step_summaries.py).
 
 The spans only ever cover more than is stored, never less, so a row stored once is always
 found before it could be stored again. Rows inserted behind the store's back (raw SQL) are
@@ -31,6 +32,7 @@ import sqlalchemy as sa
 
 from multirank_logger.model.batch import column_lists, take_rows
 from multirank_logger.model.schema import metric_spans, metrics
+from multirank_logger.store.step_summaries import insert_summaries
 
 __all__ = ["insert_unstored"]
 
@@ -48,6 +50,7 @@ def insert_unstored(conn: sa.Connection, backend: Any, batch: Any) -> int:
         batch = _without_stored_rows(conn, batch, ranges, stored)
     if len(batch):
         backend.insert_metrics(conn, metrics, batch)
+        insert_summaries(conn, backend, batch)  # of exactly the rows inserted: they never disagree
         _record(conn, ranges, stored)
     return len(batch)
 

@@ -290,6 +290,17 @@ class Backend:
         )
         return per_rank_columns([row_columns(chunk, PER_RANK_TYPES) for chunk in self.row_chunks(conn, stmt)])
 
+    def per_rank_chunks(self, conn: sa.Connection, run_id: int, key: str) -> Iterator[list[np.ndarray]]:
+        """One key's rows of every rank as columns (rank, step, value with NaN for NULL, dtype), a
+        chunk at a time, in no order: `per_rank` places each chunk and lets it go."""
+        stmt = sa.select(metrics.c.rank, metrics.c.step, metrics.c.value, metrics.c.dtype).where(
+            metrics.c.run_id == run_id, metrics.c.key == key
+        )
+        types = [PER_RANK_TYPES[0], *PER_RANK_TYPES[2:]]
+        for chunk in self.row_chunks(conn, stmt):
+            rank, step, value, dtype = row_columns(chunk, types)
+            yield [rank, step, value, dtype]
+
     def hold_snapshot(self, conn: sa.Connection) -> None:
         """Make the reads that follow on `conn` see one state of the store, though a run may
         still be writing (the export reads the keys, then the rows: a key first logged between

@@ -1,0 +1,132 @@
+"""Summaries kept at ingest: per (run, rank, key, bucket of ``SUMMARY_STEPS`` steps), what the rows hold.
+
+Every insert of metric rows (`seq_spans.insert_unstored`: a flush, rank 0 writing what it
+received, a spill file's import) adds, in the same transaction, one ``step_summaries`` row per
+(run, rank, key, bucket) of the rows it inserted: the finite values' count, sum, min and max,
+the NaN, +inf and -inf counts, a mask of the steps logged and the latest call's time. Those
+are *partial* aggregates: a bucket cut by two flushes, re-logged by a resumed run or filled by
+an import has several rows, and a reader merges them (SUM of the counts and sums, MIN, MAX, OR
+of the masks). The rows a retried batch or a second import leaves out (already stored) are
+left out here too, so the summaries and the rows never disagree
+(tests/test_step_summaries.py checks it over random runs).
+
+Readers: the page's per-bucket answer for a long run (``query/step_buckets.py``) and the runs
+list (``query/reader.py``): a read of about 1/``SUMMARY_STEPS`` of the rows of a key, or of
+the run.
+
+The cost on the write path is a sort of the batch's rows by (run, rank, key, bucket) and one
+INSERT of about (rows / keys / SUMMARY_STEPS) x keys rows (benchmarks/RESULTS.md, ingest).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import sqlalchemy as sa
+
+from multirank_logger.model.batch import arrow_schema, numeric
+from multirank_logger.model.schema import SUMMARY_STEPS, step_summaries
+
+__all__ = ["SUMMARIES_SCHEMA", "backfill", "insert_summaries", "summary_batch"]
+
+#: the Arrow schema of a batch of `step_summaries` rows
+SUMMARIES_SCHEMA = arrow_schema(step_summaries)
+#: the largest finite double, as SQL text: past it, +inf
+_LARGEST = "1.7976931348623157e+308"
+
+
+def insert_summaries(conn: sa.Connection, backend: Any, batch: pa.RecordBatch) -> None:
+    """Add the summaries of `batch` (metric rows just inserted) on the open transaction."""
+    if len(batch):
+        backend.insert_metrics(conn, step_summaries, summary_batch(batch))
+
+
+def _numpy(column: Any, dtype: Any) -> np.ndarray:
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _key_codes(column: Any) -> tuple[np.ndarray, pa.Array]:
+    """Each row's key as a code into a dictionary of distinct keys (a batch's dictionary may repeat one)."""
+    if not isinstance(column, pa.DictionaryArray):
+        column = column.dictionary_encode()
+    names = column.dictionary.to_numpy(zero_copy_only=False).astype(object)
+    distinct, first_of = np.unique(names, return_inverse=True)
+    codes = np.asarray(first_of, np.int64)[_numpy(column.indices, np.int64)]
+    return codes, pa.array(distinct.tolist(), pa.string())
+
+
+def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The `step_summaries` rows of a batch of metric rows (``batch.METRICS_SCHEMA``): one per
+    (run, rank, key, bucket) among them."""
+    run_id, rank = _numpy(batch.column("run_id"), np.int64), _numpy(batch.column("rank"), np.int64)
+    step, time = _numpy(batch.column("step"), np.int64), _numpy(batch.column("time"), np.float64)
+    value = batch.column("value")
+    values = value.to_numpy(zero_copy_only=False)  # NULL (a NaN) as NaN
+    values = np.asarray(values, np.float64)
+    codes, keys = _key_codes(batch.column("key"))
+    first = step - np.mod(step, SUMMARY_STEPS)  # the bucket's first step (floor: also below 0)
+    order = np.lexsort((first, codes, rank, run_id))
+    run_id, rank, codes, first = run_id[order], rank[order], codes[order], first[order]
+    bit = np.left_shift(1, (step[order] - first)).astype(np.int64)
+    time, values = time[order], values[order]
+    changed = np.zeros(len(order), bool)
+    changed[0] = True
+    for col in (run_id, rank, codes, first):
+        changed[1:] |= col[1:] != col[:-1]
+    starts = np.flatnonzero(changed)
+    finite = np.isfinite(values)
+    n_finite = np.add.reduceat(finite.astype(np.int64), starts)
+    with np.errstate(invalid="ignore"):
+        total = np.add.reduceat(np.where(finite, values, 0.0), starts)
+        lo = np.fmin.reduceat(np.where(finite, values, np.nan), starts)
+        hi = np.fmax.reduceat(np.where(finite, values, np.nan), starts)
+    columns: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
+        "run_id": (run_id[starts], None),
+        "rank": (rank[starts], None),
+        "step": (first[starts], None),
+        "steps_mask": (np.bitwise_or.reduceat(bit, starts), None),
+        "n_finite": (n_finite, None),
+        "total": (total, None),
+        "lo": (lo, n_finite > 0),
+        "hi": (hi, n_finite > 0),
+        "n_nan": (np.add.reduceat(np.isnan(values).astype(np.int64), starts), None),
+        "n_pos_inf": (np.add.reduceat((values == np.inf).astype(np.int64), starts), None),
+        "n_neg_inf": (np.add.reduceat((values == -np.inf).astype(np.int64), starts), None),
+        "last_time": (np.maximum.reduceat(time, starts), None),
+    }
+    arrays = []
+    for field in SUMMARIES_SCHEMA:
+        if field.name == "key":
+            arrays.append(pa.DictionaryArray.from_arrays(numeric(pa.int32(), codes[starts].astype(np.int32)), keys))
+            continue
+        data, valid = columns[field.name]
+        kind = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}[field.type]
+        if valid is not None and valid.all():
+            valid = None
+        arrays.append(numeric(field.type, np.ascontiguousarray(data, dtype=kind), valid))
+    return pa.RecordBatch.from_arrays(arrays, schema=SUMMARIES_SCHEMA)
+
+
+def backfill(metrics_table: str = "metrics", summaries_table: str = "step_summaries", where: str = "") -> str:
+    """The SQL (SQLite, DuckDB and PostgreSQL alike) that summarizes rows already stored: what
+    the migration to schema 0009 ran, and a bulk-loaded benchmark store runs.
+
+    The mask is a SUM of the bucket's distinct steps' bits (a distinct power of two each: their
+    OR; on DuckDB as fast as its BIT_OR); a modulo here truncates toward zero on every engine,
+    so ``((step % S) + S) % S`` is the step's place in its bucket also below 0."""
+    s = SUMMARY_STEPS
+    finite = f"(value IS NOT NULL AND value <= {_LARGEST} AND value >= -{_LARGEST})"
+    return (
+        f"INSERT INTO {summaries_table} (run_id, rank, key, step, steps_mask, n_finite, total, lo, hi, "
+        "n_nan, n_pos_inf, n_neg_inf, last_time) "
+        "SELECT run_id, rank, key, b, CAST(SUM(DISTINCT 1 << CAST(step - b AS INTEGER)) AS INTEGER), "
+        f"SUM(CASE WHEN {finite} THEN 1 ELSE 0 END), SUM(CASE WHEN {finite} THEN value ELSE 0.0 END), "
+        f"MIN(CASE WHEN {finite} THEN value END), MAX(CASE WHEN {finite} THEN value END), "
+        "SUM(CASE WHEN value IS NULL THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN value > {_LARGEST} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN value < -{_LARGEST} THEN 1 ELSE 0 END), MAX(time) "
+        f"FROM (SELECT run_id, rank, key, step, value, time, step - ((step % {s}) + {s}) % {s} AS b "
+        f"FROM {metrics_table} {where}) AS m GROUP BY run_id, rank, key, b"
+    )
