@@ -186,7 +186,7 @@ def test_upgrade_of_a_newer_store_is_one_clear_error(db_path: Path) -> None:
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.output == (f"Error: Store {public_name(db_path)} is at schema f00dfeed, which multirank_logger "
                              f"{__version__} does not know: it was written by a newer version. "
-                             "Upgrade the package: pip install -U multirank-logger\n")  # fmt: skip
+                             "Upgrade the package (from an up-to-date clone: pip install -U ./multirank-logger)\n")  # fmt: skip
     result = CliRunner().invoke(main, ["db", "current", str(db_path)])
     assert result.output == f"f00dfeed (unknown to multirank_logger {__version__}: written by a newer version)\n"
     raw = Store.for_upgrade(db_path, newer_ok=True)

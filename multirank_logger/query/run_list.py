@@ -1,0 +1,88 @@
+"""The runs list (``StoreReader.runs``): one row per run, its steps, keys and last value read from the
+step summaries kept beside the rows (store/step_summaries.py: about 1/16 of the rows), never a
+scan of the metrics, so the list costs the same at 51M rows as at 1B."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from multirank_logger.model.schema import runs, step_summaries
+from multirank_logger.store.status import ends_unknown
+
+__all__ = ["read_runs"]
+
+
+def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
+    """The runs, as ``StoreReader.runs`` documents them (a pandas DataFrame)."""
+    import pandas as pd
+
+    # from the summaries kept beside the rows (store/step_summaries.py): about 1/16 of the rows
+    s = step_summaries.c
+    per_run = (
+        sa.select(s.run_id, sa.func.count(sa.distinct(s.key)).label("n_keys"),
+                  sa.func.max(s.last_time).label("last_time"))
+        .group_by(s.run_id)
+        .subquery()
+    )  # fmt: skip
+    stmt = (
+        sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
+                  runs.c.started_at, runs.c.ended_at, per_run.c.n_keys, per_run.c.last_time,
+                  runs.c.values_spilled, runs.c.values_lost, ends_unknown().label("n_ends_unknown"), runs.c.run_uuid)
+        .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
+        .order_by(runs.c.id)
+    )
+    df = fetch_arrow(stmt).to_pandas()
+    df["n_steps"] = df["id"].map(_rank0_steps(fetch_arrow(
+        sa.select(s.run_id, s.step, s.steps_mask).where(s.rank == 0)
+    )))  # fmt: skip
+    end = df["ended_at"].astype("float64").fillna(df["last_time"].astype("float64"))
+    out = pd.DataFrame(
+        {
+            "id": df["id"].astype("int64"),
+            "run": [f"{n}/{vn}" if isinstance(vn, str) else f"{n}/version_{v}" for n, v, vn in zip(df["name"], df["version"], df["version_name"])],
+            "name": df["name"],
+            "version": df["version"].astype("int64"),
+            "status": df["status"],
+            "world_size": df["world_size"].astype("int64"),
+            "started": pd.to_datetime(df["started_at"].astype("float64"), unit="s", utc=True),
+            "duration_s": end - df["started_at"].astype("float64"),
+            "steps": _counts(df["n_steps"]),
+            "keys": _counts(df["n_keys"]),
+            # a "running" run whose last value is hours old has likely died unrecorded (SIGKILL)
+            "last_value": pd.to_datetime(df["last_time"].astype("float64"), unit="s", utc=True),
+            "values_spilled": _counts(df["values_spilled"]),
+            "values_lost": _counts(df["values_lost"]),
+            "ends_unknown": _counts(df["n_ends_unknown"]),
+            "uuid": df["run_uuid"].astype("object").where(df["run_uuid"].notna(), None),
+        }
+    )
+    return out
+
+
+def _rank0_steps(cells: Any) -> dict[int, int]:
+    """Per run, the distinct steps rank 0 logged, from its summaries (run_id, step, steps_mask):
+    each bucket's masks OR-ed (a bucket written by several inserts has several rows), then counted."""
+    import numpy as np
+
+    if not cells.num_rows:
+        return {}
+    run_id, step, mask = (np.asarray(cells.column(c).to_numpy(zero_copy_only=False), np.int64)
+                          for c in ("run_id", "step", "steps_mask"))  # fmt: skip
+    order = np.lexsort((step, run_id))
+    run_id, step, mask = run_id[order], step[order], mask[order]
+    starts = np.flatnonzero(np.r_[True, (run_id[1:] != run_id[:-1]) | (step[1:] != step[:-1])])
+    merged = np.bitwise_or.reduceat(mask, starts).astype("<u2")
+    bits = np.unpackbits(merged.view(np.uint8)).reshape(len(merged), 16).sum(axis=1)
+    runs_, first = np.unique(run_id[starts], return_index=True)
+    return dict(zip(runs_.tolist(), np.add.reduceat(bits, first).tolist()))
+
+
+def _counts(column: Any) -> Any:
+    """A count column with NULL for none, as int64 0 for none. Numeric first: pandas 2.x warns
+    (FutureWarning) when fillna downcasts an all-NULL object column."""
+    import pandas as pd
+
+    return pd.to_numeric(column).fillna(0).astype("int64")
