@@ -83,6 +83,7 @@ class _Key:
         self.counted = 0  # closed steps with MIN_RANKS values
         self.new_steps = False
         self.newest: int | None = None
+        self.first_arrival = math.inf  # when its first row arrived: the ranks that log it are known close_after later
 
 
 class LiveJudgement:
@@ -187,6 +188,7 @@ class LiveJudgement:
             steps, ranks, values = steps[inside], ranks[inside], values[inside]
         if len(steps):
             key.ranks_seen[ranks] = True
+            key.first_arrival = min(key.first_arrival, now)
             key.chunks.append((steps, ranks, values, np.full(len(steps), now)))
 
     # -- judging ----------------------------------------------------------------------------
@@ -217,8 +219,11 @@ class LiveJudgement:
         have[inv, ranks] = True
         first_seen = np.full(len(uniq), np.inf)
         np.minimum.at(first_seen, inv, arrived)
+        # the ranks that log the key: every rank, or those seen once close_after has passed since its
+        # first row (a slow rank's first rows come late: its early steps must not close without it)
         expected = int(key.ranks_seen.sum())
-        done = (have.sum(axis=1) >= expected) | (now - first_seen >= self.close_after) | final
+        known = expected == self.world or now - key.first_arrival >= self.close_after
+        done = ((have.sum(axis=1) >= expected) & known) | (now - first_seen >= self.close_after) | final
         # a later step closed with an earlier one open would come before it: close a prefix only
         n = len(done) if done.all() else int(np.argmin(done))
         if n == 0:

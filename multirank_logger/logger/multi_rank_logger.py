@@ -356,9 +356,12 @@ class MultiRankLogger(Logger):
 def _dropped(run: RankRun) -> None:
     """The logger was collected (never finalized, or finalized and dropped): leave no environment
     variable and no thread behind. Its writer thread (which keeps the run alive, not the logger)
-    writes what is left, then ends. Returns at once: the collector may run in any thread."""
+    writes what is left, then ends; so does rank 0's watch. Returns at once: the collector may run
+    in any thread."""
     run.board.withdraw()
     run.hot_path.writer.finish_soon()
+    if run.watch is not None:
+        run.watch.stop_soon()
 
 
 #: the Lightning classes the logger is an instance of, in both packages (_util/lightning_compat.py).

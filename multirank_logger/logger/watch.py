@@ -89,18 +89,23 @@ class Watch:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="multirank-logger-watch", daemon=True)
+            self._thread = _WatchThread(self)
             self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Judge what arrived so far (within `timeout`), then end the thread; the alerts raised are
-        recorded before the writer's last cycle."""
+    def stop_soon(self) -> None:
+        """Ask the thread to judge what arrived, then end; returns at once (the logger was
+        collected: called from whatever thread the collector runs in)."""
         self._stop.set()
         try:
             self._queue.put_nowait(([], []))  # wakes the thread now (a finalize must not wait out its poll)
         except queue.Full:
             pass  # it has batches to take: it is not waiting
-        if self._thread is not None:
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Judge what arrived so far (within `timeout`), then end the thread; the alerts raised are
+        recorded before the writer's last cycle."""
+        self.stop_soon()
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if self._reader is not None:
             reader, self._reader = self._reader, None
@@ -264,3 +269,15 @@ def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_
                   writers=frozenset({0}) if transport == "gather" else frozenset(), read_store=read)  # fmt: skip
     return watch, fed
 
+
+class _WatchThread(threading.Thread):
+    """The watch's daemon thread, with the ``stop()`` that test harnesses call on the daemon
+    threads a test leaves (Lightning's conftest, and the many copied from it), as the writer's."""
+
+    def __init__(self, watch: Watch) -> None:
+        super().__init__(target=watch._run, name="multirank-logger-watch", daemon=True)
+        self._watch = watch
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Judge what arrived, then end the thread (waiting up to `timeout`)."""
+        self._watch.stop(timeout)

@@ -185,6 +185,8 @@ def column_lists(batch: pa.RecordBatch, names: Sequence[str]) -> list[list[Any]]
             keys = array.dictionary.to_pylist()
             codes = column_numpy_copy(array.indices, _NUMPY_OF[array.indices.type], null=0)
             values = list(map(keys.__getitem__, codes.tolist())) if keys else [None] * len(array)
+        elif pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+            values = array.to_pylist()  # a key not dictionary-encoded (a batch built by hand, a copy of rows)
         else:  # any table's columns (metrics, step_summaries), by their Arrow type
             values = column_numpy_copy(array, _NUMPY_OF[array.type], null=0).tolist()
         nulls = _nulls(array.indices if isinstance(array, pa.DictionaryArray) else array)
