@@ -202,3 +202,41 @@ def test_gather_watch_sees_received_rows_before_the_writer_and_judges_each_once(
     finally:
         watch.stop(5.0)
     assert judged == [20, 20] and len(rows) == 1
+
+
+def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: object) -> None:
+    """StoreReader.stopped_by and runs()'s stopped_by: the `stop` alert's kind, key, rank and first
+    step; without one, the StopOnAlert decision rows (rank 0's monitor names the alert, its key
+    may hold colons); a later stop of the run is not the one said; a run nobody stopped: None."""
+    import time
+
+    from multirank_logger import open_store
+    from multirank_logger.store.sql_store import Store
+
+    store = Store(str(db_path))
+    runs = [store.create_run(name, world_size=2) for name in ("by_alert", "by_decisions", "ran_out")]
+
+    def decision(run_id: int, rank: int, seq: int, step: int, monitor: str | None, decided: bool = True) -> dict:
+        return {"run_id": run_id, "rank": rank, "seq": seq, "step": step, "callback": "StopOnAlert", "monitor": monitor,
+                "vote": monitor is not None, "decision": decided, "time": time.time()}  # fmt: skip
+
+    try:
+        store.write_side({
+            "decisions": [decision(runs[0].id, 1, 0, 64, None), decision(runs[0].id, 0, 0, 64, "departure:loss:rank 1"),
+                          decision(runs[1].id, 1, 0, 30, None), decision(runs[1].id, 0, 0, 30, "straggler:timing:data_s:rank 3"),
+                          decision(runs[1].id, 0, 1, 90, "non_finite:loss:rank 0"),
+                          decision(runs[2].id, 0, 0, 12, None, decided=False)],
+            "alerts": [{"run_id": runs[0].id, "rank": 1, "seq": 1, "kind": "stop", "key": "loss", "first_step": 60,
+                        "step_seen": 64, "seen_at": time.time(), "message": "step 64: StopOnAlert ends the fit",
+                        "detail": '{"alert_kind": "departure", "stopped_at": 64}'}],
+        })  # fmt: skip
+    finally:
+        store.close()
+    with open_store(str(db_path)) as reader:
+        listed = reader.runs()["stopped_by"].tolist()
+        found = reader.stopped_by("by_decisions")
+        assert reader.stopped_by("ran_out") is None
+    assert listed == ["stopped by StopOnAlert at step 64 (departure alert: rank 1, loss, from step 60)",
+                      "stopped by StopOnAlert at step 30 (straggler alert: rank 3, timing:data_s)", None]  # fmt: skip
+    assert found == {"step": 30, "alert_kind": "straggler", "key": "timing:data_s", "rank": 3, "first_step": None,
+                     "monitor": "straggler:timing:data_s:rank 3"}  # fmt: skip
