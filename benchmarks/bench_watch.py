@@ -1,6 +1,7 @@
 """What rank 0's watch costs, how soon it alerts, and how often it alerts on a clean run.
 
     .venv/bin/python benchmarks/bench_watch.py [--seconds 30] [--ranks 2 16 256] [--clean-runs 100]
+    .venv/bin/python benchmarks/bench_watch.py --peek-cost 16 256 --seconds 20 --ddp-latency 16
 
 Cost and latency: a synthetic feed of R ranks x 10 keys x 10 steps/s, handed to the watch as
 gather's rank 0 writer hands it (``Watch.observe``: one Arrow batch of every rank's new rows
@@ -10,6 +11,12 @@ nothing (the feed alone). The watch's cost is the difference: CPU seconds per wa
 (a share of one core) and peak RSS. At the middle of the run rank R-1 logs a NaN (key 0) and
 rank 1's key 1 goes x10 (from R >= 3): the latency is from the moment the batch with the
 NaN (the departure's first step) is handed over to the moment the alert is raised.
+
+End to end (``--ddp-latency``): a real 4-rank gather DDP training on CPU (benchmarks/_watch_latency_train.py,
+the default ``flush_interval`` of 5 s) whose ranks each log a NaN now and then, on a key of its own;
+the latency is from the rank's ``self.log`` call to rank 0's alert (its console line), once as the
+watch runs now (it looks at the rows rank 0 receives every ``PEEK_S``) and once fed by rank 0's
+writer cycles alone (``--no-peek``: the behaviour before), each in a fresh store.
 
 False alarms: the report's seeded clean noisy runs (tests/test_findings.py's ``_noisy``: a
 decaying loss, each shard its own noise and offset) fed to the watch's judgement 10 steps at a
@@ -183,12 +190,86 @@ def paced(ranks_list: list[int], seconds: float) -> None:
               f"  {on_['latency_s']} {on_['alerts']} skipped={on_['skipped']}", flush=True)  # fmt: skip
 
 
+def peek_cost(ranks_list: list[int], seconds: float) -> None:
+    """What the watch's look at the received rows costs rank 0's process (gather): `RowChannel.peek`
+    every `PEEK_S` over R-1 senders' queues, on a TCPStore server in the same process (as rank 0
+    hosts the launch's), for `seconds`; CPU seconds per wall second, the server's thread included.
+    The queues are empty: the rows a peek pops the writer's receive would pop anyway."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    from multirank_logger.logger.watch import PEEK_S
+    from multirank_logger.transport.row_channel import RowChannel
+
+    period = PEEK_S or 0.5
+    print(f"peek: RowChannel.peek every {period:g} s over R-1 senders' queues, {seconds:.0f} s each")
+    for ranks in ranks_list:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        server = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+        channel = RowChannel(f"peek-{ranks}", 0, ranks, host="127.0.0.1", port=port)
+        channel.peek()  # connected
+        cpu0, wall0, n = time.process_time(), time.monotonic(), 0
+        while time.monotonic() - wall0 < seconds:
+            channel.peek()
+            n += 1
+            time.sleep(period)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        print(f"  {ranks:>4} ranks: {cpu / n * 1e3:.2f} ms CPU per peek, {cpu / wall:.2%} of a core", flush=True)
+        channel.close()
+        del server
+
+
+def ddp_latency(flush_interval: float, probes: int) -> None:
+    """`_watch_latency_train.py` twice, the watch as it is and without its peek: each NaN's latency."""
+    import statistics
+    import tempfile
+
+    script = Path(__file__).resolve().parent / "_watch_latency_train.py"
+    print(f"end to end: 4 ranks (gather, DDP on CPU), flush_interval {flush_interval:g} s, {probes} NaNs "
+          f"(rank i % 4), from the rank's self.log to rank 0's alert; target: flush_interval + 2 s")  # fmt: skip
+    for mode in ("peek", "no-peek"):
+        with tempfile.TemporaryDirectory() as tmp:
+            args = [sys.executable, str(script), "--db", f"{tmp}/runs.duckdb", "--out", tmp,
+                    "--flush-interval", str(flush_interval), "--probes", str(probes)]  # fmt: skip
+            proc = subprocess.run(args + (["--no-peek"] if mode == "no-peek" else []), capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"{mode}: the training failed:\n{proc.stderr[-3000:]}")
+            logged = {}
+            for path in Path(tmp).glob("logged-*.jsonl"):
+                for line in path.read_text().splitlines():
+                    row = json.loads(line)
+                    logged[row["key"]] = row
+            alerts = {}
+            alerts_file = Path(tmp) / "alerts.jsonl"
+            for line in alerts_file.read_text().splitlines() if alerts_file.exists() else []:
+                row = json.loads(line)
+                alerts.setdefault(row["key"], row)
+        late = {key: alerts[key]["t"] - row["t"] for key, row in logged.items() if key in alerts}
+        for who, ranks in (("ranks 1-3 (sent to rank 0)", {1, 2, 3}), ("rank 0 (its own rows)", {0})):
+            got = sorted(v for k, v in late.items() if logged[k]["rank"] in ranks)
+            n = sum(1 for row in logged.values() if row["rank"] in ranks)
+            if got:
+                print(f"  {mode:>7} {who:<27} {len(got)}/{n} alerted: median {statistics.median(got):.2f} s, "
+                      f"max {got[-1]:.2f} s  {[round(v, 2) for v in got]}", flush=True)  # fmt: skip
+            else:
+                print(f"  {mode:>7} {who:<27} 0/{n} alerted", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--ranks", type=int, nargs="*", default=[2, 16, 256], help="the paced feeds' ranks (none: skip)")
     parser.add_argument("--clean-runs", type=int, default=100)
     parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the unpaced 256-rank run (0: none)")
+    parser.add_argument("--ddp-latency", type=int, default=0, metavar="NANS",
+                        help="the end-to-end latency on a real 4-rank training with NANS NaNs, then exit (0: none)")
+    parser.add_argument("--flush-interval", type=float, default=5.0, help="--ddp-latency's flush_interval")
+    parser.add_argument("--peek-cost", type=int, nargs="*", default=[], metavar="RANKS",
+                        help="what the watch's look at the received rows costs at RANKS ranks (--seconds each), then exit")
     parser.add_argument("--one", nargs=3, metavar=("RANKS", "SECONDS", "WATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--long", nargs=2, type=int, metavar=("RANKS", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -197,6 +278,12 @@ def main() -> None:
         return
     if args.long:
         print(json.dumps(long_run(*args.long)))
+        return
+    if args.peek_cost:
+        peek_cost(args.peek_cost, args.seconds)
+    if args.ddp_latency:
+        ddp_latency(args.flush_interval, args.ddp_latency)
+    if args.peek_cost or args.ddp_latency:
         return
     if args.ranks:
         paced(args.ranks, args.seconds)

@@ -148,14 +148,17 @@ def _frame_text(df: Any, index: bool = True, max_rows: int | None = None) -> str
 
 
 
-def _status_text(status: str, started: Any, last_value: Any, spilled: int, lost: int, unknown: int) -> str:
+def _status_text(status: str, started: Any, last_value: Any, stopped_by: str | None, spilled: int, lost: int,
+                 unknown: int) -> str:  # fmt: skip
     """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
     killer) never records its end, and only its silence tells it from a live one. Any other
-    run with what it lacks (an incomplete one: why it is not a success)."""
+    run with why it stopped early (StopOnAlert) and what it lacks (an incomplete one: why it is
+    not a success)."""
     if status != "running":
         lacks = [f"{spilled} value(s) in spill files" if spilled else "", f"{lost} lost" if lost else "",
                  f"{unknown} rank end(s) never heard" if unknown else ""]
         lacks = [text for text in lacks if text]
+        status = f"{status}, {stopped_by}" if stopped_by else status
         return f"{status} ({', '.join(lacks)})" if lacks else status
     import pandas as pd
 
@@ -186,9 +189,10 @@ def runs_cmd(db_path: str, fmt: str) -> None:
         click.echo(f"No runs in {public_name(db_path)}.")
         return
     lacks = ("values_spilled", "values_lost", "ends_unknown")
-    df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"], *(df[c] for c in lacks))]
+    df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"], df["stopped_by"],
+                                                      *(df[c] for c in lacks))]  # fmt: skip
     # the uuid (36 characters) only in csv and json: the table stays one readable line per run
-    df = df.drop(columns=["name", "version", "last_value", "uuid", *lacks])
+    df = df.drop(columns=["name", "version", "last_value", "uuid", "stopped_by", *lacks])
     df["started"] = df["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
     df["duration_s"] = df["duration_s"].map(_duration)
     names = {"duration_s": "duration", "world_size": "ranks", "started": "started (UTC)"}

@@ -140,6 +140,30 @@ def test_done_waits_for_every_row_to_be_received(server: dist.TCPStore) -> None:
     assert rank0.done_ranks() == {1: "success"}
 
 
+def test_a_peek_shows_rows_early_and_acknowledges_nothing(server: dist.TCPStore) -> None:
+    """peek (rank 0's watch) hands each new batch once; the sender keeps it unacknowledged and
+    the rank not done until receive() returned it and came back, as without the peek; a
+    damaged payload is left for receive to count."""
+    rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=server.port)
+    rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
+    rank0.receive()
+    first, second, last = _batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 1, first_seq=5)
+    rank1.send(first)
+    rank1._client().queue_push("rows/1", encode_batch(_batch(1, 4, first_seq=9))[:-20])
+    rank1.send(second)
+    assert [b.equals(w) for b, w in zip(rank0.peek(), [first, second])] == [True, True]
+    assert rank0.peek() == []  # each batch once
+    rank1.send(last)
+    rank1.mark_done("success")
+    assert [b.equals(last) for b in rank0.peek()] == [True]
+    assert rank1.unacknowledged_values() == 12 and rank0.done_ranks() == {}  # looked at, not taken
+    got = rank0.receive()
+    assert [b.equals(w) for b, w in zip(got, [first, second, last])] == [True, True, True] and len(got) == 3
+    assert rank0.damaged_batches == 1 and rank0.done_ranks() == {1: "success"}
+    assert rank1.unacknowledged_values() == 12  # acknowledged at the writer's next receive, as ever
+    assert rank0.receive() == [] and rank1.unacknowledged_values() == 0
+
+
 def test_a_damaged_payload_is_reported_and_the_rest_arrives(
     server: dist.TCPStore, caplog: pytest.LogCaptureFixture
 ) -> None:

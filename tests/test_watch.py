@@ -149,3 +149,94 @@ def test_direct_watch_reads_the_ranks_rows_while_they_are_written(many_writers_d
         store.close()
     assert [(r["kind"], r["rank"], r["key"], r["first_step"]) for r in rows] == [
         ("non_finite", 2, "loss", 30), ("departure", 1, "loss", 60)]  # fmt: skip
+
+
+def test_gather_watch_sees_received_rows_before_the_writer_and_judges_each_once() -> None:
+    """transport='gather': the watch looks at the rows rank 0 received (`RowChannel.peek`) before
+    its writer takes them: a sender's NaN is alerted with no writer cycle at all; when the writer
+    hands the same batches over (`observe`), none is judged again, and the next batch still is."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from multirank_logger.logger.watch import Watch
+    from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.write.buffer import RecordBuffer
+    from tests.helpers.launches import free_port
+
+    server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    rank0 = RowChannel("w", 0, 2, host="127.0.0.1", port=server.port)
+    rank1 = RowChannel("w", 1, 2, host="127.0.0.1", port=server.port)
+    judged: list[int] = []
+
+    class Counted(Watch):
+        def _add_batch(self, batch, now):  # type: ignore[no-untyped-def]
+            judged.append(len(batch))
+            super()._add_batch(batch, now)
+
+    rows: list[dict] = []
+    watch = Counted(1, 2, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=60.0,
+                    writers=frozenset({0}), peek=rank0.peek)  # fmt: skip
+    buffer = RecordBuffer()
+
+    def send(first: int, nan_at: int | None = None) -> None:
+        for step in range(first, first + 10):
+            buffer.append(step, {"loss": float("nan") if step == nan_at else 1.0, "acc": 0.5})
+        rank1.send(buffer.encode(buffer.take(), 1, 1))
+
+    watch.start()
+    try:
+        send(0, nan_at=4)
+        deadline = time.monotonic() + 20
+        while not rows and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [(r["kind"], r["rank"], r["key"], r["first_step"]) for r in rows] == [("non_finite", 1, "loss", 4)]
+        assert judged == [20]  # from the peek: the writer has received nothing yet
+        watch.observe(rank0.receive(), [])  # the writer's cycle hands the same batch over
+        send(10, nan_at=15)  # "acc" stays finite; "loss" already alerted for rank 1: no new alert
+        watch.observe(rank0.receive(), [])  # whichever takes it first, a peek or this receive: judged once
+        deadline = time.monotonic() + 20
+        while sum(judged) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop(5.0)
+    assert judged == [20, 20] and len(rows) == 1
+
+
+def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: object) -> None:
+    """StoreReader.stopped_by and runs()'s stopped_by: the `stop` alert's kind, key, rank and first
+    step; without one, the StopOnAlert decision rows (rank 0's monitor names the alert, its key
+    may hold colons); a later stop of the run is not the one said; a run nobody stopped: None."""
+    import time
+
+    from multirank_logger import open_store
+    from multirank_logger.store.sql_store import Store
+
+    store = Store(str(db_path))
+    runs = [store.create_run(name, world_size=2) for name in ("by_alert", "by_decisions", "ran_out")]
+
+    def decision(run_id: int, rank: int, seq: int, step: int, monitor: str | None, decided: bool = True) -> dict:
+        return {"run_id": run_id, "rank": rank, "seq": seq, "step": step, "callback": "StopOnAlert", "monitor": monitor,
+                "vote": monitor is not None, "decision": decided, "time": time.time()}  # fmt: skip
+
+    try:
+        store.write_side({
+            "decisions": [decision(runs[0].id, 1, 0, 64, None), decision(runs[0].id, 0, 0, 64, "departure:loss:rank 1"),
+                          decision(runs[1].id, 1, 0, 30, None), decision(runs[1].id, 0, 0, 30, "straggler:timing:data_s:rank 3"),
+                          decision(runs[1].id, 0, 1, 90, "non_finite:loss:rank 0"),
+                          decision(runs[2].id, 0, 0, 12, None, decided=False)],
+            "alerts": [{"run_id": runs[0].id, "rank": 1, "seq": 1, "kind": "stop", "key": "loss", "first_step": 60,
+                        "step_seen": 64, "seen_at": time.time(), "message": "step 64: StopOnAlert ends the fit",
+                        "detail": '{"alert_kind": "departure", "stopped_at": 64}'}],
+        })  # fmt: skip
+    finally:
+        store.close()
+    with open_store(str(db_path)) as reader:
+        listed = reader.runs()["stopped_by"].tolist()
+        found = reader.stopped_by("by_decisions")
+        assert reader.stopped_by("ran_out") is None
+    assert listed == ["stopped by StopOnAlert at step 64 (departure alert: rank 1, loss, from step 60)",
+                      "stopped by StopOnAlert at step 30 (straggler alert: rank 3, timing:data_s)", None]  # fmt: skip
+    assert found == {"step": 30, "alert_kind": "straggler", "key": "timing:data_s", "rank": 3, "first_step": None,
+                     "monitor": "straggler:timing:data_s:rank 3"}  # fmt: skip

@@ -134,13 +134,32 @@ def test_stop_on_alert_stops_every_rank_at_one_step(trained: tuple[Path, str, li
     assert len(steps) == 1
     stop = steps.pop()
     assert 60 < stop < 250
-    decisions = query(db, "SELECT rank, step, vote, decision FROM decisions WHERE run_id = 1 AND callback = 'StopOnAlert' "
-                          "ORDER BY rank")  # fmt: skip
-    assert decisions == [(0, stop, 1, 1), (1, stop, 0, 1), (2, stop, 0, 1), (3, stop, 0, 1)]
+    for run_id in (1, 2):  # each logger's run records the stop (the alerts are the first logger's)
+        decisions = query(db, f"SELECT rank, step, vote, decision FROM decisions WHERE run_id = {run_id} "
+                              "AND callback = 'StopOnAlert' ORDER BY rank")  # fmt: skip
+        assert decisions == [(0, stop, 1, 1), (1, stop, 0, 1), (2, stop, 0, 1), (3, stop, 0, 1)]
     for run_id in (1, 2):
         counts = query(db, f"SELECT rank, COUNT(DISTINCT step), MAX(step), COUNT(*) FROM metrics WHERE run_id = {run_id} "
                            "AND key = 'train_loss' GROUP BY rank ORDER BY rank")  # fmt: skip
         assert counts == [(r, stop, stop - 1, stop) for r in range(4)]
+
+
+def test_runs_and_report_say_the_run_was_stopped(trained: tuple[Path, str, list[dict[str, Any]]]) -> None:
+    """`runs` and `report` say which step StopOnAlert stopped the run at, and for which alert, from
+    the stored rows: the first logger's `stop` alert, the second's decision rows (no alert of its
+    own); the status stays success."""
+    db, _, _ = trained
+    stop = int((db.parent / "steps-0.txt").read_text())
+    why = f"stopped by StopOnAlert at step {stop:,} (departure alert: rank 1, train_loss"
+    listed = CliRunner().invoke(main, ["runs", str(db)])
+    assert listed.exit_code == 0, listed.output
+    lines = [line for line in listed.output.splitlines() if "version_" in line]
+    assert f"success, {why}, from step 60)" in lines[0] and f"success, {why})" in lines[1], listed.output
+    data = json.loads(CliRunner().invoke(main, ["runs", str(db), "--format", "json"]).output)
+    assert [(r["status"], r["stopped_by"]) for r in data] == [("success", f"{why}, from step 60)"), ("success", f"{why})")]
+    for run, end in (("watched", ", from step 60)"), ("hanging", ")")):
+        text = CliRunner().invoke(main, ["report", str(db), "--run", run]).output
+        assert text.splitlines()[1] == f"S{why[1:]}{end}: the fit ended there on every rank.", text[:600]
 
 
 def test_the_page_shows_alerts_live(trained: tuple[Path, str, list[dict[str, Any]]], tmp_path: Path) -> None:

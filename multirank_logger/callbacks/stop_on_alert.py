@@ -9,9 +9,12 @@ the others: no), the votes are reduced through ``trainer.strategy.reduce_boolean
 ends the fit at the same step everywhere. The reduction is the callback's, in Lightning's
 hook, as EarlyStopping's is; the logger itself never runs a collective.
 
-What it records: each rank a row of the ``decisions`` table (callback ``StopOnAlert``, the
-alert as the monitor, its own vote and the decision), and rank 0 an alert of kind ``stop`` (its
-console line, the ``alerts`` table, ``on_alert`` and the webhook). Nothing logged is lost: the
+The alerts are the Trainer's first `MultiRankLogger`'s. What it records: each rank a row of the
+``decisions`` table in each MultiRankLogger's run (callback ``StopOnAlert``, the alert as the
+monitor, ``kind:key:rank N``, its own vote and the decision), and rank 0 an alert of kind ``stop``
+in the first's (its console line, the ``alerts`` table, ``on_alert`` and the webhook). From those
+rows ``multirank-logger runs`` and ``report`` say the run was stopped, at which step, for which
+alert (``StoreReader.stopped_by``); the run's status stays the one its end records (``success``). Nothing logged is lost: the
 fit ends as at ``max_steps``, and the logger's finalize stores every row.
 
 Example::
@@ -66,7 +69,8 @@ class StopOnAlert(Callback):
             raise ValueError(f"check_every_n_steps={check_every_n_steps!r}: pass a whole number of steps, 1 or more.")
         self.kinds = chosen
         self.every = check_every_n_steps
-        self._logger: MultiRankLogger | None = None
+        self._logger: MultiRankLogger | None = None  # the one whose alerts stop the fit
+        self._loggers: list[MultiRankLogger] = []
         #: the alert that stopped the fit (rank 0), and the step it stopped at (every rank)
         self.stopped_by: Alert | None = None
         self.stopped_at: int | None = None
@@ -78,6 +82,7 @@ class StopOnAlert(Callback):
         if not loggers:
             raise NoMultiRankLogger([type(lg).__name__ for lg in trainer.loggers])
         self._logger = loggers[0]
+        self._loggers = loggers  # each records the stop: every run of the fit says why it ended there
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -92,11 +97,12 @@ class StopOnAlert(Callback):
         trainer.should_stop = True
         self.stopped_at = trainer.global_step
         self.stopped_by = alert
-        self._logger.record(
-            "decisions", step=trainer.global_step, epoch=trainer.current_epoch, callback=type(self).__name__,
-            monitor=f"{alert.kind}:{alert.key}:rank {alert.rank}" if alert is not None else None,
-            value=None, vote=vote, decision=True, time=time.time(),
-        )  # fmt: skip
+        for logger in self._loggers:
+            logger.record(
+                "decisions", step=trainer.global_step, epoch=trainer.current_epoch, callback=type(self).__name__,
+                monitor=f"{alert.kind}:{alert.key}:rank {alert.rank}" if alert is not None else None,
+                value=None, vote=vote, decision=True, time=time.time(),
+            )  # fmt: skip
         if alert is not None:
             self._logger.stopped_by_alert(alert, trainer.global_step)
 

@@ -123,7 +123,8 @@ class RankRun:
                 outlets = AlertOutlets(self.hot_path.side.add, settings.on_alert, settings.alert_url)
                 per_transaction = backend_for(settings.url).opens_per_transaction
                 watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction,
-                                       outlets, close_after=max(10.0, 2 * settings.flush_interval + 2))  # fmt: skip
+                                       outlets, close_after=max(10.0, 2 * settings.flush_interval + 2),
+                                       peek=getattr(setup.sink, "peek", None))  # fmt: skip
                 watch.start()
             except Exception as exc:  # noqa: BLE001 - the watch never takes the training down
                 self.watch_failed = True

@@ -7,6 +7,11 @@ rank 0, never on the training thread and never in the writer's way:
   (its own and those received, metrics and StepTimer's rows) to the watch's bounded queue
   (``BackgroundWriter.observe``), without waiting. A watch that falls behind drops what the
   queue cannot take (never a row of the store: only the watch skips ahead) and says so once.
+  The other ranks' metric rows it also looks at as they arrive, every ``PEEK_S``
+  (``GatherReceiver.peek``: nothing acknowledged, nothing taken from the writer, which
+  receives, stores and acknowledges them at its cycle as ever), so an alert waits for the
+  sender's flush only, not for rank 0's next cycle too; a batch seen so is not judged again
+  when the writer hands it over.
 - ``direct`` and ``node``: the watch reads the rows the ranks wrote from the store, read-only,
   every ``POLL_S``: on SQLite (WAL: a reader never blocks a writer) and PostgreSQL. A DuckDB
   file is never held (its writers open it per transaction, `Backend.opens_per_transaction`: a
@@ -25,6 +30,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,6 +50,11 @@ log = logging.getLogger(__name__)
 QUEUE_BATCHES = 256
 #: seconds between two judgements (closing steps, departures)
 JUDGE_S = 1.0
+#: seconds between two looks at the rows the other ranks sent rank 0 (gather); None: never (the
+#: writer's cycles alone feed the watch: up to two flush intervals from a log call to its alert)
+PEEK_S: float | None = 0.5
+#: batches looked at early whose writer's hand-over is still awaited, at most (then the oldest go)
+PEEKED_MAX = 65_536
 #: seconds between two reads of the store (direct and node transports)
 POLL_S = 1.0
 #: seconds between two reads of the run's keys (direct and node)
@@ -63,10 +74,13 @@ class Watch:
         writers: ranks that write the others' rows (memory judged as the report does).
         read_store: for direct and node: the store's URL to read the ranks' rows from (None:
             fed by the writer).
+        peek: for gather: the batches rank 0 received that its writer has not taken yet
+            (``GatherReceiver.peek``), called every ``PEEK_S``.
     """
 
     def __init__(self, run_id: int, world_size: int, outlets: AlertOutlets, *, close_after: float,
-                 writers: frozenset[int] = frozenset(), read_store: Any = None) -> None:  # fmt: skip
+                 writers: frozenset[int] = frozenset(), read_store: Any = None,
+                 peek: Callable[[], list[pa.RecordBatch]] | None = None) -> None:  # fmt: skip
         self.run_id = run_id
         self.world_size = world_size
         self.outlets = outlets
@@ -74,6 +88,9 @@ class Watch:
         self._queue: queue.Queue[tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]] = \
             queue.Queue(QUEUE_BATCHES)  # fmt: skip
         self._read_store = read_store
+        self._peek = peek if PEEK_S is not None else None
+        #: batches judged from a peek, awaited from the writer (not to be judged twice), oldest first
+        self._peeked: dict[tuple[int, int, int, int], None] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.skipped = 0  # batches the watch dropped, behind
@@ -130,12 +147,18 @@ class Watch:
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        next_judge = next_poll = time.monotonic()
+        next_judge = next_poll = next_peek = time.monotonic()
         while True:
             stopping = self._stop.is_set()
             try:
-                self._take(stopping)
+                wait = 0.0 if stopping else min(JUDGE_S, POLL_S) / 2
+                if self._peek is not None:
+                    wait = min(wait, max(next_peek - time.monotonic(), 0.0))
+                self._take(wait)
                 now = time.monotonic()
+                if self._peek is not None and not stopping and now >= next_peek:
+                    next_peek = now + (PEEK_S or 0.0)
+                    self._take_peeked(now)
                 if self._read_store is not None and (now >= next_poll or stopping):
                     self._poll()
                     next_poll = now + POLL_S
@@ -149,9 +172,8 @@ class Watch:
             if stopping:
                 return
 
-    def _take(self, stopping: bool) -> None:
-        """Take the queued batches (waiting for the first a moment while running)."""
-        wait = 0.0 if stopping else min(JUDGE_S, POLL_S) / 2
+    def _take(self, wait: float) -> None:
+        """Take the queued batches (waiting up to `wait` seconds for the first)."""
         while True:
             try:
                 batches, side = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
@@ -160,6 +182,8 @@ class Watch:
             wait = 0.0
             now = time.monotonic()
             for batch in batches:
+                if self._peeked and len(batch) and self._peeked.pop(_batch_id(batch), 0) is None:
+                    continue  # judged already, when a peek saw it
                 self._add_batch(batch, now)
             timing = [row for tables in side for row in tables.get(step_timing.name, ())]
             self.judgement.add_timing(timing, now)
@@ -167,6 +191,24 @@ class Watch:
             self._said_behind = True
             log.warning("multirank_logger: the watch fell behind the rows and skipped %d batch(es) (only the watch: "
                         "every row is stored); it goes on with the newest.", self.skipped)  # fmt: skip
+
+    def _take_peeked(self, now: float) -> None:
+        """The batches the other ranks sent rank 0 since the last look (gather), judged now."""
+        assert self._peek is not None
+        try:
+            batches = self._peek()
+        except Exception as exc:  # noqa: BLE001 - the watch never takes the run down
+            self._peek = None
+            log.warning("multirank_logger: the watch cannot look at the rows rank 0 receives (%s: %s); it judges "
+                        "them when rank 0's writer takes them (an alert up to one flush_interval later).",
+                        type(exc).__name__, exc)  # fmt: skip
+            return
+        for batch in batches:
+            if len(batch):
+                self._peeked[_batch_id(batch)] = None
+                self._add_batch(batch, now)
+        while len(self._peeked) > PEEKED_MAX:  # hand-overs the watch never got (its queue was full)
+            del self._peeked[next(iter(self._peeked))]
 
     def _add_batch(self, batch: pa.RecordBatch, now: float) -> None:
         if not len(batch):
@@ -255,9 +297,18 @@ class Watch:
         self._found(self.judgement.add_rows(key.astype(object), rank, step, values, now))
 
 
+def _batch_id(batch: pa.RecordBatch) -> tuple[int, int, int, int]:
+    """A received batch's identity, the same when looked at early and when the writer hands it over:
+    its sender, first and last ``seq`` (a rank's call counter) and rows (a batch never empty)."""
+    seq = batch.column("seq")
+    return int(batch.column("rank")[0].as_py()), int(seq[0].as_py()), int(seq[-1].as_py()), len(batch)
+
+
 def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_transaction: bool,
-              outlets: AlertOutlets, close_after: float) -> tuple[Watch, bool]:  # fmt: skip
-    """The watch for rank 0 of a run, and whether the writer feeds it (gather) rather than the store."""
+              outlets: AlertOutlets, close_after: float,
+              peek: Callable[[], list[pa.RecordBatch]] | None = None) -> tuple[Watch, bool]:  # fmt: skip
+    """The watch for rank 0 of a run, and whether the writer feeds it (gather) rather than the store;
+    `peek` (gather): the received batches the writer has not taken yet (`Watch`'s argument)."""
     fed = transport == "gather" or world_size == 1
     read = None if fed or opens_per_transaction else url
     if not fed and read is None:
@@ -266,7 +317,8 @@ def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_
                     "(DuckDB's default) gives the watch every rank's rows.", transport)  # fmt: skip
         fed = True
     watch = Watch(run_id, world_size, outlets, close_after=close_after,
-                  writers=frozenset({0}) if transport == "gather" else frozenset(), read_store=read)  # fmt: skip
+                  writers=frozenset({0}) if transport == "gather" else frozenset(), read_store=read,
+                  peek=peek if transport == "gather" else None)  # fmt: skip
     return watch, fed
 
 

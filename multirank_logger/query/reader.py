@@ -47,6 +47,7 @@ from multirank_logger.query.side_tables import (
     read_logs,
     read_rank_rows,
     read_step_timing,
+    read_stops,
     read_timing_columns,
     read_transport,
 )
@@ -197,7 +198,7 @@ class StoreReader:
     def runs(self) -> Any:
         """One row per run: id, run (label), name, version, status, world_size, started,
         duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none),
-        values_spilled, values_lost, ends_unknown, uuid.
+        values_spilled, values_lost, ends_unknown, stopped_by, uuid.
 
         ``duration_s`` runs to ``ended_at``, or to the last logged value while a run is
         still running. ``steps`` counts the distinct steps rank 0 logged; ``keys`` the
@@ -205,6 +206,9 @@ class StoreReader:
         ``values_spilled`` (in spill files, not imported yet), ``values_lost``, and
         ``ends_unknown``, the ranks whose end the store never heard (``missing``, or
         ``running`` in a run that is over; an earlier launch's, in ``unheard_ends``: status.py).
+        ``stopped_by``: why a run ended before its end, from its stored rows (`StopOnAlert`'s
+        stop: ``stopped by StopOnAlert at step N (KIND alert: rank R, KEY, from step S)``; the
+        status stays the one its end recorded), else None.
         ``uuid`` is the run's one identity everywhere (its spill files, ``import``, every export);
         None for a run logged before schema 0007.
         """
@@ -460,6 +464,16 @@ class StoreReader:
             LookupFailed: for an unknown run.
         """
         return read_alerts(self._fetch_arrow, self.resolve_run(run))
+
+    def stopped_by(self, run: int | str | RunRef | None = None) -> dict[str, Any] | None:
+        """How `StopOnAlert` ended a run, from its stored rows: ``step``, ``alert_kind``, ``key``,
+        ``rank``, ``first_step``, ``monitor`` (None where not known); None when nothing stopped it.
+
+        Raises:
+            LookupFailed: for an unknown run.
+        """
+        ref = self.resolve_run(run)
+        return read_stops(self._fetch_arrow, [ref.id]).get(ref.id)
 
     def decisions(self, run: int | str | RunRef | None = None) -> Any:
         """Every ModelCheckpoint / EarlyStopping decision of a run, one row per (decision, rank).

@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from multirank_logger.model.schema import runs, step_summaries
+from multirank_logger.query.side_tables import read_stops, stop_text
 from multirank_logger.store.status import ends_unknown
 
 __all__ = ["read_runs"]
@@ -38,6 +39,7 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
     df["n_steps"] = df["id"].map(_rank0_steps(fetch_arrow(
         sa.select(s.run_id, s.step, s.steps_mask).where(s.rank == 0)
     )))  # fmt: skip
+    stops = {run_id: stop_text(stop) for run_id, stop in read_stops(fetch_arrow).items()}
     end = df["ended_at"].astype("float64").fillna(df["last_time"].astype("float64"))
     out = pd.DataFrame(
         {
@@ -56,6 +58,8 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
             "values_spilled": _counts(df["values_spilled"]),
             "values_lost": _counts(df["values_lost"]),
             "ends_unknown": _counts(df["n_ends_unknown"]),
+            # why the run ended before its end: StopOnAlert's stop (its step and alert), else None
+            "stopped_by": pd.Series([stops.get(int(i)) for i in df["id"]], index=df.index, dtype="object"),
             "uuid": df["run_uuid"].astype("object").where(df["run_uuid"].notna(), None),
         }
     )

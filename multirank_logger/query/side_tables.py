@@ -27,7 +27,7 @@ from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts, decisions, logs, ranks, runs, step_timing
 
 __all__ = ["disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_logs", "read_rank_rows",
-           "read_step_timing", "read_timing_columns", "read_transport"]  # fmt: skip
+           "read_step_timing", "read_stops", "read_timing_columns", "read_transport", "stop_text"]  # fmt: skip
 
 #: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
@@ -45,6 +45,66 @@ def read_alerts(fetch_arrow: FetchArrow, run: RunRef) -> Any:
     """A run's alerts (what the watch raised during it), in the order raised: ``StoreReader.alerts``."""
     stmt = sa.select(*(alerts.c[name] for name in ALERT_COLUMNS)).where(alerts.c.run_id == run.id).order_by(alerts.c.seq)
     return _frame(fetch_arrow, stmt, ALERT_COLUMNS)
+
+
+#: the callback whose stop `read_stops` reads (callbacks/stop_on_alert.py; this layer does not import it)
+STOP_CALLBACK = "StopOnAlert"
+
+
+def read_stops(fetch_arrow: FetchArrow, run_ids: Iterable[int] | None = None) -> dict[int, dict[str, Any]]:
+    """The runs `StopOnAlert` ended (of `run_ids`; None: every run), each with the step and the alert it
+    stopped for, from the stored rows: rank 0's alert of kind ``stop`` (the alert's kind, key,
+    rank and first step), else the callback's ``decisions`` rows (every rank records one in each
+    MultiRankLogger; rank 0's names the alert as its monitor, ``kind:key:rank N``).
+
+    Returns:
+        run id -> ``{"step", "alert_kind", "key", "rank", "first_step", "monitor"}`` (None where not known).
+    """
+    import json
+
+    a, d = alerts.c, decisions.c
+    by_alert = sa.select(a.run_id, a.step_seen, a.key, a.rank, a.first_step, a.detail).where(a.kind == "stop")
+    by_decision = sa.select(d.run_id, d.step, d.monitor).where(d.callback == STOP_CALLBACK, d.decision.is_(True))
+    if run_ids is not None:
+        ids = [int(i) for i in run_ids]
+        by_alert, by_decision = by_alert.where(a.run_id.in_(ids)), by_decision.where(d.run_id.in_(ids))
+    out: dict[int, dict[str, Any]] = {}
+    # each run's first stop (a later fit of the same run may stop again); rank 0's row names the alert
+    for run_id, step, monitor in sorted(_rows(fetch_arrow(by_decision)), key=lambda r: (r[0], r[1], r[2] is None)):
+        if run_id not in out:
+            out[run_id] = {"step": step, "first_step": None, "monitor": monitor, **_monitored(monitor)}
+    for run_id, step, key, rank, first_step, detail in sorted(_rows(fetch_arrow(by_alert)), key=lambda r: (r[0], r[1])):
+        known = out.get(run_id)
+        if known is not None and (known["first_step"] is not None or known["step"] != step):
+            continue  # its first stop's alert is in already, or this alert is a later stop's
+        kind = (json.loads(detail) if detail else {}).get("alert_kind")
+        out[run_id] = {"step": step, "alert_kind": kind, "key": key, "rank": rank, "first_step": first_step,
+                       "monitor": None if known is None else known["monitor"]}  # fmt: skip
+    return out
+
+
+def _monitored(monitor: str | None) -> dict[str, Any]:
+    """The alert a StopOnAlert decision row names as its monitor (``kind:key:rank N``; the key may
+    hold colons, ``timing:data_s``): its kind, key and rank, each None when the row names none."""
+    head, sep, rank = (monitor or "").rpartition(":rank ")
+    kind, colon, key = head.partition(":")
+    if not (sep and colon and rank.isdigit()):
+        return {"alert_kind": None, "key": None, "rank": None}
+    return {"alert_kind": kind, "key": key, "rank": int(rank)}
+
+
+def _rows(table: Any) -> list[tuple[Any, ...]]:
+    return list(zip(*(table.column(i).to_pylist() for i in range(table.num_columns)))) if table.num_rows else []
+
+
+def stop_text(stop: dict[str, Any]) -> str:
+    """A `read_stops` entry in words: ``stopped by StopOnAlert at step 64 (departure alert: rank 1,
+    train_loss, from step 60)``."""
+    head = f"stopped by {STOP_CALLBACK} at step {stop['step']:,}"
+    if stop["alert_kind"] is not None:
+        first = "" if stop["first_step"] is None else f", from step {stop['first_step']:,}"
+        return f"{head} ({stop['alert_kind']} alert: rank {stop['rank']}, {stop['key']}{first})"
+    return f"{head} ({stop['monitor']})" if stop["monitor"] else head
 
 
 def read_decisions(fetch_arrow: FetchArrow, run: RunRef) -> Any:

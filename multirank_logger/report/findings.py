@@ -60,6 +60,8 @@ class Findings:
     #: what the watch raised during the run (the ``alerts`` table), each with ``in_report``:
     #: whether this report finds the same (rank, key, first step)
     alerts: list[dict[str, Any]] = field(default_factory=list)
+    #: how `StopOnAlert` ended the run (``StoreReader.stopped_by``: its step and the alert), else None
+    stopped_by: dict[str, Any] | None = None
 
     @property
     def problems(self) -> bool:
@@ -130,6 +132,7 @@ def find_with_buckets(
         out.outliers = outliers(scan)
     out.decisions = _decisions(reader, ref)
     out.alerts = raised_alerts(reader, ref, out)
+    out.stopped_by = reader.stopped_by(ref)
     messages = _log_messages(reader, ref)
     out.library_warnings = [m for m in messages if library_notice(m, ref.world_size)]
     out.log_messages = [m for m in messages if not library_notice(m, ref.world_size)]

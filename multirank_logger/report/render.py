@@ -12,6 +12,7 @@ from typing import Any
 
 from multirank_logger._util.readable import duration_text
 from multirank_logger.judgement.ranks import MIN_RANKS
+from multirank_logger.query.side_tables import stop_text
 from multirank_logger.report.findings import Findings
 
 __all__ = ["findings_text"]
@@ -132,6 +133,9 @@ def _timing_summary(timing: list[dict[str, Any]]) -> str:
 def findings_text(f: Findings) -> str:
     """The findings for a terminal."""
     out = [f"Report for {f.run} (run {f.run_id}, {f.world_size} ranks)"]
+    if f.stopped_by is not None:  # why it ended where it did: the ranks' steps below stop there
+        text = stop_text(f.stopped_by)
+        out.append(f"{text[0].upper()}{text[1:]}: the fit ended there on every rank.")
     for title, lines in _sections(f):
         out += ["", f"{title}:"] + [f"  {line}" for line in lines or ["none"]]
     notes = [n for n in f.notes if not (f.world_size < MIN_RANKS and n.startswith("Outlier ranks need"))]  # said above

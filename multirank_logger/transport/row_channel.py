@@ -13,8 +13,9 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
   removes what rank 0 consumed, so the server's memory stays flat.
 - ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
   writer (an item is acknowledged at the ``receive`` call after the one that returned
-  it, i.e. once the writer came back for more). A sender keeps unacknowledged batches,
-  so that when rank 0 is gone it can spill every row that may not have been stored.
+  it, i.e. once the writer came back for more; a ``peek`` in between, rank 0's watch looking
+  at the rows early, acknowledges nothing). A sender keeps unacknowledged batches, so that
+  when rank 0 is gone it can spill every row that may not have been stored.
 - ``done/{r}``: ``"{items} {status}"`` set by ``mark_done``: rank ``r`` sent ``items``
   items in all and will send no more.
 - ``end/{r}``: ``"{spilled} {lost}"`` set by ``report_unstored`` once rank ``r`` knows what
@@ -108,8 +109,9 @@ class RowChannel(NodeRoutes):
         self._taken: dict[int, int] = {}
         self._to_ack: dict[int, int] = {}
         # payloads popped from the store, not yet returned by `receive`: a take given up on (its
-        # store stopped answering) still lands what it pops here, for the next `receive`
-        self._popped: deque[tuple[int, bytes]] = deque()
+        # store stopped answering) still lands what it pops here, for the next `receive`; one a
+        # `peek` read is kept decoded (a batch), so `receive` does not decode it again
+        self._popped: deque[tuple[int, bytes | pa.RecordBatch]] = deque()
         self._side_popped: deque[bytes] = deque()
         self._taking = threading.Lock()  # held while a take runs, also one given up on
         self._done_totals: dict[int, tuple[int, str]] = {}
@@ -283,6 +285,9 @@ class RowChannel(NodeRoutes):
                 r, payload = self._popped.popleft()
                 self._taken[r] = self._taken.get(r, 0) + 1
                 self._to_ack[r] = self._to_ack.get(r, 0) + 1
+                if isinstance(payload, pa.RecordBatch):  # a `peek` decoded it
+                    out.append(payload)
+                    continue
                 try:
                     out.append(decode_batch(payload))
                 except ValueError as exc:
@@ -292,8 +297,45 @@ class RowChannel(NodeRoutes):
                               "read (%d bytes): %s", r, len(payload), exc)
         return out
 
-    def _take_rows(self) -> None:
-        """Acknowledge what the last `receive` returned; pop every rank's queued payloads into `_popped`.
+    def peek(self) -> list[pa.RecordBatch]:
+        """Rank 0: the batches the other ranks sent since the last `peek` or `receive`, to look at
+        now (rank 0's watch: logger/watch.py) rather than at the writer's next cycle. Never blocks.
+
+        Nothing is acknowledged: the batches stay the channel's until `receive` returns them to the
+        writer, and are acknowledged at the `receive` after that, as any batch; a rank 0 gone
+        meanwhile leaves them with their senders, which spill them. A payload that is not a whole
+        batch is left for `receive` to count and say.
+
+        Raises:
+            ChannelError: when the store cannot be reached.
+        """
+        self._require_rank0("peek")
+        if not self.senders:
+            return []
+        out: list[pa.RecordBatch] = []
+        with self._lock:
+            try:
+                self._take_rows(acknowledge=False)
+            except ChannelError:
+                raise
+            except Exception as exc:
+                raise ChannelError(f"Rank 0 cannot read rows from the TCPStore: {exc}") from exc
+            # by index: a take given up on may still append behind (never before) the ones read here
+            for i in range(len(self._popped)):
+                r, payload = self._popped[i]
+                if isinstance(payload, pa.RecordBatch):
+                    continue  # an earlier peek's
+                try:
+                    batch = decode_batch(payload)
+                except ValueError:
+                    continue
+                self._popped[i] = (r, batch)
+                out.append(batch)
+        return out
+
+    def _take_rows(self, acknowledge: bool = True) -> None:
+        """Acknowledge what the last `receive` returned (unless not to `acknowledge`: a `peek`); pop
+        every rank's queued payloads into `_popped`.
 
         A take given up on (the store stopped answering) goes on in its helper thread when the
         store answers again: the acknowledgements it holds reach the store once, what it pops
@@ -306,7 +348,7 @@ class RowChannel(NodeRoutes):
         except BaseException:
             self._taking.release()
             raise
-        acks = {r: n for r, n in self._to_ack.items() if n}
+        acks = {r: n for r, n in self._to_ack.items() if n and acknowledge}
         for r in acks:
             self._to_ack[r] = 0
 

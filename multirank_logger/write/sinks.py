@@ -137,6 +137,10 @@ class DirectSink:
     def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         return [], []  # no other rank ships rows here
 
+    def peek(self) -> list[pa.RecordBatch]:
+        """The rows other ranks shipped here that the writer has not received yet (none here)."""
+        return []
+
     def close(self) -> None:
         """End of the phase: release what the sink holds besides the store."""
 
@@ -200,6 +204,12 @@ class GatherReceiver(DirectSink):
         batches = [with_run_id(batch, self.run_id) for batch in self.channel.receive()]
         side = [_stamp_side(decode_side(payload), self.run_id) for payload in self.channel.receive_side()]
         return batches, side
+
+    def peek(self) -> list[pa.RecordBatch]:
+        """The batches the other ranks sent that the writer's next `receive` will take, for rank 0's
+        watch to judge now (`RowChannel.peek`: nothing acknowledged, nothing taken from the writer);
+        each batch once, under the run id its sender knew (the watch reads no run id)."""
+        return self.channel.peek()
 
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
         """Keep the writer cycling (receiving) until every other rank is done or `timeout` runs out,
