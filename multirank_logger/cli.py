@@ -6,8 +6,10 @@ become one `Error: ...` line (click.ClickException), never a traceback.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import io
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from multirank_logger._util.readable import duration_text as _duration
-from multirank_logger._util.readable import times_as_times
+from multirank_logger._util.readable import text_table, times_as_times
 from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew
 from multirank_logger.store.backends import public_name
@@ -148,8 +150,8 @@ def _frame_text(df: Any, index: bool = True, max_rows: int | None = None) -> str
 
 
 
-def _status_text(status: str, started: Any, last_value: Any, stopped_by: str | None, spilled: int, lost: int,
-                 unknown: int) -> str:  # fmt: skip
+def _status_text(status: str, started_at: float, last_time: float | None, stopped_by: str | None, spilled: int,
+                 lost: int, unknown: int) -> str:  # fmt: skip
     """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
     killer) never records its end, and only its silence tells it from a live one. Any other
     run with why it stopped early (StopOnAlert) and what it lacks (an incomplete one: why it is
@@ -160,12 +162,10 @@ def _status_text(status: str, started: Any, last_value: Any, stopped_by: str | N
         lacks = [text for text in lacks if text]
         status = f"{status}, {stopped_by}" if stopped_by else status
         return f"{status} ({', '.join(lacks)})" if lacks else status
-    import pandas as pd
-
     now = time.time()
-    if pd.isna(last_value):  # nothing stored yet
-        return f"running (no value yet, started {_duration(now - started.timestamp())} ago)"
-    return f"running (last value {_duration(now - last_value.timestamp())} ago)"
+    if last_time is None:  # nothing stored yet
+        return f"running (no value yet, started {_duration(now - started_at)} ago)"
+    return f"running (last value {_duration(now - last_time)} ago)"
 
 
 @main.command("runs")
@@ -176,27 +176,37 @@ def _status_text(status: str, started: Any, last_value: Any, stopped_by: str | N
 def runs_cmd(db_path: str, fmt: str) -> None:
     """List the runs in DB: status, ranks, start, duration, steps and keys."""
     with open_store(db_path) as reader:
-        df = reader.runs()
+        # the table without pandas (its import was most of the command's time); csv, json: its frame
+        rows = reader.run_rows() if fmt == "table" else []
+        df = reader.runs() if fmt != "table" else None
         orphans = reader.orphans()
-    for run_id, rows in orphans:
+    for run_id, n in orphans:
         # rows written under an identity this store never allocated: a rank that took itself for
         # rank 0 somewhere else (see store/run_lifecycle.py); they belong to no run shown below
-        click.echo(f"Warning: {rows} metric row(s) under run id {run_id}, which has no runs row (orphans).", err=True)
-    if fmt != "table":
+        click.echo(f"Warning: {n} metric row(s) under run id {run_id}, which has no runs row (orphans).", err=True)
+    if df is not None:
         _echo_runs_data(df, fmt)
         return
-    if df.empty:
+    if not rows:
         click.echo(f"No runs in {public_name(db_path)}.")
         return
-    lacks = ("values_spilled", "values_lost", "ends_unknown")
-    df["status"] = [_status_text(*row) for row in zip(df["status"], df["started"], df["last_value"], df["stopped_by"],
-                                                      *(df[c] for c in lacks))]  # fmt: skip
     # the uuid (36 characters) only in csv and json: the table stays one readable line per run
-    df = df.drop(columns=["name", "version", "last_value", "uuid", "stopped_by", *lacks])
-    df["started"] = df["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
-    df["duration_s"] = df["duration_s"].map(_duration)
-    names = {"duration_s": "duration", "world_size": "ranks", "started": "started (UTC)"}
-    click.echo(_frame_text(df.rename(columns=names), index=False))
+    click.echo(text_table({
+        "id": [r["id"] for r in rows],
+        "run": [r["run"] for r in rows],
+        "status": [_status_text(r["status"], r["started_at"], r["last_time"], r["stopped_by"], r["values_spilled"],
+                                r["values_lost"], r["ends_unknown"]) for r in rows],
+        "ranks": [r["world_size"] for r in rows],
+        "started (UTC)": [_utc_seconds(r["started_at"]) for r in rows],
+        "duration": [_duration(r["duration_s"]) for r in rows],
+        "steps": [r["steps"] for r in rows],
+        "keys": [r["keys"] for r in rows],
+    }))  # fmt: skip
+
+
+def _utc_seconds(seconds: float) -> str:
+    """Unix seconds as ``2026-11-26 22:58:41`` (UTC, the second it falls in)."""
+    return datetime.datetime.fromtimestamp(math.floor(seconds), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _echo_runs_data(df: Any, fmt: str) -> None:

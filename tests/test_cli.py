@@ -57,6 +57,22 @@ def test_runs_prints_one_line_per_run(store: str) -> None:
     ]
 
 
+def test_runs_table_is_laid_out_as_pandas_lays_it_out() -> None:
+    """`runs` lays its table out without pandas (its import was most of the command's time):
+    the text is pandas' own, for numbers and text of every width, a column of each first."""
+    import pandas as pd
+
+    from multirank_logger._util.readable import text_table
+
+    texts = ["a", "bench/version_0", "success", "running (last value 4.2s ago)", "-", "2026-11-26 22:58:41"]
+    numbers = [0, 1, 7, 42, 1024, 123_456_789]
+    for case in range(40):
+        columns = {f"c{i}" if (case + i) % 3 else "started (UTC)": [
+            (numbers if (case >> i) & 1 else texts)[(case * 7 + 3 * i + row) % 6] for row in range(1 + case % 4)
+        ] for i in range(1 + case % 5)}  # fmt: skip
+        assert text_table(columns) == pd.DataFrame(columns).to_string(index=False, line_width=None), columns
+
+
 def test_runs_on_a_store_without_runs(db_path: Path) -> None:
     Store(db_path).close()
     assert _invoke("runs", str(db_path)) == (0, f"No runs in {db_path}.\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TIME_COLUMNS", "duration_text", "times_as_times"]
+__all__ = ["TIME_COLUMNS", "duration_text", "text_table", "times_as_times"]
 
 #: the store's columns of Unix seconds (runs, ranks, metrics and the side tables)
 TIME_COLUMNS = ("time", "started_at", "ended_at", "last_time")
@@ -20,6 +20,21 @@ def duration_text(seconds: float | None) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def text_table(columns: dict[str, list[Any]]) -> str:
+    """Columns (header: values) as a terminal table laid out as pandas' ``to_string(index=False)``
+    lays one out: each column right-justified to its widest text (a column of integers: its
+    header with a space before it), one space between columns. For a short table where importing pandas is most of the
+    time (the CLI's ``runs``)."""
+    laid = []
+    for header, values in columns.items():
+        numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        texts = [str(v) for v in values]
+        header = " " + header if numbers else header  # pandas' leading space of a numeric column
+        width = max(len(header), *map(len, texts))
+        laid.append([header.rjust(width), *(t.rjust(width) for t in texts)])
+    return "\n".join(" ".join(row) for row in zip(*laid))
 
 
 def times_as_times(df: Any) -> Any:

@@ -198,9 +198,8 @@ class DepartureWindows:
             table, steps, count = table[counted], steps[counted], count[counted]
         if not len(steps):
             return
-        median, low, high = row_medians(table, count)
+        median, low, high, mad = medians_and_spreads(table, count)
         dev = table - median[:, None]
-        mad = row_medians(np.abs(dev), count, extremes=False)[0]
         self.parts.append((steps, count, median, mad, low, high))
         self._candidates(ranks, table, dev, mad)
 
@@ -208,6 +207,9 @@ class DepartureWindows:
         """Keep the values that may depart among those whose spreads each side are known; hold the
         last `spread_window` steps' for the next window."""
         sw = self.spread_window
+        if len(mad) > sw:  # (else the held steps and these, stacked: a short window)
+            self._candidates_apart(ranks, table, dev, mad)
+            return
         first = self.seen
         self.seen += len(mad)
         pos = np.arange(first, first + len(mad))
@@ -229,6 +231,41 @@ class DepartureWindows:
             self.candidates.append((pos[rows], cand_ranks[rows, cols], table[rows, cols], dev[rows, cols]))
         keep = slice(judged, len(pos))
         self.pending = (pos[keep], cand_ranks[keep], table[keep], dev[keep], mad_pos[-2 * sw :], all_mad[-2 * sw :])
+
+    def _candidates_apart(self, ranks: np.ndarray, table: np.ndarray, dev: np.ndarray, mad: np.ndarray) -> None:
+        """`_candidates` where this window's steps outnumber the held ones: the held steps are
+        judged on their own rows, this window's on its table's (no stacked copy of either), in
+        the stacked order."""
+        sw = self.spread_window
+        first = self.seen
+        self.seen += len(mad)
+        pos = np.arange(first, first + len(mad))
+        if self.pending is not None:
+            h_pos, h_ranks, h_table, h_dev, h_mad_pos, h_mad = self.pending
+            mad_pos, all_mad = np.r_[h_mad_pos, pos], np.r_[h_mad, mad]
+            rolled = rolling_min(all_mad, sw)
+            self._keep(h_pos, rolled[np.searchsorted(mad_pos, h_pos)], h_dev, h_table, h_ranks)
+        else:
+            mad_pos, all_mad = pos, mad
+            rolled = rolling_min(all_mad, sw)
+        judged = len(pos) - sw
+        self._keep(pos[:judged], rolled[np.searchsorted(mad_pos, pos[:judged])], dev[:judged], table[:judged], ranks)
+        self.pending = (pos[judged:], np.broadcast_to(ranks, (sw, len(ranks))).copy(), table[judged:].copy(),
+                        dev[judged:].copy(), mad_pos[-2 * sw :], all_mad[-2 * sw :])  # fmt: skip
+
+    def _keep(self, pos: np.ndarray, lo: np.ndarray, dev: np.ndarray, table: np.ndarray, ranks: np.ndarray) -> None:
+        """The candidates among rows `dev` (of steps `pos`, `lo` their spreads' rolling min);
+        `ranks` per column, or per cell (held rows: -1 for a padded column)."""
+        with np.errstate(invalid="ignore"):
+            rows, cols = np.nonzero(np.abs(dev) > self.factor * lo[:, None])
+        cand_dev = dev[rows, cols]
+        if (zero := cand_dev == 0).any():  # (past a negative factor) a value at the median is no candidate
+            rows, cols, cand_dev = rows[~zero], cols[~zero], cand_dev[~zero]
+        cand_rank = ranks[cols] if ranks.ndim == 1 else ranks[rows, cols]
+        if (padded := cand_rank < 0).any():
+            rows, cols, cand_dev, cand_rank = rows[~padded], cols[~padded], cand_dev[~padded], cand_rank[~padded]
+        if len(rows):
+            self.candidates.append((pos[rows], cand_rank, table[rows, cols], cand_dev))
 
     def _flush(self) -> None:
         """Take the held steps' candidates: the run ends after them (fewer spreads on their right,
@@ -366,6 +403,52 @@ def row_medians(table: np.ndarray, count: np.ndarray, extremes: bool = True) -> 
     rows = np.arange(len(table))
     middle = (ordered[rows, (count - 1) // 2] + ordered[rows, count // 2]) / 2
     return middle, ordered[:, 0], ordered[rows, count - 1]
+
+
+def medians_and_spreads(table: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`row_medians` (median, min, max per row) and each row's median absolute deviation from its
+    median, ``row_medians(np.abs(table - median[:, None]), count)``, the same numbers, from one
+    sort of `table` instead of two selections.
+
+    The sorted row is split where the median falls: the values below it give |x - m| = m - x
+    (rounded alike: round-to-nearest is symmetric), rising as x falls; those above give x - m,
+    rising with x. The deviations' middle values are then those of two sorted runs, found by a
+    binary search over how many come from each, for every row at once.
+    """
+    n = table.shape[1]
+    ordered = np.sort(table, axis=1)  # NaN last
+    rows = np.arange(len(table))
+    k_low, k_high = (count - 1) // 2, count // 2
+    median = (ordered[rows, k_low] + ordered[rows, k_high]) / 2
+    if (count == n).all():
+        low, high = table.min(axis=1), table.max(axis=1)
+    else:
+        low, high = ordered[:, 0], ordered[rows, count - 1]
+    # the runs: below[i] = m - ordered[h - 1 - i] (i < h), above[j] = ordered[h + j] - m (j < count - h)
+    h = count // 2
+    n_above = count - h
+
+    def below(i: np.ndarray) -> np.ndarray:
+        return median - ordered[rows, np.clip(h - 1 - i, 0, n - 1)]
+
+    def above(j: np.ndarray) -> np.ndarray:
+        return ordered[rows, np.clip(h + j, 0, n - 1)] - median
+
+    # the fewest `a` from `below` among the first k_low + 1 deviations such that the next from
+    # `below` is no smaller than the last from `above` (then those k_low + 1 are the smallest)
+    lo, hi = np.maximum(0, k_low + 1 - n_above), np.minimum(k_low + 1, h)
+    while (open_ := lo < hi).any():
+        mid = (lo + hi) // 2
+        b = k_low + 1 - mid
+        enough = (mid >= h) | (b <= 0) | (above(b - 1) <= below(mid))
+        hi = np.where(open_ & enough, mid, hi)
+        lo = np.where(open_ & ~enough, mid + 1, lo)
+    a, b = lo, k_low + 1 - lo
+    with np.errstate(invalid="ignore"):
+        last = np.fmax(np.where(a > 0, below(a - 1), np.nan), np.where(b > 0, above(b - 1), np.nan))
+        after = np.fmin(np.where(a < h, below(a), np.nan), np.where(b < n_above, above(b), np.nan))
+    mad = (last + np.where(k_high > k_low, after, last)) / 2
+    return median, low, high, mad
 
 
 def rolling_median(values: np.ndarray, half: int) -> np.ndarray:

@@ -40,7 +40,7 @@ from multirank_logger.model.schema import (
 )
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
-from multirank_logger.query.run_list import read_runs
+from multirank_logger.query.run_list import read_run_rows, read_runs
 from multirank_logger.query.side_tables import (
     read_alerts,
     read_decisions,
@@ -213,6 +213,11 @@ class StoreReader:
         None for a run logged before schema 0007.
         """
         return read_runs(self._fetch_arrow)
+
+    def run_rows(self) -> list[dict[str, Any]]:
+        """`runs`, one dict per run and without pandas: times as Unix seconds (``started_at``,
+        ``last_time``: None if nothing stored), as the CLI's ``runs`` table reads them."""
+        return read_run_rows(self._fetch_arrow)
 
     def run_ids(self) -> list[int]:
         """Every run's id, in order: no scan of the metrics (``runs`` counts their steps and keys)."""

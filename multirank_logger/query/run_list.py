@@ -4,23 +4,23 @@ scan of the metrics, so the list costs the same at 51M rows as at 1B."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
+from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.model.schema import runs, step_summaries
 from multirank_logger.query.side_tables import read_stops, stop_text
 from multirank_logger.store.status import ends_unknown
 
-__all__ = ["read_runs"]
+__all__ = ["read_run_rows", "read_runs"]
 
 
-def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
-    """The runs, as ``StoreReader.runs`` documents them (a pandas DataFrame)."""
-    import pandas as pd
-
-    # from the summaries kept beside the rows (store/step_summaries.py): about 1/16 of the rows
+def _runs_select() -> sa.Select:
+    """The runs with their keys and last value (from the summaries kept beside the rows,
+    store/step_summaries.py: about 1/16 of the rows)."""
     s = step_summaries.c
     per_run = (
         sa.select(s.run_id, sa.func.count(sa.distinct(s.key)).label("n_keys"),
@@ -35,11 +35,21 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
         .select_from(runs.outerjoin(per_run, per_run.c.run_id == runs.c.id))
         .order_by(runs.c.id)
     )
-    df = fetch_arrow(stmt).to_pandas()
-    df["n_steps"] = df["id"].map(_rank0_steps(fetch_arrow(
-        sa.select(s.run_id, s.step, s.steps_mask).where(s.rank == 0)
-    )))  # fmt: skip
-    stops = {run_id: stop_text(stop) for run_id, stop in read_stops(fetch_arrow).items()}
+    return stmt
+
+
+def _steps_select() -> sa.Select:
+    s = step_summaries.c
+    return sa.select(s.run_id, s.step, s.steps_mask).where(s.rank == 0)
+
+
+def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
+    """The runs, as ``StoreReader.runs`` documents them (a pandas DataFrame)."""
+    import pandas as pd
+
+    df = fetch_arrow(_runs_select()).to_pandas()
+    df["n_steps"] = df["id"].map(_rank0_steps(fetch_arrow(_steps_select())))
+    stops = _stops(fetch_arrow)
     end = df["ended_at"].astype("float64").fillna(df["last_time"].astype("float64"))
     out = pd.DataFrame(
         {
@@ -66,6 +76,33 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
     return out
 
 
+def read_run_rows(fetch_arrow: Callable[[sa.Select], Any]) -> list[dict[str, Any]]:
+    """`read_runs`' columns as one dict per run, without pandas (its import is most of the CLI's
+    ``runs``): times as Unix seconds (``started_at``; ``last_time``, None if nothing stored),
+    ``duration_s`` NaN where unknown, counts 0 where none."""
+    steps, stops = _rank0_steps(fetch_arrow(_steps_select())), _stops(fetch_arrow)
+    out = []
+    for r in fetch_arrow(_runs_select()).to_pylist():
+        end = r["ended_at"] if r["ended_at"] is not None else r["last_time"]
+        out.append(
+            {"id": int(r["id"]),
+             "run": f"{r['name']}/{r['version_name']}" if isinstance(r["version_name"], str) else f"{r['name']}/version_{r['version']}",
+             "name": r["name"], "version": int(r["version"]), "status": r["status"], "world_size": int(r["world_size"]),
+             "started_at": float(r["started_at"]),
+             "duration_s": math.nan if end is None else float(end) - float(r["started_at"]),
+             "steps": steps.get(int(r["id"]), 0), "keys": int(r["n_keys"] or 0),
+             "last_time": None if r["last_time"] is None else float(r["last_time"]),
+             "values_spilled": int(r["values_spilled"] or 0), "values_lost": int(r["values_lost"] or 0),
+             "ends_unknown": int(r["n_ends_unknown"] or 0), "stopped_by": stops.get(int(r["id"])), "uuid": r["run_uuid"]}
+        )  # fmt: skip
+    return out
+
+
+def _stops(fetch_arrow: Callable[[sa.Select], Any]) -> dict[int, str]:
+    """Per run StopOnAlert ended: why, in words (``stopped_by``)."""
+    return {run_id: stop_text(stop) for run_id, stop in read_stops(fetch_arrow).items()}
+
+
 def _rank0_steps(cells: Any) -> dict[int, int]:
     """Per run, the distinct steps rank 0 logged, from its summaries (run_id, step, steps_mask):
     each bucket's masks OR-ed (a bucket written by several inserts has several rows), then counted."""
@@ -73,7 +110,8 @@ def _rank0_steps(cells: Any) -> dict[int, int]:
 
     if not cells.num_rows:
         return {}
-    run_id, step, mask = (np.asarray(cells.column(c).to_numpy(zero_copy_only=False), np.int64)
+    # (not pyarrow's to_numpy, which imports pandas)
+    run_id, step, mask = (column_numpy(cells.column(c), null=0).astype(np.int64, copy=False)
                           for c in ("run_id", "step", "steps_mask"))  # fmt: skip
     order = np.lexsort((step, run_id))
     run_id, step, mask = run_id[order], step[order], mask[order]

@@ -14,6 +14,11 @@ its ``DepartureWindows`` (``judgement/ranks.py``), and the report judges on what
 Non-finite values (NaN, inf) are counted per key and rank over every stored row, and each
 rank's distinct steps and last step are counted: the report's ranks table.
 
+Where the run's steps and ranks are dense (a training's), a window's rows are placed in its key x
+step x rank grid a chunk at a time as they are read (``window_grid.GridBuilder``,
+``Backend.numpy_chunks``): a window holds its grid (9 bytes a cell), not its rows, so windows are
+``GRID_WINDOW_FACTOR`` times longer in the same memory, and fewer of them each scan a row group.
+
 The SELECT is SQLAlchemy Core, the same on every backend; how its rows come back fastest (as
 Arrow, several windows at once) is the backend's (``store/backends/``: ``numpy_columns``,
 ``window_readers``, ``value_or_nan``).
@@ -39,7 +44,7 @@ from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import metrics
 from multirank_logger.query.key_numbers import KeyNumbers
 from multirank_logger.query.step_buckets import BucketBuilder, BucketSummary, bucket_width
-from multirank_logger.query.window_grid import NON_FINITE_NAN, Window, lay_out
+from multirank_logger.query.window_grid import NON_FINITE_NAN, GridBuilder, Window, lay_out
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
@@ -48,6 +53,12 @@ __all__ = ["BUCKET_CELLS_MAX", "RunScan", "WINDOW_ROWS", "scan_run"]
 
 #: rows read at once (about 25 bytes each as NumPy columns, a few times that while computed)
 WINDOW_ROWS = 1_000_000
+#: where a run's steps and ranks are dense, a window is this many times `WINDOW_ROWS` in cells
+#: (keys x steps x ranks, 9 bytes each), its rows placed a chunk at a time (window_grid.GridBuilder):
+#: at 1,024 ranks x 10 keys a window of 1M rows is 98 steps, and each window's query scanned
+#: every row group its steps fall in (a stretch of 1,000 steps of every rank in the scale
+#: benchmark's store): twice the reading CPU of windows of 390 steps
+GRID_WINDOW_FACTOR = 4
 #: threads computing a window's keys (besides the one reading the next window)
 KEY_THREADS = min(4, usable_cpus())
 #: per-bucket summaries are built in the pass up to this many cells (keys x ranks x buckets), 13 B each
@@ -80,8 +91,9 @@ def scan_run(
     """Read every metric row of run ``ref`` once, a window of steps at a time.
 
     Three windows at once, on two cores: the next but one is read on a thread of its own
-    (``_util/prefetch.py``), the next laid out as a key x step x rank grid, and this one's keys
-    computed, each on a thread of a pool (NumPy and the drivers release the GIL).
+    (``_util/prefetch.py``), the next laid out as a key x step x rank grid (as it is read, where
+    the steps and ranks are dense), and this one's keys computed, each on a thread of a pool
+    (NumPy and the drivers release the GIL).
 
     Args:
         reader: the store.
@@ -119,7 +131,12 @@ def scan_run(
                 state = _Scan(keys, spread_window, depart_spreads, item, bool(bucket_columns))
                 continue
             where, columns = item
-            window_future = pool.submit(lay_out, len(keys), *columns)  # beside the previous window's keys
+            window_future: Future[Window | None]
+            if isinstance(columns, _Laid):  # laid out as it was read
+                window_future = Future()
+                window_future.set_result(columns.window)
+            else:
+                window_future = pool.submit(lay_out, len(keys), *columns)  # beside the previous window's keys
             del item, columns  # the rows go with their layout, not at the next window
             if held is not None:
                 take(*held)
@@ -127,6 +144,13 @@ def scan_run(
         if held is not None:
             take(*held)
     return scan if state is None else state.finish(scan)
+
+
+@dataclass
+class _Laid:
+    """A window's rows laid out as they were read; None: a cell repeats (decided by seq)."""
+
+    window: Window | None
 
 
 @dataclass
@@ -148,28 +172,39 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
     where = metrics.c.run_id == ref.id
     with reader._connect() as conn:
         reader.store.backend.hold_snapshot(conn)
-        low, high, count = conn.execute(
-            sa.select(sa.func.min(metrics.c.step), sa.func.max(metrics.c.step), sa.func.count()).where(where)
-        ).one()
+        low, high, count, low_rank, high_rank = conn.execute(
+            sa.select(sa.func.min(metrics.c.step), sa.func.max(metrics.c.step), sa.func.count(),
+                      sa.func.min(metrics.c.rank), sa.func.max(metrics.c.rank)).where(where)
+        ).one()  # fmt: skip
         if not count:
             return
         low, high = int(low), int(high)
         width = bucket_width(low, high, bucket_columns) if bucket_columns else 1
         names = KeyNumbers(reader, conn, keys)
         yield _Span(low, high, width, ref.world_size, names)
-        span = max(1, (high - low + 1) * window_rows // int(count))
+        ranks = (int(low_rank), int(high_rank))
+        layer = len(keys) * (ranks[1] - ranks[0] + 1)  # cells of a step
+        # dense (a training's steps and ranks): windows laid out as read, in a grid of their cells
+        grid = not names.by_name and layer * (high - low + 1) <= 4 * int(count) + 1024
+        span = max(1, GRID_WINDOW_FACTOR * window_rows // layer if grid else (high - low + 1) * window_rows // int(count))
         span = -(-span // width) * width
         named = reader.store.backend.window_ranks(conn, ref.id)  # PostgreSQL: its index serves the windows
         where_ranks = where if named is None else sa.and_(where, metrics.c.rank.in_(named))
         # each window's bounds inclusive and within [low, high]: `start + span` past the last step can
         # pass int64 (steps of microsecond timestamps), which SQLite's driver refuses as a parameter
-        windows = [(where_ranks, metrics.c.step >= start, metrics.c.step <= min(start + span - 1, high))
-                   for start in range(low, high + 1, span)]  # fmt: skip
+        windows = [(start, min(start + span - 1, high)) for start in range(low, high + 1, span)]
+
+        def read(bounds: tuple[int, int], conn: sa.Connection) -> tuple[tuple[Any, ...], Any]:
+            clauses = (where_ranks, metrics.c.step >= bounds[0], metrics.c.step <= bounds[1])
+            if not grid:
+                return clauses, _fetch(reader, conn, names, clauses, with_seq=False)
+            return clauses, _read(reader, conn, names, clauses, (*bounds, *ranks))
+
         readers = reader.store.backend.window_readers
         if readers == 1:
-            for window in windows:
-                if (columns := _fetch(reader, conn, names, window, with_seq=False)) is not None:
-                    yield window, columns
+            for bounds in windows:
+                if (done := read(bounds, conn))[1] is not None:
+                    yield done
             return
     # several windows read at once, each on a connection of its own (the backend's window_readers)
     with ThreadPoolExecutor(readers, thread_name_prefix="multirank-logger-read") as fetching, \
@@ -177,21 +212,39 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
         own = threading.local()
         opening = threading.Lock()
 
-        def fetch(window: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+        def fetch(bounds: tuple[int, int]) -> tuple[tuple[Any, ...], Any]:
             if not hasattr(own, "conn"):
                 with opening:
                     own.conn = connections.enter_context(reader._connect())
-            return window, _fetch(reader, own.conn, names, window, with_seq=False)
+            return read(bounds, own.conn)
 
         reading: deque[Future[tuple[tuple[Any, ...], Any]]] = deque()
-        for window in windows:
-            reading.append(fetching.submit(fetch, window))
+        for bounds in windows:
+            reading.append(fetching.submit(fetch, bounds))
             if len(reading) >= readers:
                 if (done := reading.popleft().result())[1] is not None:
                     yield done
         for future in reading:
             if (done := future.result())[1] is not None:
                 yield done
+
+
+def _read(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
+          cells: tuple[int, int, int, int]) -> _Laid | None:  # fmt: skip
+    """A window's rows laid out a chunk at a time as they are read, in the grid of `cells` (the
+    window's first and last step, the run's lowest and highest rank); None without a row."""
+    reader.check_stopped()  # stopped (Ctrl-C, the page's bound): no window's query starts after
+    backend = reader.store.backend
+    ranks = cells[2:]
+    grid = GridBuilder(len(names.keys), *cells)
+    stmt = sa.select(names.column().label("key"), metrics.c.rank, metrics.c.step, backend.value_or_nan(metrics.c.value))
+    for chunk in backend.numpy_chunks(conn, stmt.where(*where), [np.int64, np.int64, np.int64, np.float64]):
+        chunk[0], keep = names.numbers(chunk[0])
+        if chunk[1].min() < ranks[0] or chunk[1].max() > ranks[1]:  # a rank that came after the pass began
+            keep = (chunk[1] >= ranks[0]) & (chunk[1] <= ranks[1]) & (True if keep is None else keep)
+        grid.add(*(chunk if keep is None else [col[keep] for col in chunk]))
+        del chunk, keep
+    return _Laid(grid.window()) if grid.rows else None
 
 
 def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],

@@ -13,7 +13,7 @@ import numpy as np
 
 from multirank_logger.query.rank_spread import step_rank_cells
 
-__all__ = ["NON_FINITE_NAN", "NON_FINITE_NEG_INF", "NON_FINITE_POS_INF", "Window", "lay_out"]
+__all__ = ["GridBuilder", "NON_FINITE_NAN", "NON_FINITE_NEG_INF", "NON_FINITE_POS_INF", "Window", "lay_out"]
 
 
 @dataclass
@@ -53,9 +53,20 @@ def lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, va
         flat[cell[last_row]] = value[last_row]
     else:
         flat[cell] = value
-    bad = np.flatnonzero(~np.isfinite(value))  # counted over every stored row, repeats too
+    bad, kind = _non_finite(value)  # counted over every stored row, repeats too
+    return _window(steps, ranks, flat, logged, n_keys, (key[bad], rank[bad], step[bad], kind))
+
+
+def _non_finite(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows whose value is NaN or inf, and which (NON_FINITE_*)."""
+    bad = np.flatnonzero(~np.isfinite(value))
     kind = np.where(np.isnan(value[bad]), NON_FINITE_NAN, np.where(value[bad] > 0, NON_FINITE_POS_INF, NON_FINITE_NEG_INF))
-    if len(bad) and (kind != NON_FINITE_NAN).any():
+    return bad, kind
+
+
+def _window(steps: np.ndarray, ranks: np.ndarray, flat: np.ndarray, logged: np.ndarray, n_keys: int,
+            bad: tuple[np.ndarray, ...]) -> Window:  # fmt: skip
+    if len(bad[3]) and (bad[3] != NON_FINITE_NAN).any():
         flat[np.isinf(flat)] = np.nan  # NaN/inf are the non-finite finding's
     shape = (n_keys, len(steps), len(ranks))
     grid, in_cell = flat.reshape(shape), logged.reshape(shape)
@@ -64,4 +75,50 @@ def lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, va
         steps, grid, in_cell = steps[step_in], grid[:, step_in], in_cell[:, step_in]
     if not rank_in.all():
         ranks, grid, in_cell = ranks[rank_in], grid[:, :, rank_in], in_cell[:, :, rank_in]
-    return Window(steps, ranks, grid, in_cell, key[bad], rank[bad], step[bad], kind)
+    return Window(steps, ranks, grid, in_cell, *bad)
+
+
+class GridBuilder:
+    """A `Window` of known steps and ranks (every step from the first to the last, every rank
+    from the lowest to the highest: dense), its rows placed a chunk at a time as they are read.
+
+    What `lay_out` makes of all of a window's rows at once, in the memory of the grid (9 bytes a
+    cell) and of one chunk: the report's pass reads longer windows in it, each a scan of fewer
+    of the store's row groups (DuckDB's zone maps by step).
+    """
+
+    def __init__(self, n_keys: int, first_step: int, last_step: int, low_rank: int, high_rank: int) -> None:
+        self.n_keys = n_keys
+        self.steps = np.arange(first_step, last_step + 1)
+        self.ranks = np.arange(low_rank, high_rank + 1)
+        cells = n_keys * len(self.steps) * len(self.ranks)
+        self.flat = np.full(cells, np.nan)
+        self.logged = np.zeros(cells, bool)
+        self.rows = 0
+        self.bad: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, key: np.ndarray, rank: np.ndarray, step: np.ndarray, value: np.ndarray) -> None:
+        """A chunk of rows within the grid's steps and ranks (key: its number, below `n_keys`)."""
+        n_ranks = len(self.ranks)
+        first, last = int(self.steps[0]), int(self.steps[-1])
+        narrow = len(self.flat) < 2**31 and -(2**31) <= first and last < 2**31  # int32 cells where they fit
+        cell = step.astype(np.int32 if narrow else np.int64)  # in place from here
+        cell -= first
+        cell *= n_ranks
+        cell += rank
+        cell -= int(self.ranks[0])
+        cell += key.astype(cell.dtype, copy=False) * (len(self.steps) * n_ranks)
+        self.logged[cell] = True
+        self.flat[cell] = value
+        self.rows += len(cell)
+        bad, kind = _non_finite(value)
+        if len(bad):
+            self.bad.append((key[bad], rank[bad], step[bad], kind))
+
+    def window(self) -> Window | None:
+        """The window; None when a cell holds two rows (a rank's repeated call: `lay_out` with seq decides)."""
+        if np.count_nonzero(self.logged) < self.rows:
+            return None
+        bad = tuple(np.concatenate(col) for col in zip(*self.bad)) if self.bad else (
+            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # fmt: skip
+        return _window(self.steps, self.ranks, self.flat, self.logged, self.n_keys, bad)

@@ -11,7 +11,7 @@ On the read side (``query/reader.py`` asks, the backend answers, over a connecti
 - ``per_rank_columns``: one key of every rank, in any order (``per_rank`` places each row by its step and rank);
 - ``rank_calls``: one rank's keys and its rows in call order, streamed (the CSV export);
 - ``hold_snapshot``: make the reads that follow see one state of a store still written;
-- ``window_readers``, ``value_or_nan``, ``key_hash``, ``numpy_columns``: how the report's pass
+- ``window_readers``, ``value_or_nan``, ``key_hash``, ``numpy_columns``, ``numpy_chunks``: how the report's pass
   (``query/run_scan.py``) reads a run's rows fastest;
 - ``run_readonly``: a user's SQL, refused when it would write (``readonly_sql.py``, next to this one);
 - ``sql_infinity``: the SQL literal for +infinity.
@@ -270,10 +270,15 @@ class Backend:
     def numpy_columns(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> list[np.ndarray] | None:
         """A SELECT's columns as NumPy arrays (the driver's rows converted to `types`; a backend
         that reads Arrow keeps Arrow's types); None when it returned no row."""
-        parts = [row_columns(chunk, list(types)) for chunk in self.row_chunks(conn, stmt)]
+        parts = list(self.numpy_chunks(conn, stmt, types))
         if not parts:
             return None
         return [np.concatenate(col) for col in zip(*parts)]
+
+    def numpy_chunks(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> Iterator[list[np.ndarray]]:
+        """`numpy_columns`, a chunk of rows at a time (none empty): what a reader places and lets go."""
+        for chunk in self.row_chunks(conn, stmt):
+            yield row_columns(chunk, list(types))
 
     def run_keys(self, conn: sa.Connection, run_id: int) -> list[str]:
         """The distinct metric keys of a run, any rank, in no particular order."""
