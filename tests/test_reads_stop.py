@@ -54,11 +54,11 @@ def big_store(db: Path, ranks: int = RANKS, steps: int = STEPS, keys: int = KEYS
 
 
 #: ranks of the big store per backend: DuckDB reads its rows several times faster than SQLite
-BIG_RANKS = {".sqlite": 32, ".duckdb": 128}
+BIG_RANKS = {".sqlite": 32, ".duckdb": 256}
 #: a stopped report must end within this after SIGINT (it stops in well under a second unloaded)
 STOPS_WITHIN_S = 3.0
 #: ui --request-timeout of the 503 test, per backend (see the test)
-REQUEST_BOUND_S = {".sqlite": 4, ".duckdb": 1}
+REQUEST_BOUND_S = {".sqlite": 4, ".duckdb": 0.5}
 
 
 @pytest.fixture(scope="module", params=[".sqlite", ".duckdb"])
@@ -132,8 +132,9 @@ def _get(url: str, answers: list[tuple[int, str]]) -> None:
 def test_page_request_past_its_timeout_answers_503(big: Path) -> None:
     """ui --request-timeout: the findings of the big run (seconds of reads) answer 503 about the
     bound later, saying so; the server answers the next request. The bound is below the findings'
-    time (~11 s on SQLite, ~3 s on DuckDB, quiet) and above the runs list's (~0.6 s on SQLite,
-    quiet; over 1 s beside the suite's trainings)."""
+    time (~11 s on SQLite, ~1.6 s on DuckDB, quiet, since the report's pass lays windows out as it
+    reads them) and above the runs list's (~0.6 s on SQLite, quiet; over 1 s beside the suite's
+    trainings; DuckDB's comes from the step summaries: milliseconds)."""
     bound = REQUEST_BOUND_S[big.suffix]
     proc, url = _start_ui(big, "--request-timeout", str(bound))
     try:
@@ -161,7 +162,7 @@ def test_ctrl_c_stops_the_page_while_a_request_reads(big: Path) -> None:
     client = threading.Thread(target=_get, args=(f"{url}api/run/1/findings", answers), daemon=True)
     try:
         client.start()
-        time.sleep(1.5)  # the request's pass under way (its store opened at start-up already)
+        time.sleep(0.5)  # the request's pass under way (its store opened at start-up already; DuckDB's takes ~1.6 s)
         assert not answers, answers
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
