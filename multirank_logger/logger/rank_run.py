@@ -113,8 +113,8 @@ class RankRun:
         """Rank 0, once its sink is set up: start the watch (logger/watch.py) when asked for.
         Cheap when there is nothing to do (`save` calls it on every step of rank 0)."""
         setup = self.sink_setup
-        if self.watch is not None or not self.settings.watch or setup.sink is None or setup.rank != 0:
-            return
+        if self.watch is not None or self.watch_failed or not self.settings.watch or setup.sink is None or setup.rank != 0:
+            return  # (watch_failed: no lock taken at every save of a rank 0 whose watch could not start)
         with self.lock:
             if self.watch is not None or setup.transport is None or self.watch_failed:
                 return
