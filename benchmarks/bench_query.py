@@ -68,14 +68,19 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
 
     ``faults``: (outlier rank, NaN rank, NaN step): the outlier rank's KEY is shifted by +3 from
     step steps // 2 on (the other ranks' values are uniform in [0, 1)), and KEY is NaN at one
-    (rank, step)."""
+    (rank, step).
+
+    The rows go in one INSERT per ``_CHUNK_STEPS`` steps (every rank's, rank after rank), each
+    with its summaries: the layout a logger flushing every 1,000 steps leaves, with no sort
+    of the whole table, so a billion rows build in memory and time linear in the chunks."""
     import duckdb
 
     from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
+    from multirank_logger.store.step_summaries import backfill
 
     path = store_path(ranks, steps, keys, faults=faults is not None)
-    if path.is_file():
+    if path.is_file() and _same_schema(path):
         return path
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.duckdb")
@@ -89,28 +94,34 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
     store.close()
     con = duckdb.connect(str(tmp))
     con.execute("SET enable_progress_bar = false")
-    con.execute("SET memory_limit = '3GB'")  # a shared machine: the sort spills to disk past it
+    con.execute("SET memory_limit = '3GB'")  # a shared machine
     con.execute("SELECT setseed(0.5)")
     cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
-    con.execute(
-        f"""
-        INSERT INTO metrics ({cols})
-        SELECT {run.id}, r.range::INTEGER, s.range, s.range, 'metric_' || k.range, random(), 0,
-               1.7e9 + s.range * 0.01
-        FROM range({ranks}) r, range({steps}) s, range({keys}) k
-        ORDER BY s.range // {_CHUNK_STEPS}, r.range, s.range, k.range
-        """
-    )
+    value, dtype = "random()", "0"
     if faults is not None:
         outlier, nan_rank, nan_step = faults
-        con.execute(f"UPDATE metrics SET value = value + 3 WHERE rank = {outlier} AND key = '{KEY}' "
-                    f"AND step >= {steps // 2}")
-        con.execute(f"UPDATE metrics SET value = NULL, dtype = {DTYPE_NAN} WHERE rank = {nan_rank} "
-                    f"AND step = {nan_step} AND key = '{KEY}'")
-    # what the store's own writes keep beside the rows (store/step_summaries.py): their summaries
-    from multirank_logger.store.step_summaries import backfill
-
-    con.execute(backfill())
+        key_no = int(KEY.removeprefix("metric_"))
+        nan = f"r.range = {nan_rank} AND s.range = {nan_step} AND k.range = {key_no}"
+        shifted = f"r.range = {outlier} AND k.range = {key_no} AND s.range >= {steps // 2}"
+        value = f"CASE WHEN {nan} THEN NULL WHEN {shifted} THEN random() + 3 ELSE random() END"
+        dtype = f"CASE WHEN {nan} THEN {DTYPE_NAN} ELSE 0 END"
+    for first in range(0, steps, _CHUNK_STEPS):
+        last = min(first + _CHUNK_STEPS, steps)
+        con.execute("BEGIN")
+        con.execute(
+            f"""
+            INSERT INTO metrics ({cols})
+            SELECT {run.id}, r.range::INTEGER, s.range, s.range, 'metric_' || k.range, {value}, {dtype},
+                   1.7e9 + s.range * 0.01
+            FROM range({ranks}) r, range({first}, {last}) s, range({keys}) k
+            ORDER BY r.range, s.range, k.range
+            """
+        )
+        # what the store's own writes keep beside the rows (store/step_summaries.py): their summaries
+        con.execute(backfill(where=f"WHERE step >= {first} AND step < {last}"))
+        con.execute("COMMIT")
+        if ranks * steps * keys >= 100_000_000 and first // _CHUNK_STEPS % 10 == 9:
+            print(f"  {last:,} of {steps:,} steps in {time.perf_counter() - t0:.0f} s", flush=True)
     # what the store's own writes record (store/seq_spans.py): one seq span per rank
     con.execute("INSERT INTO metric_spans (run_id, rank, first_seq, last_seq) "
                 "SELECT run_id, rank, MIN(seq), MAX(seq) FROM metrics GROUP BY run_id, rank")
@@ -119,6 +130,28 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
     os.replace(tmp, path)
     print(f"  generated {path.name} ({ranks * steps * keys:,} rows) in {time.perf_counter() - t0:.1f} s", flush=True)
     return path
+
+
+def _same_schema(path: Path) -> bool:
+    """Whether a cached store has the schema a store created now has (every table and column):
+    the cache is keyed by the schema's revision, but a revision rewritten during development
+    keeps its name."""
+    import duckdb
+
+    from multirank_logger.store.sql_store import Store
+
+    def columns(db: Path) -> set[tuple[str, str]]:
+        with duckdb.connect(str(db), read_only=True) as con:
+            return set(con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall())
+
+    with tempfile.TemporaryDirectory(prefix="bench-schema-") as root:
+        Store(Path(root) / "fresh.duckdb").close()
+        fresh = columns(Path(root) / "fresh.duckdb")
+    if columns(path) == fresh:
+        return True
+    print(f"  {path.name}: its schema is not this project's; generating it again", flush=True)
+    path.unlink()
+    return False
 
 
 def build_sqlite_store(ranks: int, steps: int, keys: int) -> Path:
