@@ -148,7 +148,7 @@ def _assert_page_agrees(db: str, run_id: int) -> None:
                                   .where(m.run_id == run_id)).to_pylist()[0]  # fmt: skip
         first = low["a"] - low["a"] % SUMMARY_STEPS
         for key in reader.keys(run_id):
-            for width in (SUMMARY_STEPS, 2 * SUMMARY_STEPS):
+            for width in (SUMMARY_STEPS, 2 * SUMMARY_STEPS, 8 * SUMMARY_STEPS):  # laid out in NumPy, and SQL's GROUP BY
                 a = _rows_grid(reader._fetch_arrow, run_id, key, first, low["b"], width)
                 b = _summaries_grid(reader._fetch_arrow, run_id, key, first, width)
                 assert b is not None and (a.ranks, a.steps, a.width) == (b.ranks, b.steps, b.width)

@@ -317,59 +317,82 @@ def _from_summaries(fetch_arrow: FetchArrow, run_id: int, key: str, columns: int
     return _summaries_grid(fetch_arrow, run_id, key, first, -(-width // SUMMARY_STEPS) * SUMMARY_STEPS)
 
 
+#: a key's summary rows are read one by one and merged in NumPy while a bucket of the page holds
+#: at most this many of them (1,024 ranks x 100,000 steps: 4); past it DuckDB's GROUP BY merges them
+_ROWS_PER_CELL = 4
+
+
 def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, width: int) -> BucketSummary | None:
     """`summarize` of a metric key from its summaries, in buckets of `width` steps from `first`
     (both multiples of SUMMARY_STEPS); None when the run holds no summary of the key."""
     s = step_summaries.c
     mine = (s.run_id == run_id, s.key == key)
     sums = ("n_finite", "total", "n_nan", "n_pos_inf", "n_neg_inf")
-    cells: Any = None
-    if width == SUMMARY_STEPS:
-        # a bucket a column: about one summary row a cell, which DuckDB's GROUP BY of as many groups
-        # took 0.9 s to hash (1,024 ranks x 1,563 buckets); NumPy merges them in ~0.1 s
+    if width <= _ROWS_PER_CELL * SUMMARY_STEPS:
+        # a few summary rows a cell, which DuckDB's GROUP BY of as many groups took 0.9 s to hash
+        # (1,024 ranks x 1,563 buckets); NumPy merges them in place in ~0.1 s
         rows = fetch_arrow(sa.select(s.rank.label("rank"), (s.step - first).label("b"), *(s[n] for n in sums), s.lo, s.hi)
                            .where(*mine))  # fmt: skip
-        cells = _merged(rows, sums, width)
-    if cells is None:
-        bucket = (s.step - first) - (s.step - first) % width
-        stmt = (
-            sa.select(s.rank.label("rank"), bucket.label("b"), *(sa.cast(sa.func.sum(s[n]), sa.Float(53)).label(n) for n in sums),
-                      sa.func.min(s.lo).label("lo"), sa.func.max(s.hi).label("hi"))
-            .where(*mine).group_by(s.rank, sa.literal_column("b"))
-        )  # fmt: skip
-        found = fetch_arrow(stmt)
-        cells = {name: _column(found, name, np.int64 if name in ("rank", "b") else float) for name in found.column_names}
-    if not len(cells["rank"]):
-        return None  # a key the run does not hold: the rows' path answers it as it always has
+        if not rows.num_rows:
+            return None  # a key the run does not hold: the rows' path answers it as it always has
+        if (laid_out := _laid_out(key, first, width, rows)) is not None:
+            return laid_out
+    bucket = (s.step - first) - (s.step - first) % width
+    stmt = (
+        sa.select(s.rank.label("rank"), bucket.label("b"), *(sa.cast(sa.func.sum(s[n]), sa.Float(53)).label(n) for n in sums),
+                  sa.func.min(s.lo).label("lo"), sa.func.max(s.hi).label("hi"))
+        .where(*mine).group_by(s.rank, sa.literal_column("b"))
+    )  # fmt: skip
+    found = fetch_arrow(stmt)
+    if not found.num_rows:
+        return None
+    cells = {name: _column(found, name, np.int64 if name in ("rank", "b") else float) for name in found.column_names}
     n, pos, neg = cells["n_finite"], cells["n_pos_inf"], cells["n_neg_inf"]
-    with np.errstate(invalid="ignore", divide="ignore"):  # SQL's avg: NaN where an inf was among the values
-        mean = np.where((pos + neg == 0) & (n > 0), cells["total"] / n, np.nan)
-    lo = np.where(neg > 0, np.nan, cells["lo"])  # NULL (no finite value): NaN already
-    hi = np.where(pos > 0, np.nan, cells["hi"])
-    bad = cells["n_nan"] + pos + neg > 0
+    mean, lo, hi, bad = _cell_values(n, cells["total"], cells["n_nan"], pos, neg, cells["lo"], cells["hi"])
     return _matrix(key, first, width, cells["rank"], cells["b"] // width, mean, lo, hi, bad)
 
 
-def _merged(rows: Any, sums: tuple[str, ...], width: int) -> dict[str, np.ndarray] | None:
-    """Summary rows (rank, b, the `sums`, lo, hi) merged per (rank, bucket of `width`): SUM, MIN
-    (NaN: none), MAX; None where the ranks and buckets are too sparse to count them in place."""
+def _cell_values(n: np.ndarray, total: np.ndarray, nans: np.ndarray, pos: np.ndarray, neg: np.ndarray,
+                 lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Merged summaries (finite count and sum, NaN, +inf and -inf counts, finite min and max) as
+    the rows' path has them: mean, min, max (NaN where not finite) and whether a non-finite fell."""
+    with np.errstate(invalid="ignore", divide="ignore"):  # SQL's avg: NaN where an inf was among the values
+        mean = np.where((pos + neg == 0) & (n > 0), total / n, np.nan)
+    lo = np.where(neg > 0, np.nan, lo)  # NULL (no finite value): NaN already
+    hi = np.where(pos > 0, np.nan, hi)
+    return mean, lo, hi, nans + pos + neg > 0
+
+
+def _laid_out(key: str, first: int, width: int, rows: Any) -> BucketSummary | None:
+    """`rows` (rank, b, the summaries' counts and sums, lo, hi: one per summary) merged per (rank,
+    bucket of `width`) straight into the rank x bucket grid: SUM, MIN (NaN: none), MAX; None where
+    the ranks and buckets are too sparse to lay out in place."""
     rank, col = _column(rows, "rank", np.int64), _column(rows, "b", np.int64) // width
-    if not len(rank):
-        return {name: np.zeros(0) for name in ("rank", "b", *sums, "lo", "hi")}
     low, n_cols = int(rank.min()), int(col.max()) + 1
-    size = (int(rank.max()) - low + 1) * n_cols
+    n_ranks = int(rank.max()) - low + 1
+    size = n_ranks * n_cols
     if size > 4 * len(rank) + 1024:
         return None
     cell = (rank - low) * n_cols + col
-    present = np.flatnonzero(np.bincount(cell, minlength=size))
-    out = {"rank": present // n_cols + low, "b": (present % n_cols) * width}
-    for name in sums:
-        out[name] = np.bincount(cell, weights=_column(rows, name, float), minlength=size)[present]
-    for name, reduce in (("lo", np.fmin), ("hi", np.fmax)):  # fmin/fmax: a NULL (NaN) loses to any value
-        merged = np.full(size, np.nan)
-        reduce.at(merged, cell, _column(rows, name, float))
-        out[name] = merged[present]
-    return out
+    count = np.bincount(cell, minlength=size)
+    one_each = int(count.max()) == 1
+
+    def summed(name: str) -> np.ndarray:
+        return np.bincount(cell, weights=_column(rows, name, float), minlength=size)
+
+    def extreme(name: str, reduce: Any) -> np.ndarray:
+        out, values = np.full(size, np.nan), _column(rows, name, float)
+        if one_each:
+            out[cell] = values  # a summary a cell (the common case): no merge
+        else:
+            reduce.at(out, cell, values)  # fmin/fmax: a NULL (NaN) loses to any value
+        return out
+
+    mean, lo, hi, bad = _cell_values(summed("n_finite"), summed("total"), summed("n_nan"), summed("n_pos_inf"),
+                                     summed("n_neg_inf"), extreme("lo", np.fmin), extreme("hi", np.fmax))  # fmt: skip
+    held = count.reshape(n_ranks, n_cols).any(axis=1)  # the ranks with a summary of the key
+    grid = [m.reshape(n_ranks, n_cols)[held] for m in (mean, lo, hi, bad)]
+    return _summary(key, first, width, (np.flatnonzero(held) + low).tolist(), *grid)
 
 
 def _matrix(series: str, first: int, width: int, rank: np.ndarray, col: np.ndarray, mean: np.ndarray,
@@ -387,9 +410,16 @@ def _matrix(series: str, first: int, width: int, rank: np.ndarray, col: np.ndarr
         out.append(m)
     flags = np.zeros(shape, dtype=bool)
     flags[row, col] = bad
+    return _summary(series, first, width, ranks.tolist(), out[0], out[1], out[2], flags)
+
+
+def _summary(series: str, first: int, width: int, ranks: list[int], mean: np.ndarray, lo: np.ndarray,
+             hi: np.ndarray, flags: np.ndarray) -> BucketSummary:  # fmt: skip
+    """The summary of rank x bucket grids (NaN where a rank has no finite value in a bucket)."""
+    n_cols = mean.shape[1]
     steps = [first + j * width for j in range(n_cols)]
-    lo, hi = np.full(n_cols, np.nan), np.full(n_cols, np.nan)
-    if len(ranks):
+    col_lo, col_hi = np.full(n_cols, np.nan), np.full(n_cols, np.nan)
+    if ranks:
         with _quiet():  # a bucket no rank has a finite value in: NaN
-            lo, hi = np.nanmin(out[1], axis=0), np.nanmax(out[2], axis=0)
-    return BucketSummary(series, ranks.tolist(), steps, width, out[0], lo, hi, flags)
+            col_lo, col_hi = np.nanmin(lo, axis=0), np.nanmax(hi, axis=0)
+    return BucketSummary(series, ranks, steps, width, mean, col_lo, col_hi, flags)
