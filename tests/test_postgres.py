@@ -74,6 +74,29 @@ def test_the_name_shown_and_shared_holds_no_password(url: str) -> None:
     assert ("sslmode=require" in shown) == ("sslmode=require" in url)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://trainer:s3cret%2Fx@db-host/runs",
+        "postgresql://trainer@db-host/runs?password=s3cret/x&sslmode=require",
+        "postgresql+psycopg://trainer@db-host/runs?sslpassword=s3cret/x",
+    ],
+)
+def test_an_error_shown_holds_no_password(url: str) -> None:
+    """An error's text that quotes the URL it was given (SQLAlchemy's, a driver's) is shown
+    with the password, raw or URL-quoted, replaced (`without_secrets`): the watch's warning, the
+    page's 500 answer."""
+    from sqlalchemy.engine import make_url
+
+    from multirank_logger.store.backends import without_secrets
+
+    said = f"could not use {url} (password s3cret/x, quoted s3cret%2Fx)"
+    for db in (url, make_url(url)):
+        shown = without_secrets(said, db)
+        assert "s3cret" not in shown and "db-host/runs" in shown and shown.count("***") >= 2
+    assert without_secrets(said, "/runs/s3cret.duckdb") == said  # a path names no secret
+
+
 def _calls(run_id: int, ranks: range, seqs: range) -> pa.RecordBatch:
     """Rows of `seqs` (two keys each, at step = seq) from every rank of `ranks`."""
     batches = []

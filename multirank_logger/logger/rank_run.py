@@ -43,10 +43,11 @@ from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
 from multirank_logger.logger.watch import Watch, watch_for
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.store.backends import backend_for
+from multirank_logger.store.backends import backend_for, without_secrets
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
+from multirank_logger.store.write_errors import describe
 from multirank_logger.transport.identity import IdentityBoard, RunIdentity, withdraw_identity
 from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write import process_hooks
@@ -128,7 +129,7 @@ class RankRun:
                 watch.start()
             except Exception as exc:  # noqa: BLE001 - the watch never takes the training down
                 self.watch_failed = True
-                rank_zero_warn(f"MultiRankLogger: the watch could not start ({type(exc).__name__}: {exc}); the run "
+                rank_zero_warn(f"MultiRankLogger: the watch could not start ({without_secrets(describe(exc), settings.url)}); the run "
                                "is logged as usual, without alerts.")  # fmt: skip
                 return
             if fed:

@@ -40,7 +40,8 @@ from urllib.parse import parse_qs, urlsplit
 from multirank_logger.errors import LookupFailed, MultiRankLoggerError, ReadsStopped
 from multirank_logger.query.reader import StoreReader, open_store
 from multirank_logger.query.step_buckets import BucketSummary
-from multirank_logger.store.backends import public_name
+from multirank_logger.store.backends import public_name, without_secrets
+from multirank_logger.store.write_errors import describe
 from multirank_logger.ui import views
 from multirank_logger.ui.page import STATIC, page_html
 
@@ -288,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise
         except Exception as exc:  # a driver's error on a file deleted or replaced under us: say it, stay up
             traceback.print_exc(file=sys.stderr)
-            raise _Answer(HTTPStatus.INTERNAL_SERVER_ERROR, f"Could not read {public_name(self.server.db)}: {type(exc).__name__}: {exc}") from exc
+            raise _Answer(HTTPStatus.INTERNAL_SERVER_ERROR, f"Could not read {public_name(self.server.db)}: {without_secrets(describe(exc), self.server.db)}") from exc
 
     def _route(self, route: str, query: dict[str, str]) -> Any:
         if route == "runs":

@@ -15,6 +15,7 @@ from multirank_logger.store.backends.base import (
     names_a_store,
     public_name,
     resolve_url,
+    without_secrets,
 )
 from multirank_logger.store.backends.duckdb import DuckDBBackend, register_alembic_impl
 from multirank_logger.store.backends.postgresql import PostgreSQLBackend
@@ -31,6 +32,7 @@ __all__ = [
     "backend_for",
     "names_a_store",
     "public_name",
+    "without_secrets",
     "register_alembic_impl",
     "resolve_url",
 ]

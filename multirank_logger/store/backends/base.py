@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, quote_plus
 
 import numpy as np
 import sqlalchemy as sa
@@ -83,6 +84,24 @@ def public_name(db: str | os.PathLike[str] | URL) -> str:
     except (sa.exc.ArgumentError, ValueError):  # no URL SQLAlchemy can read: drop what sits between "user:" and the last "@"
         text = re.sub(r"^([a-z][a-z0-9+]*://[^:/@]*):.*@", r"\1@", text)
         return re.sub(rf"([?&](?:{'|'.join(_SECRET_QUERY_KEYS)})=)[^&]*", r"\1***", text)
+
+
+def without_secrets(text: str, db: str | os.PathLike[str] | URL) -> str:
+    """`text` (an error's, say: a driver may quote the URL it was given) with the store's secrets
+    (its password, raw and URL-quoted, and the secret query parameters) replaced by ``***``."""
+    if not isinstance(db, URL):
+        name = os.fspath(db)
+        if not re.match(r"^[a-z][a-z0-9+]*://", name):
+            return text  # a path
+        try:
+            db = make_url(name)
+        except (sa.exc.ArgumentError, ValueError):  # no URL SQLAlchemy reads: the whole of it goes
+            return text.replace(name, public_name(name))
+    secrets = [db.password or ""] + [str(v) for k, v in db.query.items() if k in _SECRET_QUERY_KEYS]
+    for secret in filter(None, secrets):
+        for form in {str(secret), quote(str(secret), safe=""), quote_plus(str(secret))}:
+            text = text.replace(form, "***")
+    return text
 
 
 #: query parameters of a URL that carry a secret (libpq's keywords), dropped by `public_name`
