@@ -212,6 +212,7 @@ def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: o
 
     from multirank_logger import open_store
     from multirank_logger.store.sql_store import Store
+    from multirank_logger.ui.views import runs_view
 
     store = Store(str(db_path))
     runs = [store.create_run(name, world_size=2) for name in ("by_alert", "by_decisions", "ran_out")]
@@ -234,9 +235,11 @@ def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: o
         store.close()
     with open_store(str(db_path)) as reader:
         listed = reader.runs()["stopped_by"].tolist()
+        on_the_page = [r["stopped_by"] for r in reversed(runs_view(reader))]  # the page's runs list, newest first
         found = reader.stopped_by("by_decisions")
         assert reader.stopped_by("ran_out") is None
     assert listed == ["stopped by StopOnAlert at step 64 (departure alert: rank 1, loss, from step 60)",
                       "stopped by StopOnAlert at step 30 (straggler alert: rank 3, timing:data_s)", None]  # fmt: skip
+    assert on_the_page == listed
     assert found == {"step": 30, "alert_kind": "straggler", "key": "timing:data_s", "rank": 3, "first_step": None,
                      "monitor": "straggler:timing:data_s:rank 3"}  # fmt: skip

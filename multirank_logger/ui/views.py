@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from multirank_logger.judgement.ranks import non_finite_ranks
 from multirank_logger.model.schema import metrics, ranks, runs, step_timing
 from multirank_logger.query.reader import StoreReader
+from multirank_logger.query.side_tables import read_stops, stop_text
 from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary, summarize
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
     if only is not None:
         stmt = stmt.where(runs.c.id == only)
     out = []
+    stops = read_stops(reader._fetch_arrow)  # why a run ended early (StopOnAlert), as `runs` says it
     for r in reader._fetch_arrow(stmt).to_pylist():
         last = reader._fetch_arrow(
             sa.select(sa.func.max(metrics.c.step).label("step"), sa.func.max(metrics.c.time).label("time"))
@@ -82,7 +84,8 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
         out.append({"id": r["id"], "run": label, "status": r["status"], "ranks": r["world_size"], "nodes": r["n_nodes"],
                     "transport": r["transport"], "started": r["started_at"],
                     "duration_s": None if end is None else end - r["started_at"],
-                    "last_step": last["step"], "last_time": last["time"], "uuid": r["run_uuid"]})  # fmt: skip
+                    "last_step": last["step"], "last_time": last["time"], "uuid": r["run_uuid"],
+                    "stopped_by": stop_text(stops[r["id"]]) if r["id"] in stops else None})  # fmt: skip
     return out
 
 

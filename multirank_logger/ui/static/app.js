@@ -88,7 +88,7 @@
       table.replaceChildren(
         el("tr", {}, ...["id", "run", "status", "ranks", "nodes", "duration", "last step", "transport", "started", STATIC ? "" : "overlay"].map((h) => el("th", {}, h))),
         ...runs.map((r) => el("tr", { "data-run": r.id },
-          el("td", {}, r.id), el("td", {}, el("a", { href: runHref(r.id) }, r.run)), el("td", { class: "st-" + r.status }, r.status),
+          el("td", {}, r.id), el("td", {}, el("a", { href: runHref(r.id) }, r.run)), el("td", { class: "st-" + r.status }, r.status, r.stopped_by ? el("div", { class: "muted" }, r.stopped_by) : null),
           el("td", {}, r.ranks), el("td", {}, r.nodes ?? "-"), el("td", {}, dur(r.duration_s)), el("td", {}, r.last_step ?? "-"),
           el("td", {}, r.transport ?? "-"), el("td", {}, when(r.started)), el("td", {}, STATIC ? null : tick(r)))));
       compare.hidden = runs.length < 2;
