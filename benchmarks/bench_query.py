@@ -133,21 +133,17 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
 
 
 def _same_schema(path: Path) -> bool:
-    """Whether a cached store has the schema a store created now has (every table and column):
-    the cache is keyed by the schema's revision, but a revision rewritten during development
-    keeps its name."""
+    """Whether a cached store has this project's schema (every table and column of
+    ``model/schema.py``): the cache is keyed by the schema's revision, but a revision rewritten
+    during development keeps its name."""
     import duckdb
 
-    from multirank_logger.store.sql_store import Store
+    from multirank_logger.model.schema import metadata
 
-    def columns(db: Path) -> set[tuple[str, str]]:
-        with duckdb.connect(str(db), read_only=True) as con:
-            return set(con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall())
-
-    with tempfile.TemporaryDirectory(prefix="bench-schema-") as root:
-        Store(Path(root) / "fresh.duckdb").close()
-        fresh = columns(Path(root) / "fresh.duckdb")
-    if columns(path) == fresh:
+    wanted = {(t.name, c.name) for t in metadata.sorted_tables for c in t.columns} | {("alembic_version", "version_num")}
+    with duckdb.connect(str(path), read_only=True) as con:
+        found = set(con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall())
+    if found == wanted:
         return True
     print(f"  {path.name}: its schema is not this project's; generating it again", flush=True)
     path.unlink()
