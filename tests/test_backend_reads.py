@@ -19,6 +19,7 @@ from multirank_logger.errors import ReadOnlyViolation
 from multirank_logger.model.schema import encode_value, metrics
 from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend
 from multirank_logger.store.sql_store import Store
+from tests.helpers.stores import keep_summaries
 
 # (rank, seq, step, key, value): three calls of rank 0, two of rank 1, seq per rank; "c" only
 # rank 0 logged, "d" only rank 1; rank 2 is in the run (world_size 3) and logged nothing
@@ -41,6 +42,7 @@ def _insert(store: Store, run_id: int, rows: list[tuple[int, int, int, str, Any]
                        "dtype": dtype, "time": 0.0})  # fmt: skip
     with store.begin() as conn:
         conn.execute(sa.insert(metrics), params)
+        keep_summaries(conn, run_id)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from multirank_logger.model.schema import metrics, runs
 from multirank_logger.query.reader import open_store
 from multirank_logger.store.backends.duckdb_params import inline_parameters
 from multirank_logger.store.sql_store import Store
+from tests.helpers.stores import keep_summaries
 
 ODD_KEYS = ["it's", "back\\slash", "$1 and $2", 'a "quoted" name', "ünïcode/é", "new\nline", "NaN", ""]
 
@@ -36,6 +37,7 @@ def _store(path: Path, keys: list[str]) -> None:
             {"run_id": 1, "rank": rank, "seq": i, "step": 10, "key": key, "value": rank * 100.0 + i, "dtype": 0, "time": 0.0}
             for rank in range(3) for i, key in enumerate(keys)
         ])  # fmt: skip
+        keep_summaries(conn, 1)
     store.close()
 
 

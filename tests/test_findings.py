@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from multirank_logger.report.findings import departures
+from tests.helpers.stores import keep_summaries
 
 pytest.importorskip("matplotlib", reason="the plot tests need matplotlib (pip install -e '.[test]')")
 
@@ -204,6 +205,7 @@ def _fill_side_store(db: str) -> str:
                            ("grad", float("inf") if (r, s) == (2, 3) else float("-inf") if (r, s) == (2, 5) else 0.5))
             for v, dtype in [encode_value(x)]
         ])  # fmt: skip
+        keep_summaries(conn, 1)
     store.close()
     return db
 

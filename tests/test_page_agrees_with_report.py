@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from tests.helpers.stores import keep_summaries
 from tests.page_agreement import page_and_report
 from tests.test_findings import _fill_side_store
 from tests.test_run_scan import RANKS, _rows
@@ -43,6 +44,7 @@ def test_the_run_scan_run(any_db: str) -> None:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "scan", "version": 0, "status": "success",
                                         "world_size": RANKS, "started_at": time.time()}])  # fmt: skip
         conn.execute(sa.insert(metrics), _rows(0))
+        keep_summaries(conn, 1)
     store.close()
     compared = page_and_report(any_db)
     assert ("a_loss", [5], [5]) in compared and ("b_acc", [2], [2]) in compared

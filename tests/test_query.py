@@ -21,6 +21,7 @@ from multirank_logger.model.csv_layout import write_csv
 from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend, backend_for, resolve_url
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
+from tests.helpers.stores import keep_summaries
 
 Call = tuple[Mapping[str, Any], int]
 ODD_KEYS = ['it\'s "quoted", comma', "naïve ключ", "x; DROP TABLE metrics; --"]
@@ -164,6 +165,7 @@ def test_export_reads_one_state_of_a_store_still_written(any_db: str, tmp_path: 
                     "time": 0.0} for k in ("train_loss", "zz_new_key")]
             with writer.engine.begin() as conn:
                 conn.execute(sa.insert(metrics), new)
+                keep_summaries(conn, run_id)
         return read_rows(*args, **kwargs)
 
     monkeypatch.setattr(backend_class, "row_chunks", commit_then_read)

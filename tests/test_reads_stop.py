@@ -24,6 +24,7 @@ from multirank_logger.errors import ReadsStopped
 from multirank_logger.model.schema import METRIC_COLUMNS
 from multirank_logger.store.backends.base import driver_connection
 from multirank_logger.store.sql_store import Store
+from tests.helpers.stores import keep_summaries
 from tests.test_sql_stops import _wait_until_reading
 
 #: the big store's shape: rows enough that the report's pass takes several seconds on 2 cores
@@ -49,6 +50,7 @@ def big_store(db: Path, ranks: int = RANKS, steps: int = STEPS, keys: int = KEYS
            f"1.7e9 + s.i * 0.01 FROM {k}, {r}, {s}")  # fmt: skip
     with store.begin() as conn:
         driver_connection(conn).execute(sql)
+        keep_summaries(conn, run.id)
     store.close()
     return db
 

@@ -21,7 +21,7 @@ from multirank_logger.model.schema import encode_value, metrics, ranks, runs
 from multirank_logger.query.run_scan import scan_run
 from multirank_logger.report.findings import departures, outliers
 from multirank_logger.store.sql_store import Store
-from tests.helpers.stores import new_postgres_database
+from tests.helpers.stores import keep_summaries, new_postgres_database
 
 RANKS, STEPS, KEYS = 7, 240, ("a_loss", "b_acc", "c_flat")
 
@@ -70,6 +70,7 @@ def scan_store(any_db):
         conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success", "started_at": now}
                                         for r in range(RANKS)])  # fmt: skip
         conn.execute(sa.insert(metrics), _rows(0))
+        keep_summaries(conn, 1)
     store.close()
     return any_db
 
@@ -126,6 +127,7 @@ def test_the_pass_lays_out_steps_and_ranks_missing_from_a_window(any_db, stride:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "gaps", "version": 0, "status": "success",
                                         "world_size": RANKS, "started_at": now}])  # fmt: skip
         conn.execute(sa.insert(metrics), rows)
+        keep_summaries(conn, 1)
     store.close()
     with open_store(any_db) as reader:
         ref = reader.resolve_run()
@@ -164,6 +166,7 @@ def test_postgresql_windows_are_read_through_the_rank_step_index(postgres_server
         conn.execute(sa.insert(runs), [{"id": 1, "name": "scan", "version": 0, "status": "success",
                                         "world_size": RANKS, "started_at": now}])  # fmt: skip
         conn.execute(sa.insert(metrics), rows + extra)
+        keep_summaries(conn, 1)
         conn.execute(sa.text("ANALYZE metrics"))
         named = store.backend.window_ranks(conn, 1)
         window = sa.select(metrics.c.rank, metrics.c.step, metrics.c.value).where(

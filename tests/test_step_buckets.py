@@ -14,6 +14,7 @@ from multirank_logger.model.schema import encode_value, metrics
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import summarize
 from multirank_logger.store.sql_store import Store
+from tests.helpers.stores import keep_summaries
 
 RANKS, STEPS = 3, 10
 BAD = {(1, 4): math.nan, (2, 7): math.inf, (0, 2): -math.inf}  # (rank, step): value
@@ -35,6 +36,7 @@ def test_summary_per_rank_and_bucket_marks_nan_and_inf(any_db: str) -> None:
                              "value": v, "dtype": dtype, "time": 0.0})  # fmt: skip
     with store.begin() as conn:
         conn.execute(sa.insert(metrics), rows)
+        keep_summaries(conn, run.id)
     store.close()
 
     reader = open_store(any_db)
@@ -87,6 +89,7 @@ def _ragged_store(db: str) -> int:
                 seq[rank] += 1
     with store.begin() as conn:
         conn.execute(sa.insert(metrics), rows)
+        keep_summaries(conn, run.id)
     store.close()
     return run.id
 

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from multirank_logger.ui.server import UiServer
+from tests.helpers.stores import summaries_of
 from tests.ui_browser import chromium, outside, requested_urls
 
 RANKS, STEPS, KEYS = 16, 300, ("loss", "lr", "weight_norm")
@@ -54,6 +55,8 @@ def build_store(path: Path) -> Path:
         FROM range({RANKS}) r, range({STEPS}) s, (SELECT unnest([{keys}]) AS key, generate_subscripts([{keys}], 1) AS i) k""")  # fmt: skip
     con.execute(f"UPDATE metrics SET value = value + 3 WHERE rank = {OUTLIER} AND key = 'loss' AND step >= {STEPS // 2}")
     con.execute(f"UPDATE metrics SET value = NULL, dtype = {DTYPE_NAN} WHERE rank = {NAN_RANK} AND step = {NAN_STEP} AND key = 'loss'")
+    for sql in summaries_of(run.id):
+        con.execute(sql)
     con.close()
     return path
 

