@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 
 from multirank_logger.model.batch import metrics_batch
 from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, SUMMARY_STEPS, metrics, step_summaries
+from multirank_logger.query import run_list
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import _rows_grid, _summaries_grid, summarize
 from multirank_logger.store.spill_file import SpillWriter
@@ -136,8 +138,15 @@ def _assert_runs_list(store: Store, db: str, run_id: int) -> None:
         keys = conn.execute(sa.select(sa.func.count(sa.distinct(m.key))).where(m.run_id == run_id)).scalar()
         last = conn.execute(sa.select(sa.func.max(m.time)).where(m.run_id == run_id)).scalar()
     with open_store(db) as reader:
-        row = reader.runs().set_index("id").loc[run_id]
+        listed = reader.runs()
+        saved, run_list.PER_RUN_READS = run_list.PER_RUN_READS, 0  # one GROUP BY for every run, as past 32 runs
+        try:
+            grouped = reader.runs()
+        finally:
+            run_list.PER_RUN_READS = saved
+    row = listed.set_index("id").loc[run_id]
     assert (row["steps"], row["keys"], row["last_value"].timestamp()) == (steps, keys, pytest.approx(last))
+    pd.testing.assert_frame_equal(listed, grouped)
 
 
 def _assert_page_agrees(db: str, run_id: int) -> None:
