@@ -10,9 +10,9 @@ of the masks). The rows a retried batch or a second import leaves out (already s
 left out here too, so the summaries and the rows never disagree
 (tests/test_step_summaries.py checks it over random runs).
 
-Readers: the page's per-bucket answer for a long run (``query/step_buckets.py``) and the runs
-list (``query/reader.py``): a read of about 1/``SUMMARY_STEPS`` of the rows of a key, or of
-the run.
+Readers: the page's per-bucket answer for a long run (``query/step_buckets.py``), the runs
+list (``query/run_list.py``), a run's keys (``Backend.run_keys``, but SQLite's) and ``per_rank``'s
+extent: a read of about 1/``SUMMARY_STEPS`` of the rows of a key, or of the run.
 
 The cost on the write path is a sort of the batch's rows by (run, rank, key, bucket) and one
 INSERT of about (rows / keys / SUMMARY_STEPS) x keys rows (benchmarks/RESULTS.md, ingest).
