@@ -137,7 +137,9 @@ def _assert_runs_list(store: Store, db: str, run_id: int) -> None:
         steps = conn.execute(sa.select(sa.func.count(sa.distinct(m.step))).where(m.run_id == run_id, m.rank == 0)).scalar()
         keys = conn.execute(sa.select(sa.func.count(sa.distinct(m.key))).where(m.run_id == run_id)).scalar()
         last = conn.execute(sa.select(sa.func.max(m.time)).where(m.run_id == run_id)).scalar()
+        last_step = conn.execute(sa.select(sa.func.max(m.step)).where(m.run_id == run_id)).scalar()
     with open_store(db) as reader:
+        assert run_list.read_last_step(reader._fetch_arrow, run_id) == (last_step, pytest.approx(last))  # the page's list
         listed = reader.runs()
         saved, run_list.PER_RUN_READS = run_list.PER_RUN_READS, 0  # one GROUP BY for every run, as past 32 runs
         try:

@@ -15,7 +15,7 @@ from multirank_logger.model.schema import runs, step_summaries
 from multirank_logger.query.side_tables import read_stops, stop_text
 from multirank_logger.store.status import ends_unknown
 
-__all__ = ["read_run_rows", "read_runs"]
+__all__ = ["read_last_step", "read_run_rows", "read_runs"]
 
 
 #: up to this many runs, each run's keys and last time are read with ``WHERE run_id = ?`` (DuckDB
@@ -47,6 +47,23 @@ def _summary_facts(fetch_arrow: Callable[[sa.Select], Any], run_ids: list[int]) 
     else:
         found = fetch_arrow(sa.select(s.run_id, n_keys.label("n_keys"), last_time.label("last_time")).group_by(s.run_id)).to_pylist()
     return {int(f["run_id"]): (int(f["n_keys"]), float(f["last_time"])) for f in found if f["n_keys"]}
+
+
+def read_last_step(fetch_arrow: Callable[[sa.Select], Any], run_id: int) -> tuple[int | None, float | None]:
+    """A run's last logged step (any rank) and its latest value's time, from its summaries: the
+    last bucket's masks give the step. The page's runs list asks every 2 s; from the rows it was a
+    pass over every row of the run on SQLite and PostgreSQL (no index leads with the step)."""
+    s = step_summaries.c
+    last_bucket = sa.select(sa.func.max(s.step)).where(s.run_id == run_id).scalar_subquery()
+    found = fetch_arrow(sa.select(s.step, s.steps_mask,
+                                  sa.select(sa.func.max(s.last_time)).where(s.run_id == run_id).scalar_subquery().label("t"))
+                        .where(s.run_id == run_id, s.step == last_bucket)).to_pylist()  # fmt: skip
+    if not found:
+        return None, None
+    mask = 0
+    for row in found:
+        mask |= int(row["steps_mask"])
+    return int(found[0]["step"]) + mask.bit_length() - 1, float(found[0]["t"])
 
 
 def _steps_select() -> sa.Select:

@@ -21,8 +21,9 @@ import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger.judgement.ranks import non_finite_ranks
-from multirank_logger.model.schema import metrics, ranks, runs, step_timing
+from multirank_logger.model.schema import ranks, runs, step_timing
 from multirank_logger.query.reader import StoreReader
+from multirank_logger.query.run_list import read_last_step
 from multirank_logger.query.side_tables import read_stops, stop_text
 from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary, summarize
 
@@ -56,8 +57,8 @@ def clean(obj: Any) -> Any:
 def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, Any]]:
     """One row per run, newest first (``only``: that run's row): what the landing page lists.
 
-    A run's last step and time are read per run (``WHERE run_id = ID``): DuckDB answers that from
-    its zone maps in milliseconds, where one ``GROUP BY run_id`` reads every row of every run.
+    A run's last step and time are read per run from its summaries (``run_list.read_last_step``):
+    the page asks every 2 s, and no backend reads a run's last step from its rows without a pass.
     """
     per_rank = (
         sa.select(ranks.c.run_id, sa.func.count().label("n_ranks"),
@@ -75,16 +76,13 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
     out = []
     stops = read_stops(reader._fetch_arrow)  # why a run ended early (StopOnAlert), as `runs` says it
     for r in reader._fetch_arrow(stmt).to_pylist():
-        last = reader._fetch_arrow(
-            sa.select(sa.func.max(metrics.c.step).label("step"), sa.func.max(metrics.c.time).label("time"))
-            .where(metrics.c.run_id == r["id"])
-        ).to_pylist()[0]  # fmt: skip
-        end = r["ended_at"] if r["ended_at"] is not None else last["time"]
+        last_step, last_time = read_last_step(reader._fetch_arrow, r["id"])
+        end = r["ended_at"] if r["ended_at"] is not None else last_time
         label = f"{r['name']}/{r['version_name']}" if r["version_name"] else f"{r['name']}/version_{r['version']}"
         out.append({"id": r["id"], "run": label, "status": r["status"], "ranks": r["world_size"], "nodes": r["n_nodes"],
                     "transport": r["transport"], "started": r["started_at"],
                     "duration_s": None if end is None else end - r["started_at"],
-                    "last_step": last["step"], "last_time": last["time"], "uuid": r["run_uuid"],
+                    "last_step": last_step, "last_time": last_time, "uuid": r["run_uuid"],
                     "stopped_by": stop_text(stops[r["id"]]) if r["id"] in stops else None})  # fmt: skip
     return out
 
