@@ -118,7 +118,7 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
             """
         )
         # what the store's own writes keep beside the rows (store/step_summaries.py): their summaries
-        con.execute(backfill(where=f"WHERE step >= {first} AND step < {last}", dialect="duckdb"))
+        con.execute(backfill(where=f"WHERE step >= {first} AND step < {last}", bit_or=True))
         con.execute("COMMIT")
         if ranks * steps * keys >= 100_000_000 and first // _CHUNK_STEPS % 10 == 9:
             print(f"  {last:,} of {steps:,} steps in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -55,7 +55,7 @@ def build_store(path: Path) -> Path:
         FROM range({RANKS}) r, range({STEPS}) s, (SELECT unnest([{keys}]) AS key, generate_subscripts([{keys}], 1) AS i) k""")  # fmt: skip
     con.execute(f"UPDATE metrics SET value = value + 3 WHERE rank = {OUTLIER} AND key = 'loss' AND step >= {STEPS // 2}")
     con.execute(f"UPDATE metrics SET value = NULL, dtype = {DTYPE_NAN} WHERE rank = {NAN_RANK} AND step = {NAN_STEP} AND key = 'loss'")
-    for sql in summaries_of(run.id, "duckdb"):
+    for sql in summaries_of(run.id, bit_or=True):
         con.execute(sql)
     con.close()
     return path

@@ -110,19 +110,19 @@ def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def backfill(metrics_table: str = "metrics", summaries_table: str = "step_summaries", where: str = "",
-             dialect: str = "sqlite") -> str:
+             bit_or: bool = False) -> str:
     """The SQL (SQLite, DuckDB and PostgreSQL alike) that summarizes rows already stored: what
     the migration to schema 0009 ran, and a bulk-loaded benchmark store runs.
 
     The mask is the OR of the bucket's distinct steps' bits: ``BIT_OR`` where the engine has one
-    (DuckDB, PostgreSQL), else a SUM of the distinct bits (a distinct power of two each: their
+    (`bit_or`: ``Backend.has_bit_or``; DuckDB, PostgreSQL), else a SUM of the distinct bits (a distinct power of two each: their
     OR); on DuckDB the SUM of DISTINCT took 3.7x BIT_OR's time (41M rows: 8.3 against 2.3 s). A
     modulo here truncates toward zero on every engine, so ``((step % S) + S) % S`` is the step's
     place in its bucket also below 0."""
     s = SUMMARY_STEPS
     finite = f"(value IS NOT NULL AND value <= {_LARGEST} AND value >= -{_LARGEST})"
     bit = "1 << CAST(step - b AS INTEGER)"
-    mask = f"SUM(DISTINCT {bit})" if dialect == "sqlite" else f"BIT_OR({bit})"
+    mask = f"BIT_OR({bit})" if bit_or else f"SUM(DISTINCT {bit})"
     return (
         f"INSERT INTO {summaries_table} (run_id, rank, key, step, steps_mask, n_finite, total, lo, hi, "
         "n_nan, n_pos_inf, n_neg_inf, last_time) "

@@ -29,7 +29,7 @@ def with_password(server, url: str) -> tuple[str, str]:
     return parsed.set(username=role, password=password).render_as_string(hide_password=False), password
 
 
-def summaries_of(run_id: int, dialect: str) -> list[str]:
+def summaries_of(run_id: int, bit_or: bool) -> list[str]:
     """The SQL (every backend) that gives run `run_id`'s rows, inserted by hand with a raw INSERT,
     the summaries the store's own writes keep beside them (store/step_summaries.py): its
     summaries dropped and made again from its rows. Readers count on them (the runs list, the
@@ -37,12 +37,12 @@ def summaries_of(run_id: int, dialect: str) -> list[str]:
     from multirank_logger.store.step_summaries import backfill
 
     where = f"WHERE run_id = {int(run_id)}"
-    return [f"DELETE FROM step_summaries {where}", backfill(where=where, dialect=dialect)]
+    return [f"DELETE FROM step_summaries {where}", backfill(where=where, bit_or=bit_or)]
 
 
 def keep_summaries(conn, run_id: int) -> None:
     """`summaries_of` run on a SQLAlchemy connection, in its transaction."""
     import sqlalchemy as sa
 
-    for sql in summaries_of(run_id, conn.dialect.name):
+    for sql in summaries_of(run_id, bit_or=conn.dialect.name != "sqlite"):
         conn.execute(sa.text(sql))  # text(): psycopg would read the modulo's % as a placeholder

@@ -14,7 +14,8 @@ On the read side (``query/reader.py`` asks, the backend answers, over a connecti
 - ``window_readers``, ``value_or_nan``, ``key_hash``, ``numpy_columns``, ``numpy_chunks``: how the report's pass
   (``query/run_scan.py``) reads a run's rows fastest;
 - ``run_readonly``: a user's SQL, refused when it would write (``readonly_sql.py``, next to this one);
-- ``sql_infinity``: the SQL literal for +infinity.
+- ``sql_infinity``: the SQL literal for +infinity;
+- ``has_bit_or``: whether SQL's ``BIT_OR`` aggregate exists (the summaries' backfill).
 
 The defaults below are a server's (PostgreSQL); SQLite and DuckDB override what their layout
 makes faster.
@@ -249,6 +250,8 @@ class Backend:
     fetch_rows = 65_536
     #: the SQL literal for +infinity (report/findings.py looks for logged infinities with it)
     sql_infinity = "CAST('Infinity' AS DOUBLE PRECISION)"
+    #: SQL's BIT_OR aggregate exists (store/step_summaries.backfill ORs the step masks with it)
+    has_bit_or = True
 
     def fetch_arrow(self, conn: sa.Connection, stmt: sa.Select) -> Any:
         """Run a SELECT and return its result as a pyarrow Table."""
