@@ -74,7 +74,8 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
     if only is not None:
         stmt = stmt.where(runs.c.id == only)
     out = []
-    stops = read_stops(reader._fetch_arrow)  # why a run ended early (StopOnAlert), as `runs` says it
+    # why a run ended early (StopOnAlert), as `runs` says it; of the one run a run's page asks for
+    stops = read_stops(reader._fetch_arrow, None if only is None else [only])
     for r in reader._fetch_arrow(stmt).to_pylist():
         last_step, last_time = read_last_step(reader._fetch_arrow, r["id"])
         end = r["ended_at"] if r["ended_at"] is not None else last_time
