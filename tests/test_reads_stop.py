@@ -3,6 +3,10 @@ report` within seconds, exit 130, one line saying so, no traceback; before, the 
 the rows (query/run_scan.py: reader threads on connections of their own) ran on to its end. The
 page (`multirank-logger ui`) stops on Ctrl-C while a request's query runs, and a request's reads
 are bounded (`--request-timeout`: 503 with a message saying so).
+
+Each test holds the reads where it acts (tests/helpers/held_reads.py: the pass waits until it is
+stopped), not a store sized to be slow enough: a report that ended before the test's SIGINT
+failed these tests on a faster machine.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from multirank_logger.errors import ReadsStopped
 from multirank_logger.model.schema import METRIC_COLUMNS
 from multirank_logger.store.backends.base import driver_connection
 from multirank_logger.store.sql_store import Store
+from tests.helpers.held_reads import held_pass, start_held, wait_held
 from tests.helpers.stores import keep_summaries
-from tests.test_sql_stops import _wait_until_reading
 
-#: the big store's shape: rows enough that the report's pass takes several seconds on 2 cores
+#: the store's shape: several of the pass's windows (its speed does not matter: the tests hold it)
 RANKS, STEPS, KEYS = 16, 40_000, 4
 
 
@@ -55,28 +59,24 @@ def big_store(db: Path, ranks: int = RANKS, steps: int = STEPS, keys: int = KEYS
     return db
 
 
-#: ranks of the big store per backend: DuckDB reads its rows several times faster than SQLite
-BIG_RANKS = {".sqlite": 32, ".duckdb": 256}
 #: a stopped report must end within this after SIGINT (it stops in well under a second unloaded)
 STOPS_WITHIN_S = 3.0
-#: ui --request-timeout of the 503 test, per backend (see the test)
-REQUEST_BOUND_S = {".sqlite": 4, ".duckdb": 0.5}
+#: ui --request-timeout of the 503 test: the request's pass is held past it
+REQUEST_BOUND_S = 0.5
 
 
 @pytest.fixture(scope="module", params=[".sqlite", ".duckdb"])
 def big(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store whose report takes several seconds (SQLite ~10 s, DuckDB ~3 s on an idle core)."""
-    suffix = request.param
-    return big_store(tmp_path_factory.mktemp("big") / f"runs{suffix}", ranks=BIG_RANKS[suffix])
+    """A finished run of 2.56M rows, on each embedded backend."""
+    return big_store(tmp_path_factory.mktemp("big") / f"runs{request.param}")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_stops_a_running_report(big: Path) -> None:
+def test_ctrl_c_stops_a_running_report(big: Path, tmp_path: Path) -> None:
     """SIGINT while the report's pass reads: the process ends within seconds, exit 130, one line saying so."""
-    proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "report", str(big)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = start_held(tmp_path / "held", "report", str(big))
     try:
-        _wait_until_reading(proc, big)  # the store open, and a second more: the pass is under way
+        wait_held(proc, tmp_path / "held")  # the pass under way, held there until it is stopped
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         out, err = proc.communicate(timeout=60)
@@ -98,21 +98,34 @@ def test_interrupt_stops_the_pass_on_every_connection(big: Path) -> None:
 
     reader = open_store(big)
     before = set(threading.enumerate())
-    threading.Timer(0.5, reader.interrupt, args=("stopped by the test",)).start()
-    start = time.monotonic()
-    with pytest.raises(ReadsStopped, match="stopped by the test"):
-        find(reader)
-    assert time.monotonic() - start < 0.5 + STOPS_WITHIN_S
+    sent: list[float] = []
+
+    def stop_once_held(held: threading.Event) -> None:
+        if held.wait(60):
+            sent.append(time.monotonic())
+            reader.interrupt("stopped by the test")
+
+    with held_pass() as held:
+        stopper = threading.Thread(target=stop_once_held, args=(held,))
+        stopper.start()
+        with pytest.raises(ReadsStopped, match="stopped by the test"):
+            find(reader)
+        ended = time.monotonic()
+        stopper.join()
+    assert sent and ended - sent[0] < STOPS_WITHIN_S
     assert reader._in_use == {}
-    time.sleep(0.2)  # the Timer's own thread ends
-    assert [t.name for t in set(threading.enumerate()) - before] == []
+    left = set(threading.enumerate()) - before
+    for thread in left:  # a module imported in the background (_util/background_import.py) ends by itself
+        if thread.name.startswith("multirank-logger-import-"):
+            thread.join(60)
+    assert [t.name for t in left if t.is_alive()] == []
     reader.close()
 
 
-def _start_ui(db: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
-    """`multirank-logger ui DB --port 0 ARGS`; the process and the URL it prints."""
-    proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", str(db), "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+def _start_ui(db: Path, held: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`multirank-logger ui DB --port 0 ARGS`, its requests' passes held (``held`` is created
+    once one is); the process and the URL it prints."""
+    proc = start_held(held, "ui", str(db), "--port", "0", *args)
     line = proc.stdout.readline() if proc.stdout else ""
     if "http://127.0.0.1:" not in line:
         proc.kill()
@@ -131,19 +144,17 @@ def _get(url: str, answers: list[tuple[int, str]]) -> None:
         answers.append((0, str(exc)))
 
 
-def test_page_request_past_its_timeout_answers_503(big: Path) -> None:
-    """ui --request-timeout: the findings of the big run (seconds of reads) answer 503 about the
-    bound later, saying so; the server answers the next request. The bound is below the findings'
-    time (~11 s on SQLite, ~1.6 s on DuckDB, quiet, since the report's pass lays windows out as it
-    reads them) and above the runs list's (~0.6 s on SQLite, quiet; over 1 s beside the suite's
-    trainings; DuckDB's comes from the step summaries: milliseconds)."""
-    bound = REQUEST_BOUND_S[big.suffix]
-    proc, url = _start_ui(big, "--request-timeout", str(bound))
+def test_page_request_past_its_timeout_answers_503(big: Path, tmp_path: Path) -> None:
+    """ui --request-timeout: a request whose reads are held past the bound answers 503 about the
+    bound later, saying so; the server answers the next request (the runs list: no pass to hold)."""
+    bound = REQUEST_BOUND_S
+    proc, url = _start_ui(big, tmp_path / "held", "--request-timeout", str(bound))
     try:
         answers: list[tuple[int, str]] = []
         start = time.monotonic()
         _get(f"{url}api/run/1/findings", answers)
         took = time.monotonic() - start
+        assert (tmp_path / "held").exists(), "the request's pass was never held"
         status, body = answers[0]
         assert status == 503 and f"ran past {bound} s and were stopped" in json.loads(body)["error"], answers
         assert took < bound + STOPS_WITHIN_S, f"answered {took:.1f} s later"
@@ -155,16 +166,16 @@ def test_page_request_past_its_timeout_answers_503(big: Path) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_stops_the_page_while_a_request_reads(big: Path) -> None:
+def test_ctrl_c_stops_the_page_while_a_request_reads(big: Path, tmp_path: Path) -> None:
     """SIGINT while a request's findings are being read: its queries are interrupted, the request
     answered (503: the server is stopping; before, the connection was dropped unanswered), and the
     server ends within seconds, exit 0, no traceback."""
-    proc, url = _start_ui(big)  # the default bound (60 s) is far off
+    proc, url = _start_ui(big, tmp_path / "held")  # the default bound (60 s) is far off
     answers: list[tuple[int, str]] = []
     client = threading.Thread(target=_get, args=(f"{url}api/run/1/findings", answers), daemon=True)
     try:
         client.start()
-        time.sleep(0.5)  # the request's pass under way (its store opened at start-up already; DuckDB's takes ~1.6 s)
+        wait_held(proc, tmp_path / "held")  # the request's pass under way, held until it is stopped
         assert not answers, answers
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()

@@ -99,7 +99,8 @@ class MultiRankLogger(Logger):
         finalize_timeout: the longest `finalize` lasts, in seconds; past it (a store that stopped
             answering) what is unwritten goes to the spill file. Default: ``2 * timeout + 30``.
         start_timeout: the longest a rank other than 0 waits for rank 0 to open the run (ranks a
-            scheduler starts minutes apart), in seconds. Default: `timeout`.
+            scheduler starts minutes apart), in seconds. Default: ``2 * timeout + 30`` (rank 0's
+            own open may wait `timeout` on a busy store, after its start-up).
         watch: rank 0 judges the steps as they arrive, with the report's judgement, and raises
             each new finding once as an alert: a rank's first NaN/inf of a key, a rank departing
             persistently from the others, a straggler or a memory peak (with ``StepTimer``).

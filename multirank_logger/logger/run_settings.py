@@ -52,7 +52,7 @@ class RunSettings:
     max_writers: int | None = None
     #: the longest `finalize` may last (None: `finalize_bound`'s default)
     finalize_timeout: float | None = None
-    #: the longest a rank > 0 waits for rank 0's run identity (None: `timeout`)
+    #: the longest a rank > 0 waits for rank 0's run identity (None: `identity_wait`'s default)
     start_timeout: float | None = None
     #: rank 0 judges the steps as they arrive and raises alerts (logger/watch.py)
     watch: bool = True
@@ -68,7 +68,11 @@ class RunSettings:
 
     @property
     def identity_wait(self) -> float:
-        return self.start_timeout if self.start_timeout is not None else self.timeout
+        """How long a rank > 0 waits for rank 0 to open the run. Rank 0's own open may wait
+        `timeout` on a busy store, after its start-up (imports, CUDA, a slow filesystem): a peer
+        that waited only `timeout` gave up on a rank 0 still inside its own bound (16 ranks and a
+        server on 2 cores missed 5 s), so the default is `finalize_bound`'s ``2 * timeout + 30``."""
+        return self.start_timeout if self.start_timeout is not None else 2 * self.timeout + 30.0
 
     @property
     def store_identity(self) -> str:
