@@ -162,7 +162,7 @@ def false_alarms(runs: int, ranks_list: tuple[int, ...] = (3, 4, 8, 32), steps: 
                 rank = np.tile(np.arange(ranks), 10)
                 order = rng.permutation(len(step))
                 step, rank = step[order], rank[order]
-                found += live.add_rows(np.full(len(step), "loss", object), rank, step, values[step, rank], 0.0)
+                live.add_rows(np.full(len(step), "loss", object), rank, step, values[step, rank], 0.0)
                 found += live.judge(0.0)
             found += live.judge(0.0, final=True)
             live_alarms += bool(found)

@@ -280,7 +280,7 @@ def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None
     assert quiet.endswith("Nothing stands out.")
     assert "WARNING on ranks [0, 1] (2x): deprecated" in only_logs
     assert only_logs.endswith("No rank stands out in the numbers; read the warnings and errors above.")
-    assert "rank 1: data 100 ms longer than the other ranks per step" in both
+    assert "rank 1 straggles in data from step 1 to 9 (9 steps): 100 ms longer than the other ranks per step" in both
     assert both.endswith("See above: which rank, from which step, how much.")
 
 

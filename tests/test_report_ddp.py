@@ -106,8 +106,8 @@ def test_report_text(db: Path) -> None:
     """The terminal report says which rank, from which step; the clean run says nothing stands out."""
     result = CliRunner().invoke(main, ["report", str(db), "--run", "faulty"])
     assert result.exit_code == 0, result.output
-    assert "rank 1: data" in result.output and "train_loss: rank 2 departs" in result.output
-    assert "weight_norm: rank 2 first at step 25" in result.output
+    assert "rank 1 straggles in data" in result.output and "rank 2 train_loss departs" in result.output
+    assert "rank 2 weight_norm NaN from step 25" in result.output
     clean = CliRunner().invoke(main, ["report", str(db), "--run", "clean"])
     assert clean.exit_code == 0 and "Nothing stands out." in clean.output
 

@@ -294,7 +294,7 @@ def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tm
         )
         assert abs(chart[0] - heat[0]) <= 1 and abs(chart[1] - heat[1]) <= 1, (chart, heat)
         findings = _wait(driver, "const t = document.getElementById('findings').innerText; return !t.includes('computing') && t")
-        assert f"loss: rank {OUTLIER} departs" in findings and f"loss: rank {NAN_RANK} logged NaN/inf first at step {NAN_STEP}" in findings
+        assert f"rank {OUTLIER} loss departs" in findings and f"rank {NAN_RANK} loss NaN from step {NAN_STEP}" in findings
         # a click on rank 7's heatmap row draws its line on the band chart
         driver.execute_script(
             "const c = document.querySelector('section[data-series=lr] canvas.heatmap'), r = c.getBoundingClientRect();"

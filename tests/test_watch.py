@@ -29,7 +29,7 @@ def _feed(values: np.ndarray, chunk: int = 7, seed: int = 0, keep_steps: int = 5
         rank = np.tile(np.arange(world), len(step) // world)
         order = rng.permutation(len(step))
         step, rank = step[order], rank[order]
-        found += live.add_rows(np.full(len(step), "loss", object), rank, step, values[step, rank], now=0.0)
+        live.add_rows(np.full(len(step), "loss", object), rank, step, values[step, rank], now=0.0)
         found += live.judge(now=0.0)
     return found + live.judge(now=0.0, final=True), live
 
@@ -93,8 +93,9 @@ def test_on_alert_exception_caught_and_said_once(caplog: pytest.LogCaptureFixtur
     live = LiveJudgement(3)
     with caplog.at_level(logging.WARNING, logger="multirank_logger"):
         for rank in (0, 1):
-            for finding in live.add_rows(np.array(["k"], object), np.array([rank]), np.array([5]), np.array([np.inf]), 0.0):
-                outlets.raise_alert(finding)
+            live.add_rows(np.array(["k"], object), np.array([rank]), np.array([5]), np.array([np.inf]), 0.0)
+        for finding in live.judge(0.0, final=True):
+            outlets.raise_alert(finding)
     assert [(t, r["kind"], r["rank"], r["first_step"]) for t, r in rows] == [("alerts", "non_finite", 0, 5),
                                                                            ("alerts", "non_finite", 1, 5)]  # fmt: skip
     assert sum("on_alert raised RuntimeError" in r.getMessage() for r in caplog.records) == 1
@@ -176,7 +177,8 @@ def test_gather_watch_sees_received_rows_before_the_writer_and_judges_each_once(
             super()._add_batch(batch, now)
 
     rows: list[dict] = []
-    watch = Counted(1, 2, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=60.0,
+    # rank 0 logs nothing here: a step closes without it a second after its first row
+    watch = Counted(1, 2, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=1.0,
                     writers=frozenset({0}), peek=rank0.peek)  # fmt: skip
     buffer = RecordBuffer()
 
@@ -243,3 +245,22 @@ def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: o
     assert on_the_page == listed
     assert found == {"step": 30, "alert_kind": "straggler", "key": "timing:data_s", "rank": 3, "first_step": None,
                      "monitor": "straggler:timing:data_s:rank 3"}  # fmt: skip
+
+
+def test_the_last_judgement_closes_every_step_and_says_so() -> None:
+    """A NaN in a run's last rows: no step after it closes, so only the end's judgement (stop with
+    final=True, once every rank's rows are in) can raise it; its alert says it was found then."""
+    import pyarrow as pa
+
+    from multirank_logger.logger.watch import Watch
+
+    rows: list[dict] = []
+    watch = Watch(1, 2, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=3600.0)
+    batch = pa.RecordBatch.from_pydict({"rank": [0, 1, 0, 1], "step": [8, 8, 9, 9], "seq": [0, 0, 1, 1],
+                                        "key": ["loss"] * 4, "value": [1.0, 1.0, 1.0, float("nan")]})  # fmt: skip
+    watch.start()
+    watch.observe([batch], [])
+    watch.stop(5.0, final=True)
+    assert [(r["kind"], r["rank"], r["first_step"]) for r in rows] == [("non_finite", 1, 9)]
+    assert rows[0]["message"] == "rank 1 loss NaN from step 9 (seen at step 9); found at the run's end"
+    assert '"at_end": true' in rows[0]["detail"]

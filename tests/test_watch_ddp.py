@@ -74,8 +74,8 @@ def test_alerts_on_the_console_during_training(trained: tuple[Path, str, list[di
     """Both alerts on rank 0's console before the fit ends, each once per logger, with the first step."""
     _, out, _ = trained
     end = out.index("TRAINING ENDS AT STEP")
-    nan = [m.start() for m in re.finditer(r"alert: step [\d,]+: rank 2 train_loss is NaN at step 40 \(its first", out)]
-    depart = [m.start() for m in re.finditer(r"alert: step [\d,]+: rank 1 train_loss departs .* since step 60 ", out)]
+    nan = [m.start() for m in re.finditer(r"alert: rank 2 train_loss NaN from step 40 \(seen at step [\d,]+\)", out)]
+    depart = [m.start() for m in re.finditer(r"alert: rank 1 train_loss departs from the other ranks from step 60 ", out)]
     # one per logger ("watched", "hanging"); the stop may come before "hanging"'s watch holds the
     # departure's stretch (the two loggers' writers cycle apart): it says it at its finalize, or not
     assert len(nan) == 2 and len(depart) in (1, 2), out[-4000:]
@@ -117,7 +117,7 @@ def test_webhook_received_and_a_dead_one_said_once(trained: tuple[Path, str, lis
     token is on no console line and in no stored row."""
     db, out, received = trained
     texts = [r["text"] for r in received]
-    assert any("rank 2 train_loss is NaN at step 40" in t for t in texts), texts
+    assert any("rank 2 train_loss NaN from step 40" in t for t in texts), texts
     assert any("rank 1 train_loss departs" in t for t in texts) and any("StopOnAlert" in t for t in texts)
     assert all(r["path"] == f"/hooks/{SECRET}" and r["auth"].startswith("Basic ") for r in received)
     assert len(re.findall(r"the alert webhook http://127\.0\.0\.1:\d+/… (did not take|had not taken)", out)) == 1

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["TIME_COLUMNS", "duration_text", "text_table", "times_as_times"]
+__all__ = ["TIME_COLUMNS", "duration_text", "format_ranks", "number_text", "text_table", "times_as_times"]
 
 #: the store's columns of Unix seconds (runs, ranks, metrics and the side tables)
 TIME_COLUMNS = ("time", "started_at", "ended_at", "last_time")
@@ -20,6 +21,34 @@ def duration_text(seconds: float | None) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` as ``"ranks 0-3,5"``; one rank as ``"rank 2"``."""
+    ordered = sorted({int(r) for r in ranks})
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for r in [*ordered[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ",".join(spans)
+
+
+def number_text(value: Any, unit: str = "") -> str:
+    """A number for a reader: seconds as ms, bytes as MiB, else 4 significant digits; "-" for none."""
+    if value is None or value != value:
+        return "-"
+    if unit == "s":
+        return f"{value * 1e3:.3g} ms"
+    if unit == "B":
+        return f"{value / 2**20:,.0f} MiB"
+    return f"{value:.4g}"
 
 
 def text_table(columns: dict[str, list[Any]]) -> str:

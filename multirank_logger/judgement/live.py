@@ -3,7 +3,11 @@
 What a watch on rank 0 holds (logger/watch.py feeds it and says what it finds); pure NumPy,
 no I/O, no clock (the caller passes ``now``):
 
-- a rank's first non-finite value of a key, at once, from the rows as they arrive;
+- a rank's first non-finite value of a key, from the rows as they arrive, once the steps through
+  the one after it are closed (see below): then every rank that went non-finite there or before
+  is known, and the finding names where it started (origin.py: a NaN one rank's batch spreads
+  through the gradient all-reduce is said from that rank, first, not from whichever rank's rows
+  came in first);
 - a rank departing persistently from the others on a key (`ranks.judge_departures`, on the
   statistics a `ranks.DepartureWindows` keeps per key), once its steps are *closed*: every rank
   that logs the key has its value there, or the step's first row is ``close_after`` seconds old
@@ -35,19 +39,20 @@ from typing import Any
 
 import numpy as np
 
+from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_of
 from multirank_logger.judgement.ranks import (
     MIN_RANKS,
     MIN_STEPS,
     STRAGGLER_MIN_SHARE,
+    STRAGGLER_PHASES,
     DepartureWindows,
     judge_departures,
+    memory_measure,
     memory_outliers,
 )
+from multirank_logger.judgement.sentences import finding_sentence
 
-__all__ = ["Finding", "LiveJudgement", "STRAGGLER_PHASES"]
-
-#: StepTimer's columns judged for stragglers (as the report's findings.STRAGGLER_PHASES)
-STRAGGLER_PHASES = ("data_s", "forward_s")
+__all__ = ["Finding", "LiveJudgement"]
 #: counted steps a run is taken to last at least, for the 5% a stretch must last (see the module docstring)
 EXPECTED_STEPS = 200
 #: closed steps' statistics held per key at least (see the module docstring)
@@ -60,7 +65,9 @@ STEP_TIMES_KEPT = 65_536
 class Finding:
     """One new finding: its kind (``non_finite``, ``departure``, ``straggler``, ``memory``), the
     rank it names, the key (``timing:data_s`` for a straggler, the measure for memory), its first
-    step, the newest step held when found, its number and its numbers."""
+    step, the newest step held when found, its number, its numbers (the report's item of the
+    kind, less rank and key) and where its problem started (`origin.spread_of`; None while it is
+    the only rank that shows it)."""
 
     kind: str
     rank: int
@@ -69,6 +76,22 @@ class Finding:
     step_seen: int | None
     value: float | None
     detail: dict[str, Any] = field(default_factory=dict)
+    spread: dict[str, Any] | None = None
+
+    @property
+    def origin(self) -> bool:
+        """Whether its rank is (among) the first to show the problem."""
+        return self.spread is None or self.rank in self.spread["origin_ranks"]
+
+    def item(self) -> dict[str, Any]:
+        """The finding as the report's item of its kind (what `finding_sentence` words)."""
+        return {"rank": self.rank, "key": self.key, "first_step": self.first_step, **self.detail,
+                "spread": self.spread, "origin": self.origin}  # fmt: skip
+
+    @property
+    def sentence(self) -> str:
+        """Its one sentence, with the step the watch had reached (judgement/sentences.py)."""
+        return finding_sentence(self.kind, self.item(), self.step_seen)
 
 
 class _Key:
@@ -106,6 +129,10 @@ class LiveJudgement:
         self.expected_steps = expected_steps
         self.keys: dict[str, _Key] = {}
         self.raised: set[tuple[str, str, int]] = set()  # (kind, key, rank): each finding once
+        #: a rank's first non-finite value of a key, held until the steps around it are closed
+        self._unsaid: dict[tuple[str, int], tuple[int, float]] = {}
+        #: per (kind, key), each rank's first step: where a problem started (origin.spread_of)
+        self._firsts: dict[tuple[str, str], dict[int, int]] = {}
         self.late_rows = 0
         self.newest_step: int | None = None
         self._peaks: dict[str, dict[int, float]] = {"rss": {}, "mem_reserved_peak": {}}
@@ -117,29 +144,23 @@ class LiveJudgement:
     # -- rows in --------------------------------------------------------------------------
 
     def add_rows(self, keys: np.ndarray, ranks: np.ndarray, steps: np.ndarray, values: np.ndarray,
-                 now: float) -> list[Finding]:  # fmt: skip
-        """Metric rows (`keys` as str objects, in arrival order; a rank's in its call order).
-        Returns the new non-finite findings (a rank's first NaN/inf of a key)."""
+                 now: float) -> None:  # fmt: skip
+        """Metric rows (`keys` as str objects, in arrival order; a rank's in its call order). A
+        rank's first NaN/inf of a key is a finding of a later `judge` (see the module docstring)."""
         if not len(keys):
-            return []
+            return
         ranks = np.asarray(ranks, np.int64)
         steps = np.asarray(steps, np.int64)
         values = np.asarray(values, float)
         top = int(steps.max())
         self.newest_step = top if self.newest_step is None else max(self.newest_step, top)
-        found = []
         bad = np.flatnonzero(~np.isfinite(values))
-        firsts: dict[tuple[str, int], tuple[int, float]] = {}
         for i in bad.tolist():
             at = (str(keys[i]), int(ranks[i]))
-            if at not in firsts or steps[i] < firsts[at][0]:
-                firsts[at] = (int(steps[i]), float(values[i]))
-        for (key, rank), (step, value) in firsts.items():
-            if ("non_finite", key, rank) in self.raised:
+            if ("non_finite", *at) in self.raised or (at in self._unsaid and self._unsaid[at][0] <= steps[i]):
                 continue
-            self.raised.add(("non_finite", key, rank))
-            kind = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-            found.append(Finding("non_finite", rank, key, step, self.newest_step, value, {"value": kind}))
+            self._unsaid[at] = (int(steps[i]), float(values[i]))
+            self._firsts.setdefault(("non_finite", at[0]), {})[at[1]] = int(steps[i])
         clean = values.copy()
         clean[bad] = np.nan  # NaN/inf are the non-finite finding's, not a departure
         names, inverse = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
@@ -148,7 +169,6 @@ class LiveJudgement:
         for j, name in enumerate(names.tolist()):
             rows = order[bounds[j] : bounds[j + 1]]
             self._add_key(name, steps[rows], ranks[rows], clean[rows], now, summed=False)
-        return found
 
     def add_timing(self, rows: list[dict[str, Any]], now: float) -> None:
         """StepTimer's ``step_timing`` rows (each with rank, step and its columns)."""
@@ -202,6 +222,7 @@ class LiveJudgement:
             if key.new_steps:
                 key.new_steps = False
                 found += self._departures(name, key)
+        found = self._non_finite(final) + found
         if self._memory_changed:
             self._memory_changed = False
             found += self._memory()
@@ -246,6 +267,33 @@ class LiveJudgement:
             key.windows.add(uniq[:n], np.arange(self.world), table)
             key.new_steps = True
 
+    def _non_finite(self, final: bool) -> list[Finding]:
+        """The first NaN/inf of each (key, rank) whose steps through `ALL_REDUCE_LAG` later are
+        closed (every rank's rows there are in): where it started is known, and the ranks it
+        reached at once. Earliest first, so the origin's alert comes before its followers'."""
+        out = []
+        for (key, rank), (step, value) in sorted(self._unsaid.items(), key=lambda item: (item[1][0], item[0][1])):
+            held = self.keys.get(key)
+            closed = held is not None and held.closed_through is not None and held.closed_through >= step + ALL_REDUCE_LAG
+            if not (closed or final):
+                continue
+            del self._unsaid[(key, rank)]
+            self.raised.add(("non_finite", key, rank))
+            word = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            out.append(Finding("non_finite", rank, key, step, self.newest_step, value, {"value": word},
+                               self._spread("non_finite", key)))  # fmt: skip
+        return out
+
+    def _spread(self, kind: str, key: str, rank: int | None = None, first_step: int | None = None) -> dict[str, Any] | None:
+        """Where the problem of `kind` on `key` started, among the ranks known to show it (and
+        `rank` from `first_step`); None while one rank alone does."""
+        firsts = self._firsts.setdefault((kind, key), {})
+        if rank is not None and first_step is not None:
+            firsts[rank] = min(first_step, firsts.get(rank, first_step))
+        if len(firsts) < 2:
+            return None
+        return spread_of(firsts.items(), self.world)
+
     def _departures(self, name: str, key: _Key) -> list[Finding]:
         if key.counted < MIN_STEPS:
             return []
@@ -271,11 +319,12 @@ class LiveJudgement:
                           "share_of_step": share, **detail}  # fmt: skip
                 value = item["excess"]
             self.raised.add((kind, name, item["rank"]))
-            out.append(Finding(kind, item["rank"], name, item["first_step"], key.newest, value, detail))
+            spread = self._spread(kind, name, item["rank"], item["first_step"])
+            out.append(Finding(kind, item["rank"], name, item["first_step"], key.newest, value, detail, spread))
         return out
 
     def _memory(self) -> list[Finding]:
-        measure = "mem_reserved_peak" if self._peaks["mem_reserved_peak"] else "rss"
+        measure = memory_measure(bool(self._peaks["mem_reserved_peak"]))
         peaks = self._peaks[measure]
         if len(peaks) < 2:
             return []

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "DEPART_SPREADS", "MEMORY_RATIO", "MIN_RANKS", "MIN_STEPS", "SPREAD_WINDOW", "STRAGGLER_MIN_SHARE",
+    "DEPART_SPREADS", "MEMORY_RATIO", "MIN_RANKS", "MIN_STEPS", "SPREAD_WINDOW", "STRAGGLER_MIN_SHARE", "STRAGGLER_PHASES",
     "WRITER_RSS_ALLOWANCE", "DepartureWindows", "KeySteps", "departures", "judge_departures",
-    "memory_outliers", "non_finite_ranks", "persistent", "rolling_median", "rolling_min", "row_medians",
+    "memory_measure", "memory_outliers", "non_finite_ranks", "persistent", "rolling_median", "rolling_min", "row_medians",
     "stragglers",
 ]  # fmt: skip
 
@@ -48,6 +48,8 @@ MIN_STEPS = 5
 SPREAD_WINDOW = 5
 #: ranks a step needs for a median that one rank cannot move
 MIN_RANKS = 3
+#: StepTimer's columns judged for stragglers (the page draws each as its series `timing:COLUMN`)
+STRAGGLER_PHASES = ("data_s", "forward_s")
 #: a straggler's extra time must be at least this share of a step to be worth a finding
 STRAGGLER_MIN_SHARE = 0.1
 #: a rank's peak memory stands out at this many times the other ranks' median peak
@@ -346,6 +348,12 @@ def stragglers(phases: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], ste
                  "share_of_step": share, "spreads": item["spreads"]}
             )  # fmt: skip
     return out
+
+
+def memory_measure(cuda_peaks: bool) -> str:
+    """What peak memory is judged on (the report's and the watch's, and the page's series): CUDA's
+    reserved peak where StepTimer measured one, else the process's RSS."""
+    return "mem_reserved_peak" if cuda_peaks else "rss"
 
 
 def memory_outliers(ranks: np.ndarray, peaks: np.ndarray, measure: str, retries: np.ndarray | None = None,

@@ -2,13 +2,16 @@
 
 Each new finding of the watch (watch.py) is raised once, here, on the watch's thread:
 
-- one line on rank 0's console at once (standard error), e.g. ``step 1,204: rank 37
-  train_loss is NaN (its first non-finite value)``;
+- one line on rank 0's console at once (standard error): the finding's one sentence, e.g.
+  ``rank 37 train_loss NaN from step 1,200; followed by ranks 0-36,38-63 at step 1,201 (...)
+  (seen at step 1,204)`` (judgement/sentences.py);
 - a row of the ``alerts`` table, through rank 0's own side rows (the writer stores it with its
   next cycle, spills it like any row);
 - ``on_alert(alert)``, the user's callable: its exceptions are caught and said (once per
   exception type), never raised into training;
-- ``alert_url``: a POST of JSON with a ``text`` field (Slack and Mattermost take it), on a
+- ``alert_url``: a POST of JSON with a ``text`` field (Slack and Mattermost take it) that names
+  the run, a ``run`` object (name, version, id, UUID, rank 0's host, the store without its
+  password: `run_facts`) and the ``alert``'s fields, on a
   thread of its own, with a bounded timeout and retries. A failure is said once; the URL is
   shown as its scheme and host only (a webhook's path is its token: never on a console line, in
   a log record or a stored row).
@@ -21,6 +24,7 @@ import json
 import logging
 import math
 import queue
+import socket
 import sys
 import threading
 import time
@@ -33,9 +37,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from multirank_logger.ddp.log_capture import SHOWN
 from multirank_logger.judgement.live import Finding
+from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts as alerts_table
 
-__all__ = ["Alert", "AlertOutlets", "Webhook", "alert_message", "redact_url"]
+__all__ = ["Alert", "AlertOutlets", "Webhook", "redact_url", "run_facts", "webhook_payload"]
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +74,6 @@ class Alert:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def alert_message(f: Finding) -> str:
-    """The console line of a finding."""
-    at = f"step {f.step_seen:,}: " if f.step_seen is not None else ""
-    if f.kind == "non_finite":
-        return f"{at}rank {f.rank} {f.key} is {f.detail.get('value', 'NaN')} at step {f.first_step:,} (its first non-finite value)"
-    if f.kind == "departure":
-        ratio = f.detail.get("ratio")
-        size = f"{ratio:.3g}x the ranks' median, " if ratio is not None else ""
-        return (f"{at}rank {f.rank} {f.key} departs from the other ranks since step {f.first_step:,} "
-                f"({size}{f.detail.get('spreads', math.nan):.0f} typical spreads)")  # fmt: skip
-    if f.kind == "straggler":
-        return (f"{at}rank {f.rank} straggles in {f.detail.get('phase')} since step {f.first_step:,} "
-                f"(+{f.detail.get('excess_s', math.nan):.3g} s a step, "
-                f"{100 * f.detail.get('share_of_step', math.nan):.0f}% of a step)")  # fmt: skip
-    if f.kind == "memory":
-        ratio = f.detail.get("ratio")
-        size = f"{ratio:.2f}x the other ranks' median peak" if ratio is not None else "it retried CUDA allocations"
-        return f"{at}rank {f.rank} stands out in peak memory ({f.key}): {size}"
-    return f"{at}rank {f.rank} {f.key}: {f.kind}"
 
 
 def redact_url(url: str) -> str:
@@ -226,11 +210,14 @@ class AlertOutlets:
         on_alert: the user's callable, or None.
         alert_url: the webhook, or None.
         echo: print the console line (rank 0's standard error).
+        run: which run, for the webhook's payload (`run_facts`): a channel that ten jobs share
+            must tell them apart.
     """
 
     def __init__(self, record: Callable[[str, dict[str, Any]], None], on_alert: Callable[[Alert], Any] | None = None,
-                 alert_url: str | None = None, echo: bool = True) -> None:  # fmt: skip
+                 alert_url: str | None = None, echo: bool = True, run: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.record = record
+        self.run = run or {}
         self.on_alert = on_alert
         self.webhook = Webhook(alert_url) if alert_url else None
         self.echo = echo
@@ -238,9 +225,17 @@ class AlertOutlets:
         self._lock = threading.Lock()
         self._callable_failures: set[str] = set()
 
-    def raise_alert(self, finding: Finding) -> Alert:
+    def raise_alert(self, finding: Finding, at_end: bool = False) -> Alert:
+        """`finding` as an alert, delivered; `at_end`: found by the last judgement, once every
+        rank's last rows were in (said so: it could not stop or warn the run any earlier)."""
+        detail = dict(finding.detail)
+        message = finding.sentence + ("; found at the run's end" if at_end else "")
+        if at_end:
+            detail["at_end"] = True
+        if finding.spread is not None:  # where it started: the stop, the page and a later reader name the origin
+            detail.update(spread=finding.spread, origin=finding.origin)
         alert = Alert(finding.kind, finding.rank, finding.key, finding.first_step, finding.step_seen, time.time(),
-                      finding.value, alert_message(finding), dict(finding.detail))  # fmt: skip
+                      finding.value, message, detail)  # fmt: skip
         self.deliver(alert)
         return alert
 
@@ -266,11 +261,26 @@ class AlertOutlets:
                     self._callable_failures.add(name)
                     say(f"on_alert raised {name}: {exc} (caught: training goes on; said once per exception type)")
         if self.webhook is not None:
-            self.webhook.send({"text": f"multirank_logger: {alert.message}", "alert": {**alert.to_dict(), "value": value}})
+            self.webhook.send(webhook_payload(alert, self.run))
 
     def close(self, timeout: float = 0.0) -> None:
         if self.webhook is not None:
             self.webhook.close(timeout)
+
+
+def run_facts(ref: RunRef, store: str) -> dict[str, Any]:
+    """Which run an alert is about, as its webhook payload says it: name, version, id, UUID, rank
+    0's host and the store as `public_name` gives it (no password)."""
+    return {"name": ref.name, "version": ref.dir_name, "id": ref.id, "uuid": ref.uuid, "host": socket.gethostname(),
+            "store": store}  # fmt: skip
+
+
+def webhook_payload(alert: Alert, run: dict[str, Any]) -> dict[str, Any]:
+    """The JSON an alert is POSTed as: Slack's and Mattermost's ``text`` (which names the run: a
+    channel many jobs share), the run, and the alert's fields."""
+    value = alert.value if alert.value is not None and not math.isnan(alert.value) else None
+    where = f"{run['name']}/{run['version']} on {run['host']}: " if run else ""
+    return {"text": f"multirank_logger: {where}{alert.message}", "run": run, "alert": {**alert.to_dict(), "value": value}}
 
 
 def _jsonable(value: Any) -> Any:

@@ -45,13 +45,14 @@ __all__ = ["FAILED_TIMEOUT", "finish_run"]
 log = logging.getLogger(__name__)
 #: the longest a failing rank spends on the store or the channel in finalize("failed")
 FAILED_TIMEOUT = 5.0
+#: the longest the watch's last judgement may take at the run's end (its thread is left after it)
+WATCH_END_S = 10.0
 
 
 def finish_run(run: RankRun, status: str) -> None:
     """Flush everything, record how the run ended, and (rank 0, success) write the CSV files."""
     run.finalized = True
     run.capture_logs(False)  # what it kept is flushed below
-    safely(run.stop_watch)  # its alerts into the side rows before the writer's last cycles
     hot_path, sink_setup = run.hot_path, run.sink_setup
     started = time.monotonic()
     status = final_status(status, terminated=process_hooks.sigterm_received.is_set())
@@ -73,6 +74,7 @@ def finish_run(run: RankRun, status: str) -> None:
     except TimeoutError:
         _give_up(run, bound)
     finally:
+        safely(run.stop_watch)  # an end that never reached the last rows (no sink, a store that stopped answering)
         run.board.withdraw()  # the launch is over: leave no variable behind in this process
         safely(run.board.close)  # nor a connection: a later phase (test after fit) opens its own
         if run.store is not None:
@@ -124,7 +126,10 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
 
     writer.flush(timeout)
     others = safely(lambda: sink.finish(status, timeout, cycle)) or {}
-    # rows rank 0 received while finishing, and rows a busy store refused so far: the last wait
+    if run.watch is not None:  # rank 0: every rank's last rows are in; the watch judges them, to the last step
+        writer.flush_until(max(deadline, time.monotonic() + 1.0))
+        safely(lambda: run.stop_watch(min(left(), WATCH_END_S), final=True), "the watch's last judgement")
+    # its alerts' rows, those rank 0 received while finishing, and rows a busy store refused so far
     if not writer.flush_until(max(deadline, time.monotonic() + 1.0)):
         error = writer.last_error
         writer.spill_held(

@@ -35,7 +35,7 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
 from multirank_logger.ddp.log_capture import LogCapture
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.logger.alerts import Alert, AlertOutlets
+from multirank_logger.logger.alerts import Alert, AlertOutlets, run_facts
 from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.launch_env import hook_launchers
 from multirank_logger.logger.process_registry import UnfinishedRun, track
@@ -121,7 +121,8 @@ class RankRun:
                 return
             settings = self.settings
             try:
-                outlets = AlertOutlets(self.hot_path.side.add, settings.on_alert, settings.alert_url)
+                facts = run_facts(self.identity.run, settings.store_identity) if self.identity is not None else None
+                outlets = AlertOutlets(self.hot_path.side.add, settings.on_alert, settings.alert_url, run=facts)
                 per_transaction = backend_for(settings.url).opens_per_transaction
                 watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction,
                                        outlets, close_after=max(10.0, 2 * settings.flush_interval + 2),
@@ -136,13 +137,14 @@ class RankRun:
                 self.hot_path.writer.observe = watch.observe
             self.watch = watch
 
-    def stop_watch(self, timeout: float = 2.0) -> None:
-        """The run's end (finalize): judge what arrived, record the alerts before the writer's last cycle."""
+    def stop_watch(self, timeout: float = 2.0, final: bool = False) -> None:
+        """The run's end (finalize): judge what arrived, its alerts into the side rows for the
+        writer's last cycles; `final`: every rank's last rows are in, so every step is judged."""
         watch, self.watch = self.watch, None
         if watch is None:
             return
+        watch.stop(timeout, final=final)
         self.hot_path.writer.observe = None
-        watch.stop(timeout)
         watch.outlets.close(min(timeout, 1.0))
         self.alerts_raised.extend(watch.alerts)
 

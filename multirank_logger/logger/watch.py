@@ -92,6 +92,7 @@ class Watch:
         #: batches judged from a peek, awaited from the writer (not to be judged twice), oldest first
         self._peeked: dict[tuple[int, int, int, int], None] = {}
         self._stop = threading.Event()
+        self._final = False  # the last judgement closes every step (`stop`)
         self._thread: threading.Thread | None = None
         self.skipped = 0  # batches the watch dropped, behind
         self._said_behind = False
@@ -118,9 +119,11 @@ class Watch:
         except queue.Full:
             pass  # it has batches to take: it is not waiting
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Judge what arrived so far (within `timeout`), then end the thread; the alerts raised are
-        recorded before the writer's last cycle."""
+    def stop(self, timeout: float = 2.0, final: bool = False) -> None:
+        """Judge what arrived so far (within `timeout`), then end the thread. `final`: the run's
+        every row has arrived (finalize, after the last rows of every rank): every step is
+        closed and judged, and what is found only now is said so (``at the run's end``)."""
+        self._final = final
         self.stop_soon()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -220,15 +223,15 @@ class Watch:
         else:
             keys = np.asarray(keys.to_pylist(), dtype=object)
         values = batch.column("value").to_numpy(zero_copy_only=False).astype(float)  # NULL (a NaN) -> NaN
-        self._found(self.judgement.add_rows(keys, batch.column("rank").to_numpy(), batch.column("step").to_numpy(),
-                                            values, now))  # fmt: skip
+        self.judgement.add_rows(keys, batch.column("rank").to_numpy(), batch.column("step").to_numpy(), values, now)
 
     def _judge(self) -> None:
-        self._found(self.judgement.judge(time.monotonic()))
+        final = self._final and self._stop.is_set()
+        self._found(self.judgement.judge(time.monotonic(), final=final), at_end=final)
 
-    def _found(self, findings: list[Any]) -> None:
+    def _found(self, findings: list[Any], at_end: bool = False) -> None:
         for finding in findings:
-            self.outlets.raise_alert(finding)
+            self.outlets.raise_alert(finding, at_end=at_end)
 
     # -- direct and node: the store, read-only -----------------------------------------------
 
@@ -294,7 +297,7 @@ class Watch:
         key, rank, step, value, seq = key[new], rank[new], step[new], value[new], seq[new]
         self._advance(self._last_seq, list(zip(rank.tolist(), seq.tolist(), step.tolist())), now)
         values = np.array([np.nan if v is None else v for v in value.tolist()], float)
-        self._found(self.judgement.add_rows(key.astype(object), rank, step, values, now))
+        self.judgement.add_rows(key.astype(object), rank, step, values, now)
 
 
 def _batch_id(batch: pa.RecordBatch) -> tuple[int, int, int, int]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from multirank_logger._util.readable import format_ranks
 from multirank_logger.ddp.log_capture import level_number
 from multirank_logger.errors import LookupFailed
 from multirank_logger.model.run_ref import RunRef
@@ -212,20 +213,3 @@ def group_alike(records: Any) -> Any:
     grouped = df.groupby([*same, "nth"], sort=False).agg(time=("time", "min"), ranks=("rank", lambda r: sorted(set(r))))
     out = grouped.reset_index().sort_values("time", kind="stable").reset_index(drop=True)
     return out[["time", "level", "levelno", "logger", "message", "ranks"]]
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 5]`` as ``"ranks 0-3,5"``; one rank as ``"rank 2"``."""
-    ordered = sorted({int(r) for r in ranks})
-    if len(ordered) == 1:
-        return f"rank {ordered[0]}"
-    spans: list[str] = []
-    start = prev = ordered[0]
-    for r in [*ordered[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return "ranks " + ",".join(spans)

@@ -12,6 +12,7 @@ one judgement, ``judgement/ranks.py`` (its module docstring says how), which the
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ import numpy as np
 
 from multirank_logger._util.background_import import import_in_background
 from multirank_logger.judgement import ranks as judgement
+from multirank_logger.judgement.origin import with_origin
+from multirank_logger.judgement.sentences import finding_sentence, series_of
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
 from multirank_logger.query.step_buckets import BucketSummary
@@ -33,8 +36,10 @@ __all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notic
 MAX_LOG_MESSAGES = 20
 #: warning and error records read at most (the first, in time order)
 MAX_LOG_RECORDS = 100_000
-#: StepTimer's columns judged for stragglers (the page draws each as its series `timing:COLUMN`)
-STRAGGLER_PHASES = ("data_s", "forward_s")
+
+
+#: each kind of finding the watch raises too (judgement/sentences.py), and its list in `Findings`
+_KIND_LISTS = {"non_finite": "non_finite", "departure": "outliers", "straggler": "stragglers", "memory": "memory"}
 
 
 @dataclass
@@ -82,8 +87,8 @@ class Findings:
 
     def departing_by_series(self) -> dict[str, list[int]]:
         """`departing` for every series under which this report names a rank."""
-        named = ([o["key"] for o in self.outliers] + [f"timing:{s['phase']}_s" for s in self.stragglers]
-                 + [_memory_series(m["measure"]) for m in self.memory])  # fmt: skip
+        named = [series_of(kind, item) for kind, name in _KIND_LISTS.items() if kind != "non_finite"
+                 for item in getattr(self, name)]  # fmt: skip
         return {series: self.departing(series) for series in sorted(set(named))}
 
     def keys_with_findings(self) -> list[str]:
@@ -91,7 +96,13 @@ class Findings:
         return list(seen)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready, each finding with its ``sentence`` and ``series`` (judgement/sentences.py:
+        what the page shows, and the chart it links to)."""
+        out = asdict(self)
+        for kind, name in _KIND_LISTS.items():
+            for item in out[name]:
+                item.update(sentence=finding_sentence(kind, item), series=series_of(kind, item))
+        return out
 
 
 def find(reader: StoreReader, run: int | str | None = None) -> Findings:
@@ -130,6 +141,7 @@ def find_with_buckets(
         out.notes.append(f"Outlier ranks need {judgement.MIN_RANKS} ranks or more (this run has {ref.world_size}).")
     else:
         out.outliers = outliers(scan)
+    _lead_with_origins(out)
     out.decisions = _decisions(reader, ref)
     out.alerts = raised_alerts(reader, ref, out)
     out.stopped_by = reader.stopped_by(ref)
@@ -137,6 +149,13 @@ def find_with_buckets(
     out.library_warnings = [m for m in messages if library_notice(m, ref.world_size)]
     out.log_messages = [m for m in messages if not library_notice(m, ref.world_size)]
     return out, scan.buckets
+
+
+def _lead_with_origins(found: Findings) -> None:
+    """Each kind's findings ordered by where their problem started, the origin first, each with
+    its ``origin`` and ``spread`` (judgement/origin.py)."""
+    for kind, name in _KIND_LISTS.items():
+        setattr(found, name, with_origin(getattr(found, name), functools.partial(series_of, kind), found.world_size))
 
 
 def outliers(scan: RunScan) -> list[dict[str, Any]]:
@@ -212,7 +231,7 @@ def _timing(timing: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     parts = timing[["data_s", "forward_s", "rest_s"]].astype(float)
     step_time = float(np.nanmedian(parts.sum(axis=1, min_count=1))) if len(parts) else math.nan
     phases = {}
-    for phase in STRAGGLER_PHASES:
+    for phase in judgement.STRAGGLER_PHASES:
         # steps with gradient accumulation share a global_step: a step's time is their sum
         table = timing.dropna(subset=[phase]).pivot_table(index="step", columns="rank", values=phase, aggfunc="sum")
         phases[phase] = (table.index.to_numpy(), np.asarray(table.columns), table.to_numpy(dtype=float))
@@ -223,16 +242,11 @@ def _timing(timing: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def _memory(timing: Any, writers: set[int]) -> list[dict[str, Any]]:
     """Each rank's peak memory (CUDA reserved, else RSS) and CUDA allocation retries, judged by
     ``judgement.ranks.memory_outliers`` (the `writers` of the others' rows on RSS less an allowance)."""
-    cuda = timing["mem_reserved_peak"].notna().any()
-    measure = "mem_reserved_peak" if cuda else "rss"
+    cuda = bool(timing["mem_reserved_peak"].notna().any())
+    measure = judgement.memory_measure(cuda)
     peaks = timing.groupby("rank")[measure].max().dropna().astype(float)
     retries = timing.groupby("rank")["alloc_retries"].max().fillna(0).reindex(peaks.index).to_numpy() if cuda else None
     return judgement.memory_outliers(peaks.index.to_numpy(), peaks.to_numpy(), measure, retries, writers)
-
-
-def _memory_series(measure: str) -> str:
-    """The page's series of a memory measure: StepTimer's column, or DeviceStatsMonitor's metric key."""
-    return measure if measure == DEVICE_STATS_PEAK else f"timing:{measure}"
 
 
 #: Lightning's DeviceStatsMonitor on CUDA logs torch.cuda.memory_stats() per rank, at each batch's end

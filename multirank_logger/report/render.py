@@ -10,8 +10,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from multirank_logger._util.readable import duration_text
+from multirank_logger._util.readable import duration_text, number_text
 from multirank_logger.judgement.ranks import MIN_RANKS
+from multirank_logger.judgement.sentences import finding_sentence
 from multirank_logger.query.side_tables import stop_text
 from multirank_logger.report.findings import Findings
 
@@ -21,53 +22,25 @@ __all__ = ["findings_text"]
 COMPACT_RANKS = 16
 
 
-def _readable(value: Any, unit: str = "") -> str:
-    """A number for a reader: seconds as ms, bytes as MiB, else 4 significant digits; "-" for none."""
-    if value is None or value != value:
-        return "-"
-    if unit == "s":
-        return f"{value * 1e3:.3g} ms"
-    if unit == "B":
-        return f"{value / 2**20:,.0f} MiB"
-    return f"{value:.4g}"
-
-
 def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     """The findings as (section title, lines); shared by the text and the HTML."""
     ranks = _rank_lines(f.ranks)
     timing = [
-        f"rank {t['rank']}: data {_readable(t['data_s'], 's')}, forward {_readable(t['forward_s'], 's')}, "
-        f"rest {_readable(t['rest_s'], 's')} (median per step over {t['steps']} steps; batch {_readable(t['batch_size'])})"
+        f"rank {t['rank']}: data {number_text(t['data_s'], 's')}, forward {number_text(t['forward_s'], 's')}, "
+        f"rest {number_text(t['rest_s'], 's')} (median per step over {t['steps']} steps; batch {number_text(t['batch_size'])})"
         for t in f.timing
     ]
     if len(timing) > COMPACT_RANKS:  # the stragglers below name the ranks whose time stands out
         timing = [_timing_summary(f.timing)]
-    stragglers = [
-        f"rank {s['rank']}: {s['phase']} {_readable(s['excess_s'], 's')} longer than the other ranks per step "
-        f"({s['share_of_step']:.0%} of a step) from step {s['first_step']} to {s['last_step']} ({s['steps']} steps)"
-        for s in f.stragglers
-    ]
-    outliers = [
-        f"{o['key']}: rank {o['rank']} departs from the ranks' median from step {o['first_step']} to "
-        f"{o['last_step']} ({o['steps']} steps): {_readable(o['excess'])} off"
-        + (f", {_readable(o['ratio'])}x the median" if o["ratio"] is not None else "")
-        + f", {_readable(o['spreads'])}x the ranks' typical spread"
-        for o in f.outliers
-    ]
+    # each finding's one sentence (judgement/sentences.py), origins first (judgement/origin.py)
+    stragglers = [finding_sentence("straggler", s) for s in f.stragglers]
+    outliers = [finding_sentence("departure", o) for o in f.outliers]
     if f.world_size < MIN_RANKS:  # not "none": nothing was judged
         outliers = [f"not judged: it takes {MIN_RANKS} ranks or more, and this run has {f.world_size} "
                     "(with two, each is as far from their median as the other)"]  # fmt: skip
-    non_finite = [
-        f"{n['key']}: rank {n['rank']} first at step {n['first_step']}, {n['count']} values "
-        f"({n['nan']} NaN, {n['inf']} inf)"
-        for n in f.non_finite
-    ]
-    memory = [
-        f"rank {m['rank']}: peak {m['measure']} {_readable(m['peak_bytes'], 'B')}, other ranks' median "
-        f"{_readable(m['others_median_bytes'], 'B')}"
-        + (f", {m['alloc_retries']} allocator retries" if m["alloc_retries"] else "")
-        for m in f.memory
-    ]
+    non_finite = [f"{finding_sentence('non_finite', n)}: {n['count']} values ({n['nan']} NaN, {n['inf']} inf)"
+                  for n in f.non_finite]  # fmt: skip
+    memory = [finding_sentence("memory", m) for m in f.memory]
     decisions = [
         f"step {d['step']} {d['callback']} ({d['monitor']}): {_decided(d['callback'], d['decision'])}; votes "
         + ", ".join(f"rank {r} {_vote(v)}" for r, v in d["votes"].items())
@@ -126,8 +99,8 @@ def _timing_summary(timing: list[dict[str, Any]]) -> str:
         values = sorted(t[col] for t in timing if t[col] is not None)
         return values[len(values) // 2] if values else None
 
-    return (f"{len(timing)} ranks, the median rank per step: data {_readable(median('data_s'), 's')}, "
-            f"forward {_readable(median('forward_s'), 's')}, rest {_readable(median('rest_s'), 's')}")  # fmt: skip
+    return (f"{len(timing)} ranks, the median rank per step: data {number_text(median('data_s'), 's')}, "
+            f"forward {number_text(median('forward_s'), 's')}, rest {number_text(median('rest_s'), 's')}")  # fmt: skip
 
 
 def findings_text(f: Findings) -> str:

@@ -157,11 +157,12 @@
     try { f = await api("run/" + id + "/findings"); } catch (e) { fail(where, e); return; }
     const link = (name, text) => el("li", {}, sections.has(name) ? el("a", { href: "#" + anchor(name) }, text) : text);
     const items = [
-      ...f.outliers.map((o) => link(o.key, `${o.key}: rank ${o.rank} departs from the ranks' median from step ${o.first_step} to ${o.last_step} (${num(o.spreads)}x the typical spread)`)),
-      ...f.non_finite.map((n) => link(n.key, `${n.key}: rank ${n.rank} logged NaN/inf first at step ${n.first_step} (${n.count} values)`)),
-      ...f.stragglers.map((s) => link("timing:" + s.phase + "_s", `rank ${s.rank}: ${s.phase} ${num(s.excess_s * 1e3)} ms longer per step than the other ranks, from step ${s.first_step}`)),
-      // StepTimer's memory (its RSS chart), or the metric key DeviceStatsMonitor logged it under (report/findings.py)
-      ...f.memory.map((m) => link(m.measure.startsWith("DeviceStatsMonitor") ? m.measure : "timing:rss", `rank ${m.rank}: peak ${m.measure} ${num(m.peak_bytes / 2 ** 20)} MiB (others' median ${num(m.others_median_bytes / 2 ** 20)} MiB)`)),
+      // each finding's one sentence and series (judgement/sentences.py), origins first (judgement/origin.py)
+      ...[...f.non_finite, ...f.outliers, ...f.stragglers, ...f.memory].map((x) => {
+        const item = link(x.series, x.sentence);
+        if (x.spread) item.classList.add(x.origin ? "origin" : "follower");
+        return item;
+      }),
       ...f.decisions.map((d) => el("li", {}, el("a", { href: "#logs" }, `step ${d.step} ${d.callback}: the ranks voted differently`))),
       ...f.log_messages.map((m) => el("li", {}, el("a", { href: "#logs" }, `${m.level} on ranks ${m.ranks} (${m.count}x): ${m.message}`))),
     ];

@@ -1,0 +1,100 @@
+"""A finding in words: one sentence per finding, the same on every surface.
+
+The console alert, the webhook's ``text``, the report (text and HTML), the page and the stop's
+reason all say a finding with `finding_sentence`; none words one itself. A sentence leads with
+the event (``rank 2 train_loss NaN from step 150``), then how it spread (origin.py), then its
+numbers; an alert adds the step the watch had reached (``seen at step 199``).
+
+The item is the report's JSON item of the kind, or a live finding's (`judgement.live.Finding.item`):
+the same fields (``rank``, ``first_step``, ``last_step``, ``steps``, the kind's numbers, and
+``spread`` where several ranks show it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multirank_logger._util.readable import format_ranks, number_text
+
+__all__ = ["KINDS", "finding_sentence", "series_of"]
+
+#: the kinds of finding the watch raises and the report lists, with the series each is on
+KINDS = ("non_finite", "departure", "straggler", "memory")
+
+
+def series_of(kind: str, item: dict[str, Any]) -> str:
+    """The series a finding is on, as the page names it: a metric key, ``timing:data_s`` for a
+    straggler's phase, the memory measure (``timing:rss``, or DeviceStatsMonitor's key)."""
+    if kind == "straggler":
+        return f"timing:{item['phase']}_s"
+    if kind == "memory":
+        measure = str(item["measure"])  # StepTimer's column, or the metric key DeviceStatsMonitor logged it under
+        return measure if "/" in measure else f"timing:{measure}"
+    return str(item["key"])
+
+
+def finding_sentence(kind: str, item: dict[str, Any], seen_step: int | None = None) -> str:
+    """The one sentence of a finding (see the module docstring); `seen_step`: an alert's newest step."""
+    rank = item["rank"]
+    text: str
+    if kind == "non_finite":
+        text = f"rank {rank} {item['key']} {_non_finite_word(item)} from step {item['first_step']:,}"
+    elif kind == "departure":
+        times = f", {number_text(item['ratio'])}x the median" if item.get("ratio") is not None else ""
+        text = (f"rank {rank} {item['key']} departs from the other ranks {_stretch(item)}: "
+                f"{number_text(item.get('excess'))} off{times}, {number_text(item.get('spreads'))}x the ranks' typical spread")  # fmt: skip
+    elif kind == "straggler":
+        text = (f"rank {rank} straggles in {item['phase']} {_stretch(item)}: {number_text(item.get('excess_s'), 's')} "
+                f"longer than the other ranks per step ({item.get('share_of_step', float('nan')):.0%} of a step)")  # fmt: skip
+    elif kind == "memory":
+        ratio = item.get("ratio")
+        size = f", {ratio:.2f}x the other ranks' median peak" if ratio is not None else ""
+        retries = f", {item['alloc_retries']} allocator retries" if item.get("alloc_retries") else ""
+        text = (f"rank {rank} stands out in peak memory ({item['measure']}): {number_text(item.get('peak_bytes'), 'B')}"
+                f"{size} ({number_text(item.get('others_median_bytes'), 'B')}){retries}")  # fmt: skip
+    else:
+        text = f"rank {rank} {item.get('key', '')}: {kind}"
+    text += _spread_clause(item)
+    return text + (f" (seen at step {seen_step:,})" if seen_step is not None else "")
+
+
+#: follower steps named in a sentence (1,024 ranks following one by one stay one line)
+_FOLLOWER_STEPS = 4
+
+
+def _non_finite_word(item: dict[str, Any]) -> str:
+    if "value" in item and isinstance(item["value"], str):  # a live finding: the first value's kind
+        return item["value"]
+    nan, inf = item.get("nan", 0), item.get("inf", 0)
+    return "NaN" if nan and not inf else "inf" if inf and not nan else "NaN/inf"
+
+
+def _stretch(item: dict[str, Any]) -> str:
+    last, steps = item.get("last_step"), item.get("steps")
+    if last is None or last == item["first_step"]:
+        return f"from step {item['first_step']:,}"
+    return f"from step {item['first_step']:,} to {last:,}" + (f" ({steps} steps)" if steps else "")
+
+
+def _spread_clause(item: dict[str, Any]) -> str:
+    """How the problem spread: the origin names who followed; a follower names the origin."""
+    spread = item.get("spread")
+    if not spread:
+        return ""
+    if not item.get("origin"):
+        return f", after {format_ranks(spread['origin_ranks'])} at step {spread['origin_step']:,}"
+    others = [r for r in spread["origin_ranks"] if r != item["rank"]]
+    text = f", with {format_ranks(others)} at the same step" if others else ""
+    followers = spread["followers"]
+    if not followers:
+        return text
+    by_step: dict[int, list[int]] = {}
+    for r, s in followers:
+        by_step.setdefault(s, []).append(r)
+    said = [f"{format_ranks(ranks)} at step {s:,}" for s, ranks in list(by_step.items())[:_FOLLOWER_STEPS]]
+    later = sum(len(ranks) for ranks in list(by_step.values())[_FOLLOWER_STEPS:])
+    text += "; followed by " + ", ".join(said) + (f" and {later} more rank(s) later" if later else "")
+    if spread.get("all_reduce"):
+        lag = spread["lag"]
+        text += f" (every other rank within {lag} step{'s' if lag != 1 else ''}: spread through the gradient all-reduce)"
+    return text

@@ -1,0 +1,83 @@
+"""A NaN that starts on one rank and spreads through the gradient all-reduce (tests/origin_train.py,
+a real 4-rank DDP training over gloo on CPU): every surface names the rank where it started.
+
+Rank 2's batch is NaN at one step; every rank's loss is NaN from the next. The report lists rank 2
+first and says the others followed; the watch raises rank 2's alert first, and by the time
+`finalize` returns the alerts are the report's findings, (kind, rank, key, first step) for each,
+even where the NaN came in the run's last flush interval; `StopOnAlert` stops for rank 2.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger import open_store
+from multirank_logger.cli import main
+from multirank_logger.report import find
+from tests.logger_helpers import query, train_env
+
+pytestmark = pytest.mark.slow
+
+TRAIN = Path(__file__).with_name("origin_train.py")
+NAN_RANK = 2
+SPREAD = ("rank 2 train_loss NaN from step {s}; followed by ranks 0-1,3 at step {t} "
+          "(every other rank within 1 step: spread through the gradient all-reduce)")  # fmt: skip
+
+
+def _train(root: Path, db: Path, *args: str) -> str:
+    cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), *args]
+    proc = subprocess.run(cmd, cwd=root, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and (root / "fit-returned").exists(), proc.stdout[-6000:]
+    return proc.stdout
+
+
+def _alerts(db: Path) -> list[tuple[str, int, str, int]]:
+    return [tuple(r) for r in query(db, "SELECT kind, rank, key, first_step FROM alerts ORDER BY seq")]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])  # direct on SQLite, gather on DuckDB (their defaults)
+def test_a_nan_in_the_last_steps_names_its_origin_everywhere(tmp_path: Path, suffix: str) -> None:
+    """NaN from rank 2 at step 30 of 36, all inside the default 5 s flush interval: the alerts,
+    raised by the time finalize returns, are the report's findings; rank 2 leads both."""
+    db = tmp_path / f"runs{suffix}"
+    out = _train(tmp_path, db, "--nan-step", "30", "--steps", "36")
+    with open_store(db) as reader:
+        found = find(reader)
+    report = [("non_finite", n["rank"], n["key"], n["first_step"]) for n in found.non_finite]
+    assert report == [("non_finite", 2, "train_loss", 30)] + [("non_finite", r, "train_loss", 31) for r in (0, 1, 3)]
+    assert [n["origin"] for n in found.non_finite] == [True, False, False, False]
+    assert found.non_finite[0]["spread"]["followers"] == [[0, 31], [1, 31], [3, 31]]
+    alerts = _alerts(db)
+    assert alerts == report  # the origin first; to the last row, at the run's end
+    assert all(a["in_report"] for a in found.alerts)
+    text = CliRunner().invoke(main, ["report", str(db)]).output
+    assert SPREAD.format(s=30, t=31) in text
+    assert text.index("rank 2 train_loss NaN from step 30") < text.index("rank 0 train_loss NaN from step 31")
+    assert "rank 0 train_loss NaN from step 31, after rank 2 at step 30" in text
+    # the console said the origin first (during the run, or at its end: "found at the run's end")
+    lines = [line for line in out.splitlines() if line.startswith("multirank_logger alert: ")]
+    assert len(lines) == 4 and lines[0].startswith("multirank_logger alert: " + SPREAD.format(s=30, t=31)), lines
+    listed = json.loads(CliRunner().invoke(main, ["alerts", str(db), "--format", "json"]).output)["alerts"]
+    assert listed[0]["message"].startswith(SPREAD.format(s=30, t=31))
+
+
+def test_stop_on_alert_stops_for_the_origin(tmp_path: Path) -> None:
+    """StopOnAlert(kinds={"non_finite"}) on a 300-step run whose NaN starts on rank 2 at step 40:
+    the fit stops early, for rank 2's alert, and `runs` and the report say so."""
+    db = tmp_path / "runs.duckdb"
+    out = _train(tmp_path, db, "--nan-step", "40", "--steps", "300", "--flush-interval", "0.5", "--stop")
+    ended = int(out.split("TRAINING ENDS AT STEP ")[1].split()[0])
+    assert 41 < ended < 300, out[-3000:]
+    assert _alerts(db)[0] == ("non_finite", NAN_RANK, "train_loss", 40)
+    assert query(db, "SELECT rank, first_step FROM alerts WHERE kind = 'stop'") == [(NAN_RANK, 40)]
+    stop = [line for line in out.splitlines() if "StopOnAlert ends the fit" in line]
+    assert len(stop) == 1 and SPREAD.format(s=40, t=41) in stop[0], stop
+    runs = CliRunner().invoke(main, ["runs", str(db)]).output
+    assert "non_finite alert: rank 2, train_loss, from step 40" in runs, runs
