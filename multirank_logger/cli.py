@@ -509,8 +509,9 @@ def decisions_cmd(db_path: str, run: str | None) -> None:
                "callback": f"{first['callback']}({first['monitor']}, {first['mode']})",
                "decision": done if first["decision"] else not_done}  # fmt: skip
         for r in d.itertuples():  # a vote is NULL only in rows written by hand
-            row[f"rank {r.rank}"] = f"{r.value:g} {'-' if pd.isna(r.vote) else 'yes' if r.vote else 'no'}"
-        row["best"] = f"{first['best']:g}" if first["best"] == first["best"] else "-"
+            value = "-" if pd.isna(r.value) else f"{r.value:g}"  # NaN: SQLite keeps it as NULL
+            row[f"rank {r.rank}"] = f"{value} {'-' if pd.isna(r.vote) else 'yes' if r.vote else 'no'}"
+        row["best"] = "-" if pd.isna(first["best"]) else f"{first['best']:g}"
         row["path"] = first["path"] or ""
         rows.append(row)
     differ = f"{len(split)} where the ranks voted differently (marked !)" if split else "the ranks voted alike in each"

@@ -113,3 +113,40 @@ def test_group_alike_pairs_the_nth_repeat_of_each_rank() -> None:
         "ranks 1-3,6",
         "rank 4",
     ]
+
+
+def test_decisions_and_report_flag_the_same_split_decisions(tmp_path: Path) -> None:
+    """One rule for a split decision (judgement.ranks.votes_split): a rank with no vote takes no
+    side, StopOnAlert's rank-0-alone vote is no split; `decisions` marks exactly what `report`
+    lists, and a NaN monitored value (SQLite keeps it as NULL) is shown, not a TypeError."""
+    import time
+
+    import sqlalchemy as sa
+
+    from multirank_logger.model.schema import decisions
+    from multirank_logger.report import find
+    from multirank_logger.store.sql_store import Store
+
+    db = tmp_path / "runs.sqlite"
+    store = Store(db)
+    run = store.create_run("votes", world_size=3)
+    votes = {  # seq: (callback, each rank's vote); the value of rank 2 at seq 0 is NaN
+        0: ("ModelCheckpoint", [True, False, True]),  # split
+        1: ("ModelCheckpoint", [True, None, True]),  # one rank's vote not recorded: no split
+        2: ("StopOnAlert", [True, False, False]),  # rank 0 alone votes, by design
+        3: ("EarlyStopping", [False, None, True]),  # split, beside an NA vote
+    }
+    rows = [{"run_id": run.id, "rank": r, "seq": seq, "step": 10 * seq, "epoch": seq, "callback": cb, "monitor": "val",
+             "mode": "min", "value": float("nan") if (seq, r) == (0, 2) else 1.0 + r, "vote": vote, "decision": True,
+             "path": None, "best": 1.0, "time": time.time()}
+            for seq, (cb, ranks) in votes.items() for r, vote in enumerate(ranks)]  # fmt: skip
+    with store.begin() as conn:
+        conn.execute(sa.insert(decisions), rows)
+    store.close()
+    with open_store(db) as reader:
+        assert disagreements(reader.decisions()) == [0, 3]
+        assert [d["seq"] for d in find(reader).decisions] == [0, 3]
+    result = CliRunner().invoke(cli, ["decisions", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "4 decisions, 2 where the ranks voted differently (marked !)" in result.output
+    assert result.output.count("!") == 2 + 1  # the two rows, and the legend's "(marked !)"

@@ -264,3 +264,54 @@ def test_the_last_judgement_closes_every_step_and_says_so() -> None:
     assert [(r["kind"], r["rank"], r["first_step"]) for r in rows] == [("non_finite", 1, 9)]
     assert rows[0]["message"] == "rank 1 loss NaN from step 9 (seen at step 9); found at the run's end"
     assert '"at_end": true' in rows[0]["detail"]
+
+
+def test_on_alert_that_exits_is_caught_and_the_watch_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """sys.exit or KeyboardInterrupt from on_alert would end the watch's thread: caught, said once
+    per exception type, and the next alert still goes out."""
+    rows: list[dict] = []
+    calls: list[str] = []
+
+    def leaving(alert: object) -> None:
+        calls.append("called")
+        raise SystemExit(3) if len(calls) == 1 else KeyboardInterrupt
+
+    outlets = AlertOutlets(lambda table, row: rows.append(row), leaving, echo=False)
+    live = LiveJudgement(3)
+    for rank in (0, 1, 2):
+        live.add_rows(np.array(["k"], object), np.array([rank]), np.array([rank]), np.array([np.nan]), 0.0)
+    with caplog.at_level(logging.WARNING, logger="multirank_logger"):
+        for finding in live.judge(0.0, final=True):
+            outlets.raise_alert(finding)
+    assert len(rows) == 3 and len(calls) == 3
+    said = [r.getMessage() for r in caplog.records if "on_alert raised" in r.getMessage()]
+    assert len(said) == 2 and "SystemExit" in said[0] and "KeyboardInterrupt" in said[1]
+
+
+def test_stop_on_alert_without_the_watch_is_refused_at_setup(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """StopOnAlert beside MultiRankLogger(watch=False) could never stop: a clear error at setup."""
+    import torch
+    from lightning.pytorch import LightningModule, Trainer
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from multirank_logger import MultiRankLogger, StopOnAlert
+
+    class Tiny(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):  # type: ignore[no-untyped-def]
+            return DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2)
+
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, logger=MultiRankLogger(db=str(tmp_path / "r.sqlite"),
+                      save_dir=str(tmp_path), watch=False), callbacks=[StopOnAlert()], enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match="StopOnAlert needs the watch's alerts.*has watch=False"):
+        trainer.fit(Tiny())

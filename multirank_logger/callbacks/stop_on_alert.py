@@ -57,6 +57,7 @@ class StopOnAlert(Callback):
     Raises:
         ValueError: for an unknown kind or a check interval below 1.
         NoMultiRankLogger: at setup, when the Trainer has no `MultiRankLogger`.
+        ValueError: at setup, when its first `MultiRankLogger` has ``watch=False`` (no alert comes).
     """
 
     def __init__(self, kinds: Iterable[str] = ("non_finite",), check_every_n_steps: int = 1) -> None:
@@ -81,6 +82,9 @@ class StopOnAlert(Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, MultiRankLogger)]
         if not loggers:
             raise NoMultiRankLogger([type(lg).__name__ for lg in trainer.loggers])
+        if not loggers[0]._run.settings.watch:  # no alert would ever come: a stop that cannot happen
+            raise ValueError("StopOnAlert needs the watch's alerts, and the Trainer's first MultiRankLogger has "
+                             "watch=False: drop watch=False (the default watches), or remove StopOnAlert.")
         self._logger = loggers[0]
         self._loggers = loggers  # each records the stop: every run of the fit says why it ended there
 

@@ -1,7 +1,9 @@
 """The one judgement of a rank: whether it departs from the others, straggles, logged NaN/inf or
-stands out in peak memory, decided over plain NumPy arrays (``judgement/ranks.py``).
+stands out in peak memory (``ranks.py``), where a problem several ranks show started
+(``origin.py``), and a finding in words (``sentences.py``), decided over plain NumPy arrays and
+dicts.
 
-No SQL, no I/O, no pandas: the report (over one pass of a run's rows), the live page (through the
-report's findings) and a watch during training (over the windows it holds) all call the same
-functions, with no knowledge of where the arrays came from.
+No SQL, no I/O, no pandas: the report (over one pass of a run's rows), the page (through the
+report's findings) and the watch during training (``live.py``, over the windows it holds) all call
+the same functions, with no knowledge of where the arrays came from.
 """

@@ -28,6 +28,7 @@ The smoothed spread is never below that minimum, so every value that departs is 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ import numpy as np
 __all__ = [
     "DEPART_SPREADS", "MEMORY_RATIO", "MIN_RANKS", "MIN_STEPS", "SPREAD_WINDOW", "STRAGGLER_MIN_SHARE", "STRAGGLER_PHASES",
     "WRITER_RSS_ALLOWANCE", "DepartureWindows", "KeySteps", "departures", "judge_departures",
-    "memory_measure", "memory_outliers", "non_finite_ranks", "persistent", "rolling_median", "rolling_min", "row_medians",
+    "memory_measure", "memory_outliers", "non_finite_ranks", "votes_split", "persistent", "rolling_median", "rolling_min", "row_medians",
     "stragglers",
 ]  # fmt: skip
 
@@ -380,6 +381,16 @@ def memory_outliers(ranks: np.ndarray, peaks: np.ndarray, measure: str, retries:
                         "others_median_bytes": None if math.isnan(others) else int(others),
                         "ratio": None if math.isnan(ratio) else ratio, "alloc_retries": retried})  # fmt: skip
     return out
+
+
+def votes_split(callback: str, votes: Iterable[bool | None]) -> bool:
+    """Whether the ranks' own votes on one decision (a checkpoint's save, an early stop) differ:
+    the report's and `multirank-logger decisions`' one rule. A rank with no vote (NA: not
+    recorded) takes no side; `StopOnAlert`'s decisions never split (rank 0 alone votes by design:
+    its watch's alert)."""
+    if callback == "StopOnAlert":
+        return False
+    return len({bool(v) for v in votes if v is not None}) > 1
 
 
 def non_finite_ranks(ranks: list[int] | np.ndarray, counts: np.ndarray) -> list[int]:

@@ -255,7 +255,8 @@ class AlertOutlets:
         if self.on_alert is not None:
             try:
                 self.on_alert(alert)
-            except Exception as exc:  # noqa: BLE001 - the user's callable never reaches training
+            # BaseException: a sys.exit or KeyboardInterrupt raised in it would end the watch's thread
+            except BaseException as exc:  # noqa: BLE001 - the user's callable never reaches training
                 name = type(exc).__name__
                 if name not in self._callable_failures:
                     self._callable_failures.add(name)

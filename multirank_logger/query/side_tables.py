@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from multirank_logger._util.readable import format_ranks
 from multirank_logger.ddp.log_capture import level_number
 from multirank_logger.errors import LookupFailed
+from multirank_logger.judgement.ranks import votes_split
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts, decisions, logs, ranks, runs, step_timing
 
@@ -186,11 +187,16 @@ def _frame(fetch_arrow: FetchArrow, stmt: sa.Select, columns: Iterable[str]) -> 
 
 
 def disagreements(decided: Any) -> list[int]:
-    """The decisions (``seq``) of a `StoreReader.decisions` frame where the ranks' votes differ."""
-    if decided.empty:
-        return []
-    votes = decided.groupby("seq")["vote"].nunique(dropna=False)
-    return [int(seq) for seq in votes[votes > 1].index]
+    """The decisions (``seq``) of a `StoreReader.decisions` frame where the ranks' votes differ
+    (`judgement.ranks.votes_split`: the report's rule too)."""
+    import pandas as pd
+
+    out = []
+    for seq, group in decided.groupby("seq", sort=True):
+        votes = [None if pd.isna(v) else bool(v) for v in group["vote"]]
+        if votes_split(str(group.iloc[0]["callback"]), votes):
+            out.append(int(seq))
+    return out
 
 
 def group_alike(records: Any) -> Any:

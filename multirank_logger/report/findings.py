@@ -25,6 +25,7 @@ from multirank_logger.judgement.origin import with_origin
 from multirank_logger.judgement.sentences import finding_sentence, series_of
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
+from multirank_logger.query.side_tables import disagreements
 from multirank_logger.query.step_buckets import BucketSummary
 
 if TYPE_CHECKING:
@@ -270,13 +271,12 @@ def _device_stats_memory(reader: StoreReader, ref: RunRef, keys: list[str]) -> l
 def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
     """Checkpoint/early-stopping decisions where the ranks' own votes differed."""
     rows = reader.decisions(ref)
+    split = set(disagreements(rows))  # the one rule: `decisions` marks the same (judgement.ranks.votes_split)
     out = []
     for seq, group in rows.groupby("seq", sort=True):
-        if group.iloc[0]["callback"] == "StopOnAlert":
-            continue  # rank 0 alone votes (its watch's alert): no disagreement; the report's alerts say it
-        votes = {int(r): _bool(v) for r, v in zip(group["rank"], group["vote"])}
-        if len({v for v in votes.values() if v is not None}) < 2:
+        if seq not in split:
             continue
+        votes = {int(r): _bool(v) for r, v in zip(group["rank"], group["vote"])}
         first = group.iloc[0]
         decision = _bool(first["decision"])
         out.append(

@@ -1,0 +1,122 @@
+"""Where a problem started (judgement/origin.py), said once (judgement/sentences.py), and the same
+answer from the watch fed as rows arrive and from the report over the stored run.
+
+The real 4-rank training whose NaN spreads through the all-reduce is tests/test_origin_ddp.py's;
+here planted runs: a random origin rank and step (the last step too), spread to every other rank
+within a few steps or not at all, on one key or two, the rows arriving in random interleavings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from multirank_logger import open_store
+from multirank_logger.judgement.live import LiveJudgement
+from multirank_logger.judgement.origin import spread_of, with_origin
+from multirank_logger.judgement.sentences import finding_sentence
+from multirank_logger.report import find
+from multirank_logger.store.sql_store import Store
+from multirank_logger.write.buffer import RecordBuffer
+
+
+def test_the_origin_is_the_earliest_rank_and_the_others_followed() -> None:
+    spread = spread_of([(0, 151), (1, 151), (2, 150), (3, 151)], world_size=4)
+    assert spread == {"origin_ranks": [2], "origin_step": 150, "followers": [[0, 151], [1, 151], [3, 151]],
+                      "lag": 1, "all_reduce": True}  # fmt: skip
+    assert spread_of([(0, 10), (3, 40)], world_size=4)["all_reduce"] is False  # two of four, 30 steps apart
+    assert spread_of([(1, 5), (2, 5)], world_size=4)["origin_ranks"] == [1, 2]  # two at once: both the origin
+
+
+def test_the_report_order_leads_with_each_problems_origin() -> None:
+    """Problems by their origin's step; within one, the origin, then the followers by first step."""
+    items = [{"rank": r, "key": k, "first_step": s} for r, k, s in
+             [(0, "b", 151), (1, "b", 151), (2, "b", 150), (3, "a", 300), (0, "a", 290)]]  # fmt: skip
+    ordered = with_origin(items, lambda i: i["key"], world_size=4)
+    assert [(i["key"], i["rank"], i["origin"]) for i in ordered] == [
+        ("b", 2, True), ("b", 0, False), ("b", 1, False), ("a", 0, True), ("a", 3, False)]  # fmt: skip
+    assert ordered[0]["spread"]["followers"] == [[0, 151], [1, 151]]
+
+
+def test_a_thousand_followers_stay_one_line() -> None:
+    """1,024 ranks following one step later: ranges, not 1,023 numbers."""
+    items = [{"rank": r, "key": "loss", "first_step": 150 if r == 37 else 151, "nan": 1, "inf": 0} for r in range(1024)]
+    origin = with_origin(items, lambda i: i["key"], world_size=1024)[0]
+    assert finding_sentence("non_finite", origin) == (
+        "rank 37 loss NaN from step 150; followed by ranks 0-36,38-1023 at step 151 "
+        "(every other rank within 1 step: spread through the gradient all-reduce)")  # fmt: skip
+
+
+def test_a_live_finding_and_a_report_item_say_the_same() -> None:
+    """The alert's sentence is the report's, plus the step the watch had reached."""
+    live = LiveJudgement(3, close_after=1e9)
+    live.add_rows(np.array(["loss"] * 6, object), np.array([0, 1, 2] * 2), np.array([4, 4, 4, 5, 5, 5]),
+                  np.array([1.0, 1.0, np.nan, np.nan, np.nan, np.nan]), now=0.0)  # fmt: skip
+    found = live.judge(0.0, final=True)
+    assert [(f.rank, f.first_step, f.origin) for f in found] == [(2, 4, True), (0, 5, False), (1, 5, False)]
+    report = with_origin([{"rank": r, "key": "loss", "first_step": s, "nan": 1, "inf": 0} for r, s in
+                          [(0, 5), (1, 5), (2, 4)]], lambda i: i["key"], 3)  # fmt: skip
+    assert found[0].sentence == finding_sentence("non_finite", report[0]) + " (seen at step 5)"
+
+
+# -- the property: the watch's alerts are the report's findings at a run's end ---------------------
+
+_plants = st.fixed_dictionaries({
+    "origin": st.integers(0, 7),
+    "step": st.integers(0, 39),
+    "lag": st.sampled_from([None, 0, 1, 3]),  # None: the others never follow
+    "persists": st.booleans(),  # NaN from there on, or that one value
+})  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(world=st.integers(3, 8), plants=st.dictionaries(st.sampled_from(["loss", "acc"]), _plants, max_size=2),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_at_a_runs_end_the_alerts_are_the_reports_findings(tmp_path_factory, world, plants, seed) -> None:  # type: ignore[no-untyped-def]
+    """Planted NaN (random origin and step, spread or not, early or in the last step): fed to the
+    watch's judgement in random interleavings and judged at the end, its findings are the report's
+    over the stored rows, (rank, key, first step, origin) for each, each key's in the same order."""
+    steps = 40
+    rng = np.random.default_rng(seed)
+    values = {key: 1.0 + 0.01 * rng.standard_normal((steps, world)) for key in ("loss", "acc")}
+    for key, plant in plants.items():
+        origin = plant["origin"] % world
+        until = steps if plant["persists"] else plant["step"] + 1
+        values[key][plant["step"]:until, origin] = np.nan
+        if plant["lag"] is not None and plant["step"] + plant["lag"] < steps:
+            values[key][plant["step"] + plant["lag"]:, [r for r in range(world) if r != origin]] = np.nan
+    db = tmp_path_factory.mktemp("origin") / "runs.sqlite"
+    store = Store(db)
+    run = store.create_run("planted", world_size=world)
+    live = LiveJudgement(world, close_after=1e9)
+    at = [0] * world  # each rank's rows arrive in its order, the ranks interleaved at random
+    found = []
+    buffers = [RecordBuffer() for _ in range(world)]
+    while min(at) < steps:
+        rank = int(rng.choice([r for r in range(world) if at[r] < steps]))
+        upto = min(steps, at[rank] + int(rng.integers(1, 8)))
+        chunk = range(at[rank], upto)
+        for step in chunk:
+            buffers[rank].append(step, {key: float(values[key][step, rank]) for key in ("loss", "acc")})
+        store.write(buffers[rank].encode(buffers[rank].take(), run.id, rank))
+        keys = np.array([k for _ in chunk for k in ("loss", "acc")], object)
+        live.add_rows(keys, np.full(len(keys), rank), np.repeat(np.arange(at[rank], upto), 2),
+                      np.array([values[k][s, rank] for s in chunk for k in ("loss", "acc")]), now=0.0)  # fmt: skip
+        at[rank] = upto
+        if rng.random() < 0.3:
+            found += live.judge(0.0)
+    found += live.judge(0.0, final=True)
+    store.update_run(run.id, status="success")
+    store.close()
+    with open_store(db) as reader:
+        report = find(reader).non_finite
+    for key in ("loss", "acc"):
+        alerted = [(f.rank, f.first_step, f.origin) for f in found if f.kind == "non_finite" and f.key == key]
+        listed = [(n["rank"], n["first_step"], n["origin"]) for n in report if n["key"] == key]
+        assert alerted == listed, (key, plants.get(key))
+    assert {f.kind for f in found} <= {"non_finite"}  # noise of 1%: no departure anywhere
+    if plants:
+        first = found[0]  # the earliest problem's origin is said first
+        assert first.origin and first.first_step == min(n["first_step"] for n in report)
+
