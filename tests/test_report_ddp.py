@@ -152,7 +152,7 @@ def test_html_report_is_the_ui_page_in_one_file(db: Path, tmp_path: Path) -> Non
         )
         assert flagged["train_loss"] == "2" and flagged["weight_norm"] == "2" and "1" in flagged["timing:data_s"].split(",")
         findings = driver.find_element("id", "findings").text
-        assert "train_loss: rank 2 departs" in findings and "rank 1: data" in findings
+        assert "rank 2 train_loss departs" in findings and "rank 1 straggles in data" in findings
         assert driver.execute_script("return document.querySelectorAll('canvas.heatmap').length") >= 3
         assert {u for u in requested_urls(driver) if not u.startswith("data:")} == {page.as_uri()}
         shot = tmp_path / "shot.png"

@@ -123,7 +123,7 @@ def test_webhook_received_and_a_dead_one_said_once(trained: tuple[Path, str, lis
     # each payload names its run (a channel many jobs share): the run's identity, and its text says it
     (uuid,) = query(db, "SELECT run_uuid FROM runs WHERE name = 'watched'")[0]
     assert {(r["run"]["name"], r["run"]["version"], r["run"]["uuid"], r["run"]["store"]) for r in received} == {
-        ("watched", "version_0", uuid, str(db))}  # fmt: skip
+        ("watched", "version_0", uuid, f"sqlite:///{db}")}  # fmt: skip
     assert all(r["text"].startswith(f"multirank_logger: watched/version_0 on {r['run']['host']}: ") for r in received)
     assert len(re.findall(r"the alert webhook http://127\.0\.0\.1:\d+/… (did not take|had not taken)", out)) == 1
     assert query(db, "SELECT status FROM runs ORDER BY id") == [("success",), ("success",)]

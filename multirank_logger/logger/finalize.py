@@ -128,7 +128,10 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     others = safely(lambda: sink.finish(status, timeout, cycle)) or {}
     if run.watch is not None:  # rank 0: every rank's last rows are in; the watch judges them, to the last step
         writer.flush_until(max(deadline, time.monotonic() + 1.0))
-        safely(lambda: run.stop_watch(min(left(), WATCH_END_S), final=True), "the watch's last judgement")
+        # direct and node: the other ranks write their own last rows; their ends say they have (bounded)
+        ends_wait = min(left(), WATCH_END_S) / 2 if status == SUCCESS else 0.0
+        safely(lambda: run.stop_watch(min(left(), WATCH_END_S), final=True, ends_wait=ends_wait),
+               "the watch's last judgement")  # fmt: skip
     # its alerts' rows, those rank 0 received while finishing, and rows a busy store refused so far
     if not writer.flush_until(max(deadline, time.monotonic() + 1.0)):
         error = writer.last_error

@@ -334,8 +334,9 @@ class MultiRankLogger(Logger):
         if watch is None:
             return
         message = f"step {step:,}: StopOnAlert ends the fit on every rank (for: {alert.message})"
-        watch.outlets.deliver(Alert("stop", alert.rank, alert.key, alert.first_step, step, time.time(), None, message,
-                                    {"alert_kind": alert.kind, "stopped_at": step}))  # fmt: skip
+        # on the watch's thread, after the alerts before it: on_alert and the webhook never run on this one
+        watch.deliver_soon(Alert("stop", alert.rank, alert.key, alert.first_step, step, time.time(), None, message,
+                                 {"alert_kind": alert.kind, "stopped_at": step}))  # fmt: skip
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:

@@ -137,13 +137,14 @@ class RankRun:
                 self.hot_path.writer.observe = watch.observe
             self.watch = watch
 
-    def stop_watch(self, timeout: float = 2.0, final: bool = False) -> None:
+    def stop_watch(self, timeout: float = 2.0, final: bool = False, ends_wait: float = 0.0) -> None:
         """The run's end (finalize): judge what arrived, its alerts into the side rows for the
-        writer's last cycles; `final`: every rank's last rows are in, so every step is judged."""
+        writer's last cycles; `final`: every rank's last rows are in, so every step is judged
+        (`ends_wait`: how long a watch that reads the store waits for the other ranks' ends)."""
         watch, self.watch = self.watch, None
         if watch is None:
             return
-        watch.stop(timeout, final=final)
+        watch.stop(timeout, final=final, ends_wait=ends_wait)
         self.hot_path.writer.observe = None
         watch.outlets.close(min(timeout, 1.0))
         self.alerts_raised.extend(watch.alerts)

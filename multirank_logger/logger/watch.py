@@ -39,7 +39,7 @@ import sqlalchemy as sa
 
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.logger.alerts import Alert, AlertOutlets
-from multirank_logger.model.schema import metrics, step_timing
+from multirank_logger.model.schema import metrics, ranks, step_timing
 from multirank_logger.store.sql_store import Store
 
 __all__ = ["Watch"]
@@ -93,6 +93,8 @@ class Watch:
         self._peeked: dict[tuple[int, int, int, int], None] = {}
         self._stop = threading.Event()
         self._final = False  # the last judgement closes every step (`stop`)
+        self._ends_wait = 0.0  # how long the last poll waits for the other ranks' ends (`stop`)
+        self._deliveries: queue.SimpleQueue[Alert] = queue.SimpleQueue()  # `deliver_soon`'s
         self._thread: threading.Thread | None = None
         self.skipped = 0  # batches the watch dropped, behind
         self._said_behind = False
@@ -119,11 +121,14 @@ class Watch:
         except queue.Full:
             pass  # it has batches to take: it is not waiting
 
-    def stop(self, timeout: float = 2.0, final: bool = False) -> None:
+    def stop(self, timeout: float = 2.0, final: bool = False, ends_wait: float = 0.0) -> None:
         """Judge what arrived so far (within `timeout`), then end the thread. `final`: the run's
         every row has arrived (finalize, after the last rows of every rank): every step is
-        closed and judged, and what is found only now is said so (``at the run's end``)."""
+        closed and judged, and what is found only now is said so (``at the run's end``).
+        `ends_wait` (direct and node, where each rank writes its own rows): first wait up to that
+        long for the other ranks' ends in the store, so their last rows are read too."""
         self._final = final
+        self._ends_wait = ends_wait
         self.stop_soon()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -137,6 +142,16 @@ class Watch:
     @property
     def alerts(self) -> list[Alert]:
         return self.outlets.raised
+
+    def deliver_soon(self, alert: Alert) -> None:
+        """`alert` delivered on the watch's thread (StopOnAlert's stop, from the training thread):
+        `on_alert` and the webhook never run on the training thread, and alerts go out in the
+        order they were raised. Returns at once."""
+        self._deliveries.put(alert)
+        try:
+            self._queue.put_nowait(([], []))  # wakes the thread now
+        except queue.Full:
+            pass  # it has batches to take: it is not waiting
 
     # -- feeding (the writer thread: never waits) ----------------------------------------
 
@@ -158,11 +173,14 @@ class Watch:
                 if self._peek is not None:
                     wait = min(wait, max(next_peek - time.monotonic(), 0.0))
                 self._take(wait)
+                self._deliver()
                 now = time.monotonic()
                 if self._peek is not None and not stopping and now >= next_peek:
                     next_peek = now + (PEEK_S or 0.0)
                     self._take_peeked(now)
                 if self._read_store is not None and (now >= next_poll or stopping):
+                    if stopping and self._final:
+                        self._wait_for_ends(now + self._ends_wait)
                     self._poll()
                     next_poll = now + POLL_S
                 if now >= next_judge or stopping:
@@ -174,6 +192,14 @@ class Watch:
                 time.sleep(JUDGE_S)
             if stopping:
                 return
+
+    def _deliver(self) -> None:
+        while True:
+            try:
+                alert = self._deliveries.get_nowait()
+            except queue.Empty:
+                return
+            self.outlets.deliver(alert)
 
     def _take(self, wait: float) -> None:
         """Take the queued batches (waiting up to `wait` seconds for the first)."""
@@ -261,6 +287,19 @@ class Watch:
             timing = [row for row in timing if row["seq"] > self._last_timing_seq.get(row["rank"], (-1, 0, 0.0))[0]]
             self._advance(self._last_timing_seq, [(row["rank"], row["seq"], row["step"]) for row in timing], now)
             self.judgement.add_timing(timing, now)
+
+    def _wait_for_ends(self, deadline: float) -> None:
+        """Until every other rank has recorded its end in the store (its last rows are written
+        before it), or `deadline` (monotonic)."""
+        if self._reader is None:
+            self._reader = Store(self._read_store, readonly=True)
+        r = ranks.c
+        ended = sa.select(sa.func.count()).where(r.run_id == self.run_id, r.rank != 0, r.ended_at.is_not(None))
+        while True:
+            with self._reader.engine.connect() as conn:
+                if (conn.execute(ended).scalar() or 0) >= self.world_size - 1 or time.monotonic() >= deadline:
+                    return
+            time.sleep(0.1)
 
     def _rank_groups(self, last: dict[int, tuple[int, int, float]], rank: Any, seq: Any, step: Any,
                      now: float) -> list[Any]:  # fmt: skip
