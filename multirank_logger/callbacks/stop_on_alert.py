@@ -37,13 +37,11 @@ from typing_extensions import override
 
 from multirank_logger._util import lightning_compat
 from multirank_logger.errors import NoMultiRankLogger
-from multirank_logger.logger.alerts import Alert
+from multirank_logger.logger.alerts import ALERT_KINDS, Alert
 from multirank_logger.logger.multi_rank_logger import LIGHTNING_BASES, MultiRankLogger
 
 __all__ = ["ALERT_KINDS", "StopOnAlert"]
 
-#: the kinds of alert the watch raises
-ALERT_KINDS = frozenset({"non_finite", "departure", "straggler", "memory"})
 
 
 class StopOnAlert(Callback):
@@ -82,7 +80,7 @@ class StopOnAlert(Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, MultiRankLogger)]
         if not loggers:
             raise NoMultiRankLogger([type(lg).__name__ for lg in trainer.loggers])
-        if not loggers[0]._run.settings.watch:  # no alert would ever come: a stop that cannot happen
+        if not loggers[0].watching:  # no alert would ever come: a stop that cannot happen
             raise ValueError("StopOnAlert needs the watch's alerts, and the Trainer's first MultiRankLogger has "
                              "watch=False: drop watch=False (the default watches), or remove StopOnAlert.")
         self._logger = loggers[0]

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_of
+from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_for, spread_of
 from multirank_logger.judgement.ranks import (
     MIN_RANKS,
     MIN_STEPS,
@@ -272,6 +272,7 @@ class LiveJudgement:
         closed (every rank's rows there are in): where it started is known, and the ranks it
         reached at once. Earliest first, so the origin's alert comes before its followers'."""
         out = []
+        spreads: dict[str, dict[str, Any] | None] = {}  # per key, once per judgement (1,024 ranks release at once)
         for (key, rank), (step, value) in sorted(self._unsaid.items(), key=lambda item: (item[1][0], item[0][1])):
             held = self.keys.get(key)
             closed = held is not None and held.closed_through is not None and held.closed_through >= step + ALL_REDUCE_LAG
@@ -280,8 +281,10 @@ class LiveJudgement:
             del self._unsaid[(key, rank)]
             self.raised.add(("non_finite", key, rank))
             word = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            if key not in spreads:
+                spreads[key] = self._spread("non_finite", key)
             out.append(Finding("non_finite", rank, key, step, self.newest_step, value, {"value": word},
-                               self._spread("non_finite", key)))  # fmt: skip
+                               spread_for(spreads[key], rank)))  # fmt: skip
         return out
 
     def _spread(self, kind: str, key: str, rank: int | None = None, first_step: int | None = None) -> dict[str, Any] | None:
@@ -319,7 +322,7 @@ class LiveJudgement:
                           "share_of_step": share, **detail}  # fmt: skip
                 value = item["excess"]
             self.raised.add((kind, name, item["rank"]))
-            spread = self._spread(kind, name, item["rank"], item["first_step"])
+            spread = spread_for(self._spread(kind, name, item["rank"], item["first_step"]), item["rank"])
             out.append(Finding(kind, item["rank"], name, item["first_step"], key.newest, value, detail, spread))
         return out
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["ALL_REDUCE_LAG", "origin_of", "spread_of", "with_origin"]
+__all__ = ["ALL_REDUCE_LAG", "origin_of", "spread_for", "spread_of", "with_origin"]
 
 #: steps within which every other rank following one rank reads as spread by a collective (the
 #: gradient all-reduce carries one rank's NaN into every rank's weights at the next step)
@@ -56,11 +56,21 @@ def spread_of(firsts: Iterable[tuple[int, int]], world_size: int) -> dict[str, A
     return {"origin_ranks": origin, "origin_step": step, "followers": followers, "lag": lag, "all_reduce": all_reduce}
 
 
+def spread_for(spread: dict[str, Any] | None, rank: int) -> dict[str, Any] | None:
+    """`spread` as one rank's finding carries it: the origin's lists its followers; a follower's
+    names the origin only (1,024 followers each holding the 1,023 others would be a million pairs
+    in a report's JSON or the alerts table)."""
+    if spread is None or rank in spread["origin_ranks"]:
+        return spread
+    return {k: v for k, v in spread.items() if k != "followers"}
+
+
 def with_origin(items: list[dict[str, Any]], series: Callable[[dict[str, Any]], str],
                 world_size: int) -> list[dict[str, Any]]:  # fmt: skip
     """The items of one kind (dicts with ``rank`` and ``first_step``), each with where its problem
     started: ``origin`` (this rank is, or is among, the earliest) and ``spread`` (`spread_of` of
-    the items on its series, on every item of the series), ordered as a user should read them:
+    the items on its series: the origin's whole, a follower's without the followers, `spread_for`),
+    ordered as a user should read them:
     problems by their origin's step, and within one the origin first, then the followers by
     their first step. Items without a first step (memory) keep their order, after the others.
     """
@@ -78,7 +88,7 @@ def with_origin(items: list[dict[str, Any]], series: Callable[[dict[str, Any]], 
         members = sorted(members, key=lambda m: (int(m["first_step"]), int(m["rank"])))
         for m in members:
             m["origin"] = int(m["first_step"]) == spread["origin_step"]
-            m["spread"] = spread if len(members) > 1 else None
+            m["spread"] = spread_for(spread, int(m["rank"])) if len(members) > 1 else None
         groups.append((spread["origin_step"], members))
     groups.sort(key=lambda g: g[0])  # stable: series with the same origin step keep their order
     return [m for _, members in groups for m in members] + undated

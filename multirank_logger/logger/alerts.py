@@ -37,13 +37,16 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from multirank_logger.ddp.log_capture import SHOWN
 from multirank_logger.judgement.live import Finding
+from multirank_logger.judgement.sentences import KINDS
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts as alerts_table
 
-__all__ = ["Alert", "AlertOutlets", "Webhook", "redact_url", "run_facts", "webhook_payload"]
+__all__ = ["ALERT_KINDS", "Alert", "AlertOutlets", "Webhook", "redact_url", "run_facts", "webhook_payload"]
 
 log = logging.getLogger(__name__)
 
+#: the kinds of alert the watch raises: the kinds of finding (judgement/sentences.py)
+ALERT_KINDS = frozenset(KINDS)
 #: seconds one webhook request may take
 WEBHOOK_TIMEOUT_S = 5.0
 #: tries of one webhook POST (with 1 s, 2 s between them)
@@ -244,7 +247,7 @@ class AlertOutlets:
             self.raised.append(alert)
         if self.echo:
             print(f"multirank_logger alert: {alert.message}", file=sys.stderr, flush=True)
-        value = alert.value if alert.value is not None and not math.isnan(alert.value) else None
+        value = _finite(alert.value)
         row = {"rank": alert.rank, "kind": alert.kind, "key": alert.key, "first_step": alert.first_step,
                "step_seen": alert.step_seen, "seen_at": alert.seen_at, "value": value,
                "detail": json.dumps(alert.detail, default=_jsonable), "message": alert.message}  # fmt: skip
@@ -279,9 +282,14 @@ def run_facts(ref: RunRef, store: str) -> dict[str, Any]:
 def webhook_payload(alert: Alert, run: dict[str, Any]) -> dict[str, Any]:
     """The JSON an alert is POSTed as: Slack's and Mattermost's ``text`` (which names the run: a
     channel many jobs share), the run, and the alert's fields."""
-    value = alert.value if alert.value is not None and not math.isnan(alert.value) else None
+    value = _finite(alert.value)
     where = f"{run['name']}/{run['version']} on {run['host']}: " if run else ""
     return {"text": f"multirank_logger: {where}{alert.message}", "run": run, "alert": {**alert.to_dict(), "value": value}}
+
+
+def _finite(value: float | None) -> float | None:
+    """An alert's number as stored and sent: None for none or NaN (JSON has no NaN)."""
+    return value if value is not None and not math.isnan(value) else None
 
 
 def _jsonable(value: Any) -> Any:

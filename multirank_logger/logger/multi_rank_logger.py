@@ -322,6 +322,11 @@ class MultiRankLogger(Logger):
             run.start_watch()
 
     @property
+    def watching(self) -> bool:
+        """Whether rank 0's watch judges the run and raises alerts (``watch=True``, the default)."""
+        return self._run.settings.watch
+
+    @property
     def alerts(self) -> list[Alert]:
         """The alerts rank 0's watch raised so far in this run (every phase), oldest first; empty
         on the other ranks (``StopOnAlert`` reads it)."""

@@ -22,7 +22,7 @@ import numpy as np
 from multirank_logger._util.background_import import import_in_background
 from multirank_logger.judgement import ranks as judgement
 from multirank_logger.judgement.origin import with_origin
-from multirank_logger.judgement.sentences import finding_sentence, series_of
+from multirank_logger.judgement.sentences import KINDS, finding_sentence, series_of
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
 from multirank_logger.query.side_tables import disagreements
@@ -40,7 +40,7 @@ MAX_LOG_RECORDS = 100_000
 
 
 #: each kind of finding the watch raises too (judgement/sentences.py), and its list in `Findings`
-_KIND_LISTS = {"non_finite": "non_finite", "departure": "outliers", "straggler": "stragglers", "memory": "memory"}
+_KIND_LISTS = dict(zip(KINDS, ("non_finite", "outliers", "stragglers", "memory"), strict=True))
 
 
 @dataclass
