@@ -315,3 +315,25 @@ def test_stop_on_alert_without_the_watch_is_refused_at_setup(tmp_path) -> None: 
                       enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match="StopOnAlert needs the watch's alerts.*has watch=False"):
         trainer.fit(Tiny())
+
+
+def test_under_fabric_the_watch_sees_from_the_first_logged_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Fabric calls no `save()` and reads no `experiment`: the watch starts with the writer's first
+    set-up, before its first rows go out, so a NaN from step 10 is alerted from step 10 (it said
+    step 67, or nothing, when the watch waited for a save)."""
+    import time
+
+    from lightning.fabric import Fabric
+
+    from multirank_logger import MultiRankLogger
+    from tests.logger_helpers import query
+
+    db = tmp_path / "runs.duckdb"
+    logger = MultiRankLogger(db=str(db), save_dir=str(tmp_path), name="fabric", flush_interval=0.05)
+    fabric = Fabric(accelerator="cpu", devices=1, loggers=[logger])
+    for step in range(80):
+        fabric.log_dict({"loss": float("nan") if step >= 10 else 1.0 / (step + 1)}, step=step)
+        time.sleep(0.005)  # the writer cycles meanwhile, as in a training
+    logger.finalize("success")
+    assert [(a.kind, a.rank, a.key, a.first_step) for a in logger.alerts] == [("non_finite", 0, "loss", 10)]
+    assert query(db, "SELECT kind, rank, key, first_step FROM alerts") == [("non_finite", 0, "loss", 10)]

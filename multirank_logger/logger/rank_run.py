@@ -110,9 +110,16 @@ class RankRun:
 
     # -- rank 0's watch ------------------------------------------------------------------
 
+    def sink_ready(self) -> None:
+        """`SinkSetup`: the sink is built and no row has gone through it yet: rank 0's watch starts
+        now, so it is handed every row (Fabric calls no `save()` and reads no `experiment`: a watch
+        started there missed the rows before, or never started)."""
+        self.start_watch()
+
     def start_watch(self) -> None:
         """Rank 0, once its sink is set up: start the watch (logger/watch.py) when asked for.
-        Cheap when there is nothing to do (`save` calls it on every step of rank 0)."""
+        Cheap when there is nothing to do (`save` calls it on every step of rank 0; it is started
+        at the set-up already, `sink_ready`, and again for a later phase)."""
         setup = self.sink_setup
         if self.watch is not None or self.watch_failed or not self.settings.watch or setup.sink is None or setup.rank != 0:
             return  # (watch_failed: no lock taken at every save of a rank 0 whose watch could not start)

@@ -95,6 +95,9 @@ class RunForSink(Protocol):
     def hparams_for_store(self) -> dict[str, Any] | None:
         """The hyperparameters to store with the run, None when none were logged."""
 
+    def sink_ready(self) -> None:
+        """The sink was just built, before any row goes through it (rank 0 starts its watch here)."""
+
 
 class SinkSetup:
     """This rank's sink, set up once the process group is up, with its spiller and registration.
@@ -165,6 +168,7 @@ class SinkSetup:
             hparams = self.run.hparams_for_store() if rank == 0 else None
             if hparams is not None:
                 sink.update_run(hparams=hparams)
+            self.run.sink_ready()  # from whichever thread set it up: the writer's first cycle under Fabric
             return sink
 
     def drop(self) -> None:
