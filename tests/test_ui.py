@@ -356,3 +356,32 @@ def test_report_page_with_a_key_holding_a_script_comment_draws_in_chromium(tmp_p
         _wait(driver, "return document.body.dataset.drawn", timeout=120)
         drawn = driver.execute_script("return Array.from(document.querySelectorAll('section.series'), s => s.dataset.series)")
         assert set(HOSTILE_KEYS) <= set(drawn), drawn
+
+
+def test_page_marks_the_rank_where_a_spread_nan_started_in_chromium(tmp_path: Path, serve: Any) -> None:
+    """Rank 2's NaN at step 150 spread to ranks 0, 1 and 3 at 151 (hundreds of NaN cells in the rows
+    above it): the heatmap rings rank 2's first NaN and marks its row as the origin, and the
+    findings list leads with its sentence (the report's, judgement/sentences.py)."""
+    from multirank_logger.store.sql_store import Store
+    from multirank_logger.write.buffer import RecordBuffer
+
+    db = tmp_path / "runs.sqlite"
+    store = Store(db)
+    run = store.create_run("spread", world_size=4)
+    for rank in range(4):
+        buffer = RecordBuffer()
+        for step in range(600):
+            bad = step >= (150 if rank == 2 else 151)
+            buffer.append(step, {"loss": float("nan") if bad else 1.0 + 0.01 * ((step * 7 + rank) % 5), "acc": 0.5})
+        store.write(buffer.encode(buffer.take(), run.id, rank))
+    store.update_run(run.id, status="success", ended_at=time.time())
+    store.close()
+    with chromium(1300, 1200) as driver:
+        driver.get(serve(db) + "run/1")
+        _wait(driver, "return document.body.dataset.judged")
+        marks = _wait(driver, "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
+                              "return c && c.dataset.origins && [c.dataset.origins, c.dataset.ringed]")  # fmt: skip
+        assert marks[0] == "2" and "2" in marks[1].split(","), marks
+        first = driver.execute_script("const li = document.querySelector('#findings li'); return [li.className, li.innerText]")
+        assert first[0] == "origin" and first[1].startswith(
+            "rank 2 loss NaN from step 150; followed by ranks 0-1,3 at step 151"), first  # fmt: skip

@@ -92,6 +92,16 @@ class Findings:
                  for item in getattr(self, name)]  # fmt: skip
         return {series: self.departing(series) for series in sorted(set(named))}
 
+    def origins_by_series(self) -> dict[str, list[int]]:
+        """Per series, the ranks where a problem several ranks show started (judgement/origin.py):
+        the page marks their heatmap rows."""
+        out: dict[str, set[int]] = {}
+        for kind, name in _KIND_LISTS.items():
+            for item in getattr(self, name):
+                if item.get("spread") and item.get("origin"):
+                    out.setdefault(series_of(kind, item), set()).add(int(item["rank"]))
+        return {series: sorted(ranks) for series, ranks in sorted(out.items())}
+
     def keys_with_findings(self) -> list[str]:
         seen = dict.fromkeys(item["key"] for item in self.outliers + self.non_finite)
         return list(seen)

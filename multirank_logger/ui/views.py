@@ -172,7 +172,7 @@ def findings_answer(found: Findings) -> dict[str, Any]:
     from multirank_logger.report.render import findings_text
 
     return clean({**found.to_dict(), "problems": found.problems, "text": findings_text(found),
-                  "departing": found.departing_by_series()})  # fmt: skip
+                  "departing": found.departing_by_series(), "origins": found.origins_by_series()})  # fmt: skip
 
 
 def logs_view(reader: StoreReader, run: int | str) -> dict[str, Any]:

@@ -169,7 +169,7 @@
     where.replaceChildren(el("h2", {}, "Findings"), items.length ? el("ul", {}, items) : el("p", {}, "Nothing stands out."),
       ...f.notes.map((n) => el("p", { class: "muted" }, n)));
     // each chart names the ranks these findings name under its series (the report's one judgement)
-    for (const [name, sec] of sections) await sec.flag((f.departing || {})[name] || []);
+    for (const [name, sec] of sections) await sec.flag((f.departing || {})[name] || [], (f.origins || {})[name] || []);
     document.body.dataset.judged = "1";
   }
 
@@ -192,7 +192,8 @@
     const node = el("section", { class: "series", id: anchor(name), "data-series": name }, el("h2", {}, name), box, note);
     const unit = unitOf(name);
     // departing: the ranks the findings name here; named: their lines the series' answer lacked
-    let data = null, extra = {}, departing = [], named = {}, codes = null;
+    // origins: the ranks where a problem several ranks show started (their heatmap rows are marked)
+    let data = null, extra = {}, departing = [], origins = [], named = {}, codes = null;
     const colours = new Map();  // rank -> its colour, kept for the page's life: a click never recolours
     const colourOf = (rank) => {
       if (!colours.has(rank)) colours.set(rank, LINE_COLOURS[colours.size % LINE_COLOURS.length]);
@@ -209,7 +210,7 @@
       const chart = bandChart(box, data, lines, unit);
       CHARTS[name] = chart;
       codes = codes || new Int8Array(b64bytes(data.heatmap).buffer);
-      const heat = heatmap(box, data, codes, chart, showRank);
+      const heat = heatmap(box, data, codes, chart, showRank, origins, departing);
       const equal = codes.some((c) => c === 0) && codes.every((c) => c === 0 || c === -128);
       const skipped = VIEW.log && [data.band.lo, ...lines.map((l) => l[1])].some((v) => v && v.some((x) => x !== null && x <= 0));
       note.textContent = (departing.length ? "ranks departing: " + departing.join(", ") + ". " : "") +
@@ -248,8 +249,9 @@
       draw();
       if (!document.body.dataset.firstRender) document.body.dataset.firstRender = Math.round(performance.now());
     }
-    async function flag(ranks) {
+    async function flag(ranks, started = []) {
       departing = ranks;
+      origins = started;
       if (!data) return;
       await nameDeparting();
       draw();
@@ -311,6 +313,8 @@
     }
     return lut;
   })();
+  // the strongest shade of a row the findings do not name (in tenths of a typical spread: 4 spreads, ~60% colour)
+  const SHADE_MAX = 40;
   const LUT32 = (() => {
     const rgba = new Uint8ClampedArray(256 * 4);
     for (let i = 0; i < 256; i++) rgba.set([LUT[3 * i], LUT[3 * i + 1], LUT[3 * i + 2], 255], 4 * i);
@@ -326,9 +330,22 @@
 
   // the heatmap under its chart: its cells in the chart's plot area, step for step (the columns
   // follow the chart's zoom), the rank labels in the chart's y-axis gutter, a colour legend below
-  function heatmap(where, d, codes, chart, onRow) {
+  function heatmap(where, d, codes, chart, onRow, origins = [], departing = []) {
     const R = d.ranks.length, C = d.steps.length;
     if (!R || !C) return null;
+    // the NaN/inf cells to ring: each row's first (where it started on that rank), earliest first,
+    // then the others; so the origin's row is ringed whatever the cap and the rows above it
+    const firsts = [], rest = [];
+    for (let i = 0; i < R; i++) {
+      let first = true;
+      for (let j = 0; j < C; j++) if (codes[i * C + j] === 127) {
+        if (first) firsts.push(i * C + j); else if (rest.length < 200) rest.push(i * C + j);
+        first = false;
+      }
+    }
+    firsts.sort((a, b) => (a % C) - (b % C) || a - b);
+    const ringed = firsts.concat(rest);
+    const originRows = origins.map((r) => d.ranks.indexOf(r)).filter((i) => i >= 0);
     // a sparse key (logged at epoch ends): a column no rank logged shows the nearest logged one
     const src = new Int32Array(C);
     const present = [];
@@ -346,8 +363,16 @@
     off.width = C; off.height = R;
     const octx = off.getContext("2d"), img = octx.createImageData(C, R);
     const pixels = new Uint32Array(img.data.buffer);  // one write per cell (RGBA in the platform's byte order, as LUT32)
-    if (filled) for (let i = 0; i < R; i++) for (let j = 0; j < C; j++) pixels[i * C + j] = LUT32[codes[i * C + src[j]] + 128];
-    else for (let i = 0; i < codes.length; i++) pixels[i] = LUT32[codes[i] + 128];
+    // full colour means a departure the findings name, nothing else: a row they do not name is drawn
+    // at most at SHADE_MAX (its tooltip keeps the value); the verdict decides, not this page
+    const named = new Set(departing.map(Number));
+    for (let i = 0; i < R; i++) {
+      const full = named.has(d.ranks[i]);
+      for (let j = 0; j < C; j++) {
+        const code = codes[i * C + (filled ? src[j] : j)];
+        pixels[i * C + j] = LUT32[(full || code === 127 || code === -128 ? code : Math.max(-SHADE_MAX, Math.min(SHADE_MAX, code))) + 128];
+      }
+    }
     octx.putImageData(img, 0, 0);
     const dpr = window.devicePixelRatio || 1;
     // rows a person can point at up to 32 ranks (8 px), then 3 px a rank up to 1,024 px
@@ -377,11 +402,22 @@
       // at the plot's edge; none outside the zoomed range)
       ctx.strokeStyle = "#000"; ctx.lineWidth = 1.5;
       let rings = 0;
-      for (let i = 0; i < codes.length && rings < 200; i++) if (codes[i] === 127) {
+      const ringedRows = new Set();
+      for (let k = 0; k < ringed.length && rings < 200; k++) {
+        const i = ringed[k];
         const x = xOf(d.steps[i % C] + d.width / 2), y = Math.min(height - 6, Math.max(6, (Math.floor(i / C) + 0.5) / R * height));
         if (x < label - 1 || x > label + plotW + 1) continue;
         ctx.beginPath(); ctx.arc(x, y, 5, 0, 2 * Math.PI); ctx.stroke(); rings++;
+        ringedRows.add(d.ranks[Math.floor(i / C)]);
       }
+      cv.dataset.ringed = [...ringedRows].sort((a, b) => a - b).join(",");
+      // the origin's row: a marker in the label gutter, at any zoom (the verdict's, not a rule here)
+      ctx.fillStyle = "#b2182b";
+      for (const i of originRows) {
+        const y = Math.min(height - 5, Math.max(5, ((i + 0.5) / R) * height));
+        ctx.beginPath(); ctx.moveTo(label - 9, y - 5); ctx.lineTo(label - 1, y); ctx.lineTo(label - 9, y + 5); ctx.closePath(); ctx.fill();
+      }
+      cv.dataset.origins = originRows.map((i) => d.ranks[i]).join(",");
       ctx.lineWidth = 1; ctx.font = "11px sans-serif"; ctx.fillStyle = "#333"; ctx.strokeStyle = "#555"; ctx.textAlign = "right";
       let row = 0;
       const labelled = d.nodes.length > 1 && d.nodes.length * 12 <= height;
@@ -442,7 +478,7 @@
     const swatch = (colour) => el("span", { class: "swatch", style: "background:" + colour });
     return el("div", { class: "heat-legend" },
       el("span", {}, "below the ranks' median −8"), bar, el("span", {}, "+8 above"),
-      el("span", { class: "muted" }, "(typical spreads, the report's yardstick; full colour: departing)"),
+      el("span", { class: "muted" }, "(typical spreads, the report's yardstick; full colour: a departure the findings name)"),
       swatch("#000"), el("span", {}, "NaN/inf"), swatch("rgb(235,235,235)"), el("span", {}, "no value"));
   }
 
