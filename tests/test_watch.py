@@ -337,3 +337,28 @@ def test_under_fabric_the_watch_sees_from_the_first_logged_step(tmp_path) -> Non
     logger.finalize("success")
     assert [(a.kind, a.rank, a.key, a.first_step) for a in logger.alerts] == [("non_finite", 0, "loss", 10)]
     assert query(db, "SELECT kind, rank, key, first_step FROM alerts") == [("non_finite", 0, "loss", 10)]
+
+
+def test_a_blocking_on_alert_delays_the_end_by_its_bound_and_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    """on_alert that never returns holds the watch's thread, not the run: stop() returns after its
+    bound and says why."""
+    import threading
+    import time
+
+    import pyarrow as pa
+
+    from multirank_logger.logger.watch import Watch
+
+    release = threading.Event()
+    watch = Watch(1, 1, AlertOutlets(lambda table, row: None, lambda alert: release.wait(60), echo=False),
+                  close_after=3600.0)  # fmt: skip
+    batch = pa.RecordBatch.from_pydict({"rank": [0], "step": [3], "seq": [0], "key": ["loss"], "value": [float("nan")]})
+    watch.start()
+    watch.observe([batch], [])
+    with caplog.at_level(logging.WARNING, logger="multirank_logger"):
+        start = time.monotonic()
+        watch.stop(1.0, final=True)
+        took = time.monotonic() - start
+    release.set()
+    assert took < 5.0
+    assert any("had not finished its last judgement" in r.getMessage() for r in caplog.records)

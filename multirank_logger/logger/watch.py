@@ -132,6 +132,10 @@ class Watch:
         self.stop_soon()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+            if self._thread.is_alive():  # a blocking on_alert, a store that does not answer: never wait on
+                log.warning("multirank_logger: the watch had not finished its last judgement %g s after the run "
+                            "ended (an on_alert that does not return?); the run ends without it, and what it "
+                            "raises from now on is not stored.", timeout)  # fmt: skip
         if self._reader is not None:
             reader, self._reader = self._reader, None
             try:
