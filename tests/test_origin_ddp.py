@@ -54,23 +54,31 @@ def test_a_nan_in_the_last_steps_names_its_origin_everywhere(tmp_path: Path, suf
     assert report == [("non_finite", 2, "train_loss", 30)] + [("non_finite", r, "train_loss", 31) for r in (0, 1, 3)]
     assert [n["origin"] for n in found.non_finite] == [True, False, False, False]
     assert found.non_finite[0]["spread"]["followers"] == [[0, 31], [1, 31], [3, 31]]
+    # to the last row: by the time finalize returned, the alerts are the report's findings. Their
+    # order is the origin's first when every rank's rows reach the watch within its close_after
+    # (12 s here); a rank whose rows come later than that (a loaded host, the default 5 s flush)
+    # lets a follower's alert go first, and the origin's then names the followers (docs/report.md)
     alerts = _alerts(db)
-    assert alerts == report  # the origin first; to the last row, at the run's end
+    assert sorted(alerts) == sorted(report)
     assert all(a["in_report"] for a in found.alerts)
     text = CliRunner().invoke(main, ["report", str(db)]).output
     assert SPREAD.format(s=30, t=31) in text
     assert text.index("rank 2 train_loss NaN from step 30") < text.index("rank 0 train_loss NaN from step 31")
     assert "rank 0 train_loss NaN from step 31, after rank 2 at step 30" in text
-    # the console said the origin first (during the run, or at its end: "found at the run's end")
+    # the console said each once; the origin's names itself as where it started
     lines = [line for line in out.splitlines() if line.startswith("multirank_logger alert: ")]
-    assert len(lines) == 4 and lines[0].startswith("multirank_logger alert: " + SPREAD.format(s=30, t=31)), lines
+    assert len(lines) == 4 and sum(line.startswith("multirank_logger alert: rank 2 train_loss NaN from step 30;")
+                                   for line in lines) == 1, lines  # fmt: skip
     listed = json.loads(CliRunner().invoke(main, ["alerts", str(db), "--format", "json"]).output)["alerts"]
-    assert listed[0]["message"].startswith(SPREAD.format(s=30, t=31))
+    (origin,) = [a for a in listed if a["rank"] == NAN_RANK]
+    assert origin["message"].startswith("rank 2 train_loss NaN from step 30; followed by ")
 
 
 def test_stop_on_alert_stops_for_the_origin(tmp_path: Path) -> None:
     """StopOnAlert(kinds={"non_finite"}) on a 300-step run whose NaN starts on rank 2 at step 40:
-    the fit stops early, for rank 2's alert, and `runs` and the report say so."""
+    the fit stops early, for rank 2's alert, and `runs` and the report say so. (Gather at a 0.5 s
+    flush: the ranks' rows reach the watch within about a second, far inside its 10 s close_after,
+    past which a lagging rank's follower could be alerted first: see the test above.)"""
     db = tmp_path / "runs.duckdb"
     out = _train(tmp_path, db, "--nan-step", "40", "--steps", "300", "--flush-interval", "0.5", "--stop")
     ended = int(out.split("TRAINING ENDS AT STEP ")[1].split()[0])
