@@ -7,10 +7,16 @@ decide as over the whole table.
 
 from __future__ import annotations
 
+import math
+import random
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from multirank_logger.judgement.non_finite import FirstNonFinite, non_finite_kinds
 from multirank_logger.judgement.ranks import (
     MIN_STEPS,
     DepartureWindows,
@@ -88,3 +94,40 @@ def test_memory_and_non_finite() -> None:
     assert [(m["rank"], m["alloc_retries"]) for m in found] == [(1, 2), (2, 0)]
     assert non_finite_ranks([3, 5, 8], np.array([[False, False], [False, True], [True, True]])) == [5, 8]
     assert non_finite_ranks([0, 1], np.array([0, 0])) == []
+
+
+# -- the non-finite finding: one rule, whatever order the rows come in ---------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 3), st.integers(0, 20),
+                               st.sampled_from([1.0, math.nan, math.inf, -math.inf])), max_size=60),
+       cuts=st.lists(st.integers(0, 60), max_size=4), shuffle_seed=st.integers(0, 2**16))  # fmt: skip
+def test_first_non_finite_is_the_same_in_any_order_and_chunks(rows, cuts, shuffle_seed) -> None:
+    """The report's pass (all rows, by window) and the watch (rows as they arrive, late ones too)
+    feed `FirstNonFinite`: per (key, rank) the least step with a NaN/inf, its word (NaN before inf
+    before -inf at one step) and the counts, whatever the order and however the rows are cut."""
+    expected: dict[tuple[str, int], dict] = {}
+    for key, rank, step, value in rows:
+        if math.isfinite(value):
+            continue
+        word = "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
+        e = expected.setdefault((key, rank), {"rank": rank, "key": key, "first_step": step, "value": word, "count": 0,
+                                              "nan": 0, "inf": 0})  # fmt: skip
+        e["count"] += 1
+        e["nan" if word == "NaN" else "inf"] += 1
+        order = ["NaN", "inf", "-inf"]
+        if (step, order.index(word)) < (e["first_step"], order.index(e["value"])):
+            e["first_step"], e["value"] = step, word
+    shuffled = list(rows)
+    random.Random(shuffle_seed).shuffle(shuffled)
+    found = FirstNonFinite()
+    for part in np.split(np.arange(len(shuffled)), sorted(c for c in cuts if c <= len(shuffled))):
+        chunk = [shuffled[i] for i in part]
+        values = np.array([v for *_, v in chunk], float)
+        bad, kinds = non_finite_kinds(values)
+        found.add([chunk[i][0] for i in bad], [chunk[i][1] for i in bad], [chunk[i][2] for i in bad], kinds)
+    assert found.items() == sorted(expected.values(), key=lambda e: (e["key"], e["rank"]))
+    for (key, rank), e in expected.items():
+        assert found.first(key, rank) == (e["first_step"], e["value"])
+        assert found.firsts(key)[rank] == e["first_step"]

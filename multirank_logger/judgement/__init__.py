@@ -1,5 +1,5 @@
-"""The one judgement of a rank: whether it departs from the others, straggles, logged NaN/inf or
-stands out in peak memory (``ranks.py``), where a problem several ranks show started
+"""The one judgement of a rank: whether it departs from the others, straggles or stands out in
+peak memory (``ranks.py``), its first NaN/inf on a key (``non_finite.py``), where a problem several ranks show started
 (``origin.py``), and a finding in words (``sentences.py``), decided over plain NumPy arrays and
 dicts.
 

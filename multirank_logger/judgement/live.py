@@ -3,7 +3,7 @@
 What a watch on rank 0 holds (logger/watch.py feeds it and says what it finds); pure NumPy,
 no I/O, no clock (the caller passes ``now``):
 
-- a rank's first non-finite value of a key, from the rows as they arrive, once the steps through
+- a rank's first non-finite value of a key (non_finite.py, the report's one rule), from the rows as they arrive, once the steps through
   the one after it are closed (see below): then every rank that went non-finite there or before
   is known, and the finding names where it started (origin.py: a NaN one rank's batch spreads
   through the gradient all-reduce is said from that rank, first, not from whichever rank's rows
@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from multirank_logger.judgement.non_finite import FirstNonFinite, non_finite_kinds
 from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_for, spread_of
 from multirank_logger.judgement.ranks import (
     MIN_RANKS,
@@ -129,8 +130,10 @@ class LiveJudgement:
         self.expected_steps = expected_steps
         self.keys: dict[str, _Key] = {}
         self.raised: set[tuple[str, str, int]] = set()  # (kind, key, rank): each finding once
-        #: a rank's first non-finite value of a key, held until the steps around it are closed
-        self._unsaid: dict[tuple[str, int], tuple[int, float]] = {}
+        #: per (key, rank), the first non-finite step (the report's one rule: judgement/non_finite.py)
+        self.non_finite = FirstNonFinite()
+        #: the (key, rank) pairs with a non-finite value not said yet: held until the steps around it are closed
+        self._unsaid: set[tuple[str, int]] = set()
         #: per (kind, key), each rank's first step: where a problem started (origin.spread_of)
         self._firsts: dict[tuple[str, str], dict[int, int]] = {}
         self.late_rows = 0
@@ -154,13 +157,12 @@ class LiveJudgement:
         values = np.asarray(values, float)
         top = int(steps.max())
         self.newest_step = top if self.newest_step is None else max(self.newest_step, top)
-        bad = np.flatnonzero(~np.isfinite(values))
-        for i in bad.tolist():
-            at = (str(keys[i]), int(ranks[i]))
-            if ("non_finite", *at) in self.raised or (at in self._unsaid and self._unsaid[at][0] <= steps[i]):
-                continue
-            self._unsaid[at] = (int(steps[i]), float(values[i]))
-            self._firsts.setdefault(("non_finite", at[0]), {})[at[1]] = int(steps[i])
+        bad, kinds = non_finite_kinds(values)
+        if len(bad):
+            bad_keys = [str(k) for k in np.asarray(keys, dtype=object)[bad].tolist()]
+            for at in self.non_finite.add(bad_keys, ranks[bad], steps[bad], kinds):
+                if ("non_finite", *at) not in self.raised:
+                    self._unsaid.add((str(at[0]), at[1]))
         clean = values.copy()
         clean[bad] = np.nan  # NaN/inf are the non-finite finding's, not a departure
         names, inverse = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
@@ -273,24 +275,24 @@ class LiveJudgement:
         reached at once. Earliest first, so the origin's alert comes before its followers'."""
         out = []
         spreads: dict[str, dict[str, Any] | None] = {}  # per key, once per judgement (1,024 ranks release at once)
-        for (key, rank), (step, value) in sorted(self._unsaid.items(), key=lambda item: (item[1][0], item[0][1])):
+        firsts = {at: first for at in self._unsaid if (first := self.non_finite.first(*at)) is not None}
+        for (key, rank), (step, word) in sorted(firsts.items(), key=lambda item: (item[1][0], item[0][1])):
             held = self.keys.get(key)
             closed = held is not None and held.closed_through is not None and held.closed_through >= step + ALL_REDUCE_LAG
             if not (closed or final):
                 continue
-            del self._unsaid[(key, rank)]
+            self._unsaid.discard((key, rank))
             self.raised.add(("non_finite", key, rank))
-            word = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
             if key not in spreads:
                 spreads[key] = self._spread("non_finite", key)
-            out.append(Finding("non_finite", rank, key, step, self.newest_step, value, {"value": word},
+            out.append(Finding("non_finite", rank, key, step, self.newest_step, float(word), {"value": word},
                                spread_for(spreads[key], rank)))  # fmt: skip
         return out
 
     def _spread(self, kind: str, key: str, rank: int | None = None, first_step: int | None = None) -> dict[str, Any] | None:
         """Where the problem of `kind` on `key` started, among the ranks known to show it (and
         `rank` from `first_step`); None while one rank alone does."""
-        firsts = self._firsts.setdefault((kind, key), {})
+        firsts = self.non_finite.firsts(key) if kind == "non_finite" else self._firsts.setdefault((kind, key), {})
         if rank is not None and first_step is not None:
             firsts[rank] = min(first_step, firsts.get(rank, first_step))
         if len(firsts) < 2:

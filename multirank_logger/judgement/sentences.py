@@ -63,8 +63,8 @@ _FOLLOWER_STEPS = 4
 
 
 def _non_finite_word(item: dict[str, Any]) -> str:
-    if "value" in item and isinstance(item["value"], str):  # a live finding: the first value's kind
-        return item["value"]
+    if isinstance(item.get("value"), str):  # the first value's kind (judgement/non_finite.py)
+        return str(item["value"])
     nan, inf = item.get("nan", 0), item.get("inf", 0)
     return "NaN" if nan and not inf else "inf" if inf and not nan else "NaN/inf"
 

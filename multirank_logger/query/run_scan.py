@@ -39,12 +39,13 @@ import sqlalchemy as sa
 
 from multirank_logger._util.cpus import usable_cpus
 from multirank_logger._util.prefetch import prefetched
+from multirank_logger.judgement.non_finite import FirstNonFinite
 from multirank_logger.judgement.ranks import DEPART_SPREADS, SPREAD_WINDOW, DepartureWindows, KeySteps
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import metrics
 from multirank_logger.query.key_numbers import KeyNumbers
 from multirank_logger.query.step_buckets import BucketBuilder, BucketSummary, bucket_width
-from multirank_logger.query.window_grid import NON_FINITE_NAN, GridBuilder, Window, lay_out
+from multirank_logger.query.window_grid import GridBuilder, Window, lay_out
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
@@ -270,13 +271,13 @@ class _Scan:
         self.names = span.names
         self.steps_by_rank: dict[int, int] = {}
         self.last_by_rank: dict[int, int] = {}
-        self.bad: dict[tuple[int, int], list[int]] = {}  # (key, rank) -> [first step, count, nan]
+        self.bad = FirstNonFinite()  # by key's index
         self.departures = [DepartureWindows(spread_window, depart_spreads) for _ in keys]
         self.buckets = [BucketBuilder(k, span.first, span.last, span.width, span.ranks) for k in keys] if buckets else None
 
     def add(self, w: Window, pool: ThreadPoolExecutor) -> None:
         """Take one window's rows; its keys on `pool`'s threads."""
-        self._count_non_finite(w)
+        self.bad.add(w.bad_key.tolist(), w.bad_rank, w.bad_step, w.bad_kind)  # over every stored row, repeats too
         logged = np.asarray(w.logged.any(axis=0))  # (step, rank): any key
         per_rank = logged.sum(axis=0)
         last = len(w.steps) - 1 - np.argmax(logged[::-1], axis=0)
@@ -296,14 +297,6 @@ class _Scan:
                                 (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))  # fmt: skip
         self.departures[k].add(w.steps, w.ranks, w.grid[k])
 
-    def _count_non_finite(self, w: Window) -> None:
-        is_nan = (w.bad_kind == NON_FINITE_NAN).tolist()
-        for k, r, s, n in zip(w.bad_key.tolist(), w.bad_rank.tolist(), w.bad_step.tolist(), is_nan):
-            item = self.bad.setdefault((k, r), [s, 0, 0])
-            item[0] = min(item[0], s)
-            item[1] += 1
-            item[2] += int(n)
-
     def finish(self, scan: RunScan) -> RunScan:
         for name, departures in zip(self.keys, self.departures):
             if (steps := departures.result()) is not None:
@@ -312,8 +305,5 @@ class _Scan:
             if built.any:
                 scan.buckets[built.series] = built.summary()
         scan.rank_steps = {r: (self.steps_by_rank[r], self.last_by_rank[r]) for r in sorted(self.steps_by_rank)}
-        scan.non_finite = [
-            {"rank": r, "key": self.keys[k], "first_step": first, "count": n, "nan": nan, "inf": n - nan}
-            for (k, r), (first, n, nan) in sorted(self.bad.items(), key=lambda item: (self.keys[item[0][0]], item[0][1]))
-        ]  # fmt: skip
+        scan.non_finite = self.bad.items(name=lambda k: self.keys[k])
         return scan

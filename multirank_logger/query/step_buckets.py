@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import LookupFailed
+from multirank_logger.judgement.non_finite import NEG_INF, POS_INF
 from multirank_logger.model.schema import SUMMARY_STEPS, metrics, step_summaries, step_timing
 
 __all__ = ["HEATMAP_COLUMNS", "TIMING_SERIES", "BucketBuilder", "BucketSummary", "bucket_width", "summarize"]
@@ -132,14 +133,14 @@ class BucketBuilder:
     def add(self, steps: np.ndarray, ranks: np.ndarray, table: np.ndarray, logged: np.ndarray,
             non_finite: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:  # fmt: skip
         """One window: its `steps` (sorted) and `ranks`, the key's step x rank `table` (NaN where no
-        finite value), where a row was `logged`, and its non-finite rows (rank, step, kind: 0 NaN,
-        1 +inf, 2 -inf)."""
+        finite value), where a row was `logged`, and its non-finite rows (rank, step, kind:
+        judgement.non_finite's code)."""
         self._fit(int(ranks.max()) + 1)
         bucket = _bucket_numbers(steps, self.first, self.width, self.wide)
         cols, mean, lo, hi = _per_bucket(bucket, table, self.width)
         rank, step, kind = non_finite
         col = _bucket_numbers(step, self.first, self.width, self.wide)
-        for sign, extreme in ((1, hi), (2, lo)):  # SQL's mean, and max or min, are not finite there
+        for sign, extreme in ((POS_INF, hi), (NEG_INF, lo)):  # SQL's mean, and max or min, are not finite there
             at = kind == sign
             where = np.searchsorted(cols, col[at]), np.searchsorted(ranks, rank[at])
             mean[where] = np.nan

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from multirank_logger.judgement.non_finite import NON_FINITE_NAN, non_finite_kinds
 from multirank_logger.query.rank_spread import step_rank_cells
 
-__all__ = ["GridBuilder", "NON_FINITE_NAN", "NON_FINITE_NEG_INF", "NON_FINITE_POS_INF", "Window", "lay_out"]
+__all__ = ["GridBuilder", "Window", "lay_out"]
 
 
 @dataclass
@@ -28,10 +29,7 @@ class Window:
     bad_key: np.ndarray
     bad_rank: np.ndarray
     bad_step: np.ndarray
-    bad_kind: np.ndarray  # NON_FINITE_NAN, _POS_INF or _NEG_INF
-
-
-NON_FINITE_NAN, NON_FINITE_POS_INF, NON_FINITE_NEG_INF = 0, 1, 2
+    bad_kind: np.ndarray  # judgement.non_finite's kind of each (non_finite_kinds)
 
 
 def lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, value: np.ndarray,
@@ -53,15 +51,8 @@ def lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, va
         flat[cell[last_row]] = value[last_row]
     else:
         flat[cell] = value
-    bad, kind = _non_finite(value)  # counted over every stored row, repeats too
+    bad, kind = non_finite_kinds(value)  # counted over every stored row, repeats too
     return _window(steps, ranks, flat, logged, n_keys, (key[bad], rank[bad], step[bad], kind))
-
-
-def _non_finite(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows whose value is NaN or inf, and which (NON_FINITE_*)."""
-    bad = np.flatnonzero(~np.isfinite(value))
-    kind = np.where(np.isnan(value[bad]), NON_FINITE_NAN, np.where(value[bad] > 0, NON_FINITE_POS_INF, NON_FINITE_NEG_INF))
-    return bad, kind
 
 
 def _window(steps: np.ndarray, ranks: np.ndarray, flat: np.ndarray, logged: np.ndarray, n_keys: int,
@@ -111,7 +102,7 @@ class GridBuilder:
         self.logged[cell] = True
         self.flat[cell] = value
         self.rows += len(cell)
-        bad, kind = _non_finite(value)
+        bad, kind = non_finite_kinds(value)
         if len(bad):
             self.bad.append((key[bad], rank[bad], step[bad], kind))
 
