@@ -50,6 +50,30 @@ def test_a_thousand_followers_stay_one_line() -> None:
         "(every other rank within 1 step: spread through the gradient all-reduce)")  # fmt: skip
 
 
+def test_the_reports_text_says_a_thousand_followers_in_one_line() -> None:
+    """The report's text: the origin's sentence, then one line for the ranks that followed at
+    one step (1,023 ranks at 1,024), one for a later step's; a problem on another key apart."""
+    from multirank_logger.report.findings import Findings
+    from multirank_logger.report.render import findings_text
+
+    firsts = {37: 150, 5: 153, 900: 153} | {r: 151 for r in range(1024) if r not in (37, 5, 900)}
+    items = [{"rank": r, "key": "loss", "first_step": s, "value": "NaN", "count": 10, "nan": 10, "inf": 0}
+             for r, s in firsts.items()] + [{"rank": 3, "key": "acc", "first_step": 7, "value": "inf", "count": 1,
+                                             "nan": 0, "inf": 1}]  # fmt: skip
+    found = Findings(run="r/version_0", run_id=1, world_size=1024,
+                     non_finite=with_origin(items, lambda i: i["key"], world_size=1024))  # fmt: skip
+    text = findings_text(found)
+    section = text.split("Non-finite values:\n")[1].split("\n\n")[0].splitlines()
+    assert section == [
+        "  rank 3 acc inf from step 7: 1 values (0 NaN, 1 inf)",
+        "  rank 37 loss NaN from step 150; followed by ranks 0-4,6-36,38-899,901-1023 at step 151, ranks 5,900 at "
+        "step 153: 10 values (10 NaN, 0 inf)",
+        "  ranks 0-4,6-36,38-899,901-1023 loss NaN from step 151, after rank 37 at step 150: 10,210 values on 1,021 ranks "
+        "(10,210 NaN, 0 inf)",
+        "  ranks 5,900 loss NaN from step 153, after rank 37 at step 150: 20 values on 2 ranks (20 NaN, 0 inf)",
+    ]  # fmt: skip
+
+
 def test_a_live_finding_and_a_report_item_say_the_same() -> None:
     """The alert's sentence is the report's, plus the step the watch had reached."""
     live = LiveJudgement(3, close_after=1e9)

@@ -16,7 +16,7 @@ from typing import Any
 
 from multirank_logger._util.readable import format_ranks, number_text
 
-__all__ = ["KINDS", "finding_sentence", "series_of"]
+__all__ = ["KINDS", "finding_sentence", "followers_sentence", "series_of", "sentence_groups"]
 
 #: the kinds of finding the watch raises and the report lists, with the series each is on
 KINDS = ("non_finite", "departure", "straggler", "memory")
@@ -56,6 +56,40 @@ def finding_sentence(kind: str, item: dict[str, Any], seen_step: int | None = No
         text = f"rank {rank} {item.get('key', '')}: {kind}"
     text += _spread_clause(item)
     return text + (f" (seen at step {seen_step:,})" if seen_step is not None else "")
+
+
+def followers_sentence(kind: str, items: list[dict[str, Any]]) -> str:
+    """One sentence for the followers of one problem that went at the same step (items of one
+    kind, on one series, each naming the same origin): at 1,024 ranks, one line, not 1,023."""
+    if len(items) == 1:
+        return finding_sentence(kind, items[0])
+    first, spread = items[0], items[0]["spread"]
+    ranks = format_ranks(int(i["rank"]) for i in items)
+    if kind == "non_finite":
+        what = f"{first['key']} {_non_finite_word(first)}"
+    elif kind == "departure":
+        what = f"{first['key']} depart from the other ranks"
+    elif kind == "straggler":
+        what = f"straggle in {first['phase']}"
+    else:
+        what = f"{series_of(kind, first)}: {kind}"
+    return (f"{ranks} {what} from step {first['first_step']:,}, after {format_ranks(spread['origin_ranks'])} "
+            f"at step {spread['origin_step']:,}")  # fmt: skip
+
+
+def sentence_groups(kind: str, items: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """`items` (ordered by origin.with_origin) cut where a sentence is said: each origin alone, the
+    followers of one problem at one step together (`followers_sentence`)."""
+    groups: list[list[dict[str, Any]]] = []
+    for item in items:
+        prev = groups[-1][-1] if groups else None
+        together = (prev is not None and not item.get("origin") and not prev.get("origin") and item.get("spread")
+                    and series_of(kind, prev) == series_of(kind, item) and prev["first_step"] == item["first_step"])  # fmt: skip
+        if together:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
 
 
 #: follower steps named in a sentence (1,024 ranks following one by one stay one line)

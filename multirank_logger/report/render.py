@@ -12,7 +12,7 @@ from typing import Any
 
 from multirank_logger._util.readable import duration_text, number_text
 from multirank_logger.judgement.ranks import MIN_RANKS
-from multirank_logger.judgement.sentences import finding_sentence
+from multirank_logger.judgement.sentences import finding_sentence, followers_sentence, sentence_groups
 from multirank_logger.query.side_tables import stop_text
 from multirank_logger.report.findings import Findings
 
@@ -33,13 +33,13 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     if len(timing) > COMPACT_RANKS:  # the stragglers below name the ranks whose time stands out
         timing = [_timing_summary(f.timing)]
     # each finding's one sentence (judgement/sentences.py), origins first (judgement/origin.py)
-    stragglers = [finding_sentence("straggler", s) for s in f.stragglers]
-    outliers = [finding_sentence("departure", o) for o in f.outliers]
+    # (the followers of one problem at one step in one sentence: one line at 1,024 ranks)
+    stragglers = [followers_sentence("straggler", g) for g in sentence_groups("straggler", f.stragglers)]
+    outliers = [followers_sentence("departure", g) for g in sentence_groups("departure", f.outliers)]
     if f.world_size < MIN_RANKS:  # not "none": nothing was judged
         outliers = [f"not judged: it takes {MIN_RANKS} ranks or more, and this run has {f.world_size} "
                     "(with two, each is as far from their median as the other)"]  # fmt: skip
-    non_finite = [f"{finding_sentence('non_finite', n)}: {n['count']} values ({n['nan']} NaN, {n['inf']} inf)"
-                  for n in f.non_finite]  # fmt: skip
+    non_finite = [f"{followers_sentence('non_finite', g)}: {_counts(g)}" for g in sentence_groups("non_finite", f.non_finite)]
     memory = [finding_sentence("memory", m) for m in f.memory]
     decisions = [
         f"step {d['step']} {d['callback']} ({d['monitor']}): {_decided(d['callback'], d['decision'])}; votes "
@@ -58,6 +58,12 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
                 ("Warnings and errors", logs), ("Notices (library warnings that name no rank; no finding)", notices)]  # fmt: skip
     always = ("Stragglers", "Outlier ranks", "Non-finite values")  # "none" is an answer there
     return [(title, lines) for title, lines in sections if lines or title in always]
+
+
+def _counts(items: list[dict[str, Any]]) -> str:
+    count, nan, inf = (sum(int(n[k]) for n in items) for k in ("count", "nan", "inf"))
+    each = f" on {len(items):,} ranks" if len(items) > 1 else ""
+    return f"{count:,} values{each} ({nan:,} NaN, {inf:,} inf)"
 
 
 #: what a decision did, in the words of `multirank-logger decisions` and the page
