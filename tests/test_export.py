@@ -103,7 +103,7 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
     runs = con.sql(f"SELECT run, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
                    "ORDER BY run").fetchall()  # fmt: skip
     assert runs == [(1, "lightning_logs", 3), (2, "second", 1), (3, "empty", 2)]
-    for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts"):
+    for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings"):
         assert sorted(p.name for p in (dest / table).iterdir()) == ["run=1", "run=2", "run=3"]
 
     # the nightly append: run 2 again (it was running) and any later one; run 1 untouched

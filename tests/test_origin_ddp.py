@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from multirank_logger import open_store
 from multirank_logger.cli import main
+from multirank_logger.judgement.sentences import finding_sentence
 from multirank_logger.report import find
 from tests.logger_helpers import query, train_env
 
@@ -61,6 +62,12 @@ def test_a_nan_in_the_last_steps_names_its_origin_everywhere(tmp_path: Path, suf
     # lets a follower's alert go first, and the origin's then names the followers (docs/report.md)
     alerts = _alerts(db)
     assert sorted(alerts) == sorted(report)
+    # the verdict kept at the run's end (the findings table): the report's findings, the origin
+    # named, in the report's order, each with the report's sentence
+    kept = query(db, "SELECT kind, rank, series, first_step, origin, origin_step, sentence FROM findings ORDER BY seq")
+    assert [(k, r, s, f) for k, r, s, f, *_ in kept] == report
+    assert [(bool(o), os) for *_, o, os, _ in kept] == [(True, 30), (False, 30), (False, 30), (False, 30)]
+    assert [sentence for *_, sentence in kept] == [finding_sentence("non_finite", n) for n in found.non_finite]
     assert all(a["in_report"] for a in found.alerts)
     text = CliRunner().invoke(main, ["report", str(db)]).output
     assert SPREAD.format(s=30, t=31) in text

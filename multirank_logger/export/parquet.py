@@ -9,6 +9,7 @@ The layout, one folder per table and one ``run=ID`` folder per run under it::
     DEST/ranks/run=3/...         its registered ranks (host, pid, status...)
     DEST/decisions/run=3/...     DecisionAudit's rows, DEST/logs/run=3/..., DEST/step_timing/run=3/...
     DEST/alerts/run=3/...        what the watch raised during the run (the `alerts` table)
+    DEST/findings/run=3/...      the run's verdict kept at its end (the `findings` table)
 
 Every stored row is there once, with the store's columns: ``value`` is the value logged (NaN and
 -0.0 included), ``dtype`` what Python type it had (``model/schema.py``), ``seq`` the rank's call
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from multirank_logger._util.prefetch import prefetched
 from multirank_logger.export.destination import Destination
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import alerts, attempts, decisions, logs, ranks, runs, step_timing
+from multirank_logger.model.schema import alerts, attempts, decisions, findings, logs, ranks, runs, step_timing
 from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ RUN_TABLES = (
     ("logs", logs, logs.c.run_id),
     ("step_timing", step_timing, step_timing.c.run_id),
     ("alerts", alerts, alerts.c.run_id),
+    ("findings", findings, findings.c.run_id),
 )
 #: the metric rows' order in each window (see the module docstring)
 METRIC_ORDER = ("key", "step", "rank", "seq")

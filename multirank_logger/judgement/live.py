@@ -32,6 +32,7 @@ report says so beside each alert (``[not a finding of the whole run]``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from multirank_logger.judgement.non_finite import FirstNonFinite, non_finite_kinds
-from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_for, spread_of
+from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_for, spread_of, with_origin
 from multirank_logger.judgement.ranks import (
     MIN_RANKS,
     MIN_STEPS,
@@ -51,7 +52,7 @@ from multirank_logger.judgement.ranks import (
     memory_measure,
     memory_outliers,
 )
-from multirank_logger.judgement.sentences import finding_sentence
+from multirank_logger.judgement.sentences import KINDS, finding_sentence, series_of
 
 __all__ = ["Finding", "LiveJudgement"]
 #: counted steps a run is taken to last at least, for the 5% a stretch must last (see the module docstring)
@@ -130,6 +131,8 @@ class LiveJudgement:
         self.expected_steps = expected_steps
         self.keys: dict[str, _Key] = {}
         self.raised: set[tuple[str, str, int]] = set()  # (kind, key, rank): each finding once
+        #: every finding said so far, in order (`verdict`): one per (kind, key, rank), never more
+        self.found: list[Finding] = []
         #: per (key, rank), the first non-finite step (the report's one rule: judgement/non_finite.py)
         self.non_finite = FirstNonFinite()
         #: the (key, rank) pairs with a non-finite value not said yet: held until the steps around it are closed
@@ -228,7 +231,18 @@ class LiveJudgement:
         if self._memory_changed:
             self._memory_changed = False
             found += self._memory()
+        self.found += found
         return found
+
+    def verdict(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every finding said so far as (kind, the report's item), each with where its problem
+        started among all of them (`origin.with_origin`: a follower found before its origin's
+        rows came names the origin here), origins first: what a run's end keeps."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        for kind in KINDS:
+            items = [f.item() for f in self.found if f.kind == kind]
+            out += [(kind, item) for item in with_origin(items, functools.partial(series_of, kind), self.world)]
+        return out
 
     def _close(self, key: _Key, now: float, final: bool) -> None:
         if not key.chunks:

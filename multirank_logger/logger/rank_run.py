@@ -152,6 +152,8 @@ class RankRun:
         if watch is None:
             return
         watch.stop(timeout, final=final, ends_wait=ends_wait)
+        if final:
+            watch.keep_verdict()  # the run's findings, for later reads and across runs (the `findings` table)
         self.hot_path.writer.observe = None
         watch.outlets.close(min(timeout, 1.0))
         self.alerts_raised.extend(watch.alerts)

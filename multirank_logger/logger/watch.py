@@ -26,7 +26,9 @@ the ``alerts`` table (through rank 0's own side rows: the road a decision row ta
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -38,8 +40,9 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from multirank_logger.judgement.live import LiveJudgement
+from multirank_logger.judgement.sentences import finding_sentence, series_of
 from multirank_logger.logger.alerts import Alert, AlertOutlets
-from multirank_logger.model.schema import metrics, ranks, step_timing
+from multirank_logger.model.schema import findings, metrics, ranks, step_timing
 from multirank_logger.store.sql_store import Store
 
 __all__ = ["Watch"]
@@ -146,6 +149,30 @@ class Watch:
     @property
     def alerts(self) -> list[Alert]:
         return self.outlets.raised
+
+    @property
+    def ended(self) -> bool:
+        """Whether the thread has ended (its judgement is no longer changing)."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def keep_verdict(self) -> int:
+        """The run's findings (`LiveJudgement.verdict`) into the ``findings`` table, through rank 0's
+        side rows like its alerts: called at the run's end, after the last judgement. Returns how many."""
+        if not self.ended:
+            return 0  # its last judgement still running (said by `stop`): a verdict read now would be torn
+        now = time.time()
+        verdict = self.judgement.verdict()
+        for kind, item in verdict:
+            spread = item.get("spread")
+            value = item.get(_VALUE_FIELD.get(kind, ""))
+            row = {"rank": int(item["rank"]), "kind": kind, "series": series_of(kind, item),
+                   "first_step": item.get("first_step"), "origin": bool(item.get("origin", True)),
+                   "origin_step": spread["origin_step"] if spread else item.get("first_step"),
+                   "value": float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None,
+                   "detail": json.dumps(_plain({k: v for k, v in item.items() if k not in ("rank", "origin")})),
+                   "sentence": finding_sentence(kind, item), "found_at": now}  # fmt: skip
+            self.outlets.record(findings.name, row)
+        return len(verdict)
 
     def deliver_soon(self, alert: Alert) -> None:
         """`alert` delivered on the watch's thread (StopOnAlert's stop, from the training thread):
@@ -341,6 +368,24 @@ class Watch:
         self._advance(self._last_seq, list(zip(rank.tolist(), seq.tolist(), step.tolist())), now)
         values = np.array([np.nan if v is None else v for v in value.tolist()], float)
         self.judgement.add_rows(key.astype(object), rank, step, values, now)
+
+
+#: the field of a finding's item that is its one number (the ``findings`` table's ``value``)
+_VALUE_FIELD = {"departure": "ratio", "straggler": "excess_s", "memory": "ratio"}
+
+
+def _plain(value: Any) -> Any:
+    """`value` as strict JSON takes it: NaN and inf as None, NumPy numbers as Python's."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _batch_id(batch: pa.RecordBatch) -> tuple[int, int, int, int]:

@@ -33,6 +33,7 @@ __all__ = [
     "alerts",
     "attempts",
     "decisions",
+    "findings",
     "logs",
     "step_summaries",
     "step_timing",
@@ -308,8 +309,26 @@ alerts = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "seq", name="pk_alerts"),
 )
 
+findings = sa.Table(
+    "findings",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False, comment="the rank the finding names"),
+    sa.Column("seq", sa.BigInteger, nullable=False, comment="its number in the run (rank 0's counter; the launch in the high bits)"),
+    sa.Column("kind", sa.String(32), nullable=False, comment="non_finite | departure | straggler | memory"),
+    sa.Column("series", sa.String, nullable=False, comment="the metric key, or timing:COLUMN (the page's series)"),
+    sa.Column("first_step", sa.BigInteger, nullable=True, comment="its first step (None for memory)"),
+    sa.Column("origin", sa.Boolean, nullable=False, comment="whether this rank is where the problem started"),
+    sa.Column("origin_step", sa.BigInteger, nullable=True, comment="the step where the problem started (its origin's)"),
+    sa.Column("value", sa.Float(53), nullable=True, comment="the finding's number (a ratio, seconds, a value)"),
+    sa.Column("detail", sa.Text, nullable=True, comment="the finding's item as JSON (its numbers, its spread)"),
+    sa.Column("sentence", sa.Text, nullable=False, comment="the finding in words (judgement/sentences.py)"),
+    sa.Column("found_at", sa.Float(53), nullable=False, comment="unix time of the run's last judgement"),
+    sa.PrimaryKeyConstraint("run_id", "seq", name="pk_findings"),
+)
+
 #: the side tables by name: what `MultiRankLogger.record(table, ...)` accepts
-SIDE_TABLES = {t.name: t for t in (decisions, logs, step_timing, alerts)}
+SIDE_TABLES = {t.name: t for t in (decisions, logs, step_timing, alerts, findings)}
 
 
 def encode_value(value: bool | int | float) -> tuple[float | None, int]:
