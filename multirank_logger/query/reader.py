@@ -20,7 +20,6 @@ import contextlib
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import sqlalchemy as sa
 
 from multirank_logger._util.atomic_file import replace_atomically
 from multirank_logger._util.background_import import import_in_background
-from multirank_logger.errors import LookupFailed, QueryTimedOut, ReadsStopped
+from multirank_logger.errors import LookupFailed, ReadsStopped
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import (
@@ -40,17 +39,21 @@ from multirank_logger.model.schema import (
 )
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
-from multirank_logger.query.run_list import read_run_rows, read_runs
+from multirank_logger.query.run_list import read_run_headers, read_run_rows, read_runs
 from multirank_logger.query.side_tables import (
     read_alerts,
     read_decisions,
     read_logs,
+    read_rank_nodes,
     read_rank_rows,
     read_step_timing,
     read_stops,
     read_timing_columns,
+    read_timing_series,
     read_transport,
 )
+from multirank_logger.query.step_buckets import BucketSummary, summarize
+from multirank_logger.query.stoppable import run_stoppable
 from multirank_logger.store.run_lifecycle import orphan_runs
 from multirank_logger.store.sql_store import Store, retry_while_locked
 
@@ -83,6 +86,8 @@ class StoreReader:
     ``"lightning_logs/3"``), or a name (its latest version); ``None`` is the latest run.
     The side tables' reads live in ``query/side_tables.py``; a run's findings (which rank is
     the problem) are the report layer's: ``multirank_logger.report.find(reader, run)``.
+    What the page asks for every few seconds (`run_headers`, `run_status`, `bucket_summary`,
+    `timing_series`, `rank_nodes`) takes the id of a run resolved already: no lookup per request.
     """
 
     def __init__(self, store: Store, *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
@@ -130,7 +135,7 @@ class StoreReader:
         """``reads()`` (any reads through this reader, on any threads it starts) in a thread of its
         own; Ctrl-C here interrupts every connection it uses and raises KeyboardInterrupt once it
         has ended, as a timeout raises QueryTimedOut (see `sql`)."""
-        return _stoppable(reads, lambda: self.interrupt("The reads were stopped (Ctrl-C)."), timeout)
+        return run_stoppable(reads, lambda: self.interrupt("The reads were stopped (Ctrl-C)."), timeout)
 
     # -- connections -------------------------------------------------------------------
 
@@ -222,6 +227,14 @@ class StoreReader:
     def run_ids(self) -> list[int]:
         """Every run's id, in order: no scan of the metrics (``runs`` counts their steps and keys)."""
         return [int(i) for i in self._scalars(sa.select(runs.c.id).order_by(runs.c.id))]
+
+    def run_headers(self, only: int | None = None) -> list[dict[str, Any]]:
+        """Each run's row as the page lists it, newest first (``only``: that run id's): `run_list.read_run_headers`."""
+        return read_run_headers(self._fetch_arrow, only)
+
+    def run_status(self, run_id: int) -> str | None:
+        """The status the run's row holds now (``running`` while it goes); None for no such run id."""
+        return next(iter(self._scalars(sa.select(runs.c.status).where(runs.c.id == run_id))), None)
 
     def resolve_run(self, run: int | str | RunRef | None = None) -> RunRef:
         """The run meant by ``run`` (see the class docstring; a `RunRef` is taken as it is).
@@ -372,6 +385,10 @@ class StoreReader:
         """One key per rank, with how far the ranks spread and which rank stands out."""
         return RankSpread.of(key, self.resolve_run(run), self.per_rank(key, run))
 
+    def bucket_summary(self, run_id: int, series: str) -> BucketSummary:
+        """A key or ``timing:COLUMN`` per bucket of steps and rank, as the page draws it (`step_buckets.summarize`)."""
+        return summarize(self._fetch_arrow, run_id, series)
+
     @contextlib.contextmanager
     def _rank_pieces(self, ref: RunRef, rank: int) -> Iterator[tuple[list[str], Iterator[LongRows]]]:
         """One rank's keys, and its rows as pieces of whole calls in call order, read while
@@ -454,7 +471,7 @@ class StoreReader:
             if running:
                 self.store.backend.interrupt(running[0])
 
-        return _stoppable(run, stop, timeout)
+        return run_stoppable(run, stop, timeout)
 
     # -- side tables (query/side_tables.py) ----------------------------------------------
 
@@ -519,9 +536,17 @@ class StoreReader:
         """The run's StepTimer rows, one per (rank, batch): ``side_tables.TIMING_COLUMNS``."""
         return read_step_timing(self._fetch_arrow, self.resolve_run(run))
 
+    def timing_series(self, run_id: int, among: Iterable[str]) -> list[str]:
+        """The StepTimer series of ``among`` (``timing:COLUMN``) the run holds a value of, in that order."""
+        return read_timing_series(self._fetch_arrow, run_id, among)
+
     def rank_rows(self, run: int | str | RunRef | None = None) -> Any:
         """The run's registered ranks: rank, host, status, started_at, ended_at."""
         return read_rank_rows(self._fetch_arrow, self.resolve_run(run))
+
+    def rank_nodes(self, run_id: int) -> list[dict[str, Any]]:
+        """The run's registered ranks' ``rank``, ``node_rank`` and ``host`` (None where not known)."""
+        return read_rank_nodes(self._fetch_arrow, run_id)
 
     def transport(self, run: int | str | RunRef | None = None) -> str | None:
         """How the run's rows reached the store (``direct``, ``gather``, ...)."""
@@ -531,53 +556,3 @@ class StoreReader:
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:
     registered = conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == ref.id)).scalars()
     return sorted(set(range(ref.world_size)) | set(registered))
-
-
-#: how long a query stopped (Ctrl-C, a timeout) may take to end before the caller goes on without it
-_STOP_GRACE_S = 10.0
-#: how often the waiting thread looks up: Ctrl-C and a timeout are seen within this
-_STOP_POLL_S = 0.05
-
-
-def _stoppable(run: Callable[[], Any], stop: Callable[[], None], timeout: float | None) -> Any:
-    """``run()`` in a daemon thread, its result or error returned here; on Ctrl-C, or past
-    ``timeout`` seconds, ``stop()`` is called (again until ``run`` ends: the query may not have
-    started yet) and KeyboardInterrupt or QueryTimedOut is raised once it has ended."""
-    outcome: dict[str, Any] = {}
-    # an Event, not Thread.join/is_alive: a join that Ctrl-C interrupts can leave is_alive() False
-    # while the thread runs on, and the process then exited under a running DuckDB query (SIGABRT)
-    ended = threading.Event()
-
-    def target() -> None:
-        try:
-            outcome["value"] = run()
-        except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
-            outcome["error"] = exc
-        finally:
-            ended.set()
-
-    threading.Thread(target=target, name="multirank-logger-read", daemon=True).start()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while not ended.wait(_STOP_POLL_S) and (deadline is None or time.monotonic() < deadline):
-            pass
-    except KeyboardInterrupt:
-        _stop_until_ended(ended, stop)
-        # the stopped query's error holds the engine's objects through its frames: dropped now
-        outcome.clear()
-        raise
-    if not ended.is_set():
-        _stop_until_ended(ended, stop)
-        outcome.clear()
-        raise QueryTimedOut(timeout or 0.0)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
-
-
-def _stop_until_ended(ended: threading.Event, stop: Callable[[], None]) -> None:
-    ends_by = time.monotonic() + _STOP_GRACE_S
-    while not ended.is_set() and time.monotonic() < ends_by:
-        with contextlib.suppress(Exception):  # the connection may be closing as the query ends
-            stop()
-        ended.wait(_STOP_POLL_S * 2)

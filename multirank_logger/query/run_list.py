@@ -1,6 +1,7 @@
 """The runs list (``StoreReader.runs``): one row per run, its steps, keys and last value read from the
 step summaries kept beside the rows (store/step_summaries.py: about 1/16 of the rows), never a
-scan of the metrics, so the list costs the same at 51M rows as at 1B."""
+scan of the metrics, so the list costs the same at 51M rows as at 1B. Also the page's list
+(`read_run_headers`: each run's nodes and last step), which the page asks for every 2 s."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger.model.schema import runs, step_summaries
+from multirank_logger.model.schema import ranks, runs, step_summaries
 from multirank_logger.query.side_tables import read_stops, stop_text
 from multirank_logger.store.status import ends_unknown
 
-__all__ = ["read_last_step", "read_run_rows", "read_runs"]
+__all__ = ["read_last_step", "read_run_headers", "read_run_rows", "read_runs"]
 
 
 #: up to this many runs, each run's keys and last time are read with ``WHERE run_id = ?`` (DuckDB
@@ -64,6 +65,34 @@ def read_last_step(fetch_arrow: Callable[[sa.Select], Any], run_id: int) -> tupl
     for row in found:
         mask |= int(row["steps_mask"])
     return int(found[0]["step"]) + mask.bit_length() - 1, float(found[0]["t"])
+
+
+def read_run_headers(fetch_arrow: Callable[[sa.Select], Any], only: int | None = None) -> list[dict[str, Any]]:
+    """Each run's row as the page lists it, newest first (``only``: that run's, none if no such run):
+    the ``runs`` columns it shows, ``n_nodes`` (None for a run with no ranks registered),
+    ``last_step`` and ``last_time`` (`read_last_step`) and ``stopped_by`` (`stop_text`, else None)."""
+    per_rank = (
+        # a node is its host, else its node rank
+        sa.select(ranks.c.run_id,
+                  sa.func.count(sa.distinct(sa.func.coalesce(ranks.c.host, sa.cast(ranks.c.node_rank, sa.String)))).label("n_nodes"))
+        .group_by(ranks.c.run_id).subquery()
+    )  # fmt: skip
+    stmt = (
+        sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
+                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes, runs.c.run_uuid)
+        .select_from(runs.outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
+        .order_by(runs.c.id.desc())
+    )  # fmt: skip
+    if only is not None:
+        stmt = stmt.where(runs.c.id == only)
+    # of the one run a run's page asks for, only its stop
+    stops = read_stops(fetch_arrow, None if only is None else [only])
+    out = []
+    for row in fetch_arrow(stmt).to_pylist():
+        row["last_step"], row["last_time"] = read_last_step(fetch_arrow, row["id"])
+        row["stopped_by"] = stop_text(stops[row["id"]]) if row["id"] in stops else None
+        out.append(row)
+    return out
 
 
 def _steps_select() -> sa.Select:

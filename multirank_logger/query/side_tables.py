@@ -5,6 +5,7 @@ step timing; and the rows of a run's ranks and its transport, as the report read
 queries and shape their frames; `StoreReader` (``query/reader.py``) delegates to them with its
 ``_fetch_arrow``, so ``open_store(db).decisions()``, ``.logs()``, ``.step_timing()`` sit beside ``.metrics()``. The pure helpers below (`disagreements`,
 `group_alike`, `format_ranks`) shape those frames for the CLI and for anyone reading them.
+`read_timing_series` and `read_rank_nodes` answer a run's page header: its StepTimer series, its ranks' nodes.
 
 Example::
 
@@ -28,8 +29,9 @@ from multirank_logger.judgement.ranks import votes_split
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts, decisions, logs, ranks, runs, step_timing
 
-__all__ = ["disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_logs", "read_rank_rows",
-           "read_step_timing", "read_stops", "read_timing_columns", "read_transport", "stop_text"]  # fmt: skip
+__all__ = ["disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_logs", "read_rank_nodes",
+           "read_rank_rows", "read_step_timing", "read_stops", "read_timing_columns", "read_timing_series", "read_transport",
+           "stop_text"]  # fmt: skip
 
 #: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
@@ -169,10 +171,27 @@ def read_timing_columns(fetch_arrow: FetchArrow, run: RunRef, series: str, keys:
     return rank, seq, step, value, np.zeros(len(rank), np.int8)
 
 
+def read_timing_series(fetch_arrow: FetchArrow, run_id: int, among: Iterable[str]) -> list[str]:
+    """The series of ``among`` (``timing:COLUMN``) the run holds a StepTimer value of, in that order."""
+    among = list(among)
+    if not among:
+        return []
+    counts = fetch_arrow(
+        sa.select(*(sa.func.count(step_timing.c[s.split(":", 1)[1]]).label(s) for s in among)).where(step_timing.c.run_id == run_id)
+    ).to_pylist()[0]  # fmt: skip
+    return [s for s in among if counts[s]]
+
+
 def read_rank_rows(fetch_arrow: FetchArrow, run: RunRef) -> Any:
     """The run's registered ranks (``RANK_COLUMNS``: rank, host, status, started_at, ended_at)."""
     stmt = sa.select(*(ranks.c[name] for name in RANK_COLUMNS)).where(ranks.c.run_id == run.id).order_by(ranks.c.rank)
     return _frame(fetch_arrow, stmt, RANK_COLUMNS)
+
+
+def read_rank_nodes(fetch_arrow: FetchArrow, run_id: int) -> list[dict[str, Any]]:
+    """The run's registered ranks' ``rank``, ``node_rank`` and ``host`` (None where not known), in no order."""
+    stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host).where(ranks.c.run_id == run_id)
+    return list(fetch_arrow(stmt).to_pylist())
 
 
 def read_transport(fetch_arrow: FetchArrow, run: RunRef) -> str | None:

@@ -18,14 +18,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import sqlalchemy as sa
 
 from multirank_logger.judgement.ranks import non_finite_ranks
-from multirank_logger.model.schema import ranks, runs, step_timing
 from multirank_logger.query.reader import StoreReader
-from multirank_logger.query.run_list import read_last_step
-from multirank_logger.query.side_tables import read_stops, stop_text
-from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary, summarize
+from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary
 
 if TYPE_CHECKING:
     from multirank_logger.report.findings import Findings
@@ -57,39 +53,24 @@ def clean(obj: Any) -> Any:
 def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, Any]]:
     """One row per run, newest first (``only``: that run's row): what the landing page lists.
 
-    A run's last step and time are read per run from its summaries (``run_list.read_last_step``):
+    A run's last step and time are read per run from its summaries (``StoreReader.run_headers``):
     the page asks every 2 s, and no backend reads a run's last step from its rows without a pass.
+    ``stopped_by``: why a run ended early (StopOnAlert), as ``StoreReader.runs`` says it.
     """
-    per_rank = (
-        sa.select(ranks.c.run_id, sa.func.count().label("n_ranks"),
-                  sa.func.count(sa.distinct(sa.func.coalesce(ranks.c.host, sa.cast(ranks.c.node_rank, sa.String)))).label("n_nodes"))
-        .group_by(ranks.c.run_id).subquery()
-    )  # fmt: skip
-    stmt = (
-        sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
-                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes, runs.c.run_uuid)
-        .select_from(runs.outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
-        .order_by(runs.c.id.desc())
-    )  # fmt: skip
-    if only is not None:
-        stmt = stmt.where(runs.c.id == only)
     out = []
-    # why a run ended early (StopOnAlert), as `runs` says it; of the one run a run's page asks for
-    stops = read_stops(reader._fetch_arrow, None if only is None else [only])
-    for r in reader._fetch_arrow(stmt).to_pylist():
-        last_step, last_time = read_last_step(reader._fetch_arrow, r["id"])
-        end = r["ended_at"] if r["ended_at"] is not None else last_time
+    for r in reader.run_headers(only):
+        end = r["ended_at"] if r["ended_at"] is not None else r["last_time"]
         label = f"{r['name']}/{r['version_name']}" if r["version_name"] else f"{r['name']}/version_{r['version']}"
         out.append({"id": r["id"], "run": label, "status": r["status"], "ranks": r["world_size"], "nodes": r["n_nodes"],
                     "transport": r["transport"], "started": r["started_at"],
                     "duration_s": None if end is None else end - r["started_at"],
-                    "last_step": last_step, "last_time": last_time, "uuid": r["run_uuid"],
-                    "stopped_by": stop_text(stops[r["id"]]) if r["id"] in stops else None})  # fmt: skip
+                    "last_step": r["last_step"], "last_time": r["last_time"], "uuid": r["run_uuid"],
+                    "stopped_by": r["stopped_by"]})  # fmt: skip
     return out
 
 
 def run_status(reader: StoreReader, run_id: int) -> str | None:
-    return reader._scalars(sa.select(runs.c.status).where(runs.c.id == run_id))[0]
+    return reader.run_status(run_id)
 
 
 def run_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
@@ -97,17 +78,14 @@ def run_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
     ref = reader.resolve_run(run)
     row = runs_view(reader, only=ref.id)[0]
     keys = sorted(reader.keys(ref.id), key=lambda k: ("loss" not in k.lower(), k))
-    present = reader._fetch_arrow(
-        sa.select(*(sa.func.count(step_timing.c[s.split(":")[1]]).label(s) for s in TIMING_SERIES)).where(step_timing.c.run_id == ref.id)
-    ).to_pylist()[0]  # fmt: skip
-    return {**row, "keys": keys, "timing": [s for s in TIMING_SERIES if present[s]], "nodes_of": _nodes(reader, ref.id)}
+    timing = reader.timing_series(ref.id, TIMING_SERIES)
+    return {**row, "keys": keys, "timing": timing, "nodes_of": _nodes(reader, ref.id)}
 
 
 def _nodes(reader: StoreReader, run_id: int) -> dict[str, str]:
     """{rank: its node's label} from the ranks table (host, else node rank)."""
-    stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host).where(ranks.c.run_id == run_id)
     out = {}
-    for r in reader._fetch_arrow(stmt).to_pylist():
+    for r in reader.rank_nodes(run_id):
         node = r["host"] or (f"node {r['node_rank']}" if r["node_rank"] is not None else "?")
         if r["node_rank"] is not None and r["host"]:
             node = f"{r['host']} (node {r['node_rank']})"
@@ -116,7 +94,7 @@ def _nodes(reader: StoreReader, run_id: int) -> dict[str, str]:
 
 
 def summary(reader: StoreReader, run_id: int, series: str) -> BucketSummary:
-    return summarize(reader._fetch_arrow, run_id, series)
+    return reader.bucket_summary(run_id, series)
 
 
 def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = False,
