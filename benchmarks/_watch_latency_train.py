@@ -6,7 +6,7 @@ Run by ``bench_watch.py --ddp-latency`` (never by hand): ``python benchmarks/_wa
 (each its own first non-finite value: one alert each). The rank that logs it writes the wall time
 of its ``self.log`` call into ``DIR/logged-RANK.jsonl``; rank 0's ``on_alert`` (called on the watch's
 thread right after the alert's console line) the wall time of the alert into ``DIR/alerts.jsonl``.
-``--no-peek`` sets ``logger.watch.PEEK_S = None`` (the watch fed by rank 0's writer cycles alone: the
+``--no-peek`` sets ``watch.watch.PEEK_S = None`` (the watch fed by rank 0's writer cycles alone: the
 behaviour before ``RowChannel.peek``). Lightning's launcher starts ranks 1-3 by running this script again.
 """
 
@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader, TensorDataset
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import multirank_logger.logger.watch as watch_module
+import multirank_logger.watch.watch as watch_module
 from multirank_logger import MultiRankLogger
-from multirank_logger.logger.alerts import Alert
+from multirank_logger.watch.alerts import Alert
 
 START, EVERY, TAIL = 20, 23, 150  # steps: the first probe, between two probes, after the last
 COMPUTE_S = 0.05  # each step's work (a sleep): ~15 steps a second

@@ -6,7 +6,7 @@
 Cost and latency: a synthetic feed of R ranks x 10 keys x 10 steps/s, handed to the watch as
 gather's rank 0 writer hands it (``Watch.observe``: one Arrow batch of every rank's new rows
 every 0.5 s, the writer's flush interval), for ``--seconds``. Each R runs twice, each in a
-process of its own: the same feed into a watch (logger/watch.py, its thread judging) and into
+process of its own: the same feed into a watch (watch/watch.py, its thread judging) and into
 nothing (the feed alone). The watch's cost is the difference: CPU seconds per wall second
 (a share of one core) and peak RSS. At the middle of the run rank R-1 logs a NaN (key 0) and
 rank 1's key 1 goes x10 (from R >= 3): the latency is from the moment the batch with the
@@ -71,8 +71,8 @@ def _batches(ranks: int, seconds: float) -> list[pa.RecordBatch]:
 def measure(ranks: int, seconds: float, watch_on: bool) -> dict[str, Any]:
     """One process's run: the feed, into a watch or into nothing."""
     from multirank_logger.judgement.live import Finding
-    from multirank_logger.logger.alerts import AlertOutlets
-    from multirank_logger.logger.watch import Watch
+    from multirank_logger.watch.alerts import AlertOutlets
+    from multirank_logger.watch.watch import Watch
 
     batches = _batches(ranks, seconds)
     nan_step = int(seconds * STEPS_PER_S) // 2
@@ -200,8 +200,8 @@ def peek_cost(ranks_list: list[int], seconds: float) -> None:
 
     import torch.distributed as dist
 
-    from multirank_logger.logger.watch import PEEK_S
     from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.watch.watch import PEEK_S
 
     period = PEEK_S or 0.5
     print(f"peek: RowChannel.peek every {period:g} s over R-1 senders' queues, {seconds:.0f} s each")

@@ -486,6 +486,22 @@ def alerts_cmd(db_path: str, run: str | None, fmt: str) -> None:
     click.echo(alerts_text(ref.label, ref.id, df, fmt))
 
 
+@main.command("findings")
+@click.argument("db_path", metavar="DB")
+@click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@click.option("--all-runs", is_flag=True, help="Every run's kept findings (which ranks keep coming back).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@_friendly_errors
+def findings_cmd(db_path: str, run: str | None, all_runs: bool, fmt: str) -> None:
+    """The verdict each run kept at its end: its findings, origins first (no recompute)."""
+    from multirank_logger.report.kept_findings import kept_findings_text
+
+    with open_store(db_path) as reader:
+        df = reader.findings(run, every_run=all_runs)
+        labels = {int(r["id"]): str(r["run"]) for r in reader.run_rows()}
+    click.echo(kept_findings_text(df, labels, fmt))
+
+
 @main.command("decisions")
 @click.argument("db_path", metavar="DB")
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")

@@ -145,3 +145,34 @@ def test_at_a_runs_end_the_alerts_are_the_reports_findings(tmp_path_factory, wor
     assert {f.kind for f in found} <= {"non_finite"}  # noise of 1%: no departure anywhere
     # (across keys alerts come as each key's steps close: a key logged every 5 steps waits longer)
 
+
+
+def test_a_resumed_runs_kept_verdict_is_its_last_launchs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Each launch keeps the verdict of the rows it watched (the launch in seq's high bits): a
+    run's findings are its last launch's; a run that kept none reads empty, not an error."""
+    import json
+
+    import sqlalchemy as sa
+
+    from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, runs
+
+    db = tmp_path / "runs.sqlite"
+    store = Store(db)
+    try:
+        with store.begin() as conn:
+            for run_id in (1, 2):
+                conn.execute(sa.insert(runs).values(id=run_id, name="r", version=run_id - 1, status="success",
+                                                    world_size=4, started_at=0.0))  # fmt: skip
+            rows = [(1, 0, 0, 3, 10), (1, 1, 1 << SEQ_ATTEMPT_SHIFT, 2, 40), (1, 1, (1 << SEQ_ATTEMPT_SHIFT) + 1, 0, 41)]
+            for run_id, _, seq, rank, step in rows:
+                conn.execute(sa.insert(findings).values(
+                    run_id=run_id, rank=rank, seq=seq, kind="non_finite", series="loss", first_step=step,
+                    origin=step in (10, 40), origin_step=10 if step == 10 else 40, value=None,
+                    detail=json.dumps({"value": "NaN"}), sentence=f"rank {rank} loss NaN from step {step}", found_at=1.0))  # fmt: skip
+    finally:
+        store.close()
+    with open_store(db) as reader:
+        last = reader.findings(1)
+        assert [(r.launch, r.rank, r.first_step, r.origin) for r in last.itertuples()] == [(1, 2, 40, True), (1, 0, 41, False)]
+        assert reader.findings(2).empty and list(reader.findings(2).columns) == list(last.columns)
+        assert len(reader.findings(every_run=True)) == 2

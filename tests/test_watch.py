@@ -1,4 +1,4 @@
-"""The watch's judgement fed as a run goes (judgement/live.py), and where its alerts go (logger/alerts.py).
+"""The watch's judgement fed as a run goes (judgement/live.py), and where its alerts go (watch/alerts.py).
 
 The 4-rank DDP training is tests/test_watch_ddp.py's; here the judgement meets seeded noisy runs
 (the report's own, tests/test_findings.py) fed in windows, in the order rows arrive.
@@ -13,7 +13,7 @@ import pytest
 
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.judgement.ranks import departures
-from multirank_logger.logger.alerts import AlertOutlets, redact_url
+from multirank_logger.watch.alerts import AlertOutlets, redact_url
 from tests.test_findings import _noisy
 
 
@@ -118,9 +118,9 @@ def test_direct_watch_reads_the_ranks_rows_while_they_are_written(many_writers_d
     alerted, each once, and a rank that stopped logging early holds nothing back."""
     import time
 
-    from multirank_logger.logger.alerts import AlertOutlets
-    from multirank_logger.logger.watch import Watch
     from multirank_logger.store.sql_store import Store
+    from multirank_logger.watch.alerts import AlertOutlets
+    from multirank_logger.watch.watch import Watch
     from multirank_logger.write.buffer import RecordBuffer
 
     store = Store(many_writers_db)
@@ -161,8 +161,8 @@ def test_gather_watch_sees_received_rows_before_the_writer_and_judges_each_once(
 
     import torch.distributed as dist
 
-    from multirank_logger.logger.watch import Watch
     from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.watch.watch import Watch
     from multirank_logger.write.buffer import RecordBuffer
     from tests.helpers.launches import free_port
 
@@ -252,7 +252,7 @@ def test_the_last_judgement_closes_every_step_and_says_so() -> None:
     final=True, once every rank's rows are in) can raise it; its alert says it was found then."""
     import pyarrow as pa
 
-    from multirank_logger.logger.watch import Watch
+    from multirank_logger.watch.watch import Watch
 
     rows: list[dict] = []
     watch = Watch(1, 2, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=3600.0)
@@ -347,7 +347,7 @@ def test_a_blocking_on_alert_delays_the_end_by_its_bound_and_is_said(caplog: pyt
 
     import pyarrow as pa
 
-    from multirank_logger.logger.watch import Watch
+    from multirank_logger.watch.watch import Watch
 
     release = threading.Event()
     watch = Watch(1, 1, AlertOutlets(lambda table, row: None, lambda alert: release.wait(60), echo=False),

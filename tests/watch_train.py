@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
-import multirank_logger.logger.alerts as alerts
+import multirank_logger.watch.alerts as alerts
 from multirank_logger import MultiRankLogger, StopOnAlert
 
 NAN_RANK, NAN_FROM, DEPART_RANK, DEPART_FROM = 2, 40, 1, 60

@@ -1,6 +1,6 @@
 """StopOnAlert: end ``fit`` on every rank at the same step when the watch raises an alert of a chosen kind.
 
-The watch (logger/watch.py) runs on rank 0 alone; the stop must be symmetric, or the other
+The watch (watch/watch.py) runs on rank 0 alone; the stop must be symmetric, or the other
 ranks would wait forever in their next collective. This callback does what `EarlyStopping`
 does: at a hook every rank runs at the same point (the end of a training batch, every
 ``check_every_n_steps`` steps), each rank votes (rank 0: "an alert of these kinds was raised";
@@ -37,8 +37,8 @@ from typing_extensions import override
 
 from multirank_logger._util import lightning_compat
 from multirank_logger.errors import NoMultiRankLogger
-from multirank_logger.logger.alerts import ALERT_KINDS, Alert
 from multirank_logger.logger.multi_rank_logger import LIGHTNING_BASES, MultiRankLogger
+from multirank_logger.watch.alerts import ALERT_KINDS, Alert
 
 __all__ = ["ALERT_KINDS", "StopOnAlert"]
 

@@ -30,7 +30,7 @@ __all__ = ["LogCapture", "capture_level", "level_number"]
 
 #: `capture_logs=True` means this level
 DEFAULT_LEVEL = logging.INFO
-#: a record's attribute saying its text was printed on the console already (logger/alerts.py's `say`)
+#: a record's attribute saying its text was printed on the console already (watch/alerts.py's `say`)
 SHOWN = "multirank_logger_shown"
 _WARNINGS_LOGGER = "py.warnings"  # the name `logging.captureWarnings` gives warnings, reused here
 

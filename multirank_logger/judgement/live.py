@@ -1,6 +1,6 @@
 """The one judgement (ranks.py), fed as a run goes: rows in, each new finding out once.
 
-What a watch on rank 0 holds (logger/watch.py feeds it and says what it finds); pure NumPy,
+What a watch on rank 0 holds (watch/watch.py feeds it and says what it finds); pure NumPy,
 no I/O, no clock (the caller passes ``now``):
 
 - a rank's first non-finite value of a key (non_finite.py, the report's one rule), from the rows as they arrive, once the steps through

@@ -30,7 +30,6 @@ from multirank_logger._util.dist_env import current_rank
 from multirank_logger._util.torch_version import require_store_queues
 from multirank_logger.ddp.log_capture import capture_level
 from multirank_logger.errors import InvalidTransport
-from multirank_logger.logger.alerts import Alert, check_alert_url
 from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_METRICS_FILE
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.finalize import finish_run
@@ -39,6 +38,7 @@ from multirank_logger.logger.run_settings import RunSettings
 from multirank_logger.logger.save_dir import DEFAULT_DB_NAME, check_store_is_local
 from multirank_logger.store.backends import backend_for, public_name, resolve_url
 from multirank_logger.store.run_lifecycle import check_run_choice
+from multirank_logger.watch.alerts import Alert, check_alert_url
 from multirank_logger.write.transport_choice import TRANSPORTS
 
 __all__ = ["MultiRankLogger"]

@@ -35,13 +35,11 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
 from multirank_logger.ddp.log_capture import LogCapture
 from multirank_logger.errors import MultiRankLoggerError
-from multirank_logger.logger.alerts import Alert, AlertOutlets, run_facts
 from multirank_logger.logger.csv_logger_files import Rank0Files
 from multirank_logger.logger.launch_env import hook_launchers
 from multirank_logger.logger.process_registry import UnfinishedRun, track
 from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
-from multirank_logger.logger.watch import Watch, watch_for
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.store.backends import backend_for, without_secrets
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
@@ -50,6 +48,8 @@ from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.write_errors import describe
 from multirank_logger.transport.identity import IdentityBoard, RunIdentity, withdraw_identity
 from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.watch.alerts import Alert, AlertOutlets, run_facts
+from multirank_logger.watch.watch import Watch, watch_for
 from multirank_logger.write import process_hooks
 from multirank_logger.write.hot_path import HotPath
 from multirank_logger.write.sink_setup import SinkSetup
@@ -117,7 +117,7 @@ class RankRun:
         self.start_watch()
 
     def start_watch(self) -> None:
-        """Rank 0, once its sink is set up: start the watch (logger/watch.py) when asked for.
+        """Rank 0, once its sink is set up: start the watch (watch/watch.py) when asked for.
         Cheap when there is nothing to do (`save` calls it on every step of rank 0; it is started
         at the set-up already, `sink_ready`, and again for a later phase)."""
         setup = self.sink_setup

@@ -54,7 +54,7 @@ class RunSettings:
     finalize_timeout: float | None = None
     #: the longest a rank > 0 waits for rank 0's run identity (None: `identity_wait`'s default)
     start_timeout: float | None = None
-    #: rank 0 judges the steps as they arrive and raises alerts (logger/watch.py)
+    #: rank 0 judges the steps as they arrive and raises alerts (watch/watch.py)
     watch: bool = True
     #: called with each alert on rank 0's watch thread
     on_alert: Any = None

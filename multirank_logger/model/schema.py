@@ -290,7 +290,7 @@ step_timing = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_step_timing"),
 )
 
-# What the watch raised during the run (logger/watch.py), each finding once, recorded by rank 0:
+# What the watch raised during the run (watch/watch.py), each finding once, recorded by rank 0:
 # the rank it names (not the recording rank), the key, the first step, when it was seen.
 alerts = sa.Table(
     "alerts",

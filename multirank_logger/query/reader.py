@@ -43,6 +43,7 @@ from multirank_logger.query.run_list import read_run_headers, read_run_rows, rea
 from multirank_logger.query.side_tables import (
     read_alerts,
     read_decisions,
+    read_findings,
     read_logs,
     read_rank_nodes,
     read_rank_rows,
@@ -486,6 +487,20 @@ class StoreReader:
             LookupFailed: for an unknown run.
         """
         return read_alerts(self._fetch_arrow, self.resolve_run(run))
+
+    def findings(self, run: int | str | RunRef | None = None, *, every_run: bool = False) -> Any:
+        """A run's verdict as kept at its end (the watch's last judgement: the ``findings`` table),
+        origins first; `every_run`: every run's, by run (what analyses across runs read).
+
+        Columns: ``run_id``, ``launch``, ``seq``, ``kind``, ``rank``, ``series``, ``first_step``,
+        ``origin`` (this rank is where the problem started), ``origin_step``, ``value``,
+        ``sentence``, ``found_at`` (unix seconds), ``detail`` (JSON). Empty for a run that kept
+        none: nothing found, ``watch=False``, still running, or from before schema 0010.
+
+        Raises:
+            LookupFailed: for an unknown run.
+        """
+        return read_findings(self._fetch_arrow, None if every_run else [self.resolve_run(run).id])
 
     def stopped_by(self, run: int | str | RunRef | None = None) -> dict[str, Any] | None:
         """How `StopOnAlert` ended a run, from its stored rows: ``step``, ``alert_kind``, ``key``,

@@ -27,9 +27,9 @@ from multirank_logger.ddp.log_capture import level_number
 from multirank_logger.errors import LookupFailed
 from multirank_logger.judgement.ranks import votes_split
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import alerts, decisions, logs, ranks, runs, step_timing
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, alerts, decisions, findings, logs, ranks, runs, step_timing
 
-__all__ = ["disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_logs", "read_rank_nodes",
+__all__ = ["FINDING_COLUMNS", "disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_findings", "read_logs", "read_rank_nodes",
            "read_rank_rows", "read_step_timing", "read_stops", "read_timing_columns", "read_timing_series", "read_transport",
            "stop_text"]  # fmt: skip
 
@@ -49,6 +49,27 @@ def read_alerts(fetch_arrow: FetchArrow, run: RunRef) -> Any:
     """A run's alerts (what the watch raised during it), in the order raised: ``StoreReader.alerts``."""
     stmt = sa.select(*(alerts.c[name] for name in ALERT_COLUMNS)).where(alerts.c.run_id == run.id).order_by(alerts.c.seq)
     return _frame(fetch_arrow, stmt, ALERT_COLUMNS)
+
+
+#: the columns of a run's kept verdict (the ``findings`` table; ``launch``: the launch that kept it)
+FINDING_COLUMNS = ("run_id", "launch", "seq", "kind", "rank", "series", "first_step", "origin", "origin_step", "value",
+                   "sentence", "found_at", "detail")  # fmt: skip
+
+
+def read_findings(fetch_arrow: FetchArrow, run_ids: Iterable[int] | None = None) -> Any:
+    """The verdicts kept at the runs' ends (of `run_ids`; None: every run), by run, origins first:
+    ``StoreReader.findings``. A resumed run kept one per launch: its last launch's is its verdict."""
+    f = findings.c
+    stmt = sa.select(*(f[name] for name in FINDING_COLUMNS if name != "launch")).order_by(f.run_id, f.seq)
+    if run_ids is not None:
+        stmt = stmt.where(f.run_id.in_(list(run_ids)))
+    df = fetch_arrow(stmt).to_pandas()
+    if not len(df.columns):
+        return df.reindex(columns=list(FINDING_COLUMNS))
+    df["launch"] = df["seq"].astype("int64") // (1 << SEQ_ATTEMPT_SHIFT)
+    last = df.groupby("run_id")["launch"].transform("max")
+    df["origin"] = df["origin"].astype(bool)
+    return df[df["launch"] == last][list(FINDING_COLUMNS)].reset_index(drop=True)
 
 
 #: the callback whose stop `read_stops` reads (callbacks/stop_on_alert.py; this layer does not import it)

@@ -299,7 +299,7 @@ class RowChannel(NodeRoutes):
 
     def peek(self) -> list[pa.RecordBatch]:
         """Rank 0: the batches the other ranks sent since the last `peek` or `receive`, to look at
-        now (rank 0's watch: logger/watch.py) rather than at the writer's next cycle. Never blocks.
+        now (rank 0's watch: watch/watch.py) rather than at the writer's next cycle. Never blocks.
 
         Nothing is acknowledged: the batches stay the channel's until `receive` returns them to the
         writer, and are acknowledged at the `receive` after that, as any batch; a rank 0 gone

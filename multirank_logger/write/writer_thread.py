@@ -111,7 +111,7 @@ class BackgroundWriter:
         self.last_error: BaseException | None = None
         self.rows_written = 0
         self._thread: threading.Thread | None = None
-        #: rank 0's watch (logger/watch.py): each cycle's new rows, handed over without waiting
+        #: rank 0's watch (watch/watch.py): each cycle's new rows, handed over without waiting
         self.observe: Callable[[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ rank 0, never on the training thread and never in the writer's way:
   sender's flush only, not for rank 0's next cycle too; a batch seen so is not judged again
   when the writer hands it over.
 - ``direct`` and ``node``: the watch reads the rows the ranks wrote from the store, read-only,
-  every ``POLL_S``: on SQLite (WAL: a reader never blocks a writer) and PostgreSQL. A DuckDB
+  every ``POLL_S`` (``query/new_rows.py``): on SQLite (WAL: a reader never blocks a writer) and PostgreSQL. A DuckDB
   file is never held (its writers open it per transaction, `Backend.opens_per_transaction`: a
   reader would lock them out), so on DuckDB with ``direct`` the watch sees rank 0's own rows
   only, and says so (``gather``, DuckDB's default, gives it every rank's).
@@ -37,13 +37,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import sqlalchemy as sa
 
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.judgement.sentences import finding_sentence, series_of
-from multirank_logger.logger.alerts import Alert, AlertOutlets
-from multirank_logger.model.schema import findings, metrics, ranks, step_timing
-from multirank_logger.store.sql_store import Store
+from multirank_logger.model.schema import findings, step_timing
+from multirank_logger.query.new_rows import NewRows
+from multirank_logger.watch.alerts import Alert, AlertOutlets
 
 __all__ = ["Watch"]
 
@@ -60,10 +59,6 @@ PEEK_S: float | None = 0.5
 PEEKED_MAX = 65_536
 #: seconds between two reads of the store (direct and node transports)
 POLL_S = 1.0
-#: seconds between two reads of the run's keys (direct and node)
-KEYS_S = 10.0
-#: seconds without a new row after which a rank is read on its own (direct and node: `Watch._rank_groups`)
-STALE_S = 30.0
 
 
 class Watch:
@@ -101,12 +96,7 @@ class Watch:
         self._thread: threading.Thread | None = None
         self.skipped = 0  # batches the watch dropped, behind
         self._said_behind = False
-        # direct/node: per rank, the last (seq, step) read and when it last grew
-        self._last_seq: dict[int, tuple[int, int, float]] = {}
-        self._last_timing_seq: dict[int, tuple[int, int, float]] = {}
-        self._keys: list[str] = []
-        self._keys_at = 0.0
-        self._reader: Store | None = None
+        self._reader: NewRows | None = None  # direct/node: each rank's new rows in the store
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -290,84 +280,23 @@ class Watch:
         for finding in findings:
             self.outlets.raise_alert(finding, at_end=at_end)
 
-    # -- direct and node: the store, read-only -----------------------------------------------
+    # -- direct and node: the store, read-only (query/new_rows.py) ------------------------------
 
     def _poll(self) -> None:
-        """The rows the ranks stored since the last read, per rank by its call counter (``seq``)."""
+        """The rows the ranks stored since the last read."""
         if self._reader is None:
-            self._reader = Store(self._read_store, readonly=True)
-        store = self._reader
+            self._reader = NewRows(self._read_store, self.run_id, self.world_size)
         now = time.monotonic()
-        with store.engine.connect() as conn:
-            if now - self._keys_at >= KEYS_S or not self._keys:
-                self._keys = sorted(store.backend.run_keys(conn, self.run_id))
-                self._keys_at = now
-            if self._keys:
-                c = metrics.c
-                cols = [c.key, c.rank, c.step, store.backend.value_or_nan(c.value), c.seq]
-                rows: list[Any] = []
-                for where in self._rank_groups(self._last_seq, c.rank, c.seq, c.step, now):
-                    stmt = sa.select(*cols).where(c.run_id == self.run_id, c.key.in_(self._keys), where)
-                    rows += conn.execute(stmt).all()
-                if rows:
-                    self._add_polled(rows, now)
-            t = step_timing.c
-            timing = []
-            for where in self._rank_groups(self._last_timing_seq, t.rank, t.seq, None, now):
-                timing += [dict(m) for m in conn.execute(sa.select(step_timing).where(t.run_id == self.run_id, where)).mappings()]
-            timing = [row for row in timing if row["seq"] > self._last_timing_seq.get(row["rank"], (-1, 0, 0.0))[0]]
-            self._advance(self._last_timing_seq, [(row["rank"], row["seq"], row["step"]) for row in timing], now)
-            self.judgement.add_timing(timing, now)
+        rows, timing = self._reader.read(now)
+        if rows is not None:
+            keys, ranks, steps, values = rows
+            self.judgement.add_rows(keys, ranks, steps, values, now)
+        self.judgement.add_timing(timing, now)
 
     def _wait_for_ends(self, deadline: float) -> None:
-        """Until every other rank has recorded its end in the store (its last rows are written
-        before it), or `deadline` (monotonic)."""
         if self._reader is None:
-            self._reader = Store(self._read_store, readonly=True)
-        r = ranks.c
-        ended = sa.select(sa.func.count()).where(r.run_id == self.run_id, r.rank != 0, r.ended_at.is_not(None))
-        while True:
-            with self._reader.engine.connect() as conn:
-                if (conn.execute(ended).scalar() or 0) >= self.world_size - 1 or time.monotonic() >= deadline:
-                    return
-            time.sleep(0.1)
-
-    def _rank_groups(self, last: dict[int, tuple[int, int, float]], rank: Any, seq: Any, step: Any,
-                     now: float) -> list[Any]:  # fmt: skip
-        """WHERE clauses that read each rank's rows past its last ``seq`` (`last`: rank -> (seq,
-        step, when it last grew)), in few queries that an index serves: the ranks that keep
-        logging in one (past the lowest of their seqs; and steps, for PostgreSQL's (rank, step)
-        index), a rank silent for a while or never seen in one each (a dead rank's old rows
-        are not read again at every poll)."""
-        live = [r for r in range(self.world_size) if r in last and now - last[r][2] < STALE_S]
-        out = []
-        if live:
-            where = [rank.in_(live), seq > min(last[r][0] for r in live)]
-            if step is not None:
-                where.append(step >= min(last[r][1] for r in live))
-            out.append(sa.and_(*where))
-        out += [sa.and_(rank == r, seq > last.get(r, (-1, 0, 0.0))[0]) for r in range(self.world_size)
-                if r not in live]  # fmt: skip
-        return out
-
-    @staticmethod
-    def _advance(last: dict[int, tuple[int, int, float]], rows: list[tuple[int, int, int]], now: float) -> None:
-        for r, seq, step in rows:
-            if seq > last.get(r, (-1, 0, 0.0))[0]:
-                last[r] = (int(seq), int(step), now)
-
-    def _add_polled(self, rows: list[Any], now: float) -> None:
-        key, rank, step, value, seq = (np.asarray(col) for col in zip(*rows))
-        rank, seq, step = rank.astype(np.int64), seq.astype(np.int64), step.astype(np.int64)
-        order = np.lexsort((seq, rank))  # each rank's rows in its call order
-        key, rank, step, value, seq = key[order], rank[order], step[order], value[order], seq[order]
-        new = seq > np.array([self._last_seq.get(int(r), (-1, 0, 0.0))[0] for r in rank.tolist()])
-        if not new.any():
-            return
-        key, rank, step, value, seq = key[new], rank[new], step[new], value[new], seq[new]
-        self._advance(self._last_seq, list(zip(rank.tolist(), seq.tolist(), step.tolist())), now)
-        values = np.array([np.nan if v is None else v for v in value.tolist()], float)
-        self.judgement.add_rows(key.astype(object), rank, step, values, now)
+            self._reader = NewRows(self._read_store, self.run_id, self.world_size)
+        self._reader.wait_for_ends(deadline)
 
 
 #: the field of a finding's item that is its one number (the ``findings`` table's ``value``)
