@@ -70,7 +70,7 @@ def _batches(ranks: int, seconds: float) -> list[pa.RecordBatch]:
 
 def measure(ranks: int, seconds: float, watch_on: bool) -> dict[str, Any]:
     """One process's run: the feed, into a watch or into nothing."""
-    from multirank_logger.judgement.live import Finding
+    from multirank_logger.judgement.finding import Finding
     from multirank_logger.watch.alerts import AlertOutlets
     from multirank_logger.watch.watch import Watch
 

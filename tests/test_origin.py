@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from multirank_logger import open_store
+from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.judgement.origin import spread_of, with_origin
 from multirank_logger.judgement.sentences import finding_sentence
@@ -84,6 +85,11 @@ def test_a_live_finding_and_a_report_item_say_the_same() -> None:
     report = with_origin([{"rank": r, "key": "loss", "first_step": s, "nan": 1, "inf": 0} for r, s in
                           [(0, 5), (1, 5), (2, 4)]], lambda i: i["key"], 3)  # fmt: skip
     assert found[0].sentence == finding_sentence("non_finite", report[0]) + " (seen at step 5)"
+    # the report's items as typed records: the same findings, fields and number as the watch's
+    records = [Finding.from_item("non_finite", item) for item in report]
+    assert all(r.matches(f) for r, f in zip(records, found, strict=True))
+    assert [(r.origin, r.origin_step, r.series) for r in records] == [(True, 4, "loss"), (False, 4, "loss"), (False, 4, "loss")]
+    assert records[0].sentence == finding_sentence("non_finite", report[0])
 
 
 # -- the property: the watch's alerts are the report's findings at a run's end ---------------------

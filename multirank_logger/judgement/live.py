@@ -35,11 +35,11 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.non_finite import FirstNonFinite, non_finite_kinds
 from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_for, spread_of, with_origin
 from multirank_logger.judgement.ranks import (
@@ -52,7 +52,7 @@ from multirank_logger.judgement.ranks import (
     memory_measure,
     memory_outliers,
 )
-from multirank_logger.judgement.sentences import KINDS, finding_sentence, series_of
+from multirank_logger.judgement.sentences import KINDS, series_of
 
 __all__ = ["Finding", "LiveJudgement"]
 #: counted steps a run is taken to last at least, for the 5% a stretch must last (see the module docstring)
@@ -61,39 +61,6 @@ EXPECTED_STEPS = 200
 KEEP_STEPS = 512
 #: StepTimer rows whose step time the straggler's share is taken against (the latest)
 STEP_TIMES_KEPT = 65_536
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One new finding: its kind (``non_finite``, ``departure``, ``straggler``, ``memory``), the
-    rank it names, the key (``timing:data_s`` for a straggler, the measure for memory), its first
-    step, the newest step held when found, its number, its numbers (the report's item of the
-    kind, less rank and key) and where its problem started (`origin.spread_of`; None while it is
-    the only rank that shows it)."""
-
-    kind: str
-    rank: int
-    key: str
-    first_step: int | None
-    step_seen: int | None
-    value: float | None
-    detail: dict[str, Any] = field(default_factory=dict)
-    spread: dict[str, Any] | None = None
-
-    @property
-    def origin(self) -> bool:
-        """Whether its rank is (among) the first to show the problem."""
-        return self.spread is None or self.rank in self.spread["origin_ranks"]
-
-    def item(self) -> dict[str, Any]:
-        """The finding as the report's item of its kind (what `finding_sentence` words)."""
-        return {"rank": self.rank, "key": self.key, "first_step": self.first_step, **self.detail,
-                "spread": self.spread, "origin": self.origin}  # fmt: skip
-
-    @property
-    def sentence(self) -> str:
-        """Its one sentence, with the step the watch had reached (judgement/sentences.py)."""
-        return finding_sentence(self.kind, self.item(), self.step_seen)
 
 
 class _Key:

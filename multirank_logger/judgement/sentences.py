@@ -5,7 +5,7 @@ reason all say a finding with `finding_sentence`; none words one itself. A sente
 the event (``rank 2 train_loss NaN from step 150``), then how it spread (origin.py), then its
 numbers; an alert adds the step the watch had reached (``seen at step 199``).
 
-The item is the report's JSON item of the kind, or a live finding's (`judgement.live.Finding.item`):
+The item is the report's JSON item of the kind, or a finding record's (`judgement.finding.Finding.item`):
 the same fields (``rank``, ``first_step``, ``last_step``, ``steps``, the kind's numbers, and
 ``spread`` where several ranks show it).
 """

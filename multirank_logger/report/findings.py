@@ -21,6 +21,7 @@ import numpy as np
 
 from multirank_logger._util.background_import import import_in_background
 from multirank_logger.judgement import ranks as judgement
+from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.origin import with_origin
 from multirank_logger.judgement.sentences import KINDS, finding_sentence, series_of
 from multirank_logger.model.run_ref import RunRef
@@ -74,32 +75,31 @@ class Findings:
         """Whether anything was found (the ranks' table and the notes are no finding)."""
         return any((self.stragglers, self.outliers, self.non_finite, self.memory, self.decisions, self.log_messages))
 
+    def verdict(self) -> list[Finding]:
+        """Every finding of the four kinds the watch raises too, as typed records (judgement/finding.py),
+        each kind's origins first."""
+        return [Finding.from_item(kind, item) for kind, name in _KIND_LISTS.items() for item in getattr(self, name)]
+
     def departing(self, series: str) -> list[int]:
         """The ranks this report names under one of the page's series (a metric key, or
         ``timing:COLUMN``): outliers of a key, stragglers of a phase, memory of its measure."""
-        if series.startswith("timing:"):
-            column = series.split(":", 1)[1]
-            named = [s["rank"] for s in self.stragglers if s["phase"] + "_s" == column]
-            named += [m["rank"] for m in self.memory if m["measure"] == column]
-        else:  # a metric key: its outliers, and memory measured by a key (DeviceStatsMonitor's)
-            named = [o["rank"] for o in self.outliers if o["key"] == series]
-            named += [m["rank"] for m in self.memory if m["measure"] == series]
-        return sorted(set(named))
+        return sorted({f.rank for f in self.verdict() if f.kind != "non_finite" and f.series == series})
 
     def departing_by_series(self) -> dict[str, list[int]]:
         """`departing` for every series under which this report names a rank."""
-        named = [series_of(kind, item) for kind, name in _KIND_LISTS.items() if kind != "non_finite"
-                 for item in getattr(self, name)]  # fmt: skip
-        return {series: self.departing(series) for series in sorted(set(named))}
+        out: dict[str, set[int]] = {}
+        for f in self.verdict():
+            if f.kind != "non_finite":
+                out.setdefault(f.series, set()).add(f.rank)
+        return {series: sorted(ranks) for series, ranks in sorted(out.items())}
 
     def origins_by_series(self) -> dict[str, list[int]]:
         """Per series, the ranks where a problem several ranks show started (judgement/origin.py):
         the page marks their heatmap rows."""
         out: dict[str, set[int]] = {}
-        for kind, name in _KIND_LISTS.items():
-            for item in getattr(self, name):
-                if item.get("spread") and item.get("origin"):
-                    out.setdefault(series_of(kind, item), set()).add(int(item["rank"]))
+        for f in self.verdict():
+            if f.spread and f.origin:
+                out.setdefault(f.series, set()).add(f.rank)
         return {series: sorted(ranks) for series, ranks in sorted(out.items())}
 
     def keys_with_findings(self) -> list[str]:
@@ -190,10 +190,7 @@ def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]
 def raised_alerts(reader: StoreReader, ref: RunRef, found: Findings) -> list[dict[str, Any]]:
     """The alerts the watch raised during the run, each with whether this report finds the same."""
     rows = reader.alerts(ref)
-    named = {("non_finite", n["key"], n["rank"], n["first_step"]) for n in found.non_finite}
-    named |= {("departure", o["key"], o["rank"], o["first_step"]) for o in found.outliers}
-    named |= {("straggler", f"timing:{s['phase']}_s", s["rank"], s["first_step"]) for s in found.stragglers}
-    named |= {("memory", m["measure"], m["rank"], None) for m in found.memory}
+    named = {(f.kind, f.key, f.rank, f.first_step) for f in found.verdict()}
     out = []
     for r in rows.itertuples():
         first = None if r.first_step != r.first_step or r.first_step is None else int(r.first_step)

@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from multirank_logger.ddp.log_capture import SHOWN
-from multirank_logger.judgement.live import Finding
+from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.sentences import KINDS
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts as alerts_table

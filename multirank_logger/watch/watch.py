@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.live import LiveJudgement
-from multirank_logger.judgement.sentences import finding_sentence, series_of
 from multirank_logger.model.schema import findings, step_timing
 from multirank_logger.query.new_rows import NewRows
 from multirank_logger.watch.alerts import Alert, AlertOutlets
@@ -151,16 +151,13 @@ class Watch:
         if not self.ended:
             return 0  # its last judgement still running (said by `stop`): a verdict read now would be torn
         now = time.time()
-        verdict = self.judgement.verdict()
-        for kind, item in verdict:
-            spread = item.get("spread")
-            value = item.get(_VALUE_FIELD.get(kind, ""))
-            row = {"rank": int(item["rank"]), "kind": kind, "series": series_of(kind, item),
-                   "first_step": item.get("first_step"), "origin": bool(item.get("origin", True)),
-                   "origin_step": spread["origin_step"] if spread else item.get("first_step"),
-                   "value": float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None,
-                   "detail": json.dumps(_plain({k: v for k, v in item.items() if k not in ("rank", "origin")})),
-                   "sentence": finding_sentence(kind, item), "found_at": now}  # fmt: skip
+        verdict = [Finding.from_item(kind, item) for kind, item in self.judgement.verdict()]
+        for f in verdict:
+            row = {"rank": f.rank, "kind": f.kind, "series": f.series, "first_step": f.first_step, "origin": f.origin,
+                   "origin_step": f.origin_step,
+                   "value": f.value if f.value is not None and math.isfinite(f.value) else None,
+                   "detail": json.dumps(_plain({**f.detail, "spread": f.spread})),
+                   "sentence": f.sentence, "found_at": now}  # fmt: skip
             self.outlets.record(findings.name, row)
         return len(verdict)
 
@@ -297,10 +294,6 @@ class Watch:
         if self._reader is None:
             self._reader = NewRows(self._read_store, self.run_id, self.world_size)
         self._reader.wait_for_ends(deadline)
-
-
-#: the field of a finding's item that is its one number (the ``findings`` table's ``value``)
-_VALUE_FIELD = {"departure": "ratio", "straggler": "excess_s", "memory": "ratio"}
 
 
 def _plain(value: Any) -> Any:
