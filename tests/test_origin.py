@@ -182,3 +182,35 @@ def test_a_resumed_runs_kept_verdict_is_its_last_launchs(tmp_path) -> None:  # t
         assert [(r.launch, r.rank, r.first_step, r.origin) for r in last.itertuples()] == [(1, 2, 40, True), (1, 0, 41, False)]
         assert reader.findings(2).empty and list(reader.findings(2).columns) == list(last.columns)
         assert len(reader.findings(every_run=True)) == 2
+
+
+def _rows(ranks: list[int], steps: range, nan_from: dict[int, int]) -> tuple[np.ndarray, ...]:
+    pairs = [(r, s) for r in ranks for s in steps]
+    values = [np.nan if s >= nan_from.get(r, 10**9) else 1.0 + 0.01 * r for r, s in pairs]
+    return (np.array(["loss"] * len(pairs), object), np.array([r for r, _ in pairs]), np.array([s for _, s in pairs]),
+            np.array(values))  # fmt: skip
+
+
+def test_a_late_ranks_nan_is_still_said_first() -> None:
+    """Rank 2's rows reach the watch 15 s late (past close_after): its NaN at step 5 spread to the
+    others at step 6. The steps close without it, but the followers' NaN waits until rank 2 has
+    caught up: the origin is said first, in the same judgement."""
+    live = LiveJudgement(4, close_after=10.0)
+    live.add_rows(*_rows([0, 1, 2, 3], range(0, 4), {}), now=0.0)
+    live.add_rows(*_rows([0, 1, 3], range(4, 21), {0: 6, 1: 6, 3: 6}), now=0.5)
+    assert live.judge(11.0) == []  # steps 4.. closed without rank 2: its rows are late, not missing
+    live.add_rows(*_rows([2], range(4, 21), {2: 5}), now=15.0)
+    found = live.judge(16.0)
+    assert [(f.rank, f.first_step, f.origin) for f in found] == [(2, 5, True), (0, 6, False), (1, 6, False), (3, 6, False)]
+    assert found[0].spread["followers"] == [[0, 6], [1, 6], [3, 6]]
+
+
+def test_a_nan_waits_for_a_silent_rank_no_longer_than_hold_after() -> None:
+    """A rank that stopped logging (dead, hung) holds the others' NaN at most hold_after
+    (3 x close_after): then it is said, from the ranks that showed it."""
+    live = LiveJudgement(4, close_after=10.0)
+    live.add_rows(*_rows([0, 1, 2, 3], range(0, 4), {}), now=0.0)
+    live.add_rows(*_rows([0, 1, 3], range(4, 21), {0: 6, 1: 6, 3: 6}), now=0.5)
+    assert live.judge(11.0) == [] and live.judge(30.0) == []
+    found = live.judge(31.0)
+    assert [(f.rank, f.first_step, f.origin) for f in found] == [(0, 6, True), (1, 6, True), (3, 6, True)]

@@ -57,6 +57,8 @@ from multirank_logger.judgement.sentences import KINDS, series_of
 __all__ = ["Finding", "LiveJudgement"]
 #: counted steps a run is taken to last at least, for the 5% a stretch must last (see the module docstring)
 EXPECTED_STEPS = 200
+#: a first NaN/inf waits for a late rank's rows up to this many close_after (`LiveJudgement.hold_after`)
+HOLD_FACTOR = 3.0
 #: closed steps' statistics held per key at least (see the module docstring)
 KEEP_STEPS = 512
 #: StepTimer rows whose step time the straggler's share is taken against (the latest)
@@ -76,6 +78,7 @@ class _Key:
         self.new_steps = False
         self.newest: int | None = None
         self.first_arrival = math.inf  # when its first row arrived: the ranks that log it are known close_after later
+        self.newest_by_rank = np.full(world, np.iinfo(np.int64).min)  # each rank's newest step of the key so far
 
 
 class LiveJudgement:
@@ -84,15 +87,19 @@ class LiveJudgement:
     Args:
         world_size: the run's ranks.
         close_after: seconds after which a step's missing ranks are no longer waited for.
+        hold_after: seconds a rank's first NaN/inf waits at most for a late rank's rows before it is
+            said (``HOLD_FACTOR`` times `close_after` by default): the origin's alert first.
         writers: ranks that write the others' rows (gather's rank 0): memory judged as the report does.
         keep_steps: closed steps' statistics held per key at least.
         expected_steps: counted steps the run is taken to last at least (`EXPECTED_STEPS`).
     """
 
     def __init__(self, world_size: int, *, close_after: float = 10.0, writers: frozenset[int] = frozenset(),
-                 keep_steps: int = KEEP_STEPS, expected_steps: int = EXPECTED_STEPS) -> None:  # fmt: skip
+                 keep_steps: int = KEEP_STEPS, expected_steps: int = EXPECTED_STEPS,
+                 hold_after: float | None = None) -> None:  # fmt: skip
         self.world = max(1, int(world_size))
         self.close_after = close_after
+        self.hold_after = HOLD_FACTOR * close_after if hold_after is None else hold_after
         self.writers = writers
         self.keep_steps = keep_steps
         self.expected_steps = expected_steps
@@ -103,7 +110,7 @@ class LiveJudgement:
         #: per (key, rank), the first non-finite step (the report's one rule: judgement/non_finite.py)
         self.non_finite = FirstNonFinite()
         #: the (key, rank) pairs with a non-finite value not said yet: held until the steps around it are closed
-        self._unsaid: set[tuple[str, int]] = set()
+        self._unsaid: dict[tuple[str, int], float] = {}  # -> when it was first held
         #: per (kind, key), each rank's first step: where a problem started (origin.spread_of)
         self._firsts: dict[tuple[str, str], dict[int, int]] = {}
         self.late_rows = 0
@@ -132,7 +139,7 @@ class LiveJudgement:
             bad_keys = [str(k) for k in np.asarray(keys, dtype=object)[bad].tolist()]
             for at in self.non_finite.add(bad_keys, ranks[bad], steps[bad], kinds):
                 if ("non_finite", *at) not in self.raised:
-                    self._unsaid.add((str(at[0]), at[1]))
+                    self._unsaid.setdefault((str(at[0]), at[1]), now)
         clean = values.copy()
         clean[bad] = np.nan  # NaN/inf are the non-finite finding's, not a departure
         names, inverse = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
@@ -173,6 +180,8 @@ class LiveJudgement:
         if key is None:
             key = self.keys[name] = _Key(self.world, summed)
         inside = (ranks >= 0) & (ranks < self.world)
+        # how far each rank got, late rows too (a NaN held for a late rank waits for this: _caught_up)
+        np.maximum.at(key.newest_by_rank, ranks[inside], steps[inside])
         if key.closed_through is not None:
             inside &= steps > key.closed_through
         if not inside.all():
@@ -194,7 +203,7 @@ class LiveJudgement:
             if key.new_steps:
                 key.new_steps = False
                 found += self._departures(name, key)
-        found = self._non_finite(final) + found
+        found = self._non_finite(now, final) + found
         if self._memory_changed:
             self._memory_changed = False
             found += self._memory()
@@ -250,25 +259,37 @@ class LiveJudgement:
             key.windows.add(uniq[:n], np.arange(self.world), table)
             key.new_steps = True
 
-    def _non_finite(self, final: bool) -> list[Finding]:
+    def _non_finite(self, now: float, final: bool) -> list[Finding]:
         """The first NaN/inf of each (key, rank) whose steps through `ALL_REDUCE_LAG` later are
-        closed (every rank's rows there are in): where it started is known, and the ranks it
-        reached at once. Earliest first, so the origin's alert comes before its followers'."""
+        closed and that every rank logging the key has reached (its rows there are in): where it
+        started is known, and the ranks it reached at once. Earliest first, so the origin's alert
+        comes before its followers'. A rank whose rows come late (a loaded host, a long flush) is
+        waited for up to ``hold_after`` seconds: a step closes without it after ``close_after``,
+        and a follower's alert would then go before the origin's."""
         out = []
         spreads: dict[str, dict[str, Any] | None] = {}  # per key, once per judgement (1,024 ranks release at once)
         firsts = {at: first for at in self._unsaid if (first := self.non_finite.first(*at)) is not None}
         for (key, rank), (step, word) in sorted(firsts.items(), key=lambda item: (item[1][0], item[0][1])):
             held = self.keys.get(key)
             closed = held is not None and held.closed_through is not None and held.closed_through >= step + ALL_REDUCE_LAG
-            if not (closed or final):
+            waited = now - self._unsaid[(key, rank)] >= self.hold_after
+            if not (final or (closed and (waited or self._caught_up(held, step + ALL_REDUCE_LAG, now)))):
                 continue
-            self._unsaid.discard((key, rank))
+            del self._unsaid[(key, rank)]
             self.raised.add(("non_finite", key, rank))
             if key not in spreads:
                 spreads[key] = self._spread("non_finite", key)
             out.append(Finding("non_finite", rank, key, step, self.newest_step, float(word), {"value": word},
                                spread_for(spreads[key], rank)))  # fmt: skip
         return out
+
+    def _caught_up(self, key: _Key | None, step: int, now: float) -> bool:
+        """Whether every rank that logs `key` has logged it at `step` or later: every rank of the
+        run until ``close_after`` has passed since its first row, then those seen."""
+        if key is None:
+            return False
+        expected = key.ranks_seen if now - key.first_arrival >= self.close_after else np.ones(self.world, bool)
+        return bool((key.newest_by_rank[expected] >= step).all())
 
     def _spread(self, kind: str, key: str, rank: int | None = None, first_step: int | None = None) -> dict[str, Any] | None:
         """Where the problem of `kind` on `key` started, among the ranks known to show it (and
