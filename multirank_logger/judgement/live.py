@@ -269,11 +269,14 @@ class LiveJudgement:
         out = []
         spreads: dict[str, dict[str, Any] | None] = {}  # per key, once per judgement (1,024 ranks release at once)
         firsts = {at: first for at in self._unsaid if (first := self.non_finite.first(*at)) is not None}
+        caught: dict[tuple[str, int], bool] = {}
         for (key, rank), (step, word) in sorted(firsts.items(), key=lambda item: (item[1][0], item[0][1])):
             held = self.keys.get(key)
             closed = held is not None and held.closed_through is not None and held.closed_through >= step + ALL_REDUCE_LAG
             waited = now - self._unsaid[(key, rank)] >= self.hold_after
-            if not (final or (closed and (waited or self._caught_up(held, step + ALL_REDUCE_LAG, now)))):
+            if not (final or waited) and closed and (key, step) not in caught:  # once per (key, step): 1,024 ranks
+                caught[(key, step)] = self._caught_up(held, step + ALL_REDUCE_LAG, now)
+            if not (final or (closed and (waited or caught[(key, step)]))):
                 continue
             del self._unsaid[(key, rank)]
             self.raised.add(("non_finite", key, rank))
