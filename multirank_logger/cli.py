@@ -248,7 +248,14 @@ def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool,
         ref = reader.resolve_run(run)
         if all_ranks:
             folder = Path(output)  # type: ignore[arg-type]
-            folder.mkdir(parents=True, exist_ok=True)
+            if folder.exists() and not folder.is_dir():
+                raise click.ClickException(f"--all-ranks writes one file per rank into a directory, and {output} "
+                                           "is not one: pass a directory's path (made when missing).")  # fmt: skip
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise click.ClickException(f"Cannot make the directory {output}: {exc.strerror}. "
+                                           "Pass a directory you can write.") from None  # fmt: skip
             for k in reader.ranks(ref.id):
                 _export_one(reader, ref.id, ref.label, k, str(folder / f"metrics_rank_{k}.csv"))
         elif output is None:
@@ -274,15 +281,36 @@ def _export_runs(db_path: str, fmt: str, run: str | None, all_runs: bool, since:
         raise click.UsageError("Pass one of --run, --all-runs and --since.")
     if output is None or output == "-":
         raise click.UsageError(f"--format {fmt} writes a directory: pass -o DIR (parquet: or an fsspec URL, s3://...).")
+    from multirank_logger.export.destination import ends_with_process, public_url
+
+    if ends_with_process(output):  # the export would be gone when this command exits
+        raise click.UsageError(f"{public_url(output)} is a filesystem that ends with this command's process: "
+                               "pass a local directory or a lasting URL (s3://...); memory:// is for export_parquet "
+                               "called from Python.")  # fmt: skip
     with open_store(db_path) as reader:
         for line in export_runs(reader, fmt, output, run=run, all_runs=all_runs, since=since):
             click.echo(line)
 
 
 def _export_one(reader: StoreReader, run_id: int, label: str, rank: int, path: str) -> None:
-    count = reader.export_csv(path, run_id, rank)
+    """One rank's CSV to `path`: a regular file replaced atomically, a FIFO or a character
+    device written through (export/destination.py's `LocalFile`)."""
+    from multirank_logger.export.destination import LocalFile
+
+    target = LocalFile(path)
+    said_on_stderr = target.kind == "stream"  # /dev/stdout, a FIFO: the CSV alone goes there
+    if target.note:
+        click.echo(target.note, err=said_on_stderr)
+    with target.errors_told():
+        if target.kind == "stream":
+            with target.open_stream() as fp:
+                count = reader.write_csv(fp, run_id, rank)
+        else:
+            count = reader.export_csv(target.path, run_id, rank)
     if count:
-        click.echo(f"Wrote {count} rows of rank {rank} ({label}) to {path}")
+        click.echo(f"Wrote {count} rows of rank {rank} ({label}) to {path}", err=said_on_stderr)
+    elif target.kind == "stream":
+        click.echo(f"Rank {rank} of {label} logged nothing; nothing written to {path}.", err=True)
     else:
         click.echo(f"Rank {rank} of {label} logged nothing; no {path} written (CSVLogger writes none).")
 

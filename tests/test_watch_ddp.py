@@ -125,7 +125,9 @@ def test_webhook_received_and_a_dead_one_said_once(trained: tuple[Path, str, lis
     assert {(r["run"]["name"], r["run"]["version"], r["run"]["uuid"], r["run"]["store"]) for r in received} == {
         ("watched", "version_0", uuid, f"sqlite:///{db}")}  # fmt: skip
     assert all(r["text"].startswith(f"multirank_logger: watched/version_0 on {r['run']['host']}: ") for r in received)
-    assert len(re.findall(r"the alert webhook http://127\.0\.0\.1:\d+/… (did not take|had not taken)", out)) == 1
+    # the dead hook: its first failure said at most once (the run may end first), its count once at the end
+    assert len(re.findall(r"the alert webhook http://127\.0\.0\.1:\d+/… did not take", out)) <= 1
+    assert len(re.findall(r"\d+ of \d+ alerts were not delivered to the webhook http://127\.0\.0\.1:\d+/…", out)) == 1
     assert query(db, "SELECT status FROM runs ORDER BY id") == [("success",), ("success",)]
     assert SECRET not in out
     for table, cols in (("alerts", "message || coalesce(detail, '')"), ("logs", "message"), ("runs", "coalesce(hparams, '')")):

@@ -5,20 +5,38 @@ Files are written under a hidden name (``.NAME.tmp``: Spark, pyarrow.dataset, Po
 ``*.parquet`` globs all skip it) and moved to their name once whole, so a reader never meets a
 half-written file. Credentials come as fsspec finds them (the environment, the filesystem's
 own config files); one written into the URL (``s3://KEY:SECRET@bucket``, a ``?sig=`` token) is
-passed on but never printed: `public_url`.
+passed on but never printed: `public_url`; never part of a path (``file://user:pw@/x`` is
+refused, not written to ``./user:pw@/x``).
+
+A file named by ``-o`` (`LocalFile`) is written only as what it is: a regular file (or none)
+is replaced atomically; an existing FIFO or character device (``/dev/null``, ``/dev/stdout``)
+is opened and written through, never replaced; a symlink is followed to its target, and said;
+anything else (a directory, a socket, a path under ``/proc``) is one clear error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from multirank_logger.errors import ExportFailed
 
-__all__ = ["Destination", "public_url", "url_secrets"]
+__all__ = ["Destination", "LocalFile", "ends_with_process", "public_url", "url_secrets"]
+
+#: fsspec filesystems that live in this process only: what a command writes there is gone at its exit
+_PROCESS_FILESYSTEMS = frozenset({"memory"})
+
+
+def ends_with_process(url: str) -> bool:
+    """Whether `url` names a filesystem that ends with the process (fsspec's ``memory://``)."""
+    match = _URL.match(url)
+    return match is not None and match.group(1)[:-3].lower() in _PROCESS_FILESYSTEMS
 
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)(?:([^/?#]*)@)?([^?#]*)(?:\?([^#]*))?")
@@ -63,8 +81,15 @@ class Destination:
         except ValueError as exc:  # a protocol fsspec does not know
             raise ExportFailed(self.public, f"fsspec cannot open it ({self.blotted(exc)})",
                                "Pass a local directory or a URL of a filesystem fsspec knows (s3://, gs://, abfs://).") from None
+        except Exception as exc:  # noqa: BLE001 - zip://, ftp://...: each filesystem raises its own classes
+            raise ExportFailed(self.public, f"fsspec cannot open it ({self.blotted(exc)})",
+                               "Pass a local directory or a writable URL (s3://, gs://, abfs://).") from None
         self.root = self.root.rstrip("/") or "/"
         self.local = "file" in _protocols(self.fs)
+        if any(secret in self.root for secret in self._secrets):  # file://user:pw@/x: fsspec makes it a path
+            raise ExportFailed(self.public, "its credentials (user:password@) would become part of a file's path",
+                               "Leave them out of the URL (file:///path for a local directory); a remote "
+                               "filesystem takes them from its own configuration or the environment.")  # fmt: skip
 
     def blotted(self, exc: BaseException) -> str:
         """An error's text with the URL's secrets blotted out (a driver may quote the URL it was given)."""
@@ -133,3 +158,62 @@ class Destination:
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+class LocalFile:
+    """One local file an export writes (``export -o PATH``), written only as what it is.
+
+    ``kind``: ``"file"`` (a regular file, or none yet: replaced atomically, its parent made as
+    CSVLogger makes its log_dir), or ``"stream"`` (an existing FIFO or character device:
+    opened and written through, never replaced). ``note``: what was followed, to be said (a
+    symlink and its target), else empty.
+
+    Raises:
+        ExportFailed: for a path that cannot hold the file (a directory, a socket, a block
+            device, a dangling symlink, a parent that cannot be made).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.shown = path
+        self.note = ""
+        try:
+            if os.path.islink(path):
+                target = os.readlink(path)
+                self.note = f"{path} is a symlink to {target}: written there"
+            mode = os.stat(path).st_mode  # follows a symlink: the target is what gets written
+        except FileNotFoundError:
+            if self.note:
+                raise ExportFailed(path, f"it is a symlink to {target}, which does not exist",
+                                   "Pass the target's path, or remove the symlink.") from None  # fmt: skip
+            mode = None
+        except OSError as exc:
+            raise ExportFailed(path, exc.strerror or type(exc).__name__, _PASS_A_FILE) from None
+        if mode is None or stat.S_ISREG(mode):
+            self.kind = "file"
+            # a symlink's target is replaced, the link kept: replacing the link would cut it
+            self.path = Path(os.path.realpath(path)) if self.note else Path(path)
+        elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+            self.kind = "stream"
+            self.path = Path(path)  # opened by its own name: /dev/stdout is this process's stdout
+        elif stat.S_ISDIR(mode):
+            raise ExportFailed(path, "it is a directory",
+                               "Pass a file's path (e.g. DIR/metrics.csv), or --all-ranks to write one file per rank into it.")  # fmt: skip
+        else:
+            raise ExportFailed(path, "it is neither a regular file, a FIFO nor a character device", _PASS_A_FILE)
+
+    def open_stream(self) -> IO[str]:
+        """A FIFO or character device opened for text, written through (``newline=""``: the csv
+        module writes its own ``\\r\\n``); a FIFO's open waits for its reader, as a shell's ``>`` does."""
+        return open(self.path, "w", newline="", encoding="utf-8")  # noqa: PTH123, SIM115 - the caller closes it
+
+    @contextlib.contextmanager
+    def errors_told(self) -> Iterator[None]:
+        """An OSError in the block (a parent that cannot be made, /proc, a full disk) as one
+        `ExportFailed` line, no traceback."""
+        try:
+            yield
+        except OSError as exc:
+            raise ExportFailed(self.shown, exc.strerror or type(exc).__name__, _PASS_A_FILE) from None
+
+
+_PASS_A_FILE = "Pass the path of a regular file in a directory you can write (or -o - for standard output)."

@@ -109,8 +109,9 @@ class MultiRankLogger(Logger):
         on_alert: called with each `Alert` on rank 0's watch thread (its exceptions are caught
             and said, never raised into training).
         alert_url: a webhook (Slack, Mattermost): each alert is POSTed as JSON with a ``text``
-            field, off the training thread, with a bounded timeout and retries. The URL is
-            never shown or stored (only its scheme and host, in a failure's message).
+            field, off the training thread, with a bounded timeout and retries; no redirect is
+            followed, and the alerts it did not take are counted and said at the run's end. The
+            URL is never shown or stored (only its scheme and host, in a failure's message).
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for

@@ -12,7 +12,9 @@ Each new finding of the watch (watch.py) is raised once, here, on the watch's th
 - ``alert_url``: a POST of JSON with a ``text`` field (Slack and Mattermost take it) that names
   the run, a ``run`` object (name, version, id, UUID, rank 0's host, the store without its
   password: `run_facts`) and the ``alert``'s fields, on a
-  thread of its own, with a bounded timeout and retries. A failure is said once; the URL is
+  thread of its own, with a bounded timeout and retries; no redirect is followed (the URL's
+  credentials never reach another host), and the answer is read up to a small bound. The first
+  failure is said at once, and at the run's end how many alerts the hook did not take; the URL is
   shown as its scheme and host only (a webhook's path is its token: never on a console line, in
   a log record or a stored row).
 """
@@ -51,8 +53,10 @@ ALERT_KINDS = frozenset(KINDS)
 WEBHOOK_TIMEOUT_S = 5.0
 #: tries of one webhook POST (with 1 s, 2 s between them)
 WEBHOOK_TRIES = 3
-#: alerts waiting for the webhook at most (past that the oldest are not sent)
+#: alerts waiting for the webhook at most (past that new ones are dropped, counted and said)
 WEBHOOK_QUEUE = 1000
+#: bytes of the webhook's answer read at most (the answer is not used; a huge one is never read whole)
+WEBHOOK_ANSWER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,27 @@ def check_alert_url(url: str | None) -> None:
         raise ValueError("alert_url: pass an http:// or https:// URL (a Slack or Mattermost incoming webhook), or None.")
 
 
-class Webhook:
-    """POSTs each alert's JSON on a thread of its own; a failure is said once."""
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the alert_url's credentials (basic auth) go to its own host only,
+    never to whatever host a redirect names; urllib then raises the 3xx as an HTTPError."""
 
-    def __init__(self, url: str, timeout: float | None = None, tries: int | None = None) -> None:
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:  # fmt: skip
+        return None
+
+
+class Webhook:
+    """POSTs each alert's JSON on a thread of its own; what it did not take is counted and said.
+
+    An alert is tried `tries` times (a pause of `backoff`, then twice that, between them); once
+    one failed every try, each later alert is tried once while the hook keeps failing (a dead
+    hook must not hold the queue for minutes), and the full tries again after one is taken. A
+    redirect is a failure, not followed. The first failure is said at once; `close` (the run's
+    end) says how many of the alerts were not delivered, and why.
+    """
+
+    def __init__(self, url: str, timeout: float | None = None, tries: int | None = None,
+                 backoff: float = 1.0, queue_size: int | None = None) -> None:  # fmt: skip
         parts = urlsplit(url)
         self._headers = {"Content-Type": "application/json"}
         if parts.username is not None:  # user:password@ in the URL: HTTP basic auth (urllib sends none itself)
@@ -115,54 +136,114 @@ class Webhook:
         self.shown = redact_url(url)
         self.timeout = WEBHOOK_TIMEOUT_S if timeout is None else timeout
         self.tries = WEBHOOK_TRIES if tries is None else tries
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(WEBHOOK_QUEUE)
+        self.backoff = backoff
+        self.queue_size = WEBHOOK_QUEUE if queue_size is None else queue_size
+        self._opener = urllib.request.build_opener(_RefuseRedirects)
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(self.queue_size)
+        self._counts = threading.Lock()  # send() runs on the watch's thread, _run on the hook's
+        self.offered = 0  # every alert handed to send()
+        self.sent = 0  # taken by the hook (a 2xx answer)
+        self.failed = 0  # refused or unanswered after its tries
+        self.dropped = 0  # not queued: queue_size alerts were waiting already
+        self.last_failure = ""  # why the latest failed one failed (never the URL)
+        self._failing = False
+        self._said_failure = False
+        self._said_full = False
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="multirank-logger-alert-webhook", daemon=True)
         self._thread.start()
-        self.sent = 0
-        self.failed = 0
-        self._said = False
+
+    @property
+    def not_delivered(self) -> int:
+        """Alerts handed over that the hook has not taken (failed, dropped, or still waiting)."""
+        return self.offered - self.sent
 
     def send(self, payload: dict[str, Any]) -> None:
+        with self._counts:
+            self.offered += 1
         try:
             self._queue.put_nowait(payload)
         except queue.Full:
-            self.failed += 1
+            with self._counts:
+                self.dropped += 1
+            if not self._said_full:
+                self._said_full = True
+                say(f"the alert webhook {self.shown} has {self.queue_size} alerts waiting (it takes them slower "
+                    "than they are raised); later alerts are dropped while the queue is full, counted, and "
+                    "the count said at the run's end.")  # fmt: skip
 
     def close(self, timeout: float = 0.0) -> None:
-        """Stop after what is queued, waiting at most `timeout` (the rest is not sent, and said)."""
+        """Stop after what is queued, waiting at most `timeout`; then say how many alerts were not
+        delivered (failed, dropped, or still waiting: those are not sent)."""
+        self._closing.set()
         try:
-            self._queue.put_nowait(None)
+            self._queue.put_nowait(None)  # wakes a thread waiting on an empty queue
         except queue.Full:
-            pass
+            pass  # a full queue: the thread ends when it has emptied it (see _run)
         self._thread.join(timeout)
-        if self._thread.is_alive() and not self._said:
-            self._said = True
-            say(f"the alert webhook {self.shown} had not taken every alert when the run ended ({self.sent} sent); "
-                "the rest are not sent.")  # fmt: skip
+        if self.not_delivered:
+            say(self.end_line())
+
+    def end_line(self) -> str:
+        """E.g. ``12 of 40 alerts were not delivered to the webhook https://host/…: HTTP 500``."""
+        with self._counts:
+            offered, missed, failed, dropped = self.offered, self.offered - self.sent, self.failed, self.dropped
+        waiting = missed - failed - dropped  # queued or in flight when the run ended
+        why = []
+        if failed:
+            why.append(self.last_failure if failed == missed else f"{failed} failed ({self.last_failure})")
+        if dropped:
+            why.append(f"{dropped} dropped while {self.queue_size} were waiting")
+        if waiting:
+            why.append(f"{waiting} still waiting when the run ended (not sent)")
+        return f"{missed} of {offered} alerts were not delivered to the webhook {self.shown}: {'; '.join(why)}"
 
     def _run(self) -> None:
         while (payload := self._queue.get()) is not None:
-            data = json.dumps(payload, default=str).encode()
-            why = ""
-            for attempt in range(self.tries):
-                try:
-                    request = urllib.request.Request(self._url, data=data, method="POST", headers=self._headers)
-                    with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http(s) checked
-                        response.read()
+            self._deliver(payload)
+            if self._closing.is_set() and self._queue.empty():
+                break  # closed while the queue was full (no room for close's None): all taken
+
+    def _deliver(self, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload, default=str).encode()
+        tries = 1 if self._failing else self.tries
+        why, again = "", False
+        for attempt in range(tries):
+            why, again = self._post(data)
+            if not why:
+                with self._counts:
                     self.sent += 1
-                    break
-                except urllib.error.HTTPError as exc:  # the status only: its text may echo the URL
-                    why = f"HTTP {exc.code}"
-                except Exception as exc:  # noqa: BLE001 - a webhook never takes the run down
-                    why = _reason(exc)
-                if attempt + 1 < self.tries:
-                    time.sleep(float(attempt + 1))
-            else:
-                self.failed += 1
-                if not self._said:
-                    self._said = True
-                    say(f"the alert webhook {self.shown} did not take an alert after {self.tries} tries ({why}); "
-                        "later alerts are still sent, and a failure is not said again.")  # fmt: skip
+                self._failing = False
+                return
+            if not again:
+                break
+            if attempt + 1 < tries:
+                time.sleep(self.backoff * (attempt + 1))
+        with self._counts:
+            self.failed += 1
+            self.last_failure = why
+        self._failing = True
+        if not self._said_failure:
+            self._said_failure = True
+            tried = f" after {tries} tries" if tries > 1 and again else ""
+            say(f"the alert webhook {self.shown} did not take an alert{tried} ({why}); while it keeps failing "
+                "each later alert is tried once, and how many it did not take is said at the run's end.")  # fmt: skip
+
+    def _post(self, data: bytes) -> tuple[str, bool]:
+        """One POST: ``("", _)`` when taken, else why not (never the URL) and whether a retry may help."""
+        request = urllib.request.Request(self._url, data=data, method="POST", headers=self._headers)
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                response.read(WEBHOOK_ANSWER_BYTES)  # the answer is not used: never read a huge one whole
+            return "", False
+        except urllib.error.HTTPError as exc:  # the status only: its text may echo the URL
+            exc.close()  # its body unread
+            if 300 <= exc.code < 400:
+                return (f"HTTP {exc.code}: a redirect, not followed (the alert and the URL's credentials go to "
+                        "alert_url's own host only; set alert_url to the address the hook redirects to)"), False  # fmt: skip
+            return f"HTTP {exc.code}", exc.code >= 500 or exc.code == 429
+        except Exception as exc:  # noqa: BLE001 - a webhook never takes the run down
+            return _reason(exc), True
 
 
 def say(message: str, level: int = logging.WARNING) -> None:
