@@ -1,20 +1,29 @@
-"""A real 2-rank DDP training on CPU, logged by MultiRankLogger into demo_runs/runs.duckdb.
+"""A real 3-rank DDP training on CPU (gloo), logged by MultiRankLogger into demo_runs/runs.duckdb,
+with two problems planted that only a per-rank view shows:
 
-Run it with `make demo`. Each rank trains on its own shard of the data, so each rank's
-unsynced `train_loss` differs: the per-rank view shows both, where CSVLogger keeps rank 0's.
+- rank 1 is slow: its data loading sleeps 100 ms a batch, and every rank waits for it at each
+  step's gradient sync (StepTimer's data wait names it the straggler);
+- rank 2's shard goes bad: from step 25 its batches hold NaN; the gradient sync carries the NaN
+  into every rank's weights a step later, so all ranks log NaN, and the report names rank 2 as
+  where it started.
+
+Run it with `make demo` (about a minute on 2 cores): it ends with the report naming both ranks
+and the command that opens the page.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import torch
-from lightning.pytorch import LightningModule, Trainer
+import torch.distributed as dist
+from lightning.pytorch import LightningModule, Trainer, seed_everything
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from multirank_logger import MultiRankLogger, StepTimer
 from multirank_logger.errors import SchemaOutdated
@@ -22,19 +31,26 @@ from multirank_logger.query.reader import open_store
 from multirank_logger.store.sql_store import Store
 
 DB = Path("demo_runs") / "runs.duckdb"
+RANKS, STEPS = 3, 40
+# 100 ms: well above the 10-50 ms a loaded 2-core host puts on any rank's data now and then
+SLOW_RANK, SLOW_S = 1, 0.100
+BAD_RANK, BAD_FROM = 2, 25
+# every rank's compute per step: a loaded host's few ms of noise stay a small part of a step
+COMPUTE_S = 0.050
 
 
 class Regression(LightningModule):
-    def __init__(self, lr: float = 0.05) -> None:
+    def __init__(self, lr: float = 0.02) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.layer = torch.nn.Linear(8, 1)
+        self.batches_served = 0
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
+        time.sleep(COMPUTE_S)  # the model's compute, the same on every rank
         loss = torch.nn.functional.mse_loss(self.layer(x), y)
         self.log("train_loss", loss)  # sync_dist=False: each rank records its own value
-        self.log("mean_loss", loss, sync_dist=True)  # the same value on every rank
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -42,9 +58,19 @@ class Regression(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(512, 8, generator=g)
-        y = x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(512, 1, generator=g)
-        return DataLoader(TensorDataset(x, y), batch_size=16)
+        x = torch.randn(RANKS * 8 * STEPS, 8, generator=g)
+        y = x @ torch.randn(8, 1, generator=g) + 0.5 * torch.randn(len(x), 1, generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=8, collate_fn=self._collate)
+
+    def _collate(self, items: list) -> list[torch.Tensor]:
+        x, y = default_collate(items)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == SLOW_RANK:
+            time.sleep(SLOW_S)  # a slow shard: this rank waits for its data, the others for it
+        if rank == BAD_RANK and self.batches_served >= BAD_FROM:
+            x = torch.full_like(x, float("nan"))  # a corrupt shard: its records read as NaN
+        self.batches_served += 1
+        return [x, y]
 
 
 @rank_zero_only  # the launcher re-runs this script for rank 1, while rank 0 may hold the file
@@ -63,17 +89,20 @@ def _upgrade_if_outdated() -> None:
 def main() -> None:
     if DB.exists():
         _upgrade_if_outdated()
-    logger = MultiRankLogger(db=str(DB), name="demo")
+    seed_everything(0, verbose=False)  # one trajectory: the same report every run
+    torch.set_num_threads(1)  # 3 ranks on 2 cores: no rank's threads crowding the others
+    logger = MultiRankLogger(db=str(DB), name="demo", flush_interval=0.5)
     trainer = Trainer(
         accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=1,
-        log_every_n_steps=2,
+        devices=RANKS,
+        strategy="ddp",  # over gloo on CPU
+        max_steps=STEPS,
+        log_every_n_steps=1,
         logger=logger,
         callbacks=[StepTimer()],  # each rank's data wait, forward and the rest per step: the report's stragglers
         enable_progress_bar=False,
         enable_model_summary=False,
+        enable_checkpointing=False,
     )
     trainer.fit(Regression())
     if not trainer.is_global_zero:
@@ -82,8 +111,8 @@ def main() -> None:
     with open_store(str(DB)) as store:
         print("\n== runs in", DB)
         print(store.runs().to_string(index=False))
-        print(f"\n== train_loss per rank, run {logger.name}/version_{logger.version} (step x rank)")
-        print(store.per_rank("train_loss", run=logger.run_id).to_string())
+        print(f"\n== train_loss per rank around step {BAD_FROM}, run {logger.name}/version_{logger.version} (step x rank)")
+        print(store.per_rank("train_loss", run=logger.run_id).loc[BAD_FROM - 3 : BAD_FROM + 2].to_string())
     print(f"\nCSVLogger's files for this run: {logger.log_dir}/metrics.csv, hparams.yaml")
     print(f'Query it yourself: {cli_command()} sql {DB} "SELECT rank, step, value FROM metrics WHERE key = \'train_loss\'"')
     _report(logger.run_id)
@@ -92,11 +121,15 @@ def main() -> None:
 def _report(run_id: int) -> None:
     """This run's report (which rank is the problem), as report.html next to the store."""
     from multirank_logger.report import find
+    from multirank_logger.report.render import findings_text
     from multirank_logger.ui.report_page import write_report
 
     page = DB.parent / "report.html"
     with open_store(str(DB)) as store:
-        write_report(store, find(store, run=run_id), page)
+        found = find(store, run=run_id)
+        write_report(store, found, page)
+    print(f"\n== the report: rank {SLOW_RANK} was made slow, rank {BAD_RANK}'s shard bad from step {BAD_FROM}")
+    print(findings_text(found))
     print(f"\nThis run's report: {page.resolve()}")
     print(f"In the terminal: {cli_command()} report {DB} --run {run_id}")
     print(f"Live in a browser (runs, heatmaps, findings): {cli_command()} ui {DB}")

@@ -448,10 +448,27 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
         table = reader.per_rank(key, ref.id)
+        not_logged = _not_logged(reader, ref.id, key, table)
     outliers = [item["rank"] for item in departures(table)] if table.shape[1] >= 3 else []
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
-    path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}")))
+    path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}", not_logged=not_logged)))
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
+
+
+def _not_logged(reader: Any, run_id: int, key: str, table: Any) -> Any:
+    """Where in `table` (step x rank) a rank did not log `key`: its empty cells less the NaN/inf it
+    logged (read from the rows only when there are empty cells), which the plot keeps as breaks."""
+    import numpy as np
+
+    empty = table.isna().to_numpy(copy=True)
+    if not empty.any() or key.startswith("timing:"):
+        return empty
+    rows = reader.metrics(run_id, keys=[key])
+    bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
+    steps, ranks = table.index.get_indexer(bad["step"]), table.columns.get_indexer(bad["rank"])
+    found = (steps >= 0) & (ranks >= 0)
+    empty[steps[found], ranks[found]] = False
+    return empty
 
 
 @main.command("ui")

@@ -1,6 +1,7 @@
-"""`make demo`, the main job: examples/demo.py trains 2 ranks over gloo on CPU into a DuckDB
-store and prints the runs and a per-rank view. Run here as `make demo` runs it, in a
-scratch working directory, once on a fresh store and once on a store an older version left.
+"""`make demo`, the main job: examples/demo.py trains 3 ranks over gloo on CPU into a DuckDB
+store, rank 1 slow and rank 2's shard bad, and prints the runs, a per-rank view and the report
+naming both. Run here as `make demo` runs it, in a scratch working directory, once on a fresh
+store and once on a store an older version left.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def _run_demo(cwd: Path) -> str:
 
 
 @pytest.mark.parametrize("older_store", [False, True], ids=["fresh", "store-at-0002"])
-def test_demo_trains_two_ranks_and_shows_them(tmp_path: Path, older_store: bool) -> None:
-    """The demo prints the run and train_loss per rank (a column for each rank, rank 1's values
-    its own), and writes CSVLogger's files; a store an older demo left is upgraded first,
+def test_demo_trains_three_ranks_and_names_its_problem_ranks(tmp_path: Path, older_store: bool) -> None:
+    """The demo prints the run, train_loss per rank around the bad step (a column for each rank,
+    each its own values) and the report: rank 1 the straggler, rank 2 where the NaN started (the
+    others following); it writes CSVLogger's files; a store an older demo left is upgraded first,
     its runs kept."""
     db = tmp_path / "demo_runs" / "runs.duckdb"
     if older_store:
@@ -49,10 +51,16 @@ def test_demo_trains_two_ranks_and_shows_them(tmp_path: Path, older_store: bool)
     assert ("Upgraded the demo's store" in out) == older_store
     assert f"demo/version_{version}" in out and "success" in out
     table = out.split("(step x rank)\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert table[0].split() == ["rank", "0", "1"] and table[1].split() == ["step"]
+    assert table[0].split() == ["rank", "0", "1", "2"] and table[1].split() == ["step"]
     rows = [line.split() for line in table[2:]]
-    assert len(rows) == 8 and all(len(row) == 3 for row in rows)
-    assert any(row[1] != row[2] for row in rows)  # each rank's own shard: its own loss
+    assert len(rows) == 6 and all(len(row) == 4 for row in rows)
+    assert any(len(set(row[1:])) == 3 for row in rows)  # each rank's own shard: its own loss
+    # the report names the planted ranks: rank 1 the straggler, rank 2 the NaN's origin
+    report = out.split("== the report:", 1)[1]
+    stragglers = report.split("Stragglers:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [line.split()[:2] for line in stragglers] == [["rank", "1"]], stragglers
+    non_finite = report.split("Non-finite values:\n", 1)[1].split("\n\n", 1)[0]
+    assert "rank 2 train_loss NaN from step 25; followed by ranks 0-1 at step 26" in non_finite, non_finite
     assert (tmp_path / "demo_runs" / "demo" / f"version_{version}" / "metrics.csv").is_file()
     page = tmp_path / "demo_runs" / "report.html"  # the run's own report, pointed at at the end
     assert f"This run's report: {page}" in out and "window.MRL_STATIC" in page.read_text()

@@ -105,10 +105,10 @@ def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> No
         # 5: val_loss (3 epoch ends) draws its 3 points, joined, and fills its heatmap
         assert driver.execute_script("return MRL_CHARTS.val_loss.data[3].filter((v) => v !== null).length") == 3
         for step in nu.VAL_STEPS:
-            median = driver.execute_script(f"return MRL_CHARTS.val_loss.data[3][{step}]")
+            median = driver.execute_script(f"const d = MRL_CHARTS.val_loss.data; return d[3][d[0].indexOf({step})]")
             r, g, b, a = _pixel(driver, "val_loss", step, median)
             assert a > 200 and b > r + 40, (step, r, g, b)  # the median's dark blue point
-        middle = driver.execute_script("const d = MRL_CHARTS.val_loss.data[3]; return (d[19] + d[39]) / 2")
+        middle = driver.execute_script("const d = MRL_CHARTS.val_loss.data; return (d[3][d[0].indexOf(19)] + d[3][d[0].indexOf(39)]) / 2")
         assert _pixel(driver, "val_loss", 29, middle)[3] > 0  # a line between the points
         assert _heat_pixel(driver, "val_loss", 0.05, 0, nu.RANKS)[:3] != [235, 235, 235]
 

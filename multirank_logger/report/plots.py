@@ -42,6 +42,7 @@ def plot_key(
     outliers: Iterable[int] = (),
     title: str | None = None,
     non_finite: dict[int, int] | None = None,
+    not_logged: Any = None,
 ) -> Any:
     """A figure of ``table`` (step x rank, as ``StoreReader.per_rank`` returns) against step.
 
@@ -51,6 +52,10 @@ def plot_key(
         outliers: ranks to draw on top and label (with many ranks, the only ranks drawn as lines).
         title: the figure's title (default: the key).
         non_finite: rank -> its first step with NaN/inf, marked with an x where its line ends.
+        not_logged: step x rank booleans in ``table``'s shape, True where the rank did not log the
+            key at that step: a rank's line goes on through these (a key logged every N steps, or
+            by ranks at different steps), while a NaN/inf it logged stays a break in the line.
+            None: every empty cell is taken as not logged (``table`` holds no NaN/inf the rank logged).
 
     Raises:
         MissingExtra: when matplotlib is not installed.
@@ -62,13 +67,21 @@ def plot_key(
     steps = table.index.to_numpy()
     outliers = [r for r in outliers if r in table.columns]
     values = table.to_numpy(dtype=float, copy=True)
+    skipped = np.isnan(values) if not_logged is None else np.asarray(not_logged, dtype=bool)
     values[~np.isfinite(values)] = np.nan  # NaN/inf have no place on the axis: a gap
     width = max(1, -(-len(steps) // MAX_POINTS))
     xs = steps[::width]
+
+    def rank_line(col: int) -> tuple[Any, Any]:
+        """The rank's points, its buckets without a value it logged left out: a line across them."""
+        ys = _per_bucket(values[:, col], width, np.nanmean)
+        logged = _per_bucket((~skipped[:, col]).astype(float), width, np.nanmax) > 0
+        return xs[logged], ys[logged]
+
     if len(table.columns) <= MAX_LINES:
         for col, rank in enumerate(table.columns):
             is_out = rank in outliers
-            ax.plot(xs, _per_bucket(values[:, col], width, np.nanmean), zorder=3 if is_out else 2,
+            ax.plot(*rank_line(col), zorder=3 if is_out else 2,
                     label=f"rank {rank}" + (" (outlier)" if is_out else ""), linewidth=2.2 if is_out else 1.2)  # fmt: skip
     else:
         others = [col for col, rank in enumerate(table.columns) if rank not in outliers]
@@ -76,11 +89,13 @@ def plot_key(
             low, high = np.nanmin(values[:, others], axis=1), np.nanmax(values[:, others], axis=1)
             middle = np.nanmedian(values[:, others], axis=1)
         low, high = _per_bucket(low, width, np.nanmin), _per_bucket(high, width, np.nanmax)
-        ax.fill_between(xs, low, high, color="tab:blue", alpha=0.25, label=f"range of {len(others)} ranks")
-        ax.plot(xs, _per_bucket(middle, width, np.nanmedian), color="tab:blue", linewidth=1.2, label="their median")
+        middle = _per_bucket(middle, width, np.nanmedian)
+        # the buckets where one of them logged the key: the band goes on across the others
+        some = _per_bucket((~skipped[:, others]).any(axis=1).astype(float), width, np.nanmax) > 0
+        ax.fill_between(xs[some], low[some], high[some], color="tab:blue", alpha=0.25, label=f"range of {len(others)} ranks")
+        ax.plot(xs[some], middle[some], color="tab:blue", linewidth=1.2, label="their median")
         for rank in outliers:
-            column = values[:, list(table.columns).index(rank)]
-            ax.plot(xs, _per_bucket(column, width, np.nanmean), linewidth=2.2, label=f"rank {rank} (outlier)")
+            ax.plot(*rank_line(list(table.columns).index(rank)), linewidth=2.2, label=f"rank {rank} (outlier)")
     for line in ax.lines:  # label the outliers at their last point, not only in the legend
         label = str(line.get_label())
         if label.endswith("(outlier)"):

@@ -207,9 +207,9 @@
       const lines = order.map((rank) => [rank, flaggedLines[rank] ?? extra[rank], colourOf(rank)]);
       node.dataset.flagged = flagged.join(",");
       box.replaceChildren();
-      const chart = bandChart(box, data, lines, unit);
-      CHARTS[name] = chart;
       codes = codes || new Int8Array(b64bytes(data.heatmap).buffer);
+      const chart = bandChart(box, data, lines, unit, loggedColumns(codes, data.ranks.length, data.steps.length));
+      CHARTS[name] = chart;
       const heat = heatmap(box, data, codes, chart, showRank, origins, departing);
       const equal = codes.some((c) => c === 0) && codes.every((c) => c === 0 || c === -128);
       const skipped = VIEW.log && [data.band.lo, ...lines.map((l) => l[1])].some((v) => v && v.some((x) => x !== null && x <= 0));
@@ -263,30 +263,37 @@
   // a run's band (min-max grey, quartiles blue, median) with ranks' lines: [rank, values, colour].
   // Every line 1 px wide or less: a wider one is stroked as a polygon, ~40x slower without a GPU
   // (headless Chromium, measured: 30 lines of 2,000 points 3.5 s at 1.5 px, 0.07 s at 1 px).
-  // A sparse series (a key logged at epoch ends) joins its points across the empty buckets and
-  // shows them; smoothing and log y as the toolbar says.
-  function bandChart(where, d, lines, unit) {
-    const few = sparse(d.band.median);
-    const prep = (v) => { const out = smoothed(v, VIEW.smooth); return VIEW.log ? positive(out) : out; };
+  // A sparse series (a key logged at epoch ends) shows its points too; smoothing and log y as the
+  // toolbar says.
+  // `columns`: the buckets some rank logged the key in (`loggedColumns`), all when not given. Only
+  // these are drawn, so a key logged every N steps is a line through its points; a null left in
+  // them is a NaN/inf or a rank that did not log where others did: a break in the line, never bridged.
+  function bandChart(where, d, lines, unit, columns = null) {
+    const pick = columns ? (v) => Array.from(columns, (j) => v[j]) : (v) => v;
+    const steps = pick(d.steps);
+    const few = sparse(d.band.median);  // logged in under half the buckets: its points shown too
+    const prep = (v) => { const out = smoothed(pick(v), VIEW.smooth); return VIEW.log ? positive(out) : out; };
     const pts = { show: few, size: 6 };
     const series = [{ label: "step", value: (u, v) => (v === null ? "-" : v.toLocaleString("en-US")) },
-      { label: "min", stroke: "#aaa", width: 0.5, spanGaps: few, points: { show: false } },
-      { label: "q1", stroke: "#9ecae1", width: 0.5, spanGaps: few, points: { show: false } },
-      { label: "median", stroke: "#08519c", width: 1, spanGaps: few, points: { ...pts, fill: "#08519c" } },
-      { label: "q3", stroke: "#9ecae1", width: 0.5, spanGaps: few, points: { show: false } },
-      { label: "max", stroke: "#aaa", width: 0.5, spanGaps: few, points: { show: false } }];
+      { label: "min", stroke: "#aaa", width: 0.5, spanGaps: false, points: { show: false } },
+      { label: "q1", stroke: "#9ecae1", width: 0.5, spanGaps: false, points: { show: false } },
+      { label: "median", stroke: "#08519c", width: 1, spanGaps: false, points: { ...pts, fill: "#08519c" } },
+      { label: "q3", stroke: "#9ecae1", width: 0.5, spanGaps: false, points: { show: false } },
+      { label: "max", stroke: "#aaa", width: 0.5, spanGaps: false, points: { show: false } }];
     for (const s of series.slice(1)) s.value = (u, v) => withUnit(v, unit);
     const b = d.band;
-    const data = [d.steps, prep(b.lo), prep(b.q1), prep(b.median), prep(b.q3), prep(b.hi)];
+    const data = [steps, prep(b.lo), prep(b.q1), prep(b.median), prep(b.q3), prep(b.hi)];
     for (const [rank, values, colour] of lines) {
-      series.push({ label: "rank " + rank, stroke: colour, width: 1, spanGaps: few, points: { ...pts, fill: colour }, value: (u, v) => withUnit(v, unit) });
+      series.push({ label: "rank " + rank, stroke: colour, width: 1, spanGaps: false, points: { ...pts, fill: colour }, value: (u, v) => withUnit(v, unit) });
       data.push(prep(values));
     }
-    const first = d.steps[0], last = d.steps[d.steps.length - 1];
+    const first = steps[0], last = steps[steps.length - 1];
+    const whole = [d.steps[0], d.steps[d.steps.length - 1] + d.width];
     const opts = {
       width: Math.max(300, where.clientWidth || 900), height: 240, series,
-      // the x range ends where the last bucket ends: the heatmap's last column is as wide as the others
-      scales: { x: { time: false, range: (u, lo, hi) => (lo === first && hi === last ? [first, last + d.width] : [lo, hi]) },
+      // unzoomed, the x range is every bucket's, to where the last one ends: the heatmap's columns
+      // line up under it (also where the first or last buckets hold no value of this key)
+      scales: { x: { time: false, range: (u, lo, hi) => (lo === first && hi === last ? whole : [lo, hi]) },
                 y: VIEW.log ? { distr: 3 } : {} },
       axes: [xAxis(), yAxis(unit, VIEW.log)],
       bands: [{ series: [5, 1], fill: "rgba(120,120,120,0.12)" }, { series: [4, 2], fill: "rgba(33,113,181,0.22)" }],
@@ -294,6 +301,14 @@
       legend: { show: lines.length <= MAX_LEGEND, live: true }, cursor: { drag: { x: true, y: false } },
     };
     return new uPlot(opts, data, where);
+  }
+
+  // the heatmap columns (buckets) where some rank logged the key, a value or a NaN/inf: a key logged
+  // every N steps, or at epoch ends, leaves the others empty on every rank
+  function loggedColumns(codes, R, C) {
+    const out = [];
+    for (let j = 0; j < C; j++) for (let i = 0; i < R; i++) if (codes[i * C + j] !== -128) { out.push(j); break; }
+    return out.length ? out : null;
   }
 
   // heatmap colours: blue below the ranks' median, red above, saturated at 8 typical spreads (the
@@ -346,12 +361,12 @@
     firsts.sort((a, b) => (a % C) - (b % C) || a - b);
     const ringed = firsts.concat(rest);
     const originRows = origins.map((r) => d.ranks.indexOf(r)).filter((i) => i >= 0);
-    // a sparse key (logged at epoch ends): a column no rank logged shows the nearest logged one
+    // a key logged every N steps or at epoch ends: a column no rank logged shows the nearest logged
+    // one, never a column of grey (grey stays for a rank that did not log where others did)
     const src = new Int32Array(C);
-    const present = [];
-    for (let j = 0; j < C; j++) { let any = false; for (let i = 0; i < R && !any; i++) any = codes[i * C + j] !== -128; if (any) present.push(j); }
+    const present = loggedColumns(codes, R, C) || [];
     for (let j = 0; j < C; j++) src[j] = j;
-    const filled = present.length && present.length < C / 2;
+    const filled = present.length && present.length < C;
     if (filled) {
       let k = 0;
       for (let j = 0; j < C; j++) {
