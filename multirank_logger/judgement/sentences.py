@@ -16,7 +16,7 @@ from typing import Any
 
 from multirank_logger._util.readable import duration_text, format_ranks, number_text
 
-__all__ = ["KINDS", "finding_sentence", "followers_sentence", "series_of", "sentence_groups"]
+__all__ = ["KINDS", "finding_sentence", "followers_sentence", "series_of", "sentence_groups", "steps_after_clause"]
 
 #: the kinds of finding the watch raises and the report lists, with the series each is on
 KINDS = ("non_finite", "departure", "straggler", "memory")
@@ -114,8 +114,8 @@ def _stretch(item: dict[str, Any]) -> str:
 
 
 def _cost_clause(kind: str, item: dict[str, Any], at_least: bool = False) -> str:
-    """What the finding cost (judgement/cost.py), where the report computed it: the time every rank
-    waited on a straggler and the device time lost; the steps trained after a NaN's origin."""
+    """What a straggler cost (judgement/cost.py), where the report computed it: the time every rank
+    waited on it and the device time lost."""
     if kind == "straggler" and item.get("waited_s") is not None:
         waited = float(item["waited_s"])
         said = number_text(waited, "s") if waited < 1 else duration_text(waited)
@@ -123,10 +123,17 @@ def _cost_clause(kind: str, item: dict[str, Any], at_least: bool = False) -> str
         unit = unit if unit == "GPU-hours" else f"{unit} (CPU ranks)"
         return (f"; every rank waited {'at least ' if at_least else ''}{said} on {'them' if at_least else 'it'} over {item.get('cost_steps', 0):,} "
                 f"steps: {number_text(item.get('rank_hours'))} {unit} lost")  # fmt: skip
-    if kind == "non_finite" and item.get("steps_after") is not None:
-        origin = item["spread"]["origin_step"] if item.get("spread") else item["first_step"]
-        return f"; the run trained {int(item['steps_after']):,} steps past step {origin:,}"
     return ""
+
+
+def steps_after_clause(item: dict[str, Any]) -> str:
+    """A NaN/inf finding's cost where the report computed it (``steps_after``, judgement/cost.py):
+    said beside its sentence in the report's text, not in it (the watch's kept verdict words the
+    same finding without the run's last step)."""
+    if item.get("steps_after") is None:
+        return ""
+    origin = item["spread"]["origin_step"] if item.get("spread") else item["first_step"]
+    return f"; the run trained {int(item['steps_after']):,} steps past step {origin:,}"
 
 
 def _spread_clause(item: dict[str, Any]) -> str:
