@@ -547,6 +547,36 @@ def findings_cmd(db_path: str, run: str | None, all_runs: bool, fmt: str) -> Non
     click.echo(kept_findings_text(df, labels, fmt))
 
 
+@main.command("hosts")
+@click.argument("db_path", metavar="DB")
+@click.option("--chronic", "rule", default="3/5", show_default=True, metavar="K/N",
+              help="A host is chronic when named in K or more of its last N runs.")
+@click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"]), default=None,
+              help="Only runs started on or after this date (UTC).")
+@click.option("--kind", "kinds", multiple=True, help="Only findings of this kind (repeatable): non_finite, departure, straggler, memory.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "slurm"]), default="table", show_default=True,
+              help="slurm: --exclude= of the chronic hosts.")
+@_friendly_errors
+def hosts_cmd(db_path: str, rule: str, since: datetime.datetime | None, kinds: tuple[str, ...], fmt: str) -> None:
+    """Every host across the runs: the runs it took part in, those whose kept verdict named it, chronic or one-off."""
+    from multirank_logger.report.host_list import KINDS, hosts_text
+
+    try:
+        k, n = (int(part) for part in rule.split("/"))
+        if not 1 <= k <= n:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{rule!r}: give K/N with 1 <= K <= N, e.g. 3/5", param_hint="--chronic") from None
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        raise click.BadParameter(f"{', '.join(unknown)}: a kind is one of {', '.join(KINDS)}", param_hint="--kind")
+    after = since.replace(tzinfo=datetime.timezone.utc).timestamp() if since is not None else None
+    with open_store(db_path) as reader:
+        rows = reader.hosts(since=after, kinds=kinds or None, chronic=(k, n))
+    text = hosts_text(rows, fmt, (k, n))
+    if text or fmt != "slurm":
+        click.echo(text)
+
+
 @main.command("decisions")
 @click.argument("db_path", metavar="DB")
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")

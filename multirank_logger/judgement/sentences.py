@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from multirank_logger._util.readable import format_ranks, number_text
+from multirank_logger._util.readable import duration_text, format_ranks, number_text
 
-__all__ = ["KINDS", "finding_sentence", "followers_sentence", "series_of", "sentence_groups"]
+__all__ = ["KINDS", "finding_sentence", "followers_sentence", "series_of", "sentence_groups", "steps_after_clause"]
 
 #: the kinds of finding the watch raises and the report lists, with the series each is on
 KINDS = ("non_finite", "departure", "straggler", "memory")
@@ -54,7 +54,7 @@ def finding_sentence(kind: str, item: dict[str, Any], seen_step: int | None = No
                 f"{size} ({number_text(item.get('others_median_bytes'), 'B')}){retries}")  # fmt: skip
     else:
         text = f"rank {rank} {item.get('key', '')}: {kind}"
-    text += _spread_clause(item)
+    text += _spread_clause(item) + _cost_clause(kind, item)
     return text + (f" (seen at step {seen_step:,})" if seen_step is not None else "")
 
 
@@ -73,8 +73,11 @@ def followers_sentence(kind: str, items: list[dict[str, Any]]) -> str:
         what = f"straggle in {first['phase']}"
     else:
         what = f"{series_of(kind, first)}: {kind}"
+    # a straggler's cost per rank counts the same steps as its neighbours' (judgement/cost.py): the
+    # group waited at least the largest of them, not their sum
+    costly = max(items, key=lambda i: i.get("waited_s") or 0.0)
     return (f"{ranks} {what} from step {first['first_step']:,}, after {format_ranks(spread['origin_ranks'])} "
-            f"at step {spread['origin_step']:,}")  # fmt: skip
+            f"at step {spread['origin_step']:,}") + _cost_clause(kind, costly, at_least=len(items) > 1)  # fmt: skip
 
 
 def sentence_groups(kind: str, items: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -108,6 +111,29 @@ def _stretch(item: dict[str, Any]) -> str:
     if last is None or last == item["first_step"]:
         return f"from step {item['first_step']:,}"
     return f"from step {item['first_step']:,} to {last:,}" + (f" ({steps} steps)" if steps else "")
+
+
+def _cost_clause(kind: str, item: dict[str, Any], at_least: bool = False) -> str:
+    """What a straggler cost (judgement/cost.py), where the report computed it: the time every rank
+    waited on it and the device time lost."""
+    if kind == "straggler" and item.get("waited_s") is not None:
+        waited = float(item["waited_s"])
+        said = number_text(waited, "s") if waited < 1 else duration_text(waited)
+        unit = item.get("hours_unit", "rank-hours")
+        unit = unit if unit == "GPU-hours" else f"{unit} (CPU ranks)"
+        return (f"; every rank waited {'at least ' if at_least else ''}{said} on {'them' if at_least else 'it'} over {item.get('cost_steps', 0):,} "
+                f"steps: {number_text(item.get('rank_hours'))} {unit} lost")  # fmt: skip
+    return ""
+
+
+def steps_after_clause(item: dict[str, Any]) -> str:
+    """A NaN/inf finding's cost where the report computed it (``steps_after``, judgement/cost.py):
+    said beside its sentence in the report's text, not in it (the watch's kept verdict words the
+    same finding without the run's last step)."""
+    if item.get("steps_after") is None:
+        return ""
+    origin = item["spread"]["origin_step"] if item.get("spread") else item["first_step"]
+    return f"; the run trained {int(item['steps_after']):,} steps past step {origin:,}"
 
 
 def _spread_clause(item: dict[str, Any]) -> str:

@@ -37,6 +37,7 @@ from multirank_logger.model.schema import (
     ranks,
     runs,
 )
+from multirank_logger.query.host_ledger import read_host_ledger
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
 from multirank_logger.query.run_list import read_run_headers, read_run_rows, read_runs
@@ -501,6 +502,14 @@ class StoreReader:
             LookupFailed: for an unknown run.
         """
         return read_findings(self._fetch_arrow, None if every_run else [self.resolve_run(run).id])
+
+    def hosts(self, *, since: float | None = None, kinds: Iterable[str] | None = None,
+              chronic: tuple[int, int] = (3, 5)) -> list[dict[str, Any]]:  # fmt: skip
+        """Every host across the runs (started at or after `since`, unix seconds): the runs it took
+        part in, those whose kept verdict named a rank on it (of `kinds`; by kind), first and last
+        seen, and whether it is chronic (named in K of its last N runs, `chronic`) or one-off: the
+        ``ranks`` and ``findings`` tables alone, no metric row (query/host_ledger.py)."""
+        return read_host_ledger(self._fetch_arrow, since=since, kinds=kinds, chronic=chronic)
 
     def stopped_by(self, run: int | str | RunRef | None = None) -> dict[str, Any] | None:
         """How `StopOnAlert` ended a run, from its stored rows: ``step``, ``alert_kind``, ``key``,

@@ -21,6 +21,7 @@ import numpy as np
 
 from multirank_logger._util.background_import import import_in_background
 from multirank_logger.judgement import ranks as judgement
+from multirank_logger.judgement.cost import steps_after, straggler_cost
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.origin import with_origin
 from multirank_logger.judgement.sentences import KINDS, finding_sentence, series_of
@@ -142,7 +143,7 @@ def find_with_buckets(
     out.ranks = _ranks(reader, ref, scan.rank_steps)
     timing = reader.step_timing(ref)
     if len(timing):
-        out.timing, out.stragglers = _timing(timing)
+        out.timing, out.stragglers = _timing(timing, ref.world_size)
         out.memory = _memory(timing, writers={0} if reader.transport(ref) == "gather" else set())
     else:
         out.memory = _device_stats_memory(reader, ref, scan.keys)
@@ -153,6 +154,7 @@ def find_with_buckets(
     else:
         out.outliers = outliers(scan)
     _lead_with_origins(out)
+    _nan_cost(out.non_finite, max((last for _, last in scan.rank_steps.values() if last is not None), default=None))
     out.decisions = _decisions(reader, ref)
     out.alerts = raised_alerts(reader, ref, out)
     out.stopped_by = reader.stopped_by(ref)
@@ -225,8 +227,17 @@ def _ranks(reader: StoreReader, ref: RunRef, rank_steps: dict[int, tuple[int, in
     return out
 
 
-def _timing(timing: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Per-rank medians of the step's parts, and the ranks whose data wait or forward stands out."""
+def _nan_cost(items: list[dict[str, Any]], last_step: int | None) -> None:
+    """Each NaN/inf finding's ``steps_after``: the steps the run trained after its origin's first
+    step (judgement/cost.py), `last_step` the run's last."""
+    for item in items:
+        origin_step = item["spread"]["origin_step"] if item.get("spread") else item["first_step"]
+        item["steps_after"] = steps_after(origin_step, last_step)
+
+
+def _timing(timing: Any, world_size: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per-rank medians of the step's parts, and the ranks whose data wait or forward stands out,
+    each with what it cost (judgement/cost.py: the time every rank waited on it, the hours lost)."""
     summary = [
         {
             "rank": int(rank),
@@ -244,6 +255,10 @@ def _timing(timing: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         table = timing.dropna(subset=[phase]).pivot_table(index="step", columns="rank", values=phase, aggfunc="sum")
         phases[phase] = (table.index.to_numpy(), np.asarray(table.columns), table.to_numpy(dtype=float))
     stragglers = judgement.stragglers(phases, step_time)
+    on_gpu = bool(timing["mem_reserved_peak"].notna().any())  # StepTimer timed the forward on CUDA
+    for item in stragglers:
+        steps, _, values = phases[f"{item['phase']}_s"]
+        item.update(straggler_cost(steps, values, item["first_step"], item["last_step"], world_size, on_gpu))
     return summary, stragglers
 
 

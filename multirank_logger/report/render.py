@@ -12,7 +12,12 @@ from typing import Any
 
 from multirank_logger._util.readable import duration_text, number_text
 from multirank_logger.judgement.ranks import MIN_RANKS
-from multirank_logger.judgement.sentences import finding_sentence, followers_sentence, sentence_groups
+from multirank_logger.judgement.sentences import (
+    finding_sentence,
+    followers_sentence,
+    sentence_groups,
+    steps_after_clause,
+)
 from multirank_logger.query.side_tables import stop_text
 from multirank_logger.report.findings import Findings
 
@@ -39,7 +44,8 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     if f.world_size < MIN_RANKS:  # not "none": nothing was judged
         outliers = [f"not judged: it takes {MIN_RANKS} ranks or more, and this run has {f.world_size} "
                     "(with two, each is as far from their median as the other)"]  # fmt: skip
-    non_finite = [f"{followers_sentence('non_finite', g)}: {_counts(g)}" for g in sentence_groups("non_finite", f.non_finite)]
+    non_finite = [f"{followers_sentence('non_finite', g)}{steps_after_clause(g[0])}: {_counts(g)}"
+                  for g in sentence_groups("non_finite", f.non_finite)]
     memory = [finding_sentence("memory", m) for m in f.memory]
     decisions = [
         f"step {d['step']} {d['callback']} ({d['monitor']}): {_decided(d['callback'], d['decision'])}; votes "

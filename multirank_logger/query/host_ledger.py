@@ -1,0 +1,96 @@
+"""The hosts ledger: every host, the runs it took part in, those whose kept verdict named it.
+
+What ``multirank-logger hosts`` reads (``StoreReader.hosts``): two queries, over ``ranks`` (which
+host each run's ranks ran on) and the ``findings`` table joined to it (the verdict each run kept
+at its end: a finding names a rank, the rank a host). No metric row is read, so a store of
+10,000 runs answers in well under a second (benchmarks/bench_hosts.py). A resumed run's verdict
+is its last launch's (as ``StoreReader.findings``); its ranks' hosts are those of its last launch
+(the ``ranks`` table keeps one row per rank). Whether a host is chronic is the judgement's rule
+(judgement/ledger.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from multirank_logger.judgement.ledger import CHRONIC, host_status
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs
+
+__all__ = ["read_host_ledger"]
+
+#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
+FetchArrow = Callable[[sa.Select], Any]
+
+
+def read_host_ledger(fetch_arrow: FetchArrow, *, since: float | None = None, kinds: Iterable[str] | None = None,
+                     chronic: tuple[int, int] = CHRONIC) -> list[dict[str, Any]]:  # fmt: skip
+    """Every host that ran a rank of a run started at or after `since` (unix seconds; None: every
+    run), by name: ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
+    verdict named a rank on it, of the `kinds` given; None: every kind), ``by_kind`` (kind: runs
+    named), ``first_seen`` and ``last_seen`` (the start of its first and last run, unix seconds),
+    ``named_last`` of its ``last`` (up to N) runs, and ``status`` (judgement/ledger.py
+    ``host_status`` with `chronic` = (K, N): chronic, intermittent, one-off, clean)."""
+    k, n = chronic
+    host_status(np.zeros(0, bool), k, n)  # the rule's bounds, checked before any read
+    r, f, u = ranks.c, findings.c, runs.c
+    took_part = (sa.select(r.host, r.run_id, u.started_at).distinct()
+                 .join_from(ranks, runs, u.id == r.run_id).where(r.host.is_not(None)))  # fmt: skip
+    named = (sa.select(f.run_id, f.seq, f.kind, r.host)
+             .join_from(findings, ranks, sa.and_(r.run_id == f.run_id, r.rank == f.rank))
+             .where(r.host.is_not(None)))  # fmt: skip
+    if since is not None:
+        took_part = took_part.where(u.started_at >= since)
+        named = named.join(runs, u.id == f.run_id).where(u.started_at >= since)
+    parts = fetch_arrow(took_part)
+    if not parts.num_rows:
+        return []
+    host = np.asarray(parts.column("host").to_pylist(), dtype=object)
+    run_id = parts.column("run_id").to_numpy(zero_copy_only=False).astype(np.int64)
+    started = parts.column("started_at").to_numpy(zero_copy_only=False).astype(float)
+    names, code = np.unique(host.astype(str), return_inverse=True)
+    order = np.lexsort((run_id, started, code))  # each host's runs together, oldest first
+    code, run_id, started = code[order], run_id[order], started[order]
+    width = int(run_id.max()) + 1
+    pair = code.astype(np.int64) * width + run_id  # (host, run) as one integer
+
+    by_kind = _named_pairs(fetch_arrow(named), {str(h): i for i, h in enumerate(names)}, width, kinds)
+    named_any = np.unique(np.concatenate(list(by_kind.values()))) if by_kind else np.zeros(0, np.int64)
+    flags = np.isin(pair, named_any)
+    kind_flags = {kind: np.isin(pair, pairs) for kind, pairs in sorted(by_kind.items())}
+
+    out = []
+    bounds = np.flatnonzero(np.diff(np.r_[-1, code, len(names)]))
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        status, named_last, last = host_status(flags[start:stop], k, n)
+        out.append({
+            "host": str(names[code[start]]), "runs": int(stop - start), "named": int(flags[start:stop].sum()),
+            "by_kind": {kind: int(f[start:stop].sum()) for kind, f in kind_flags.items() if f[start:stop].any()},
+            "first_seen": float(started[start:stop].min()), "last_seen": float(started[start:stop].max()),
+            "named_last": named_last, "last": last, "status": status,
+        })  # fmt: skip
+    return out
+
+
+def _named_pairs(table: Any, codes: dict[str, int], width: int, kinds: Iterable[str] | None) -> dict[str, np.ndarray]:
+    """Per kind, the (host, run) pairs named in a run's kept verdict: its last launch's findings."""
+    if not table.num_rows:
+        return {}
+    run_id = table.column("run_id").to_numpy(zero_copy_only=False).astype(np.int64)
+    launch = table.column("seq").to_numpy(zero_copy_only=False).astype(np.int64) >> SEQ_ATTEMPT_SHIFT
+    kind = np.asarray(table.column("kind").to_pylist(), dtype=object)
+    host = table.column("host").to_pylist()
+    inside = run_id < width  # (a finding of a run with no `runs` row: in no run listed)
+    run_id, launch, kind, host = run_id[inside], launch[inside], kind[inside], [h for h, i in zip(host, inside) if i]
+    last = np.zeros(width, np.int64)
+    np.maximum.at(last, run_id, launch)
+    keep = launch == last[run_id]
+    if kinds is not None:
+        keep &= np.isin(kind.astype(str), list(kinds))
+    code = np.fromiter((codes.get(str(h), -1) for h in host), np.int64, len(host))
+    keep &= code >= 0  # (a host whose runs all started before `since` took part in none listed)
+    pair = code * width + run_id
+    return {str(k): np.unique(pair[keep & (kind == k)]) for k in np.unique(kind[keep].astype(str))}

@@ -1,0 +1,59 @@
+"""``multirank-logger hosts DB``: the hosts ledger as a table, JSON, CSV or Slurm's exclude list.
+
+The rows are `StoreReader.hosts`' (query/host_ledger.py: the ``ranks`` and ``findings`` tables);
+this module only lays them out. ``slurm`` prints ``--exclude=HOST,...`` of the chronic hosts
+(nothing when none is), for ``sbatch $(multirank-logger hosts runs.db --format slurm) job.sh``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+from typing import Any
+
+from multirank_logger._util.readable import text_table
+from multirank_logger.judgement.sentences import KINDS
+
+__all__ = ["FORMATS", "KINDS", "hosts_text"]
+
+FORMATS = ("table", "json", "csv", "slurm")
+
+
+def hosts_text(rows: list[dict[str, Any]], fmt: str = "table", chronic: tuple[int, int] = (3, 5)) -> str:
+    """`rows` (``StoreReader.hosts``) in `fmt`, one of `FORMATS`; `chronic`: the rule they were judged by."""
+    if fmt == "slurm":
+        bad = sorted(r["host"] for r in rows if r["status"] == "chronic")
+        return f"--exclude={','.join(bad)}" if bad else ""
+    if fmt == "json":
+        return json.dumps({"chronic": {"k": chronic[0], "n": chronic[1]},
+                           "hosts": [{**r, "first_seen": _date(r["first_seen"]), "last_seen": _date(r["last_seen"])}
+                                     for r in rows]}, indent=1)  # fmt: skip
+    kinds = sorted({kind for r in rows for kind in r["by_kind"]})
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["host", "runs", "named", *(f"named_{k}" for k in kinds), "first_seen", "last_seen",
+                         "named_last", "last", "status"])  # fmt: skip
+        for r in rows:
+            writer.writerow([r["host"], r["runs"], r["named"], *(r["by_kind"].get(k, 0) for k in kinds),
+                             _date(r["first_seen"]), _date(r["last_seen"]), r["named_last"], r["last"], r["status"]])  # fmt: skip
+        return out.getvalue().rstrip("\n")
+    if not rows:
+        return "No hosts: no run in this selection registered a rank with its host."
+    k, n = chronic
+    columns: dict[str, list[Any]] = {
+        "host": [r["host"] for r in rows], "runs": [r["runs"] for r in rows], "named": [r["named"] for r in rows],
+        **{k_: [r["by_kind"].get(k_, 0) for r in rows] for k_ in kinds},
+        "first seen": [_date(r["first_seen"]) for r in rows], "last seen": [_date(r["last_seen"]) for r in rows],
+        f"last {n}": [f"{r['named_last']}/{r['last']}" for r in rows], "status": [r["status"] for r in rows],
+    }  # fmt: skip
+    chronic_hosts = sum(r["status"] == "chronic" for r in rows)
+    note = (f"named: runs whose kept verdict (the findings table) named a rank on the host, by kind; "
+            f"chronic: named in {k} or more of its last {n} runs ({chronic_hosts} host(s)).")  # fmt: skip
+    return text_table(columns) + "\n" + note
+
+
+def _date(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")

@@ -1,0 +1,137 @@
+"""The hosts ledger (`multirank-logger hosts`, query/host_ledger.py, judgement/ledger.py).
+
+A store of 200 runs built directly (runs, ranks and kept findings rows; no metric row): 4 ranks
+a run, two on each of two hosts. ``gpu-bad`` takes every 4th run and is named as a straggler in
+40 of its 50 (4 of its last 5); ``gpu-once`` takes 50 others and is named once (a NaN, run 102);
+the last run kept a verdict in each of two launches: only its last launch's names a host.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger.cli import main
+from multirank_logger.judgement.ledger import host_status
+
+RUNS = 200
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc).timestamp()
+
+
+def _hosts_of(i: int) -> list[str]:
+    """The host of each of run i's 4 ranks."""
+    first = f"node{i % 10:02d}"
+    second = "gpu-bad" if i % 4 == 0 else "gpu-once" if i % 4 == 1 else f"node{(i + 5) % 10:02d}"
+    return [first, first, second, second]
+
+
+def build_ledger_store(db: str, runs: int = RUNS) -> str:
+    import sqlalchemy as sa
+
+    from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks
+    from multirank_logger.model.schema import runs as runs_table
+    from multirank_logger.store.sql_store import Store
+
+    def finding(i: int, rank: int, kind: str, seq: int = 0) -> dict[str, object]:
+        return {"run_id": i + 1, "rank": rank, "seq": seq, "kind": kind, "series": "timing:data_s", "first_step": 10,
+                "origin": True, "origin_step": 10, "value": 0.1, "detail": "{}", "sentence": f"rank {rank} {kind}",
+                "found_at": T0 + i * 3600 + 60}  # fmt: skip
+
+    named = [finding(i, 2, "straggler") for i in range(runs) if i % 4 == 0 and i % 20 != 0]
+    named.append(finding(101, 3, "non_finite"))
+    last = runs - 1  # a resumed run: launch 0 named rank 0 (node09), launch 1 rank 2 (node04)
+    named += [finding(last, 0, "memory"), finding(last, 2, "straggler", seq=1 << SEQ_ATTEMPT_SHIFT)]
+    store = Store(db)
+    try:
+        with store.begin() as conn:
+            conn.execute(sa.insert(runs_table), [
+                {"id": i + 1, "name": "ledger", "version": i, "status": "success", "world_size": 4,
+                 "started_at": T0 + i * 3600} for i in range(runs)])  # fmt: skip
+            conn.execute(sa.insert(ranks), [
+                {"run_id": i + 1, "rank": r, "host": host, "node_rank": r // 2, "local_rank": r % 2,
+                 "status": "success", "started_at": T0 + i * 3600}
+                for i in range(runs) for r, host in enumerate(_hosts_of(i))])  # fmt: skip
+            conn.execute(sa.insert(findings), named)
+    finally:
+        store.close()
+    return db
+
+
+@pytest.fixture(params=[".sqlite", ".duckdb"])
+def ledger_db(request: pytest.FixtureRequest, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    return build_ledger_store(str(tmp_path / f"runs{request.param}"))
+
+
+def _invoke(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_chronic_host_and_a_one_off(ledger_db: str) -> None:
+    from multirank_logger import open_store
+
+    with open_store(ledger_db) as reader:
+        rows = {r["host"]: r for r in reader.hosts()}
+    assert sorted(rows) == ["gpu-bad", "gpu-once", *(f"node{i:02d}" for i in range(10))]
+    bad, once = rows["gpu-bad"], rows["gpu-once"]
+    assert (bad["runs"], bad["named"], bad["by_kind"], bad["named_last"], bad["last"], bad["status"]) == (
+        50, 40, {"straggler": 40}, 4, 5, "chronic")  # fmt: skip
+    assert (bad["first_seen"], bad["last_seen"]) == (T0, T0 + 196 * 3600)
+    assert (once["runs"], once["named"], once["by_kind"], once["status"]) == (50, 1, {"non_finite": 1}, "one-off")
+    # the resumed run's verdict is its last launch's: node04 named there, node09 (launch 0) not
+    assert (rows["node04"]["named"], rows["node04"]["status"]) == (1, "one-off")
+    assert rows["node09"]["named"] == 0 and rows["node09"]["status"] == "clean"
+    assert {h for h, r in rows.items() if r["status"] == "clean"} == {f"node{i:02d}" for i in range(10)} - {"node04"}
+    assert sum(r["runs"] for r in rows.values()) == 2 * RUNS  # two hosts a run
+
+
+def test_the_hosts_command_formats_and_filters(ledger_db: str) -> None:
+    assert _invoke("hosts", ledger_db, "--format", "slurm") == "--exclude=gpu-bad\n"
+    # 1 of its last 5: node04 (named in its last run) too, in Slurm's comma-separated host list
+    assert _invoke("hosts", ledger_db, "--format", "slurm", "--chronic", "1/5") == "--exclude=gpu-bad,node04\n"
+    assert _invoke("hosts", ledger_db, "--format", "slurm", "--kind", "non_finite") == ""  # nothing to exclude
+    table = _invoke("hosts", ledger_db)
+    line = next(line for line in table.splitlines() if line.split()[0] == "gpu-bad")
+    assert line.split() == ["gpu-bad", "50", "40", "0", "40", "2026-01-01", "00:00", "2026-01-09", "04:00",
+                            "4/5", "chronic"]  # fmt: skip
+    assert "chronic: named in 3 or more of its last 5 runs (1 host(s))" in table
+    data = json.loads(_invoke("hosts", ledger_db, "--format", "json", "--kind", "non_finite"))
+    by_host = {h["host"]: h for h in data["hosts"]}
+    assert by_host["gpu-bad"]["status"] == "clean" and by_host["gpu-once"]["status"] == "one-off"
+    assert data["chronic"] == {"k": 3, "n": 5}
+    # since the start of run 150: gpu-bad's runs 152..196 (12), named in all but 160 and 180
+    rows = list(csv.DictReader(io.StringIO(_invoke("hosts", ledger_db, "--format", "csv", "--since", "2026-01-07 06:00"))))
+    bad = next(r for r in rows if r["host"] == "gpu-bad")
+    assert (bad["runs"], bad["named"], bad["named_straggler"], bad["first_seen"], bad["status"]) == (
+        "12", "10", "10", "2026-01-07 08:00", "chronic")  # fmt: skip
+    result = CliRunner().invoke(main, ["hosts", ledger_db, "--chronic", "6/5"])
+    assert result.exit_code == 2 and "give K/N with 1 <= K <= N" in result.output
+    result = CliRunner().invoke(main, ["hosts", ledger_db, "--kind", "stop"])
+    assert result.exit_code == 2 and "a kind is one of non_finite, departure, straggler, memory" in result.output
+
+
+def test_an_empty_store_lists_no_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from multirank_logger.store.sql_store import Store
+
+    db = str(tmp_path / "runs.sqlite")
+    Store(db).close()
+    assert _invoke("hosts", db, "--format", "slurm") == ""
+    assert "No hosts" in _invoke("hosts", db)
+    assert json.loads(_invoke("hosts", db, "--format", "json"))["hosts"] == []
+
+
+def test_the_chronic_rule() -> None:
+    flags = np.array([1, 0, 0, 0, 0, 1, 1, 0, 1], bool)
+    assert host_status(flags, 3, 5) == ("chronic", 3, 5)
+    assert host_status(flags, 4, 5) == ("intermittent", 3, 5)
+    assert host_status(np.array([0, 1, 0], bool), 3, 5) == ("one-off", 1, 3)
+    assert host_status(np.zeros(7, bool)) == ("clean", 0, 5)
+    with pytest.raises(ValueError, match="1 <= K <= N"):
+        host_status(flags, 0, 5)
