@@ -148,8 +148,6 @@ def _frame_text(df: Any, index: bool = True, max_rows: int | None = None) -> str
     return df.to_string(index=index, max_rows=max_rows, line_width=None)
 
 
-
-
 def _status_text(status: str, started_at: float, last_time: float | None, stopped_by: str | None, spilled: int,
                  lost: int, unknown: int) -> str:  # fmt: skip
     """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
@@ -443,32 +441,16 @@ def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> N
 def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> None:
     """Plot KEY against step, one line per rank (many ranks: their range, the outliers on top)."""
     from multirank_logger.report.findings import departures
-    from multirank_logger.report.plots import figure_png, plot_key
+    from multirank_logger.report.plots import figure_png, not_logged_cells, plot_key
 
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
         table = reader.per_rank(key, ref.id)
-        not_logged = _not_logged(reader, ref.id, key, table)
+        not_logged = not_logged_cells(reader, ref.id, key, table)
     outliers = [item["rank"] for item in departures(table)] if table.shape[1] >= 3 else []
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
     path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}", not_logged=not_logged)))
     click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
-
-
-def _not_logged(reader: Any, run_id: int, key: str, table: Any) -> Any:
-    """Where in `table` (step x rank) a rank did not log `key`: its empty cells less the NaN/inf it
-    logged (read from the rows only when there are empty cells), which the plot keeps as breaks."""
-    import numpy as np
-
-    empty = table.isna().to_numpy(copy=True)
-    if not empty.any() or key.startswith("timing:"):
-        return empty
-    rows = reader.metrics(run_id, keys=[key])
-    bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
-    steps, ranks = table.index.get_indexer(bad["step"]), table.columns.get_indexer(bad["rank"])
-    found = (steps >= 0) & (ranks >= 0)
-    empty[steps[found], ranks[found]] = False
-    return empty
 
 
 @main.command("ui")
@@ -511,9 +493,7 @@ def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...], r
 
 # -- decisions and logs: the side tables (query/side_tables.py) ------------------------------
 
-from multirank_logger.query.side_tables import disagreements, format_ranks, group_alike  # noqa: E402
-
-_DECIDED = {"ModelCheckpoint": ("saved", "not saved"), "EarlyStopping": ("stop", "continue")}
+from multirank_logger.query.side_tables import format_ranks, group_alike  # noqa: E402
 
 
 @main.command("alerts")
@@ -583,32 +563,12 @@ def hosts_cmd(db_path: str, rule: str, since: datetime.datetime | None, kinds: t
 @_friendly_errors
 def decisions_cmd(db_path: str, run: str | None) -> None:
     """Checkpoint and early-stopping decisions (DecisionAudit) with every rank's value and vote."""
+    from multirank_logger.report.decision_list import decisions_text
+
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
         df = reader.decisions(ref.id)
-    if df.empty:
-        click.echo(f"No decisions in {ref.label}: add multirank_logger.DecisionAudit() to the Trainer's callbacks.")
-        return
-    import pandas as pd
-
-    split = set(disagreements(df))
-    rows = []
-    for seq, d in df.groupby("seq", sort=True):
-        first = d.iloc[0]
-        done, not_done = _DECIDED.get(first["callback"], ("yes", "no"))
-        row = {"": "!" if seq in split else "", "step": first["step"], "epoch": first["epoch"],
-               "callback": f"{first['callback']}({first['monitor']}, {first['mode']})",
-               "decision": done if first["decision"] else not_done}  # fmt: skip
-        for r in d.itertuples():  # a vote is NULL only in rows written by hand
-            value = "-" if pd.isna(r.value) else f"{r.value:g}"  # NaN: SQLite keeps it as NULL
-            row[f"rank {r.rank}"] = f"{value} {'-' if pd.isna(r.vote) else 'yes' if r.vote else 'no'}"
-        row["best"] = "-" if pd.isna(first["best"]) else f"{first['best']:g}"
-        row["path"] = first["path"] or ""
-        rows.append(row)
-    differ = f"{len(split)} where the ranks voted differently (marked !)" if split else "the ranks voted alike in each"
-    click.echo(f"{ref.label} (run {ref.id}): {len(rows)} decisions, {differ}")
-    click.echo(_frame_text(pd.DataFrame(rows).fillna("-"), index=False))
-    click.echo("rank K: that rank's own value and vote (yes: it alone would save / stop); best and path: rank 0's.")
+    click.echo(decisions_text(ref.label, ref.id, df))
 
 
 @main.command("logs")
@@ -628,8 +588,6 @@ def logs_cmd(db_path: str, run: str | None, rank: int | None, level: str | None)
     if records.empty:
         click.echo(f"No log records in {ref.label} for this selection (capture_logs=False, or nothing logged).")
         return
-    import datetime
-
     for g in group_alike(records).itertuples():
         when = datetime.datetime.fromtimestamp(g.time, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
         click.echo(f"{when} {g.level:<8} [{format_ranks(g.ranks)}] {g.logger}: {g.message}")

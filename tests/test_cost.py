@@ -91,7 +91,8 @@ def test_a_stragglers_cost_and_a_nans_steps_after_equal_their_definition(tmp_pat
     # the figures reach every surface: the JSON's items, their sentence (the page's), the text
     item = found.to_dict()["stragglers"][0]
     assert item["waited_s"] == straggler["waited_s"] and item["rank_hours"] == straggler["rank_hours"]
-    assert "every rank waited 3.8s on it over 20 steps: 0.004189 rank-hours (CPU ranks) lost" in item["sentence"]
+    assert "every rank waited 3.8s on it over 20 steps: 0.004189 rank-hours (CPU ranks) lost" == item["cost"]
+    assert "waited" not in item["sentence"]  # said beside the sentence: the watch words the finding alike
     assert found.to_dict()["non_finite"][0]["steps_after"] == 14  # (said in the text, beside the sentence)
     text = findings_text(found)
     assert "0.004189 rank-hours (CPU ranks) lost" in text and "the run trained 14 steps past step 25" in text

@@ -16,7 +16,7 @@ from typing import Any
 
 from multirank_logger._util.readable import duration_text, format_ranks, number_text
 
-__all__ = ["KINDS", "finding_sentence", "followers_sentence", "series_of", "sentence_groups", "steps_after_clause"]
+__all__ = ["KINDS", "cost_clause", "finding_sentence", "followers_sentence", "sentence_groups", "series_of", "steps_after_clause"]
 
 #: the kinds of finding the watch raises and the report lists, with the series each is on
 KINDS = ("non_finite", "departure", "straggler", "memory")
@@ -54,7 +54,7 @@ def finding_sentence(kind: str, item: dict[str, Any], seen_step: int | None = No
                 f"{size} ({number_text(item.get('others_median_bytes'), 'B')}){retries}")  # fmt: skip
     else:
         text = f"rank {rank} {item.get('key', '')}: {kind}"
-    text += _spread_clause(item) + _cost_clause(kind, item)
+    text += _spread_clause(item)
     return text + (f" (seen at step {seen_step:,})" if seen_step is not None else "")
 
 
@@ -73,11 +73,8 @@ def followers_sentence(kind: str, items: list[dict[str, Any]]) -> str:
         what = f"straggle in {first['phase']}"
     else:
         what = f"{series_of(kind, first)}: {kind}"
-    # a straggler's cost per rank counts the same steps as its neighbours' (judgement/cost.py): the
-    # group waited at least the largest of them, not their sum
-    costly = max(items, key=lambda i: i.get("waited_s") or 0.0)
     return (f"{ranks} {what} from step {first['first_step']:,}, after {format_ranks(spread['origin_ranks'])} "
-            f"at step {spread['origin_step']:,}") + _cost_clause(kind, costly, at_least=len(items) > 1)  # fmt: skip
+            f"at step {spread['origin_step']:,}")  # fmt: skip
 
 
 def sentence_groups(kind: str, items: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -113,9 +110,15 @@ def _stretch(item: dict[str, Any]) -> str:
     return f"from step {item['first_step']:,} to {last:,}" + (f" ({steps} steps)" if steps else "")
 
 
-def _cost_clause(kind: str, item: dict[str, Any], at_least: bool = False) -> str:
-    """What a straggler cost (judgement/cost.py), where the report computed it: the time every rank
-    waited on it and the device time lost."""
+def cost_clause(kind: str, items: list[dict[str, Any]]) -> str:
+    """What a straggler (or the stragglers of one sentence group) cost (judgement/cost.py), where
+    the report computed it: the time every rank waited on it and the device time lost. Said beside
+    the sentence, not in it: the watch words the same finding without it (it keeps no steps x
+    ranks table per phase), and a finding is said alike everywhere."""
+    # a straggler's cost per rank counts the same steps as its neighbours': a group waited at
+    # least the largest of them, not their sum
+    item = max(items, key=lambda i: i.get("waited_s") or 0.0)
+    at_least = len(items) > 1
     if kind == "straggler" and item.get("waited_s") is not None:
         waited = float(item["waited_s"])
         said = number_text(waited, "s") if waited < 1 else duration_text(waited)

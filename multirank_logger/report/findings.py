@@ -24,7 +24,7 @@ from multirank_logger.judgement import ranks as judgement
 from multirank_logger.judgement.cost import steps_after, straggler_cost
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.origin import with_origin
-from multirank_logger.judgement.sentences import KINDS, finding_sentence, series_of
+from multirank_logger.judgement.sentences import KINDS, cost_clause, finding_sentence, series_of, steps_after_clause
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
 from multirank_logger.query.side_tables import disagreements
@@ -114,6 +114,9 @@ class Findings:
         for kind, name in _KIND_LISTS.items():
             for item in out[name]:
                 item.update(sentence=finding_sentence(kind, item), series=series_of(kind, item))
+                # what it cost, said beside the sentence (judgement/cost.py; the page shows it after it)
+                cost = cost_clause(kind, [item]) or steps_after_clause(item)
+                item["cost"] = cost.removeprefix("; ") or None
         return out
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from multirank_logger.errors import MissingExtra
 
-__all__ = ["MAX_LINES", "MAX_POINTS", "SIZE_PX", "figure_png", "plot_key"]
+__all__ = ["MAX_LINES", "MAX_POINTS", "SIZE_PX", "figure_png", "not_logged_cells", "plot_key"]
 
 #: ranks drawn one line each; past this, a band with the outliers on top
 MAX_LINES = 8
@@ -142,3 +142,19 @@ def figure_png(figure: Any) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
+
+
+def not_logged_cells(reader: Any, run_id: int, key: str, table: Any) -> Any:
+    """Where in `table` (step x rank) a rank did not log `key`: its empty cells less the NaN/inf it
+    logged (read from the rows only when there are empty cells), which the plot keeps as breaks."""
+    import numpy as np
+
+    empty = table.isna().to_numpy(copy=True)
+    if not empty.any() or key.startswith("timing:"):
+        return empty
+    rows = reader.metrics(run_id, keys=[key])
+    bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
+    steps, ranks = table.index.get_indexer(bad["step"]), table.columns.get_indexer(bad["rank"])
+    found = (steps >= 0) & (ranks >= 0)
+    empty[steps[found], ranks[found]] = False
+    return empty

@@ -13,6 +13,7 @@ from typing import Any
 from multirank_logger._util.readable import duration_text, number_text
 from multirank_logger.judgement.ranks import MIN_RANKS
 from multirank_logger.judgement.sentences import (
+    cost_clause,
     finding_sentence,
     followers_sentence,
     sentence_groups,
@@ -39,7 +40,7 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
         timing = [_timing_summary(f.timing)]
     # each finding's one sentence (judgement/sentences.py), origins first (judgement/origin.py)
     # (the followers of one problem at one step in one sentence: one line at 1,024 ranks)
-    stragglers = [followers_sentence("straggler", g) for g in sentence_groups("straggler", f.stragglers)]
+    stragglers = [followers_sentence("straggler", g) + cost_clause("straggler", g) for g in sentence_groups("straggler", f.stragglers)]
     outliers = [followers_sentence("departure", g) for g in sentence_groups("departure", f.outliers)]
     if f.world_size < MIN_RANKS:  # not "none": nothing was judged
         outliers = [f"not judged: it takes {MIN_RANKS} ranks or more, and this run has {f.world_size} "
