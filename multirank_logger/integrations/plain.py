@@ -16,7 +16,12 @@ every exit:
   last in, first out): the rows are flushed and the end recorded as ``finalize`` records it;
   the logger's hooks (process_registry.py) then find the run finalized. A process killed
   (SIGKILL) or ended by ``os._exit`` runs no hook: its run is ended as the logger ends such a
-  run (the next launch finds it ``vanished``, rank 0 records a silent rank ``missing``).
+  run (the next launch finds it ``vanished``, rank 0 records a silent rank ``missing``);
+- SIGTERM (torchrun stops the other ranks when one fails, a scheduler preempts): where the
+  process had Python's default for it, `init` puts a handler that raises ``SystemExit(143)`` in
+  the main thread (once the logger's own handler flushed the writers, process_hooks.py), so the
+  ``with`` block or the exit finishes the run (``interrupted``) instead of dying with it
+  ``running``; one that comes while a run is finishing waits for that end, then exits.
 
 The process group: the sink is set up (the transport chosen with the other ranks, this rank
 registered, rank 0's watch started) once the group is up, by `init` when it is already, else at
@@ -29,10 +34,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 from multirank_logger._util.best_effort import safely
@@ -47,6 +53,16 @@ __all__ = ["Run", "init"]
 
 #: the statuses `Run.finish` takes (the store settles `incomplete` itself: a rank or values missing)
 FINISH_STATUSES = (SUCCESS, FAILED, INTERRUPTED)
+#: this process received SIGTERM (through `_on_sigterm`)
+_TERMINATED = threading.Event()
+#: runs finishing right now: a SIGTERM then waits for their end (`_on_sigterm`)
+_ENDING = [0]
+#: a SIGTERM came while a run was finishing: the process exits once it has
+_DEFERRED = threading.Event()
+#: guards each run's `_finished` and `_ENDING` (finish from the main thread, or from the exit)
+_END_LOCK = threading.Lock()
+#: the exit status of a process SIGTERM ended (as a shell reports it)
+SIGTERM_EXIT = 128 + int(signal.SIGTERM)
 
 
 def init(
@@ -99,6 +115,7 @@ def init(
         save_dir, name=name if name is not None else _script_name(), version=version, db=db, run_key=run_key,
         transport=transport, watch=watch, on_alert=on_alert, alert_url=alert_url, export_csv=export_csv, **options,
     )  # fmt: skip
+    _exit_on_sigterm()
     return Run(logger, config)
 
 
@@ -115,7 +132,6 @@ class Run:
         self._step = -1  # the last step logged: a call without step= logs the next one
         self._ready = False  # the sink is set up (the process group was up, or one rank)
         self._finished = False
-        self._finish_lock = threading.Lock()
         self._exit_hook = quiet_logging_errors(self._at_exit)
         atexit.register(self._exit_hook)  # after the logger's own hooks: runs before them
         if config:
@@ -223,6 +239,9 @@ class Run:
             raise ValueError(f"status={status!r}: pass one of {', '.join(map(repr, FINISH_STATUSES))}.")
         if self._end(status):
             atexit.unregister(self._exit_hook)
+            if _DEFERRED.is_set() and _ENDING[0] == 0:
+                _DEFERRED.clear()
+                raise SystemExit(SIGTERM_EXIT)  # a SIGTERM waited for this end
 
     def __enter__(self) -> Run:
         return self
@@ -231,18 +250,23 @@ class Run:
         self.finish(_status_of(exc))
 
     def _end(self, status: str) -> bool:
-        with self._finish_lock:
+        with _END_LOCK:
             if self._finished:
                 return False
             self._finished = True
-        self.logger.finalize(status)
+            _ENDING[0] += 1
+        try:
+            self.logger.finalize(status)
+        finally:
+            with _END_LOCK:
+                _ENDING[0] -= 1
         return True
 
     def _at_exit(self) -> None:
         """The interpreter exits and the run was not finished: failed after an uncaught exception
         (Ctrl-C: interrupted), else success."""
         exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        status = SUCCESS if exc is None else exit_status(exc)
+        status = INTERRUPTED if _TERMINATED.is_set() else SUCCESS if exc is None else exit_status(exc)
         safely(lambda: self._end(status), "finishing the run at exit (run.finish() was never called)")
 
     def _set_up_when_the_group_is_up(self) -> None:
@@ -254,8 +278,36 @@ class Run:
         self._ready = True
 
 
+def _exit_on_sigterm() -> None:
+    """Where SIGTERM still has Python's default (the process dies, its run left ``running``): a
+    handler that ends the script through ``SystemExit``, so that its runs finish. The main thread
+    only; a handler the script or a framework put there is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # embedded interpreters, restricted environments
+        pass
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM: ``SystemExit(143)`` in the main thread, once; while a run is finishing, nothing
+    now (its end must not be cut short): `Run.finish` exits after it."""
+    first = not _TERMINATED.is_set()
+    _TERMINATED.set()
+    if not first:
+        return
+    if _ENDING[0]:
+        _DEFERRED.set()
+        return
+    raise SystemExit(SIGTERM_EXIT)
+
+
 def _status_of(exc: BaseException | None) -> str:
     """How a ``with`` block ended, as a run's status."""
+    if _TERMINATED.is_set():
+        return INTERRUPTED
     if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
         return SUCCESS
     return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else FAILED
