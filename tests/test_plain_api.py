@@ -91,3 +91,50 @@ def test_a_rank_that_raises_fails_the_run(tmp_path: Path, block: str) -> None:
     last = dict(query(db, "SELECT rank, max(step) FROM metrics WHERE key = 'rank_value' GROUP BY rank"))
     assert last[1] == 2, last  # rank 1 raised before logging step 3
     assert all(last[r] >= 2 for r in (0, 2)), last
+
+
+ONE_PROCESS = """
+import os, signal, sys
+import multirank_logger
+from multirank_logger.errors import RunFinished
+
+db = sys.argv[1]
+done = multirank_logger.init(db=db, name="done")
+done.log({"a": 1.0})
+done.log({"a": 2.0})  # the step after the last one: 1
+done.finish()
+done.finish("failed")  # a second finish does nothing
+try:
+    done.log({"a": 3.0})
+except RunFinished:
+    print("log after finish refused")
+try:
+    multirank_logger.init(db=db, name="bad").finish("ok")
+except ValueError:
+    print("status refused")
+
+with multirank_logger.init(db=db, name="term") as run:
+    for step in range(1000):
+        run.log({"a": float(step)})
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+print("not reached")
+"""
+
+
+def test_one_process_ends_and_sigterm_interrupts(tmp_path: Path) -> None:
+    """No launcher: a run's steps count on without step=, a second finish does nothing, a log
+    after it is refused; SIGTERM inside the `with` block ends the script (exit 143) and the run
+    ``interrupted``, its rows kept. The run whose `finish("ok")` was refused is ended at exit, as
+    ``interrupted`` too: the process ends by the SIGTERM."""
+    db = tmp_path / "runs.sqlite"
+    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent)}  # this checkout, from tmp_path
+    proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, str(db)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "log after finish refused" in proc.stdout and "status refused" in proc.stdout
+    assert "not reached" not in proc.stdout
+    assert query(db, "SELECT name, status FROM runs ORDER BY id") == [
+        ("done", "success"), ("bad", "interrupted"), ("term", "interrupted")]  # fmt: skip
+    assert query(db, "SELECT step, value FROM metrics WHERE run_id = 1 ORDER BY step") == [(0, 1.0), (1, 2.0)]
+    assert query(db, "SELECT step FROM metrics WHERE run_id = 3 ORDER BY step") == [(s,) for s in range(4)]
