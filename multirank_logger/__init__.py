@@ -1,4 +1,4 @@
-"""multirank_logger: every rank's metrics from a Lightning DDP run, in one SQL store.
+"""multirank_logger: every rank's metrics from a DDP run (Lightning, or any torch.distributed script), in one SQL store.
 
 The public names are here; the layers below are described in docs/architecture.md.
 """
@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     from multirank_logger.callbacks.decision_audit import DecisionAudit
     from multirank_logger.callbacks.step_timer import StepTimer
     from multirank_logger.callbacks.stop_on_alert import StopOnAlert
+    from multirank_logger.integrations.plain import Run, init
     from multirank_logger.logger.multi_rank_logger import MultiRankLogger
 
 __all__ = [
-    "DecisionAudit", "MultiRankLogger", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "open_store",
-    "rank_aware_console",
+    "DecisionAudit", "MultiRankLogger", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
+    "open_store", "rank_aware_console",
 ]
 
 # These import lightning or torch (seconds): load them on first use, so that the CLI and the
@@ -33,6 +34,9 @@ _LAZY = {
     "DecisionAudit": "multirank_logger.callbacks.decision_audit",
     "StepTimer": "multirank_logger.callbacks.step_timer",
     "StopOnAlert": "multirank_logger.callbacks.stop_on_alert",
+    # the plain API for any torch.distributed script (integrations/plain.py)
+    "init": "multirank_logger.integrations.plain",
+    "Run": "multirank_logger.integrations.plain",
 }
 
 

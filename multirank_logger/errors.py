@@ -58,12 +58,14 @@ __all__ = [
     "MultiRankLoggerError",
     "NoMultiRankLogger",
     "NotADatabase",
+    "ProcessGroupFirst",
     "QueryFailed",
     "QueryTimedOut",
     "ReadsStopped",
     "ReadOnlyViolation",
     "RemoteStore",
     "ResumeRefused",
+    "RunFinished",
     "RunIdentityMismatch",
     "SchemaOutdated",
     "SchemaTooNew",
@@ -399,4 +401,22 @@ class StoreGone(StoreError):
         super().__init__(
             f"The store file {path} was deleted or replaced during the run. Rows are kept and retried; put the file back "
             "to have them written, or they go to a spill file at the end."
+        )
+
+
+class RunFinished(MultiRankLoggerError):
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}: this run was finished (run.finish(), the end of its `with` block, or the exit). "
+            "Call multirank_logger.init(...) again for a new run, or with the same run_key= to continue it."
+        )
+
+
+class ProcessGroupFirst(MultiRankLoggerError):
+    def __init__(self, tasks: int) -> None:
+        super().__init__(
+            f"Slurm started {tasks} tasks and this one knows no rank yet: WORLD_SIZE is not set and the "
+            "process group is not up. Call torch.distributed.init_process_group(...) before "
+            "multirank_logger.init(...) (or launch with torchrun, or export RANK and WORLD_SIZE). "
+            "A single process in a Slurm allocation of several tasks: set WORLD_SIZE=1."
         )

@@ -7,9 +7,9 @@ Below every layer that needs it (the console, the logger, the identity exchange)
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["current_rank", "current_world_size", "dist_if_initialized", "env_int"]
+__all__ = ["LaunchPlace", "current_rank", "current_world_size", "dist_if_initialized", "env_int", "launch_place"]
 
 
 def dist_if_initialized() -> Any:
@@ -50,3 +50,48 @@ def current_world_size() -> int:
     if dist is not None:
         return dist.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+class LaunchPlace(NamedTuple):
+    """Where this process stands in its launch, as a plain torch.distributed script reads it."""
+
+    #: the global rank
+    rank: int
+    world_size: int
+    #: the rank among this node's processes
+    local_rank: int
+    #: the node's rank among the launch's nodes
+    node_rank: int
+
+
+def launch_place() -> LaunchPlace:
+    """This process's rank, world size, local and node rank: the process group's once it is up,
+    else the launcher's variables (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``GROUP_RANK``; Slurm's ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
+    ``SLURM_NODEID``). Without a local rank in the environment (``mp.spawn``: one node) the local
+    rank is the global one.
+
+    Unlike `current_rank` this is no judgement of whether the process may act as rank 0: it says
+    what the group or the launcher says, for the user's own code.
+    """
+    dist = dist_if_initialized()
+    if dist is not None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank = _first_int(("RANK", "SLURM_PROCID"), 0)
+        world = _first_int(("WORLD_SIZE", "SLURM_NTASKS"), 1)
+    local_rank = _first_int(("LOCAL_RANK", "SLURM_LOCALID"), rank)
+    node_rank = _first_int(("GROUP_RANK", "NODE_RANK", "SLURM_NODEID"), 0)
+    return LaunchPlace(rank, world, local_rank, node_rank)
+
+
+def _first_int(names: tuple[str, ...], default: int) -> int:
+    """The first of the variables `names` set to a whole number, else `default`."""
+    for name in names:
+        text = os.environ.get(name, "").strip()
+        if text:
+            try:
+                return int(text)
+            except ValueError:
+                continue
+    return default
