@@ -167,13 +167,12 @@ def test_the_report_file_draws_it_too(db: Path, tmp_path: Path) -> None:
 def test_plot_draws_each_rank_through_its_own_steps(db: Path) -> None:
     """`plot`'s lines: each rank's every logged value joined (the ranks log at different steps),
     rank 1's NaN at step 19 a break between its neighbours."""
-    from multirank_logger.cli import _not_logged
     from multirank_logger.query.reader import open_store
-    from multirank_logger.report.plots import plot_key
+    from multirank_logger.report.plots import not_logged_cells, plot_key
 
     with open_store(str(db)) as store:
         table = store.per_rank("staggered", 1)
-        figure = plot_key(table, "staggered", not_logged=_not_logged(store, 1, "staggered", table))
+        figure = plot_key(table, "staggered", not_logged=not_logged_cells(store, 1, "staggered", table))
     lines = {str(line.get_label()): line for line in figure.axes[0].lines}
     for rank in range(RANKS):
         xs, ys = lines[f"rank {rank}"].get_xdata(), lines[f"rank {rank}"].get_ydata()

@@ -78,7 +78,7 @@ def test_a_nan_in_the_last_steps_names_its_origin_everywhere(tmp_path: Path, suf
     text = CliRunner().invoke(main, ["report", str(db)]).output
     assert SPREAD.format(s=30, t=31) in text
     # the followers at one step in one line, after the origin's
-    follow = "ranks 0-1,3 train_loss NaN from step 31, after rank 2 at step 30: "
+    follow = "ranks 0-1,3 train_loss NaN from step 31, after rank 2 at step 30"
     assert text.index("rank 2 train_loss NaN from step 30") < text.index(follow), text
     # the console said each once; the origin's names itself as where it started
     lines = [line for line in out.splitlines() if line.startswith("multirank_logger alert: ")]
