@@ -115,6 +115,10 @@ ranks = sa.Table(
     sa.Column("status", sa.String(16), nullable=False, comment="running | success | failed | interrupted | missing"),
     sa.Column("started_at", sa.Float(53), nullable=False),
     sa.Column("ended_at", sa.Float(53), nullable=True),
+    sa.Column("gpu_index", sa.Integer, nullable=True, comment="the CUDA device index the rank drives; NULL without CUDA"),
+    sa.Column("gpu_name", sa.String(255), nullable=True, comment="its device's name (torch.cuda.get_device_name)"),
+    sa.Column("gpu_uuid", sa.String(64), nullable=True, comment="its device's UUID, as nvidia-smi writes it (GPU-...)"),
+    sa.Column("dp_rank", sa.Integer, nullable=True, comment="its index among the data-parallel replicas"),
     sa.PrimaryKeyConstraint("run_id", "rank", name="pk_ranks"),
 )
 

@@ -565,7 +565,7 @@ class StoreReader:
         return read_timing_series(self._fetch_arrow, run_id, among)
 
     def rank_rows(self, run: int | str | RunRef | None = None) -> Any:
-        """The run's registered ranks: rank, host, status, started_at, ended_at."""
+        """The run's registered ranks: rank, host, status, started_at, ended_at, their GPU and DP index."""
         return read_rank_rows(self._fetch_arrow, self.resolve_run(run))
 
     def rank_nodes(self, run_id: int) -> list[dict[str, Any]]:

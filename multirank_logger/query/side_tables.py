@@ -41,7 +41,7 @@ DECISION_COLUMNS = ("seq", "step", "epoch", "callback", "monitor", "mode", "rank
 LOG_COLUMNS = ("rank", "seq", "time", "level", "levelno", "logger", "message")
 TIMING_COLUMNS = ("rank", "seq", "step", "epoch", "batch_idx", "data_s", "forward_s", "rest_s", "batch_size",
                   "mem_allocated_peak", "mem_reserved_peak", "alloc_retries", "rss", "time")  # fmt: skip
-RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at")
+RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank")
 ALERT_COLUMNS = ("seq", "kind", "rank", "key", "first_step", "step_seen", "seen_at", "value", "message", "detail")
 
 
@@ -204,7 +204,8 @@ def read_timing_series(fetch_arrow: FetchArrow, run_id: int, among: Iterable[str
 
 
 def read_rank_rows(fetch_arrow: FetchArrow, run: RunRef) -> Any:
-    """The run's registered ranks (``RANK_COLUMNS``: rank, host, status, started_at, ended_at)."""
+    """The run's registered ranks (``RANK_COLUMNS``: rank, host, status, started_at, ended_at, the
+    GPU's index, name and UUID, the data-parallel index)."""
     stmt = sa.select(*(ranks.c[name] for name in RANK_COLUMNS)).where(ranks.c.run_id == run.id).order_by(ranks.c.rank)
     return _frame(fetch_arrow, stmt, RANK_COLUMNS)
 

@@ -24,6 +24,7 @@ from multirank_logger.judgement import ranks as judgement
 from multirank_logger.judgement.cost import steps_after, straggler_cost
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.origin import with_origin
+from multirank_logger.judgement.places import finding_ranks, place_clause, rank_places
 from multirank_logger.judgement.sentences import KINDS, cost_clause, finding_sentence, series_of, steps_after_clause
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
@@ -103,17 +104,24 @@ class Findings:
                 out.setdefault(f.series, set()).add(f.rank)
         return {series: sorted(ranks) for series, ranks in sorted(out.items())}
 
+    def places(self) -> dict[int, dict[str, Any]]:
+        """Each rank's place (host, GPU) from the ranks' list: what `place_clause` words."""
+        return rank_places(self.ranks)
+
     def keys_with_findings(self) -> list[str]:
         seen = dict.fromkeys(item["key"] for item in self.outliers + self.non_finite)
         return list(seen)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, each finding with its ``sentence`` and ``series`` (judgement/sentences.py:
-        what the page shows, and the chart it links to)."""
+        what the page shows, and the chart it links to), its ``place`` and ``cost``."""
         out = asdict(self)
+        places = self.places()
         for kind, name in _KIND_LISTS.items():
             for item in out[name]:
                 item.update(sentence=finding_sentence(kind, item), series=series_of(kind, item))
+                # where it lives, said beside the sentence (judgement/places.py: the watch knows no hosts)
+                item["place"] = place_clause(finding_ranks([item]), places).removeprefix("; ") or None
                 # what it cost, said beside the sentence (judgement/cost.py; the page shows it after it)
                 cost = cost_clause(kind, [item]) or steps_after_clause(item)
                 item["cost"] = cost.removeprefix("; ") or None
@@ -222,12 +230,24 @@ def _ranks(reader: StoreReader, ref: RunRef, rank_steps: dict[int, tuple[int, in
                 "rank": rank,
                 "status": reg.status if reg is not None else "unregistered",
                 "host": reg.host if reg is not None else None,
+                **{col: _place_value(getattr(reg, col, None)) for col in _PLACE_COLUMNS},
                 "steps": log[0] if log is not None else 0,
                 "last_step": log[1] if log is not None else None,
                 "duration_s": float(ended - reg.started_at) if ended is not None and reg is not None else None,
             }
         )
     return out
+
+
+#: a rank's place beyond its host (schema 0011; None for a rank from before it)
+_PLACE_COLUMNS = ("gpu_index", "gpu_name", "gpu_uuid", "dp_rank")
+
+
+def _place_value(value: Any) -> Any:
+    """A place column's value: None for NULL (NaN in a number column), an int for an index."""
+    if value is None or value != value:
+        return None
+    return value if isinstance(value, str) else int(value)
 
 
 def _nan_cost(items: list[dict[str, Any]], last_step: int | None) -> None:

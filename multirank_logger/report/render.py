@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from multirank_logger._util.readable import duration_text, number_text
+from multirank_logger.judgement.places import finding_ranks, place_clause
 from multirank_logger.judgement.ranks import MIN_RANKS
 from multirank_logger.judgement.sentences import (
     cost_clause,
@@ -39,15 +40,21 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     if len(timing) > COMPACT_RANKS:  # the stragglers below name the ranks whose time stands out
         timing = [_timing_summary(f.timing)]
     # each finding's one sentence (judgement/sentences.py), origins first (judgement/origin.py)
-    # (the followers of one problem at one step in one sentence: one line at 1,024 ranks)
-    stragglers = [followers_sentence("straggler", g) + cost_clause("straggler", g) for g in sentence_groups("straggler", f.stragglers)]
-    outliers = [followers_sentence("departure", g) for g in sentence_groups("departure", f.outliers)]
+    # (the followers of one problem at one step in one sentence: one line at 1,024 ranks), where
+    # its ranks are beside it (judgement/places.py), then what it cost
+    places = f.places()
+
+    def where(g: list[dict[str, Any]]) -> str:
+        return place_clause(finding_ranks(g), places)
+
+    stragglers = [followers_sentence("straggler", g) + where(g) + cost_clause("straggler", g) for g in sentence_groups("straggler", f.stragglers)]
+    outliers = [followers_sentence("departure", g) + where(g) for g in sentence_groups("departure", f.outliers)]
     if f.world_size < MIN_RANKS:  # not "none": nothing was judged
         outliers = [f"not judged: it takes {MIN_RANKS} ranks or more, and this run has {f.world_size} "
                     "(with two, each is as far from their median as the other)"]  # fmt: skip
-    non_finite = [f"{followers_sentence('non_finite', g)}{steps_after_clause(g[0])}: {_counts(g)}"
+    non_finite = [f"{followers_sentence('non_finite', g)}{where(g)}{steps_after_clause(g[0])}: {_counts(g)}"
                   for g in sentence_groups("non_finite", f.non_finite)]
-    memory = [finding_sentence("memory", m) for m in f.memory]
+    memory = [finding_sentence("memory", m) + where([m]) for m in f.memory]
     decisions = [
         f"step {d['step']} {d['callback']} ({d['monitor']}): {_decided(d['callback'], d['decision'])}; votes "
         + ", ".join(f"rank {r} {_vote(v)}" for r, v in d["votes"].items())

@@ -203,7 +203,7 @@ class SinkSetup:
         """This rank in the store's ``ranks`` table (rank 0: every rank, and the run's transport)."""
         store = self.run.store
         assert store is not None
-        facts = rank_facts()
+        facts = rank_facts(rank)
 
         def write() -> None:
             with store.writing():  # one connection, one retry unit: every step is idempotent

@@ -160,6 +160,7 @@
       // each finding's one sentence and series (judgement/sentences.py), origins first (judgement/origin.py)
       ...[...f.non_finite, ...f.outliers, ...f.stragglers, ...f.memory].map((x) => {
         const item = link(x.series, x.sentence);
+        if (x.place) item.append(el("span", { class: "muted place" }, "; " + x.place));  // where it lives (judgement/places.py)
         if (x.cost) item.append(el("span", { class: "muted cost" }, "; " + x.cost));  // what it cost, beside the sentence
         if (x.spread) item.classList.add(x.origin ? "origin" : "follower");
         return item;

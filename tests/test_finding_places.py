@@ -1,0 +1,128 @@
+"""The verdict says where a finding lives (judgement/places.py), beside its sentence.
+
+A store built with chosen rank places: 12 ranks on three hosts (node1: ranks 0-3, node2: 4-7,
+node3: 8-11), GPUs 0-3 on each. Every rank of node2 straggles in its data wait from step 10;
+every rank of node3 has a NaN loss from step 25; rank 2 alone a NaN grad_norm from step 30. The
+report's text and the page's items name node2 and node3 by host, and rank 2's host and GPU; the
+sentence itself stays the watch's (no host in it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from multirank_logger.judgement.places import finding_ranks, place_clause, rank_places
+from tests.helpers.stores import keep_summaries
+
+RANKS, STEPS, PER_HOST = 12, 40, 4
+SLOW_HOST, NAN_HOST, ONE_RANK = 1, 2, 2  # node2 straggles, node3 NaNs, rank 2's grad_norm
+
+
+def _host(rank: int) -> str:
+    return f"node{rank // PER_HOST + 1}"
+
+
+def _uuid(rank: int) -> str:
+    return f"GPU-00000000-0000-0000-0000-{rank:012d}"
+
+
+def _build(db: str) -> str:
+    import sqlalchemy as sa
+
+    from multirank_logger.model.schema import encode_value, metrics, ranks, runs, step_timing
+    from multirank_logger.store.sql_store import Store
+
+    now = time.time()
+
+    def data_s(r: int, s: int) -> float:
+        return 0.2 if r // PER_HOST == SLOW_HOST and s >= 10 else 0.010 + 0.0005 * r
+
+    def value(r: int, s: int, key: str) -> float:
+        if key == "loss":
+            return math.nan if r // PER_HOST == NAN_HOST and s >= 25 else 1.0 + 0.01 * r
+        return math.nan if r == ONE_RANK and s >= 30 else 0.5 + 0.01 * r
+
+    store = Store(db)
+    try:
+        with store.begin() as conn:
+            conn.execute(sa.insert(runs), [{"id": 1, "name": "places", "version": 0, "status": "success",
+                                            "world_size": RANKS, "started_at": now}])  # fmt: skip
+            conn.execute(sa.insert(ranks), [
+                {"run_id": 1, "rank": r, "host": _host(r), "node_rank": r // PER_HOST, "local_rank": r % PER_HOST,
+                 "gpu_index": r % PER_HOST, "gpu_name": "NVIDIA H200", "gpu_uuid": _uuid(r), "dp_rank": r,
+                 "status": "success", "started_at": now, "ended_at": now + 5}
+                for r in range(RANKS)
+            ])  # fmt: skip
+            conn.execute(sa.insert(step_timing), [
+                {"run_id": 1, "rank": r, "seq": s, "step": s, "data_s": data_s(r, s), "forward_s": 0.02,
+                 "rest_s": 0.05, "batch_size": 8, "rss": 400 * 2**20, "time": now + s}
+                for r in range(RANKS) for s in range(STEPS)
+            ])  # fmt: skip
+            conn.execute(sa.insert(metrics), [
+                {"run_id": 1, "rank": r, "seq": 2 * s + i, "step": s, "key": key, "value": v, "dtype": dtype, "time": now}
+                for r in range(RANKS) for s in range(STEPS) for i, key in enumerate(("loss", "grad_norm"))
+                for v, dtype in [encode_value(value(r, s, key))]
+            ])  # fmt: skip
+            keep_summaries(conn, 1)
+    finally:
+        store.close()
+    return db
+
+
+@pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
+def test_a_host_wide_problem_is_named_by_host_and_one_rank_by_its_host_and_gpu(tmp_path: Path, suffix: str) -> None:
+    from multirank_logger import open_store
+    from multirank_logger.report import find
+    from multirank_logger.report.render import findings_text
+
+    db = _build(str(tmp_path / f"runs{suffix}"))
+    with open_store(db) as reader:
+        found = find(reader)
+    text = findings_text(found)
+    stragglers = text.split("Stragglers:\n")[1].split("\n\n")[0].splitlines()
+    non_finite = text.split("Non-finite values:\n")[1].split("\n\n")[0].splitlines()
+    assert {s["rank"] for s in found.stragglers} == {4, 5, 6, 7}
+    assert stragglers and all("; every rank of node2" in line for line in stragglers), stragglers
+    loss = [line for line in non_finite if "loss" in line]
+    assert loss and all("; every rank of node3" in line for line in loss), non_finite
+    [grad] = [line for line in non_finite if "grad_norm" in line]
+    assert f"; on node1, GPU 2 (NVIDIA H200, {_uuid(2)})" in grad
+    # the page's items: the same place, beside the sentence (the watch words the sentence alike)
+    items = found.to_dict()
+    for item in items["stragglers"]:
+        assert item["place"] == "every rank of node2" and "node2" not in item["sentence"]
+    [grad_item] = [i for i in items["non_finite"] if i["key"] == "grad_norm"]
+    assert grad_item["place"] == f"on node1, GPU 2 (NVIDIA H200, {_uuid(2)})" and "node1" not in grad_item["sentence"]
+    # the ranks' list carries each rank's place
+    assert found.ranks[5]["gpu_index"] == 1 and found.ranks[5]["gpu_uuid"] == _uuid(5) and found.ranks[5]["dp_rank"] == 5
+
+
+def _places(hosts: dict[str, range], gpu: bool = False) -> dict[int, dict]:
+    return rank_places({"rank": r, "host": h, "gpu_index": r % 8 if gpu else math.nan} for h, rs in hosts.items() for r in rs)
+
+
+def test_the_place_clause() -> None:
+    """The rule, on a 32-rank run of four hosts of 8 ranks."""
+    places = _places({"node1": range(0, 8), "node2": range(8, 16), "node3": range(16, 24), "node5": range(24, 32)}, gpu=True)
+    assert place_clause(list(range(16, 24)), places) == "; every rank of node3"
+    assert place_clause(list(range(8, 24)), places) == "; every rank of node2 and node3"
+    assert place_clause([16, 17], places) == "; all on node3 (2 of its 8 ranks)"
+    assert place_clause([*range(8, 16), 17, 18], places) == "; on node2 (every rank) and node3 (ranks 17-18)"
+    assert place_clause([29], places) == "; on node5, GPU 5"
+    assert place_clause([29], _places({"node5": range(32)})) == "; on node5"  # a CPU rank: no GPU (NULL read as NaN)
+    assert place_clause([3], {}) == "" and place_clause([3, 40], places) == ""  # a host not known: nothing said
+    many = _places({f"n{h}": range(2 * h, 2 * h + 2) for h in range(6)})
+    assert place_clause(list(range(11)), many) == "; on 6 hosts (every rank of 5 of them)"
+    assert place_clause(list(range(12)), many) == "; every rank of 6 hosts"
+
+
+def test_the_ranks_a_sentence_names() -> None:
+    """An origin that went with others at its step names them all; followers, the group's ranks."""
+    origin = {"rank": 16, "origin": True, "spread": {"origin_ranks": [16, 17, 18], "followers": []}}
+    assert finding_ranks([origin]) == [16, 17, 18]
+    assert finding_ranks([{"rank": 4}, {"rank": 2}]) == [2, 4]
+    assert finding_ranks([{"rank": 37}]) == [37]
