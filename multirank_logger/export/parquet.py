@@ -38,6 +38,7 @@ name only once whole (``export/destination.py``). A lake of the layout before UU
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -130,12 +131,16 @@ def export_parquet(
         partition = f"{PARTITION}={run_identity(ref)}"
         old = {folder: target.files(folder, partition) for folder, _, _ in RUN_TABLES}
         old["metrics"] = target.files("metrics", partition)
-        rows = _write_metrics(reader, ref, target, partition, token, window_rows, out)
-        for folder, table, run_column in RUN_TABLES:
-            rows_of_run = run_table(reader, table, run_column, ref)
-            if PARTITION in rows_of_run.column_names:  # the runs row's UUID: its folder holds it (a reader's two would clash)
-                rows_of_run = rows_of_run.drop_columns([PARTITION])
-            _write_file(target, (folder, partition, f"part-{token}-00000.parquet"), _with_run(rows_of_run, ref), out)
+        try:
+            rows = _write_metrics(reader, ref, target, partition, token, window_rows, out)
+            for folder, table, run_column in RUN_TABLES:
+                rows_of_run = run_table(reader, table, run_column, ref)
+                if PARTITION in rows_of_run.column_names:  # the runs row's UUID: its folder holds it (two would clash)
+                    rows_of_run = rows_of_run.drop_columns([PARTITION])
+                _write_file(target, (folder, partition, f"part-{token}-00000.parquet"), _with_run(rows_of_run, ref), out)
+        except BaseException:
+            _remove_written(target, partition, token)  # the earlier export stays whole, never doubled by half of this one
+            raise
         for stale in old.values():  # only now: the run is never missing to a reader meanwhile
             target.remove(stale)
         out.runs.append(ref)
@@ -153,6 +158,13 @@ def _refuse_old_layout(target: Destination) -> None:
         raise ExportFailed(target.public, f"it holds runs in the layout before run UUIDs ({target.shown('runs', found[0])}, "
                            f"{len(found)} run folder(s)); this export writes runs/{PARTITION}=UUID/",
                            "Export to a new directory (or export the stores those runs came from again into one).")  # fmt: skip
+
+
+def _remove_written(target: Destination, partition: str, token: str) -> None:
+    """The files of a failed export of one run (those of its `token`), as far as the filesystem lets."""
+    for folder in ("metrics", *(name for name, _, _ in RUN_TABLES)):
+        with contextlib.suppress(Exception):
+            target.remove([path for path in target.files(folder, partition) if f"/part-{token}-" in path])
 
 
 def _with_run(table: pa.Table, ref: RunRef) -> pa.Table:
