@@ -6,7 +6,11 @@ and by TensorBoard's own event reader."""
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,9 +64,11 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 def test_two_stores_run_1_share_a_lake(tmp_path: Path) -> None:
     """Store A's run 1 and store B's run 1 (same id, same label, different UUIDs) in one lake:
-    both there, each under its UUID in every table; B exported again replaces B's files only
-    (row count unchanged, A's files byte for byte as they were)."""
+    both there, each under its UUID in every table, read by DuckDB, Polars and pyarrow; B
+    exported again replaces B's files only (row count unchanged, A's files byte for byte)."""
     import duckdb
+    import polars as pl
+    import pyarrow.dataset as ds
 
     a = _store(tmp_path / "a.duckdb", ranks=3, steps=40)
     b = _store(tmp_path / "b.duckdb", ranks=2, steps=25)
@@ -78,6 +84,11 @@ def test_two_stores_run_1_share_a_lake(tmp_path: Path) -> None:
     runs = duckdb.sql(f"SELECT run_uuid, run, name, world_size FROM read_parquet('{lake}/runs/**/*.parquet', "
                       "hive_partitioning = true) ORDER BY world_size").fetchall()  # fmt: skip
     assert runs == [(uuid_b, 1, "lightning_logs", 2), (uuid_a, 1, "lightning_logs", 3)]
+    # Polars and pyarrow find the same runs under the same partition key
+    lazy = pl.scan_parquet(f"{lake}/metrics/**/*.parquet", hive_partitioning=True)
+    assert dict(lazy.group_by("run_uuid").len().collect().iter_rows()) == _lake_counts(lake)
+    table = ds.dataset(lake / "metrics", format="parquet", partitioning="hive").to_table(columns=["run_uuid"])
+    assert {u: table.column("run_uuid").to_pylist().count(u) for u in (uuid_a, uuid_b)} == _lake_counts(lake)
     ranks = duckdb.sql(f"SELECT run_uuid, count(*) FROM read_parquet('{lake}/ranks/**/*.parquet', hive_partitioning = true) "
                        "GROUP BY run_uuid").fetchall()  # fmt: skip
     assert dict(ranks) == {uuid_a: 3, uuid_b: 2} or not ranks  # registered ranks, when the store has them
@@ -219,3 +230,31 @@ def test_tensorboard_re_export_replaces(tmp_path: Path) -> None:
     assert _files(folder) == before
     whole = folder.with_name(f"version_0-{_uuid(db)}")
     assert str(whole) in out and _points(whole) == once
+
+
+@pytest.mark.slow  # a JVM in a process of its own
+def test_spark_reads_two_stores_lake(tmp_path: Path) -> None:
+    """Spark in local mode reads the lake of two stores' run 1: each run's rows under its UUID."""
+    pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")
+    a = _store(tmp_path / "a.duckdb", ranks=2, steps=20)
+    b = _store(tmp_path / "b.duckdb", ranks=1, steps=10)
+    lake = tmp_path / "lake"
+    for db in (a, b):
+        _export(db, "--format", "parquet", "-o", str(lake))
+    script = f"""
+import json
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").appName("multirank-lake-test")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "1")
+         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+         .getOrCreate())
+counts = spark.read.parquet({str(lake / "metrics")!r}).groupBy("run_uuid", "run").count().collect()
+print(json.dumps([[r["run_uuid"], r["run"], r["count"]] for r in counts]))
+spark.stop()
+"""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(map(tuple, counts)) == sorted([(_uuid(a), 1, _stored_rows(a)), (_uuid(b), 1, _stored_rows(b))])
