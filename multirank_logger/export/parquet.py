@@ -172,7 +172,7 @@ def _with_run(table: pa.Table, ref: RunRef) -> pa.Table:
     import pyarrow as pa
 
     return table.add_column(0, pa.field(RUN_COLUMN, pa.int32(), nullable=False),
-                            pa.array([ref.id] * table.num_rows, pa.int32()))  # fmt: skip
+                            pa.repeat(pa.scalar(ref.id, pa.int32()), table.num_rows))  # fmt: skip
 
 
 def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, partition: str, token: str, window_rows: int,
