@@ -50,6 +50,20 @@ def _store_rows(db: Path) -> list[tuple[Any, ...]]:
     return sorted(out)
 
 
+def _partitions(db: Path) -> dict[int, str]:
+    """Each run's folder in the lake, by run id: ``run_uuid=<its UUID>``."""
+    with open_store(db) as reader:
+        return {int(i): f"run_uuid={reader.resolve_run(int(i)).uuid}" for i in reader.run_ids()}
+
+
+def _run_folder(db: Path, run_id: int) -> str:
+    """A run's TensorBoard folder under DIR: ``NAME/version_N-<8 hex digits of its UUID>``."""
+    with open_store(db) as reader:
+        ref = reader.resolve_run(run_id)
+    assert ref.uuid is not None
+    return f"{ref.label}-{ref.uuid.replace('-', '')[:8]}"
+
+
 _TEMPLATES: dict[str, Path] = {}
 
 
@@ -103,15 +117,16 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
     runs = con.sql(f"SELECT run, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
                    "ORDER BY run").fetchall()  # fmt: skip
     assert runs == [(1, "lightning_logs", 3), (2, "second", 1), (3, "empty", 2)]
+    partitions = _partitions(two_runs)
     for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings"):
-        assert sorted(p.name for p in (dest / table).iterdir()) == ["run=1", "run=2", "run=3"]
+        assert sorted(p.name for p in (dest / table).iterdir()) == sorted(partitions.values())
 
     # the nightly append: run 2 again (it was running) and any later one; run 1 untouched
-    before = sorted(p.name for p in (dest / "metrics" / "run=1").iterdir())
+    before = sorted(p.name for p in (dest / "metrics" / partitions[1]).iterdir())
     again = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--since", "2", "-o", str(dest)])
     assert again.exit_code == 0, again.output
     assert "run 1)" not in again.output
-    assert sorted(p.name for p in (dest / "metrics" / "run=1").iterdir()) == before
+    assert sorted(p.name for p in (dest / "metrics" / partitions[1]).iterdir()) == before
     assert _rows(ds.dataset(dest / "metrics", format="parquet", partitioning="hive").to_table().to_pydict()) == expected
     assert not [p for p in dest.rglob("*") if p.name.startswith(".")]  # no hidden file left
 
@@ -138,7 +153,7 @@ def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
         con.register_filesystem(fs)
         count = con.sql(f"SELECT count(*) FROM read_parquet('{url}/metrics/**/*.parquet', hive_partitioning = true)")
         assert count.fetchone() == (done.rows[1] + done.rows[2],)
-        (path,) = fs.glob("/exports-test/lake/metrics/run=1/*.parquet")
+        (path,) = fs.glob(f"/exports-test/lake/metrics/run_uuid={refs[0].uuid}/*.parquet")
         with fs.open(path, "rb") as fp:
             table = pq.read_table(fp)
         rows = list(zip(*(table.column(c).to_pylist() for c in ("step", "key", "rank", "seq"))))
@@ -264,7 +279,9 @@ def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> No
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--run", "1", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert f"tensorboard --logdir {out}" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["rank_0", "rank_1", "rank_2", "ranks_max", "ranks_median", "ranks_min"]
+    out = out / _run_folder(two_runs, 1)  # one run: its own folder still, never shared with another's
+    assert sorted(p.name for p in out.iterdir()) == ["rank_0", "rank_1", "rank_2", "ranks_max", "ranks_median", "ranks_min",
+                                                     "run_uuid"]  # fmt: skip
     with open_store(two_runs) as reader:
         stored = reader.metrics(1, all_attempts=True)
     for rank in (0, 1, 2):
@@ -290,9 +307,9 @@ def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> No
     every = tmp_path / "tb-all"
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--all-runs", "-o", str(every)])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (every / "second" / "version_0").iterdir()) == ["rank_0"]
-    assert (every / "lightning_logs" / "version_0" / "ranks_median").is_dir()
-    one = EventAccumulator(str(every / "second" / "version_0" / "rank_0"), size_guidance={"scalars": 0})
+    assert sorted(p.name for p in (every / _run_folder(two_runs, 2)).iterdir()) == ["rank_0", "run_uuid"]
+    assert (every / _run_folder(two_runs, 1) / "ranks_median").is_dir()
+    one = EventAccumulator(str(every / _run_folder(two_runs, 2) / "rank_0"), size_guidance={"scalars": 0})
     one.Reload()
     assert sorted(e.step for e in one.Scalars("train_loss")) == list(range(10))
 

@@ -144,6 +144,16 @@ class Destination:
             except FileNotFoundError:
                 return []
 
+    def folders(self, *parts: str) -> list[str]:
+        """The names of the folders directly under ``parts``, none when it is missing."""
+        folder = self.path(*parts)
+        with self.errors_told():
+            try:
+                found = self.fs.ls(folder, detail=True)
+            except FileNotFoundError:
+                return []
+        return [posixpath.basename(entry["name"].rstrip("/")) for entry in found if entry["type"] == "directory"]
+
     def size(self, *parts: str) -> int:
         with self.errors_told():
             return int(self.fs.size(self.path(*parts)))

@@ -1,15 +1,20 @@
 """Runs as a Hive-partitioned Parquet dataset, for the engines that spread over many machines
 (Spark, Trino, DuckDB, Polars, pyarrow): ``multirank-logger export DB --format parquet -o DEST``.
 
-The layout, one folder per table and one ``run=ID`` folder per run under it::
+The layout, one folder per table and one ``run_uuid=UUID`` folder per run under it::
 
-    DEST/metrics/run=3/part-<token>-00000.parquet   key, step, rank, value, dtype, seq, time
-    DEST/runs/run=3/...          the run's row (name, version, status, world_size, hparams, run_uuid...)
-    DEST/attempts/run=3/...      its launches
-    DEST/ranks/run=3/...         its registered ranks (host, pid, status...)
-    DEST/decisions/run=3/...     DecisionAudit's rows, DEST/logs/run=3/..., DEST/step_timing/run=3/...
-    DEST/alerts/run=3/...        what the watch raised during the run (the `alerts` table)
-    DEST/findings/run=3/...      the run's verdict kept at its end (the `findings` table)
+    DEST/metrics/run_uuid=<uuid>/part-<token>-00000.parquet   run, key, step, rank, value, dtype, seq, time
+    DEST/runs/run_uuid=<uuid>/...        the run's row (run, name, version, status, world_size, hparams...)
+    DEST/attempts/run_uuid=<uuid>/...    its launches
+    DEST/ranks/run_uuid=<uuid>/...       its registered ranks (host, pid, status...)
+    DEST/decisions/run_uuid=<uuid>/...   DecisionAudit's rows; logs/, step_timing/ likewise
+    DEST/alerts/run_uuid=<uuid>/...      what the watch raised during the run (the `alerts` table)
+    DEST/findings/run_uuid=<uuid>/...    the run's verdict kept at its end (the `findings` table)
+
+A run is keyed by its UUID (``runs.run_uuid``; one derived for a run from before UUIDs:
+``export/run_identity.py``), not by its store's id: many stores (each with a run 1, a store made
+again) and many jobs export into one lake and never meet. ``run`` in every file is the store's
+id of the run, for joins within one store's runs; across stores join on ``run_uuid``.
 
 Every stored row is there once, with the store's columns: ``value`` is the value logged (NaN and
 -0.0 included), ``dtype`` what Python type it had (``model/schema.py``), ``seq`` the rank's call
@@ -24,20 +29,25 @@ key's rows sit together and each row group's min/max of ``key`` lets a reader sk
 zstd; the sort makes ``key``, ``step``, ``rank`` and ``time`` runs that cost next to nothing:
 ``value`` is most of a row's bytes (benchmarks/bench_export.py).
 
-A run exported again (a nightly ``--since``, a run that was still running) replaces its own
-files: the new ones are written first, then the old ones removed; other runs are left as they
-are. A file appears under its name only once whole (``export/destination.py``).
+A run exported again (a nightly ``--since``, a run that was still running) replaces exactly its
+own files, those of its UUID's folders: the new ones are written first, then the old ones
+removed; other runs, of this store or any other, are left as they are. A file appears under its
+name only once whole (``export/destination.py``). A lake of the layout before UUIDs
+(``runs/run=ID/``) is refused, not mixed: two partition keys in one dataset break every reader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from multirank_logger._util.prefetch import prefetched
+from multirank_logger.errors import ExportFailed
 from multirank_logger.export.destination import Destination
+from multirank_logger.export.run_identity import run_identity
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts, attempts, decisions, findings, logs, ranks, runs, step_timing
 from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
@@ -47,7 +57,14 @@ if TYPE_CHECKING:
 
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["FILE_ROWS", "ROW_GROUP_ROWS", "WINDOW_ROWS", "ParquetExport", "export_parquet"]
+__all__ = ["FILE_ROWS", "PARTITION", "ROW_GROUP_ROWS", "RUN_COLUMN", "WINDOW_ROWS", "ParquetExport", "export_parquet"]
+
+#: the Hive partition key of every table: a run's folder is ``run_uuid=<its UUID>``
+PARTITION = "run_uuid"
+#: the column of every file that holds the store's id of the run
+RUN_COLUMN = "run"
+#: the partition key of the layout before UUIDs (``run=<store id>``): refused in a lake (see the module docstring)
+OLD_PARTITION = "run"
 
 #: rows per row group: of a window of `WINDOW_ROWS` sorted by key, a row group spans one or two
 #: keys of a 10-key run, so a read of one key skips most (65,536: 0.015 B/row more than 131,072)
@@ -107,15 +124,23 @@ def export_parquet(
         ExportFailed: the destination cannot be written (its URL's secrets left out).
     """
     target = Destination(dest, **storage_options)
+    _refuse_old_layout(target)
     out = ParquetExport(target.public)
     for ref in refs:
         token = uuid.uuid4().hex[:12]
-        old = {folder: target.files(folder, f"run={ref.id}") for folder, _, _ in RUN_TABLES}
-        old["metrics"] = target.files("metrics", f"run={ref.id}")
-        rows = _write_metrics(reader, ref, target, token, window_rows, out)
-        for folder, table, run_column in RUN_TABLES:
-            _write_file(target, (folder, f"run={ref.id}", f"part-{token}-00000.parquet"),
-                        run_table(reader, table, run_column, ref), out)  # fmt: skip
+        partition = f"{PARTITION}={run_identity(ref)}"
+        old = {folder: target.files(folder, partition) for folder, _, _ in RUN_TABLES}
+        old["metrics"] = target.files("metrics", partition)
+        try:
+            rows = _write_metrics(reader, ref, target, partition, token, window_rows, out)
+            for folder, table, run_column in RUN_TABLES:
+                rows_of_run = run_table(reader, table, run_column, ref)
+                if PARTITION in rows_of_run.column_names:  # the runs row's UUID: its folder holds it (two would clash)
+                    rows_of_run = rows_of_run.drop_columns([PARTITION])
+                _write_file(target, (folder, partition, f"part-{token}-00000.parquet"), _with_run(rows_of_run, ref), out)
+        except BaseException:
+            _remove_written(target, partition, token)  # the earlier export stays whole, never doubled by half of this one
+            raise
         for stale in old.values():  # only now: the run is never missing to a reader meanwhile
             target.remove(stale)
         out.runs.append(ref)
@@ -125,7 +150,32 @@ def export_parquet(
     return out
 
 
-def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, token: str, window_rows: int,
+def _refuse_old_layout(target: Destination) -> None:
+    """A lake of the layout before UUIDs (``runs/run=ID/``) is refused: one dataset of two
+    partition keys reads as NULLs or an error in every engine, and its runs' UUIDs are unknown."""
+    found = [name for name in target.folders("runs") if name.startswith(f"{OLD_PARTITION}=")]
+    if found:
+        raise ExportFailed(target.public, f"it holds runs in the layout before run UUIDs ({target.shown('runs', found[0])}, "
+                           f"{len(found)} run folder(s)); this export writes runs/{PARTITION}=UUID/",
+                           "Export to a new directory (or export the stores those runs came from again into one).")  # fmt: skip
+
+
+def _remove_written(target: Destination, partition: str, token: str) -> None:
+    """The files of a failed export of one run (those of its `token`), as far as the filesystem lets."""
+    for folder in ("metrics", *(name for name, _, _ in RUN_TABLES)):
+        with contextlib.suppress(Exception):
+            target.remove([path for path in target.files(folder, partition) if f"/part-{token}-" in path])
+
+
+def _with_run(table: pa.Table, ref: RunRef) -> pa.Table:
+    """`table` with the store's run id as its first column, `RUN_COLUMN` (int32, as ``runs.id``)."""
+    import pyarrow as pa
+
+    return table.add_column(0, pa.field(RUN_COLUMN, pa.int32(), nullable=False),
+                            pa.repeat(pa.scalar(ref.id, pa.int32()), table.num_rows))  # fmt: skip
+
+
+def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, partition: str, token: str, window_rows: int,
                    out: ParquetExport) -> int:  # fmt: skip
     """The run's metric rows, window by window, into files of about `FILE_ROWS` rows each."""
     import pyarrow.parquet as pq
@@ -133,15 +183,16 @@ def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, token:
     # the next window is read and its order found on a thread of its own while this one is taken
     # in order, compressed and written (DuckDB, Arrow and zstd release the GIL): one window more
     # in memory, the work about even between the two
-    windows = (rows.take(order) for rows, order in prefetched(lambda: window_orders(reader, ref, METRIC_ORDER, window_rows)))
+    windows = (_with_run(rows.take(order), ref)
+               for rows, order in prefetched(lambda: window_orders(reader, ref, METRIC_ORDER, window_rows)))  # fmt: skip
     pending = next(windows, None)
     if pending is None:  # a run with no metric row: one empty file, so that every engine finds the columns
-        _write_file(target, ("metrics", f"run={ref.id}", f"part-{token}-00000.parquet"), metric_schema().empty_table(), out)
+        _write_file(target, ("metrics", partition, f"part-{token}-00000.parquet"), _with_run(metric_schema().empty_table(), ref), out)
         return 0
     total = 0
     number = 0
     while pending is not None:
-        parts = ("metrics", f"run={ref.id}", f"part-{token}-{number:05d}.parquet")
+        parts = ("metrics", partition, f"part-{token}-{number:05d}.parquet")
         with target.writing(*parts) as fp, pq.ParquetWriter(fp, pending.schema, **_METRIC_OPTIONS) as writer:
             in_file = 0
             while pending is not None and in_file < FILE_ROWS:
@@ -174,7 +225,7 @@ _WRITE_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_statistics": Tru
 #: and seq as deltas 7.02, of which value is 6.9 (random doubles: no encoding removes them)
 _METRIC_OPTIONS: dict[str, Any] = {
     **_WRITE_OPTIONS,
-    "use_dictionary": ["key", "rank", "dtype"],
+    "use_dictionary": [RUN_COLUMN, "key", "rank", "dtype"],  # the run id: one value a file, its runs next to nothing
     "column_encoding": {"step": "DELTA_BINARY_PACKED", "seq": "DELTA_BINARY_PACKED",
                         "value": "BYTE_STREAM_SPLIT", "time": "BYTE_STREAM_SPLIT"},
 }
