@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import math
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +22,8 @@ import numpy as np
 import pytest
 
 from multirank_logger.store.sql_store import Store
-from multirank_logger.ui.server import UiServer
 from multirank_logger.write.buffer import RecordBuffer
-from tests.ui_browser import chromium
+from tests.ui_browser import chromium, served, wait_for
 
 RANKS, STEPS, NAN_RANK, NAN_STEP = 3, 40, 1, 20
 EPOCH_ENDS = (9, 19, 29, 39)
@@ -66,21 +64,8 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def page_url(db: Path) -> Iterator[str]:
-    server = UiServer(str(db), "127.0.0.1", 0, ())
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
-
-
-def _wait(driver: Any, script: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = driver.execute_script(script)
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
+    with served(str(db)) as url:
+        yield url
 
 
 def _shot(element: Any) -> np.ndarray:
@@ -120,7 +105,7 @@ def _covered(colour_at: np.ndarray, x0: float, x1: float) -> float:
 
 def _check_drawn(driver: Any) -> None:
     """The page's loss and val_loss charts, as drawn: lines through the logged steps, the NaN a break."""
-    _wait(driver, "return document.body.dataset.judged && MRL_CHARTS.loss && MRL_CHARTS.val_loss")
+    wait_for(driver, "return document.body.dataset.judged && MRL_CHARTS.loss && MRL_CHARTS.val_loss")
     loss = driver.find_element("css selector", "section[data-series=loss]")
     plot = _shot(loss.find_element("css selector", ".u-over"))
     # the median: one line from the first logged step to the last, not a dot every other step

@@ -26,7 +26,7 @@ import pytest
 
 from multirank_logger.ui.server import UiServer
 from tests.helpers.stores import summaries_of
-from tests.ui_browser import chromium, outside, requested_urls
+from tests.ui_browser import chromium, outside, requested_urls, wait_for
 
 RANKS, STEPS, KEYS = 16, 300, ("loss", "lr", "weight_norm")
 OUTLIER, NAN_RANK, NAN_STEP = 11, 4, 200
@@ -252,31 +252,21 @@ def test_a_run_id_past_int64_is_a_404_without_a_traceback(tmp_path: Path, suffix
     assert "Traceback" not in capfd.readouterr().err
 
 
-def _wait(driver: Any, script: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = driver.execute_script(script)
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
-
-
 def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tmp_path: Path, serve: Any) -> None:
     """The landing page lists the only run; its loss chart names rank 11 and rank 4 (band lines,
     legend, findings), the heatmap is drawn, a missing store's page and an unknown run's page say
     so, and not one request leaves 127.0.0.1."""
     with chromium(1300, 1500) as driver:
         driver.get(serve(tmp_path / "nope.duckdb"))
-        shown = _wait(driver, "const t = document.body.innerText; return t.includes('No store at') && t")
+        shown = wait_for(driver, "const t = document.body.innerText; return t.includes('No store at') && t")
         assert "nope.duckdb" in shown and "Traceback" not in shown
         driver.get(cli_server + "run/42")
-        shown = _wait(driver, "const t = document.getElementById('head').innerText; return t.includes('42') && t")
+        shown = wait_for(driver, "const t = document.getElementById('head').innerText; return t.includes('42') && t")
         assert "No run '42'" in shown and "Traceback" not in shown
         driver.get(cli_server)  # the runs list, also of a store of one run (issue 40 point 10)
-        _wait(driver, "return document.querySelector('#runs a[href=\"/run/1\"]')").click()
+        wait_for(driver, "return document.querySelector('#runs a[href=\"/run/1\"]')").click()
         # judged: the findings arrived, and each chart drew the lines of the ranks they name
-        _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.judged")
+        wait_for(driver, "return location.pathname === '/run/1' && document.body.dataset.judged")
         flagged = driver.execute_script("return document.querySelector('section[data-series=loss]').dataset.flagged")
         assert set(flagged.split(",")) == {str(OUTLIER), str(NAN_RANK)}
         legend = driver.find_element("css selector", "section[data-series=loss] .u-legend").text
@@ -293,14 +283,14 @@ def test_page_names_the_outlier_and_the_nan_rank_in_chromium(cli_server: str, tm
             "return [[o.left, o.width], [h.left + parseFloat(c.dataset.left), parseFloat(c.dataset.plotWidth)]]"
         )
         assert abs(chart[0] - heat[0]) <= 1 and abs(chart[1] - heat[1]) <= 1, (chart, heat)
-        findings = _wait(driver, "const t = document.getElementById('findings').innerText; return !t.includes('computing') && t")
+        findings = wait_for(driver, "const t = document.getElementById('findings').innerText; return !t.includes('computing') && t")
         assert f"rank {OUTLIER} loss departs" in findings and f"rank {NAN_RANK} loss NaN from step {NAN_STEP}" in findings
         # a click on rank 7's heatmap row draws its line on the band chart
         driver.execute_script(
             "const c = document.querySelector('section[data-series=lr] canvas.heatmap'), r = c.getBoundingClientRect();"
             "c.dispatchEvent(new MouseEvent('click', {clientX: r.left + r.width / 2, clientY: r.top + (7.5 / 16) * r.height}));"
         )
-        _wait(driver, "return document.querySelector('section[data-series=lr] .u-legend').innerText.includes('rank 7')")
+        wait_for(driver, "return document.querySelector('section[data-series=lr] .u-legend').innerText.includes('rank 7')")
         driver.save_screenshot(str(tmp_path / "run.png"))
         urls = requested_urls(driver)
         assert any("/api/run/1/series" in u for u in urls) and outside(urls) == [], outside(urls)
@@ -353,7 +343,7 @@ def test_report_page_with_a_key_holding_a_script_comment_draws_in_chromium(tmp_p
     assert result.exit_code == 0, result.output
     with chromium(1100, 1600) as driver:
         driver.get(page.as_uri())
-        _wait(driver, "return document.body.dataset.drawn", timeout=120)
+        wait_for(driver, "return document.body.dataset.drawn", timeout=120)
         drawn = driver.execute_script("return Array.from(document.querySelectorAll('section.series'), s => s.dataset.series)")
         assert set(HOSTILE_KEYS) <= set(drawn), drawn
 
@@ -378,8 +368,8 @@ def test_page_marks_the_rank_where_a_spread_nan_started_in_chromium(tmp_path: Pa
     store.close()
     with chromium(1300, 1200) as driver:
         driver.get(serve(db) + "run/1")
-        _wait(driver, "return document.body.dataset.judged")
-        marks = _wait(driver, "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
+        wait_for(driver, "return document.body.dataset.judged")
+        marks = wait_for(driver, "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
                               "return c && c.dataset.origins && [c.dataset.origins, c.dataset.ringed]")  # fmt: skip
         assert marks[0] == "2" and "2" in marks[1].split(","), marks
         first = driver.execute_script("const li = document.querySelector('#findings li'); return [li.className, li.innerText]")

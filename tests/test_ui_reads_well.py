@@ -10,17 +10,14 @@ decisions as the terminal words them, and the report's file without a link to fi
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from multirank_logger.ui.server import UiServer
 from tests.helpers import new_user_store as nu
-from tests.ui_browser import chromium
+from tests.ui_browser import chromium, served, wait_for
 
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
 
@@ -28,26 +25,13 @@ SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = nu.build(tmp_path_factory.mktemp("reads_well") / "runs.sqlite")
-    server = UiServer(str(db), "127.0.0.1", 0, ())
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
-
-
-def _wait(driver: Any, script: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = driver.execute_script(script)
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
+    with served(str(db)) as url:
+        yield url
 
 
 def _ticks(driver: Any, series: str, axis: int) -> list[str]:
     """The tick labels the chart drew (after its layout: uPlot lays out a new chart a moment later)."""
-    return _wait(driver, f"return MRL_CHARTS[{series!r}].axes[{axis}]._values", timeout=10)
+    return wait_for(driver, f"return MRL_CHARTS[{series!r}].axes[{axis}]._values", timeout=10)
 
 
 def _labels_fit(driver: Any, series: str) -> bool:
@@ -85,11 +69,11 @@ def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> No
     with chromium(1300, 1400) as driver:
         # the runs list is shown, also to a store's first visitor; two different runs ticked
         driver.get(page_url)
-        _wait(driver, "return document.querySelectorAll('#runs tr[data-run]').length === 2")
+        wait_for(driver, "return document.querySelectorAll('#runs tr[data-run]').length === 2")
         assert driver.execute_script("return location.pathname") == "/"
         assert sorted(driver.execute_script("return document.getElementById('compare').dataset.runs").split(",")) == ["1", "2"]
         driver.find_element("css selector", "#runs a[href='/run/1']").click()
-        _wait(driver, "return location.pathname === '/run/1' && document.body.dataset.judged")
+        wait_for(driver, "return location.pathname === '/run/1' && document.body.dataset.judged")
         assert ", 1m30s, " in driver.find_element("id", "head").text  # the duration `runs` writes (point 15)
 
         # 4: a 25,000 peak's labels in full; RSS in MiB, StepTimer's seconds in ms
@@ -147,7 +131,7 @@ def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> No
             "const c = document.querySelector('section[data-series=train_loss] canvas.heatmap'), r = c.getBoundingClientRect();"
             "c.dispatchEvent(new MouseEvent('click', {clientX: r.left + parseFloat(c.dataset.left) + 20, clientY: r.top + r.height / 6}));"
         )
-        _wait(driver, "return MRL_CHARTS.train_loss.series.some((s) => s.label === 'rank 0')")
+        wait_for(driver, "return MRL_CHARTS.train_loss.series.some((s) => s.label === 'rank 0')")
         assert before and colour(nu.BAD_RANK) == before and colour(0) != before
 
         # 8: log scale and smoothing
@@ -171,7 +155,7 @@ def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> No
 
         # 10: several runs overlaid, each key's median and band per run
         driver.get(page_url + "compare?runs=1,2")
-        _wait(driver, "return document.body.dataset.drawn")
+        wait_for(driver, "return document.body.dataset.drawn")
         overlaid = driver.execute_script("return Array.from(document.querySelectorAll('section.series .band'), (b) => b.dataset.runs)")
         assert overlaid and all(r == "1,2" for r in overlaid), overlaid
         labels = driver.execute_script("return MRL_CHARTS.train_loss.series.map((s) => s.label)")
@@ -191,7 +175,7 @@ def test_the_report_file_links_nowhere_outside_it(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     with chromium(1100, 900) as driver:
         driver.get(page.as_uri())
-        _wait(driver, "return document.body.dataset.drawn")
+        wait_for(driver, "return document.body.dataset.drawn")
         links = driver.execute_script("return Array.from(document.querySelectorAll('a[href]'), (a) => a.href)")
         assert not any(link.rstrip("/") == "file:" or link == "file:///" for link in links), links
         assert driver.find_element("id", "home").tag_name == "span"

@@ -53,3 +53,32 @@ def requested_urls(driver: Any) -> list[str]:
 def outside(urls: list[str], host: str = "127.0.0.1") -> list[str]:
     """The URLs that leave ``host`` (data: and blob: URLs stay in the page)."""
     return [u for u in urls if urlsplit(u).scheme not in ("data", "blob", "about") and urlsplit(u).hostname != host]
+
+
+@contextmanager
+def served(db: str, allowed_hosts: tuple[str, ...] = ()) -> Iterator[str]:
+    """The page of store `db` served on a free port of 127.0.0.1, in a thread; yields its URL."""
+    import threading
+
+    from multirank_logger.ui.server import UiServer
+
+    server = UiServer(db, "127.0.0.1", 0, allowed_hosts)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    try:
+        yield server.url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def wait_for(driver: Any, script: str, timeout: float = 90) -> Any:
+    """The first truthy value `script` returns in the page, polled; fails with the page's text after `timeout`."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
