@@ -85,7 +85,7 @@ class Findings:
     def departing(self, series: str) -> list[int]:
         """The ranks this report names under one of the page's series (a metric key, or
         ``timing:COLUMN``): outliers of a key, stragglers of a phase, memory of its measure."""
-        return sorted({f.rank for f in self.verdict() if f.kind != "non_finite" and f.series == series})
+        return self.departing_by_series().get(series, [])
 
     def departing_by_series(self) -> dict[str, list[int]]:
         """`departing` for every series under which this report names a rank."""
