@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.logger_helpers import query, train_cmd, train_env
-from tests.test_ui import _wait
-from tests.ui_browser import chromium, outside, requested_urls
+from tests.ui_browser import chromium, outside, requested_urls, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -37,25 +36,25 @@ def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: P
         url = (server.stdout.readline() if server.stdout else "").split()[2]
         with chromium(1300, 1200) as driver:
             driver.get(url)
-            _wait(driver, "return document.querySelector('.error')?.innerText.includes('No store at')")
+            wait_for(driver, "return document.querySelector('.error')?.innerText.includes('No store at')")
             driver.execute_script("window.notReloaded = true")  # gone if the page reloads
             gate = tmp_path / "gate"
             _allow(gate, 3)
             training = subprocess.Popen(train_cmd(db, tmp_path, "--steps", str(STEPS), "--gate", str(gate)),
                                         cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             cell = "const c = document.querySelector('#runs tr[data-run] td:nth-child(7)'); return c && c.innerText !== '-' && +c.innerText"
-            first_step = _wait(driver, cell, timeout=120)
+            first_step = wait_for(driver, cell, timeout=120)
             _allow(gate, 7)
-            _wait(driver, cell.replace("&& +c.innerText", f"&& +c.innerText > {first_step}"), timeout=120)
+            wait_for(driver, cell.replace("&& +c.innerText", f"&& +c.innerText > {first_step}"), timeout=120)
             assert driver.execute_script("return window.notReloaded") is True
             status = driver.find_element("css selector", "#runs tr[data-run] td:nth-child(3)").text
             # the run's own page, opened while the run goes on: its header's last step grows too
             driver.get(url + "run/1")
-            _wait(driver, "return document.body.dataset.drawn")
+            wait_for(driver, "return document.body.dataset.drawn")
             driver.execute_script("window.notReloaded = true")
             head = driver.find_element("id", "head").text
             _allow(gate, 11)
-            _wait(driver, f"return document.getElementById('head').innerText !== {head!r}", timeout=120)
+            wait_for(driver, f"return document.getElementById('head').innerText !== {head!r}", timeout=120)
             assert driver.execute_script("return window.notReloaded") is True
             assert outside(requested_urls(driver)) == []
         _allow(gate, STEPS)
