@@ -44,6 +44,7 @@ from multirank_logger.errors import (
     NotAStoreFile,
     ReadsStopped,
     StoreUnreachable,
+    UnsupportedStore,
 )
 from multirank_logger.query.reader import StoreReader, open_store
 from multirank_logger.query.step_buckets import BucketSummary
@@ -208,14 +209,14 @@ class UiServer(ThreadingHTTPServer):
         """Load what the first request needs (pandas, pyarrow, the views) before the URL is shown,
         so the first page is not the one that pays for the imports. A store that cannot be
         read yet is no error here: the page says why. One that never can be is (a path that is
-        no store file: a directory, a FIFO, a device), and so is a server that cannot be reached.
+        no store file: a directory, a FIFO, a device, a name of no store's kind), and so is a server that cannot be reached.
 
         Raises:
-            NotAStoreFile, StoreUnreachable: the page could never show a run."""
+            NotAStoreFile, StoreUnreachable, UnsupportedStore: the page could never show a run."""
         try:
             with self.reader() as reader:
                 views.runs_view(reader)
-        except (NotAStoreFile, StoreUnreachable):
+        except (NotAStoreFile, StoreUnreachable, UnsupportedStore):
             raise
         except Exception:  # noqa: BLE001 (reported by the page, at the first request)
             pass
