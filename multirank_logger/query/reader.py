@@ -409,6 +409,8 @@ class StoreReader:
             LookupFailed: for a rank the run does not have.
         """
         with self._connect() as conn:
+            if not -(2**63) <= rank < 2**63:  # no rank has it; the driver would overflow binding it
+                raise LookupFailed("rank", str(rank), [str(r) for r in _run_ranks(conn, ref)])
             self.store.backend.hold_snapshot(conn)
             keys, pieces = self.store.backend.rank_calls(conn, ref.id, rank)
             if not keys and rank not in (known := _run_ranks(conn, ref)):
