@@ -7,7 +7,7 @@ MultiRankLoggerError
  │    ├── UnsupportedStore       a db path or URL of a kind we do not write
  │    │    └── RemoteStore       a db on a remote filesystem (s3://, memory://...)
  │    ├── StoreNotWritable       the db's directory cannot be written
- │    ├── NotAStoreFile          the db path names a directory, a FIFO, a device: no file a store can be
+ │    │    └── NotAStoreFile     the db path names a directory, a FIFO, a device: no file a store can be
  │    ├── StoreUnreachable       the database server cannot be reached (its URL's password left out)
  │    ├── WalNotReadable         a SQLite log that only a reader who can write its directory reads
  │    ├── NotADatabase           the file exists but is not a database of its kind
@@ -127,11 +127,14 @@ class StoreNotWritable(StoreError):
         )
 
 
-class NotAStoreFile(StoreError):
+class NotAStoreFile(StoreNotWritable):
     def __init__(self, path: str, what: str, example: str) -> None:
         self.path = path
-        super().__init__(f"{path} is {what}, not a store file: a store is a regular file (or a server's URL). "
-                         f"Pass the path of a store file, e.g. {example}.")
+        StoreError.__init__(
+            self,
+            f"{path} is {what}, not a store file: a store is a regular file (or a server's URL). "
+            f"Pass the path of a store file, e.g. {example}.",
+        )
 
 
 class StoreUnreachable(StoreError):

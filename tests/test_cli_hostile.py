@@ -181,3 +181,20 @@ def test_ranks_past_64_bits_are_no_such_rank(one_run: str) -> None:
         result = CliRunner().invoke(main, _argv(name, one_run, Path("unused"), "--rank", "99999999999999999999"))
         assert result.exception is None or isinstance(result.exception, SystemExit), f"{name}: {result.exc_info}"
         assert "Traceback" not in result.output and len(result.output.splitlines()) <= MOST_LINES, result.output
+
+
+@pytest.mark.parametrize("value", ["http://evil.com/", "evil.com/path", "user@evil.com", "evil.com:99999", "", "a b"])
+def test_allow_host_takes_a_host_name_only(value: str, tmp_path: Path) -> None:
+    """`--allow-host http://evil.com/` once allowed a host named "http", silently."""
+    result = CliRunner().invoke(main, ["ui", str(tmp_path / "runs.sqlite"), "--port", "0", "--allow-host", value])
+    _check(f"--allow-host {value!r}", result.exit_code, result.output)
+    assert "is not a host name" in result.output, result.output
+    if "evil.com" in value:
+        assert "pass --allow-host evil.com" in result.output, result.output
+
+
+def test_allow_host_names_it_takes() -> None:
+    from multirank_logger.ui.server import allowed_host_name
+
+    assert [allowed_host_name(v) for v in ("Tunnel.Example.com", "tunnel.example.com:8080", "::1", "[::1]:80", "10.0.0.1")] == [
+        "tunnel.example.com", "tunnel.example.com", "::1", "::1", "10.0.0.1"]  # fmt: skip
