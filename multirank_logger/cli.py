@@ -23,7 +23,7 @@ from multirank_logger._util.readable import text_table, times_as_times
 from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew
 from multirank_logger.store.backends import public_name
-from multirank_logger.store.sql_store import Store, head_revision, migrations_dir
+from multirank_logger.store.sql_store import Store, head_revision, is_known_revision
 
 __all__ = ["main"]
 
@@ -61,7 +61,7 @@ def db_upgrade(db_path: str) -> None:
     """Bring the store DB to the schema this version needs (creates it when missing)."""
     store = Store.for_upgrade(db_path)
     before = store.current_revision()
-    if before is not None and not _known_revision(before):
+    if before is not None and not is_known_revision(before):
         store.close()  # before Alembic: it fails on a revision it cannot find, with a 36-frame traceback
         raise SchemaTooNew(public_name(db_path), before, __version__)
     store.upgrade("head")
@@ -78,25 +78,15 @@ def db_upgrade(db_path: str) -> None:
 @_friendly_errors
 def db_current(db_path: str) -> None:
     """Print the store's schema revision, and whether it is this version's head."""
-    store = Store.for_upgrade(db_path, newer_ok=True)
+    store = Store.for_upgrade(db_path, newer_ok=True, create=False)
     found = store.current_revision()
     store.close()
     head = head_revision()
-    if found is not None and not _known_revision(found):
+    if found is not None and not is_known_revision(found):
         state = f"unknown to multirank_logger {__version__}: written by a newer version"
     else:
         state = "head" if found == head else f"behind head {head}" if found else "empty"
     click.echo(f"{found or '(none)'} ({state})")
-
-
-def _known_revision(revision: str) -> bool:
-    """Whether this version's migrations hold ``revision`` (a newer version's store has one they lack)."""
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    config = Config()
-    config.set_main_option("script_location", str(migrations_dir()))
-    return revision in {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
 
 
 @main.command("import")
@@ -462,6 +452,7 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
               help="Also answer requests addressed to NAME (a tunnel's or proxy's host name); repeatable.")  # fmt: skip
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               metavar="SECONDS", help="Stop a request's reads after this many seconds; it answers 503 (503: try again).")  # fmt: skip
+@_friendly_errors
 def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...], request_timeout: float) -> None:
     """A live page over the store DB: runs, findings, every key's band and rank x step heatmap.
 
@@ -480,10 +471,10 @@ def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...], r
         server = UiServer(db_path, host, port, allowed_hosts, request_timeout)
     except OSError as exc:
         raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}. Pick another --port.") from exc
-    server.warm_up()
-    click.echo(f"multirank-logger ui: {server.url}  (store {public_name(db_path)}; Ctrl-C stops it)")
-    sys.stdout.flush()  # the URL, at once, also when stdout is a pipe
     try:
+        server.warm_up()  # a store path that can never be a store, a server not reached: one line, no page
+        click.echo(f"multirank-logger ui: {server.url}  (store {public_name(db_path)}; Ctrl-C stops it)")
+        sys.stdout.flush()  # the URL, at once, also when stdout is a pipe
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass

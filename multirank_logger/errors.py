@@ -7,6 +7,8 @@ MultiRankLoggerError
  │    ├── UnsupportedStore       a db path or URL of a kind we do not write
  │    │    └── RemoteStore       a db on a remote filesystem (s3://, memory://...)
  │    ├── StoreNotWritable       the db's directory cannot be written
+ │    │    └── NotAStoreFile     the db path names a directory, a FIFO, a device: no file a store can be
+ │    ├── StoreUnreachable       the database server cannot be reached (its URL's password left out)
  │    ├── WalNotReadable         a SQLite log that only a reader who can write its directory reads
  │    ├── NotADatabase           the file exists but is not a database of its kind
  │    ├── DamagedStore           a database of its kind, but damaged: refused before any write
@@ -24,6 +26,7 @@ MultiRankLoggerError
  │    └── ReadsStopped           a reader's queries were stopped (Ctrl-C, a page request's bound)
  ├── InvalidMetric               a log call the store cannot hold (value, key or step)
  ├── InvalidTransport            a transport= the logger does not know (also a ValueError)
+ ├── InvalidHostName             a host name to allow (ui --allow-host) that is no host name (also a ValueError)
  ├── MissingExtra                an optional dependency (an extra) is not installed
  ├── NoMultiRankLogger           DecisionAudit in a Trainer that logs to no MultiRankLogger
  ├── RunIdentityMismatch         a rank's store holds another run than rank 0 announced
@@ -51,6 +54,7 @@ __all__ = [
     "ForeignStore",
     "GatherMismatch",
     "IdentityTimeout",
+    "InvalidHostName",
     "InvalidMetric",
     "InvalidTransport",
     "LookupFailed",
@@ -58,6 +62,7 @@ __all__ = [
     "MultiRankLoggerError",
     "NoMultiRankLogger",
     "NotADatabase",
+    "NotAStoreFile",
     "ProcessGroupFirst",
     "QueryFailed",
     "QueryTimedOut",
@@ -75,6 +80,7 @@ __all__ = [
     "StoreGone",
     "StoreLocked",
     "StoreNotWritable",
+    "StoreUnreachable",
     "TorchTooOld",
     "UnsupportedStore",
     "WalNotReadable",
@@ -119,6 +125,23 @@ class StoreNotWritable(StoreError):
             f"Cannot write the store at {path}: {reason}. "
             "Pass a db path in a directory you can write to."
         )
+
+
+class NotAStoreFile(StoreNotWritable):
+    def __init__(self, path: str, what: str, example: str) -> None:
+        self.path = path
+        StoreError.__init__(
+            self,
+            f"{path} is {what}, not a store file: a store is a regular file (or a server's URL). "
+            f"Pass the path of a store file, e.g. {example}.",
+        )
+
+
+class StoreUnreachable(StoreError):
+    def __init__(self, db: str, reason: str) -> None:
+        self.db = db
+        super().__init__(f"Cannot connect to the store {db}: {reason}. Check that its server runs and that the URL's "
+                         "host, port, user and database are right (a password: in the URL, PGPASSWORD or ~/.pgpass).")
 
 
 class WalNotReadable(StoreError):
@@ -321,6 +344,14 @@ class InvalidTransport(MultiRankLoggerError, ValueError):
             "Use 'auto' (the default) to let the logger choose, 'direct' for every rank to write "
             "the store, or 'gather' for rank 0 alone to write it."
         )
+
+
+class InvalidHostName(MultiRankLoggerError, ValueError):
+    def __init__(self, value: str, suggestion: str | None) -> None:
+        self.value = value
+        instead = f": pass {suggestion}" if suggestion else ": pass a name such as tunnel.example.com"
+        super().__init__(f"--allow-host {value!r} is not a host name (a name or an address, with a port or without: "
+                         f"no scheme, path or user){instead}.")
 
 
 class IdentityTimeout(MultiRankLoggerError):

@@ -245,7 +245,7 @@ def test_path_that_is_a_directory_is_refused(tmp_path: Path, backend: str) -> No
     """A directory named like a store is refused before anything is opened."""
     target = tmp_path / f"runs.{'duckdb' if backend == 'duckdb' else 'db'}"
     target.mkdir()
-    with pytest.raises(StoreNotWritable, match="it is a directory"):
+    with pytest.raises(StoreNotWritable, match="is a directory, not a store file"):  # NotAStoreFile
         Store(target)
 
 

@@ -246,9 +246,12 @@ def test_a_run_id_past_int64_is_a_404_without_a_traceback(tmp_path: Path, suffix
     store.create_run("lightning_logs", world_size=1)
     store.close()
     url = serve(tmp_path / f"runs{suffix}")
-    for route in ("api/run/99999999999999999999", "api/run/9223372036854775808/series?name=loss"):
+    for route in ("api/run/99999999999999999999", "api/run/9223372036854775808/series?name=loss",
+                  "api/run/" + "9" * 5000, "api/run/" + "9" * 5000 + "/findings"):  # past int()'s 4,300 digits too
         status, body = get(url + route)
-        assert status == 404 and "No run '9" in body["error"], body
+        assert status == 404 and "No run '9" in body["error"] and len(body["error"]) < 200, body
+    status, body = get(url + "api/run/1/line?name=loss&rank=" + "9" * 5000)
+    assert status == 404, body
     assert "Traceback" not in capfd.readouterr().err
 
 

@@ -34,7 +34,7 @@ from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_MET
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.finalize import finish_run
 from multirank_logger.logger.rank_run import RankRun
-from multirank_logger.logger.run_settings import RunSettings
+from multirank_logger.logger.run_settings import ALERT_URL_ENV, DB_ENV, RunSettings, from_environment
 from multirank_logger.logger.save_dir import DEFAULT_DB_NAME, check_store_is_local
 from multirank_logger.store.backends import backend_for, public_name, resolve_url
 from multirank_logger.store.run_lifecycle import check_run_choice
@@ -68,8 +68,9 @@ class MultiRankLogger(Logger):
             which each write opens, is written once per ``flush_interval`` or at
             ``writer_thread.SELDOM_MAX_CALLS`` pending calls instead.
         db: the store: a path ending in ``.duckdb``, ``.db``, ``.sqlite``, ``.sqlite3``, or a
-            SQLAlchemy URL. Created at the current schema when missing. Defaults to
-            ``save_dir/runs.sqlite``: SQLite never blocks a reader and lets every rank of a node
+            SQLAlchemy URL. Created at the current schema when missing. None: the environment's
+            ``MULTIRANK_LOGGER_DB`` when set (a URL with a password kept out of the arguments
+            LightningCLI saves, see docs/configuration.md), else ``save_dir/runs.sqlite``: SQLite never blocks a reader and lets every rank of a node
             write (see the README). A local file or a server: never a remote filesystem.
         flush_interval: seconds between two flushes of the background writer.
         transport: ``"direct"`` (every rank writes the store), ``"gather"`` (rank 0 writes,
@@ -112,6 +113,7 @@ class MultiRankLogger(Logger):
             field, off the training thread, with a bounded timeout and retries; no redirect is
             followed, and the alerts it did not take are counted and said at the run's end. The
             URL is never shown or stored (only its scheme and host, in a failure's message).
+            None: the environment's ``MULTIRANK_LOGGER_ALERT_URL`` when set.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -163,6 +165,8 @@ class MultiRankLogger(Logger):
             raise TypeError(f"watch={watch!r}: pass True (the default) or False.")
         if on_alert is not None and not callable(on_alert):
             raise TypeError(f"on_alert={on_alert!r}: pass a callable taking one Alert, or None.")
+        # secrets may come from the environment, never part of the arguments LightningCLI saves
+        db, alert_url = from_environment(db, DB_ENV), from_environment(alert_url, ALERT_URL_ENV)
         check_alert_url(alert_url)
         if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")

@@ -18,7 +18,18 @@ from sqlalchemy.engine import URL
 
 from multirank_logger.store.backends import public_name
 
-__all__ = ["RunSettings", "jsonable"]
+__all__ = ["ALERT_URL_ENV", "DB_ENV", "RunSettings", "from_environment", "jsonable"]
+
+#: where `db` comes from when the logger is given none: a URL with a password stays out of the
+#: logger's arguments, so out of what LightningCLI saves (config.yaml) and of every log line
+DB_ENV = "MULTIRANK_LOGGER_DB"
+#: where `alert_url` comes from when the logger is given none (a webhook's path is a token)
+ALERT_URL_ENV = "MULTIRANK_LOGGER_ALERT_URL"
+
+
+def from_environment(given: Any, variable: str) -> Any:
+    """`given`, or when it is None the environment's `variable` (None when unset or empty)."""
+    return given if given is not None else (os.environ.get(variable) or None)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,14 @@ def open_store(db: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT
     return StoreReader(store, lock_timeout=lock_timeout)
 
 
+def _run_number(digits: str) -> int | None:
+    """A run id or version given as digits, or None where no run can have it (past a 64-bit
+    integer, what every backend stores; a Unicode digit such as "²", which int() refuses)."""
+    if not digits.isascii() or len(digits) > 19 or int(digits) > 2**63 - 1:
+        return None
+    return int(digits)
+
+
 class StoreReader:
     """Read-only views of one store, as pandas DataFrames.
 
@@ -252,10 +260,11 @@ class StoreReader:
         text = None if run is None else str(run).strip()
         if text is not None:
             label = _RUN_LABEL.match(text)
-            if text.isdigit():
-                stmt = stmt.where(runs.c.id == int(text))
+            if text.isdigit():  # past 64 bits (or 4,300 digits, int's own bound): no run has that id
+                stmt = stmt.where(runs.c.id == _run_number(text)) if _run_number(text) is not None else stmt.where(sa.false())
             elif label:
-                stmt = stmt.where(runs.c.name == label["name"], runs.c.version == int(label["version"]))
+                version = _run_number(label["version"])
+                stmt = stmt.where(runs.c.name == label["name"], runs.c.version == version if version is not None else sa.false())
             elif "/" in text:  # NAME/VERSION_NAME: a named version
                 name, version_name = text.rsplit("/", 1)
                 stmt = stmt.where(runs.c.name == name, runs.c.version_name == version_name)
@@ -400,6 +409,8 @@ class StoreReader:
             LookupFailed: for a rank the run does not have.
         """
         with self._connect() as conn:
+            if not -(2**63) <= rank < 2**63:  # no rank has it; the driver would overflow binding it
+                raise LookupFailed("rank", str(rank), [str(r) for r in _run_ranks(conn, ref)])
             self.store.backend.hold_snapshot(conn)
             keys, pieces = self.store.backend.rank_calls(conn, ref.id, rank)
             if not keys and rank not in (known := _run_ranks(conn, ref)):

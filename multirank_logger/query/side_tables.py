@@ -154,7 +154,8 @@ def read_logs(fetch_arrow: FetchArrow, run: RunRef, rank: int | None = None, lev
     """
     stmt = sa.select(*(logs.c[name] for name in LOG_COLUMNS)).where(logs.c.run_id == run.id)
     if rank is not None:
-        stmt = stmt.where(logs.c.rank == int(rank))
+        # past 64 bits no rank has it (and the driver would overflow binding it)
+        stmt = stmt.where(logs.c.rank == int(rank) if -(2**63) <= int(rank) < 2**63 else sa.false())
     if level is not None:
         stmt = stmt.where(logs.c.levelno >= level_number(level))
     return _frame(fetch_arrow, stmt.order_by(logs.c.time, logs.c.rank, logs.c.seq).limit(limit), LOG_COLUMNS)

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -26,6 +27,7 @@ from sqlalchemy.engine import URL
 from multirank_logger._version import __version__
 from multirank_logger.errors import (
     ForeignStore,
+    NotAStoreFile,
     SchemaOutdated,
     SchemaTooNew,
     StoreError,
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-__all__ = ["Store", "head_revision", "migrations_dir", "retry_while_locked"]
+__all__ = ["Store", "head_revision", "is_known_revision", "migrations_dir", "retry_while_locked"]
 
 T = TypeVar("T")
 
@@ -103,6 +105,11 @@ def _known_revisions() -> set[str]:
     return {rev.revision for rev in _script().walk_revisions()}
 
 
+def is_known_revision(revision: str) -> bool:
+    """Whether this version's migrations hold ``revision`` (a newer version's store has one they lack)."""
+    return revision in _known_revisions()
+
+
 def _beside(path: Path) -> Path:
     """A store path next to `path` for multirank_logger alone."""
     return path.with_name(f"{path.stem}-multirank{path.suffix}")
@@ -111,6 +118,33 @@ def _beside(path: Path) -> Path:
 def _listed(names: list[str], most: int = 6) -> str:
     more = f", ... ({len(names)} in all)" if len(names) > most else ""
     return ", ".join(names[:most]) + more
+
+
+#: what a path that is no regular file names, by its stat mode (checked before anything opens it)
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def _refuse_unless_store_file(path: Path, *, must_exist: bool) -> None:
+    """Refuse, before anything opens it, a store path that is no regular file (a directory, a FIFO
+    that would block its reader, /dev/zero) and one whose place cannot hold a file.
+
+    Raises:
+        NotAStoreFile; StoreError: a missing store where `must_exist`, or a path that cannot be looked at.
+    """
+    try:
+        mode = path.stat().st_mode  # stat opens nothing: a FIFO is not waited on
+    except FileNotFoundError:
+        if must_exist:
+            raise StoreError(f"No store at {path}. Check the path; a store is created by the first run logged to it.") from None
+        return
+    except OSError as exc:  # a file where a directory should be, a name too long, a directory not searchable
+        example = Path.cwd() / f"runs{path.suffix or '.sqlite'}"
+        raise NotAStoreFile(str(path), f"a path no file can be at ({exc.strerror or exc})", str(example)) from None
+    for is_kind, what in _NOT_FILES:
+        if is_kind(mode):
+            example = (path if stat.S_ISDIR(mode) else Path.cwd()) / f"runs{path.suffix or '.sqlite'}"
+            raise NotAStoreFile(str(path), what, str(example))
 
 
 def _check_writable(path: Path) -> None:
@@ -155,8 +189,7 @@ class Store:
         self.readonly = readonly
         path = self.backend.path
         if path is not None:
-            if (readonly or not create) and not path.is_file():
-                raise StoreError(f"No store at {path}. Check the path; a store is created by the first run logged to it.")
+            _refuse_unless_store_file(path, must_exist=readonly or not create)
             if not readonly:
                 _check_writable(path)
             if not readonly:
@@ -302,14 +335,19 @@ class Store:
         getattr(command, verb)(cfg, revision)
 
     @classmethod
-    def for_upgrade(cls, db: str | os.PathLike[str] | URL, *, newer_ok: bool = False) -> Store:
+    def for_upgrade(cls, db: str | os.PathLike[str] | URL, *, newer_ok: bool = False, create: bool = True) -> Store:
         """Open a store without the schema check, for `db upgrade` and `db current` (`newer_ok`:
-        only to read the revision of a store a newer version wrote)."""
+        only to read the revision of a store a newer version wrote; `create`: False, a missing
+        store file is an error, not a new empty store)."""
         self = cls.__new__(cls)
         self.url = resolve_url(db)
         self._shown = public_name(db)
         self.backend = backend_for(self.url)
         self.readonly = False
+        if self.backend.path is not None:
+            _refuse_unless_store_file(self.backend.path, must_exist=not create)
+            if create:
+                _check_writable(self.backend.path)
         self._refuse_unless_ours(self.backend.inspect_before_write(), outdated_ok=True, newer_ok=newer_ok)
         self.engine = self.backend.create_engine()
         self._holding = threading.local()

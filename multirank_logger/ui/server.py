@@ -37,7 +37,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from multirank_logger.errors import LookupFailed, MultiRankLoggerError, ReadsStopped
+from multirank_logger.errors import (
+    InvalidHostName,
+    LookupFailed,
+    MultiRankLoggerError,
+    NotAStoreFile,
+    ReadsStopped,
+    StoreUnreachable,
+    UnsupportedStore,
+)
 from multirank_logger.query.reader import StoreReader, open_store
 from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.store.backends import public_name, without_secrets
@@ -92,6 +100,7 @@ class UiServer(ThreadingHTTPServer):
 
     def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0, allowed_hosts: Iterable[str] = (),
                  request_timeout: float | None = REQUEST_TIMEOUT_S) -> None:  # fmt: skip
+        allowed = [allowed_host_name(name) for name in allowed_hosts]  # before the port is bound
         self.db = db
         self.cache = _Cache()
         self.request_timeout = request_timeout
@@ -102,7 +111,7 @@ class UiServer(ThreadingHTTPServer):
         self._answering = 0
         self._answered = threading.Condition()
         super().__init__((host, port), _Handler)
-        self.own_hosts = _own_hosts(str(self.server_address[0])) | {_bare_host(name) for name in allowed_hosts}
+        self.own_hosts = _own_hosts(str(self.server_address[0])) | set(allowed)
 
     def host_allowed(self, value: str) -> bool:
         """Whether a ``Host`` header (or an ``Origin``'s host and port) names this server: one of
@@ -199,10 +208,16 @@ class UiServer(ThreadingHTTPServer):
     def warm_up(self) -> None:
         """Load what the first request needs (pandas, pyarrow, the views) before the URL is shown,
         so the first page is not the one that pays for the imports. A store that cannot be
-        read yet is no error here: the page says why."""
+        read yet is no error here: the page says why. One that never can be is (a path that is
+        no store file: a directory, a FIFO, a device, a name of no store's kind), and so is a server that cannot be reached.
+
+        Raises:
+            NotAStoreFile, StoreUnreachable, UnsupportedStore: the page could never show a run."""
         try:
             with self.reader() as reader:
                 views.runs_view(reader)
+        except (NotAStoreFile, StoreUnreachable, UnsupportedStore):
+            raise
         except Exception:  # noqa: BLE001 (reported by the page, at the first request)
             pass
 
@@ -298,9 +313,11 @@ class _Handler(BaseHTTPRequestHandler):
         m = re.fullmatch(r"run/(\d+)(?:/(findings|series|line|logs|alerts))?", route)
         if m is None:
             raise _Answer(HTTPStatus.NOT_FOUND, f"No API route {route}.")
+        # past int64 the driver would overflow binding it; past 4,300 digits int() itself refuses
+        if not m[1].isascii() or len(m[1]) > len(str(_MAX_RUN_ID)) or int(m[1]) > _MAX_RUN_ID:
+            shown = m[1] if len(m[1]) <= 40 else f"{m[1][:20]}...({len(m[1])} digits)"
+            raise _Answer(HTTPStatus.NOT_FOUND, f"No run '{shown}': a run id is at most {_MAX_RUN_ID}.")
         run_id, what = int(m[1]), m[2]
-        if run_id > _MAX_RUN_ID:  # past int64: the driver would overflow binding it
-            raise _Answer(HTTPStatus.NOT_FOUND, f"No run '{m[1]}': a run id is at most {_MAX_RUN_ID}.")
         with self.server.reader() as reader:
             ref = reader.resolve_run(run_id)
             if what is None:  # ?brief=1: the header only (what the open page polls: milliseconds)
@@ -319,7 +336,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not s.ranks:
                 raise _Answer(HTTPStatus.NOT_FOUND, f"Run {ref.id} holds no values of {name!r}.")
             if what == "line":
-                rank = int(query["rank"]) if query.get("rank", "").lstrip("-").isdigit() else -1
+                given = query.get("rank", "")  # no rank has ten digits: int() is never given thousands
+                rank = int(given) if re.fullmatch(r"-?[0-9]{1,10}", given) else -1
                 if rank not in s.ranks:
                     raise _Answer(HTTPStatus.NOT_FOUND, f"Rank {rank} logged no {name!r} in run {ref.id}.")
                 return views.line_view(s, rank)
@@ -368,6 +386,35 @@ def _bare_host(value: str) -> str:
         return (urlsplit(f"//{value}").hostname or "").lower()
     except ValueError:
         return value.lower()
+
+
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_][a-z0-9_-]{0,62})*\.?")
+
+
+def allowed_host_name(value: str) -> str:
+    """A host name to allow (``--allow-host``), bare: a name or an address, with a port or without.
+
+    Raises:
+        InvalidHostName: for anything else (a URL, a path, a user@, a bad port), with the name
+            it may have meant: ``http://evil.com/`` is never taken as a host named "http".
+    """
+    text = value.strip()
+    if _is_ip(text):  # a bare IPv6 address: its colons are no port
+        return text.lower()
+    if re.fullmatch(r"([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?", text):
+        try:
+            parts = urlsplit(f"//{text}")
+            parts.port  # noqa: B018 (a port past 65535 or not a number raises ValueError)
+            name = (parts.hostname or "").lower()
+        except ValueError:
+            name = ""
+        if name and (_is_ip(name) or _HOST_NAME.fullmatch(name)):
+            return name
+    try:
+        meant = urlsplit(text if "://" in text else f"//{text}").hostname
+    except ValueError:
+        meant = None
+    raise InvalidHostName(value, f"--allow-host {meant}" if meant and meant != text.lower() else None)
 
 
 def _is_ip(name: str) -> bool:

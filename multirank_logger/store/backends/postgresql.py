@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from multirank_logger.errors import QueryFailed, ReadOnlyViolation
-from multirank_logger.store.backends.base import Backend, _raised_as_sqlalchemy_would, driver_connection
+from multirank_logger.errors import QueryFailed, ReadOnlyViolation, StoreUnreachable
+from multirank_logger.store.backends.base import (
+    Backend,
+    _raised_as_sqlalchemy_would,
+    driver_connection,
+    public_name,
+    without_secrets,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,6 +75,14 @@ class PostgreSQLBackend(Backend):
     def create_engine(self, readonly: bool = False) -> sa.Engine:
         options = "-c default_transaction_read_only=on" if readonly else ""
         return sa.create_engine(self.url, connect_args={"options": options} if options else {})
+
+    def translate_error(self, exc: Exception) -> Exception | None:
+        # no statement: the connection itself failed (refused, no such host, authentication, a
+        # timeout); the driver's first line says why, the URL's password never in it
+        if isinstance(exc, sa.exc.OperationalError) and exc.statement is None:
+            first = (str(exc.orig).strip().splitlines() or ["no reason given"])[0]
+            return StoreUnreachable(public_name(self.url), without_secrets(first, self.url))
+        return None
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
         from multirank_logger.model.batch import column_lists
