@@ -73,6 +73,18 @@ def _number(text: str) -> float | None:
 _ESCAPE = "!"
 
 
+def _spellings(value: str) -> list[str]:
+    """`value` as given and, for a list or an object, as JSON spelled with and without spaces (a
+    database writes its JSON text one way or the other: PostgreSQL's jsonb ``[1, 2]``, SQLite ``[1,2]``)."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return [value]
+    if not isinstance(parsed, list | dict):
+        return [value]
+    return sorted({value, json.dumps(parsed), json.dumps(parsed, separators=(",", ":"))})
+
+
 def _like_escaped(text: str) -> str:
     return "".join(_ESCAPE + ch if ch in f"%_{_ESCAPE}" else ch for ch in text)
 
@@ -113,7 +125,7 @@ class RunFilter:
         for key, value in self.params:
             text, number = backend.json_member(c.hparams, key)
             wanted = _number(value)
-            out.append(text == value if wanted is None else sa.or_(text == value, number == wanted))
+            out.append(text.in_(_spellings(value)) if wanted is None else sa.or_(text == value, number == wanted))
         return out
 
     def __bool__(self) -> bool:

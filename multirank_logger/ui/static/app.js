@@ -63,7 +63,7 @@
   // (static/run_filter.js, the rule of `runs --param`); tick runs to overlay them, each key's
   // median and quartile band per run
   const { matches, paramPairs } = window.MRL_RUN_FILTER;
-  const PARAMS_SHOWN = 3;  // key=value pairs a row shows; all of them in its tooltip
+  const PARAMS_SHOWN = 4;  // key=value pairs a row shows; all of them in its tooltip
   async function runsPage() {
     const table = el("table", { id: "runs" });
     const button = el("button", { type: "button", id: "overlay", disabled: "" }, "Overlay the ticked runs");
@@ -122,9 +122,9 @@
   }
   // the hyperparameters whose values differ between the runs listed (what tells them apart)
   function differing(runs) {
-    const seen = {};
-    runs.forEach((r) => paramPairs(r.params).forEach((p) => { const k = p.slice(0, p.indexOf("=")); (seen[k] = seen[k] || new Set()).add(p); }));
-    return new Set(Object.keys(seen).filter((k) => seen[k].size > 1 || runs.some((r) => !(k in (r.params || {})))));
+    const seen = {}, some = runs.filter((r) => Object.keys(r.params || {}).length);  // a run logging none tells nothing
+    some.forEach((r) => paramPairs(r.params).forEach((p) => { const k = p.slice(0, p.indexOf("=")); (seen[k] = seen[k] || new Set()).add(p); }));
+    return new Set(Object.keys(seen).filter((k) => seen[k].size > 1 || some.some((r) => !(k in r.params))));
   }
   // a run's first PARAMS_SHOWN hyperparameters as key=value, those that differ between runs first
   function paramsCell(params, varying) {
