@@ -9,17 +9,14 @@ from __future__ import annotations
 import datetime
 import functools
 import io
-import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from multirank_logger._util.readable import duration_text as _duration
-from multirank_logger._util.readable import text_table, times_as_times
+from multirank_logger._util.readable import times_as_times
 from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew
 from multirank_logger.store.backends import public_name
@@ -138,73 +135,56 @@ def _frame_text(df: Any, index: bool = True, max_rows: int | None = None) -> str
     return df.to_string(index=index, max_rows=max_rows, line_width=None)
 
 
-def _status_text(status: str, started_at: float, last_time: float | None, stopped_by: str | None, spilled: int,
-                 lost: int, unknown: int) -> str:  # fmt: skip
-    """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
-    killer) never records its end, and only its silence tells it from a live one. Any other
-    run with why it stopped early (StopOnAlert) and what it lacks (an incomplete one: why it is
-    not a success)."""
-    if status != "running":
-        lacks = [f"{spilled} value(s) in spill files" if spilled else "", f"{lost} lost" if lost else "",
-                 f"{unknown} rank end(s) never heard" if unknown else ""]
-        lacks = [text for text in lacks if text]
-        status = f"{status}, {stopped_by}" if stopped_by else status
-        return f"{status} ({', '.join(lacks)})" if lacks else status
-    now = time.time()
-    if last_time is None:  # nothing stored yet
-        return f"running (no value yet, started {_duration(now - started_at)} ago)"
-    return f"running (last value {_duration(now - last_time)} ago)"
+_WHEN = "YYYY-MM-DD[ HH:MM[:SS]], UTC"
 
 
 @main.command("runs")
 @click.argument("db_path", metavar="DB")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
-              help="csv, json: every column, the run's uuid included (the table leaves it out).")  # fmt: skip
+              help="csv, json: every column, the run's uuid included (the table leaves it out).")
+@click.option("--name", default=None, metavar="PATTERN",
+              help="Runs whose name holds PATTERN (any case), or matches it whole as a glob with * and ?.")
+@click.option("--status", "statuses", multiple=True, metavar="STATUS",
+              help="Runs of this status (repeatable): running, success, failed, interrupted, incomplete.")
+@click.option("--since", default=None, metavar="DATE", help=f"Runs started on or after DATE ({_WHEN}).")
+@click.option("--until", default=None, metavar="DATE", help=f"Runs started on or before DATE ({_WHEN}; a day: to its end).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Runs whose hyperparameter KEY (top level) is VALUE (repeatable, all must hold): a string as its text, "
+                   "a number as its value (lr=3e-4 matches 0.0003), true/false/null as those words, a list or object as its JSON.")
+@click.option("--show-params", default="", metavar="KEY,KEY", help="Add these hyperparameters as columns.")
 @_friendly_errors
-def runs_cmd(db_path: str, fmt: str) -> None:
-    """List the runs in DB: status, ranks, start, duration, steps and keys."""
+def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...], since: str | None, until: str | None,
+             params: tuple[str, ...], show_params: str) -> None:
+    """List the runs in DB: status, ranks, start, duration, steps and keys; filter them by name,
+    status, start date and hyperparameters."""
+    from multirank_logger.query.run_filter import RUN_STATUSES, RunFilter, parse_param, parse_when
+    from multirank_logger.report.run_table import runs_data_text, runs_table_text
+
+    try:
+        where = RunFilter(name=name, statuses=statuses, params=tuple(map(parse_param, params)),
+                          since=None if since is None else parse_when(since),
+                          until=None if until is None else parse_when(until, end=True))  # fmt: skip
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if unknown := sorted({s.lower() for s in statuses} - set(RUN_STATUSES)):
+        raise click.BadParameter(f"{', '.join(unknown)}: a status is one of {', '.join(RUN_STATUSES)}", param_hint="--status")
+    shown = tuple(k.strip() for k in show_params.split(",") if k.strip())
     with open_store(db_path) as reader:
         # the table without pandas (its import was most of the command's time); csv, json: its frame
-        rows = reader.run_rows() if fmt == "table" else []
-        df = reader.runs() if fmt != "table" else None
+        rows = reader.run_rows(where) if fmt == "table" else []
+        df = reader.runs(where) if fmt != "table" else None
+        held = reader.hparams([r["id"] for r in rows] if df is None else df["id"]) if shown else {}
         orphans = reader.orphans()
     for run_id, n in orphans:
         # rows written under an identity this store never allocated: a rank that took itself for
         # rank 0 somewhere else (see store/run_lifecycle.py); they belong to no run shown below
         click.echo(f"Warning: {n} metric row(s) under run id {run_id}, which has no runs row (orphans).", err=True)
     if df is not None:
-        _echo_runs_data(df, fmt)
-        return
-    if not rows:
-        click.echo(f"No runs in {public_name(db_path)}.")
-        return
-    # the uuid (36 characters) only in csv and json: the table stays one readable line per run
-    click.echo(text_table({
-        "id": [r["id"] for r in rows],
-        "run": [r["run"] for r in rows],
-        "status": [_status_text(r["status"], r["started_at"], r["last_time"], r["stopped_by"], r["values_spilled"],
-                                r["values_lost"], r["ends_unknown"]) for r in rows],
-        "ranks": [r["world_size"] for r in rows],
-        "started (UTC)": [_utc_seconds(r["started_at"]) for r in rows],
-        "duration": [_duration(r["duration_s"]) for r in rows],
-        "steps": [r["steps"] for r in rows],
-        "keys": [r["keys"] for r in rows],
-    }))  # fmt: skip
-
-
-def _utc_seconds(seconds: float) -> str:
-    """Unix seconds as ``2026-11-26 22:58:41`` (UTC, the second it falls in)."""
-    return datetime.datetime.fromtimestamp(math.floor(seconds), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _echo_runs_data(df: Any, fmt: str) -> None:
-    """`runs --format csv|json`: every column of `StoreReader.runs`, times as ISO 8601 UTC."""
-    for column in ("started", "last_value"):
-        df[column] = [None if t is None or t != t else t.isoformat() for t in df[column]]
-    if fmt == "csv":
-        click.echo(df.to_csv(index=False, lineterminator="\n"), nl=False)
+        click.echo(runs_data_text(df, fmt, held, shown), nl=False)
+    elif not rows:
+        click.echo(f"No runs in {public_name(db_path)}" + (" match these filters." if where else "."))
     else:
-        click.echo(df.to_json(orient="records", force_ascii=False))
+        click.echo(runs_table_text(rows, held, shown))
 
 
 @main.command("export")
@@ -490,16 +470,22 @@ from multirank_logger.query.side_tables import format_ranks, group_alike  # noqa
 @main.command("alerts")
 @click.argument("db_path", metavar="DB")
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
+@click.option("--all-runs", is_flag=True, help="Every run's alerts, each with its run.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @_friendly_errors
-def alerts_cmd(db_path: str, run: str | None, fmt: str) -> None:
-    """What the watch raised during a run, in order, with when each was seen."""
-    from multirank_logger.report.alert_list import alerts_text
+def alerts_cmd(db_path: str, run: str | None, all_runs: bool, fmt: str) -> None:
+    """What the watch raised during a run (or every run), in order, with when each was seen."""
+    from multirank_logger.report.alert_list import alerts_text, every_run_alerts_text
 
+    if all_runs and run is not None:
+        raise click.UsageError("--run and --all-runs: give one.")
     with open_store(db_path) as reader:
-        ref = reader.resolve_run(run)
-        df = reader.alerts(ref.id)
-    click.echo(alerts_text(ref.label, ref.id, df, fmt))
+        if all_runs:
+            df, labels = reader.alerts(every_run=True), {int(r["id"]): str(r["run"]) for r in reader.run_rows()}
+        else:
+            ref = reader.resolve_run(run)
+            df = reader.alerts(ref.id)
+    click.echo(every_run_alerts_text(df, labels, fmt) if all_runs else alerts_text(ref.label, ref.id, df, fmt))
 
 
 @main.command("findings")

@@ -40,6 +40,7 @@ from multirank_logger.model.schema import (
 from multirank_logger.query.host_ledger import read_host_ledger
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
+from multirank_logger.query.run_filter import RunFilter, read_hparams
 from multirank_logger.query.run_list import read_run_headers, read_run_rows, read_runs
 from multirank_logger.query.side_tables import (
     read_alerts,
@@ -210,8 +211,8 @@ class StoreReader:
 
     # -- runs and keys -----------------------------------------------------------------
 
-    def runs(self) -> Any:
-        """One row per run: id, run (label), name, version, status, world_size, started,
+    def runs(self, where: RunFilter | None = None) -> Any:
+        """One row per run (of those `where` keeps: query/run_filter.py): id, run (label), name, version, status, world_size, started,
         duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none),
         values_spilled, values_lost, ends_unknown, stopped_by, uuid.
 
@@ -227,12 +228,16 @@ class StoreReader:
         ``uuid`` is the run's one identity everywhere (its spill files, ``import``, every export);
         None for a run logged before schema 0007.
         """
-        return read_runs(self._fetch_arrow)
+        return read_runs(self._fetch_arrow, where.conditions(self.store.backend) if where else ())
 
-    def run_rows(self) -> list[dict[str, Any]]:
+    def run_rows(self, where: RunFilter | None = None) -> list[dict[str, Any]]:
         """`runs`, one dict per run and without pandas: times as Unix seconds (``started_at``,
         ``last_time``: None if nothing stored), as the CLI's ``runs`` table reads them."""
-        return read_run_rows(self._fetch_arrow)
+        return read_run_rows(self._fetch_arrow, where.conditions(self.store.backend) if where else ())
+
+    def hparams(self, run_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Each run's stored hyperparameters (``runs.hparams`` parsed; {} where none), by run id."""
+        return read_hparams(self._fetch_arrow, [int(i) for i in run_ids])
 
     def run_ids(self) -> list[int]:
         """Every run's id, in order: no scan of the metrics (``runs`` counts their steps and keys)."""
@@ -488,8 +493,9 @@ class StoreReader:
 
     # -- side tables (query/side_tables.py) ----------------------------------------------
 
-    def alerts(self, run: int | str | RunRef | None = None) -> Any:
-        """What the watch raised during a run (``MultiRankLogger(watch=True)``), in the order raised.
+    def alerts(self, run: int | str | RunRef | None = None, *, every_run: bool = False) -> Any:
+        """What the watch raised during a run (``MultiRankLogger(watch=True)``), in the order raised;
+        `every_run`: every run's, by run, with a ``run_id`` column first.
 
         Columns: ``seq``, ``kind`` (non_finite, departure, straggler, memory, stop), ``rank``,
         ``key``, ``first_step``, ``step_seen``, ``seen_at`` (unix seconds), ``value``,
@@ -498,7 +504,7 @@ class StoreReader:
         Raises:
             LookupFailed: for an unknown run.
         """
-        return read_alerts(self._fetch_arrow, self.resolve_run(run))
+        return read_alerts(self._fetch_arrow, None if every_run else self.resolve_run(run))
 
     def findings(self, run: int | str | RunRef | None = None, *, every_run: bool = False) -> Any:
         """A run's verdict as kept at its end (the watch's last judgement: the ``findings`` table),

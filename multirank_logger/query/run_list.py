@@ -6,7 +6,7 @@ scan of the metrics, so the list costs the same at 51M rows as at 1B. Also the p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,13 +25,13 @@ __all__ = ["read_last_step", "read_run_headers", "read_run_rows", "read_runs"]
 PER_RUN_READS = 32
 
 
-def _runs_select() -> sa.Select:
-    """The runs, without what their summaries say (`_summary_facts`)."""
+def _runs_select(where: Sequence[Any] = ()) -> sa.Select:
+    """The runs (those meeting `where`: query/run_filter.py), without what their summaries say (`_summary_facts`)."""
     return (
         sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
                   runs.c.started_at, runs.c.ended_at, runs.c.values_spilled, runs.c.values_lost,
                   ends_unknown().label("n_ends_unknown"), runs.c.run_uuid)
-        .order_by(runs.c.id)
+        .where(*where).order_by(runs.c.id)
     )  # fmt: skip
 
 
@@ -70,7 +70,8 @@ def read_last_step(fetch_arrow: Callable[[sa.Select], Any], run_id: int) -> tupl
 def read_run_headers(fetch_arrow: Callable[[sa.Select], Any], only: int | None = None) -> list[dict[str, Any]]:
     """Each run's row as the page lists it, newest first (``only``: that run's, none if no such run):
     the ``runs`` columns it shows, ``n_nodes`` (None for a run with no ranks registered),
-    ``last_step`` and ``last_time`` (`read_last_step`) and ``stopped_by`` (`stop_text`, else None)."""
+    ``last_step`` and ``last_time`` (`read_last_step`), ``stopped_by`` (`stop_text`, else None) and
+    ``hparams`` (the stored JSON text, None where none)."""
     per_rank = (
         # a node is its host, else its node rank
         sa.select(ranks.c.run_id,
@@ -79,7 +80,7 @@ def read_run_headers(fetch_arrow: Callable[[sa.Select], Any], only: int | None =
     )  # fmt: skip
     stmt = (
         sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
-                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes, runs.c.run_uuid)
+                  runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes, runs.c.run_uuid, runs.c.hparams)
         .select_from(runs.outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
         .order_by(runs.c.id.desc())
     )  # fmt: skip
@@ -100,11 +101,11 @@ def _steps_select() -> sa.Select:
     return sa.select(s.run_id, s.step, s.steps_mask).where(s.rank == 0)
 
 
-def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
-    """The runs, as ``StoreReader.runs`` documents them (a pandas DataFrame)."""
+def read_runs(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] = ()) -> Any:
+    """The runs (those meeting `where`), as ``StoreReader.runs`` documents them (a pandas DataFrame)."""
     import pandas as pd
 
-    df = fetch_arrow(_runs_select()).to_pandas()
+    df = fetch_arrow(_runs_select(where)).to_pandas()
     facts = _summary_facts(fetch_arrow, [int(i) for i in df["id"]])
     df["n_keys"] = df["id"].map(lambda i: facts[i][0] if i in facts else None)
     df["last_time"] = df["id"].map(lambda i: facts[i][1] if i in facts else None).astype("float64")
@@ -136,12 +137,12 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any]) -> Any:
     return out
 
 
-def read_run_rows(fetch_arrow: Callable[[sa.Select], Any]) -> list[dict[str, Any]]:
-    """`read_runs`' columns as one dict per run, without pandas (its import is most of the CLI's
+def read_run_rows(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """`read_runs`' columns as one dict per run (those meeting `where`), without pandas (its import is most of the CLI's
     ``runs``): times as Unix seconds (``started_at``; ``last_time``, None if nothing stored),
     ``duration_s`` NaN where unknown, counts 0 where none."""
     steps, stops = _rank0_steps(fetch_arrow(_steps_select())), _stops(fetch_arrow)
-    listed = fetch_arrow(_runs_select()).to_pylist()
+    listed = fetch_arrow(_runs_select(where)).to_pylist()
     facts = _summary_facts(fetch_arrow, [int(r["id"]) for r in listed])
     out = []
     for r in listed:

@@ -45,10 +45,14 @@ RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at", "gpu_index",
 ALERT_COLUMNS = ("seq", "kind", "rank", "key", "first_step", "step_seen", "seen_at", "value", "message", "detail")
 
 
-def read_alerts(fetch_arrow: FetchArrow, run: RunRef) -> Any:
-    """A run's alerts (what the watch raised during it), in the order raised: ``StoreReader.alerts``."""
-    stmt = sa.select(*(alerts.c[name] for name in ALERT_COLUMNS)).where(alerts.c.run_id == run.id).order_by(alerts.c.seq)
-    return _frame(fetch_arrow, stmt, ALERT_COLUMNS)
+def read_alerts(fetch_arrow: FetchArrow, run: RunRef | None) -> Any:
+    """A run's alerts (what the watch raised during it), in the order raised: ``StoreReader.alerts``;
+    None: every run's, by run, with ``run_id`` first."""
+    if run is not None:
+        stmt = sa.select(*(alerts.c[name] for name in ALERT_COLUMNS)).where(alerts.c.run_id == run.id).order_by(alerts.c.seq)
+        return _frame(fetch_arrow, stmt, ALERT_COLUMNS)
+    columns = ("run_id", *ALERT_COLUMNS)
+    return _frame(fetch_arrow, sa.select(*(alerts.c[name] for name in columns)).order_by(alerts.c.run_id, alerts.c.seq), columns)
 
 
 #: the columns of a run's kept verdict (the ``findings`` table; ``launch``: the launch that kept it)

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-__all__ = ["alerts_text"]
+__all__ = ["alerts_text", "every_run_alerts_text"]
 
 
 def alerts_text(label: str, run_id: int, df: Any, fmt: str = "table") -> str:
@@ -23,6 +23,22 @@ def alerts_text(label: str, run_id: int, df: Any, fmt: str = "table") -> str:
     for r in df.itertuples():
         seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.seen_at)))
         lines.append(f"  {seen}  {r.kind:<10} {r.message}")
+    return "\n".join(lines)
+
+
+def every_run_alerts_text(df: Any, labels: dict[int, str], fmt: str = "table") -> str:
+    """Every run's alerts (``StoreReader.alerts(every_run=True)``, `labels`: run id -> its label):
+    one line each with its run, by run then in the order raised; or JSON, a list of runs."""
+    if fmt == "json":
+        return json.dumps([json.loads(alerts_text(labels.get(int(run_id), str(run_id)), int(run_id),
+                                                  group.drop(columns="run_id"), "json"))
+                           for run_id, group in df.groupby("run_id", sort=True)], indent=1)  # fmt: skip
+    if df.empty:
+        return "No alerts in any run: the watch raised none (or ran with watch=False)."
+    lines = [f"{len(df)} alert(s) in {df['run_id'].nunique()} run(s)"]
+    for r in df.itertuples():
+        seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.seen_at)))
+        lines.append(f"  {seen}  {labels.get(int(r.run_id), str(r.run_id))} (run {int(r.run_id)})  {r.kind:<10} {r.message}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["STATIC", "page_html", "script_safe_json", "write_static_page"]
 
 STATIC = Path(__file__).with_name("static")
-_SCRIPTS = ("uPlot.iife.min.js", "axes.js", "app.js", "alerts.js")
+_SCRIPTS = ("uPlot.iife.min.js", "axes.js", "run_filter.js", "app.js", "alerts.js")
 _STYLES = ("uPlot.min.css", "app.css")
 
 

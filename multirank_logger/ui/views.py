@@ -14,6 +14,7 @@ arrive; the HTML report, which has its findings first, embeds them in each serie
 from __future__ import annotations
 
 import base64
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,8 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
 
     A run's last step and time are read per run from its summaries (``StoreReader.run_headers``):
     the page asks every 2 s, and no backend reads a run's last step from its rows without a pass.
-    ``stopped_by``: why a run ended early (StopOnAlert), as ``StoreReader.runs`` says it.
+    ``stopped_by``: why a run ended early (StopOnAlert), as ``StoreReader.runs`` says it;
+    ``params``: its hyperparameters (the page shows them and filters by them: static/run_filter.js).
     """
     out = []
     for r in reader.run_headers(only):
@@ -65,8 +67,17 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
                     "transport": r["transport"], "started": r["started_at"],
                     "duration_s": None if end is None else end - r["started_at"],
                     "last_step": r["last_step"], "last_time": r["last_time"], "uuid": r["run_uuid"],
-                    "stopped_by": r["stopped_by"]})  # fmt: skip
+                    "stopped_by": r["stopped_by"], "params": _params(r["hparams"])})  # fmt: skip
     return out
+
+
+def _params(stored: str | None) -> dict[str, Any]:
+    """A run's stored hyperparameters (``runs.hparams``, JSON text) as the list shows and filters them; {} where none."""
+    try:
+        found = json.loads(stored) if stored else {}
+    except ValueError:
+        return {}
+    return clean(found) if isinstance(found, dict) else {}
 
 
 def run_status(reader: StoreReader, run_id: int) -> str | None:

@@ -289,6 +289,20 @@ class Backend:
         it (numbering a row's key by it: query/key_numbers.py), or None where there is none."""
         return None
 
+    def json_member(self, column: Any, key: str) -> tuple[Any, Any]:
+        """A top-level member `key` of a JSON text column (``runs.hparams``), as two SQL
+        expressions: its text (a string's own characters; a number, true, false, null, a list or
+        an object as JSON text) and its value as a float where it is a number (else NULL). Both
+        NULL where the column or the member is missing. Here SQLite's JSON functions (JSON1)."""
+        path = json_path(key)
+        valid = sa.func.json_valid(column) == 1  # a store from before issue 38 may hold bare NaN
+        kind = sa.func.json_type(column, path)
+        text = sa.case((~valid, None), (kind == "text", sa.func.json_extract(column, path)),
+                       (kind.in_(["true", "false", "null"]), kind),
+                       else_=sa.cast(sa.func.json_extract(column, path), sa.Text))  # fmt: skip
+        number = sa.case((~valid, None), (kind.in_(["integer", "real"]), sa.cast(sa.func.json_extract(column, path), sa.Float)))
+        return text, number
+
     def numpy_columns(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> list[np.ndarray] | None:
         """A SELECT's columns as NumPy arrays (the driver's rows converted to `types`; a backend
         that reads Arrow keeps Arrow's types); None when it returned no row."""
@@ -382,6 +396,11 @@ def _chunks(fetch: Callable[[int], Any], rows: int) -> Iterator[list[Any]]:
             yield chunk
         if len(chunk) < rows:  # the last: no second round trip to learn that
             return
+
+
+def json_path(key: str) -> str:
+    """The JSON path of a top-level member `key` (quoted: any character may be in a key)."""
+    return '$."' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def driver_connection(conn: sa.Connection) -> Any:

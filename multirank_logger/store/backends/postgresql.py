@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation, StoreUnreachable
 from multirank_logger.store.backends.base import (
@@ -104,6 +105,15 @@ class PostgreSQLBackend(Backend):
         # is one descent of ix_metrics_run_rank_step per rank. The ranks themselves: a loose index
         # scan (one descent per rank), not a DISTINCT over the run's rows.
         return list(conn.execute(sa.text(_RANKS_OF_RUN), {"run": run_id}).scalars())
+
+    def json_member(self, column: Any, key: str) -> tuple[Any, Any]:
+        # jsonb: ->> gives a string's characters and a number's or a boolean's text, NULL for JSON null
+        member = sa.cast(column, JSONB).op("->")(sa.literal(key, sa.Text))
+        kind = sa.func.jsonb_typeof(member)
+        text = sa.case((kind == "string", sa.cast(column, JSONB).op("->>")(sa.literal(key, sa.Text))),
+                       else_=sa.cast(member, sa.Text))  # fmt: skip
+        number = sa.case((kind == "number", sa.cast(sa.cast(member, sa.Text), sa.Float(53))))
+        return text, number
 
     def lock_for_migration(self, conn: sa.Connection) -> None:
         # a transaction-scoped advisory lock: released at commit, even if the process dies

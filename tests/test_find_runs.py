@@ -1,0 +1,239 @@
+"""Find runs (issue 49): `runs` filtered by name, status, start date and hyperparameters (SQL over
+the runs table, on DuckDB, SQLite and PostgreSQL), chosen hyperparameters as columns, `alerts
+--all-runs`, and the page's filter box and params column in a real Chromium."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger.cli import main
+from multirank_logger.store.sql_store import Store
+from multirank_logger.write.buffer import RecordBuffer
+
+DAY = 86400.0
+T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
+
+#: (name, status, started, hparams): four runs a person would look for among
+RUNS = [
+    ("resnet", "success", T0, {"lr": 0.001, "opt": "adam", "bs": 32, "aug": True, "tag": "base line"}),
+    ("resnet", "failed", T0 + 3 * DAY, {"lr": 3e-4, "opt": "sgd", "bs": 64, "aug": False}),
+    ("vit_big", "running", T0 + 10 * DAY + 3600, {"lr": 1e-05, "opt": "adam", "bs": 32, "layers": [1, 2], "note": None}),
+    ("BERT", "interrupted", T0 + 20 * DAY, None),
+]
+
+
+def build(db: str | Path) -> str:
+    """RUNS in a new store (ids 1-4), three steps of `loss` each; runs 2 and 3 with an alert each."""
+    store = Store(db)
+    for name, status, started, hparams in RUNS:
+        run = store.create_run(name, world_size=1, hparams=hparams)
+        buffer = RecordBuffer()
+        for step in range(3):
+            buffer.append(step, {"loss": 1.0 / (step + 1)})
+        store.write(buffer.drain(run.id, 0))
+        store.update_run(run.id, status=status, started_at=started, ended_at=started + 60)
+    store.write_side({"alerts": [
+        {"run_id": run_id, "rank": 0, "seq": 1, "kind": kind, "key": "loss", "first_step": 1, "step_seen": 2,
+         "seen_at": T0 + run_id * DAY, "value": 1.0, "detail": None, "message": f"rank 0 loss {kind} (run {run_id})"}
+        for run_id, kind in ((2, "non_finite"), (3, "departure"))
+    ]})  # fmt: skip
+    store.close()
+    return str(db)
+
+
+@pytest.fixture
+def found(any_db: str) -> str:
+    return build(any_db)
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def _table_ids(out: str) -> list[int]:
+    return [int(line.split()[0]) for line in out.splitlines()[1:]]
+
+
+#: each filter and the run ids it leaves
+CASES: list[tuple[tuple[str, ...], list[int]]] = [
+    ((), [1, 2, 3, 4]),
+    (("--name", "res"), [1, 2]),
+    (("--name", "bert"), [4]),  # any case
+    (("--name", "*t"), [1, 2, 4]),  # a glob: the whole name
+    (("--name", "R?SNET"), [1, 2]),
+    (("--name", "_"), [3]),  # LIKE's wildcard taken as itself
+    (("--name", "%"), []),
+    (("--status", "failed"), [2]),
+    (("--status", "failed", "--status", "RUNNING"), [2, 3]),
+    (("--since", "2026-01-04"), [2, 3, 4]),
+    (("--until", "2026-01-04"), [1, 2]),  # a day: to its end
+    (("--since", "2026-01-04", "--until", "2026-01-11"), [2, 3]),
+    (("--since", "2026-01-11 01:00"), [3, 4]),
+    (("--until", "2026-01-11 00:59:59"), [1, 2]),
+    (("--param", "lr=3e-4"), [2]),  # a number as its value
+    (("--param", "lr=0.0003"), [2]),
+    (("--param", "lr=0.00001"), [3]),
+    (("--param", "opt=adam"), [1, 3]),
+    (("--param", "opt=adam", "--param", "bs=32"), [1, 3]),
+    (("--param", "opt=adam", "--param", "bs=64"), []),
+    (("--param", "bs=32.0"), [1, 3]),
+    (("--param", "aug=true"), [1]),
+    (("--param", "aug=false"), [2]),
+    (("--param", "note=null"), [3]),
+    (("--param", "tag=base line"), [1]),
+    (("--param", "opt=ADAM"), []),  # a string as its own characters
+    (("--param", "missing=1"), []),
+    (("--name", "resnet", "--status", "success", "--param", "opt=adam"), [1]),
+]
+
+
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_runs_filters_leave_exactly_the_matching_runs(found: str, fmt: str) -> None:
+    """Each filter, alone and together, in the table (no pandas) and in JSON (the frame)."""
+    for args, expected in CASES:
+        code, out = _invoke("runs", found, "--format", fmt, *args)
+        assert code == 0, (args, out)
+        if fmt == "json":
+            got = [r["id"] for r in json.loads(out)]
+        elif expected:
+            got = _table_ids(out)
+        else:
+            got = []
+            assert "match these filters" in out, (args, out)
+        assert got == expected, (args, out)
+
+
+def test_runs_param_on_a_list_is_its_json_text(found: str) -> None:
+    """A list is matched by its JSON text, with or without spaces (each database writes it its way)."""
+    for value in ("[1,2]", "[1, 2]"):
+        code, out = _invoke("runs", found, "--format", "json", "--param", f"layers={value}")
+        assert code == 0 and [r["id"] for r in json.loads(out)] == [3], (value, out)
+
+
+def test_show_params_adds_the_chosen_hyperparameters_as_columns(found: str) -> None:
+    code, out = _invoke("runs", found, "--show-params", "lr,opt,layers,aug", "--since", "2026-01-02")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].split()[-4:] == ["lr", "opt", "layers", "aug"]
+    assert [line.split()[-4:] for line in lines[1:]] == [["0.0003", "sgd", "-", "false"], ["1e-05", "adam", "[1,2]", "-"],
+                                                         ["-", "-", "-", "-"]]  # fmt: skip
+    code, out = _invoke("runs", found, "--format", "json", "--show-params", "lr,layers")
+    assert [(r["param.lr"], r["param.layers"]) for r in json.loads(out)] == [(0.001, None), (0.0003, None), (1e-05, [1, 2]),
+                                                                              (None, None)]  # fmt: skip
+    code, out = _invoke("runs", found, "--format", "csv", "--show-params", "opt")
+    assert [r["param.opt"] for r in csv.DictReader(io.StringIO(out))] == ["adam", "sgd", "adam", ""]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("--param", "lr"), "give KEY=VALUE"),
+    (("--param", "=3"), "give KEY=VALUE"),
+    (("--since", "yesterday"), "YYYY-MM-DD"),
+    (("--until", "2026-13-01"), "YYYY-MM-DD"),
+    (("--status", "sucess"), "a status is one of"),
+])  # fmt: skip
+def test_runs_refuses_a_filter_it_cannot_read(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+    db = build(tmp_path / "runs.sqlite")
+    code, out = _invoke("runs", db, *args)
+    assert code == 2 and said in out and "Traceback" not in out, out
+
+
+def test_alerts_all_runs_lists_every_runs_alerts_with_its_run(found: str) -> None:
+    code, out = _invoke("alerts", found, "--all-runs")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "2 alert(s) in 2 run(s)"
+    assert "resnet/version_1 (run 2)" in lines[1] and "non_finite" in lines[1] and "(run 2)" in lines[1]
+    assert "vit_big/version_0 (run 3)" in lines[2] and "departure" in lines[2]
+    code, out = _invoke("alerts", found, "--all-runs", "--format", "json")
+    answer = json.loads(out)
+    assert [(r["run"], r["run_id"], [a["kind"] for a in r["alerts"]]) for r in answer] == [
+        ("resnet/version_1", 2, ["non_finite"]), ("vit_big/version_0", 3, ["departure"])]  # fmt: skip
+    assert _invoke("alerts", found, "--all-runs", "--run", "2")[0] == 2
+    # one run's alerts as before
+    code, out = _invoke("alerts", found, "--run", "3")
+    assert code == 0 and out.splitlines()[0] == "vit_big/version_0 (run 3): 1 alert(s)"
+
+
+def test_alerts_all_runs_on_a_store_without_alerts(tmp_path: Path) -> None:
+    store = Store(tmp_path / "runs.duckdb")
+    store.create_run("quiet", world_size=1)
+    store.close()
+    code, out = _invoke("alerts", str(tmp_path / "runs.duckdb"), "--all-runs")
+    assert code == 0 and out.startswith("No alerts in any run"), out
+
+
+# -- the page -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def page_url(tmp_path: Path) -> Iterator[str]:
+    from multirank_logger.ui.server import UiServer
+
+    server = UiServer(build(tmp_path / "runs.sqlite"), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    try:
+        yield server.url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _wait(driver: Any, script: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
+
+
+#: the run ids of the rows shown, top to bottom
+SHOWN = "[...document.querySelectorAll('#runs tr[data-run]')].filter((r) => r.offsetParent !== null).map((r) => +r.dataset.run)"
+
+
+def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: str) -> None:
+    """Typing in the filter box leaves the rows it matches (name, status, key=value as `runs
+    --param` reads it), and each run's hyperparameters are in its row."""
+    from selenium.webdriver.common.keys import Keys
+
+    from tests.ui_browser import chromium
+
+    with chromium(1300, 900) as driver:
+        driver.get(page_url)
+        _wait(driver, "return document.body.dataset.drawn && document.querySelectorAll('#runs tr[data-run]').length === 4")
+        assert driver.execute_script("return " + SHOWN) == [4, 3, 2, 1]
+        params = {int(r): (t, title) for r, t, title in driver.execute_script(
+            "return [...document.querySelectorAll('#runs tr[data-run]')].map((r) => { const c = r.querySelector('td.params');"
+            " return [r.dataset.run, c.innerText, c.title]; })")}  # fmt: skip
+        assert params[2][0] == "aug=false bs=64 lr=0.0003 opt=sgd"  # a run's params, in its row
+        assert params[1][0] == "aug=true bs=32 lr=0.001 opt=adam +1 more" and "tag=base line" in params[1][1].splitlines()
+        assert "lr=0.00001" in params[3][0]  # (JavaScript's number text)
+        assert params[4][0] == "-"
+        box = driver.find_element("id", "run-filter")
+        for typed, expected in (("res", [2, 1]), ("resnet fail", [2]), ("lr=3e-4", [2]), ("opt=adam", [3, 1]),
+                                ("opt=adam bs=32 vit", [3]), ("interrupted", [4]), ("aug=false", [2]), ("nothing", []),
+                                ("", [4, 3, 2, 1])):  # fmt: skip
+            box.send_keys(Keys.CONTROL, "a")
+            box.send_keys(Keys.BACKSPACE)
+            if typed:
+                box.send_keys(typed)
+            _wait(driver, f"return JSON.stringify({SHOWN}) === {json.dumps(json.dumps(expected, separators=(',', ':')))}")
+        # the filter is kept in the URL: a reload keeps it applied
+        box.send_keys("opt=sgd")
+        _wait(driver, "return location.search === '?filter=opt%3Dsgd'")
+        driver.refresh()
+        _wait(driver, "return document.body.dataset.drawn && document.getElementById('run-filter').value === 'opt=sgd'")
+        assert driver.execute_script("return " + SHOWN) == [2]
+        assert driver.find_element("id", "run-count").text == "1 of 4 runs"
