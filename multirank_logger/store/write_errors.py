@@ -14,7 +14,7 @@ import re
 
 import sqlalchemy as sa
 
-from multirank_logger.errors import StoreGone, StoreLocked
+from multirank_logger.errors import StoreGone, StoreLocked, StoreUnreachable
 
 __all__ = ["describe", "is_transient"]
 
@@ -34,8 +34,8 @@ _MISSING_TABLE = re.compile(r"no such table|Table with name \w+ does not exist|r
 
 def is_transient(exc: BaseException) -> bool:
     """True when retrying the same rows later may succeed (the store, not the rows, is at fault)."""
-    if isinstance(exc, (StoreLocked, StoreGone, OSError)):
-        return True
+    if isinstance(exc, (StoreLocked, StoreGone, StoreUnreachable, OSError)):
+        return True  # StoreUnreachable: a server stopped or restarting (the connection's own failure)
     if _MISSING_TABLE.search(str(exc)):
         return True  # the store's file was replaced under us (an empty one at its path): not the rows' fault
     if isinstance(exc, sa.exc.IntegrityError):
