@@ -7,11 +7,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -19,6 +16,7 @@ from click.testing import CliRunner
 from multirank_logger.cli import main
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
+from tests.ui_browser import served, wait_for
 
 DAY = 86400.0
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
@@ -178,25 +176,8 @@ def test_alerts_all_runs_on_a_store_without_alerts(tmp_path: Path) -> None:
 
 @pytest.fixture
 def page_url(tmp_path: Path) -> Iterator[str]:
-    from multirank_logger.ui.server import UiServer
-
-    server = UiServer(build(tmp_path / "runs.sqlite"), "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    try:
-        yield server.url
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def _wait(driver: Any, script: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = driver.execute_script(script)
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"never true: {script}\n{driver.find_element('tag name', 'body').text[:2000]}")
+    with served(build(tmp_path / "runs.sqlite")) as url:
+        yield url
 
 
 #: the run ids of the rows shown, top to bottom
@@ -212,7 +193,7 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
 
     with chromium(1300, 900) as driver:
         driver.get(page_url)
-        _wait(driver, "return document.body.dataset.drawn && document.querySelectorAll('#runs tr[data-run]').length === 4")
+        wait_for(driver, "return document.body.dataset.drawn && document.querySelectorAll('#runs tr[data-run]').length === 4")
         assert driver.execute_script("return " + SHOWN) == [4, 3, 2, 1]
         params = {int(r): (t, title) for r, t, title in driver.execute_script(
             "return [...document.querySelectorAll('#runs tr[data-run]')].map((r) => { const c = r.querySelector('td.params');"
@@ -229,11 +210,11 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
             box.send_keys(Keys.BACKSPACE)
             if typed:
                 box.send_keys(typed)
-            _wait(driver, f"return JSON.stringify({SHOWN}) === {json.dumps(json.dumps(expected, separators=(',', ':')))}")
+            wait_for(driver, f"return JSON.stringify({SHOWN}) === {json.dumps(json.dumps(expected, separators=(',', ':')))}")
         # the filter is kept in the URL: a reload keeps it applied
         box.send_keys("opt=sgd")
-        _wait(driver, "return location.search === '?filter=opt%3Dsgd'")
+        wait_for(driver, "return location.search === '?filter=opt%3Dsgd'")
         driver.refresh()
-        _wait(driver, "return document.body.dataset.drawn && document.getElementById('run-filter').value === 'opt=sgd'")
+        wait_for(driver, "return document.body.dataset.drawn && document.getElementById('run-filter').value === 'opt=sgd'")
         assert driver.execute_script("return " + SHOWN) == [2]
         assert driver.find_element("id", "run-count").text == "1 of 4 runs"
