@@ -176,11 +176,21 @@ def test_run_ids_past_64_bits_are_no_such_run(one_run: str, tmp_path: Path) -> N
             assert "lightning_logs/version_0" in result.output, f"{label}: the runs there are, named\n{result.output}"
 
 
+#: what each command with --rank says of a rank no run has: `export` refuses it naming the ranks
+#: there are; `logs` selects no record (a filter, not a lookup)
+NO_SUCH_RANK = {("export",): (1, "No rank '99999999999999999999' in this store. Available: 0"),
+                ("logs",): (0, "No log records in lightning_logs/version_0 for this selection")}  # fmt: skip
+
+
 def test_ranks_past_64_bits_are_no_such_rank(one_run: str) -> None:
-    for name in [name for name, command in COMMANDS.items() if any(p.name == "rank" for p in command.params)]:
+    with_rank = [name for name, command in COMMANDS.items() if any(p.name == "rank" for p in command.params)]
+    assert sorted(with_rank) == sorted(NO_SUCH_RANK), with_rank  # a new command with --rank: say what it answers
+    for name in with_rank:
         result = CliRunner().invoke(main, _argv(name, one_run, Path("unused"), "--rank", "99999999999999999999"))
         assert result.exception is None or isinstance(result.exception, SystemExit), f"{name}: {result.exc_info}"
         assert "Traceback" not in result.output and len(result.output.splitlines()) <= MOST_LINES, result.output
+        code, said = NO_SUCH_RANK[name]
+        assert result.exit_code == code and said in result.output, f"{name}: exit {result.exit_code}\n{result.output}"
 
 
 @pytest.mark.parametrize("value", ["http://evil.com/", "evil.com/path", "user@evil.com", "evil.com:99999", "", "a b"])

@@ -19,6 +19,8 @@ import math
 import sqlalchemy as sa
 
 __all__ = [
+    "BIGINT_MAX",
+    "BIGINT_MIN",
     "DTYPE_BOOL",
     "DTYPE_FLOAT",
     "DTYPE_INT",
@@ -40,6 +42,7 @@ __all__ = [
     "unheard_ends",
     "decode_value",
     "encode_value",
+    "fits_bigint",
     "imports",
     "metadata",
     "metric_spans",
@@ -61,6 +64,16 @@ DTYPE_OF_TYPE = {float: DTYPE_FLOAT, int: DTYPE_INT, bool: DTYPE_BOOL}
 #: ``incomplete``: the run ended, but values went to spill files or were lost (runs.values_*);
 #: importing the spill files completes it
 RUN_STATUSES = ("running", "success", "failed", "interrupted", "incomplete")
+
+#: what a BigInteger column holds in every backend (run ids, ranks, steps): a number past it names
+#: no row, and a driver binding it overflows
+BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
+
+
+def fits_bigint(number: int) -> bool:
+    """Whether `number` can be stored in (and so compared against) a BigInteger column."""
+    return BIGINT_MIN <= number <= BIGINT_MAX
+
 
 #: a row's ``seq`` is ``(attempt << SEQ_ATTEMPT_SHIFT) + the rank's call counter in that launch``:
 #: every launch of a run (ddp_spawn phases, resume after preemption) numbers its calls apart

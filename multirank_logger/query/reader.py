@@ -31,12 +31,7 @@ from multirank_logger._util.background_import import import_in_background
 from multirank_logger.errors import LookupFailed, ReadsStopped
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import (
-    attempts,
-    metrics,
-    ranks,
-    runs,
-)
+from multirank_logger.model.schema import BIGINT_MAX, attempts, fits_bigint, metrics, ranks, runs
 from multirank_logger.query.host_ledger import read_host_ledger
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
@@ -60,7 +55,7 @@ from multirank_logger.query.stoppable import run_stoppable
 from multirank_logger.store.run_lifecycle import orphan_runs
 from multirank_logger.store.sql_store import Store, retry_while_locked
 
-__all__ = ["RankSpread", "StoreReader", "open_store"]
+__all__ = ["RankSpread", "StoreReader", "open_store", "run_number"]
 
 # A DuckDB file is locked while the training run flushes into it (each flush opens it: RESULTS.md, "Figures the source cites"):
 # wait this long for the lock before reporting StoreLocked.
@@ -82,10 +77,11 @@ def open_store(db: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT
     return StoreReader(store, lock_timeout=lock_timeout)
 
 
-def _run_number(digits: str) -> int | None:
+def run_number(digits: str) -> int | None:
     """A run id or version given as digits, or None where no run can have it (past a 64-bit
-    integer, what every backend stores; a Unicode digit such as "²", which int() refuses)."""
-    if not digits.isascii() or len(digits) > 19 or int(digits) > 2**63 - 1:
+    integer, what every backend stores; past 4,300 digits, int()'s own bound; a Unicode digit
+    such as "²", which int() refuses)."""
+    if not digits.isascii() or len(digits) > len(str(BIGINT_MAX)) or int(digits) > BIGINT_MAX:
         return None
     return int(digits)
 
@@ -265,10 +261,11 @@ class StoreReader:
         text = None if run is None else str(run).strip()
         if text is not None:
             label = _RUN_LABEL.match(text)
-            if text.isdigit():  # past 64 bits (or 4,300 digits, int's own bound): no run has that id
-                stmt = stmt.where(runs.c.id == _run_number(text)) if _run_number(text) is not None else stmt.where(sa.false())
+            if text.isdigit():  # past 64 bits no run has that id
+                run_id = run_number(text)
+                stmt = stmt.where(runs.c.id == run_id if run_id is not None else sa.false())
             elif label:
-                version = _run_number(label["version"])
+                version = run_number(label["version"])
                 stmt = stmt.where(runs.c.name == label["name"], runs.c.version == version if version is not None else sa.false())
             elif "/" in text:  # NAME/VERSION_NAME: a named version
                 name, version_name = text.rsplit("/", 1)
@@ -414,7 +411,7 @@ class StoreReader:
             LookupFailed: for a rank the run does not have.
         """
         with self._connect() as conn:
-            if not -(2**63) <= rank < 2**63:  # no rank has it; the driver would overflow binding it
+            if not fits_bigint(rank):  # no rank has it; the driver would overflow binding it
                 raise LookupFailed("rank", str(rank), [str(r) for r in _run_ranks(conn, ref)])
             self.store.backend.hold_snapshot(conn)
             keys, pieces = self.store.backend.rank_calls(conn, ref.id, rank)

@@ -27,7 +27,17 @@ from multirank_logger.ddp.log_capture import level_number
 from multirank_logger.errors import LookupFailed
 from multirank_logger.judgement.ranks import votes_split
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, alerts, decisions, findings, logs, ranks, runs, step_timing
+from multirank_logger.model.schema import (
+    SEQ_ATTEMPT_SHIFT,
+    alerts,
+    decisions,
+    findings,
+    fits_bigint,
+    logs,
+    ranks,
+    runs,
+    step_timing,
+)
 
 __all__ = ["FINDING_COLUMNS", "disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_findings", "read_logs", "read_rank_nodes",
            "read_rank_rows", "read_step_timing", "read_stops", "read_timing_columns", "read_timing_series", "read_transport",
@@ -159,7 +169,7 @@ def read_logs(fetch_arrow: FetchArrow, run: RunRef, rank: int | None = None, lev
     stmt = sa.select(*(logs.c[name] for name in LOG_COLUMNS)).where(logs.c.run_id == run.id)
     if rank is not None:
         # past 64 bits no rank has it (and the driver would overflow binding it)
-        stmt = stmt.where(logs.c.rank == int(rank) if -(2**63) <= int(rank) < 2**63 else sa.false())
+        stmt = stmt.where(logs.c.rank == int(rank) if fits_bigint(int(rank)) else sa.false())
     if level is not None:
         stmt = stmt.where(logs.c.levelno >= level_number(level))
     return _frame(fetch_arrow, stmt.order_by(logs.c.time, logs.c.rank, logs.c.seq).limit(limit), LOG_COLUMNS)

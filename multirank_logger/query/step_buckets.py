@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import LookupFailed
 from multirank_logger.judgement.non_finite import NEG_INF, POS_INF
-from multirank_logger.model.schema import SUMMARY_STEPS, metrics, step_summaries, step_timing
+from multirank_logger.model.schema import BIGINT_MAX, SUMMARY_STEPS, metrics, step_summaries, step_timing
 
 __all__ = ["HEATMAP_COLUMNS", "TIMING_SERIES", "BucketBuilder", "BucketSummary", "bucket_width", "summarize"]
 
@@ -52,7 +52,7 @@ FetchArrow = Callable[[sa.Select], Any]
 
 
 #: the largest step; a run whose steps span more than this (from below 0 to far above) overflows `step - first`
-_INT64_MAX = 2**63 - 1
+_INT64_MAX = BIGINT_MAX
 
 
 def _bucket_numbers(steps: np.ndarray, first: int, width: int, wide: bool) -> np.ndarray:

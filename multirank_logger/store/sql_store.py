@@ -148,9 +148,8 @@ def _refuse_unless_store_file(path: Path, *, must_exist: bool) -> None:
 
 
 def _check_writable(path: Path) -> None:
-    """Fail now, not an hour into training, if the store file cannot be written."""
-    if path.is_dir():
-        raise StoreNotWritable(str(path), "it is a directory")
+    """Fail now, not an hour into training, if the store file cannot be written (a path that is
+    no regular file was refused before: `_refuse_unless_store_file`)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():

@@ -46,7 +46,8 @@ from multirank_logger.errors import (
     StoreUnreachable,
     UnsupportedStore,
 )
-from multirank_logger.query.reader import StoreReader, open_store
+from multirank_logger.model.schema import BIGINT_MAX
+from multirank_logger.query.reader import StoreReader, open_store, run_number
 from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.store.backends import public_name, without_secrets
 from multirank_logger.store.write_errors import describe
@@ -67,8 +68,6 @@ REQUEST_QUEUE_SIZE = 1024
 REQUEST_TIMEOUT_S = 60.0
 #: seconds a stopped request's reads may take to end (its queries interrupted again and again meanwhile)
 _STOP_GRACE_S = 5.0
-#: a run id is a 64-bit integer in every backend; a longer one names no run
-_MAX_RUN_ID = 2**63 - 1
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".txt": "text/plain"}
 
@@ -313,11 +312,10 @@ class _Handler(BaseHTTPRequestHandler):
         m = re.fullmatch(r"run/(\d+)(?:/(findings|series|line|logs|alerts))?", route)
         if m is None:
             raise _Answer(HTTPStatus.NOT_FOUND, f"No API route {route}.")
-        # past int64 the driver would overflow binding it; past 4,300 digits int() itself refuses
-        if not m[1].isascii() or len(m[1]) > len(str(_MAX_RUN_ID)) or int(m[1]) > _MAX_RUN_ID:
+        run_id, what = run_number(m[1]), m[2]
+        if run_id is None:  # past 64 bits: no run has it
             shown = m[1] if len(m[1]) <= 40 else f"{m[1][:20]}...({len(m[1])} digits)"
-            raise _Answer(HTTPStatus.NOT_FOUND, f"No run '{shown}': a run id is at most {_MAX_RUN_ID}.")
-        run_id, what = int(m[1]), m[2]
+            raise _Answer(HTTPStatus.NOT_FOUND, f"No run '{shown}': a run id is at most {BIGINT_MAX}.")
         with self.server.reader() as reader:
             ref = reader.resolve_run(run_id)
             if what is None:  # ?brief=1: the header only (what the open page polls: milliseconds)

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from multirank_logger.errors import InvalidMetric
 from multirank_logger.model.batch import metrics_batch
-from multirank_logger.model.schema import DTYPE_FLOAT, DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE
+from multirank_logger.model.schema import BIGINT_MAX, BIGINT_MIN, DTYPE_FLOAT, DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE
 
 __all__ = ["MAX_KEY_BYTES", "STEP_MAX", "STEP_MIN", "RecordBuffer", "to_scalar", "to_step"]
 
@@ -33,7 +33,7 @@ _INT_LIMIT = int(sys.float_info.max)
 # the fields of one buffered call: (seq, step, time, metrics)
 _SEQ, _STEP, _TIME, _METRICS = (itemgetter(i) for i in range(4))
 #: the step column is a signed 64-bit integer in every backend (and in the Arrow batch)
-STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
+STEP_MIN, STEP_MAX = BIGINT_MIN, BIGINT_MAX
 #: a key's longest UTF-8 form: PostgreSQL's index on (run_id, key) refuses entries past ~2.7 kB
 MAX_KEY_BYTES = 1024
 #: keys already checked, kept per buffer up to this many (a run logging a new key per call stays bounded)
