@@ -100,6 +100,7 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
     # a mistyped path: an error, not an empty store left there; but the store the files' run was
     # logged to, deleted since, is created again (the command a spill prints always works)
     store = Store(db_path, create=_names_their_store(db_path, files))
+    damage: list[Any] = []
     try:
         for path in files:
             r = import_spill(store, path)
@@ -109,8 +110,24 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
             else:
                 skipped = f" ({r.rows_skipped} already in the store)" if r.rows_skipped else ""
                 click.echo(f"{path}: added {r.rows_added} rows to {run}{skipped}.")
+            for part in r.damage:
+                click.echo(str(part), err=True)
+            damage += r.damage
     finally:
         store.close()
+    if damage:
+        raise click.ClickException(_damage_summary(damage))
+
+
+def _damage_summary(damage: list[Any]) -> str:
+    """What the damaged parts of the files imported cost, and what to do (`SpillDamage` each)."""
+    known = sum(d.values for d in damage if d.values is not None)
+    unknown = " and an unknown number more" if any(d.values is None for d in damage) else ""
+    return (
+        f"{len(damage)} part(s) of the spill files did not read (above): {known} value(s){unknown} were not imported; "
+        "every intact frame was. Those values stay counted as spilled, so the run stays incomplete. If a rank was "
+        "still writing its file, or an intact copy exists, import it again: only the frames the store lacks are added."
+    )
 
 
 def _names_their_store(db_path: str, files: tuple[str, ...]) -> bool:
