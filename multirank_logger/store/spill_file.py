@@ -230,18 +230,20 @@ class SpillWriter:
 
 
 def _header_line(header: dict[str, Any]) -> bytes:
-    """The header as its line, with ``header_crc``: a bit changed in it (the run's UUID, the rank)
-    would otherwise send every row to another run or rank."""
+    """The header as its line, ending with ``"header_crc"``, the CRC-32 of the line's bytes without
+    it: a bit changed in it (the run's UUID, the rank) would otherwise send every row to another
+    run or rank."""
     text = json.dumps(header, sort_keys=True, default=str)
-    return json.dumps({**json.loads(text), "header_crc": zlib.crc32(text.encode())}, sort_keys=True).encode() + b"\n"
+    return (text[:-1] + f', "header_crc": {zlib.crc32(text.encode())}}}').encode() + b"\n"
 
 
-def _header_checks(header: dict[str, Any]) -> bool:
-    """Whether a version 5 header is the one written (older ones carry no checksum)."""
+def _header_checks(header: dict[str, Any], line: bytes) -> bool:
+    """Whether a header `line` is the one written, byte for byte (files before version 5 carry no checksum)."""
     if "header_crc" not in header and header.get("format_version", 1) < 5:
         return True
-    rest = {k: v for k, v in header.items() if k != "header_crc"}
-    return header.get("header_crc") == zlib.crc32(json.dumps(rest, sort_keys=True).encode())
+    crc = header.get("header_crc")
+    suffix = f', "header_crc": {crc}}}\n'.encode()
+    return type(crc) is int and line.endswith(suffix) and zlib.crc32(line[: -len(suffix)] + b"}") == crc
 
 
 def _encoded_parts(batch: pa.RecordBatch) -> Iterator[tuple[pa.RecordBatch, bytes]]:
@@ -335,7 +337,7 @@ def read_spill_header(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The header of a spill file (its first line only), or None when it has none (or is no regular file)."""
     try:
         with _open_regular(path) as fp:
-            return _read_header(fp)
+            return _read_header(fp)[0]
     except (OSError, SpillCorrupt):
         return None
 
@@ -365,14 +367,14 @@ def open_spill(path: str | os.PathLike[str]) -> Iterator[tuple[dict[str, Any], I
             ``"damage"`` frames, never raised.
     """
     with _open_regular(path) as fp:
-        header = _read_header(fp)
+        header, line = _read_header(fp)
         if header is None:
             raise SpillCorrupt(str(path), "no multirank-spill header line")
         version = header.get("format_version", 1)
         decode_metrics = _METRICS_DECODERS.get(version) if isinstance(version, int) else None
         if decode_metrics is None:
             raise SpillCorrupt(str(path), f"format version {version}: written by a newer multirank-logger; upgrade it")
-        if not _header_checks(header):
+        if not _header_checks(header, line):
             raise SpillCorrupt(str(path), "its header line fails its checksum")
         size = os.fstat(fp.fileno()).st_size  # what a rank still appending adds later is the next import's
         if version >= 5:
@@ -398,13 +400,14 @@ def _open_regular(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
         yield fp
 
 
-def _read_header(fp: IO[bytes]) -> dict[str, Any] | None:
+def _read_header(fp: IO[bytes]) -> tuple[dict[str, Any] | None, bytes]:
+    """The header (None when the first line is not a spill file's), and its line as read."""
     line = fp.readline(_MAX_HEADER_BYTES)
     try:
         header = json.loads(line) if line.endswith(b"\n") else None
     except ValueError:  # UnicodeDecodeError too
-        return None
-    return header if isinstance(header, dict) and header.get("format") == _FORMAT else None
+        return None, line
+    return (header if isinstance(header, dict) and header.get("format") == _FORMAT else None), line
 
 
 def _frames(
@@ -415,6 +418,8 @@ def _frames(
     at = fp.tell()
     expect, values_end = int(header.get("first_frame") or 0), int(header.get("values_before") or 0)
     bad_at: int | None = None  # where unreadable bytes began
+    bad_head: _Head | None = None  # the intact head there, if any (its payload did not check)
+    bad_torn = False  # the file ends inside the frame there
     while at < size:
         head, payload, torn = _frame_at(fp, at, size)
         item = _decoded(payload, decode_metrics)
@@ -426,16 +431,13 @@ def _frames(
             expect, values_end = head.ordinal + 1, head.values_before + head.values
             at += _HEAD_SIZE + head.length + _CRC.size
             continue
-        if torn and head is not None:  # the file ends inside this frame, whose head is intact
-            if bad_at is not None:
-                yield _damage(path, bad_at, at, expect, head.ordinal, head.values_before - values_end)
-            yield _damage(path, at, size, head.ordinal, head.ordinal + 1, head.values, torn=True)
-            return
         if bad_at is None:
-            bad_at = at
+            # a head whose frame runs past the end is torn only if no intact frame follows (a write
+            # cut short mid-file, by a full disk, and later ones that went through)
+            bad_at, bad_head, bad_torn = at, head, torn
         found = _next_magic(fp, at + 1, size)
         if found is None:
-            yield _damage(path, bad_at, size, expect, None, None, torn=torn and bad_at == at)
+            yield _last_damage(path, bad_at, bad_head, size, expect, values_end, torn=bad_torn)
             return
         at = found
     if bad_at is not None:  # pragma: no cover - the loop returns before
@@ -482,6 +484,18 @@ def _next_magic(fp: IO[bytes], start: int, size: int) -> int | None:
             return None
         at += len(chunk) - (len(_MAGIC) - 1)  # a magic across two chunks
     return None
+
+
+def _last_damage(
+    path: str, start: int, head: _Head | None, size: int, expect: int, values_end: int, *, torn: bool
+) -> SpillFrame:
+    """Damage that reaches the file's end: exact when it is one frame whose intact head says it
+    ends there or past it (its payload or checksum changed, or the file was cut inside it), else
+    "this frame onward", values unknown."""
+    ends = None if head is None else start + _HEAD_SIZE + head.length + _CRC.size
+    if head is not None and ends is not None and ends >= size and (head.ordinal, head.values_before) == (expect, values_end):
+        return _damage(path, start, size, expect, expect + 1, head.values, torn=ends > size)
+    return _damage(path, start, size, expect, None, None, torn=torn)
 
 
 def _damage(

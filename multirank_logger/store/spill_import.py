@@ -37,7 +37,14 @@ from multirank_logger.model.schema import SIDE_TABLES, imports, ranks, runs
 from multirank_logger.store.seq_spans import insert_unstored
 from multirank_logger.store.spill_file import SPILL_SUFFIX, SpillDamage, SpillFrame, open_spill, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
-from multirank_logger.store.status import INCOMPLETE, MISSING, keep_unheard, settle_imported, settle_rank
+from multirank_logger.store.status import (
+    INCOMPLETE,
+    MISSING,
+    keep_unheard,
+    rank_end_unknown,
+    settle_imported,
+    settle_rank,
+)
 
 __all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
 
@@ -99,9 +106,11 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
         done = [tuple(r) for r in conn.execute(
             sa.select(imports.c.first_frame, imports.c.end_frame).where(imports.c.spill_id == spill_id))]
         run_id, recreated = _run_of(store, conn, path, header)
+        # the run counts this rank's spilled values once it has its end: take the file's off then
+        end_known = not rank_end_unknown(conn, run_id, rank, header.get("attempt"))
         report: dict[str, Any] = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
         pending: list[Any] = []
-        read = added = side_added = 0
+        read = added = side_added = earlier = 0
         end = None
         new: list[int] = []  # the ordinals of the frames this import reads
         damage: list[SpillDamage] = []
@@ -120,6 +129,7 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
                     damage.append(obj)
                 continue
             if any(first <= ordinal < stop for first, stop in done):
+                earlier += len(obj) if kind == "metrics" else 0
                 continue  # imported before
             new.append(ordinal)
             if kind == "metrics":
@@ -151,7 +161,9 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
                     imported_at=time.time(),
                 )
             )
-        settle_imported(conn, run_id, read)
+        # an end recorded only now (this file's) counted every value of the file: those imported
+        # before it too, which were not taken off then (the run did not count them yet)
+        settle_imported(conn, run_id, read if end_known else read + earlier if rank_status is not None else 0)
     return ImportReport(
         **report, rows_added=added, rows_skipped=read - added, frames_read=len(new),
         side_rows_added=side_added, rank_status=rank_status, damage=tuple(damage),
