@@ -322,3 +322,40 @@ def test_a_write_cut_short_mid_file_costs_only_its_frame(tmp_path: Path) -> None
     assert contents.batches == [first, after]
     [damage] = contents.damage
     assert (damage.first_frame, damage.end_frame, damage.values, damage.torn) == (1, 2, 15, False)
+
+
+def test_calls_a_rank_never_stored_are_said_by_report_and_import(tmp_path: Path) -> None:
+    """Rank 1 stored calls 0-9 and 14-19 of launch 0; 10-13 are in its spill file, cut short after
+    call 11. `report` says calls 10-13 are not in the store; importing the cut file leaves 12-13,
+    said; the whole file closes the gap, and nothing is said. An empty log call is no gap."""
+    db = tmp_path / "runs.sqlite"
+    store = Store(db)
+    run = store.create_run(RUN, world_size=2)
+    for rank in (0, 1):
+        store.register_rank(run.id, rank, status="running")
+    buf = RecordBuffer()
+    for call in range(20):
+        buf.append(call, {"loss": float(call)} if call != 5 else {})  # call 5 logs nothing: no row, no seq
+    rows = buf.drain(run_id=run.id, rank=1)
+    seq = rows.column("seq").to_numpy()
+    assert sorted(set(seq.tolist())) == list(range(19))  # 19 calls with values
+    store.write(rows.filter(pa.array(seq < 10)))  # a batch is a run of consecutive calls: the one between never came
+    store.write(rows.filter(pa.array(seq >= 14)))
+    spill = SpillWriter(tmp_path / "spill", run_id=run.id, name=RUN, version=run.version, rank=1)
+    spill.write([rows.filter(pa.array((seq >= 10) & (seq < 12)))])
+    cut = spill.path.stat().st_size
+    spill.write([rows.filter(pa.array((seq >= 12) & (seq < 14)))])
+    store.close()
+    said = "rank 1, launch 0: calls {} not in the store, later ones are (never stored: the process was killed, or they were lost; or in a spill file not imported yet)."
+    report = CliRunner().invoke(main, ["report", str(db)])
+    assert report.exit_code == 0, report.output
+    assert said.format("10-13") in report.output
+    whole = spill.path.read_bytes()
+    spill.path.write_bytes(whole[:cut])
+    first = CliRunner().invoke(main, ["import", str(db), str(spill.path)])
+    assert first.exit_code == 0, first.output
+    assert first.stdout.splitlines()[1:] == [f"run {RUN}/version_0: " + said.format("12-13")]
+    spill.path.write_bytes(whole)
+    second = CliRunner().invoke(main, ["import", str(db), str(spill.path)])
+    assert second.exit_code == 0 and len(second.stdout.splitlines()) == 1, second.output
+    assert "not in the store" not in CliRunner().invoke(main, ["report", str(db)]).output

@@ -253,7 +253,8 @@ def import_earlier_launches(store: Any, spill_dir: str, run: RunRef, attempt: in
     without this the resumed run would end in success with those rows only in a file. Here
     they join the run first (and its metrics.csv, which begins with the earlier launches'
     rows). A file that cannot be imported keeps the run from success: its launch's rank goes
-    into ``unheard_ends``, which importing the file by hand clears.
+    into ``unheard_ends``, which importing the file by hand clears. So does a damaged file (its
+    intact frames imported): importing an intact copy of it clears that.
     """
     name = f"{glob.escape(run.name)}-version_{run.version}-rank*{SPILL_SUFFIX}"
     run_id = run.id
@@ -277,8 +278,15 @@ def import_earlier_launches(store: Any, spill_dir: str, run: RunRef, attempt: in
                 type(exc).__name__, exc, store.backend.path or store.url.render_as_string(hide_password=True), path,
             )
             continue
-        for damage in report.damage:  # the rest of the file is in; the run stays short of success
-            log.error("multirank_logger: an earlier launch's spill file is damaged: %s", damage)
+        if report.damage:  # the rest of the file is in; the run stays short of success, as for a file not imported
+            with store.begin() as conn:
+                keep_unheard(conn, run_id, int(header["attempt"]), [int(header["rank"])], time.time())
+        for damage in report.damage:
+            log.error(
+                "multirank_logger: an earlier launch's spill file is damaged: %s. Its intact frames were imported; "
+                "with an intact copy of it: multirank-logger import %s COPY", damage,
+                store.backend.path or store.url.render_as_string(hide_password=True),
+            )
         if report.rows_added or report.side_rows_added or report.rank_status:
             added += report.rows_added
             log.warning(
