@@ -261,6 +261,12 @@ def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(
     assert "metrics.csv was not written: the store lacks 0 value(s) kept in spill files and 0 lost, and what 1 rank" in (
         again.stderr
     )
+    # the intact copy adds just the damaged frame's rows and settles the run
+    [intact] = spill_files_named(spilled_end[0].stderr)  # the fixture's own file, never damaged
+    _import(db, [intact])
+    assert query(db, "SELECT count(*) FROM metrics")[0][0] == 40_000 + 1_000
+    assert query(db, "SELECT rank, attempt FROM unheard_ends") == []
+    assert query(db, "SELECT status FROM runs") == [("success",)]
 
 
 def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
