@@ -18,7 +18,7 @@ import click
 
 from multirank_logger._util.readable import times_as_times
 from multirank_logger._version import __version__
-from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew
+from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew, SpillsDamaged
 from multirank_logger.store.backends import public_name
 from multirank_logger.store.sql_store import Store, head_revision, is_known_revision
 
@@ -100,17 +100,36 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
     # a mistyped path: an error, not an empty store left there; but the store the files' run was
     # logged to, deleted since, is created again (the command a spill prints always works)
     store = Store(db_path, create=_names_their_store(db_path, files))
+    reports = []
     try:
         for path in files:
             r = import_spill(store, path)
+            reports.append(r)
             run = f"run {r.name}/version_{r.version}, rank {r.rank}"
             if r.already_imported:
                 click.echo(f"{path}: already imported ({run}); nothing added.")
             else:
                 skipped = f" ({r.rows_skipped} already in the store)" if r.rows_skipped else ""
                 click.echo(f"{path}: added {r.rows_added} rows to {run}{skipped}.")
+            for part in r.damage:
+                click.echo(str(part), err=True)
+        _say_calls_not_stored(store, {r.run_id: f"{r.name}/version_{r.version}" for r in reports})
     finally:
         store.close()
+    if damage := [part for r in reports for part in r.damage]:
+        raise SpillsDamaged(len(damage), sum(d.values or 0 for d in damage), any(d.values is None for d in damage))
+
+
+def _say_calls_not_stored(store: Store, runs: dict[int, str]) -> None:
+    """After an import, the calls its runs still lack (store/seq_spans.py), one line each (said, not an error)."""
+    from multirank_logger.report.findings import holes_said
+    from multirank_logger.store.seq_spans import calls_not_stored
+
+    for run_id, label in sorted(runs.items()):
+        with store.begin() as conn:
+            holes = calls_not_stored(conn, run_id)
+        for line in holes_said(holes):
+            click.echo(f"run {label}: {line}")
 
 
 def _names_their_store(db_path: str, files: tuple[str, ...]) -> bool:

@@ -33,6 +33,7 @@ MultiRankLoggerError
  ├── ResumeRefused               resume= asked for a run that cannot be resumed
  ├── IdentityTimeout             rank 0 never published the run identity in time
  ├── SpillCorrupt                a spill file that cannot be read
+ ├── SpillsDamaged               spill files imported but for their damaged frames
  ├── SpillOfAnotherRun           a spill file of a run other than the store's run of that name
  └── ChannelError                the channel to rank 0 cannot be used
       └── ChannelTimeout         a bounded wait on the channel ran out
@@ -75,6 +76,7 @@ __all__ = [
     "SchemaOutdated",
     "SchemaTooNew",
     "SpillCorrupt",
+    "SpillsDamaged",
     "SpillOfAnotherRun",
     "StoreError",
     "StoreGone",
@@ -381,6 +383,16 @@ class SpillCorrupt(MultiRankLoggerError):
     def __init__(self, path: str, detail: str) -> None:
         self.path = path
         super().__init__(f"{path} is not a readable spill file ({detail}). It was left untouched; nothing was imported.")
+
+
+class SpillsDamaged(MultiRankLoggerError):
+    def __init__(self, parts: int, values: int, unknown: bool) -> None:
+        more = " and an unknown number more" if unknown else ""
+        super().__init__(
+            f"{parts} part(s) of the spill files did not read (above): {values} value(s){more} were not imported; "
+            "every intact frame was. Those values stay counted as spilled, so the run stays incomplete. If a rank was "
+            "still writing its file, or an intact copy exists, import it again: only the frames the store lacks are added."
+        )
 
 
 class SpillOfAnotherRun(MultiRankLoggerError):

@@ -126,3 +126,29 @@ def test_url_credentials_never_become_a_path(db: Path, tmp_path: Path, monkeypat
 def test_memory_url_is_refused(db: Path) -> None:
     code, out = _export(db, "--format", "parquet", "-o", "memory://lake")
     assert code == 2 and "ends with this command's process" in out, out
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tensorboard"])
+@pytest.mark.parametrize("where", ["fifo", "file", "dev_null", "under_a_file", "symlink_to_a_file"])
+def test_a_directory_format_into_what_is_no_directory_is_one_error(db: Path, tmp_path: Path, fmt: str, where: str) -> None:
+    """`--format parquet|tensorboard -o DIR` where DIR is a FIFO, a regular file, /dev/null, under a
+    file or a symlink to a file: one line that says what it is, exit 1, nothing written anywhere."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "notes.txt").write_text("kept")
+    if where == "fifo":
+        os.mkfifo(out_dir / "pipe")
+    target = {"fifo": out_dir / "pipe", "file": out_dir / "notes.txt", "dev_null": Path("/dev/null"),
+              "under_a_file": out_dir / "notes.txt" / "lake", "symlink_to_a_file": out_dir / "link"}[where]  # fmt: skip
+    if where == "symlink_to_a_file":
+        target.symlink_to(out_dir / "notes.txt")
+    before = sorted(os.listdir(out_dir))
+    code, out = _export(db, "--format", fmt, "-o", str(target))
+    what = {"fifo": "it is a FIFO", "file": "it is a regular file", "dev_null": "it is a character device",
+            "under_a_file": f"{out_dir / 'notes.txt'} is a regular file", "symlink_to_a_file": "it is a regular file"}[where]  # fmt: skip
+    assert code == 1
+    assert out == (f"Error: Cannot export to {target}: {what}, and this format writes a directory of files. "
+                   "Pass a directory's path (made when missing); nothing was written.\n")  # fmt: skip
+    assert sorted(os.listdir(out_dir)) == before and (out_dir / "notes.txt").read_text() == "kept"
+    if where == "fifo":
+        assert stat.S_ISFIFO(os.lstat(target).st_mode)

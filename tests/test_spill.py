@@ -25,6 +25,9 @@ V1_FILE = Path(__file__).parent / "data" / "spill_v1_mrb1.mrspill"
 #: written by the SpillWriter of commit f958495 (format version 2: MRB1 metrics, then a side frame
 #: of one logs row and an end frame): run exp/version_0, rank 1
 V2_FILE = Path(__file__).parent / "data" / "spill_v2_mrb1_side_end.mrspill"
+#: written by the SpillWriter of commit 368c8c9 (format version 4: Arrow metrics of 4 then 1 rows,
+#: a side frame of one logs row, hparams, an end): run exp/version_0, rank 1, uuid 0123...cdef
+V4_FILE = Path(__file__).parent / "data" / "spill_v4_arrow_side_hparams_end.mrspill"
 # (seq, step, key, value, dtype, time) of its rows, frame by frame
 _V1_ROWS = [
     [
@@ -67,24 +70,29 @@ def test_spill_file_round_trips(tmp_path: Path) -> None:
     header, batches = read_spill(spill.path)
     assert batches == [first, second]
     assert (header["run_id"], header["name"], header["version"], header["rank"]) == (3, "exp", 2, 1)
-    assert header["format_version"] == 4  # Arrow IPC payloads, the run named by its UUID
+    assert header["format_version"] == 5  # frames with a checked head, the run named by its UUID
 
 
-def test_torn_last_frame_is_dropped(tmp_path: Path) -> None:
-    """A crash mid-write tears at most the last frame: the complete ones still read."""
+def test_torn_last_frame_is_reported_and_the_rest_reads(tmp_path: Path) -> None:
+    """A crash mid-write tears at most the last frame: the complete ones still read, and the torn
+    one is said (its values, from its intact head)."""
     spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
     kept = _batch(0, 3)
     spill.write([kept])
     spill.write([_batch(3, 3)])
     data = spill.path.read_bytes()
     spill.path.write_bytes(data[:-7])
-    assert read_spill(spill.path)[1] == [kept]
+    contents = read_spill_contents(spill.path)
+    assert contents.batches == [kept]
+    [torn] = contents.damage
+    assert (torn.torn, torn.first_frame, torn.end_frame, torn.values) == (True, 1, 2, 6)
+    assert "ends inside frame 1" in str(torn) and "6 value(s) not imported" in str(torn)
 
 
 @pytest.mark.parametrize("where", ["length", "payload", "crc"])
 def test_a_torn_frame_loses_only_that_frame(db_path: Path, tmp_path: Path, where: str) -> None:
-    """A frame torn anywhere (its length, its Arrow payload, its checksum) is dropped alone: the
-    frames before it read and import whole."""
+    """A frame torn anywhere (its head, its Arrow payload, its checksum) is dropped alone: the
+    frames before it read and import whole, and the import says the torn one."""
     store = Store(db_path)
     run = store.create_run("exp", world_size=2)
     spill = SpillWriter(tmp_path, run_id=run.id, name="exp", version=run.version, rank=1)
@@ -96,21 +104,62 @@ def test_a_torn_frame_loses_only_that_frame(db_path: Path, tmp_path: Path, where
     cut = {"length": before + 3, "payload": (before + size) // 2, "crc": size - 2}[where]
     spill.path.write_bytes(spill.path.read_bytes()[:cut])
     assert read_spill(spill.path)[1] == kept
-    assert import_spill(store, spill.path).rows_added == 10
+    report = import_spill(store, spill.path)
+    assert report.rows_added == 10
+    [torn] = report.damage
+    assert torn.torn and torn.first_frame == 2
     assert _count(store, run.id) == 10
     store.close()
 
 
-def test_a_frame_damaged_in_the_middle_is_refused(tmp_path: Path) -> None:
-    """A complete frame whose bytes changed fails its checksum: the file is refused, nothing imported."""
+def test_a_frame_damaged_in_the_middle_costs_that_frame_alone(tmp_path: Path) -> None:
+    """A frame whose bytes changed fails its checksum: the frames before and after it read, and
+    the damage says which frame and how many values."""
     spill = SpillWriter(tmp_path, run_id=3, name="exp", version=0, rank=1)
-    spill.write([_batch(0, 3)])
-    spill.write([_batch(3, 3)])
+    first, second, third = _batch(0, 3), _batch(3, 4), _batch(7, 2)
+    spill.write([first])
+    start = spill.path.stat().st_size
+    spill.write([second])
+    end = spill.path.stat().st_size
+    spill.write([third])
     data = bytearray(spill.path.read_bytes())
-    data[len(data) // 3] ^= 0xFF
+    data[(start + end) // 2] ^= 0xFF
     spill.path.write_bytes(bytes(data))
-    with pytest.raises(SpillCorrupt, match="frame 0 fails its checksum"):
-        read_spill(spill.path)
+    contents = read_spill_contents(spill.path)
+    assert contents.batches == [first, third]
+    [damage] = contents.damage
+    assert (damage.first_frame, damage.end_frame, damage.values, damage.torn) == (1, 2, 8, False)
+    assert (damage.start, damage.end) == (start, end)
+
+
+def test_a_spill_file_of_version_4_still_reads_and_imports(db_path: Path, tmp_path: Path) -> None:
+    """A file the code before checked heads wrote (format 4: Arrow metrics, side rows, hparams, an
+    end) reads every frame and imports into its run, once."""
+    contents = read_spill_contents(V4_FILE)
+    assert contents.header["format_version"] == 4
+    assert [kind for kind, _ in contents.frames] == ["metrics", "side", "hparams", "metrics", "end"]
+    assert [len(b) for b in contents.batches] == [4, 1] and contents.damage == []
+    store = Store(db_path)
+    path = tmp_path / V4_FILE.name
+    shutil.copy(V4_FILE, path)
+    report = import_spill(store, path)  # the store lacks the run: recreated from the header
+    assert (report.rows_added, report.side_rows_added, report.frames_read, report.damage) == (5, 1, 5, ())
+    assert import_spill(store, path).already_imported
+    store.close()
+
+
+def test_a_damaged_frame_of_version_4_is_said_and_what_comes_before_imports(tmp_path: Path) -> None:
+    """Version 4 frames carry no head to find the next one by: the frames before the damage read,
+    the rest is said unreadable (how many values unknown), never misread."""
+    data = bytearray(V4_FILE.read_bytes())
+    header_end = data.index(b"\n") + 1
+    data[len(data) - 20] ^= 0x01  # inside the last frames
+    path = tmp_path / V4_FILE.name
+    path.write_bytes(bytes(data))
+    contents = read_spill_contents(path)
+    [damage] = contents.damage
+    assert damage.end_frame is None and damage.values is None and damage.start > header_end
+    assert [kind for kind, _ in contents.frames] == ["metrics", "side", "hparams", "metrics"][: damage.first_frame]
 
 
 def test_a_spill_file_of_the_first_format_still_reads() -> None:
@@ -141,8 +190,8 @@ def test_a_spill_file_of_the_first_format_imports(db_path: Path, tmp_path: Path)
 def test_a_spill_file_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     """A format version this code does not know is refused with what to do, not misread."""
     path = tmp_path / "new.mrspill"
-    path.write_bytes(b'{"format": "multirank-spill", "format_version": 5}\n')
-    with pytest.raises(SpillCorrupt, match="format version 5: written by a newer multirank-logger; upgrade it"):
+    path.write_bytes(b'{"format": "multirank-spill", "format_version": 6}\n')
+    with pytest.raises(SpillCorrupt, match="format version 6: written by a newer multirank-logger; upgrade it"):
         read_spill(path)
 
 

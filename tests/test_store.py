@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import multiprocessing as mp
 import sqlite3
@@ -99,15 +100,17 @@ _DRAIN_CASES = {
 @pytest.mark.parametrize("calls", _DRAIN_CASES.values(), ids=_DRAIN_CASES.keys())
 def test_drain_rows_are_each_logged_value_encoded(calls: list[tuple[int, dict[object, object]]]) -> None:
     """drain() gives, in call order, one row per logged value: encode_value's (value, dtype),
-    the call's seq, step and time, the key as its str."""
+    the call's seq (counting calls with values only: an empty one stores nothing, so a seq of its
+    own would read as a call never stored), step and time, the key as its str."""
     buffer = RecordBuffer()
     for step, logged in calls:
         buffer.append(step, logged)
     times = [call[2] for call in buffer._calls]
     batch = buffer.drain(run_id=4, rank=2)
+    seqs = list(itertools.accumulate((bool(logged) for _, logged in calls), initial=0))
     expected = [
-        (4, 2, seq, step, str(key), *encode_value(value), times[seq])
-        for seq, (step, logged) in enumerate(calls)
+        (4, 2, seqs[i], step, str(key), *encode_value(value), times[i])
+        for i, (step, logged) in enumerate(calls)
         for key, value in logged.items()
     ]
     rows = list(zip(*column_lists(batch, METRIC_COLUMNS)))

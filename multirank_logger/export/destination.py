@@ -90,6 +90,8 @@ class Destination:
             raise ExportFailed(self.public, "its credentials (user:password@) would become part of a file's path",
                                "Leave them out of the URL (file:///path for a local directory); a remote "
                                "filesystem takes them from its own configuration or the environment.")  # fmt: skip
+        if self.local:
+            _refuse_local_non_directory(self.public, self.root)
 
     def blotted(self, exc: BaseException) -> str:
         """An error's text with the URL's secrets blotted out (a driver may quote the URL it was given)."""
@@ -163,6 +165,29 @@ class Destination:
             for path in paths:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm(path)
+
+
+def _refuse_local_non_directory(shown: str, root: str) -> None:
+    """A local export directory that is something else (a regular file, a FIFO, /dev/null), or under
+    one: refused before anything is read or written, as what it is (the filesystem would say only
+    "Not a directory", part-way through)."""
+    path = Path(root)
+    for at in (path, *path.parents):
+        try:
+            mode = os.stat(at).st_mode  # follows a symlink: its target is what would hold the files
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # made by the export; or under a file, which a parent says
+        except OSError as exc:
+            raise ExportFailed(shown, exc.strerror or type(exc).__name__, _PASS_A_DIRECTORY) from None
+        if stat.S_ISDIR(mode):
+            return
+        what = "a regular file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode) else (
+            "a character device" if stat.S_ISCHR(mode) else "not a directory")
+        where = "it is" if at == path else f"{at} is"
+        raise ExportFailed(shown, f"{where} {what}, and this format writes a directory of files", _PASS_A_DIRECTORY)
+
+
+_PASS_A_DIRECTORY = "Pass a directory's path (made when missing); nothing was written."
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RunRef"]
+from multirank_logger.model.schema import BIGINT_MAX
+
+__all__ = ["RunRef", "run_number"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +46,12 @@ class RunRef:
     def label(self) -> str:
         """``name/version_N``, as the CLI and the query side accept it."""
         return f"{self.name}/version_{self.version}"
+
+
+def run_number(digits: str) -> int | None:
+    """A run id or version given as digits, or None where no run can have it (past a 64-bit
+    integer, what every backend stores; past 4,300 digits, int()'s own bound; a Unicode digit
+    such as "²", which int() refuses)."""
+    if not digits.isascii() or len(digits) > len(str(BIGINT_MAX)) or int(digits) > BIGINT_MAX:
+        return None
+    return int(digits)

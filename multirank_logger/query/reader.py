@@ -30,8 +30,8 @@ from multirank_logger._util.atomic_file import replace_atomically
 from multirank_logger._util.background_import import import_in_background
 from multirank_logger.errors import LookupFailed, ReadsStopped
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import BIGINT_MAX, attempts, fits_bigint, metrics, ranks, runs
+from multirank_logger.model.run_ref import RunRef, run_number
+from multirank_logger.model.schema import attempts, fits_bigint, metrics, ranks, runs
 from multirank_logger.query.host_ledger import read_host_ledger
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
@@ -53,6 +53,7 @@ from multirank_logger.query.side_tables import (
 from multirank_logger.query.step_buckets import BucketSummary, summarize
 from multirank_logger.query.stoppable import run_stoppable
 from multirank_logger.store.run_lifecycle import orphan_runs
+from multirank_logger.store.seq_spans import CallsNotStored, calls_not_stored
 from multirank_logger.store.sql_store import Store, retry_while_locked
 
 __all__ = ["RankSpread", "StoreReader", "open_store", "run_number"]
@@ -75,15 +76,6 @@ def open_store(db: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT
     """
     store = retry_while_locked(lambda: Store(db, readonly=True), lock_timeout)
     return StoreReader(store, lock_timeout=lock_timeout)
-
-
-def run_number(digits: str) -> int | None:
-    """A run id or version given as digits, or None where no run can have it (past a 64-bit
-    integer, what every backend stores; past 4,300 digits, int()'s own bound; a Unicode digit
-    such as "²", which int() refuses)."""
-    if not digits.isascii() or len(digits) > len(str(BIGINT_MAX)) or int(digits) > BIGINT_MAX:
-        return None
-    return int(digits)
 
 
 class StoreReader:
@@ -246,6 +238,11 @@ class StoreReader:
     def run_status(self, run_id: int) -> str | None:
         """The status the run's row holds now (``running`` while it goes); None for no such run id."""
         return next(iter(self._scalars(sa.select(runs.c.status).where(runs.c.id == run_id))), None)
+
+    def calls_not_stored(self, run_id: int) -> list[CallsNotStored]:
+        """Each rank's log calls the store lacks while later ones of that launch are stored (store/seq_spans.py)."""
+        with self._connect() as conn:
+            return calls_not_stored(conn, run_id)
 
     def resolve_run(self, run: int | str | RunRef | None = None) -> RunRef:
         """The run meant by ``run`` (see the class docstring; a `RunRef` is taken as it is).

@@ -152,6 +152,7 @@ def find_with_buckets(
     # the per-step statistics and the values that may depart (query/run_scan.py)
     scan = scan_run(reader, ref, bucket_columns=bucket_columns)
     out.ranks = _ranks(reader, ref, scan.rank_steps)
+    out.notes += holes_said(reader.calls_not_stored(ref.id))
     timing = reader.step_timing(ref)
     if len(timing):
         out.timing, out.stragglers = _timing(timing, ref.world_size)
@@ -173,6 +174,20 @@ def find_with_buckets(
     out.library_warnings = [m for m in messages if library_notice(m, ref.world_size)]
     out.log_messages = [m for m in messages if not library_notice(m, ref.world_size)]
     return out, scan.buckets
+
+
+#: holes in the ranks' calls said one per line up to this many, then counted
+HOLES_SAID = 8
+
+
+def holes_said(holes: list[Any]) -> list[str]:
+    """The calls the store lacks (`StoreReader.calls_not_stored`), as the report's notes say them."""
+    lines = [f"{hole}." for hole in holes[:HOLES_SAID]]
+    if len(holes) > HOLES_SAID:
+        rest = holes[HOLES_SAID:]
+        lines.append(f"... and {len(rest)} more such gap(s) on {len({h.rank for h in rest})} rank(s), "
+                     f"{sum(h.calls for h in rest)} call(s) in all.")  # fmt: skip
+    return lines
 
 
 def _lead_with_origins(found: Findings) -> None:

@@ -18,12 +18,14 @@ Every insert of metric rows (`Store.write`, a spill import) goes through `insert
 - the inserted rows' summaries go in beside them (store/step_summaries.py).
 
 The spans only ever cover more than is stored, never less, so a row stored once is always
-found before it could be stored again. Rows inserted behind the store's back (raw SQL) are
+found before it could be stored again. Two spans of one launch with calls between them (or a
+launch's first span that starts past its first call) are calls never stored: `calls_not_stored`. Rows inserted behind the store's back (raw SQL) are
 not covered: on SQLite the primary key still refuses them, elsewhere they are not checked.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,10 +33,10 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from multirank_logger.model.batch import column_lists, take_rows
-from multirank_logger.model.schema import metric_spans, metrics
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, metric_spans, metrics
 from multirank_logger.store.step_summaries import insert_summaries
 
-__all__ = ["insert_unstored"]
+__all__ = ["CallsNotStored", "calls_not_stored", "insert_unstored"]
 
 
 def insert_unstored(conn: sa.Connection, backend: Any, batch: Any) -> int:
@@ -156,3 +158,45 @@ def _record(
             replaced,
         )
     conn.execute(metric_spans.insert(), merged)
+
+
+@dataclass(frozen=True)
+class CallsNotStored:
+    """A rank's log calls of one launch that the store lacks, with later calls of that launch stored."""
+
+    rank: int
+    attempt: int
+    first_call: int
+    last_call: int
+
+    @property
+    def calls(self) -> int:
+        return self.last_call - self.first_call + 1
+
+    def __str__(self) -> str:
+        calls = f"call {self.first_call}" if self.calls == 1 else f"calls {self.first_call}-{self.last_call}"
+        return (f"rank {self.rank}, launch {self.attempt}: {calls} not in the store, later ones are (never stored: "
+                "the process was killed, or they were lost; or in a spill file not imported yet)")  # fmt: skip
+
+
+def calls_not_stored(conn: sa.Connection, run_id: int) -> list[CallsNotStored]:
+    """The holes in each rank's calls, launch by launch, that the seq spans show (a call is a seq,
+    numbered from its launch's base). Calls after a launch's last stored one cannot show here."""
+    spans = metric_spans.c
+    rows = conn.execute(
+        sa.select(spans.rank, spans.first_seq, spans.last_seq).where(spans.run_id == run_id)
+        .order_by(spans.rank, spans.first_seq)
+    )
+    out: list[CallsNotStored] = []
+    previous: tuple[int, int, int] | None = None  # (rank, attempt, last call)
+    for rank, first, last in rows:
+        attempt, first_call, last_call = int(first) >> SEQ_ATTEMPT_SHIFT, _call(first), _call(last)
+        before = previous[2] if previous is not None and previous[:2] == (rank, attempt) else -1
+        if first_call > before + 1:
+            out.append(CallsNotStored(int(rank), attempt, before + 1, first_call - 1))
+        previous = (rank, attempt, last_call)
+    return out
+
+
+def _call(seq: int) -> int:
+    return int(seq) & ((1 << SEQ_ATTEMPT_SHIFT) - 1)

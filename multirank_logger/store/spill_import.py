@@ -1,10 +1,14 @@
 """Merging a spill file (spill_file.py) into a store: its rows, its side rows, and the rank's end.
 
-Importing is idempotent: the `imports` table remembers, per spill id, how many frames were
-read, and rows the store already holds (same run, rank, seq and key: rank 0 may have
+Importing is idempotent: the `imports` table remembers, per spill id, which frames were read
+(ranges of their ordinals), and rows the store already holds (same run, rank, seq and key: rank 0 may have
 stored a batch that its sender never saw acknowledged) are skipped (store/seq_spans.py). The rank's end, when the
 store never heard it, is recorded, and the run settles: ``incomplete`` becomes ``success``
 once nothing is spilled, lost or unheard (status.py decides both: `settle_rank`, `settle_imported`).
+
+A damaged file imports every intact frame; its damage (`SpillDamage`: which frames, how many values)
+comes back in the report, not as an error, and what those frames held stays counted as spilled, so
+the run stays ``incomplete``. Importing an intact copy of the file later adds just those frames.
 
 A file names its run by the run's UUID (format 4): it imports into that run only. A store holding
 another run of the same name and version is refused (`SpillOfAnotherRun`); a store without the run
@@ -29,11 +33,18 @@ import sqlalchemy as sa
 from multirank_logger.errors import LookupFailed, SpillOfAnotherRun, StoreLocked
 from multirank_logger.model.batch import concat_batches, with_run_id
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, imports, ranks, runs
+from multirank_logger.model.schema import SIDE_TABLES, imports, ranks, runs, unheard_ends
 from multirank_logger.store.seq_spans import insert_unstored
-from multirank_logger.store.spill_file import SPILL_SUFFIX, open_spill, read_spill_header
+from multirank_logger.store.spill_file import SPILL_SUFFIX, SpillDamage, SpillFrame, open_spill, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
-from multirank_logger.store.status import INCOMPLETE, MISSING, keep_unheard, settle_imported, settle_rank
+from multirank_logger.store.status import (
+    INCOMPLETE,
+    MISSING,
+    keep_unheard,
+    rank_end_unknown,
+    settle_imported,
+    settle_rank,
+)
 
 __all__ = ["ImportReport", "import_earlier_launches", "import_spill"]
 
@@ -58,6 +69,8 @@ class ImportReport:
     side_rows_added: int = 0
     #: how the rank ended, when the file says so and the store had it as "missing"
     rank_status: str | None = None
+    #: the file's damaged or torn parts whose frames the store lacks (never imported from any copy)
+    damage: tuple[SpillDamage, ...] = ()
 
     @property
     def already_imported(self) -> bool:
@@ -74,7 +87,8 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
     the file records, and the values it spilled or lost count in the run's totals.
 
     Raises:
-        SpillCorrupt: when the file cannot be read as a spill file.
+        SpillCorrupt: when the file is no regular file, or its header line is not a spill file's
+            (or fails its checksum). Damaged frames are not raised: the report's `damage` says them.
         LookupFailed: when the store holds no run with the file's name and version (a file of
             format 3 or older, which cannot recreate its run).
         SpillOfAnotherRun: when the store holds another run (another UUID) of that name and version.
@@ -83,20 +97,24 @@ def import_spill(store: Any, path: str | os.PathLike[str]) -> ImportReport:
         return _import_frames(store, str(path), header, frames)
 
 
-def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterator[tuple[str, Any]]) -> ImportReport:
+def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterator[SpillFrame]) -> ImportReport:
     """`import_spill` on an open file: its frames are read, and their rows stored, a part at a
     time (`IMPORT_ROWS`), in one transaction: a failure part-way leaves the store as it was."""
     spill_id = str(header["spill_id"])
     name, version, rank = str(header["name"]), int(header["version"]), int(header["rank"])
     with store.begin() as conn:
-        done = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.max(imports.c.end_frame), 0)).where(imports.c.spill_id == spill_id)
-        ).scalar_one()
+        done = [tuple(r) for r in conn.execute(
+            sa.select(imports.c.first_frame, imports.c.end_frame).where(imports.c.spill_id == spill_id))]
         run_id, recreated = _run_of(store, conn, path, header)
+        # the run counts this rank's spilled values once it has its end: take the file's off then
+        end_known = not rank_end_unknown(conn, run_id, rank, header.get("attempt"))
         report: dict[str, Any] = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
         pending: list[Any] = []
-        read = added = side_added = count = 0
+        read = added = side_added = earlier = 0
+        seen_end = False
         end = None
+        new: list[int] = []  # the ordinals of the frames this import reads
+        damage: list[SpillDamage] = []
 
         def store_pending() -> None:
             nonlocal read, added
@@ -106,9 +124,16 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
             read += len(batch)
             added += insert_unstored(conn, store.backend, batch)  # rows the store holds already are skipped
 
-        for count, (kind, obj) in enumerate(frames, start=1):
-            if count <= done:
+        for ordinal, kind, obj in frames:
+            if kind == "damage":
+                if not _imported_before(obj, done):
+                    damage.append(obj)
+                continue
+            seen_end = seen_end or kind == "end"
+            if any(first <= ordinal < stop for first, stop in done):
+                earlier += len(obj) if kind == "metrics" else 0
                 continue  # imported before
+            new.append(ordinal)
             if kind == "metrics":
                 pending.append(obj)
                 if sum(map(len, pending)) >= IMPORT_ROWS:
@@ -120,28 +145,54 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
                     conn.execute(runs.update().where(runs.c.id == run_id).values(hparams=_to_json(obj)))
             else:
                 end = obj
-        if count <= done:
-            return ImportReport(**report, rows_added=0, rows_skipped=0, frames_read=0)
+        if not new:
+            return ImportReport(**report, rows_added=0, rows_skipped=0, frames_read=0, damage=tuple(damage))
         if pending:
             store_pending()
         rank_status = settle_rank(conn, run_id, rank, end, header.get("attempt")) if end is not None else None
-        conn.execute(
-            imports.insert().values(
-                spill_id=spill_id,
-                first_frame=done,
-                end_frame=count,
-                run_id=run_id,
-                rank=rank,
-                rows=added,
-                source=str(Path(path).resolve()),
-                imported_at=time.time(),
+        for i, (first, stop) in enumerate(_ranges(new)):
+            conn.execute(
+                imports.insert().values(
+                    spill_id=spill_id,
+                    first_frame=first,
+                    end_frame=stop,
+                    run_id=run_id,
+                    rank=rank,
+                    rows=added if i == 0 else 0,
+                    source=str(Path(path).resolve()),
+                    imported_at=time.time(),
+                )
             )
-        )
-        settle_imported(conn, run_id, read)
+        if seen_end and not damage and header.get("attempt") is not None:
+            # whole at last (an intact copy of a file whose damage kept its launch's end unheard)
+            conn.execute(unheard_ends.delete().where(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank,
+                                                     unheard_ends.c.attempt == int(header["attempt"])))  # fmt: skip
+        # an end recorded only now (this file's) counted every value of the file: those imported
+        # before it too, which were not taken off then (the run did not count them yet)
+        settle_imported(conn, run_id, read if end_known else read + earlier if rank_status is not None else 0)
     return ImportReport(
-        **report, rows_added=added, rows_skipped=read - added, frames_read=count - done,
-        side_rows_added=side_added, rank_status=rank_status,
+        **report, rows_added=added, rows_skipped=read - added, frames_read=len(new),
+        side_rows_added=side_added, rank_status=rank_status, damage=tuple(damage),
     )
+
+
+def _imported_before(damage: SpillDamage, done: list[tuple[int, int]]) -> bool:
+    """Whether every frame `damage` cost was imported already (from an intact copy of the file,
+    or from the file before it was made again); true too when it cost no frame."""
+    if damage.end_frame is None:
+        return False
+    return all(any(first <= o < stop for first, stop in done) for o in range(damage.first_frame, damage.end_frame))
+
+
+def _ranges(ordinals: list[int]) -> list[tuple[int, int]]:
+    """Sorted ordinals as [first, stop) ranges of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for o in sorted(ordinals):
+        if out and out[-1][1] == o:
+            out[-1] = (out[-1][0], o + 1)
+        else:
+            out.append((o, o + 1))
+    return out
 
 
 def _run_of(store: Any, conn: sa.Connection, path: str, header: dict[str, Any]) -> tuple[int, bool]:
@@ -208,7 +259,8 @@ def import_earlier_launches(store: Any, spill_dir: str, run: RunRef, attempt: in
     without this the resumed run would end in success with those rows only in a file. Here
     they join the run first (and its metrics.csv, which begins with the earlier launches'
     rows). A file that cannot be imported keeps the run from success: its launch's rank goes
-    into ``unheard_ends``, which importing the file by hand clears.
+    into ``unheard_ends``, which importing the file by hand clears. So does a damaged file (its
+    intact frames imported): importing an intact copy of it clears that.
     """
     name = f"{glob.escape(run.name)}-version_{run.version}-rank*{SPILL_SUFFIX}"
     run_id = run.id
@@ -232,6 +284,15 @@ def import_earlier_launches(store: Any, spill_dir: str, run: RunRef, attempt: in
                 type(exc).__name__, exc, store.backend.path or store.url.render_as_string(hide_password=True), path,
             )
             continue
+        if report.damage:  # the rest of the file is in; the run stays short of success, as for a file not imported
+            with store.begin() as conn:
+                keep_unheard(conn, run_id, int(header["attempt"]), [int(header["rank"])], time.time())
+        for damage in report.damage:
+            log.error(
+                "multirank_logger: an earlier launch's spill file is damaged: %s. Its intact frames were imported; "
+                "with an intact copy of it: multirank-logger import %s COPY", damage,
+                store.backend.path or store.url.render_as_string(hide_password=True),
+            )
         if report.rows_added or report.side_rows_added or report.rank_status:
             added += report.rows_added
             log.warning(

@@ -50,6 +50,7 @@ __all__ = [
     "exit_status",
     "final_status",
     "keep_unheard",
+    "rank_end_unknown",
     "read_back_run",
     "record_rank_end",
     "run_is_whole",
@@ -378,18 +379,13 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
     Returns:
         The rank's status, when its end was unknown; None when the store knew its end already.
     """
-    latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
-    # the ranks row is the file's launch's unless a later launch registered the rank again
-    current = attempt is None or latest is None or int(attempt) == int(latest)
+    current, row_unended, unheard = _end_unknown(conn, run_id, rank, attempt)
     if not current and rank == 0:  # that launch did end: the store, never told, took it for one that vanished
         conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
                                              attempts.c.status == VANISHED).values(status=end["status"]))  # fmt: skip
-    status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
-    row_unended = current and status in UNENDED
-    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
-    unheard = attempt is not None and conn.execute(sa.select(sa.exists().where(this_launch))).scalar()
     if not (row_unended or unheard):
         return None  # the store heard its end, and counted its values then (record_rank_end)
+    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
     if unheard:
         conn.execute(unheard_ends.delete().where(this_launch))
     if row_unended:
@@ -415,6 +411,25 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
         )
     )
     return str(end["status"])
+
+
+def rank_end_unknown(conn: sa.Connection, run_id: int, rank: int, attempt: int | None) -> bool:
+    """Whether the store lacks the end of launch `attempt`'s `rank` (what `settle_rank` records from
+    a spill file): the values that rank spilled are then not in the run's ``values_spilled`` yet."""
+    _, row_unended, unheard = _end_unknown(conn, run_id, rank, attempt)
+    return row_unended or unheard
+
+
+def _end_unknown(conn: sa.Connection, run_id: int, rank: int, attempt: int | None) -> tuple[bool, bool, bool]:
+    """(whether `attempt` is the run's latest launch, whether the rank's row is that launch's and
+    unended, whether the rank's end for `attempt` is kept in ``unheard_ends``)."""
+    latest = conn.execute(sa.select(sa.func.max(attempts.c.attempt)).where(attempts.c.run_id == run_id)).scalar()
+    # the ranks row is the file's launch's unless a later launch registered the rank again
+    current = attempt is None or latest is None or int(attempt) == int(latest)
+    status = conn.execute(sa.select(ranks.c.status).where(ranks.c.run_id == run_id, ranks.c.rank == rank)).scalar()
+    this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
+    unheard = attempt is not None and bool(conn.execute(sa.select(sa.exists().where(this_launch))).scalar())
+    return current, current and status in UNENDED, unheard
 
 
 #: the facts of a rank's end that a spill file's "others" may set in its ``ranks`` row

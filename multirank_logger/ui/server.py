@@ -46,8 +46,9 @@ from multirank_logger.errors import (
     StoreUnreachable,
     UnsupportedStore,
 )
+from multirank_logger.model.run_ref import run_number
 from multirank_logger.model.schema import BIGINT_MAX
-from multirank_logger.query.reader import StoreReader, open_store, run_number
+from multirank_logger.query.reader import StoreReader, open_store
 from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.store.backends import public_name, without_secrets
 from multirank_logger.store.write_errors import describe

@@ -163,7 +163,8 @@ class RecordBuffer:
         else:
             metrics = dict(metrics)  # the caller may reuse its dict
         self._calls.append((self._next_seq, step, time.time(), metrics))
-        self._next_seq += 1
+        if metrics:  # a call with no value stores no row: a seq of its own would read as a call never stored
+            self._next_seq += 1
         csv_calls = self.csv_calls
         if csv_calls is not None:
             # a whole float step stays as given there: CSVLogger writes it as str() of what it got ("3.0")
@@ -186,7 +187,7 @@ class RecordBuffer:
 
     @property
     def calls_recorded(self) -> int:
-        """Log calls recorded so far, drained or not."""
+        """Log calls with values recorded so far, drained or not (a call with none takes no seq)."""
         return self._next_seq
 
     def pending_calls(self) -> list[tuple[int, dict[str, bool | int | float]]]:
