@@ -48,7 +48,7 @@ def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[s
             all_lines = len(summary.ranks) <= LINES_UP_TO_RANKS
             # the path as the page's encodeURIComponent writes it
             answers[f"run/{run_id}/series?name={quote(name, safe=_UNESCAPED)}"] = views.series_view(
-                summary, run["nodes_of"], all_lines, departing=departing.get(name, []))
+                summary, run["nodes_of"], all_lines, departing=departing.get(name, []), gpus_of=run["gpus_of"])
             drawn.append(name)
     write_static_page(path, f"{found.run}: multirank-logger report", answers, f"/run/{run_id}", found.run_uuid)
     return drawn

@@ -340,7 +340,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if rank not in s.ranks:
                     raise _Answer(HTTPStatus.NOT_FOUND, f"Rank {rank} logged no {name!r} in run {ref.id}.")
                 return views.line_view(s, rank)
-            return views.series_view(s, views._nodes(reader, ref.id))
+            nodes_of, gpus_of = views._places(reader, ref.id)
+            return views.series_view(s, nodes_of, gpus_of=gpus_of)
 
     @staticmethod
     def _final(reader: StoreReader, run_id: int) -> bool:

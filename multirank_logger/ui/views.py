@@ -90,18 +90,27 @@ def run_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
     row = runs_view(reader, only=ref.id)[0]
     keys = sorted(reader.keys(ref.id), key=lambda k: ("loss" not in k.lower(), k))
     timing = reader.timing_series(ref.id, TIMING_SERIES)
-    return {**row, "keys": keys, "timing": timing, "nodes_of": _nodes(reader, ref.id)}
+    nodes_of, gpus_of = _places(reader, ref.id)
+    return {**row, "keys": keys, "timing": timing, "nodes_of": nodes_of, "gpus_of": gpus_of}
 
 
 def _nodes(reader: StoreReader, run_id: int) -> dict[str, str]:
     """{rank: its node's label} from the ranks table (host, else node rank)."""
-    out = {}
+    return _places(reader, run_id)[0]
+
+
+def _places(reader: StoreReader, run_id: int) -> tuple[dict[str, str], dict[str, str]]:
+    """({rank: its node's label}, {rank: its GPU, "GPU 3 (NVIDIA H200)"}) from the ranks table; a rank
+    whose process had not started CUDA has no GPU entry (transport/rank_facts.gpu_facts)."""
+    nodes, gpus = {}, {}
     for r in reader.rank_nodes(run_id):
         node = r["host"] or (f"node {r['node_rank']}" if r["node_rank"] is not None else "?")
         if r["node_rank"] is not None and r["host"]:
             node = f"{r['host']} (node {r['node_rank']})"
-        out[str(r["rank"])] = node
-    return out
+        nodes[str(r["rank"])] = node
+        if r.get("gpu_index") is not None:
+            gpus[str(r["rank"])] = f"GPU {r['gpu_index']}" + (f" ({r['gpu_name']})" if r.get("gpu_name") else "")
+    return nodes, gpus
 
 
 def summary(reader: StoreReader, run_id: int, series: str) -> BucketSummary:
@@ -109,13 +118,14 @@ def summary(reader: StoreReader, run_id: int, series: str) -> BucketSummary:
 
 
 def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = False,
-                departing: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+                departing: list[int] | None = None, gpus_of: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """A series' band, its flagged ranks' lines and its heatmap, ranks grouped by node.
 
     ``departing``: the ranks the report's findings name under this series (``Findings.departing``),
     whose lines are sent too; None where the findings come later (the live page asks for them).
     ``all_lines``: every rank's line too (the self-contained HTML report, which has no server
     to ask when a heatmap row is clicked).
+    ``gpus_of``: each rank's GPU ("GPU 3 (NVIDIA H200)"), shown with its host on hover of its row.
     """
     order = sorted(range(len(s.ranks)), key=lambda i: (nodes_of.get(str(s.ranks[i]), "?"), s.ranks[i]))
     shown = [s.ranks[i] for i in order]
@@ -137,6 +147,8 @@ def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = Fa
         "heatmap": base64.b64encode(codes.tobytes()).decode(), "clip": SCORE_CLIP,
         "non_finite": bad, "lines": {str(r): s.line(r) for r in flagged},
     }  # fmt: skip
+    if gpus_of:
+        out["gpus"] = [gpus_of.get(str(r)) for r in shown]  # the rows' order, as "ranks"
     if departing is not None:
         out["departing"] = departing
     if all_lines:
