@@ -83,18 +83,25 @@ def test_a_host_wide_problem_is_named_by_host_and_one_rank_by_its_host_and_gpu(t
     with open_store(db) as reader:
         found = find(reader)
     text = findings_text(found)
-    stragglers = text.split("Stragglers:\n")[1].split("\n\n")[0].splitlines()
-    non_finite = text.split("Non-finite values:\n")[1].split("\n\n")[0].splitlines()
+    stragglers = [line.strip() for line in text.split("Stragglers:\n")[1].split("\n\n")[0].splitlines()]
+    non_finite = [line.strip() for line in text.split("Non-finite values:\n")[1].split("\n\n")[0].splitlines()]
     assert {s["rank"] for s in found.stragglers} == {4, 5, 6, 7}
-    assert stragglers and all("; every rank of node2" in line for line in stragglers), stragglers
+    # every rank of a host going at one step: one line naming the host, not one per rank
+    assert stragglers == [line for line in stragglers if line.startswith("ranks 4-7 straggle in data from step 10 ")], stragglers
+    assert len(stragglers) == 1 and "; every rank of node2;" in stragglers[0], stragglers
     loss = [line for line in non_finite if "loss" in line]
-    assert loss and all("; every rank of node3" in line for line in loss), non_finite
+    assert len(loss) == 1 and loss[0].startswith("ranks 8-11 loss NaN from step 25; every rank of node3;"), non_finite
     [grad] = [line for line in non_finite if "grad_norm" in line]
     assert f"; on node1, GPU 2 (NVIDIA H200, {_uuid(2)})" in grad
     # the page's items: the same place, beside the sentence (the watch words the sentence alike)
     items = found.to_dict()
     for item in items["stragglers"]:
         assert item["place"] == "every rank of node2" and "node2" not in item["sentence"]
+    # the page's list says the group once (its first item; the others name it): the text's line
+    said = {kind: [i for i in items[kind] if i["said_with"] is None] for kind in ("stragglers", "non_finite")}
+    assert [i["sentence"] + "; " + i["place"] + "; " + i["cost"] for i in said["stragglers"]] == stragglers
+    assert [i["sentence"] for i in said["non_finite"] if i["key"] == "loss"] == ["ranks 8-11 loss NaN from step 25"]
+    assert {i["said_with"] for i in items["stragglers"]} == {None, 4}
     [grad_item] = [i for i in items["non_finite"] if i["key"] == "grad_norm"]
     assert grad_item["place"] == f"on node1, GPU 2 (NVIDIA H200, {_uuid(2)})" and "node1" not in grad_item["sentence"]
     # the ranks' list carries each rank's place
@@ -126,3 +133,21 @@ def test_the_ranks_a_sentence_names() -> None:
     assert finding_ranks([origin]) == [16, 17, 18]
     assert finding_ranks([{"rank": 4}, {"rank": 2}]) == [2, 4]
     assert finding_ranks([{"rank": 37}]) == [37]
+
+
+def test_the_ranks_that_start_a_problem_together_are_one_sentence() -> None:
+    """The origins of one problem at one step are one sentence (report text, page, kept verdict);
+    origins of another series, or of another set, stay apart."""
+    from multirank_logger.judgement.sentences import followers_sentence, sentence_groups
+
+    spread = {"origin_ranks": [4, 5, 6, 7], "origin_step": 10, "followers": [[1, 12]]}
+    items = [{"rank": r, "phase": "data", "first_step": 10, "last_step": 39, "steps": 30, "excess_s": 0.185,
+              "share_of_step": 2.2, "origin": True, "spread": spread} for r in (4, 5, 6, 7)]  # fmt: skip
+    follower = {**items[0], "rank": 1, "first_step": 12, "origin": False}
+    other = {**items[0], "phase": "forward"}
+    groups = sentence_groups("straggler", [*items, follower, other])
+    assert [[i["rank"] for i in g] for g in groups] == [[4, 5, 6, 7], [1], [4]]
+    assert followers_sentence("straggler", groups[0]) == (
+        "ranks 4-7 straggle in data from step 10 to 39 (30 steps): 185 ms longer than the other ranks per step "
+        "(220% of a step); followed by rank 1 at step 12")
+    assert followers_sentence("straggler", items[:1]).startswith("rank 4 straggles in data from step 10 ")

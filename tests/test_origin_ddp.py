@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from multirank_logger import open_store
 from multirank_logger.cli import main
-from multirank_logger.judgement.sentences import finding_sentence
+from multirank_logger.judgement.sentences import finding_sentence, followers_sentence, sentence_groups
 from multirank_logger.report import find
 from tests.logger_helpers import query, train_env
 
@@ -67,13 +67,17 @@ def test_a_nan_in_the_last_steps_names_its_origin_everywhere(tmp_path: Path, suf
     kept = query(db, "SELECT kind, rank, series, first_step, origin, origin_step, sentence FROM findings ORDER BY seq")
     assert [(k, r, s, f) for k, r, s, f, *_ in kept] == report
     assert [(bool(o), os) for *_, o, os, _ in kept] == [(True, 30), (False, 30), (False, 30), (False, 30)]
-    assert [sentence for *_, sentence in kept] == [finding_sentence("non_finite", n) for n in found.non_finite]
+    # (the followers at one step keep their one sentence, as the report's text says them)
+    said = [followers_sentence("non_finite", g) for g in sentence_groups("non_finite", found.non_finite) for _ in g]
+    assert [sentence for *_, sentence in kept] == said
+    assert said[0] == finding_sentence("non_finite", found.non_finite[0])
     with open_store(db) as reader:
         every = reader.findings(every_run=True)
     assert every["rank"].tolist() == [2, 0, 1, 3] and every["origin"].tolist() == [True, False, False, False]
     listed = CliRunner().invoke(main, ["findings", str(db), "--all-runs"]).output
     assert "non_finite origin   rank 2 train_loss NaN from step 30; followed by" in listed, listed
-    assert "non_finite followed rank 3 train_loss NaN from step 31, after rank 2 at step 30" in listed, listed
+    assert "non_finite followed ranks 0-1,3 train_loss NaN from step 31, after rank 2 at step 30" in listed, listed
+    assert listed.count("non_finite followed") == 1, listed
     assert all(a["in_report"] for a in found.alerts)
     text = CliRunner().invoke(main, ["report", str(db)]).output
     assert SPREAD.format(s=30, t=31) in text

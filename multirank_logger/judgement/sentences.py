@@ -60,9 +60,13 @@ def finding_sentence(kind: str, item: dict[str, Any], seen_step: int | None = No
 
 def followers_sentence(kind: str, items: list[dict[str, Any]]) -> str:
     """One sentence for the followers of one problem that went at the same step (items of one
-    kind, on one series, each naming the same origin): at 1,024 ranks, one line, not 1,023."""
+    kind, on one series, each naming the same origin): at 1,024 ranks, one line, not 1,023. The
+    origins of one problem (every rank of a host going at one step) are one sentence too
+    (`_origins_sentence`)."""
     if len(items) == 1:
         return finding_sentence(kind, items[0])
+    if items[0].get("origin"):
+        return _origins_sentence(kind, items)
     first, spread = items[0], items[0]["spread"]
     ranks = format_ranks(int(i["rank"]) for i in items)
     if kind == "non_finite":
@@ -78,18 +82,39 @@ def followers_sentence(kind: str, items: list[dict[str, Any]]) -> str:
 
 
 def sentence_groups(kind: str, items: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """`items` (ordered by origin.with_origin) cut where a sentence is said: each origin alone, the
-    followers of one problem at one step together (`followers_sentence`)."""
+    """`items` (ordered by origin.with_origin) cut where a sentence is said: the origins of one
+    problem together (the ranks that went at its first step: every rank of a host), the followers
+    of one problem at one step together (`followers_sentence`)."""
     groups: list[list[dict[str, Any]]] = []
     for item in items:
         prev = groups[-1][-1] if groups else None
-        together = (prev is not None and not item.get("origin") and not prev.get("origin") and item.get("spread")
-                    and series_of(kind, prev) == series_of(kind, item) and prev["first_step"] == item["first_step"])  # fmt: skip
+        together = (prev is not None and bool(item.get("origin")) == bool(prev.get("origin")) and item.get("spread")
+                    and prev.get("spread") and series_of(kind, prev) == series_of(kind, item)
+                    and prev["first_step"] == item["first_step"]
+                    and (not item.get("origin") or prev["spread"]["origin_ranks"] == item["spread"]["origin_ranks"]))  # fmt: skip
         if together:
             groups[-1].append(item)
         else:
             groups.append([item])
     return groups
+
+
+#: a sentence's verb after one rank, and after several
+_PLURAL = {"straggles": "straggle", "departs": "depart", "stands out": "stand out"}
+
+
+def _origins_sentence(kind: str, items: list[dict[str, Any]]) -> str:
+    """The ranks that started one problem at one step as one sentence: the first's sentence (its
+    numbers; those of ranks going together are alike) led by all of them, without ``with ranks
+    ... at the same step`` (they are the subject), then who followed."""
+    first = items[0]
+    alone = {**first, "spread": {**first["spread"], "origin_ranks": [first["rank"]]}}
+    text = finding_sentence(kind, alone).removeprefix(f"rank {first['rank']} ")
+    for one, several in _PLURAL.items():
+        if text.startswith(one):
+            text = several + text[len(one):]
+            break
+    return f"{format_ranks(int(i['rank']) for i in items)} {text}"
 
 
 #: follower steps named in a sentence (1,024 ranks following one by one stay one line)

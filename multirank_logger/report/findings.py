@@ -25,7 +25,15 @@ from multirank_logger.judgement.cost import steps_after, straggler_cost
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.origin import with_origin
 from multirank_logger.judgement.places import finding_ranks, place_clause, rank_places
-from multirank_logger.judgement.sentences import KINDS, cost_clause, finding_sentence, series_of, steps_after_clause
+from multirank_logger.judgement.sentences import (
+    KINDS,
+    cost_clause,
+    finding_sentence,
+    followers_sentence,
+    sentence_groups,
+    series_of,
+    steps_after_clause,
+)
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.run_scan import RunScan, scan_run
 from multirank_logger.query.side_tables import disagreements
@@ -119,12 +127,24 @@ class Findings:
         places = self.places()
         for kind, name in _KIND_LISTS.items():
             for item in out[name]:
-                item.update(sentence=finding_sentence(kind, item), series=series_of(kind, item))
+                item.update(sentence=finding_sentence(kind, item), series=series_of(kind, item), said_with=None)
                 # where it lives, said beside the sentence (judgement/places.py: the watch knows no hosts)
                 item["place"] = place_clause(finding_ranks([item]), places).removeprefix("; ") or None
                 # what it cost, said beside the sentence (judgement/cost.py; the page shows it after it)
                 cost = cost_clause(kind, [item]) or steps_after_clause(item)
                 item["cost"] = cost.removeprefix("; ") or None
+            # the ranks one sentence says together (every rank of a host going at one step; the
+            # followers at one step): the first item carries the group's sentence, place and cost,
+            # as the report's text says them; the others name it (``said_with``) and the page skips them
+            for group in sentence_groups(kind, out[name]):
+                if len(group) > 1:
+                    head = group[0]
+                    head["sentence"] = followers_sentence(kind, group)
+                    head["place"] = place_clause(finding_ranks(group), places).removeprefix("; ") or None
+                    cost = cost_clause(kind, group) or steps_after_clause(head)
+                    head["cost"] = cost.removeprefix("; ") or None
+                    for item in group[1:]:
+                        item["said_with"] = head["rank"]
         return out
 
 

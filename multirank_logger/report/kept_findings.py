@@ -28,7 +28,11 @@ def kept_findings_text(df: Any, labels: dict[int, str], fmt: str = "table") -> s
     for run_id, group in df.groupby("run_id", sort=True):
         label = labels.get(int(run_id), "?")
         lines.append(f"{label} (run {int(run_id)}): {len(group)} finding(s)")
+        said: set[str] = set()
         for r in group.itertuples():
+            if r.sentence in said:  # the ranks one sentence says together (watch.keep_verdict): said once
+                continue
+            said.add(r.sentence)
             mark = "origin  " if r.origin else "followed"
             lines.append(f"  {r.kind:<10} {mark} {r.sentence}")
     return "\n".join(lines)

@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.live import LiveJudgement
+from multirank_logger.judgement.sentences import followers_sentence, sentence_groups
 from multirank_logger.model.schema import findings, step_timing
 from multirank_logger.query.new_rows import NewRows
 from multirank_logger.watch.alerts import Alert, AlertOutlets
@@ -151,13 +152,22 @@ class Watch:
         if not self.ended:
             return 0  # its last judgement still running (said by `stop`): a verdict read now would be torn
         now = time.time()
-        verdict = [Finding.from_item(kind, item) for kind, item in self.judgement.verdict()]
-        for f in verdict:
+        kept = self.judgement.verdict()
+        verdict = [Finding.from_item(kind, item) for kind, item in kept]
+        # the ranks one sentence says together (the origins of one problem at one step: every rank
+        # of a host; the followers at one step) keep that sentence, as the report's text says it
+        said: dict[int, str] = {}
+        for kind in dict.fromkeys(kind for kind, _ in kept):
+            items = [item for k, item in kept if k == kind]
+            for group in sentence_groups(kind, items):
+                for item in group:
+                    said[id(item)] = followers_sentence(kind, group)
+        for (_, item), f in zip(kept, verdict):
             row = {"rank": f.rank, "kind": f.kind, "series": f.series, "first_step": f.first_step, "origin": f.origin,
                    "origin_step": f.origin_step,
                    "value": f.value if f.value is not None and math.isfinite(f.value) else None,
                    "detail": json.dumps(_plain({**f.detail, "spread": f.spread})),
-                   "sentence": f.sentence, "found_at": now}  # fmt: skip
+                   "sentence": said[id(item)], "found_at": now}  # fmt: skip
             self.outlets.record(findings.name, row)
         return len(verdict)
 

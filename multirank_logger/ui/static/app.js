@@ -193,7 +193,8 @@
     const link = (name, text) => el("li", {}, sections.has(name) ? el("a", { href: "#" + anchor(name) }, text) : text);
     const items = [
       // each finding's one sentence and series (judgement/sentences.py), origins first (judgement/origin.py)
-      ...[...f.non_finite, ...f.outliers, ...f.stragglers, ...f.memory].map((x) => {
+      // the ranks one sentence says together (every rank of a host at one step): their first item says it
+      ...[...f.non_finite, ...f.outliers, ...f.stragglers, ...f.memory].filter((x) => x.said_with == null).map((x) => {
         const item = link(x.series, x.sentence);
         if (x.place) item.append(el("span", { class: "muted place" }, "; " + x.place));  // where it lives (judgement/places.py)
         if (x.cost) item.append(el("span", { class: "muted cost" }, "; " + x.cost));  // what it cost, beside the sentence
