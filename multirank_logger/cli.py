@@ -316,7 +316,14 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
             f"Spread across ranks (max - min at a step): mean {s.spread_mean:.6g}, "
             f"largest {s.spread_max:.6g} at step {s.spread_max_step}."
         )
-    if table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
+    if s.non_finite:  # the spread skips NaN: "no rank stands out" would hide where they began
+        firsts = sorted(s.non_finite.items(), key=lambda item: (item[1][0], item[0]))
+        lines.append("NaN or inf logged: " + "; ".join(
+            f"rank {rank} from step {step:,} ({count:,} values)" for rank, (step, count) in firsts) + ".")
+        first = [str(rank) for rank, (step, _) in firsts if step == firsts[0][1][0]]
+        lines.append(f"{'Rank' if len(first) == 1 else 'Ranks'} {', '.join(first)} logged one first; "
+                     "`report` says whether it spread to the others.")  # fmt: skip
+    elif table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
         lines.append("Which of the 2 ranks is off cannot be told from two (each is as far from their median as "
                      "the other): a third rank tells.")  # fmt: skip
     elif s.standout is not None:

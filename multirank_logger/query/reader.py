@@ -31,12 +31,7 @@ from multirank_logger._util.background_import import import_in_background
 from multirank_logger.errors import LookupFailed, ReadsStopped
 from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import (
-    attempts,
-    metrics,
-    ranks,
-    runs,
-)
+from multirank_logger.model.schema import attempts, metrics, ranks, runs
 from multirank_logger.query.host_ledger import read_host_ledger
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
@@ -398,8 +393,12 @@ class StoreReader:
         return as_frame(pivot_step_rank(rank, seq, step, value, dtype, frame="arrow"), frame)
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
-        """One key per rank, with how far the ranks spread and which rank stands out."""
-        return RankSpread.of(key, self.resolve_run(run), self.per_rank(key, run))
+        """One key per rank, with how far the ranks spread, which rank stands out and where each
+        logged NaN or inf (which the spread leaves out)."""
+        ref = self.resolve_run(run)
+        table = self.per_rank(key, ref.id)
+        with self._connect() as conn:
+            return RankSpread.read(conn, key, ref, table)
 
     def bucket_summary(self, run_id: int, series: str) -> BucketSummary:
         """A key or ``timing:COLUMN`` per bucket of steps and rank, as the page draws it (`step_buckets.summarize`)."""

@@ -1,0 +1,54 @@
+"""What the commands say of a run whose loss went NaN (issue 49's smaller points): `ranks` names
+where each rank's NaN or inf began, never "No rank stands out" over them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from multirank_logger.cli import main
+from multirank_logger.store.sql_store import Store
+from multirank_logger.write.buffer import RecordBuffer
+
+RANKS, STEPS, NAN_FROM, SPREAD_AT = 3, 60, 24, 26  # rank 2 NaN from step 24, the others from 26
+
+
+@pytest.fixture(scope="module")
+def nan_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`train_loss` logged every other step (the NaN's step a logged one, the table's gaps NaN too);
+    rank 2 goes NaN at step 24, +inf at 30; ranks 0 and 1 follow at 26 (an all-reduce spreads it)."""
+    db = tmp_path_factory.mktemp("nan_run") / "runs.sqlite"
+    store = Store(db)
+    run = store.create_run("nan_run", world_size=RANKS)
+    for rank in range(RANKS):
+        buffer = RecordBuffer()
+        for step in range(0, STEPS, 2):
+            loss = 2.0 - step / 100 + 0.01 * rank
+            if step >= (NAN_FROM if rank == 2 else SPREAD_AT):
+                loss = float("inf") if rank == 2 and step == 30 else float("nan")
+            buffer.append(step, {"train_loss": loss, "epoch": step // 20})
+        store.write(buffer.drain(run.id, rank))
+    store.update_run(run.id, status="failed")
+    store.close()
+    return db
+
+
+def cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_ranks_names_where_nan_began(nan_store: Path) -> None:
+    out = cli("ranks", str(nan_store), "train_loss")
+    assert "No rank stands out" not in out, out
+    line = next(line for line in out.splitlines() if line.startswith("NaN or inf logged"))
+    values = {r: (STEPS - (NAN_FROM if r == 2 else SPREAD_AT)) // 2 for r in range(RANKS)}
+    assert line == ("NaN or inf logged: "
+                    f"rank 2 from step {NAN_FROM} ({values[2]} values); rank 0 from step {SPREAD_AT} ({values[0]} values); "
+                    f"rank 1 from step {SPREAD_AT} ({values[1]} values)."), line  # fmt: skip
+    assert "Rank 2 logged one first" in out
+    # a key without NaN keeps its words
+    assert "NaN or inf logged" not in cli("ranks", str(nan_store), "epoch")
