@@ -34,6 +34,9 @@ def nan_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 loss = float("inf") if rank == 2 and step == 30 else float("nan")
             buffer.append(step, {"train_loss": loss, "epoch": step // 20})
         store.write(buffer.drain(run.id, rank))
+    store.write_side({"decisions": [{"run_id": run.id, "rank": 0, "seq": 0, "step": 32, "callback": "StopOnAlert",
+                                     "monitor": "non_finite:train_loss:rank 2", "vote": True, "decision": True,
+                                     "time": 1.7e9}]})  # fmt: skip
     store.update_run(run.id, status="failed")
     store.close()
     return db
@@ -66,9 +69,13 @@ def driver(nan_store: Path) -> Any:
 
 
 def test_heatmap_hover_says_below_without_a_minus(driver: Any) -> None:
-    """Rank 0 sits below the ranks' median before the NaN: its hover reads "N typical spreads below"."""
+    """Rank 0 sits below the ranks' median before the NaN: its hover reads "N typical spreads below".
+    The header says why the run ended where it did (StopOnAlert), as the report's first line does."""
     driver.get(driver.base_url + "run/1")
     wait_for(driver, "return document.body.dataset.judged")
+    stopped = driver.find_element("css selector", "#head #stopped").text
+    assert stopped == ("Stopped by StopOnAlert at step 32 (non_finite alert: rank 2, train_loss): "
+                       "the fit ended there on every rank.")
     texts = driver.execute_script("""
       const sec = document.querySelector("section[data-series=train_loss]"), cv = sec.querySelector("canvas.heatmap");
       const r = cv.getBoundingClientRect(), left = +cv.dataset.left, w = +cv.dataset.plotWidth, R = +cv.dataset.ranks;

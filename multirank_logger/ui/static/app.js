@@ -153,7 +153,9 @@
     const sections = new Map();
     const drawHead = () => head.replaceChildren(
       el("h1", {}, run.run), el("p", {}, `run ${run.id}, `, el("span", { class: "st-" + run.status, id: "status" }, run.status),
-        `, ${run.ranks} ranks on ${run.nodes ?? "?"} node(s), ${dur(run.duration_s)}, last step ${run.last_step ?? "-"}, transport ${run.transport ?? "-"}`));
+        `, ${run.ranks} ranks on ${run.nodes ?? "?"} node(s), ${dur(run.duration_s)}, last step ${run.last_step ?? "-"}, transport ${run.transport ?? "-"}`),
+      // why it ended where it did, as the report's first line says it (StopOnAlert's decision)
+      run.stopped_by ? el("p", { id: "stopped" }, run.stopped_by[0].toUpperCase() + run.stopped_by.slice(1) + ": the fit ended there on every rank.") : "");
     drawHead();
     const addSections = () => {
       for (const name of run.keys.concat(run.timing)) if (!sections.has(name)) {
