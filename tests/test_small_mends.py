@@ -96,3 +96,16 @@ def test_a_run_the_store_lacks_shows_its_error_alone(driver: Any) -> None:
     assert "99" in error
     findings = driver.find_element("css selector", "#findings")
     assert not findings.is_displayed() and "computing" not in driver.find_element("tag name", "body").text
+
+
+@pytest.mark.parametrize(("first", "last", "steps", "said"), [
+    (1, 9, 9, "from step 1 to 9 (9 steps)"),  # off at every step of the stretch
+    (8, 199, 117, "from step 8 to 199 (off at 117 of these steps)"),  # back in line at some: said so
+    (5, 5, 1, "from step 5"),
+])  # fmt: skip
+def test_a_stretch_says_at_how_many_of_its_steps_the_rank_was_off(first: int, last: int, steps: int, said: str) -> None:
+    from multirank_logger.judgement.sentences import finding_sentence
+
+    item = {"rank": 1, "key": "loss", "first_step": first, "last_step": last, "steps": steps, "excess": 0.5,
+            "ratio": 2.0, "spreads": 9.0}  # fmt: skip
+    assert f"rank 1 loss departs from the other ranks {said}: " in finding_sentence("departure", item)
