@@ -422,12 +422,18 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
 
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
-        table = reader.per_rank(key, ref.id)
+        spread = reader.rank_spread(key, ref.id)  # the table, and where each rank's NaN/inf began
+        table = spread.table
         not_logged = not_logged_cells(reader, ref.id, key, table)
     outliers = [item["rank"] for item in departures(table)] if table.shape[1] >= 3 else []
+    # a line that ends at a NaN ends with an x: the first ranks to log one (a few: 1,024 marks say nothing)
+    marked = dict(sorted(((r, s) for r, (s, _) in spread.non_finite.items()), key=lambda rs: (rs[1], rs[0]))[:4])
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
-    path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}", not_logged=not_logged)))
-    click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
+    path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}", non_finite=marked,
+                                         not_logged=not_logged)))  # fmt: skip
+    notes = [f"outlier ranks: {', '.join(map(str, outliers))}"] if outliers else []
+    notes += [f"NaN/inf marked x: {', '.join(f'rank {r} from step {s:,}' for r, s in marked.items())}"] if marked else []
+    click.echo(f"Wrote {path}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 @main.command("ui")

@@ -109,3 +109,22 @@ def test_a_stretch_says_at_how_many_of_its_steps_the_rank_was_off(first: int, la
     item = {"rank": 1, "key": "loss", "first_step": first, "last_step": last, "steps": steps, "excess": 0.5,
             "ratio": 2.0, "spreads": 9.0}  # fmt: skip
     assert f"rank 1 loss departs from the other ranks {said}: " in finding_sentence("departure", item)
+
+
+def test_plot_marks_where_a_line_ends_at_nan(nan_store: Path, tmp_path: Path) -> None:
+    """`plot` of a key that went NaN: an x (pure red, matplotlib's "red") where the first ranks'
+    lines end, and the words say which; a key without NaN has none."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def red_pixels(png: Path) -> int:
+        pixels = np.asarray(Image.open(io.BytesIO(png.read_bytes())).convert("RGB")).astype(int)
+        return int(((pixels[..., 0] > 230) & (pixels[..., 1] < 30) & (pixels[..., 2] < 30)).sum())
+
+    out = cli("plot", str(nan_store), "train_loss", "-o", str(tmp_path / "loss.png"))
+    assert f"NaN/inf marked x: rank 2 from step {NAN_FROM}, rank 0 from step {SPREAD_AT}" in out, out
+    assert red_pixels(tmp_path / "loss.png") > 50
+    out = cli("plot", str(nan_store), "epoch", "-o", str(tmp_path / "epoch.png"))
+    assert "NaN" not in out and red_pixels(tmp_path / "epoch.png") == 0
