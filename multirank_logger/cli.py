@@ -335,7 +335,14 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
             f"Spread across ranks (max - min at a step): mean {s.spread_mean:.6g}, "
             f"largest {s.spread_max:.6g} at step {s.spread_max_step}."
         )
-    if table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
+    if s.non_finite:  # the spread skips NaN: "no rank stands out" would hide where they began
+        firsts = sorted(s.non_finite.items(), key=lambda item: (item[1][0], item[0]))
+        lines.append("NaN or inf logged: " + "; ".join(
+            f"rank {rank} from step {step:,} ({count:,} values)" for rank, (step, count) in firsts) + ".")
+        first = [str(rank) for rank, (step, _) in firsts if step == firsts[0][1][0]]
+        lines.append(f"{'Rank' if len(first) == 1 else 'Ranks'} {', '.join(first)} logged one first; "
+                     "`report` says whether it spread to the others.")  # fmt: skip
+    elif table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
         lines.append("Which of the 2 ranks is off cannot be told from two (each is as far from their median as "
                      "the other): a third rank tells.")  # fmt: skip
     elif s.standout is not None:
@@ -434,12 +441,18 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
 
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
-        table = reader.per_rank(key, ref.id)
+        spread = reader.rank_spread(key, ref.id)  # the table, and where each rank's NaN/inf began
+        table = spread.table
         not_logged = not_logged_cells(reader, ref.id, key, table)
     outliers = [item["rank"] for item in departures(table)] if table.shape[1] >= 3 else []
+    # a line that ends at a NaN ends with an x: the first ranks to log one (a few: 1,024 marks say nothing)
+    marked = dict(sorted(((r, s) for r, (s, _) in spread.non_finite.items()), key=lambda rs: (rs[1], rs[0]))[:4])
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
-    path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}", not_logged=not_logged)))
-    click.echo(f"Wrote {path}" + (f" (outlier ranks: {', '.join(map(str, outliers))})" if outliers else ""))
+    path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}", non_finite=marked,
+                                         not_logged=not_logged)))  # fmt: skip
+    notes = [f"outlier ranks: {', '.join(map(str, outliers))}"] if outliers else []
+    notes += [f"NaN/inf marked x: {', '.join(f'rank {r} from step {s:,}' for r, s in marked.items())}"] if marked else []
+    click.echo(f"Wrote {path}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 @main.command("ui")

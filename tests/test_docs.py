@@ -393,11 +393,21 @@ def test_architecture_doc_draws_and_describes_every_part() -> None:
 
 def test_install_lines_work_before_the_package_is_published() -> None:
     """The README's install block installs from a clone (the package is not on the index yet:
-    `pip install multirank-logger` fails), and keeps the published lines for later."""
+    `pip install multirank-logger` fails), and keeps the published lines for later. The CPU torch
+    comes before the package (after, pip has pulled CUDA's gigabytes); every extra a user installs is named."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pytest depends on tomli below 3.11
+        import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
     block = next(b for b in fenced_blocks((ROOT / "README.md").read_text(encoding="utf-8")) if "pip install" in b)
     commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip().startswith("pip")]
-    assert commands and all("./multirank-logger" in c or "dist/" in c for c in commands), commands
+    assert commands[0] == "pip install torch --index-url https://download.pytorch.org/whl/cpu", commands
+    assert all("./multirank-logger" in c or "dist/" in c for c in commands[1:]), commands
     assert "pip wheel" in block and "git clone" in block
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    named = {e for c in commands for group in re.findall(r"\[([\w,-]+)\]", c) for e in group.split(",")}
+    assert set(extras) - {"test"} <= named, sorted(set(extras) - {"test"} - named)
 
 
 def test_every_fabric_method_the_docs_name_exists() -> None:

@@ -219,6 +219,33 @@ def test_unknown_suffix_is_refused(tmp_path: Path, name: str) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("copy_name", ["runs.bak", "runs.duckdb.bak", "runs.sqlite"])
+def test_store_kind_is_told_from_first_bytes(tmp_path: Path, db_path: Path, backend: str, copy_name: str) -> None:
+    """A copy of a store keeps its kind whatever its name (``runs.duckdb.bak``, or a DuckDB file
+    named ``.sqlite``): the first bytes decide, and `runs` reads it."""
+    from click.testing import CliRunner
+
+    from multirank_logger.cli import main
+
+    store = Store(db_path)
+    store.create_run("copied", world_size=2)
+    store.close()
+    copy = tmp_path / "elsewhere" / copy_name
+    copy.parent.mkdir()
+    copy.write_bytes(db_path.read_bytes())
+    reopened = Store(copy)
+    assert reopened.url.get_backend_name() == backend
+    reopened.close()
+    shown = CliRunner().invoke(main, ["runs", str(copy)])
+    assert shown.exit_code == 0, shown.output
+    assert "copied" in shown.output
+    junk = tmp_path / "notes.bak"  # neither kind's bytes and no store suffix: refused, unchanged
+    junk.write_bytes(b"SQLite format 2 and then some text")
+    with pytest.raises(UnsupportedStore):
+        Store(junk)
+    assert junk.read_bytes() == b"SQLite format 2 and then some text"
+
+
 def test_directory_that_cannot_be_written_fails_at_construction(tmp_path: Path, backend: str) -> None:
     """An unwritable directory (a read-only mount: root ignores mode bits) fails at once."""
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)

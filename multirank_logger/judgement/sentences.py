@@ -132,7 +132,12 @@ def _stretch(item: dict[str, Any]) -> str:
     last, steps = item.get("last_step"), item.get("steps")
     if last is None or last == item["first_step"]:
         return f"from step {item['first_step']:,}"
-    return f"from step {item['first_step']:,} to {last:,}" + (f" ({steps} steps)" if steps else "")
+    if not steps:
+        return f"from step {item['first_step']:,} to {last:,}"
+    # `steps`: the steps at which it was off, which a stretch with steps back in line outnumbers
+    every = steps == last - item["first_step"] + 1
+    return f"from step {item['first_step']:,} to {last:,} ({steps:,} steps)" if every else \
+        f"from step {item['first_step']:,} to {last:,} (off at {steps:,} of these steps)"
 
 
 def cost_clause(kind: str, items: list[dict[str, Any]]) -> str:

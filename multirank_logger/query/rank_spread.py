@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import DTYPE_NEG_ZERO, step_summaries
 
-__all__ = ["RankSpread", "key_extent", "neg_zero", "pivot_step_rank", "pivot_streamed", "positions", "step_rank_cells"]
+__all__ = ["RankSpread", "key_extent", "non_finite_firsts", "neg_zero", "pivot_step_rank", "pivot_streamed", "positions", "step_rank_cells"]
 
 
 @dataclass
@@ -36,13 +36,20 @@ class RankSpread:
     spread_max_step: int | None
     farthest: int | None
     ratio: float
+    #: rank -> (first step, values) of the NaN and inf it logged (the spread skips NaN)
+    non_finite: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def standout(self) -> int | None:
         return self.farthest if self.ratio >= self.STANDOUT_RATIO else None
 
     @classmethod
-    def of(cls, key: str, run: RunRef, table: Any) -> RankSpread:
+    def read(cls, conn: sa.Connection, key: str, run: RunRef, table: Any) -> RankSpread:
+        """`of` with the NaN and inf each rank logged, read from the key's summaries."""
+        return cls.of(key, run, table, non_finite_firsts(conn, run.id, key, table))
+
+    @classmethod
+    def of(cls, key: str, run: RunRef, table: Any, non_finite: dict[int, tuple[int, int]] | None = None) -> RankSpread:
         import pandas as pd
 
         median = table.median(axis=1)
@@ -70,7 +77,7 @@ class RankSpread:
             spread_mean=float(spread.mean()) if has_spread else float("nan"),
             spread_max=float(spread.max()) if has_spread else float("nan"),
             spread_max_step=int(spread.idxmax()) if has_spread else None,
-            farthest=farthest, ratio=ratio,
+            farthest=farthest, ratio=ratio, non_finite=non_finite or {},
         )  # fmt: skip
 
 
@@ -141,6 +148,28 @@ def key_extent(conn: sa.Connection, run_id: int, key: str) -> tuple[int, int, in
     first = int(low) + (masks[int(low)] & -masks[int(low)]).bit_length() - 1
     last = int(high) + masks[int(high)].bit_length() - 1
     return first, last, int(rank_lo), int(rank_hi), int(count)
+
+
+def non_finite_firsts(conn: sa.Connection, run_id: int, key: str, table: Any) -> dict[int, tuple[int, int]]:
+    """rank -> (first step, values) of the NaN and inf each rank logged of `key`, from its summaries
+    (a bucket's counts, only the buckets that hold one); the step is exact: the first step of the
+    first such bucket where the rank logged a row (its mask) and `table` (`per_rank`'s) is not finite.
+    A NaN cell of the table alone could be a step the rank did not log."""
+    s = step_summaries.c
+    bad = s.n_nan + s.n_pos_inf + s.n_neg_inf
+    firsts: dict[int, tuple[int, int]] = {}
+    rows = conn.execute(sa.select(s.rank, s.step, s.steps_mask, bad).where(s.run_id == run_id, s.key == key, bad > 0)
+                        .order_by(s.rank, s.step))  # fmt: skip
+    for rank, bucket, mask, count in rows:
+        rank, bucket = int(rank), int(bucket)
+        if rank in firsts:
+            firsts[rank] = (firsts[rank][0], firsts[rank][1] + int(count))
+            continue
+        column = table[rank] if rank in table.columns else None
+        first = next((bucket + i for i in range(int(mask).bit_length()) if int(mask) >> i & 1 and column is not None
+                      and bucket + i in column.index and not np.isfinite(column.loc[bucket + i])), bucket)  # fmt: skip
+        firsts[rank] = (first, int(count))
+    return firsts
 
 
 def pivot_streamed(extent: tuple[int, int, int, int, int], chunks: Iterable[list[np.ndarray]], frame: str = "pandas") -> Any:

@@ -392,8 +392,12 @@ class StoreReader:
         return as_frame(pivot_step_rank(rank, seq, step, value, dtype, frame="arrow"), frame)
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
-        """One key per rank, with how far the ranks spread and which rank stands out."""
-        return RankSpread.of(key, self.resolve_run(run), self.per_rank(key, run))
+        """One key per rank, with how far the ranks spread, which rank stands out and where each
+        logged NaN or inf (which the spread leaves out)."""
+        ref = self.resolve_run(run)
+        table = self.per_rank(key, ref.id)
+        with self._connect() as conn:
+            return RankSpread.read(conn, key, ref, table)
 
     def bucket_summary(self, run_id: int, series: str) -> BucketSummary:
         """A key or ``timing:COLUMN`` per bucket of steps and rank, as the page draws it (`step_buckets.summarize`)."""

@@ -27,6 +27,7 @@ import contextlib
 import importlib.util
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ __all__ = [
     "FULL_CHECK_BYTES",
     "Backend",
     "StoreFileFacts",
+    "kind_from_bytes",
     "names_a_store",
     "per_rank_columns",
     "public_name",
@@ -65,8 +67,28 @@ _STORE_URL = re.compile(rf"^({'|'.join(BACKEND_NAMES)})[a-z0-9+]*://")
 
 
 def names_a_store(text: str) -> bool:
-    """Whether ``text`` names a store: one of our backends' URLs, or a path with a store's suffix."""
-    return bool(_STORE_URL.match(text)) or Path(text).suffix.lower() in SUFFIXES
+    """Whether ``text`` names a store: one of our backends' URLs, a path with a store's suffix, or
+    a file that begins as a SQLite or DuckDB database does."""
+    return bool(_STORE_URL.match(text)) or Path(text).suffix.lower() in SUFFIXES or kind_from_bytes(text) is not None
+
+
+def kind_from_bytes(path: str | os.PathLike[str]) -> str | None:
+    """The backend an existing regular file is, told from its first bytes (a copy such as
+    ``runs.duckdb.bak`` keeps them, not its suffix); None for no file, an empty one or another kind.
+    Only a regular file is opened: a FIFO would block the open."""
+    try:
+        path = Path(path).expanduser()
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except (OSError, ValueError):  # unreadable here: the suffix decides, the open says what is wrong
+        return None
+    if head.startswith(b"SQLite format 3\x00"):
+        return "sqlite"
+    if head[8:12] == b"DUCK":  # DuckDB's magic sits after an 8-byte checksum
+        return "duckdb"
+    return None
 
 
 def public_name(db: str | os.PathLike[str] | URL) -> str:
@@ -126,10 +148,10 @@ def resolve_url(db: str | os.PathLike[str] | URL) -> URL:
         if url.get_backend_name() not in BACKEND_NAMES:
             raise UnsupportedStore(public_name(text), SUFFIXES)
         return _with_postgres_driver(url)
-    suffix = Path(text).suffix.lower()
-    if suffix not in SUFFIXES:
+    kind = kind_from_bytes(text) or SUFFIXES.get(Path(text).suffix.lower())
+    if kind is None:
         raise UnsupportedStore(text, SUFFIXES)
-    return URL.create(SUFFIXES[suffix], database=str(Path(text).expanduser().resolve()))
+    return URL.create(kind, database=str(Path(text).expanduser().resolve()))
 
 
 def _with_postgres_driver(url: URL) -> URL:

@@ -138,16 +138,24 @@
   async function runPage(id) {
     const head = el("section", { id: "head" }), found = el("section", { id: "findings" }, el("h2", {}, "Findings"), el("p", { class: "muted" }, "computing…"));
     const charts = el("section", { id: "charts" }), logs = el("section", { id: "logs" });
-    main.replaceChildren(head, found, toolbar(() => { for (const sec of sections.values()) sec.redraw(); }), charts, logs);
+    const tools = toolbar(() => { for (const sec of sections.values()) sec.redraw(); });
+    main.replaceChildren(head, found, tools, charts, logs);
     let run;
     for (;;) {  // a store being created, or a run not there yet: say so, and look again
       try { run = await api("run/" + id); break; }
-      catch (e) { fail(head, e); if (STATIC) return; await new Promise((ok) => setTimeout(ok, POLL_MS)); }
+      catch (e) {  // the error alone: no "computing…" under it for a run that may never come
+        fail(head, e); found.hidden = tools.hidden = true;
+        if (STATIC) return;
+        await new Promise((ok) => setTimeout(ok, POLL_MS));
+      }
     }
+    found.hidden = tools.hidden = false;
     const sections = new Map();
     const drawHead = () => head.replaceChildren(
       el("h1", {}, run.run), el("p", {}, `run ${run.id}, `, el("span", { class: "st-" + run.status, id: "status" }, run.status),
-        `, ${run.ranks} ranks on ${run.nodes ?? "?"} node(s), ${dur(run.duration_s)}, last step ${run.last_step ?? "-"}, transport ${run.transport ?? "-"}`));
+        `, ${run.ranks} ranks on ${run.nodes ?? "?"} node(s), ${dur(run.duration_s)}, last step ${run.last_step ?? "-"}, transport ${run.transport ?? "-"}`),
+      // why it ended where it did, as the report's first line says it (StopOnAlert's decision)
+      run.stopped_by ? el("p", { id: "stopped" }, run.stopped_by[0].toUpperCase() + run.stopped_by.slice(1) + ": the fit ended there on every rank.") : "");
     drawHead();
     const addSections = () => {
       for (const name of run.keys.concat(run.timing)) if (!sections.has(name)) {
@@ -506,7 +514,7 @@
       const at = cell(ev);
       if (!at) { tip.style.display = "none"; return; }
       const code = codes[at[0] * C + at[1]], rank = d.ranks[at[0]], s0 = d.steps[at[1]];
-      const what = code === 127 ? "NaN or inf here" : code === -128 ? "no value" : num(code / 10) + " typical spreads " + (code < 0 ? "below" : "above") + " the ranks' median";
+      const what = code === 127 ? "NaN or inf here" : code === -128 ? "no value" : code === 0 ? "at the ranks' median" : num(Math.abs(code) / 10) + " typical spreads " + (code < 0 ? "below" : "above") + " the ranks' median";
       const steps = d.width > 1 ? `steps ${s0}–${s0 + d.width - 1}` : `step ${s0}`;
       const gpu = d.gpus && d.gpus[at[0]] ? ", " + d.gpus[at[0]] : "";  // the place: host, then GPU
       tip.textContent = `rank ${rank} (${nodeOf[at[0]]}${gpu}, ${steps}): ${what}`;
