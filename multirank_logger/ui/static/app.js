@@ -236,7 +236,19 @@
       if (!colours.has(rank)) colours.set(rank, LINE_COLOURS[colours.size % LINE_COLOURS.length]);
       return colours.get(rank);
     };
+    let opened = false;  // a constant key (the server's `folded`) is one line until clicked
+    function foldedLine() {
+      const f = data.folded, v = (x) => withUnit(x, unit);
+      const text = `${name}: ` + (f.first === f.last ? `${v(f.first)} at every step` : `${v(f.first)} -> ${v(f.last)}`) +
+        `, the same on every rank (steps ${f.from.toLocaleString("en-US")}-${f.to.toLocaleString("en-US")}; click to draw)`;
+      const line = el("button", { type: "button", class: "folded" }, text);
+      line.addEventListener("click", () => { opened = true; draw(); });
+      node.replaceChildren(line);
+      node.dataset.folded = "1";
+    }
     function draw() {
+      if (data.folded && !opened) return foldedLine();
+      if (node.dataset.folded) { node.replaceChildren(el("h2", {}, name), box, note); node.dataset.folded = ""; }
       const flaggedLines = Object.assign({}, data.lines, named);
       const flagged = Object.keys(flaggedLines);
       // flagged ranks first (in the findings' order), then the clicked ones in click order
