@@ -2,7 +2,8 @@
 counts alike on every rank (`epoch`), is one line on the page ("epoch: 0 -> 2, the same on every
 rank"), its chart and heatmap drawn only on a click; a key that varies (`loss`) is drawn at once.
 Decided from the step summaries (``ui/views.constant_key``). Read in a real headless Chromium:
-pixels of the median's colour in the plot area after the click, no canvas before it.
+pixels of the median's colour in the plot area after the click, no canvas before it. Log scale
+on a key crossing 0 or all at 0 (`signed`, `zero`) still draws, an all-zero key not on a 0-100 axis.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ def build(db: Path) -> Path:
         store.register_rank(run.id, rank, local_rank=rank, node_rank=0, host="node0", pid=0, status="success")
         buffer = RecordBuffer()
         for step in range(STEPS):
-            buffer.append(step, {"epoch": float(step // 20), "flag": 1.0, "loss": 2.0 - step / STEPS + 0.05 * rank})
+            buffer.append(
+                step,
+                {
+                    "epoch": float(step // 20),
+                    "flag": 1.0,
+                    "loss": 2.0 - step / STEPS + 0.05 * rank,
+                    "zero": 0.0,
+                    "signed": (step - 30) / 10 + 0.1 * rank,
+                },
+            )
         store.write(buffer.drain(run.id, rank))
     store.update_run(run.id, status="success", ended_at=time.time())
     store.close()
@@ -85,3 +95,25 @@ def test_the_rule_folds_only_keys_alike_on_every_rank() -> None:
     assert constant_key(_summary(alike, [0, 1, 2], [0, 1, 2], bad=True)) is None  # a NaN/inf
     sparse = _summary([[0, np.nan, 2], [0, np.nan, 2]], [0, np.nan, 2], [0, np.nan, 2])
     assert constant_key(sparse) == {"first": 0, "last": 2, "from": 0, "to": 47}
+
+
+def test_log_scale_and_an_all_zero_key_still_draw(page_url: str) -> None:
+    """Log y on a key crossing 0 draws its positive part; an all-zero key keeps a linear axis
+    around 0 (not 0-100) and a line, on log scale too."""
+    with chromium(1300, 1400) as driver:
+        driver.get(page_url + "run/1")
+        wait_for(driver, "return document.body.dataset.judged && MRL_CHARTS.signed")
+        zero = driver.find_element("css selector", "section[data-series=zero]")
+        zero.find_element("css selector", "button.folded").click()
+        wait_for(driver, "return MRL_CHARTS.zero")
+        lo, hi = driver.execute_script("const s = MRL_CHARTS.zero.scales.y; return [s.min, s.max]")
+        assert lo < 0 < hi <= 1
+        driver.find_element("id", "log-scale").click()
+        wait_for(driver, "return MRL_CHARTS.zero.scales.y.distr === 1 && MRL_CHARTS.signed.scales.y.distr === 3")
+        assert "no value above 0, drawn linear" in zero.text
+        blue = _median_blue(_shot(zero.find_element("css selector", ".u-over")))
+        assert _covered(blue, _x(driver, "zero", 0) + 2, _x(driver, "zero", STEPS - 1) - 2) > 0.95
+        signed = driver.find_element("css selector", "section[data-series=signed]")
+        blue = _median_blue(_shot(signed.find_element("css selector", ".u-over")))
+        assert _covered(blue, _x(driver, "signed", 32) + 2, _x(driver, "signed", STEPS - 1) - 2) > 0.95
+        assert "values at or below 0 are not drawn" in signed.text
