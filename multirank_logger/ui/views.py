@@ -151,9 +151,35 @@ def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = Fa
         out["gpus"] = [gpus_of.get(str(r)) for r in shown]  # the rows' order, as "ranks"
     if departing is not None:
         out["departing"] = departing
+    folded = constant_key(s)
+    if folded:
+        out["folded"] = folded
     if all_lines:
         out["all_lines"] = base64.b64encode(s.mean[order].astype(np.float32).tobytes()).decode()
     return clean(out)
+
+
+def constant_key(s: BucketSummary) -> dict[str, Any] | None:
+    """A key the page folds into one line (docs/ui.md): every rank's mean the same in every bucket
+    it was logged, no NaN/inf, and the envelope never turning back (each logged bucket's lo at or
+    above the previous one's hi, or its hi at or below the previous lo): one value (a flag), or
+    one counting alike on every rank (epoch, an lr schedule). From the summaries only, no rows."""
+    if not s.ranks or s.non_finite.any():
+        return None
+    logged = ~np.isnan(s.mean).all(axis=0)
+    mean = s.mean[:, logged]
+    if mean.shape[1] == 0 or np.isnan(mean).any() or (mean.max(axis=0) != mean.min(axis=0)).any():
+        return None
+    lo, hi = s.lo[logged], s.hi[logged]
+    if not (np.all(lo[1:] >= hi[:-1]) or np.all(hi[1:] <= lo[:-1])):
+        return None
+    steps = np.asarray(s.steps)[logged]
+    return {
+        "first": float(lo[0] if hi[-1] >= lo[0] else hi[0]),
+        "last": float(hi[-1] if hi[-1] >= lo[0] else lo[-1]),
+        "from": int(steps[0]),
+        "to": int(steps[-1]) + s.width - 1,
+    }
 
 
 def line_view(s: BucketSummary, rank: int) -> dict[str, Any]:

@@ -245,7 +245,19 @@
       if (!colours.has(rank)) colours.set(rank, LINE_COLOURS[colours.size % LINE_COLOURS.length]);
       return colours.get(rank);
     };
+    let opened = false;  // a constant key (the server's `folded`) is one line until clicked
+    function foldedLine() {
+      const f = data.folded, v = (x) => withUnit(x, unit);
+      const text = `${name}: ` + (f.first === f.last ? `${v(f.first)} at every step` : `${v(f.first)} -> ${v(f.last)}`) +
+        `, the same on every rank (steps ${f.from.toLocaleString("en-US")}-${f.to.toLocaleString("en-US")}; click to draw)`;
+      const line = el("button", { type: "button", class: "folded" }, text);
+      line.addEventListener("click", () => { opened = true; draw(); });
+      node.replaceChildren(line);
+      node.dataset.folded = "1";
+    }
     function draw() {
+      if (data.folded && !opened) return foldedLine();
+      if (node.dataset.folded) { node.replaceChildren(el("h2", {}, name), box, note); node.dataset.folded = ""; }
       const flaggedLines = Object.assign({}, data.lines, named);
       const flagged = Object.keys(flaggedLines);
       // flagged ranks first (in the findings' order), then the clicked ones in click order
@@ -262,7 +274,7 @@
       note.textContent = (departing.length ? "ranks departing: " + departing.join(", ") + ". " : "") +
         (data.non_finite.length ? "NaN/inf on ranks: " + data.non_finite.join(", ") + ". " : "") +
         (equal ? "Every rank logged the same values here. " : flagged.length ? "" : "No rank stands out. ") +
-        (skipped ? "Log scale: values at or below 0 are not drawn. " : "") +
+        (skipped ? (data.band.hi.some((x) => x !== null && x > 0) ? "Log scale: values at or below 0 are not drawn. " : "Log scale: no value above 0, drawn linear. ") : "") +
         `Buckets of ${data.width} step(s)` + (unit ? `; values in ${unit === "B" ? "bytes (KiB, MiB, GiB)" : "seconds"}` : "") + ".";
       node.dataset.equal = equal ? "1" : "";
       return heat;
@@ -318,7 +330,9 @@
     const pick = columns ? (v) => Array.from(columns, (j) => v[j]) : (v) => v;
     const steps = pick(d.steps);
     const few = sparse(d.band.median);  // logged in under half the buckets: its points shown too
-    const prep = (v) => { const out = smoothed(pick(v), VIEW.smooth); return VIEW.log ? positive(out) : out; };
+    // log y only where some value lies above 0 (else an empty chart): a key at 0 or below stays linear
+    const log = VIEW.log && [d.band.hi, ...lines.map((l) => l[1])].some((v) => v && v.some((x) => x !== null && x > 0));
+    const prep = (v) => { const out = smoothed(pick(v), VIEW.smooth); return log ? positive(out) : out; };
     const pts = { show: few, size: 6 };
     const series = [{ label: "step", value: (u, v) => (v === null ? "-" : v.toLocaleString("en-US")) },
       { label: "min", stroke: "#aaa", width: 0.5, spanGaps: false, points: { show: false } },
@@ -340,8 +354,9 @@
       // unzoomed, the x range is every bucket's, to where the last one ends: the heatmap's columns
       // line up under it (also where the first or last buckets hold no value of this key)
       scales: { x: { time: false, range: (u, lo, hi) => (lo === first && hi === last ? whole : [lo, hi]) },
-                y: VIEW.log ? { distr: 3 } : {} },
-      axes: [xAxis(), yAxis(unit, VIEW.log)],
+                // one value everywhere (a key all 0): 1 either side of it, not uPlot's 0-100
+                y: log ? { distr: 3 } : { range: (u, lo, hi) => (lo === hi ? [lo - (Math.abs(lo) || 1), hi + (Math.abs(hi) || 1)] : uPlot.rangeNum(lo, hi, 0.1, true)) } },
+      axes: [xAxis(), yAxis(unit, log)],
       bands: [{ series: [5, 1], fill: "rgba(120,120,120,0.12)" }, { series: [4, 2], fill: "rgba(33,113,181,0.22)" }],
       // past MAX_LEGEND lines a legend row per rank is a wall of text (and costs the most to draw)
       legend: { show: lines.length <= MAX_LEGEND, live: true }, cursor: { drag: { x: true, y: false } },
