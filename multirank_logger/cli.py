@@ -95,7 +95,9 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
 
     Importing a file again adds nothing again.
     """
-    from multirank_logger.store.spill_import import import_spill  # the CLI's other commands never need it
+    from multirank_logger.report.findings import holes_said  # the CLI's other commands never need these
+    from multirank_logger.store.seq_spans import calls_not_stored
+    from multirank_logger.store.spill_import import import_spill
 
     # a mistyped path: an error, not an empty store left there; but the store the files' run was
     # logged to, deleted since, is created again (the command a spill prints always works)
@@ -113,23 +115,15 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
                 click.echo(f"{path}: added {r.rows_added} rows to {run}{skipped}.")
             for part in r.damage:
                 click.echo(str(part), err=True)
-        _say_calls_not_stored(store, {r.run_id: f"{r.name}/version_{r.version}" for r in reports})
+        # the calls its runs still lack (store/seq_spans.py), one line each (said, not an error)
+        for run_id, label in sorted({r.run_id: f"{r.name}/version_{r.version}" for r in reports}.items()):
+            with store.begin() as conn:
+                holes = calls_not_stored(conn, run_id)
+            click.echo("".join(f"run {label}: {line}\n" for line in holes_said(holes)), nl=False)
     finally:
         store.close()
     if damage := [part for r in reports for part in r.damage]:
         raise SpillsDamaged(len(damage), sum(d.values or 0 for d in damage), any(d.values is None for d in damage))
-
-
-def _say_calls_not_stored(store: Store, runs: dict[int, str]) -> None:
-    """After an import, the calls its runs still lack (store/seq_spans.py), one line each (said, not an error)."""
-    from multirank_logger.report.findings import holes_said
-    from multirank_logger.store.seq_spans import calls_not_stored
-
-    for run_id, label in sorted(runs.items()):
-        with store.begin() as conn:
-            holes = calls_not_stored(conn, run_id)
-        for line in holes_said(holes):
-            click.echo(f"run {label}: {line}")
 
 
 def _names_their_store(db_path: str, files: tuple[str, ...]) -> bool:
@@ -143,6 +137,7 @@ def _names_their_store(db_path: str, files: tuple[str, ...]) -> bool:
 
 # -- reading a store: runs, export, ranks, sql (all read-only, over query/reader.py) -----
 
+from multirank_logger.judgement.sentences import non_finite_lines  # noqa: E402
 from multirank_logger.query.rank_spread import RankSpread  # noqa: E402
 from multirank_logger.query.reader import StoreReader, open_store  # noqa: E402
 
@@ -336,12 +331,7 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
             f"largest {s.spread_max:.6g} at step {s.spread_max_step}."
         )
     if s.non_finite:  # the spread skips NaN: "no rank stands out" would hide where they began
-        firsts = sorted(s.non_finite.items(), key=lambda item: (item[1][0], item[0]))
-        lines.append("NaN or inf logged: " + "; ".join(
-            f"rank {rank} from step {step:,} ({count:,} values)" for rank, (step, count) in firsts) + ".")
-        first = [str(rank) for rank, (step, _) in firsts if step == firsts[0][1][0]]
-        lines.append(f"{'Rank' if len(first) == 1 else 'Ranks'} {', '.join(first)} logged one first; "
-                     "`report` says whether it spread to the others.")  # fmt: skip
+        lines += non_finite_lines(s.non_finite)
     elif table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
         lines.append("Which of the 2 ranks is off cannot be told from two (each is as far from their median as "
                      "the other): a third rank tells.")  # fmt: skip
