@@ -137,7 +137,6 @@ def _names_their_store(db_path: str, files: tuple[str, ...]) -> bool:
 
 # -- reading a store: runs, export, ranks, sql (all read-only, over query/reader.py) -----
 
-from multirank_logger.judgement.sentences import non_finite_lines  # noqa: E402
 from multirank_logger.query.rank_spread import RankSpread  # noqa: E402
 from multirank_logger.query.reader import StoreReader, open_store  # noqa: E402
 
@@ -331,6 +330,8 @@ def _spread_text(s: RankSpread, max_rows: int | None) -> str:
             f"largest {s.spread_max:.6g} at step {s.spread_max_step}."
         )
     if s.non_finite:  # the spread skips NaN: "no rank stands out" would hide where they began
+        from multirank_logger.report.findings import non_finite_lines
+
         lines += non_finite_lines(s.non_finite)
     elif table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
         lines.append("Which of the 2 ranks is off cannot be told from two (each is as far from their median as "

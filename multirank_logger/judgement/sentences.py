@@ -16,10 +16,7 @@ from typing import Any
 
 from multirank_logger._util.readable import duration_text, format_ranks, number_text
 
-__all__ = [
-    "KINDS", "cost_clause", "finding_sentence", "followers_sentence", "non_finite_lines", "sentence_groups", "series_of",
-    "steps_after_clause",
-]  # fmt: skip
+__all__ = ["KINDS", "cost_clause", "finding_sentence", "followers_sentence", "sentence_groups", "series_of", "steps_after_clause"]
 
 #: the kinds of finding the watch raises and the report lists, with the series each is on
 KINDS = ("non_finite", "departure", "straggler", "memory")
@@ -195,12 +192,3 @@ def _spread_clause(item: dict[str, Any]) -> str:
         text += f" (every other rank within {lag} step{'s' if lag != 1 else ''}: spread through the gradient all-reduce)"
     return text
 
-
-def non_finite_lines(firsts_by_rank: dict[int, tuple[int, int]]) -> list[str]:
-    """Where each rank's NaN/inf began ({rank: (first step, count)}) and which ranks logged one first."""
-    firsts = sorted(firsts_by_rank.items(), key=lambda item: (item[1][0], item[0]))
-    first = [str(rank) for rank, (step, _) in firsts if step == firsts[0][1][0]]
-    return [
-        "NaN or inf logged: " + "; ".join(f"rank {rank} from step {step:,} ({count:,} values)" for rank, (step, count) in firsts) + ".",
-        f"{'Rank' if len(first) == 1 else 'Ranks'} {', '.join(first)} logged one first; `report` says whether it spread to the others.",
-    ]

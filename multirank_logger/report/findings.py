@@ -42,7 +42,7 @@ from multirank_logger.query.step_buckets import BucketSummary
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notice", "outliers", "raised_alerts"]
+__all__ = ["Findings", "departures", "find", "find_with_buckets", "library_notice", "non_finite_lines", "outliers", "raised_alerts"]
 
 #: warnings/errors listed at most (distinct messages)
 MAX_LOG_MESSAGES = 20
@@ -198,6 +198,16 @@ def find_with_buckets(
 
 #: holes in the ranks' calls said one per line up to this many, then counted
 HOLES_SAID = 8
+
+
+def non_finite_lines(firsts_by_rank: dict[int, tuple[int, int]]) -> list[str]:
+    """Where each rank's NaN/inf began ({rank: (first step, count)}) and which ranks logged one first."""
+    firsts = sorted(firsts_by_rank.items(), key=lambda item: (item[1][0], item[0]))
+    first = [str(rank) for rank, (step, _) in firsts if step == firsts[0][1][0]]
+    return [
+        "NaN or inf logged: " + "; ".join(f"rank {rank} from step {step:,} ({count:,} values)" for rank, (step, count) in firsts) + ".",
+        f"{'Rank' if len(first) == 1 else 'Ranks'} {', '.join(first)} logged one first; `report` says whether it spread to the others.",
+    ]
 
 
 def holes_said(holes: list[Any]) -> list[str]:
