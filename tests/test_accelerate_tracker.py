@@ -87,3 +87,17 @@ def test_a_rank_that_raises_fails_the_run(tmp_path: Path) -> None:
     assert ranks[1] == "failed" and ranks[0] in {"failed", "interrupted"}, ranks
     last = dict(query(db, "SELECT rank, max(step) FROM metrics WHERE key = 'rank_value' GROUP BY rank"))
     assert last[1] == 2 and last[0] >= 2, last
+
+
+def test_importing_the_package_loads_neither_framework() -> None:
+    """``import multirank_logger`` imports neither accelerate nor transformers (they are extras);
+    the names load them on first use."""
+    code = (
+        "import sys, multirank_logger\n"
+        "assert not {'accelerate', 'transformers'} & set(sys.modules), 'imported eagerly'\n"
+        "assert multirank_logger.MultiRankTracker.main_process_only is False\n"
+        "assert multirank_logger.MultiRankCallback.__name__ == 'MultiRankCallback'\n"
+    )
+    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
