@@ -18,11 +18,13 @@ if TYPE_CHECKING:
     from multirank_logger.callbacks.decision_audit import DecisionAudit
     from multirank_logger.callbacks.step_timer import StepTimer
     from multirank_logger.callbacks.stop_on_alert import StopOnAlert
+    from multirank_logger.integrations.accelerate_tracker import MultiRankTracker
     from multirank_logger.integrations.plain import Run, init
+    from multirank_logger.integrations.transformers_callback import MultiRankCallback
     from multirank_logger.logger.multi_rank_logger import MultiRankLogger
 
 __all__ = [
-    "DecisionAudit", "MultiRankLogger", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
+    "DecisionAudit", "MultiRankCallback", "MultiRankLogger", "MultiRankTracker", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
     "open_store", "rank_aware_console",
 ]
 
@@ -37,6 +39,9 @@ _LAZY = {
     # the plain API for any torch.distributed script (integrations/plain.py)
     "init": "multirank_logger.integrations.plain",
     "Run": "multirank_logger.integrations.plain",
+    # optional frameworks (extras accelerate, transformers): imported only when asked for
+    "MultiRankTracker": "multirank_logger.integrations.accelerate_tracker",
+    "MultiRankCallback": "multirank_logger.integrations.transformers_callback",
 }
 
 

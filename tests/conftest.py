@@ -18,9 +18,9 @@ from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 #: A test elsewhere that launches processes says so itself with @pytest.mark.slow.
 SLOW_MODULES = frozenset(
     {
-        "test_audit_ddp", "test_benchmarks_smoke", "test_demo", "test_dropin_ddp", "test_launchers",
+        "test_accelerate_tracker", "test_audit_ddp", "test_benchmarks_smoke", "test_demo", "test_dropin_ddp", "test_launchers",
         "test_logger_cli_launch", "test_logger_ddp", "test_logger_many_ranks", "test_logger_signals", "test_origin_ddp",
-        "test_plain_api", "test_shared_nothing", "test_tensor_gather", "test_watch_ddp",
+        "test_plain_api", "test_shared_nothing", "test_tensor_gather", "test_transformers_callback", "test_watch_ddp",
     }
 )
 
