@@ -19,10 +19,11 @@ if TYPE_CHECKING:
     from multirank_logger.callbacks.step_timer import StepTimer
     from multirank_logger.callbacks.stop_on_alert import StopOnAlert
     from multirank_logger.integrations.plain import Run, init
+    from multirank_logger.integrations.ray_train import MultiRankRayCallback
     from multirank_logger.logger.multi_rank_logger import MultiRankLogger
 
 __all__ = [
-    "DecisionAudit", "MultiRankLogger", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
+    "DecisionAudit", "MultiRankLogger", "MultiRankRayCallback", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
     "open_store", "rank_aware_console",
 ]
 
@@ -37,6 +38,8 @@ _LAZY = {
     # the plain API for any torch.distributed script (integrations/plain.py)
     "init": "multirank_logger.integrations.plain",
     "Run": "multirank_logger.integrations.plain",
+    # Ray Train v2 (integrations/ray_train.py; imports ray, an optional extra)
+    "MultiRankRayCallback": "multirank_logger.integrations.ray_train",
 }
 
 
