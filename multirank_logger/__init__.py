@@ -20,11 +20,12 @@ if TYPE_CHECKING:
     from multirank_logger.callbacks.stop_on_alert import StopOnAlert
     from multirank_logger.integrations.accelerate_tracker import MultiRankTracker
     from multirank_logger.integrations.plain import Run, init
+    from multirank_logger.integrations.ray_train import MultiRankRayCallback
     from multirank_logger.integrations.transformers_callback import MultiRankCallback
     from multirank_logger.logger.multi_rank_logger import MultiRankLogger
 
 __all__ = [
-    "DecisionAudit", "MultiRankCallback", "MultiRankLogger", "MultiRankTracker", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
+    "DecisionAudit", "MultiRankCallback", "MultiRankLogger", "MultiRankRayCallback", "MultiRankTracker", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
     "open_store", "rank_aware_console",
 ]
 
@@ -39,9 +40,10 @@ _LAZY = {
     # the plain API for any torch.distributed script (integrations/plain.py)
     "init": "multirank_logger.integrations.plain",
     "Run": "multirank_logger.integrations.plain",
-    # optional frameworks (extras accelerate, transformers): imported only when asked for
+    # optional frameworks (extras accelerate, transformers, ray): imported only when asked for
     "MultiRankTracker": "multirank_logger.integrations.accelerate_tracker",
     "MultiRankCallback": "multirank_logger.integrations.transformers_callback",
+    "MultiRankRayCallback": "multirank_logger.integrations.ray_train",
 }
 
 

@@ -37,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"query", "judgement", "store", "model", "_util", "errors"},
     "export": {"query", "model", "_util", "errors"},
     "callbacks": {"logger", "watch", "ddp", "model", "_util", "errors"},
-    "integrations": {"logger", "watch", "store", "ddp", "model", "_util", "errors"},
+    "integrations": {"logger", "watch", "write", "store", "ddp", "model", "_util", "errors"},
     "ui": {"report", "query", "judgement", "store", "model", "_util", "errors"},
     "cli": {"ui", "report", "export", "query", "store", "model", "_util", "errors", "_version"},
     "__init__": {"integrations", "callbacks", "logger", "query", "store", "ddp", "_version"},

@@ -1,0 +1,113 @@
+"""Ray Train: `MultiRankRayCallback` stores every worker's reported dict under its rank.
+
+Ray Train v2 (the default since Ray 2.50; ``RAY_TRAIN_V2_ENABLED``) calls a ``UserCallback``'s
+``after_report(run_context, metrics, checkpoint)`` on the controller with worker i's dict at
+``metrics[i]``; v1 keeps only rank 0's. So this is a v2 ``UserCallback``: one process (the
+controller) writes every worker's rows straight into the store (no logger on the workers, no
+transport). One store run per Ray Train run. Its end: ``after_controller_finish`` (a
+``ControllerCallback``: UserCallback has no end hook in Ray 2.60), ``failed`` when the result
+carries an error, else ``success``; ``after_exception`` marks the ranks that raised.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2.api.callback import UserCallback
+
+from multirank_logger.store.sql_store import Store
+from multirank_logger.store.status import FAILED, SUCCESS, record_rank_end
+from multirank_logger.write.buffer import RecordBuffer
+
+__all__ = ["MultiRankRayCallback"]
+
+
+class MultiRankRayCallback(UserCallback):
+    """Pass it with its end hook: ``RunConfig(callbacks=MultiRankRayCallback(db="runs.sqlite").callbacks())``.
+
+    Args:
+        db: the store (a ``.sqlite`` / ``.duckdb`` path or a SQLAlchemy URL) the controller can write.
+        name: the run's name (versions numbered per name); default: Ray Train's run name.
+        step_key: a key of the reported dict taken as the step (else the report's count).
+    """
+
+    def __init__(self, db: str | os.PathLike[str], name: str | None = None, *, step_key: str = "step") -> None:
+        self.db = os.fspath(db)
+        self.name = name
+        self.step_key = step_key
+        self.run_id: int | None = None
+        self._store: Store | None = None
+        self._buffers: dict[int, RecordBuffer] = {}
+        self._reports = 0
+        self._raised: set[int] = set()
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled to the controller actor: no engine
+        return {**self.__dict__, "_store": None}
+
+    def _open(self, run_context: Any, world_size: int) -> Store:
+        if self._store is None:
+            self._store = Store(self.db)
+            name = self.name or run_context.get_run_config().name or "ray_train"
+            run = self._store.create_run(
+                name, world_size=world_size, transport="ray", hparams=run_context.train_loop_config
+            )
+            self.run_id = run.id
+            self._store.register_absent_ranks(run.id, range(world_size))
+            for rank in range(world_size):
+                self._store.update_rank(run.id, rank, host=socket.gethostname())
+        return self._store
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        store = self._open(run_context, len(metrics))
+        assert self.run_id is not None
+        for rank, reported in enumerate(metrics):
+            values = {k: v for k, v in reported.items() if k != self.step_key and _is_number(v)}
+            step = reported.get(self.step_key, self._reports)
+            buffer = self._buffers.setdefault(rank, RecordBuffer())
+            buffer.append(int(step), values)
+            store.write(buffer.drain(self.run_id, rank))
+        self._reports += 1
+
+    def after_exception(self, run_context: Any, worker_exceptions: Mapping[int, Exception]) -> None:
+        self._raised.update(worker_exceptions)
+
+    def callbacks(self) -> list[Any]:
+        """This callback and its end hook, for ``RunConfig(callbacks=...)``. Ray runs a UserCallback
+        inside its own handler, which forwards no end of run; the hook (a ControllerCallback) does.
+        Both are pickled to the controller in one list, so the hook holds this very object there."""
+        return [self, _RunEnd(self)]
+
+    def after_controller_finish(self, result: Any) -> None:
+        if self._store is None or self.run_id is None:
+            return
+        status = FAILED if getattr(result, "error", None) is not None or self._raised else SUCCESS
+        world = max(len(self._buffers), 1)
+        others = {r: FAILED if r in self._raised else SUCCESS for r in range(1, world)}
+        own = FAILED if 0 in self._raised else status if not self._raised else SUCCESS
+        record_rank_end(
+            self._store, self.run_id, rank=0, gather_world=world, status=own, others=others, facts={}, now=time.time()
+        )
+        if status == FAILED:
+            self._store.update_run(self.run_id, status=FAILED)
+        self._store.close()
+
+
+class _RunEnd(ControllerCallback):
+    """Calls `MultiRankRayCallback.after_controller_finish` at the run's end (Ray's internal hook)."""
+
+    def __init__(self, owner: MultiRankRayCallback) -> None:
+        self.owner = owner
+
+    def after_controller_finish(self, result: Any) -> None:
+        self.owner.after_controller_finish(result)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (bool, int, float)) or (
+        hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1
+    )
