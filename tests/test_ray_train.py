@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,10 @@ def test_every_worker_in_one_run_and_the_bad_one_named(ray_session, tmp_path: Pa
     db = _fit(tmp_path, "ok", {"hold_for_alert": str(tmp_path / "runs.sqlite")})
     assert query(db, "SELECT name, status, world_size FROM runs") == [("ok", "success", 2)]
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "success")]
+    # each worker's place from the group Ray started (its own process), not the controller's
+    places = query(db, "SELECT rank, host, local_rank, node_rank, pid FROM ranks ORDER BY rank")
+    assert [p[:4] for p in places] == [(0, socket.gethostname(), 0, 0), (1, socket.gethostname(), 1, 0)], places
+    assert len({p[4] for p in places} - {None, os.getpid()}) == 2, places
     steps = query(db, "SELECT rank, count(DISTINCT step) FROM metrics WHERE key = 'loss' GROUP BY rank ORDER BY rank")
     assert steps == [(0, STEPS), (1, STEPS)]
     with open_store(db) as reader:

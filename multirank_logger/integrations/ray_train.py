@@ -18,13 +18,12 @@ thread writes it, under the lock the reports' writes take) and given to ``on_ale
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 from ray.train.v2.api.callback import UserCallback
 
 from multirank_logger.model.side_records import SideRecords
@@ -73,6 +72,8 @@ class MultiRankRayCallback(UserCallback):
         self._watch: Watch | None = None  # on the controller, once the first report came
         self._side: SideRecords | None = None  # the watch's alert rows, written as they are raised
         self._write_lock: threading.Lock | None = None  # one writer at a time: the reports' and the watch's
+        #: each worker's place ({rank: ranks-table columns}), from the worker group Ray started
+        self._places: dict[int, dict[str, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # pickled to the controller actor: no engine, thread or lock
         return {**self.__dict__, "_store": None, "_watch": None, "_side": None, "_write_lock": None}
@@ -92,14 +93,36 @@ class MultiRankRayCallback(UserCallback):
             )
             self.run_id = run.id
             self._store.register_absent_ranks(run.id, range(world_size))
-            for rank in range(world_size):
-                self._store.update_rank(run.id, rank, host=socket.gethostname())
+            self._write_places()
             if self.watch:
                 self._side = SideRecords()
                 outlets = AlertOutlets(self._record_alert, self.on_alert, self.alert_url, run=run_facts(run, public_name(self.db)))
                 self._watch = Watch(run.id, world_size, outlets, close_after=CLOSE_AFTER_S)
                 self._watch.start()
         return self._store
+
+    def worker_places(self, workers: list[Any]) -> None:
+        """Each worker's host, local and node rank and GPU from the worker group Ray started (Ray's
+        internal ``Worker``: ``metadata`` and ``distributed_context``). A worker Ray does not
+        describe so keeps no place: never the controller's host, which would name the wrong one."""
+        for worker in workers:
+            try:
+                meta, where = worker.metadata, worker.distributed_context
+                gpus = [int(g) for g in meta.gpu_ids if str(g).isdigit()]
+                self._places[int(where.world_rank)] = {
+                    "host": str(meta.hostname), "pid": int(meta.pid), "local_rank": int(where.local_rank),
+                    "node_rank": int(where.node_rank), "gpu_index": gpus[0] if len(gpus) == 1 else None,
+                }  # fmt: skip
+            except (AttributeError, TypeError, ValueError):  # another Ray's layout: no place, said by none
+                continue
+        if self._store is not None:
+            self._write_places()
+
+    def _write_places(self) -> None:
+        assert self._store is not None and self.run_id is not None and self._write_lock is not None
+        with self._write_lock:
+            for rank, place in self._places.items():
+                self._store.update_rank(self.run_id, rank, **place)
 
     def _record_alert(self, table: str, row: dict[str, Any]) -> None:
         """The watch's thread: an alert's row, stored now (the workers may wait on it)."""
@@ -158,11 +181,15 @@ class MultiRankRayCallback(UserCallback):
         self._store.close()
 
 
-class _RunEnd(ControllerCallback):
-    """Calls `MultiRankRayCallback.after_controller_finish` at the run's end (Ray's internal hook)."""
+class _RunEnd(ControllerCallback, WorkerGroupCallback):
+    """Calls `MultiRankRayCallback.after_controller_finish` at the run's end, and gives it each
+    worker's place once the worker group started (Ray's internal hooks)."""
 
     def __init__(self, owner: MultiRankRayCallback) -> None:
         self.owner = owner
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        self.owner.worker_places(worker_group.get_workers())
 
     def after_controller_finish(self, result: Any) -> None:
         self.owner.after_controller_finish(result)
