@@ -61,8 +61,10 @@ def big_store(db: Path, ranks: int = RANKS, steps: int = STEPS, keys: int = KEYS
 
 #: a stopped report must end within this after SIGINT (it stops in well under a second unloaded)
 STOPS_WITHIN_S = 3.0
-#: ui --request-timeout of the 503 test: the request's pass is held past it
-REQUEST_BOUND_S = 0.5
+#: ui --request-timeout of the 503 test: the request's pass is held past it (however long: the test
+#: holds it), while the next request (the runs list) must read within it on a loaded CI machine: at
+#: 0.5 s a fresh clone at load 9 answered it 503 (the bound applies to every request)
+REQUEST_BOUND_S = 5.0
 
 
 @pytest.fixture(scope="module", params=[".sqlite", ".duckdb"])
@@ -156,7 +158,7 @@ def test_page_request_past_its_timeout_answers_503(big: Path, tmp_path: Path) ->
         took = time.monotonic() - start
         assert (tmp_path / "held").exists(), "the request's pass was never held"
         status, body = answers[0]
-        assert status == 503 and f"ran past {bound} s and were stopped" in json.loads(body)["error"], answers
+        assert status == 503 and f"ran past {bound:g} s and were stopped" in json.loads(body)["error"], answers
         assert took < bound + STOPS_WITHIN_S, f"answered {took:.1f} s later"
         _get(f"{url}api/runs", answers)
         assert answers[1][0] == 200 and json.loads(answers[1][1])[0]["id"] == 1, answers[1]
