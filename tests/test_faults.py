@@ -575,9 +575,10 @@ def _start_paused(server, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen
 
 @pytest.mark.slow  # launches processes
 def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spilled(tmp_path: Path) -> None:
-    """The server stops answering (SIGSTOP) with the writer inside a write: finalize still returns
-    (finalize_timeout), the rows it could not store are in a spill file the message names, and
-    importing it once the server is back recovers every value."""
+    """The server stops answering (SIGSTOP) mid-run, the writer inside a write: finalize still returns
+    (finalize_timeout), the rows it could not store are in a spill file the message names with the
+    run's end, and importing it once the server is back recovers every value and that end
+    (before: the run stayed 'running' for good)."""
     with _own_postgres() as server:
         proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--finalize-timeout", "6")
         try:
@@ -589,10 +590,13 @@ def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spi
         assert "did not finish within 6 s" in err
         files = spill_files_named(err)
         assert files, err[-4000:]
+        before_import = time.time()
         _import(url, files)
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
         assert (count, float(total)) == _expected(2000)
-        assert query(url, "SELECT status FROM runs") != [("success",)]
+        ended = "SELECT status, ended_at IS NOT NULL FROM {} WHERE ended_at IS NULL OR ended_at <= {}"
+        for table in ("runs", "ranks", "attempts"):  # ended before the import, as the process did
+            assert query(url, ended.format(table, before_import)) == [("success", True)], table
 
 
 @pytest.mark.slow  # launches processes

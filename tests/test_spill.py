@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -294,7 +295,9 @@ def test_side_rows_and_a_ranks_end_round_trip(tmp_path: Path) -> None:
     contents = read_spill_contents(spill.path)
     assert [kind for kind, _ in contents.frames] == ["metrics", "side", "end"]
     assert contents.frames[1][1] == side
-    assert contents.frames[2][1] == {"status": "success", "values_spilled": 4, "values_lost": 1, "counted": False}
+    end = contents.frames[2][1]
+    assert end.pop("ended_at") <= time.time()  # when the rank ended: the import's ended_at
+    assert end == {"status": "success", "values_spilled": 4, "values_lost": 1, "counted": False}
     assert read_spill(spill.path)[1] == [batch]  # the metrics-only view of it
 
 

@@ -72,7 +72,7 @@ def finish_run(run: RankRun, status: str) -> None:
             run.phase += 1
             sink_setup.drop()  # a later fit/test sets up again, on a fresh channel
     except TimeoutError:
-        _give_up(run, bound)
+        _give_up(run, status, bound)
     finally:
         safely(run.stop_watch)  # an end that never reached the last rows (no sink, a store that stopped answering)
         run.board.withdraw()  # the launch is over: leave no variable behind in this process
@@ -90,10 +90,12 @@ def _end_with_sink(run: RankRun, status: str, timeout: float) -> None:
         _finish_sink(run, status, timeout, deadline)
 
 
-def _give_up(run: RankRun, bound: float) -> None:
+def _give_up(run: RankRun, status: str, bound: float) -> None:
     """The end did not return within its bound: a store call that never answers (a server stopped
     or cut off mid-call: libpq has no read timeout). What was not written goes to the spill file
-    now, and the job goes on ending; the stuck call is left behind in its thread."""
+    now, with how this rank ended (`status`): importing the file records that end, else the run
+    stayed 'running' for good. The job goes on ending; the stuck call is left behind in its thread
+    (should it still record the end, the import leaves the end it finds)."""
     writer = run.hot_path.writer
     error = writer.last_error
     writer.spill_held(
@@ -102,6 +104,8 @@ def _give_up(run: RankRun, bound: float) -> None:
         timeout=0.0,
     )
     spiller = run.sink_setup.spiller
+    if spiller is not None:  # only where it spilled: a rank with nothing in its file has no file
+        spiller.end(status, *_unstored_since_counted(run.sink_setup))
     where = f" The rows not stored are in {spiller.path}: {spiller.import_command()}" if spiller is not None and (
         spiller.values_spilled or spiller.side_rows_spilled) else ""
     log.error(

@@ -22,6 +22,10 @@ bucket width rounded up to a multiple of ``SUMMARY_STEPS``. A run is long enough
 width is at least half of that (``SUMMARY_STEPS // 2`` steps a bucket: 8,000 steps and more at
 the page's 2,000 buckets), so the page still gets at least half the buckets it asked for;
 a shorter run's rows are few, and read as they are, at their finer width.
+
+Either way a step a rank logged twice (a resumed launch re-logging its predecessor's last
+steps) holds its later call alone, as in ``per_rank``: the cells holding one are read again
+(``query/relogged_steps.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import LookupFailed
 from multirank_logger.judgement.non_finite import NEG_INF, POS_INF
 from multirank_logger.model.schema import BIGINT_MAX, SUMMARY_STEPS, metrics, step_summaries, step_timing
+from multirank_logger.query.relogged_steps import LatestWins
 
 __all__ = ["HEATMAP_COLUMNS", "TIMING_SERIES", "BucketBuilder", "BucketSummary", "bucket_width", "summarize"]
 
@@ -111,7 +116,7 @@ class BucketBuilder:
     at a time (``query/run_scan.py``): the report's HTML page costs no scan per key.
 
     As ``summarize`` computes it, but from the pass's step x rank table, where a rank's later call
-    at a step has replaced its earlier one (``per_rank``'s rule; SQL averages both). Held as
+    at a step has replaced its earlier one (``per_rank``'s rule, as `summarize` mends its cells). Held as
     float32 (what the page draws): 5 bytes per rank and bucket, 2.6 MB for 256 ranks x 2,000.
     """
 
@@ -295,7 +300,8 @@ def _rows_grid(fetch_arrow: FetchArrow, run_id: int, series: str, first: int, la
     for m in (mean, lo, hi):  # an inf among the bucket's values: its mean, min or max is not finite
         bad |= np.isinf(m)
         m[np.isinf(m)] = np.nan
-    return _matrix(series, first, width, rank, col, mean, lo, hi, bad)
+    latest = None if wide or series.startswith("timing:") else LatestWins(fetch_arrow, run_id, series)
+    return _matrix(series, first, width, rank, col, mean, lo, hi, bad, latest)
 
 
 def _column(cells: Any, name: str, dtype: Any) -> np.ndarray:
@@ -328,6 +334,7 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
     (both multiples of SUMMARY_STEPS); None when the run holds no summary of the key."""
     s = step_summaries.c
     mine = (s.run_id == run_id, s.key == key)
+    latest = LatestWins(fetch_arrow, run_id, key)
     sums = ("n_finite", "total", "n_nan", "n_pos_inf", "n_neg_inf")
     if width <= _ROWS_PER_CELL * SUMMARY_STEPS:
         # a few summary rows a cell, which DuckDB's GROUP BY of as many groups took 0.9 s to hash
@@ -340,7 +347,7 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
             return None  # a key the run does not hold: the rows' path answers it as it always has
         odd = (sa.select(s.rank.label("rank"), (s.step - first).label("b"), s.n_nan, s.n_pos_inf, s.n_neg_inf)
                .where(*mine, s.n_nan + s.n_pos_inf + s.n_neg_inf > 0))  # fmt: skip
-        if (laid_out := _laid_out(key, first, width, rows, lambda: fetch_arrow(odd))) is not None:
+        if (laid_out := _laid_out(key, first, width, rows, lambda: fetch_arrow(odd), latest)) is not None:
             return laid_out
     bucket = (s.step - first) - (s.step - first) % width
     stmt = (
@@ -354,7 +361,7 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
     cells = {name: _column(found, name, np.int64 if name in ("rank", "b") else float) for name in found.column_names}
     n, pos, neg = cells["n_finite"], cells["n_pos_inf"], cells["n_neg_inf"]
     mean, lo, hi, bad = _cell_values(n, cells["total"], cells["n_nan"], pos, neg, cells["lo"], cells["hi"])
-    return _matrix(key, first, width, cells["rank"], cells["b"] // width, mean, lo, hi, bad)
+    return _matrix(key, first, width, cells["rank"], cells["b"] // width, mean, lo, hi, bad, latest)
 
 
 def _cell_values(n: np.ndarray, total: np.ndarray, nans: np.ndarray, pos: np.ndarray, neg: np.ndarray,
@@ -368,7 +375,8 @@ def _cell_values(n: np.ndarray, total: np.ndarray, nans: np.ndarray, pos: np.nda
     return mean, lo, hi, nans + pos + neg > 0
 
 
-def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[], Any]) -> BucketSummary | None:
+def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[], Any],
+              latest: LatestWins | None = None) -> BucketSummary | None:  # fmt: skip
     """`rows` (rank, b, n_finite, total, lo, hi: one per summary) and, from `read_odd`, the
     summaries with a non-finite count (rank, b, n_nan, n_pos_inf, n_neg_inf), merged per (rank,
     bucket of `width`) straight into the rank x bucket grid: SUM, MIN (NaN: none), MAX; None
@@ -402,11 +410,11 @@ def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[]
                                      summed("n_neg_inf"), extreme("lo", np.fmin), extreme("hi", np.fmax))  # fmt: skip
     held = count.reshape(n_ranks, n_cols).any(axis=1)  # the ranks with a summary of the key
     grid = [m.reshape(n_ranks, n_cols)[held] for m in (mean, lo, hi, bad)]
-    return _summary(key, first, width, (np.flatnonzero(held) + low).tolist(), *grid)
+    return _summary(key, first, width, (np.flatnonzero(held) + low).tolist(), *grid, latest=latest)
 
 
 def _matrix(series: str, first: int, width: int, rank: np.ndarray, col: np.ndarray, mean: np.ndarray,
-            lo: np.ndarray, hi: np.ndarray, bad: np.ndarray) -> BucketSummary:  # fmt: skip
+            lo: np.ndarray, hi: np.ndarray, bad: np.ndarray, latest: LatestWins | None = None) -> BucketSummary:  # fmt: skip
     """The summary of per-(rank, bucket) cells: each cell's rank, bucket number, mean, min, max
     (NaN where not finite) and whether a non-finite value fell there."""
     ranks = np.unique(rank)
@@ -420,12 +428,15 @@ def _matrix(series: str, first: int, width: int, rank: np.ndarray, col: np.ndarr
         out.append(m)
     flags = np.zeros(shape, dtype=bool)
     flags[row, col] = bad
-    return _summary(series, first, width, ranks.tolist(), out[0], out[1], out[2], flags)
+    return _summary(series, first, width, ranks.tolist(), out[0], out[1], out[2], flags, latest=latest)
 
 
 def _summary(series: str, first: int, width: int, ranks: list[int], mean: np.ndarray, lo: np.ndarray,
-             hi: np.ndarray, flags: np.ndarray) -> BucketSummary:  # fmt: skip
-    """The summary of rank x bucket grids (NaN where a rank has no finite value in a bucket)."""
+             hi: np.ndarray, flags: np.ndarray, *, latest: LatestWins | None = None) -> BucketSummary:  # fmt: skip
+    """The summary of rank x bucket grids (NaN where a rank has no finite value in a bucket),
+    the cells holding a step logged twice first mended by `latest` (its later call alone)."""
+    if latest is not None:
+        latest.apply(first, width, ranks, mean, lo, hi, flags)
     n_cols = mean.shape[1]
     steps = [first + j * width for j in range(n_cols)]
     col_lo, col_hi = np.full(n_cols, np.nan), np.full(n_cols, np.nan)

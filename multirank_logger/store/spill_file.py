@@ -205,6 +205,7 @@ class SpillWriter:
         if self.path.exists():
             facts: dict[str, Any] = {
                 "status": status, "values_spilled": values_spilled, "values_lost": values_lost, "counted": counted,
+                "ended_at": time.time(),  # the import records it: the run's and the rank's ended_at
             }
             if others:
                 facts["others"] = {str(rank): end for rank, end in others.items()}

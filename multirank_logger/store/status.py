@@ -380,16 +380,22 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
         The rank's status, when its end was unknown; None when the store knew its end already.
     """
     current, row_unended, unheard = _end_unknown(conn, run_id, rank, attempt)
+    ended_at = end.get("ended_at") if isinstance(end.get("ended_at"), (int, float)) else None  # format 5 on
     if not current and rank == 0:  # that launch did end: the store, never told, took it for one that vanished
         conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
                                              attempts.c.status == VANISHED).values(status=end["status"]))  # fmt: skip
     if not (row_unended or unheard):
         return None  # the store heard its end, and counted its values then (record_rank_end)
+    if current and rank == 0 and attempt is not None:  # the launch's end its rank 0 could not record (end_attempt)
+        ended = INCOMPLETE if end["status"] == SUCCESS else end["status"]  # a success once whole (_settle_incomplete)
+        conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
+                                             attempts.c.status == RUNNING).values(status=ended, ended_at=ended_at))  # fmt: skip
     this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
     if unheard:
         conn.execute(unheard_ends.delete().where(this_launch))
     if row_unended:
-        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank).values(status=end["status"]))
+        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank)
+                     .values(status=end["status"], ended_at=sa.func.coalesce(ranks.c.ended_at, ended_at)))  # fmt: skip
         _settle_heard_ranks(conn, run_id, end.get("others"))
     if end.get("counted"):
         end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already
@@ -408,6 +414,8 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
             values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + int(end.get("values_spilled", 0)),
             values_lost=sa.func.coalesce(runs.c.values_lost, 0) + int(end.get("values_lost", 0)),
             status=run_status,
+            # rank 0's end is the run's: when it ended, as record_rank_end would have written it
+            ended_at=sa.func.coalesce(runs.c.ended_at, ended_at) if current and rank == 0 else runs.c.ended_at,
         )
     )
     return str(end["status"])
