@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
+from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ledger import CHRONIC, host_status
 from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs
 
@@ -32,7 +33,7 @@ FetchRows = Callable[[sa.Select], Sequence[Sequence[Any]]]
 def read_host_ledger(fetch_rows: FetchRows, *, since: float | None = None, kinds: Iterable[str] | None = None,
                      chronic: tuple[int, int] = CHRONIC) -> list[dict[str, Any]]:  # fmt: skip
     """Every host that ran a rank of a run started at or after `since` (unix seconds; None: every
-    run), by name: ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
+    run), by name (numbers as numbers: ``node2`` before ``node10``): ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
     verdict named a rank on it, of the `kinds` given; None: every kind), ``by_kind`` (kind: runs
     named), ``first_seen`` and ``last_seen`` (the start of its first and last run, unix seconds),
     ``named_last`` of its ``last`` (up to N) runs, and ``status`` (judgement/ledger.py
@@ -73,7 +74,7 @@ def read_host_ledger(fetch_rows: FetchRows, *, since: float | None = None, kinds
             "first_seen": float(started[start:stop].min()), "last_seen": float(started[start:stop].max()),
             "named_last": named_last, "last": last, "status": status,
         })  # fmt: skip
-    return out
+    return sorted(out, key=lambda row: natural_key(row["host"]))  # node2 before node10
 
 
 def _columns(rows: Sequence[Sequence[Any]], types: Sequence[Any]) -> list[np.ndarray]:
