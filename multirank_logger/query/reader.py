@@ -525,10 +525,8 @@ class StoreReader:
 
     def hosts(self, *, since: float | None = None, kinds: Iterable[str] | None = None,
               chronic: tuple[int, int] = (3, 5)) -> list[dict[str, Any]]:  # fmt: skip
-        """Every host across the runs (started at or after `since`, unix seconds): the runs it took
-        part in, those whose kept verdict named a rank on it (of `kinds`; by kind), first and last
-        seen, and whether it is chronic (named in K of its last N runs, `chronic`) or one-off: the
-        ``ranks`` and ``findings`` tables alone, no metric row (query/host_ledger.py)."""
+        """Every host across the runs (started at or after `since`, unix seconds), with its runs, those whose
+        kept verdict named a rank on it (of `kinds`), and whether it is chronic (query/host_ledger.py)."""
         return read_host_ledger(self._fetch_rows, since=since, kinds=kinds, chronic=chronic)
 
     def stopped_by(self, run: int | str | RunRef | None = None) -> dict[str, Any] | None:
