@@ -1,6 +1,7 @@
 """The hosts ledger on a store of 10,000 runs: what `multirank-logger hosts` costs (issue 51).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_hosts.py [--runs 10000] [--ranks 8] [--hosts 500] [--rounds 5]
+        [--baseline DIR]
 
 Builds a store of `runs` runs of `ranks` ranks each, 4 ranks a host, drawn from a pool of
 `hosts` hosts, with a kept verdict (``findings`` rows) in every 3rd run naming one rank, and in
@@ -8,12 +9,15 @@ every run where one of the 5 lowest-numbered hosts took part a rank on it (the c
 metric row: the ledger reads ``ranks`` and ``findings`` alone. Times ``StoreReader.hosts``
 (open_store included), and the whole command in
 a fresh process (``multirank-logger hosts DB --format slurm``: Python's start and imports too),
-each the median of `rounds`, on SQLite and DuckDB. Target: <= 1 s.
+each the median of `rounds`, on SQLite and DuckDB. Target: <= 1 s. ``--baseline DIR``: also the
+command from another copy of the package (e.g. ``git archive OLD multirank_logger | tar -x -C DIR``),
+its rounds interleaved with this tree's, so that before and after meet the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -63,21 +67,34 @@ def build(db: str, runs: int, ranks: int, hosts: int) -> None:
         store.close()
 
 
-def measure(db: str, rounds: int) -> dict[str, float]:
+def _command(db: str, tree: str) -> tuple[float, str]:
+    """`multirank-logger hosts DB --format slurm` in a fresh process with `tree`'s package: seconds, output."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "hosts", db, "--format", "slurm"],
+                         capture_output=True, text=True, check=True, env=env, cwd=tree).stdout  # fmt: skip
+    return time.perf_counter() - t, out
+
+
+def measure(db: str, rounds: int, baseline: str | None = None) -> dict[str, float]:
     from multirank_logger import open_store
 
-    reads, commands, chronic = [], [], 0
+    reads, commands, before, chronic = [], [], [], 0
+    here = str(Path(__file__).resolve().parent.parent)
     for _ in range(rounds):
         t = time.perf_counter()
         with open_store(db) as reader:
             rows = reader.hosts()
         reads.append(time.perf_counter() - t)
         chronic = sum(r["status"] == "chronic" for r in rows)
-        t = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "hosts", db, "--format", "slurm"],
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
-        commands.append(time.perf_counter() - t)
-    return {"read_s": statistics.median(reads), "read_min_s": min(reads), "read_max_s": max(reads),
+        took, out = _command(db, here)
+        commands.append(took)
+        if baseline is not None:
+            took, old = _command(db, baseline)
+            assert old == out, "the baseline's exclude list differs"
+            before.append(took)
+    return {"before_s": statistics.median(before) if before else None, "before_min_s": min(before, default=None),
+            "before_max_s": max(before, default=None),"read_s": statistics.median(reads), "read_min_s": min(reads), "read_max_s": max(reads),
             "command_s": statistics.median(commands), "command_min_s": min(commands), "command_max_s": max(commands),
             "hosts": len(rows), "chronic": chronic, "exclude_chars": len(out.strip())}  # fmt: skip
 
@@ -89,6 +106,7 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=500)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--backends", default="sqlite,duckdb")
+    p.add_argument("--baseline", default=None, help="another tree holding multirank_logger/: its command timed too")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends.split(","):
@@ -96,11 +114,14 @@ def main() -> None:
             t = time.perf_counter()
             build(db, args.runs, args.ranks, args.hosts)
             built = time.perf_counter() - t
-            m = measure(db, args.rounds)
+            m = measure(db, args.rounds, args.baseline)
             print(f"{backend}: {args.runs:,} runs x {args.ranks} ranks, {m['hosts']} hosts ({m['chronic']} chronic); "
                   f"built in {built:.1f} s; StoreReader.hosts {m['read_s']:.3f} s [{m['read_min_s']:.3f}, "
                   f"{m['read_max_s']:.3f}]; `hosts --format slurm` in a fresh process {m['command_s']:.2f} s "
                   f"[{m['command_min_s']:.2f}, {m['command_max_s']:.2f}]", flush=True)  # fmt: skip
+            if m["before_s"] is not None:
+                print(f"  baseline {args.baseline}: the command {m['before_s']:.2f} s [{m['before_min_s']:.2f}, "
+                      f"{m['before_max_s']:.2f}]", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,29 +10,34 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from multirank_logger._version import __version__
-from multirank_logger.ddp.console import rank_aware_console
-from multirank_logger.query.reader import StoreReader, open_store
-from multirank_logger.store.sql_store import Store
 
 if TYPE_CHECKING:
     from multirank_logger.callbacks.decision_audit import DecisionAudit
     from multirank_logger.callbacks.step_timer import StepTimer
     from multirank_logger.callbacks.stop_on_alert import StopOnAlert
+    from multirank_logger.ddp.console import rank_aware_console
     from multirank_logger.integrations.accelerate_tracker import MultiRankTracker
     from multirank_logger.integrations.plain import Run, init
     from multirank_logger.integrations.ray_train import MultiRankRayCallback
     from multirank_logger.integrations.transformers_callback import MultiRankCallback
     from multirank_logger.logger.multi_rank_logger import MultiRankLogger
+    from multirank_logger.query.reader import StoreReader, open_store
+    from multirank_logger.store.sql_store import Store
 
 __all__ = [
     "DecisionAudit", "MultiRankCallback", "MultiRankLogger", "MultiRankRayCallback", "MultiRankTracker", "Run", "StepTimer", "StopOnAlert", "Store", "StoreReader", "__version__", "init",
     "open_store", "rank_aware_console",
 ]
 
-# These import lightning or torch (seconds): load them on first use, so that the CLI and the
-# query side start fast. (With lightning loaded, DuckDB 2.0 also prints nanobind "leaked
-# instances" noise at interpreter exit.)
+# Each public name is imported on first use (PEP 562): the logger and callbacks import lightning
+# or torch (seconds), the reader pyarrow and every query module, and a command that needs none of
+# it (``multirank-logger hosts``) starts without them: tests/test_import_set.py. (With lightning
+# loaded, DuckDB 2.0 also prints nanobind "leaked instances" noise at interpreter exit.)
 _LAZY = {
+    "StoreReader": "multirank_logger.query.reader",
+    "open_store": "multirank_logger.query.reader",
+    "Store": "multirank_logger.store.sql_store",
+    "rank_aware_console": "multirank_logger.ddp.console",
     "MultiRankLogger": "multirank_logger.logger.multi_rank_logger",
     "DecisionAudit": "multirank_logger.callbacks.decision_audit",
     "StepTimer": "multirank_logger.callbacks.step_timer",

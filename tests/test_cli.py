@@ -52,8 +52,8 @@ def test_runs_prints_one_line_per_run(store: str) -> None:
     code, out = _invoke("runs", str(store))
     assert code == 0
     assert out.splitlines() == [
-        " id                      run  status  ranks       started (UTC) duration  steps  keys",
-        "  1 lightning_logs/version_0 success      2 2026-01-01 00:00:00    1m15s     60    10",
+        " id                      run  status  ranks       started (UTC) duration  steps  keys lost GPU-h",
+        "  1 lightning_logs/version_0 success      2 2026-01-01 00:00:00    1m15s     60    10          -",
     ]
 
 

@@ -135,3 +135,34 @@ def test_the_chronic_rule() -> None:
     assert host_status(np.zeros(7, bool)) == ("clean", 0, 5)
     with pytest.raises(ValueError, match="1 <= K <= N"):
         host_status(flags, 0, 5)
+
+
+def test_hosts_in_natural_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """node2 before node10 (numbers inside a name as numbers), in the table, JSON and Slurm's list."""
+    import sqlalchemy as sa
+
+    from multirank_logger._util.readable import natural_key
+    from multirank_logger.model.schema import findings, ranks
+    from multirank_logger.model.schema import runs as runs_table
+    from multirank_logger.store.sql_store import Store
+
+    hosts = ["node10", "node2", "gpu-a10", "node1", "gpu-a9", "node02"]
+    db = str(tmp_path / "runs.sqlite")
+    store = Store(db)
+    try:
+        with store.begin() as conn:
+            conn.execute(sa.insert(runs_table), [{"id": 1, "name": "n", "version": 0, "status": "success",
+                                                  "world_size": len(hosts), "started_at": T0}])  # fmt: skip
+            conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": h, "node_rank": r, "local_rank": 0,
+                                             "status": "success", "started_at": T0} for r, h in enumerate(hosts)])  # fmt: skip
+            conn.execute(sa.insert(findings), [
+                {"run_id": 1, "rank": r, "seq": r, "kind": "straggler", "series": "timing:data_s", "first_step": 10,
+                 "origin": True, "origin_step": 10, "value": 0.1, "detail": "{}", "sentence": "-", "found_at": T0}
+                for r in range(len(hosts))])  # fmt: skip
+    finally:
+        store.close()
+    natural = ["gpu-a9", "gpu-a10", "node1", "node02", "node2", "node10"]
+    assert sorted(hosts, key=natural_key) == natural
+    assert _invoke("hosts", db, "--format", "slurm", "--chronic", "1/1") == f"--exclude={','.join(natural)}\n"
+    assert [h["host"] for h in json.loads(_invoke("hosts", db, "--format", "json"))["hosts"]] == natural
+    assert [line.split()[0] for line in _invoke("hosts", db).splitlines()[1 : 1 + len(natural)]] == natural

@@ -1,8 +1,9 @@
 """The page groups a heatmap's rows by host and says a row's place on hover, in a real Chromium.
 
 The store of tests/test_finding_places.py (12 ranks, GPUs 0-3 of each host), its hosts then dealt
-round-robin (rank r on node{r % 3 + 1}): rows in rank order would interleave the hosts, so the page
-must reorder them to keep a host's rows together.
+round-robin (rank r on node10, node2, node9 for r % 3 = 0, 1, 2): rows in rank order would
+interleave the hosts, so the page must reorder them to keep a host's rows together, hosts in
+natural order (node2, node9, node10: numbers as numbers, not as text).
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from pathlib import Path
 from tests.test_finding_places import PER_HOST, RANKS, _build
 from tests.ui_browser import chromium, served, wait_for
 
+#: the host number of ranks r % 3 = 0, 1, 2 (as text, node10 would come first)
+HOST_NUMBERS = (10, 2, 9)
+
 
 def test_heatmap_rows_grouped_by_host_and_a_rows_place_on_hover(tmp_path: Path) -> None:
     import sqlite3
 
     db = _build(str(tmp_path / "places.sqlite"))
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE ranks SET host = 'node' || (rank % 3 + 1), node_rank = rank % 3")
+        conn.execute("UPDATE ranks SET host = 'node' || CASE rank % 3 WHEN 0 THEN 10 WHEN 1 THEN 2 ELSE 9 END, "
+                     "node_rank = rank % 3")  # fmt: skip
     with served(db) as url, chromium() as driver:
         driver.get(url + "run/1")
         wait_for(driver, "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
@@ -36,7 +41,8 @@ def test_heatmap_rows_grouped_by_host_and_a_rows_place_on_hover(tmp_path: Path) 
     hosts = []
     for text in rows:
         rank = int(text.split()[1])
-        assert f"(node{rank % 3 + 1} (node {rank % 3}), GPU {rank % PER_HOST} (NVIDIA H200)," in text, text
-        hosts.append(rank % 3)
+        number = HOST_NUMBERS[rank % 3]
+        assert f"(node{number} (node {rank % 3}), GPU {rank % PER_HOST} (NVIDIA H200)," in text, text
+        hosts.append(number)
     assert sorted(int(t.split()[1]) for t in rows) == list(range(RANKS))
-    assert hosts == sorted(hosts), hosts  # a host's rows together, never interleaved
+    assert hosts == sorted(hosts), hosts  # a host's rows together, never interleaved; node2 before node10

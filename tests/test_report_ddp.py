@@ -174,3 +174,55 @@ def test_the_page_names_the_ranks_the_report_names(db: Path, run: str) -> None:
     if run == "faulty":
         assert ("train_loss", [2], [2]) in compared and ("timing:data_s", [1], [1]) in compared
         assert ("weight_norm NaN/inf", [2], [2]) in compared
+
+
+def _cost_by_hand(db: Path, run_name: str, phase: str, first: int, last: int) -> tuple[float, int]:
+    """The definition (judgement/cost.py), from the stored StepTimer rows: per step from `first` to
+    `last`, the slowest rank's seconds in `phase` minus the median rank's, summed; and those steps."""
+    rows = query(db, f"SELECT t.rank, t.step, t.{phase}_s FROM step_timing t JOIN runs r ON r.id = t.run_id "
+                     f"WHERE r.name = :name AND t.{phase}_s IS NOT NULL", name=run_name)  # fmt: skip
+    by_step: dict[int, dict[int, float]] = {}
+    for rank, step, seconds in rows:
+        by_step.setdefault(int(step), {})
+        by_step[int(step)][int(rank)] = by_step[int(step)].get(int(rank), 0.0) + float(seconds)
+    waited, steps = 0.0, 0
+    for step in range(first, last + 1):
+        times = sorted(by_step.get(step, {}).values())
+        if times:
+            middle = len(times) // 2
+            median = times[middle] if len(times) % 2 else (times[middle - 1] + times[middle]) / 2
+            waited += times[-1] - median
+            steps += 1
+    return waited, steps
+
+
+def test_a_stragglers_cost_in_its_alert_its_kept_verdict_and_runs(db: Path) -> None:
+    """The watch's alert says what rank 1's data wait cost so far, the kept verdict what it cost
+    through its stretch, and `runs` that figure: each equal to the definition computed here from
+    the stored step times (per step the slowest rank's time minus the median's, times the ranks)."""
+    with open_store(db) as reader:
+        [alert] = [a for a in reader.alerts("faulty").to_dict("records") if a["kind"] == "straggler"]
+        [kept] = [f for f in reader.findings("faulty").to_dict("records") if f["kind"] == "straggler"]
+        rows = {r["run"].split("/")[0]: r for r in reader.run_rows()}
+    ranks = rows["faulty"]["world_size"]
+    said = json.loads(alert["detail"])
+    waited, steps = _cost_by_hand(db, "faulty", "data", int(alert["first_step"]), said["last_step"])
+    assert said["waited_s"] == pytest.approx(waited, rel=1e-9) and said["cost_steps"] == steps > 0
+    assert said["rank_hours"] == pytest.approx(waited * ranks / 3600, rel=1e-9) and said["hours_unit"] == "rank-hours"
+    assert f"{said['cost_steps']} steps: " in alert["message"] and "rank-hours (CPU ranks) lost so far" in alert["message"]
+    detail = json.loads(kept["detail"])
+    waited, steps = _cost_by_hand(db, "faulty", "data", int(kept["first_step"]), detail["last_step"])
+    assert detail["last_step"] >= said["last_step"] and detail["cost_steps"] == steps >= said["cost_steps"]
+    assert detail["waited_s"] == pytest.approx(waited, rel=1e-9)
+    assert detail["rank_hours"] == pytest.approx(waited * ranks / 3600, rel=1e-9)
+    # runs: the kept figure (one straggler), from one read of the kept verdicts; "-" where none
+    assert rows["faulty"]["lost_hours"] == pytest.approx(detail["rank_hours"], rel=1e-12)
+    assert rows["clean"]["lost_hours"] is None
+    table = CliRunner().invoke(main, ["runs", str(db)]).output
+    assert "lost GPU-h" in table.splitlines()[0]
+    from multirank_logger._util.readable import number_text
+
+    faulty_line = next(line for line in table.splitlines() if "faulty/" in line)
+    assert faulty_line.rstrip().endswith(f"{number_text(detail['rank_hours'])} (CPU)"), faulty_line
+    clean_line = next(line for line in table.splitlines() if "clean/" in line)
+    assert clean_line.rstrip().endswith("-"), clean_line

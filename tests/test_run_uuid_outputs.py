@@ -52,7 +52,8 @@ def test_runs_json_and_csv_have_the_uuid_and_the_table_does_not(db_path: Path) -
     assert result.exit_code == 0, result.output
     assert [r["uuid"] for r in csv.DictReader(io.StringIO(result.output))] == uuids
     table = CliRunner().invoke(main, ["runs", str(db_path)]).output
-    assert table.splitlines()[0].split() == ["id", "run", "status", "ranks", "started", "(UTC)", "duration", "steps", "keys"]
+    assert table.splitlines()[0].split() == ["id", "run", "status", "ranks", "started", "(UTC)", "duration", "steps", "keys",
+                                         "lost", "GPU-h"]
     assert uuids[0] not in table
 
 

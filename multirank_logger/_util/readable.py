@@ -1,14 +1,23 @@
-"""Durations and times as a person reads them: one format for `runs`, `report`, `sql` and the page."""
+"""Durations, times and names as a person reads them: one format for `runs`, `report`, `sql` and the page."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["TIME_COLUMNS", "duration_text", "format_ranks", "number_text", "text_table", "times_as_times"]
+__all__ = ["TIME_COLUMNS", "duration_text", "format_ranks", "natural_key", "number_text", "text_table", "times_as_times"]
 
 #: the store's columns of Unix seconds (runs, ranks, metrics and the side tables)
 TIME_COLUMNS = ("time", "started_at", "ended_at", "last_time")
+
+
+def natural_key(name: str) -> tuple[tuple[str | int, ...], str]:
+    """A sort key that orders the numbers inside names as numbers: ``node2`` before ``node10``,
+    ``gpu-a9.x`` before ``gpu-a10.x`` (hosts in `hosts`, the page's host groups). Names that differ
+    only in leading zeros (``node01``, ``node1``) are then ordered as text."""
+    parts = re.split(r"(\d+)", name)  # text, digits, text, ...: a type for each position
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
 
 
 def duration_text(seconds: float | None) -> str:

@@ -28,7 +28,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["hours_unit", "steps_after", "straggler_cost"]
+__all__ = ["COST_FIELDS", "hours_unit", "stretch_cost", "steps_after", "straggler_cost"]
+
+#: the fields a straggler's cost adds to its item (and to the kept verdict's detail)
+COST_FIELDS = ("waited_s", "cost_steps", "rank_hours", "hours_unit")
 
 
 def hours_unit(on_gpu: bool) -> str:
@@ -57,13 +60,23 @@ def straggler_cost(steps: np.ndarray, values: np.ndarray, first_step: int, last_
     values = np.asarray(values, dtype=float)
     inside = (steps >= first_step) & (steps <= last_step)
     table = values[inside]
-    table = table[(~np.isnan(table)).any(axis=1)] if table.size else table.reshape(0, values.shape[1])
-    if len(table):
-        per_step = np.nanmax(table, axis=1) - np.nanmedian(table, axis=1)
-        waited = float(per_step.sum())
-    else:
-        waited = 0.0
-    return {"waited_s": waited, "cost_steps": int(len(table)), "rank_hours": waited * world_size / 3600.0,
+    timed = (~np.isnan(table)).any(axis=1)
+    table = table[timed]
+    if not len(table):
+        return stretch_cost(np.zeros(0), np.zeros(0), np.zeros(0), first_step, last_step, world_size, on_gpu)
+    return stretch_cost(steps[inside][timed], np.nanmax(table, axis=1), np.nanmedian(table, axis=1), first_step,
+                        last_step, world_size, on_gpu)  # fmt: skip
+
+
+def stretch_cost(steps: np.ndarray, slowest: np.ndarray, median: np.ndarray, first_step: int, last_step: int,
+                 world_size: int, on_gpu: bool = False) -> dict[str, Any]:  # fmt: skip
+    """`straggler_cost` from each step's slowest and median rank's seconds (the watch keeps these
+    per step, not the ranks' table: ``ranks.KeySteps``' ``high`` and ``median``): the same figures,
+    over the `steps` from `first_step` to `last_step`."""
+    steps = np.asarray(steps)
+    inside = (steps >= first_step) & (steps <= last_step)
+    waited = float(np.sum(np.asarray(slowest, float)[inside] - np.asarray(median, float)[inside]))
+    return {"waited_s": waited, "cost_steps": int(inside.sum()), "rank_hours": waited * world_size / 3600.0,
             "hours_unit": hours_unit(on_gpu)}  # fmt: skip
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from multirank_logger.judgement.cost import stretch_cost
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.non_finite import FirstNonFinite, non_finite_kinds
 from multirank_logger.judgement.origin import ALL_REDUCE_LAG, spread_for, spread_of, with_origin
@@ -120,6 +121,9 @@ class LiveJudgement:
         self._memory_changed = False
         #: the latest rows' step times (each row's parts summed: the report's step time is their median)
         self._step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
+        #: each straggler said, by (key, rank): its stretch and cost go on growing while it straggles
+        #: (`_grow_cost`), so the kept verdict says what it cost through the run's end
+        self._stragglers: dict[tuple[str, int], Finding] = {}
 
     # -- rows in --------------------------------------------------------------------------
 
@@ -317,6 +321,8 @@ class LiveJudgement:
         for item in items:
             kind = "straggler" if timing else "departure"
             if (kind, name, item["rank"]) in self.raised:
+                if timing and (name, item["rank"]) in self._stragglers:
+                    self._grow_cost(self._stragglers[(name, item["rank"])], item, stats)
                 continue
             detail = {k: v for k, v in item.items() if k != "rank"}
             value = item["ratio"]
@@ -327,11 +333,38 @@ class LiveJudgement:
                     continue
                 detail = {"phase": name.split(":", 1)[1].removesuffix("_s"), "excess_s": item["excess"],
                           "share_of_step": share, **detail}  # fmt: skip
+                # what it cost so far (judgement/cost.py): its stretch's steps held, as the report counts them
+                detail.update(stretch_cost(stats.steps, stats.high, stats.median, item["first_step"], item["last_step"],
+                                           self.world, on_gpu=bool(self._peaks["mem_reserved_peak"])))  # fmt: skip
                 value = item["excess"]
             self.raised.add((kind, name, item["rank"]))
             spread = spread_for(self._spread(kind, name, item["rank"], item["first_step"]), item["rank"])
             out.append(Finding(kind, item["rank"], name, item["first_step"], key.newest, value, detail, spread))
+            if timing:
+                self._stragglers[(name, item["rank"])] = out[-1]
         return out
+
+    def _grow_cost(self, said: Finding, item: dict[str, Any], stats: Any) -> None:
+        """A straggler said before that still straggles (`item`: the judgement's latest): its
+        stretch's new steps added to its cost, in its detail (its alert went out with the cost
+        then; `verdict` keeps this one). Where the held statistics no longer reach back to its
+        first step, its count of steps off is no longer known and is left out."""
+        last = said.detail.get("last_step")
+        if last is None or item["last_step"] <= last:
+            return
+        more = stretch_cost(stats.steps, stats.high, stats.median, last + 1, item["last_step"], self.world,
+                            on_gpu=bool(self._peaks["mem_reserved_peak"]))  # fmt: skip
+        detail = said.detail
+        detail["waited_s"] = detail.get("waited_s", 0.0) + more["waited_s"]
+        detail["cost_steps"] = detail.get("cost_steps", 0) + more["cost_steps"]
+        detail["rank_hours"] = detail.get("rank_hours", 0.0) + more["rank_hours"]
+        detail["hours_unit"] = more["hours_unit"]
+        detail["last_step"] = item["last_step"]
+        whole = len(stats.steps) and said.first_step is not None and stats.steps[0] <= said.first_step
+        if whole and item["first_step"] == said.first_step:
+            detail["steps"] = item["steps"]
+        else:
+            detail.pop("steps", None)
 
     def _memory(self) -> list[Finding]:
         measure = memory_measure(bool(self._peaks["mem_reserved_peak"]))

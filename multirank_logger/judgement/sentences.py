@@ -140,11 +140,11 @@ def _stretch(item: dict[str, Any]) -> str:
         f"from step {item['first_step']:,} to {last:,} (off at {steps:,} of these steps)"
 
 
-def cost_clause(kind: str, items: list[dict[str, Any]]) -> str:
-    """What a straggler (or the stragglers of one sentence group) cost (judgement/cost.py), where
-    the report computed it: the time every rank waited on it and the device time lost. Said beside
-    the sentence, not in it: the watch words the same finding without it (it keeps no steps x
-    ranks table per phase), and a finding is said alike everywhere."""
+def cost_clause(kind: str, items: list[dict[str, Any]], so_far: bool = False) -> str:
+    """What a straggler (or the stragglers of one sentence group) cost (judgement/cost.py): the
+    time every rank waited on it and the device time lost; `so_far`: an alert's, while it may still
+    straggle. Said beside the sentence, not in it: a finding's sentence is said alike everywhere,
+    and its cost grows with the run (the report's is over its whole stretch)."""
     # a straggler's cost per rank counts the same steps as its neighbours': a group waited at
     # least the largest of them, not their sum
     item = max(items, key=lambda i: i.get("waited_s") or 0.0)
@@ -155,7 +155,7 @@ def cost_clause(kind: str, items: list[dict[str, Any]]) -> str:
         unit = item.get("hours_unit", "rank-hours")
         unit = unit if unit == "GPU-hours" else f"{unit} (CPU ranks)"
         return (f"; every rank waited {'at least ' if at_least else ''}{said} on {'them' if at_least else 'it'} over {item.get('cost_steps', 0):,} "
-                f"steps: {number_text(item.get('rank_hours'))} {unit} lost")  # fmt: skip
+                f"steps: {number_text(item.get('rank_hours'))} {unit} lost{' so far' if so_far else ''}")  # fmt: skip
     return ""
 
 

@@ -7,29 +7,33 @@ at its end: a finding names a rank, the rank a host). No metric row is read, so 
 is its last launch's (as ``StoreReader.findings``); its ranks' hosts are those of its last launch
 (the ``ranks`` table keeps one row per rank). Whether a host is chronic is the judgement's rule
 (judgement/ledger.py).
+
+The rows come as the driver's tuples, not Arrow: pyarrow (26) imports pandas on its first
+``pa.array``, which was most of the cold command's time (tests/test_import_set.py keeps it out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
 
+from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ledger import CHRONIC, host_status
 from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs
 
 __all__ = ["read_host_ledger"]
 
-#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
-FetchArrow = Callable[[sa.Select], Any]
+#: runs a SELECT and returns its rows as the driver's tuples (``StoreReader._fetch_rows``)
+FetchRows = Callable[[sa.Select], Sequence[Sequence[Any]]]
 
 
-def read_host_ledger(fetch_arrow: FetchArrow, *, since: float | None = None, kinds: Iterable[str] | None = None,
+def read_host_ledger(fetch_rows: FetchRows, *, since: float | None = None, kinds: Iterable[str] | None = None,
                      chronic: tuple[int, int] = CHRONIC) -> list[dict[str, Any]]:  # fmt: skip
     """Every host that ran a rank of a run started at or after `since` (unix seconds; None: every
-    run), by name: ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
+    run), by name (numbers as numbers: ``node2`` before ``node10``): ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
     verdict named a rank on it, of the `kinds` given; None: every kind), ``by_kind`` (kind: runs
     named), ``first_seen`` and ``last_seen`` (the start of its first and last run, unix seconds),
     ``named_last`` of its ``last`` (up to N) runs, and ``status`` (judgement/ledger.py
@@ -45,19 +49,17 @@ def read_host_ledger(fetch_arrow: FetchArrow, *, since: float | None = None, kin
     if since is not None:
         took_part = took_part.where(u.started_at >= since)
         named = named.join(runs, u.id == f.run_id).where(u.started_at >= since)
-    parts = fetch_arrow(took_part)
-    if not parts.num_rows:
+    parts = fetch_rows(took_part)
+    if not parts:
         return []
-    host = np.asarray(parts.column("host").to_pylist(), dtype=object)
-    run_id = parts.column("run_id").to_numpy(zero_copy_only=False).astype(np.int64)
-    started = parts.column("started_at").to_numpy(zero_copy_only=False).astype(float)
+    host, run_id, started = _columns(parts, (object, np.int64, float))
     names, code = np.unique(host.astype(str), return_inverse=True)
     order = np.lexsort((run_id, started, code))  # each host's runs together, oldest first
     code, run_id, started = code[order], run_id[order], started[order]
     width = int(run_id.max()) + 1
     pair = code.astype(np.int64) * width + run_id  # (host, run) as one integer
 
-    by_kind = _named_pairs(fetch_arrow(named), {str(h): i for i, h in enumerate(names)}, width, kinds)
+    by_kind = _named_pairs(fetch_rows(named), {str(h): i for i, h in enumerate(names)}, width, kinds)
     named_any = np.unique(np.concatenate(list(by_kind.values()))) if by_kind else np.zeros(0, np.int64)
     flags = np.isin(pair, named_any)
     kind_flags = {kind: np.isin(pair, pairs) for kind, pairs in sorted(by_kind.items())}
@@ -72,17 +74,22 @@ def read_host_ledger(fetch_arrow: FetchArrow, *, since: float | None = None, kin
             "first_seen": float(started[start:stop].min()), "last_seen": float(started[start:stop].max()),
             "named_last": named_last, "last": last, "status": status,
         })  # fmt: skip
-    return out
+    return sorted(out, key=lambda row: natural_key(row["host"]))  # node2 before node10
 
 
-def _named_pairs(table: Any, codes: dict[str, int], width: int, kinds: Iterable[str] | None) -> dict[str, np.ndarray]:
+def _columns(rows: Sequence[Sequence[Any]], types: Sequence[Any]) -> list[np.ndarray]:
+    """The driver's `rows` as one NumPy array per column, of `types`."""
+    return [np.fromiter((row[i] for row in rows), kind, len(rows)) for i, kind in enumerate(types)]
+
+
+def _named_pairs(rows: Sequence[Sequence[Any]], codes: dict[str, int], width: int,
+                 kinds: Iterable[str] | None) -> dict[str, np.ndarray]:  # fmt: skip
     """Per kind, the (host, run) pairs named in a run's kept verdict: its last launch's findings."""
-    if not table.num_rows:
+    if not rows:
         return {}
-    run_id = table.column("run_id").to_numpy(zero_copy_only=False).astype(np.int64)
-    launch = table.column("seq").to_numpy(zero_copy_only=False).astype(np.int64) >> SEQ_ATTEMPT_SHIFT
-    kind = np.asarray(table.column("kind").to_pylist(), dtype=object)
-    host = table.column("host").to_pylist()
+    run_id, seq, kind, hosts = _columns(rows, (np.int64, np.int64, object, object))
+    launch = seq >> SEQ_ATTEMPT_SHIFT
+    host = hosts.tolist()
     inside = run_id < width  # (a finding of a run with no `runs` row: in no run listed)
     run_id, launch, kind, host = run_id[inside], launch[inside], kind[inside], [h for h, i in zip(host, inside) if i]
     last = np.zeros(width, np.int64)

@@ -193,6 +193,11 @@ class StoreReader:
         with self._connect() as conn:
             return self.store.backend.fetch_arrow(conn, stmt)
 
+    def _fetch_rows(self, stmt: sa.Select) -> list[Any]:
+        """Run a SELECT and return the driver's rows (no Arrow: see query/host_ledger.py)."""
+        with self._connect() as conn:
+            return list(conn.execute(stmt).fetchall())
+
     def _scalars(self, stmt: sa.Select) -> list[Any]:
         with self._connect() as conn:
             return list(conn.execute(stmt).scalars())
@@ -520,11 +525,9 @@ class StoreReader:
 
     def hosts(self, *, since: float | None = None, kinds: Iterable[str] | None = None,
               chronic: tuple[int, int] = (3, 5)) -> list[dict[str, Any]]:  # fmt: skip
-        """Every host across the runs (started at or after `since`, unix seconds): the runs it took
-        part in, those whose kept verdict named a rank on it (of `kinds`; by kind), first and last
-        seen, and whether it is chronic (named in K of its last N runs, `chronic`) or one-off: the
-        ``ranks`` and ``findings`` tables alone, no metric row (query/host_ledger.py)."""
-        return read_host_ledger(self._fetch_arrow, since=since, kinds=kinds, chronic=chronic)
+        """Every host across the runs (started at or after `since`, unix seconds), with its runs, those whose
+        kept verdict named a rank on it (of `kinds`), and whether it is chronic (query/host_ledger.py)."""
+        return read_host_ledger(self._fetch_rows, since=since, kinds=kinds, chronic=chronic)
 
     def stopped_by(self, run: int | str | RunRef | None = None) -> dict[str, Any] | None:
         """How `StopOnAlert` ended a run, from its stored rows: ``step``, ``alert_kind``, ``key``,

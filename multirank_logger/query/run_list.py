@@ -5,6 +5,7 @@ scan of the metrics, so the list costs the same at 51M rows as at 1B. Also the p
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,11 +13,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger.model.schema import ranks, runs, step_summaries
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs, step_summaries
 from multirank_logger.query.side_tables import read_stops, stop_text
 from multirank_logger.store.status import ends_unknown
 
-__all__ = ["read_last_step", "read_run_headers", "read_run_rows", "read_runs"]
+__all__ = ["read_last_step", "read_lost_hours", "read_run_headers", "read_run_rows", "read_runs"]
 
 
 #: up to this many runs, each run's keys and last time are read with ``WHERE run_id = ?`` (DuckDB
@@ -110,7 +111,7 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] = ()
     df["n_keys"] = df["id"].map(lambda i: facts[i][0] if i in facts else None)
     df["last_time"] = df["id"].map(lambda i: facts[i][1] if i in facts else None).astype("float64")
     df["n_steps"] = df["id"].map(_rank0_steps(fetch_arrow(_steps_select())))
-    stops = _stops(fetch_arrow)
+    stops, lost = _stops(fetch_arrow), read_lost_hours(fetch_arrow)
     end = df["ended_at"].astype("float64").fillna(df["last_time"].astype("float64"))
     out = pd.DataFrame(
         {
@@ -131,6 +132,9 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] = ()
             "ends_unknown": _counts(df["n_ends_unknown"]),
             # why the run ended before its end: StopOnAlert's stop (its step and alert), else None
             "stopped_by": pd.Series([stops.get(int(i)) for i in df["id"]], index=df.index, dtype="object"),
+            # the device time its stragglers cost, from its kept verdict (read_lost_hours); None: none kept
+            "lost_hours": pd.Series([lost.get(int(i), (None, None))[0] for i in df["id"]], index=df.index, dtype="float64"),
+            "lost_hours_unit": pd.Series([lost.get(int(i), (None, None))[1] for i in df["id"]], index=df.index, dtype="object"),
             "uuid": df["run_uuid"].astype("object").where(df["run_uuid"].notna(), None),
         }
     )
@@ -141,7 +145,7 @@ def read_run_rows(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] 
     """`read_runs`' columns as one dict per run (those meeting `where`), without pandas (its import is most of the CLI's
     ``runs``): times as Unix seconds (``started_at``; ``last_time``, None if nothing stored),
     ``duration_s`` NaN where unknown, counts 0 where none."""
-    steps, stops = _rank0_steps(fetch_arrow(_steps_select())), _stops(fetch_arrow)
+    steps, stops, lost = _rank0_steps(fetch_arrow(_steps_select())), _stops(fetch_arrow), read_lost_hours(fetch_arrow)
     listed = fetch_arrow(_runs_select(where)).to_pylist()
     facts = _summary_facts(fetch_arrow, [int(r["id"]) for r in listed])
     out = []
@@ -157,8 +161,45 @@ def read_run_rows(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] 
              "steps": steps.get(int(r["id"]), 0), "keys": int(r["n_keys"] or 0),
              "last_time": None if r["last_time"] is None else float(r["last_time"]),
              "values_spilled": int(r["values_spilled"] or 0), "values_lost": int(r["values_lost"] or 0),
-             "ends_unknown": int(r["n_ends_unknown"] or 0), "stopped_by": stops.get(int(r["id"])), "uuid": r["run_uuid"]}
+             "ends_unknown": int(r["n_ends_unknown"] or 0), "stopped_by": stops.get(int(r["id"])), "uuid": r["run_uuid"],
+             "lost_hours": lost.get(int(r["id"]), (None, None))[0], "lost_hours_unit": lost.get(int(r["id"]), (None, None))[1]}
         )  # fmt: skip
+    return out
+
+
+def read_lost_hours(fetch_arrow: Callable[[sa.Select], Any]) -> dict[int, tuple[float, str]]:
+    """Per run whose kept verdict (the ``findings`` table, its last launch's) names a straggler:
+    the device time its stragglers cost (judgement/cost.py's ``rank_hours``, which the watch keeps
+    in each finding's detail) and its unit (GPU-hours, or rank-hours on CPU). The stragglers of one
+    phase over the same steps (a whole host) each count those steps, so per phase the largest is
+    taken, and the phases are added: at least what the run lost, and exactly that where one
+    straggler (or one host's ranks together) straggled in a phase. One read of the straggler rows
+    of every run, whatever the number of runs (no metric row)."""
+    f = findings.c
+    rows = fetch_arrow(sa.select(f.run_id, f.seq, f.series, f.detail).where(f.kind == "straggler")).to_pylist()
+    last: dict[int, int] = {}
+    for row in rows:
+        run_id, launch = int(row["run_id"]), int(row["seq"]) >> SEQ_ATTEMPT_SHIFT
+        last[run_id] = max(last.get(run_id, launch), launch)
+    per_phase: dict[tuple[int, str], float] = {}
+    units: dict[int, str] = {}
+    for row in rows:
+        run_id = int(row["run_id"])
+        if int(row["seq"]) >> SEQ_ATTEMPT_SHIFT != last[run_id]:
+            continue  # an earlier launch's verdict (a resumed run keeps its last)
+        try:
+            detail = json.loads(row["detail"] or "{}")
+        except ValueError:
+            continue
+        hours = detail.get("rank_hours") if isinstance(detail, dict) else None
+        if not isinstance(hours, (int, float)) or isinstance(hours, bool) or not math.isfinite(hours):
+            continue  # kept before the watch said a cost
+        at = (run_id, str(row["series"]))
+        per_phase[at] = max(per_phase.get(at, 0.0), float(hours))
+        units[run_id] = str(detail.get("hours_unit") or "rank-hours")
+    out: dict[int, tuple[float, str]] = {}
+    for (run_id, _), hours in per_phase.items():
+        out[run_id] = (out.get(run_id, (0.0, ""))[0] + hours, units[run_id])
     return out
 
 

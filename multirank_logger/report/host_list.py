@@ -3,6 +3,12 @@
 The rows are `StoreReader.hosts`' (query/host_ledger.py: the ``ranks`` and ``findings`` tables);
 this module only lays them out. ``slurm`` prints ``--exclude=HOST,...`` of the chronic hosts
 (nothing when none is), for ``sbatch $(multirank-logger hosts runs.db --format slurm) job.sh``.
+
+The hosts are listed as recorded (``socket.gethostname()``), never cut to a short name: ``--exclude``
+takes node names as Slurm knows them (slurm.conf's ``NodeName``), which is typically the short
+name (``hostname -s``) but may be the fully qualified one; cutting ``node17.cluster.local`` to
+``node17`` would name a node Slurm does not know on a cluster configured with FQDNs. Slurm's own
+name of the node (``SLURMD_NODENAME`` in a job) is not recorded yet.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import io
 import json
 from typing import Any
 
-from multirank_logger._util.readable import text_table
+from multirank_logger._util.readable import natural_key, text_table
 from multirank_logger.judgement.sentences import KINDS
 
 __all__ = ["FORMATS", "KINDS", "hosts_text"]
@@ -24,7 +30,7 @@ FORMATS = ("table", "json", "csv", "slurm")
 def hosts_text(rows: list[dict[str, Any]], fmt: str = "table", chronic: tuple[int, int] = (3, 5)) -> str:
     """`rows` (``StoreReader.hosts``) in `fmt`, one of `FORMATS`; `chronic`: the rule they were judged by."""
     if fmt == "slurm":
-        bad = sorted(r["host"] for r in rows if r["status"] == "chronic")
+        bad = sorted((r["host"] for r in rows if r["status"] == "chronic"), key=natural_key)
         return f"--exclude={','.join(bad)}" if bad else ""
     if fmt == "json":
         return json.dumps({"chronic": {"k": chronic[0], "n": chronic[1]},

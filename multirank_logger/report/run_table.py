@@ -8,7 +8,7 @@ import math
 import time
 from typing import Any
 
-from multirank_logger._util.readable import duration_text, text_table
+from multirank_logger._util.readable import duration_text, number_text, text_table
 from multirank_logger.query.run_filter import param_text
 
 __all__ = ["runs_data_text", "runs_table_text", "status_text", "utc_seconds"]
@@ -30,6 +30,14 @@ def status_text(status: str, started_at: float, last_time: float | None, stopped
     if last_time is None:  # nothing stored yet
         return f"running (no value yet, started {duration_text(now - started_at)} ago)"
     return f"running (last value {duration_text(now - last_time)} ago)"
+
+
+def lost_text(hours: float | None, unit: str | None) -> str:
+    """A run's lost device time as the runs table shows it: "-" where its kept verdict names no
+    straggler (or none was kept), "(CPU)" after rank-hours of CPU ranks."""
+    if hours is None or hours != hours:
+        return "-"
+    return number_text(hours) + ("" if unit == "GPU-hours" else " (CPU)")
 
 
 def utc_seconds(seconds: float) -> str:
@@ -57,6 +65,8 @@ def runs_table_text(rows: list[dict[str, Any]], params: dict[int, dict[str, Any]
         "duration": [duration_text(r["duration_s"]) for r in rows],
         "steps": [r["steps"] for r in rows],
         "keys": [r["keys"] for r in rows],
+        # what its stragglers cost, from its kept verdict (query/run_list.read_lost_hours); "(CPU)": rank-hours
+        "lost GPU-h": [lost_text(r.get("lost_hours"), r.get("lost_hours_unit")) for r in rows],
     }  # fmt: skip
     for key in shown:
         columns[key if key not in columns else f"param {key}"] = [_shown(params or {}, r["id"], key) for r in rows]

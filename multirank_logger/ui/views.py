@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ranks import non_finite_ranks
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary
@@ -127,7 +128,8 @@ def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = Fa
     to ask when a heatmap row is clicked).
     ``gpus_of``: each rank's GPU ("GPU 3 (NVIDIA H200)"), shown with its host on hover of its row.
     """
-    order = sorted(range(len(s.ranks)), key=lambda i: (nodes_of.get(str(s.ranks[i]), "?"), s.ranks[i]))
+    # hosts in natural order (node2 before node10), each host's ranks in order
+    order = sorted(range(len(s.ranks)), key=lambda i: (natural_key(nodes_of.get(str(s.ranks[i]), "?")), s.ranks[i]))
     shown = [s.ranks[i] for i in order]
     groups: list[list[Any]] = []
     for rank in shown:

@@ -39,7 +39,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from multirank_logger.ddp.log_capture import SHOWN
 from multirank_logger.judgement.finding import Finding
-from multirank_logger.judgement.sentences import KINDS
+from multirank_logger.judgement.sentences import KINDS, cost_clause
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts as alerts_table
 
@@ -313,7 +313,9 @@ class AlertOutlets:
         """`finding` as an alert, delivered; `at_end`: found by the last judgement, once every
         rank's last rows were in (said so: it could not stop or warn the run any earlier)."""
         detail = dict(finding.detail)
-        message = finding.sentence + ("; found at the run's end" if at_end else "")
+        # a straggler's cost so far beside its sentence (judgement/cost.py); in `detail` too, for on_alert and the webhook
+        cost = cost_clause(finding.kind, [finding.item()], so_far=not at_end)
+        message = finding.sentence + cost + ("; found at the run's end" if at_end else "")
         if at_end:
             detail["at_end"] = True
         if finding.spread is not None:  # where it started: the stop, the page and a later reader name the origin
