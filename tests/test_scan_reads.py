@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
