@@ -20,8 +20,10 @@ step x rank grid a chunk at a time as they are read (``window_grid.GridBuilder``
 ``GRID_WINDOW_FACTOR`` times longer in the same memory, and fewer of them each scan a row group.
 
 The SELECT is SQLAlchemy Core, the same on every backend; how its rows come back fastest (as
-Arrow, several windows at once) is the backend's (``store/backends/``: ``numpy_columns``,
-``window_readers``, ``value_or_nan``).
+Arrow, several windows at once, one key at a time) is the backend's (``store/backends/``:
+``numpy_columns``, ``window_readers``, ``value_or_nan``, ``scan_by_key``). SQLite's table is
+clustered by key: a window is read one key at a time (a range read each, no CASE over every
+row's key), through ADBC's C driver where installed (``sqlite_arrow.py``).
 """
 
 from __future__ import annotations

@@ -209,8 +209,8 @@ class SQLiteBackend(Backend):
         yield from _chunks(fetch, rows or self.fetch_rows)
 
     def numpy_chunks(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> Iterator[list[np.ndarray]]:
-        # the report's pass: through ADBC's C driver where installed (sqlite_arrow.py), ~3x fewer
-        # seconds a row than Python's sqlite3 tuples
+        # the report's pass: through ADBC's C driver where installed (sqlite_arrow.py), not a
+        # Python tuple a row
         uri = file_uri(self.path, self._readonly_uri)
         if uri is None or not self.arrow_reads:
             yield from super().numpy_chunks(conn, stmt, types)

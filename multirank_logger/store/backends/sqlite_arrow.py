@@ -1,9 +1,9 @@
 """A SQLite SELECT's rows as Arrow batches, read by ADBC's SQLite driver (C) instead of Python's.
 
 The report's pass reads every metric row of a run (query/run_scan.py). Through Python's
-``sqlite3`` each row is a tuple of Python objects: ~1.2 us a row of four columns here, 13 s for
-the findings of a 3.2M-row store on 2 cores. ADBC's driver steps the same statement in C and
-fills Arrow buffers (~0.4 us a row, the same doubles bit for bit: benchmarks/RESULTS.md).
+``sqlite3`` each row is a tuple of Python objects, and that was most of the page's findings on a
+SQLite store; ADBC's driver steps the same statement in C and fills Arrow buffers, the same
+doubles bit for bit (the figures: benchmarks/RESULTS.md, "Figures the source cites").
 
 Where ``adbc-driver-sqlite`` is not installed (the ``[fast-sqlite]`` extra), or the store has no
 file (``:memory:``), `arrow_chunks` answers None and the caller reads through ``sqlite3``.
