@@ -215,7 +215,7 @@ class SQLiteBackend(Backend):
         if uri is None or not self.arrow_reads:
             yield from super().numpy_chunks(conn, stmt, types)
             return
-        yield from arrow_chunks(uri, conn, stmt, types)
+        yield from arrow_chunks(uri, conn, stmt, types, SQLITE_BUSY_TIMEOUT_MS)
 
     # the table is clustered by (run_id, key, rank, seq): one key's rows are one range read
     scan_by_key = True

@@ -41,7 +41,8 @@ def available() -> bool:
     return importlib.util.find_spec("adbc_driver_sqlite") is not None
 
 
-def arrow_chunks(uri: str, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> Iterator[list[np.ndarray]]:
+def arrow_chunks(uri: str, conn: sa.Connection, stmt: sa.Select, types: Sequence[type],
+                 busy_timeout_ms: int = 20_000) -> Iterator[list[np.ndarray]]:  # fmt: skip
     """The rows of `stmt` as NumPy columns of `types` (int, float or object: a string), a batch
     at a time (none empty), read from the SQLite file at `uri` (a read-only URI); a NULL float is NaN.
 
@@ -50,6 +51,8 @@ def arrow_chunks(uri: str, conn: sa.Connection, stmt: sa.Select, types: Sequence
         conn: the caller's connection: its dialect compiles `stmt` (nothing is read on it).
         stmt: a SELECT without ORDER BY or LIMIT (a member of the ``UNION ALL``).
         types: each column's NumPy type.
+        busy_timeout_ms: how long a lock (a writer's checkpoint, another reader opening the WAL
+            index) is waited for, as the backend's own connections wait.
     """
     import adbc_driver_sqlite.dbapi
 
@@ -59,6 +62,7 @@ def arrow_chunks(uri: str, conn: sa.Connection, stmt: sa.Select, types: Sequence
     typed = ", ".join("0.5" if t in (float, np.float64) else "''" if t is object else "0" for t in types)
     sql = f"SELECT {typed} UNION ALL {compiled}"
     with adbc_driver_sqlite.dbapi.connect(uri) as adbc, adbc.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # the driver's own is 0: locked at once
         cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
         cursor.execute(sql, params or None)
         first = True
