@@ -257,6 +257,7 @@ def _chunks(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: 
     types = [np.int64, np.int64, np.float64, *([np.int64] if with_seq else [])]
     if backend.scan_by_key:  # one range read per key along the primary key: no key column read, no CASE
         for number, key in enumerate(names.keys):
+            reader.check_stopped()  # and no key's query either
             for chunk in backend.numpy_chunks(conn, sa.select(*cols).where(*where, metrics.c.key == key), types):
                 yield [np.full(len(chunk[0]), number, np.int64), *chunk]
         return
