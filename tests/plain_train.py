@@ -1,5 +1,8 @@
 """A plain torch.distributed script logging with ``multirank_logger.init`` (no Lightning Trainer):
-launched by tests/test_plain_api.py with ``python -m torch.distributed.run --nproc-per-node N``.
+launched by tests/test_plain_api.py as users launch one: ``python -m torch.distributed.run
+--nproc-per-node N``; ``--spawn N`` (the script starts its ranks with ``torch.multiprocessing.spawn``);
+``--slurm`` (one process per task, as ``srun`` starts them: the group's rank and size from
+``SLURM_PROCID`` and ``SLURM_NTASKS``, ``MASTER_ADDR``/``MASTER_PORT`` set by the launcher).
 
 A tiny DDP loop on CPU over gloo: ``Linear(4, 1)``, random tensors drawn per rank, each rank's
 own loss logged at each step. Options plant what the run must show: a NaN logged by one rank
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -33,9 +37,22 @@ def main() -> None:
     parser.add_argument("--raise-at", type=int, default=-1)
     parser.add_argument("--no-with", action="store_true", help="no `with` block and no finish(): the exit ends the run")
     parser.add_argument("--report", required=True)
+    parser.add_argument("--spawn", type=int, default=0, help="start this many ranks with torch.multiprocessing.spawn")
+    parser.add_argument("--slurm", action="store_true", help="the group's rank and size from SLURM_PROCID, SLURM_NTASKS")
     args = parser.parse_args()
+    if args.spawn:
+        torch.multiprocessing.spawn(rank_main, args=(args,), nprocs=args.spawn)
+    else:
+        rank_main(None, args)
 
-    dist.init_process_group("gloo")
+
+def rank_main(spawned_rank: int | None, args: argparse.Namespace) -> None:
+    if spawned_rank is not None:
+        dist.init_process_group("gloo", rank=spawned_rank, world_size=args.spawn)
+    elif args.slurm:
+        dist.init_process_group("gloo", rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
+    else:
+        dist.init_process_group("gloo")  # torchrun's variables
     rank = dist.get_rank()
     run = multirank_logger.init(db=args.db, name=args.name, config={"lr": 0.1, "steps": args.steps}, flush_interval=0.5)
     facts = {"rank": run.rank, "world_size": run.world_size, "local_rank": run.local_rank, "node_rank": run.node_rank,

@@ -6,7 +6,11 @@ with no Lightning Trainer: tests/plain_train.py under ``python -m torch.distribu
   config stored, ``success``; the watch's alert for rank 1 at step 5 in the ``alerts`` table, and
   the report names it;
 - rank 1 raises at step 3, inside the ``with`` block and (another launch) with no block and no
-  ``finish()``: the run ends ``failed``, rank 1 ``failed``, every rank's rows up to the crash kept.
+  ``finish()``: the run ends ``failed``, rank 1 ``failed``, every rank's rows up to the crash kept;
+- the same crash with the ranks started by ``torch.multiprocessing.spawn`` and no ``with`` block
+  (torch catches the exception and calls ``sys.exit(1)``: the exit alone would say ``success``);
+- ranks started as ``srun`` starts its tasks (``SLURM_*`` only, no torchrun variables): each rank's
+  place from Slurm's variables, every rank's rows in one run.
 
 The plain API in one process (no launcher) is the docs' example (tests/test_docs.py runs it).
 """
@@ -91,6 +95,50 @@ def test_a_rank_that_raises_fails_the_run(tmp_path: Path, block: str) -> None:
     last = dict(query(db, "SELECT rank, max(step) FROM metrics WHERE key = 'rank_value' GROUP BY rank"))
     assert last[1] == 2, last  # rank 1 raised before logging step 3
     assert all(last[r] >= 2 for r in (0, 2)), last
+
+
+def test_a_spawned_rank_that_raises_fails_the_run_without_a_with_block(tmp_path: Path) -> None:
+    """``mp.spawn`` of 3 ranks, rank 1 raising at step 3, no ``with`` and no ``finish()``: torch's
+    spawn wrapper catches the exception, so only its error file tells the exit it failed."""
+    cmd = [sys.executable, str(TRAIN), "--spawn", str(RANKS), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
+           "--report", str(tmp_path / "report"), "--raise-rank", "1", "--raise-at", "3", "--no-with"]  # fmt: skip
+    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode != 0 and "rank 1 fails at step 3" in proc.stderr, proc.stderr[-5000:]
+    db = tmp_path / "runs.duckdb"
+    assert query(db, "SELECT status FROM runs") == [("failed",)]
+    ranks = dict(query(db, "SELECT rank, status FROM ranks ORDER BY rank"))
+    assert ranks[1] == "failed" and set(ranks) == set(range(RANKS)), ranks
+    # the others: the collective with rank 1 broke (failed), or spawn's join terminated them (interrupted)
+    assert {ranks[0], ranks[2]} <= {"failed", "interrupted"}, ranks
+
+
+def test_srun_tasks_take_their_place_from_slurm_variables(tmp_path: Path) -> None:
+    """Three tasks started as ``srun --ntasks 3`` over two nodes starts them (tasks 0, 1 on node 0,
+    task 2 on node 1; no torchrun variables): each run's rank, size, local and node rank are
+    Slurm's, every rank's rows land in one run, ``success``."""
+    base = {k: v for k, v in train_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
+    base.update(PYTHONPATH=str(TRAIN.parent.parent), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                SLURM_NTASKS=str(RANKS), SLURM_JOB_ID="4242", SLURM_JOB_NAME="plain")  # fmt: skip
+    places = {0: (0, 0), 1: (1, 0), 2: (0, 1)}  # task: (SLURM_LOCALID, SLURM_NODEID)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(TRAIN), "--slurm", "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
+             "--report", str(tmp_path / "report")],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**base, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node)},
+        )  # fmt: skip
+        for task, (local, node) in places.items()
+    ]
+    outs = [proc.communicate(timeout=LAUNCH_TIMEOUT_S) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * RANKS, [err[-3000:] for _, err in outs]
+    reports = _reports(tmp_path)
+    assert {r: (f["rank"], f["world_size"], f["local_rank"], f["node_rank"]) for r, f in reports.items()} == {
+        task: (task, RANKS, local, node) for task, (local, node) in places.items()}  # fmt: skip
+    db = tmp_path / "runs.duckdb"
+    assert query(db, "SELECT name, status, world_size FROM runs") == [("plain", "success", RANKS)]
+    steps = query(db, "SELECT rank, count(DISTINCT step) FROM metrics WHERE key = 'train_loss' GROUP BY rank ORDER BY rank")
+    assert steps == [(r, STEPS) for r in range(RANKS)]
 
 
 ONE_PROCESS = """

@@ -11,8 +11,9 @@ every exit:
 - ``finish()`` or the end of a ``with`` block: ``finalize`` with the status (an exception in the
   block: ``failed``, Ctrl-C: ``interrupted``), on every rank, as Lightning calls it;
 - an exit without either (an uncaught exception, or a script that never calls ``finish``): the
-  run is finalized at exit, ``failed`` when the interpreter printed an uncaught exception, else
-  ``success``. Registered after the logger's own exit hooks, so it runs before them (atexit is
+  run is finalized at exit, ``failed`` when the interpreter printed an uncaught exception (or,
+  in a worker of ``torch.multiprocessing.spawn``, when torch caught one: `_spawned_function_raised`),
+  else ``success``. Registered after the logger's own exit hooks, so it runs before them (atexit is
   last in, first out): the rows are flushed and the end recorded as ``finalize`` records it;
   the logger's hooks (process_registry.py) then find the run finalized. A process killed
   (SIGKILL) or ended by ``os._exit`` runs no hook: its run is ended as the logger ends such a
@@ -33,6 +34,7 @@ Lightning. Rank, world size, local and node rank are the group's, else the launc
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import signal
 import sys
@@ -266,7 +268,12 @@ class Run:
         """The interpreter exits and the run was not finished: failed after an uncaught exception
         (Ctrl-C: interrupted), else success."""
         exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        status = INTERRUPTED if _TERMINATED.is_set() else SUCCESS if exc is None else exit_status(exc)
+        if _TERMINATED.is_set():
+            status = INTERRUPTED
+        elif exc is not None:
+            status = exit_status(exc)
+        else:
+            status = FAILED if _spawned_function_raised() else SUCCESS
         safely(lambda: self._end(status), "finishing the run at exit (run.finish() was never called)")
 
     def _set_up_when_the_group_is_up(self) -> None:
@@ -276,6 +283,20 @@ class Run:
             return  # the first log after the group is up does it (until then the writer thread waits)
         _ = self.logger.experiment
         self._ready = True
+
+
+def _spawned_function_raised() -> bool:
+    """In a worker of ``torch.multiprocessing.spawn``: whether the function raised. torch's wrapper
+    (``_wrap(fn, i, args, error_file)``) catches the exception, pickles its traceback into the error
+    file and calls ``sys.exit(1)``, so the exit sees no uncaught exception and atexit no exit code;
+    the error file, which the parent removed before starting the worker, exists only then. Any
+    other process, or a torch whose wrapper changed (tests/test_plain_api.py would say): False."""
+    process = multiprocessing.current_process()
+    target, args = getattr(process, "_target", None), getattr(process, "_args", ())
+    if getattr(target, "__module__", None) != "torch.multiprocessing.spawn" or getattr(target, "__name__", None) != "_wrap":
+        return False
+    error_file = args[3] if isinstance(args, tuple) and len(args) == 4 else None
+    return isinstance(error_file, str) and os.path.isfile(error_file) and os.path.getsize(error_file) > 0
 
 
 def _exit_on_sigterm() -> None:
