@@ -150,9 +150,10 @@ def _same_schema(path: Path) -> bool:
     return False
 
 
-def build_sqlite_store(ranks: int, steps: int, keys: int) -> Path:
-    """The same rows in a SQLite store: copied from the DuckDB one, in the order of SQLite's
-    primary key (run_id, key, rank, seq), so each row is an append to the table's B-tree.
+def build_sqlite_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, int] | None = None) -> Path:
+    """The same rows in a SQLite store: copied from the DuckDB one (`build_store`, with its
+    `faults`), in the order of SQLite's primary key (run_id, key, rank, seq), so each row is an
+    append to the table's B-tree, with its summaries copied beside them.
 
     Any secondary index the project's schema defines on SQLite is dropped for the copy and
     created again after it (the end state is the project's schema), which is much faster
@@ -165,10 +166,10 @@ def build_sqlite_store(ranks: int, steps: int, keys: int) -> Path:
     from multirank_logger.model.schema import METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
 
-    path = store_path(ranks, steps, keys, "sqlite")
+    path = store_path(ranks, steps, keys, "sqlite", faults=faults is not None)
     if path.is_file():
         return path
-    source = build_store(ranks, steps, keys)
+    source = build_store(ranks, steps, keys, faults=faults)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.sqlite")
     tmp.unlink(missing_ok=True)
     t0 = time.perf_counter()
@@ -176,7 +177,7 @@ def build_sqlite_store(ranks: int, steps: int, keys: int) -> Path:
     src.execute("SET enable_progress_bar = false")
     store = Store(tmp)
     with store.begin() as conn:
-        for table in ("runs", "ranks"):
+        for table in ("runs", "ranks", "step_summaries", "metric_spans"):
             cols = [d[0] for d in src.execute(f"SELECT * FROM {table} LIMIT 0").description]
             rows = src.execute(f"SELECT * FROM {table}").fetchall()
             names = ", ".join(f'"{c}"' for c in cols)

@@ -20,8 +20,10 @@ step x rank grid a chunk at a time as they are read (``window_grid.GridBuilder``
 ``GRID_WINDOW_FACTOR`` times longer in the same memory, and fewer of them each scan a row group.
 
 The SELECT is SQLAlchemy Core, the same on every backend; how its rows come back fastest (as
-Arrow, several windows at once) is the backend's (``store/backends/``: ``numpy_columns``,
-``window_readers``, ``value_or_nan``).
+Arrow, several windows at once, one key at a time) is the backend's (``store/backends/``:
+``numpy_columns``, ``window_readers``, ``value_or_nan``, ``scan_by_key``). SQLite's table is
+clustered by key: a window is read one key at a time (a range read each, no CASE over every
+row's key), through ADBC's C driver where installed (``sqlite_arrow.py``).
 """
 
 from __future__ import annotations
@@ -235,17 +237,34 @@ def _read(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tu
     """A window's rows laid out a chunk at a time as they are read, in the grid of `cells` (the
     window's first and last step, the run's lowest and highest rank); None without a row."""
     reader.check_stopped()  # stopped (Ctrl-C, the page's bound): no window's query starts after
-    backend = reader.store.backend
     ranks = cells[2:]
     grid = GridBuilder(len(names.keys), *cells)
-    stmt = sa.select(names.column().label("key"), metrics.c.rank, metrics.c.step, backend.value_or_nan(metrics.c.value))
-    for chunk in backend.numpy_chunks(conn, stmt.where(*where), [np.int64, np.int64, np.int64, np.float64]):
-        chunk[0], keep = names.numbers(chunk[0])
+    for chunk in _chunks(reader, conn, names, where, with_seq=False):
         if chunk[1].min() < ranks[0] or chunk[1].max() > ranks[1]:  # a rank that came after the pass began
-            keep = (chunk[1] >= ranks[0]) & (chunk[1] <= ranks[1]) & (True if keep is None else keep)
-        grid.add(*(chunk if keep is None else [col[keep] for col in chunk]))
-        del chunk, keep
+            keep = (chunk[1] >= ranks[0]) & (chunk[1] <= ranks[1])
+            chunk = [col[keep] for col in chunk]
+        grid.add(*chunk)
+        del chunk
     return _Laid(grid.window()) if grid.rows else None
+
+
+def _chunks(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
+            with_seq: bool) -> Iterator[list[np.ndarray]]:  # fmt: skip
+    """A window's rows as NumPy columns, a chunk at a time: key number, rank, step, value (NaN for
+    NULL: a logged NaN)[, seq]; only the keys the pass knows."""
+    backend = reader.store.backend
+    cols = [metrics.c.rank, metrics.c.step, backend.value_or_nan(metrics.c.value), *([metrics.c.seq] if with_seq else [])]
+    types = [np.int64, np.int64, np.float64, *([np.int64] if with_seq else [])]
+    if backend.scan_by_key:  # one range read per key along the primary key: no key column read, no CASE
+        for number, key in enumerate(names.keys):
+            reader.check_stopped()  # and no key's query either
+            for chunk in backend.numpy_chunks(conn, sa.select(*cols).where(*where, metrics.c.key == key), types):
+                yield [np.full(len(chunk[0]), number, np.int64), *chunk]
+        return
+    stmt = sa.select(names.column().label("key"), *cols).where(*where)
+    for chunk in backend.numpy_chunks(conn, stmt, [object if names.by_name else np.int64, *types]):
+        chunk[0], keep = names.numbers(chunk[0])
+        yield chunk if keep is None else [col[keep] for col in chunk]
 
 
 def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
@@ -253,6 +272,9 @@ def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: t
     """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
     reader.check_stopped()  # stopped (Ctrl-C, the page's bound): no window's query starts after
     backend = reader.store.backend
+    if backend.scan_by_key:
+        parts = list(_chunks(reader, conn, names, where, with_seq))
+        return [np.concatenate(col) for col in zip(*parts)] if parts else None
     cols = [names.column().label("key"), metrics.c.rank, metrics.c.step, backend.value_or_nan(metrics.c.value)]
     stmt = sa.select(*cols, *([metrics.c.seq] if with_seq else [])).where(*where)
     key_type = object if names.by_name else np.int64

@@ -300,6 +300,9 @@ class Backend:
 
     #: windows of a run's rows the report's pass reads at once, each on a connection of its own
     window_readers = 1
+    #: whether the report's pass reads a window's rows one key at a time (a range read along a
+    #: primary key that starts (run_id, key): SQLite's), not all keys at once named by a CASE
+    scan_by_key = False
 
     def value_or_nan(self, value: Any) -> Any:
         """The metric `value` column as a read into NumPy should select it: where the driver can

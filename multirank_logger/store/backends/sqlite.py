@@ -11,7 +11,7 @@ import itertools
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -33,6 +33,7 @@ from multirank_logger.store.backends.base import (
     per_rank_columns,
 )
 from multirank_logger.store.backends.readonly_sql import refusal_or_failure
+from multirank_logger.store.backends.sqlite_arrow import arrow_chunks, file_uri
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -206,6 +207,21 @@ class SQLiteBackend(Backend):
         params = [compiled.params[name] for name in compiled.positiontup or ()]
         fetch = driver_connection(conn).execute(str(compiled), params).fetchmany
         yield from _chunks(fetch, rows or self.fetch_rows)
+
+    def numpy_chunks(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> Iterator[list[np.ndarray]]:
+        # the report's pass: through ADBC's C driver where installed (sqlite_arrow.py), not a
+        # Python tuple a row
+        uri = file_uri(self.path, self._readonly_uri)
+        if uri is None or not self.arrow_reads:
+            yield from super().numpy_chunks(conn, stmt, types)
+            return
+        yield from arrow_chunks(uri, conn, stmt, types, SQLITE_BUSY_TIMEOUT_MS)
+
+    # the table is clustered by (run_id, key, rank, seq): one key's rows are one range read
+    scan_by_key = True
+
+    #: whether `numpy_chunks` reads through ADBC's driver where it is installed (tests read both ways)
+    arrow_reads = True
 
     def run_keys(self, conn: sa.Connection, run_id: int) -> list[str]:
         # one seek per key, not a pass over every row of the run
