@@ -26,7 +26,7 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.report import find
-from tests.helpers.launches import free_port
+from tests.helpers.launches import free_port, run_launch
 from tests.logger_helpers import query, train_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,7 +44,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "--report", str(tmp_path / "report"), *args,
     ]  # fmt: skip
     env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent)}
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    return run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
 
 
 def _reports(tmp_path: Path) -> dict[int, dict[str, object]]:
@@ -103,7 +103,7 @@ def test_a_spawned_rank_that_raises_fails_the_run_without_a_with_block(tmp_path:
     cmd = [sys.executable, str(TRAIN), "--spawn", str(RANKS), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
            "--report", str(tmp_path / "report"), "--raise-rank", "1", "--raise-at", "3", "--no-with"]  # fmt: skip
     env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    proc = run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode != 0 and "rank 1 fails at step 3" in proc.stderr, proc.stderr[-5000:]
     db = tmp_path / "runs.duckdb"
     assert query(db, "SELECT status FROM runs") == [("failed",)]

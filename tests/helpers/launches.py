@@ -5,8 +5,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 import socket
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import pytest
 
 
 def free_port() -> int:
@@ -28,6 +31,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def run_launch(cmd: Sequence[str], *, cwd: Any, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """A launch (torchrun and its ranks) run to its end; past `timeout`, the test fails with the tail
+    of what the launch printed (subprocess's own TimeoutExpired shows a few elided bytes: a launch
+    stuck on a fresh CI machine must say where)."""
+    try:
+        return subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        def tail(out: str | bytes | None) -> str:
+            return (out.decode(errors="replace") if isinstance(out, bytes) else out or "")[-6000:]
+
+        pytest.fail(f"the launch ran past {timeout:g} s: {' '.join(map(str, cmd))}\n--- stdout ---\n{tail(exc.stdout)}"
+                    f"\n--- stderr ---\n{tail(exc.stderr)}", pytrace=False)  # fmt: skip
 
 
 def forkserver(*modules: str) -> Any:
