@@ -9,10 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from multirank_logger import MultiRankLogger
+from multirank_logger.model.schema import SUMMARY_STEPS, step_summaries
+from multirank_logger.query import relogged_steps
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import summarize
+from multirank_logger.store.sql_store import Store
 
 #: the first launch logs steps 0-399, is resumed from step 250 and logs 250-599 again, other values
 FIRST, RESUMED = range(400), range(250, 600)
@@ -71,3 +77,58 @@ def test_page_buckets_equal_per_rank_after_a_resume(resumed: str) -> None:
             assert summary.steps[-1] + summary.width > RESUMED[-1]
         assert (served.width, summary.width) == (1, 64)  # the rows' path, then the summaries'
         assert reader.bucket_summary(run, "other").mean[0, 390] == 390.0  # the same value twice: as it was
+
+
+def test_rows_read_again_in_bounded_statements(resumed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second resume (from step 550) makes two overlaps; with one range a statement, they are
+    read in two statements, never as one range over both, and the page's cells still follow
+    `per_rank`."""
+    _launch(resumed, tmp_path, 2, range(550, 700), version=0, resume="must")
+    monkeypatch.setattr(relogged_steps, "_MAX_RANGES", 1)
+    with open_store(resumed) as reader:
+        (run,) = reader.runs()["id"].tolist()
+        spans = relogged_steps.LatestWins(reader._fetch_arrow, run, "loss")._spans(0, 1, 700)
+        assert [(lo, hi) for _, lo, hi in spans] == [(240, 399), (544, 607)]  # whole summary buckets
+        issued: list[sa.Select] = []
+        fetch = reader._fetch_arrow
+        monkeypatch.setattr(reader, "_fetch_arrow", lambda stmt: issued.append(stmt) or fetch(stmt))
+        served = reader.bucket_summary(run, "loss")
+        assert sum("seq" in stmt.selected_columns for stmt in issued) == len(spans)  # the rows' reads
+        table = reader.per_rank("loss", run)
+        steps, values = table.index.to_numpy(), table[0].to_numpy()
+        assert values[steps == 560][0] == _value(2, 560)
+        for j, first in enumerate(served.steps):
+            mean, lo, hi, bad = _expected(values[steps == first])
+            got = served.mean[0, j], served.lo[j], served.hi[j], bool(served.non_finite[0, j])
+            np.testing.assert_allclose(got[:3], (mean, lo, hi), rtol=1e-12, err_msg=f"step {first}")
+            assert got[3] == bad, f"step {first}"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(buckets=st.lists(st.lists(st.lists(st.integers(0, SUMMARY_STEPS - 1), min_size=1, max_size=6), min_size=1, max_size=4),
+                        min_size=1, max_size=6))  # fmt: skip
+def test_relogged_buckets_found_in_sql(any_db: str, buckets: list[list[list[int]]]) -> None:
+    """The store's condition names exactly the buckets whose partial summaries (any split of a
+    bucket's calls among summaries, a step repeated within one or across several) hold a step
+    more than once, on every backend."""
+    run = 10_000 + len(buckets) * 10 + len(buckets[0])  # a run id of its own per example shape
+    rows, expected = [], set()
+    for b, partials in enumerate(buckets):
+        steps = [step for partial in partials for step in partial]
+        if len(steps) > len(set(steps)):
+            expected.add(b * SUMMARY_STEPS)
+        for partial in partials:
+            mask = sum(1 << step for step in set(partial))
+            rows.append({"run_id": run, "rank": 0, "key": "k", "step": b * SUMMARY_STEPS, "steps_mask": mask,
+                         "n_finite": len(partial), "total": 0.0, "lo": 0.0, "hi": 0.0, "n_nan": 0,
+                         "n_pos_inf": 0, "n_neg_inf": 0, "last_time": 0.0})  # fmt: skip
+    store = Store(any_db)
+    try:
+        with store.begin() as conn:
+            conn.execute(step_summaries.delete().where(step_summaries.c.run_id == run))
+            conn.execute(step_summaries.insert(), rows)
+    finally:
+        store.close()
+    with open_store(any_db) as reader:
+        found = relogged_steps.LatestWins(reader._fetch_arrow, run, "k")._relogged(0, len(buckets) * SUMMARY_STEPS)
+    assert set(found[1].tolist()) == expected and set(found[0].tolist()) <= {0}

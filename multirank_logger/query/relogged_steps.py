@@ -4,18 +4,19 @@ after its last checkpoint).
 
 `step_buckets` merges every value of a bucket in SQL (over the rows, or over the partial
 aggregates of ``step_summaries``), so a step logged twice counts both values: a mean nobody
-logged. The steps logged twice are found from the key's summaries, not its rows: a
-``SUMMARY_STEPS`` bucket of a rank holds more values than distinct steps (the OR of its
-summaries' masks) exactly where a step in it was logged more than once. The page cells holding
-such a bucket are read again from their rows (with ``seq``) and recomputed, the later call
-winning; every other cell keeps what the SQL answered.
+logged. The steps logged twice are found by the store from the key's summaries, in one GROUP BY
+that hands back only the buckets that hold one: a ``SUMMARY_STEPS`` bucket of a rank holds more
+values than distinct steps exactly where a step in it was logged more than once (see
+`_relogged_in_sql`). The page cells holding such a bucket are read again from their rows (with
+``seq``) and recomputed, the later call winning; every other cell keeps what the SQL answered.
 
-Cost: nothing for a run of one launch (one read of its ``attempts`` rows); for a resumed run,
-one read of the key's summaries (rank, step, mask, count: about 1/``SUMMARY_STEPS`` of its rows)
-and the rows of the page cells that hold a step logged twice (the overlap of the launches,
-rounded out to whole page cells), never the key's other rows. A single launch that logs a key
-twice at one step (rare, and ``per_rank`` takes its later call too) is not looked for: that
-would cost every page read of every run the summaries read.
+Cost: nothing for a run of one launch (one read of its ``attempts`` rows); for a resumed run, one
+aggregate over the key's summaries in the page's steps (about 1/``SUMMARY_STEPS`` of its rows,
+inside the store: only the relogged buckets cross to Python) and the rows of the page cells that
+hold a step logged twice (the overlaps of the launches, rounded out to whole page cells), never
+the key's other rows, in as many reads as it takes to keep each statement's ranges and ranks
+bounded. A single launch that logs a key twice at one step (rare, and ``per_rank`` takes its
+later call too) is not looked for: that would cost every page read of every run the aggregate.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ __all__ = ["LatestWins"]
 
 #: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
-#: past this many step ranges to read again, one range per rank (from its first to its last)
-_MAX_RANGES = 64
+#: a statement reading rows again holds at most this many step ranges, and (a range's list whole)
+#: about this many ranks: SQLite binds at most 32,766 parameters
+_MAX_RANGES, _MAX_RANKS = 64, 4096
 
 
 class LatestWins:
@@ -50,7 +52,7 @@ class LatestWins:
         has them) and whether a NaN or inf fell there, of each step's latest value."""
         if not ranks or not self._resumed():
             return
-        spans = self._spans(first, width)
+        spans = self._spans(first, width, mean.shape[1])
         if not spans:
             return
         rank, step, value = self._latest_rows(spans)
@@ -84,28 +86,26 @@ class LatestWins:
         found = self.fetch(sa.select(sa.func.count().label("n")).where(attempts.c.run_id == self.run_id))
         return int(found.column("n")[0].as_py() or 0) > 1
 
-    def _relogged(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rank, first step) of each summary bucket of the key that holds a step logged twice."""
+    def _relogged(self, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rank, first step) of each summary bucket of the key between steps `first` and `last`
+        that holds a step logged twice."""
         s = step_summaries.c
-        count = s.n_finite + s.n_nan + s.n_pos_inf + s.n_neg_inf
-        found = self.fetch(sa.select(s.rank.label("rank"), s.step.label("step"), s.steps_mask.label("mask"),
-                                     count.label("n")).where(s.run_id == self.run_id, s.key == self.key))  # fmt: skip
-        if not found.num_rows:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        rank, step = _ints(found, "rank"), _ints(found, "step")
-        mask, n = _ints(found, "mask"), _ints(found, "n")
-        order = np.lexsort((step, rank))
-        rank, step, mask, n = rank[order], step[order], mask[order], n[order]
-        starts = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])])
-        merged = np.bitwise_or.reduceat(mask, starts)
-        distinct = sum((merged >> i) & 1 for i in range(SUMMARY_STEPS))
-        twice = np.add.reduceat(n, starts) > distinct
-        return rank[starts][twice], step[starts][twice]
+        count = sa.func.sum(s.n_finite + s.n_nan + s.n_pos_inf + s.n_neg_inf)
+        mask_sum = sa.cast(sa.func.sum(s.steps_mask), sa.BigInteger)
+        per_bucket = (
+            sa.select(s.rank.label("rank"), s.step.label("step"), count.label("n"), mask_sum.label("masks"))
+            .where(s.run_id == self.run_id, s.key == self.key, s.step.between(first - SUMMARY_STEPS + 1, last))
+            .group_by(s.rank, s.step)
+            .subquery()
+        )
+        found = self.fetch(sa.select(per_bucket.c.rank, per_bucket.c.step)
+                           .where(_relogged_in_sql(per_bucket.c.n, per_bucket.c.masks)))  # fmt: skip
+        return _ints(found, "rank"), _ints(found, "step")
 
-    def _spans(self, first: int, width: int) -> list[tuple[list[int], int, int]]:
+    def _spans(self, first: int, width: int, columns: int) -> list[tuple[list[int], int, int]]:
         """The step ranges to read again, each with its ranks: the whole page cells that hold a
         summary bucket with a step logged twice, merged per rank, ranks of the same range together."""
-        rank, step = self._relogged()
+        rank, step = self._relogged(first, first + width * columns - 1)
         if not len(rank):
             return []
         a = first + (np.maximum(step, first) - first) // width * width
@@ -117,29 +117,60 @@ class LatestWins:
                 spans[-1][1] = max(spans[-1][1], hi)
             else:
                 spans.append([lo, hi])
-        if sum(len(v) for v in per_rank.values()) > _MAX_RANGES:
-            per_rank = {r: [[v[0][0], v[-1][1]]] for r, v in per_rank.items()}
         together: dict[tuple[int, int], list[int]] = {}
         for r, spans in per_rank.items():
             for lo, hi in spans:
                 together.setdefault((lo, hi), []).append(r)
-        if len(together) > _MAX_RANGES:  # every rank its own range: one range over them all
-            ranks = sorted(per_rank)
-            return [(ranks, min(lo for lo, _ in together), max(hi for _, hi in together))]
-        return [(rs, lo, hi) for (lo, hi), rs in together.items()]
+        return [(rs, lo, hi) for (lo, hi), rs in sorted(together.items())]
 
     def _latest_rows(self, spans: list[tuple[list[int], int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rank, step, value: NaN for NaN) of the key's latest call per rank and step in `spans`."""
+        """(rank, step, value: NaN for NaN) of the key's latest call per rank and step in `spans`,
+        read in statements of at most ``_MAX_RANGES`` ranges and ``_MAX_RANKS`` ranks each (a
+        statement's size stays bounded, and no range is widened: only the overlaps' rows are read)."""
         m = metrics.c
-        where = sa.or_(*(sa.and_(m.rank.in_(rs), m.step.between(lo, hi)) for rs, lo, hi in spans))
-        found = self.fetch(sa.select(m.rank.label("rank"), m.seq.label("seq"), m.step.label("step"),
-                                     m.value.label("value")).where(m.run_id == self.run_id, m.key == self.key, where))  # fmt: skip
-        rank, seq, step = _ints(found, "rank"), _ints(found, "seq"), _ints(found, "step")
-        value = np.asarray(column_numpy(found.column("value"), null=np.nan), dtype=float)
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        for chunk in _chunks(spans):
+            where = sa.or_(*(sa.and_(m.rank.in_(rs), m.step.between(lo, hi)) for rs, lo, hi in chunk))
+            found = self.fetch(sa.select(m.rank.label("rank"), m.seq.label("seq"), m.step.label("step"),
+                                         m.value.label("value")).where(m.run_id == self.run_id, m.key == self.key, where))  # fmt: skip
+            value = np.asarray(column_numpy(found.column("value"), null=np.nan), dtype=float)
+            parts.append((_ints(found, "rank"), _ints(found, "seq"), _ints(found, "step"), value))
+        rank, seq, step, value = (np.concatenate(column) for column in zip(*parts))
         order = np.lexsort((seq, step, rank))
         rank, step, value = rank[order], step[order], value[order]
         last = np.r_[(rank[1:] != rank[:-1]) | (step[1:] != step[:-1]), True] if len(rank) else np.zeros(0, bool)
         return rank[last], step[last], value[last]
+
+
+def _relogged_in_sql(n: Any, masks: Any) -> Any:
+    """Whether a bucket whose summaries hold `n` values and whose steps masks add up to `masks`
+    holds a step logged twice, as a SQL condition every backend evaluates (none shares a bit OR
+    aggregate or a popcount with SQLite). Each summary's mask is below 2**SUMMARY_STEPS and its
+    count at least its bits. Masks that share no bit add without a carry, so their sum is their OR
+    and its bits count the bucket's distinct steps: a step logged twice means more values than
+    those bits. Masks that share a bit (one step in two summaries: logged twice) add with carries,
+    each taking a bit away (one past the low SUMMARY_STEPS bits too, which alone are counted): the
+    values outnumber the bits again."""
+
+    def number(i: int) -> Any:  # written out: PostgreSQL has no bigint >> bigint for a bound int
+        return sa.literal_column(str(i), sa.Integer)
+
+    bits = sum(masks.op(">>")(number(i)).op("&")(number(1)) for i in range(SUMMARY_STEPS))
+    return n > bits
+
+
+def _chunks(spans: list[tuple[list[int], int, int]]) -> list[list[tuple[list[int], int, int]]]:
+    """`spans` cut into groups of at most ``_MAX_RANGES`` ranges and about ``_MAX_RANKS`` ranks
+    (a range's ranks are never split: one range's rank list is one IN)."""
+    chunks: list[list[tuple[list[int], int, int]]] = [[]]
+    held = 0
+    for span in spans:
+        if chunks[-1] and (len(chunks[-1]) == _MAX_RANGES or held + len(span[0]) > _MAX_RANKS):
+            chunks.append([])
+            held = 0
+        chunks[-1].append(span)
+        held += len(span[0])
+    return chunks
 
 
 def _ints(table: Any, name: str) -> np.ndarray:
