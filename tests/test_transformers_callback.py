@@ -87,3 +87,10 @@ def test_a_rank_that_raises_fails_the_run(tmp_path: Path) -> None:
     # batch 3 (0-based) feeds global step 4: rank 1 ends within step 3 (the Trainer's loader
     # builds the next batch before a step ends), its steps 1-2 kept
     assert last[1] == 2 and last[0] >= 2, last
+
+
+def test_grad_norm_is_what_the_optimizer_receives(nan_run: Path) -> None:
+    """Before the NaN: the same on both ranks (DDP all-reduced the gradients), positive, and at
+    most the Trainer's ``max_grad_norm`` (1.0 by default: read after its clipping)."""
+    norms = query(nan_run, "SELECT step, min(value), max(value) FROM metrics WHERE key = 'train/grad_norm' AND step < 6 GROUP BY step")
+    assert len(norms) == 5 and all(0 < lo and hi - lo <= 1e-6 * hi and hi <= 1.0 + 1e-6 for _, lo, hi in norms), norms

@@ -7,12 +7,17 @@ receive (``on_train_begin``'s ``model``) reads ``outputs.loss`` on each training
 public API on both sides (a ``TrainerCallback`` and ``nn.Module.register_forward_hook``), works
 for any model that returns a loss, and needs no Trainer subclass (a ``compute_loss`` override
 would be one more line for the user, and clash with their own). The hook keeps the detached
-tensor; the value is read once per optimizer step, in ``on_step_end`` (the mean over the
-step's gradient-accumulation forwards).
+tensor; the values are read once per optimizer step, in ``on_step_end`` (the loss: the mean over
+the step's gradient-accumulation forwards), loss and gradient norm in one transfer from the
+device. The Trainer itself already waits for the device each step (its default
+``logging_nan_inf_filter`` tests every step's loss for NaN in Python), so reading them then
+adds no stall of its own.
 
 Per step, under ``train/``: ``loss`` (this rank's own), ``learning_rate``, ``grad_norm`` (the
-norm of this rank's gradients before the optimizer step; under DDP they are already all-reduced,
-so it agrees across ranks unless a rank's gradients diverged); and whatever ``on_log`` gives,
+norm of this rank's gradients as the optimizer receives them: after the Trainer's clipping to
+``max_grad_norm``, so capped there, a NaN kept; under DDP they are already all-reduced, so it
+agrees across ranks unless a rank's gradients diverged; the Trainer's pre-clip norm is
+``on_log``'s ``grad_norm``, at its logging steps); and whatever ``on_log`` gives,
 as the Trainer logged it (its cross-rank mean), at the same step. The run is the plain API's
 (integrations/plain.py): one for all ranks, the watch on rank 0, ``success`` at
 ``on_train_end``, ``failed`` when a rank raises out of ``train()`` (at exit).
@@ -54,7 +59,7 @@ class MultiRankCallback(TrainerCallback):
         self._options = options
         self.run: Run | None = None
         self._losses: list[torch.Tensor] = []
-        self._grad_norm: float | None = None
+        self._grad_norm: torch.Tensor | None = None
         self._hook: Any = None
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -76,22 +81,28 @@ class MultiRankCallback(TrainerCallback):
         if model is None:
             return
         grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-        if grads:
-            self._grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        if grads:  # kept on the device (torch's fused norms over every gradient), read at the step's end
+            self._grad_norm = torch.nn.utils.get_total_norm(grads)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.run is None:
             return
-        values: dict[str, float] = {}
+        on_device: dict[str, torch.Tensor] = {}
         if self._losses:
-            values["train/loss"] = float(torch.stack(self._losses).float().mean())
+            on_device["train/loss"] = torch.stack(self._losses).float().mean()
             self._losses.clear()
+        if self._grad_norm is not None:
+            norm = self._grad_norm.float()
+            if on_device:  # beside the loss, for one transfer (a sharded model's norm may sit elsewhere)
+                norm = norm.to(on_device["train/loss"].device)
+            on_device["train/grad_norm"] = norm
+            self._grad_norm = None
+        values: dict[str, float] = {}
+        if on_device:  # one transfer (one wait for the device) for both
+            values = dict(zip(on_device, torch.stack(list(on_device.values())).tolist()))
         optimizer = kwargs.get("optimizer")
         if optimizer is not None and optimizer.param_groups:
             values["train/learning_rate"] = float(optimizer.param_groups[0]["lr"])
-        if self._grad_norm is not None:
-            values["train/grad_norm"] = self._grad_norm
-            self._grad_norm = None
         if values:
             self.run.log(values, step=state.global_step)
 
