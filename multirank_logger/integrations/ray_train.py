@@ -26,6 +26,7 @@ from typing import Any
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 from ray.train.v2.api.callback import UserCallback
 
+from multirank_logger.model.batch import concat_batches
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.backends import public_name
 from multirank_logger.store.sql_store import Store
@@ -147,9 +148,8 @@ class MultiRankRayCallback(UserCallback):
             buffer.append(int(step), values)
             batches.append(buffer.drain(self.run_id, rank))
         assert self._write_lock is not None
-        with self._write_lock:
-            for batch in batches:
-                store.write(batch)
+        with self._write_lock:  # one transaction a report, whatever the workers (not one each)
+            store.write(concat_batches(batches))
         self._reports += 1
         if self._watch is not None:
             self._watch.observe(batches, [])
