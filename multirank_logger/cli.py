@@ -210,7 +210,7 @@ def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...]
     help="File (or directory with --all-ranks); default (and -o -): standard output."
 )
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "tensorboard"]), default="csv", show_default=True,
-              help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: rank_K/ event dirs.")  # fmt: skip
+              help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: a TensorBoard run per run, a rank_K/ sub-run per rank.")  # fmt: skip
 @click.option("--all-runs", is_flag=True, help="parquet, tensorboard: every run in DB.")
 @click.option("--since", default=None, metavar="RUN", help="parquet, tensorboard: RUN and every later run (a nightly append).")
 @_friendly_errors

@@ -272,16 +272,21 @@ spark.stop()
 
 def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> None:
     """TensorBoard's own event reader finds each rank's every key at every step it logged, in
-    rank_K/, and the ranks' median, min and max per key and step."""
+    rank_K/, and in the run's own events (its one TensorBoard run) the ranks' median, min and max
+    per key and step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
     out = tmp_path / "tb"
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--run", "1", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert f"tensorboard --logdir {out}" in result.output
-    out = out / _run_folder(two_runs, 1)  # one run: its own folder still, never shared with another's
-    assert sorted(p.name for p in out.iterdir()) == ["rank_0", "rank_1", "rank_2", "ranks_max", "ranks_median", "ranks_min",
-                                                     "run_uuid"]  # fmt: skip
+    folder = _run_folder(two_runs, 1)  # one run: its own folder still, never shared with another's
+    # the runs TensorBoard lists: the run and its ranks under it, nothing beside them
+    listed = EventMultiplexer().AddRunsFromDirectory(str(out))
+    assert sorted(listed.Runs()) == [folder, *(f"{folder}/rank_{r}" for r in (0, 1, 2))]
+    out = out / folder
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("events.")) == ["rank_0", "rank_1", "rank_2", "run_uuid"]
     with open_store(two_runs) as reader:
         stored = reader.metrics(1, all_attempts=True)
     for rank in (0, 1, 2):
@@ -296,19 +301,20 @@ def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> No
             got = sorted((e.step, e.value) for e in events if not math.isnan(e.value))
             want = sorted((s, float(v)) for s, v in zip(group["step"], group["value"].astype("float32")) if not math.isnan(v))
             assert got == want
-    median = EventAccumulator(str(out / "ranks_median"), size_guidance={"scalars": 0})
-    median.Reload()
-    at = {e.step: e.value for e in median.Scalars("rank_value")}
-    assert at[5] == pytest.approx(1005.0)  # ranks 0, 1, 2 logged 5, 1005, 2005
-    high = EventAccumulator(str(out / "ranks_max"), size_guidance={"scalars": 0})
-    high.Reload()
-    assert {e.step: e.value for e in high.Scalars("rank_value")}[5] == pytest.approx(2005.0)
-    # several runs: a folder per run first; one rank's run has no spread
+    run = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    run.Reload()
+    keys = set(stored["key"].unique())
+    assert set(run.Tags()["scalars"]) == keys | {f"ranks_{s}/{k}" for s in ("min", "max") for k in keys}
+    at = {e.step: e.value for e in run.Scalars("rank_value")}
+    assert at[5] == pytest.approx(1005.0)  # ranks 0, 1, 2 logged 5, 1005, 2005: the run's line is their median
+    assert {e.step: e.value for e in run.Scalars("ranks_max/rank_value")}[5] == pytest.approx(2005.0)
+    assert {e.step: e.value for e in run.Scalars("ranks_min/rank_value")}[5] == pytest.approx(5.0)
+    # several runs: a folder per run first; one rank's run has no spread (no events of its own)
     every = tmp_path / "tb-all"
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--all-runs", "-o", str(every)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (every / _run_folder(two_runs, 2)).iterdir()) == ["rank_0", "run_uuid"]
-    assert (every / _run_folder(two_runs, 1) / "ranks_median").is_dir()
+    assert list((every / _run_folder(two_runs, 1)).glob("events.out.tfevents.*"))
     one = EventAccumulator(str(every / _run_folder(two_runs, 2) / "rank_0"), size_guidance={"scalars": 0})
     one.Reload()
     assert sorted(e.step for e in one.Scalars("train_loss")) == list(range(10))

@@ -226,3 +226,36 @@ def test_a_stragglers_cost_in_its_alert_its_kept_verdict_and_runs(db: Path) -> N
     assert faulty_line.rstrip().endswith(f"{number_text(detail['rank_hours'])} (CPU)"), faulty_line
     clean_line = next(line for line in table.splitlines() if "clean/" in line)
     assert clean_line.rstrip().endswith("-"), clean_line
+
+
+def test_tensorboard_export_is_one_run_with_its_ranks_and_their_timing(db: Path, tmp_path: Path) -> None:
+    """`export --format tensorboard` of the faulty run, read back by TensorBoard's reader: one
+    TensorBoard run (its ranks' median, min, max) with a sub-run per rank, and StepTimer's
+    series (``timing:data_s`` ...) beside the keys at every step each rank timed; rank 1's slow
+    data loader is there in its own data_s and in the run's max."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    out = tmp_path / "tb"
+    result = CliRunner().invoke(main, ["export", str(db), "--format", "tensorboard", "--run", "faulty", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    (folder,) = (p.relative_to(out) for p in out.glob("faulty/*") if p.is_dir())
+    assert sorted(EventMultiplexer().AddRunsFromDirectory(str(out)).Runs()) == [
+        str(folder), *(f"{folder}/rank_{r}" for r in range(3))]  # fmt: skip
+    timed = dict(query(db, "SELECT rank, COUNT(data_s) FROM step_timing WHERE run_id = 1 GROUP BY rank"))
+    slow: dict[int, float] = {}
+    for rank in range(3):
+        acc = EventAccumulator(str(out / folder / f"rank_{rank}"), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert {"train_loss", "timing:data_s", "timing:forward_s", "timing:rest_s", "timing:rss"} <= set(acc.Tags()["scalars"])
+        assert [e.step for e in acc.Scalars("timing:forward_s")] == list(range(STEPS))
+        assert [e.step for e in acc.Scalars("train_loss")] == list(range(STEPS))  # no step dropped by a step going back
+        data = acc.Scalars("timing:data_s")
+        assert len(data) == timed[rank]
+        slow[rank] = sorted(e.value for e in data)[len(data) // 2]
+    assert slow[1] > 0.08 > max(slow[0], slow[2])  # rank 1's loader sleeps 100 ms a batch
+    run = EventAccumulator(str(out / folder), size_guidance={"scalars": 0})
+    run.Reload()
+    assert {"timing:data_s", "ranks_max/timing:data_s", "ranks_min/timing:data_s"} <= set(run.Tags()["scalars"])
+    highest = sorted(e.value for e in run.Scalars("ranks_max/timing:data_s"))
+    assert highest[len(highest) // 2] > 0.08
