@@ -22,6 +22,7 @@ import numpy as np
 
 from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ranks import non_finite_ranks
+from multirank_logger.model.param_path import flat_params
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary
 
@@ -78,7 +79,7 @@ def _params(stored: str | None) -> dict[str, Any]:
         found = json.loads(stored) if stored else {}
     except ValueError:
         return {}
-    return clean(found) if isinstance(found, dict) else {}
+    return flat_params(clean(found)) if isinstance(found, dict) else {}  # each leaf by its path: optimizer.lr
 
 
 def run_status(reader: StoreReader, run_id: int) -> str | None:
