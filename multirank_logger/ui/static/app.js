@@ -633,7 +633,6 @@
     const redrawAll = () => redraws.forEach((f) => f());
     main.append(toolbar(redrawAll, "Drag across a chart to zoom in, double-click to zoom out."));
     const clocks = {};  // run id -> its clock, asked once, when the wall-time axis is first drawn
-    const clockOf = (id) => (clocks[id] = clocks[id] || api(`run/${id}/clock`));
     // a bucket's time: the clock at its last step (the latest value logged in its last summary bucket)
     const timeAt = (clock, step) => {
       let lo = 0, hi = clock.steps.length - 1, found = null;
@@ -645,18 +644,27 @@
       main.append(el("section", { class: "series", "data-series": name }, el("h2", {}, name), box));
       const has = runs.map((r, i) => [r, i]).filter(([r]) => r.keys.includes(name) || r.timing.includes(name));
       const lines = {};  // "run:rank" -> the rank's line of this key, asked once
-      const lineOf = (id, rank) => (lines[id + ":" + rank] = lines[id + ":" + rank] || api(`run/${id}/line?name=${encodeURIComponent(name)}&rank=${rank}`));
       let got;
       try { got = await Promise.all(has.map(([r]) => api(`run/${r.id}/series?name=${encodeURIComponent(name)}`))); } catch (e) { fail(box, e); continue; }
       let drawing = 0;
-      const draw = async () => {  // as the toolbar and the pickers say: smoothing, log y, each run's line, the x axis
+      // as the toolbar and the pickers say: smoothing, log y, each run's line, the x axis; drawn at
+      // once from what was asked before (the toolbar's change shows in the same task), else once
+      // the lines and clocks it needs have come (the newest choice wins)
+      const draw = () => {
+        const lineKey = (r) => r.id + ":" + picked.get(String(r.id));
+        const asks = [];
+        for (const [r] of has) {
+          if (picked.has(String(r.id)) && !(lineKey(r) in lines)) {
+            asks.push(api(`run/${r.id}/line?name=${encodeURIComponent(name)}&rank=${picked.get(String(r.id))}`).then((v) => { lines[lineKey(r)] = v; }));
+          }
+          if (axis === "time" && !(r.id in clocks)) asks.push(api(`run/${r.id}/clock`).then((v) => { clocks[r.id] = v; }));
+        }
         const mine = ++drawing;
-        let picks, clockList;
-        try {
-          picks = await Promise.all(has.map(([r]) => (picked.has(String(r.id)) ? lineOf(r.id, picked.get(String(r.id))) : null)));
-          clockList = axis === "time" ? await Promise.all(has.map(([r]) => clockOf(r.id))) : null;
-        } catch (e) { fail(box, e); return; }
-        if (mine !== drawing) return;  // a newer choice is drawing
+        if (asks.length) return Promise.all(asks).then(() => (mine === drawing ? draw() : null), (e) => fail(box, e));
+        render(has.map(([r]) => (picked.has(String(r.id)) ? lines[lineKey(r)] : null)), axis === "time" ? has.map(([r]) => clocks[r.id]) : null);
+        return Promise.resolve();
+      };
+      const render = (picks, clockList) => {
         const xsOf = (d, k) => d.steps.map((s) => (clockList ? timeAt(clockList[k], s + (d.width || 1) - 1) : s));
         const xs = got.map(xsOf);
         const xAll = Array.from(new Set(xs.flat().filter((x) => x !== null))).sort((x, y) => x - y);
