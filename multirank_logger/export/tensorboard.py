@@ -203,19 +203,25 @@ def _windows(reader: StoreReader, ref: RunRef, window_rows: int) -> Iterator[tup
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    # StepTimer's rows of each window's steps are a query of their own (step_timing has no step
+    # index: each reads the run's timing rows): a run without StepTimer asks once, here
+    timed = reader._fetch_arrow(sa.select(step_timing.c.rank).where(step_timing.c.run_id == ref.id).limit(1)).num_rows > 0
     done: int | None = None  # the last step whose timing rows are written
     for window in metric_windows(reader, ref, ("rank", "step", "seq"), window_rows):
         high = pc.max(window.column("step")).as_py()
         rows = window.select(["rank", "step", "key", "value", "time"])
         rows = rows.set_column(2, "key", rows.column("key").cast(pa.string()))
+        if not timed:
+            yield rows, window.num_rows
+            continue
         timing = _timing_rows(reader, ref, done, high)
         done = high
         if timing.num_rows:
             both = pa.concat_tables([rows, timing], promote_options="permissive")
             rows = both.take(pc.sort_indices(both, [("rank", "ascending"), ("step", "ascending")]))  # stable: seq's order kept
         yield rows, window.num_rows
-    timing = _timing_rows(reader, ref, done, None)
-    if timing.num_rows:  # the steps past the last metric's (or a run with StepTimer's rows alone)
+    timing = _timing_rows(reader, ref, done, None) if timed else None
+    if timing is not None and timing.num_rows:  # the steps past the last metric's (or a run with StepTimer's rows alone)
         yield timing.take(pc.sort_indices(timing, [("rank", "ascending"), ("step", "ascending")])), 0
 
 
