@@ -33,7 +33,9 @@ The median, min and max are written for a run of two or more ranks (of one, they
 
 The rows are read a window of steps at a time (``query/row_windows.py``), so memory does not
 grow with the run; StepTimer's rows of the same steps are read with each window, so that every
-event file's steps only grow (TensorBoard's reader drops the events past a step that goes back).
+event file's steps only grow, as a training's own writer leaves them (TensorBoard's EventAccumulator
+keeps steps out of order in these files; readers of the older file version purge past a step
+that goes back, and a chart's points read in step order).
 A step's values of one rank go in one event, at the wall time of its call. A value is kept as
 TensorBoard keeps scalars (float32). Written with TensorBoard's own event writer
 (``pip install tensorboard``, the ``tensorboard`` extra).
