@@ -162,26 +162,27 @@ _WHEN = "YYYY-MM-DD[ HH:MM[:SS]], UTC"
 @click.option("--since", default=None, metavar="DATE", help=f"Runs started on or after DATE ({_WHEN}).")
 @click.option("--until", default=None, metavar="DATE", help=f"Runs started on or before DATE ({_WHEN}; a day: to its end).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="Runs whose hyperparameter KEY (top level) is VALUE (repeatable, all must hold): a string as its text, "
+              help="Runs whose hyperparameter KEY is VALUE (repeatable, all must hold); KEY a nested key's path, "
+                   "optimizer.lr, a key holding a dot in quotes, '\"a.b\"'; a string as its text, "
                    "a number as its value (lr=3e-4 matches 0.0003), true/false/null as those words, a list or object as its JSON.")
-@click.option("--show-params", default="", metavar="KEY,KEY", help="Add these hyperparameters as columns.")
+@click.option("--show-params", default="", metavar="KEY,KEY", help="Add these hyperparameters (paths, as --param's) as columns.")
 @_friendly_errors
 def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...], since: str | None, until: str | None,
              params: tuple[str, ...], show_params: str) -> None:
     """List the runs in DB: status, ranks, start, duration, steps and keys; filter them by name,
     status, start date and hyperparameters."""
-    from multirank_logger.query.run_filter import RUN_STATUSES, RunFilter, parse_param, parse_when
+    from multirank_logger.query.run_filter import RUN_STATUSES, RunFilter, parse_param, parse_shown, parse_when
     from multirank_logger.report.run_table import runs_data_text, runs_table_text
 
     try:
         where = RunFilter(name=name, statuses=statuses, params=tuple(map(parse_param, params)),
                           since=None if since is None else parse_when(since),
                           until=None if until is None else parse_when(until, end=True))  # fmt: skip
+        shown = parse_shown(show_params)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     if unknown := sorted({s.lower() for s in statuses} - set(RUN_STATUSES)):
         raise click.BadParameter(f"{', '.join(unknown)}: a status is one of {', '.join(RUN_STATUSES)}", param_hint="--status")
-    shown = tuple(k.strip() for k in show_params.split(",") if k.strip())
     with open_store(db_path) as reader:
         # the table without pandas (its import was most of the command's time); csv, json: its frame
         rows = reader.run_rows(where) if fmt == "table" else []
@@ -210,7 +211,7 @@ def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...]
     help="File (or directory with --all-ranks); default (and -o -): standard output."
 )
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "tensorboard"]), default="csv", show_default=True,
-              help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: rank_K/ event dirs.")  # fmt: skip
+              help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: a TensorBoard run per run, a rank_K/ sub-run per rank.")  # fmt: skip
 @click.option("--all-runs", is_flag=True, help="parquet, tensorboard: every run in DB.")
 @click.option("--since", default=None, metavar="RUN", help="parquet, tensorboard: RUN and every later run (a nightly append).")
 @_friendly_errors

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,24 @@ from multirank_logger.store.sql_store import Store
 from tests.helpers.launches import free_port
 from tests.test_query import _calls, _store_calls
 
-COLUMNS = ("run", "rank", "seq", "step", "key", "value", "dtype", "time")
+COLUMNS = ("run_id", "rank", "seq", "step", "key", "value", "dtype", "time")
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _micros(t: Any) -> int:
+    """A time as microseconds since the epoch: a timezone-aware datetime (pyarrow, Polars, pandas),
+    or Spark's ``unix_micros``; a naive datetime or a float fails (times are UTC timestamps)."""
+    if isinstance(t, int):
+        return t
+    assert isinstance(t, datetime) and t.utcoffset() == timedelta(0), repr(t)
+    return (t - EPOCH) // timedelta(microseconds=1)
 
 
 def _row(d: dict[str, Any]) -> tuple[Any, ...]:
-    """A row comparable across engines: the value by its bits (NaN, -0.0, inf)."""
+    """A row comparable across engines: the value by its bits (NaN, -0.0, inf), the time in microseconds."""
     value = d["value"]
-    return (int(d["run"]), int(d["rank"]), int(d["seq"]), int(d["step"]), d["key"],
-            "nan" if value is None or math.isnan(value) else float(value).hex(), int(d["dtype"]), float(d["time"]))  # fmt: skip
+    return (int(d["run_id"]), int(d["rank"]), int(d["seq"]), int(d["step"]), d["key"],
+            "nan" if value is None or math.isnan(value) else float(value).hex(), int(d["dtype"]), _micros(d["time"]))  # fmt: skip
 
 
 def _rows(columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
@@ -45,7 +56,7 @@ def _store_rows(db: Path) -> list[tuple[Any, ...]]:
     with open_store(db) as reader:
         for run_id in reader.runs()["id"]:
             table = reader.metrics(int(run_id), all_attempts=True, frame="arrow").to_pydict()
-            table["run"] = [int(run_id)] * len(table["rank"])
+            assert table["run_id"] == [int(run_id)] * len(table["rank"])
             out += _rows(table)
     return sorted(out)
 
@@ -114,8 +125,8 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
         assert meta.row_group(0).column(0).compression == "ZSTD"
         keys = pq.read_table(path).column("key").to_pylist()
         assert keys == sorted(keys)  # one window here (a few hundred rows); windows: the next test
-    runs = con.sql(f"SELECT run, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
-                   "ORDER BY run").fetchall()  # fmt: skip
+    runs = con.sql(f"SELECT run_id, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
+                   "ORDER BY run_id").fetchall()  # fmt: skip
     assert runs == [(1, "lightning_logs", 3), (2, "second", 1), (3, "empty", 2)]
     partitions = _partitions(two_runs)
     for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings"):
@@ -129,6 +140,48 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
     assert sorted(p.name for p in (dest / "metrics" / partitions[1]).iterdir()) == before
     assert _rows(ds.dataset(dest / "metrics", format="parquet", partitioning="hive").to_table().to_pydict()) == expected
     assert not [p for p in dest.rglob("*") if p.name.startswith(".")]  # no hidden file left
+
+
+def test_parquet_and_arrow_name_the_run_alike_and_keep_times_as_utc(two_runs: Path, tmp_path: Path) -> None:
+    """One naming: the Parquet files and the reader's Arrow and Polars frames call the store's run
+    id ``run_id`` (never ``run``); every time is a UTC timestamp to the microsecond, the stored
+    unix seconds rounded (read from SQL here, not through the export's own conversion); a lake
+    of the old naming is refused, not mixed."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from tests.logger_helpers import query
+
+    dest = tmp_path / "lake"
+    assert CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)]).exit_code == 0
+    utc = pa.timestamp("us", tz="UTC")
+    metrics = ds.dataset(dest / "metrics", format="parquet", partitioning="hive").to_table()
+    with open_store(two_runs) as reader:
+        frame = reader.metrics(1, all_attempts=True, frame="arrow")
+        polars = reader.metrics(1, all_attempts=True, frame="polars")
+    assert "run" not in metrics.column_names and set(metrics.column_names) - {"run_uuid"} <= set(frame.column_names)
+    assert metrics.schema.field("time").type == frame.schema.field("time").type == utc
+    assert polars.schema["time"] == pl.Datetime("us", "UTC") and "run_id" in polars.columns
+    stored = {(r, k, q): round(t * 1e6) for r, k, q, t in query(two_runs, "SELECT rank, key, seq, time FROM metrics WHERE run_id = 1")}
+    got = {(r, k, q): _micros(t) for r, k, q, t, i in zip(*(metrics.column(c).to_pylist()
+                                                           for c in ("rank", "key", "seq", "time", "run_id"))) if i == 1}  # fmt: skip
+    assert got == stored and len(got) > 300
+    for table, column in (("runs", "started_at"), ("alerts", "seen_at"), ("step_timing", "time"), ("logs", "time")):
+        schema = ds.dataset(dest / table, format="parquet", partitioning="hive").schema
+        assert schema.field(column).type == utc and "run_id" in schema.names and "run" not in schema.names, table
+    (started,) = query(two_runs, "SELECT started_at FROM runs WHERE id = 1")[0]
+    runs = pl.scan_parquet(f"{dest}/runs/**/*.parquet", hive_partitioning=True).filter(pl.col("run_id") == 1).collect()
+    assert _micros(runs["started_at"][0]) == round(started * 1e6)
+    # a lake of the naming before (a `run` column, float times): refused with one line, not mixed
+    old = tmp_path / "old-lake"
+    (old / "runs" / "run_uuid=0000").mkdir(parents=True)
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"run": pa.array([1], pa.int32()), "started_at": [1.5e9]}), old / "runs" / "run_uuid=0000" / "p.parquet")
+    refused = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "-o", str(old)])
+    assert refused.exit_code == 1 and "exported before run_id" in refused.output and "new directory" in refused.output
+    assert len(refused.output.strip().splitlines()) <= 2, refused.output
 
 
 def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
@@ -183,7 +236,6 @@ def test_parquet_from_postgresql(postgres_server: Any, tmp_path: Path) -> None:
     with open_store(url) as reader:
         done = export_parquet(reader, [reader.resolve_run(1)], str(tmp_path / "lake"), window_rows=100)
         expected = reader.metrics(1, all_attempts=True, frame="arrow").to_pydict()
-    expected["run"] = [1] * len(expected["rank"])
     table = ds.dataset(tmp_path / "lake" / "metrics", format="parquet", partitioning="hive").to_table()
     assert _rows(table.to_pydict()) == _rows(expected) and done.rows[1] == len(expected["rank"])
     assert str(table.schema.field("rank").type) == "int32" and str(table.schema.field("dtype").type) == "int16"
@@ -259,7 +311,8 @@ spark = (SparkSession.builder.master("local[1]").appName("multirank-export-test"
          .config("spark.sql.shuffle.partitions", "1")
          .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")  # a quicker JVM start
          .getOrCreate())
-rows = spark.read.parquet({str(dest / 'metrics')!r}).collect()
+from pyspark.sql import functions as F
+rows = spark.read.parquet({str(dest / 'metrics')!r}).withColumn("time", F.unix_micros("time")).collect()
 print(json.dumps([r.asDict() for r in rows]))
 spark.stop()
 """
@@ -272,16 +325,21 @@ spark.stop()
 
 def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> None:
     """TensorBoard's own event reader finds each rank's every key at every step it logged, in
-    rank_K/, and the ranks' median, min and max per key and step."""
+    rank_K/, and in the run's own events (its one TensorBoard run) the ranks' median, min and max
+    per key and step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
     out = tmp_path / "tb"
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--run", "1", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert f"tensorboard --logdir {out}" in result.output
-    out = out / _run_folder(two_runs, 1)  # one run: its own folder still, never shared with another's
-    assert sorted(p.name for p in out.iterdir()) == ["rank_0", "rank_1", "rank_2", "ranks_max", "ranks_median", "ranks_min",
-                                                     "run_uuid"]  # fmt: skip
+    folder = _run_folder(two_runs, 1)  # one run: its own folder still, never shared with another's
+    # the runs TensorBoard lists: the run and its ranks under it, nothing beside them
+    listed = EventMultiplexer().AddRunsFromDirectory(str(out))
+    assert sorted(listed.Runs()) == [folder, *(f"{folder}/rank_{r}" for r in (0, 1, 2))]
+    out = out / folder
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("events.")) == ["rank_0", "rank_1", "rank_2", "run_uuid"]
     with open_store(two_runs) as reader:
         stored = reader.metrics(1, all_attempts=True)
     for rank in (0, 1, 2):
@@ -296,19 +354,20 @@ def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> No
             got = sorted((e.step, e.value) for e in events if not math.isnan(e.value))
             want = sorted((s, float(v)) for s, v in zip(group["step"], group["value"].astype("float32")) if not math.isnan(v))
             assert got == want
-    median = EventAccumulator(str(out / "ranks_median"), size_guidance={"scalars": 0})
-    median.Reload()
-    at = {e.step: e.value for e in median.Scalars("rank_value")}
-    assert at[5] == pytest.approx(1005.0)  # ranks 0, 1, 2 logged 5, 1005, 2005
-    high = EventAccumulator(str(out / "ranks_max"), size_guidance={"scalars": 0})
-    high.Reload()
-    assert {e.step: e.value for e in high.Scalars("rank_value")}[5] == pytest.approx(2005.0)
-    # several runs: a folder per run first; one rank's run has no spread
+    run = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    run.Reload()
+    keys = set(stored["key"].unique())
+    assert set(run.Tags()["scalars"]) == keys | {f"ranks_{s}/{k}" for s in ("min", "max") for k in keys}
+    at = {e.step: e.value for e in run.Scalars("rank_value")}
+    assert at[5] == pytest.approx(1005.0)  # ranks 0, 1, 2 logged 5, 1005, 2005: the run's line is their median
+    assert {e.step: e.value for e in run.Scalars("ranks_max/rank_value")}[5] == pytest.approx(2005.0)
+    assert {e.step: e.value for e in run.Scalars("ranks_min/rank_value")}[5] == pytest.approx(5.0)
+    # several runs: a folder per run first; one rank's run has no spread (no events of its own)
     every = tmp_path / "tb-all"
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "tensorboard", "--all-runs", "-o", str(every)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (every / _run_folder(two_runs, 2)).iterdir()) == ["rank_0", "run_uuid"]
-    assert (every / _run_folder(two_runs, 1) / "ranks_median").is_dir()
+    assert list((every / _run_folder(two_runs, 1)).glob("events.out.tfevents.*"))
     one = EventAccumulator(str(every / _run_folder(two_runs, 2) / "rank_0"), size_guidance={"scalars": 0})
     one.Reload()
     assert sorted(e.step for e in one.Scalars("train_loss")) == list(range(10))

@@ -80,8 +80,8 @@ def test_two_stores_run_1_share_a_lake(tmp_path: Path) -> None:
     assert _lake_counts(lake) == {uuid_a: _stored_rows(a), uuid_b: _stored_rows(b)}
     for table in TABLES:
         assert sorted(p.name for p in (lake / table).iterdir()) == sorted([f"run_uuid={uuid_a}", f"run_uuid={uuid_b}"])
-    # the lake's runs merge by UUID: one row each, the store's id kept as `run` for joins within a store
-    runs = duckdb.sql(f"SELECT run_uuid, run, name, world_size FROM read_parquet('{lake}/runs/**/*.parquet', "
+    # the lake's runs merge by UUID: one row each, the store's id kept as `run_id` for joins within a store
+    runs = duckdb.sql(f"SELECT run_uuid, run_id, name, world_size FROM read_parquet('{lake}/runs/**/*.parquet', "
                       "hive_partitioning = true) ORDER BY world_size").fetchall()  # fmt: skip
     assert runs == [(uuid_b, 1, "lightning_logs", 2), (uuid_a, 1, "lightning_logs", 3)]
     # Polars and pyarrow find the same runs under the same partition key
@@ -249,8 +249,8 @@ spark = (SparkSession.builder.master("local[1]").appName("multirank-lake-test")
          .config("spark.sql.shuffle.partitions", "1")
          .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
          .getOrCreate())
-counts = spark.read.parquet({str(lake / "metrics")!r}).groupBy("run_uuid", "run").count().collect()
-print(json.dumps([[r["run_uuid"], r["run"], r["count"]] for r in counts]))
+counts = spark.read.parquet({str(lake / "metrics")!r}).groupBy("run_uuid", "run_id").count().collect()
+print(json.dumps([[r["run_uuid"], r["run_id"], r["count"]] for r in counts]))
 spark.stop()
 """
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}

@@ -24,9 +24,10 @@ T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 #: (name, status, started, hparams): four runs a person would look for among
 RUNS = [
     ("resnet", "success", T0, {"lr": 0.001, "opt": "adam", "bs": 32, "aug": True, "tag": "base line"}),
-    ("resnet", "failed", T0 + 3 * DAY, {"lr": 3e-4, "opt": "sgd", "bs": 64, "aug": False}),
+    ("resnet", "failed", T0 + 3 * DAY, {"lr": 3e-4, "opt": "sgd", "bs": 64, "aug": False,
+                                        "optimizer": {"lr": 0.1, "beta.1": 0.5, "betas": [0.9, 0.99]}}),
     ("vit_big", "running", T0 + 10 * DAY + 3600, {"lr": 1e-05, "opt": "adam", "bs": 32, "layers": [1, 2], "note": None}),
-    ("BERT", "interrupted", T0 + 20 * DAY, None),
+    ("BERT", "interrupted", T0 + 20 * DAY, {"optimizer.lr": 0.1}),  # a top-level key holding a dot
 ]
 
 
@@ -93,6 +94,14 @@ CASES: list[tuple[tuple[str, ...], list[int]]] = [
     (("--param", "opt=ADAM"), []),  # a string as its own characters
     (("--param", "missing=1"), []),
     (("--name", "resnet", "--status", "success", "--param", "opt=adam"), [1]),
+    # nested keys by their path; a key holding a dot in quotes, never confused with a nesting
+    (("--param", "optimizer.lr=0.1"), [2]),
+    (("--param", '"optimizer.lr"=0.1'), [4]),
+    (("--param", 'optimizer."beta.1"=0.5'), [2]),
+    (("--param", "optimizer.beta.1=0.5"), []),
+    (("--param", "optimizer.betas=[0.9,0.99]"), [2]),
+    (("--param", "optimizer.betas.0=0.9"), []),  # a list is a value, never walked into
+    (("--param", "optimizer.lr=0.1", "--param", "opt=sgd"), [2]),
 ]
 
 
@@ -131,6 +140,12 @@ def test_show_params_adds_the_chosen_hyperparameters_as_columns(found: str) -> N
                                                                               (None, None)]  # fmt: skip
     code, out = _invoke("runs", found, "--format", "csv", "--show-params", "opt")
     assert [r["param.opt"] for r in csv.DictReader(io.StringIO(out))] == ["adam", "sgd", "adam", ""]
+    # nested keys by their path, a dotted key in quotes; an object's path shows its JSON
+    code, out = _invoke("runs", found, "--format", "json", "--show-params", 'optimizer.lr,"optimizer.lr",optimizer."beta.1"')
+    assert [(r["param.optimizer.lr"], r['param."optimizer.lr"'], r['param.optimizer."beta.1"']) for r in json.loads(out)] == [
+        (None, None, None), (0.1, None, 0.5), (None, None, None), (None, 0.1, None)]  # fmt: skip
+    code, out = _invoke("runs", found, "--show-params", "optimizer", "--status", "failed")
+    assert json.loads(out.splitlines()[1].split()[-1]) == RUNS[1][3]["optimizer"], out
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -139,6 +154,10 @@ def test_show_params_adds_the_chosen_hyperparameters_as_columns(found: str) -> N
     (("--since", "yesterday"), "YYYY-MM-DD"),
     (("--until", "2026-13-01"), "YYYY-MM-DD"),
     (("--status", "sucess"), "a status is one of"),
+    (("--param", "optimizer..lr=1"), "joined by dots"),
+    (("--param", "optimizer.=1"), "ends with a dot"),
+    (("--param", 'say"hi=1'), "cannot be searched"),
+    (("--show-params", 'optimizer."lr'), "closing quote"),
 ])  # fmt: skip
 def test_runs_refuses_a_filter_it_cannot_read(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
     db = build(tmp_path / "runs.sqlite")
@@ -198,13 +217,16 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
         params = {int(r): (t, title) for r, t, title in driver.execute_script(
             "return [...document.querySelectorAll('#runs tr[data-run]')].map((r) => { const c = r.querySelector('td.params');"
             " return [r.dataset.run, c.innerText, c.title]; })")}  # fmt: skip
-        assert params[2][0] == "aug=false bs=64 lr=0.0003 opt=sgd"  # a run's params, in its row
+        assert params[2][0] == "aug=false bs=64 lr=0.0003 opt=sgd +3 more"  # a run's params, in its row
+        assert {"optimizer.lr=0.1", 'optimizer."beta.1"=0.5', "optimizer.betas=[0.9,0.99]"} <= set(params[2][1].splitlines())
         assert params[1][0] == "aug=true bs=32 lr=0.001 opt=adam +1 more" and "tag=base line" in params[1][1].splitlines()
         assert "lr=0.00001" in params[3][0]  # (JavaScript's number text)
-        assert params[4][0] == "-"
+        assert params[4][0] == '"optimizer.lr"=0.1'  # a key holding a dot, quoted: not optimizer's lr
         box = driver.find_element("id", "run-filter")
         for typed, expected in (("res", [2, 1]), ("resnet fail", [2]), ("lr=3e-4", [2]), ("opt=adam", [3, 1]),
                                 ("opt=adam bs=32 vit", [3]), ("interrupted", [4]), ("aug=false", [2]), ("nothing", []),
+                                ("optimizer.lr=0.1", [2]), ('"optimizer.lr"=0.1', [4]), ('optimizer."beta.1"=0.5', [2]),
+                                ("optimizer.beta.1=0.5", []),
                                 ("", [4, 3, 2, 1])):  # fmt: skip
             box.send_keys(Keys.CONTROL, "a")
             box.send_keys(Keys.BACKSPACE)

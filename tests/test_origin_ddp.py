@@ -109,3 +109,12 @@ def test_stop_on_alert_stops_for_the_origin(tmp_path: Path) -> None:
     assert len(stop) == 1 and SPREAD.format(s=40, t=41) in stop[0], stop
     runs = CliRunner().invoke(main, ["runs", str(db)]).output
     assert "non_finite alert: rank 2, train_loss, from step 40" in runs, runs
+    # the stop's step is the step the stopped batch's metrics are logged at: every rank's last
+    # logged step, and the run's last step beside it ("stopped at step 211" by "last step 210" was
+    # Lightning's global_step, counted before the batch is logged)
+    (stop_step,) = {s for (s,) in query(db, "SELECT step FROM decisions WHERE callback = 'StopOnAlert'")}
+    assert {s for (_, s) in query(db, "SELECT rank, max(step) FROM metrics GROUP BY rank")} == {stop_step}
+    assert query(db, "SELECT step_seen FROM alerts WHERE kind = 'stop'") == [(stop_step,)]
+    # (it logged every step from 0: its steps are its last step's number and one)
+    (listed,) = json.loads(CliRunner().invoke(main, ["runs", str(db), "--format", "json"]).output)
+    assert listed["steps"] == stop_step + 1 and f"at step {stop_step:,} (" in listed["stopped_by"], listed

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -226,3 +227,96 @@ def test_a_stragglers_cost_in_its_alert_its_kept_verdict_and_runs(db: Path) -> N
     assert faulty_line.rstrip().endswith(f"{number_text(detail['rank_hours'])} (CPU)"), faulty_line
     clean_line = next(line for line in table.splitlines() if "clean/" in line)
     assert clean_line.rstrip().endswith("-"), clean_line
+
+
+def test_tensorboard_export_is_one_run_with_its_ranks_and_their_timing(db: Path, tmp_path: Path) -> None:
+    """`export --format tensorboard` of the faulty run, read back by TensorBoard's reader: one
+    TensorBoard run (its ranks' median, min, max) with a sub-run per rank, and StepTimer's
+    series (``timing:data_s`` ...) beside the keys at every step each rank timed; rank 1's slow
+    data loader is there in its own data_s and in the run's max."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    out = tmp_path / "tb"
+    result = CliRunner().invoke(main, ["export", str(db), "--format", "tensorboard", "--run", "faulty", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    (folder,) = (p.relative_to(out) for p in out.glob("faulty/*") if p.is_dir())
+    assert sorted(EventMultiplexer().AddRunsFromDirectory(str(out)).Runs()) == [
+        str(folder), *(f"{folder}/rank_{r}" for r in range(3))]  # fmt: skip
+    timed = dict(query(db, "SELECT rank, COUNT(data_s) FROM step_timing WHERE run_id = 1 GROUP BY rank"))
+    slow: dict[int, float] = {}
+    for rank in range(3):
+        acc = EventAccumulator(str(out / folder / f"rank_{rank}"), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert {"train_loss", "timing:data_s", "timing:forward_s", "timing:rest_s", "timing:rss"} <= set(acc.Tags()["scalars"])
+        assert [e.step for e in acc.Scalars("timing:forward_s")] == list(range(STEPS))
+        assert [e.step for e in acc.Scalars("train_loss")] == list(range(STEPS))  # no step dropped by a step going back
+        data = acc.Scalars("timing:data_s")
+        assert len(data) == timed[rank]
+        slow[rank] = sorted(e.value for e in data)[len(data) // 2]
+    assert slow[1] > 0.08 > max(slow[0], slow[2])  # rank 1's loader sleeps 100 ms a batch
+    run = EventAccumulator(str(out / folder), size_guidance={"scalars": 0})
+    run.Reload()
+    assert {"timing:data_s", "ranks_max/timing:data_s", "ranks_min/timing:data_s"} <= set(run.Tags()["scalars"])
+    highest = sorted(e.value for e in run.Scalars("ranks_max/timing:data_s"))
+    assert highest[len(highest) // 2] > 0.08
+
+
+def _blue(pixels: Any) -> Any:
+    """Run 1's line colour on the compare page (#08519c), also antialiased; not its pale band."""
+    r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    return (r < 140) & (b - r > 60) & (b > g)
+
+
+def test_compare_draws_the_rank_picked_per_run_and_a_wall_time_axis(db: Path) -> None:
+    """The compare page in Chromium on the two real runs: run 1's (faulty) rank 2 against run 2's
+    (clean) rank 2 draws rank 2's line (run 1's colour at its values, 20x the others' from step 20),
+    not the median (picking the median moves the line there); the wall-time axis puts each run's
+    values at the seconds since its own start, labelled as `runs` writes durations."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.ui_browser import chromium, served, wait_for
+
+    def painted() -> Any:
+        over = driver.find_element("css selector", "section[data-series=train_loss] .u-over")
+        return _blue(np.asarray(Image.open(io.BytesIO(over.screenshot_as_png)).convert("RGB")).astype(int))
+
+    def near(mask: Any, x: float, y: float, r: int = 3) -> bool:
+        return bool(mask[max(0, int(y) - r) : int(y) + r + 1, max(0, int(x) - r) : int(x) + r + 1].any())
+
+    # a point of run 1's line (series 2: its q3, line, q1 come first) late in the run, in plot pixels
+    point = ("const u = MRL_CHARTS.train_loss, k = u.data[2].map((v, j) => v === null ? -1 : j).filter((j) => j >= 0).pop();"
+             " return [u.data[0][k], u.data[2][k], u.valToPos(u.data[0][k], 'x'), u.valToPos(u.data[2][k], 'y'), u.series[2].label];")  # fmt: skip
+    with served(str(db)) as url, chromium(1300, 1200) as driver:
+        driver.get(url + "compare?runs=1,2&rank=1:2,2:2")
+        wait_for(driver, "return document.body.dataset.drawn && MRL_CHARTS.train_loss")
+        box = driver.find_element("css selector", "section[data-series=train_loss] .band")
+        assert box.get_attribute("data-lines") == "1:2,2:2"
+        step, value, x, y, label = driver.execute_script(point)
+        assert label == "1: faulty/version_0 rank 2" and step > 20
+        with open_store(db) as reader:
+            ranks = reader.per_rank("train_loss", run="faulty")
+        assert value > 5 * float(ranks.loc[step, [0, 1]].max())  # rank 2's outlying value, not the median's
+        assert near(painted(), x, y)
+        # the median picked for run 1: its line leaves rank 2's place for the median's
+        driver.execute_script("const s = document.querySelector('select.pick-rank[data-run=\"1\"]'); s.value = '';"
+                              " s.dispatchEvent(new Event('change'));")  # fmt: skip
+        wait_for(driver, "return document.querySelector('section[data-series=train_loss] .band').dataset.lines === '1:median,2:2'")
+        assert "rank=2:2" in driver.current_url and "1:2" not in driver.current_url
+        _, median, mx, my, label = driver.execute_script(point)
+        assert label == "1: faulty/version_0" and median < value / 5 and my - y > 20
+        # (the median's own pixels may lie under run 2's line: the two runs' typical losses are alike)
+        assert not near(painted(), x, y)
+        # the wall-time axis: seconds since each run's own start (run 2 started after run 1 ended)
+        driver.get(url + "compare?runs=1,2&x=time")
+        wait_for(driver, "return document.body.dataset.drawn && MRL_CHARTS.train_loss"
+                         " && document.querySelector('section[data-series=train_loss] .band').dataset.x === 'time'")  # fmt: skip
+        xs, first_two, labels = driver.execute_script(
+            "const u = MRL_CHARTS.train_loss; return [u.data[0], u.data[5].findIndex((v) => v !== null), u.axes[0]._values];")
+        assert 0 <= xs[0] < 30 and xs == sorted(xs) and max(xs) < 600
+        assert xs[first_two] < 30  # run 2's values from its own start, beside run 1's
+        assert labels and all(label.endswith("s") for label in labels), labels  # 0.0s, 5.0s, 1m30s
+        assert driver.find_element("id", "x-axis").get_attribute("value") == "time"

@@ -144,7 +144,8 @@ def test_stop_on_alert_stops_every_rank_at_one_step(trained: tuple[Path, str, li
     for run_id in (1, 2):  # each logger's run records the stop (the alerts are the first logger's)
         decisions = query(db, f"SELECT rank, step, vote, decision FROM decisions WHERE run_id = {run_id} "
                               "AND callback = 'StopOnAlert' ORDER BY rank")  # fmt: skip
-        assert decisions == [(0, stop, 1, 1), (1, stop, 0, 1), (2, stop, 0, 1), (3, stop, 0, 1)]
+        # the stop's step is the stopped batch's logged step: the Trainer's global_step at its end less one
+        assert decisions == [(0, stop - 1, 1, 1), (1, stop - 1, 0, 1), (2, stop - 1, 0, 1), (3, stop - 1, 0, 1)]
     for run_id in (1, 2):
         counts = query(db, f"SELECT rank, COUNT(DISTINCT step), MAX(step), COUNT(*) FROM metrics WHERE run_id = {run_id} "
                            "AND key = 'train_loss' GROUP BY rank ORDER BY rank")  # fmt: skip
@@ -156,7 +157,7 @@ def test_runs_and_report_say_the_run_was_stopped(trained: tuple[Path, str, list[
     the stored rows: the first logger's `stop` alert, the second's decision rows (no alert of its
     own); the status stays success."""
     db, _, _ = trained
-    stop = int((db.parent / "steps-0.txt").read_text())
+    stop = int((db.parent / "steps-0.txt").read_text()) - 1  # the last logged step (global_step counts one more)
     why = f"stopped by StopOnAlert at step {stop:,} (departure alert: rank 1, train_loss"
     listed = CliRunner().invoke(main, ["runs", str(db)])
     assert listed.exit_code == 0, listed.output

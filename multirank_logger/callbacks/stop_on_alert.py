@@ -40,7 +40,7 @@ from multirank_logger.errors import NoMultiRankLogger
 from multirank_logger.logger.multi_rank_logger import LIGHTNING_BASES, MultiRankLogger
 from multirank_logger.watch.alerts import ALERT_KINDS, Alert
 
-__all__ = ["ALERT_KINDS", "StopOnAlert"]
+__all__ = ["ALERT_KINDS", "StopOnAlert", "logged_step"]
 
 
 
@@ -70,7 +70,8 @@ class StopOnAlert(Callback):
         self.every = check_every_n_steps
         self._logger: MultiRankLogger | None = None  # the one whose alerts stop the fit
         self._loggers: list[MultiRankLogger] = []
-        #: the alert that stopped the fit (rank 0), and the step it stopped at (every rank)
+        #: the alert that stopped the fit (rank 0), and the step it stopped at (every rank): the
+        #: step its last batch's metrics are logged at (`logged_step`)
         self.stopped_by: Alert | None = None
         self.stopped_at: int | None = None
 
@@ -97,14 +98,31 @@ class StopOnAlert(Callback):
         if not stop:
             return
         trainer.should_stop = True
-        self.stopped_at = trainer.global_step
+        step = logged_step(trainer)
+        self.stopped_at = step
         self.stopped_by = alert
         for logger in self._loggers:
             logger.record(
-                "decisions", step=trainer.global_step, epoch=trainer.current_epoch, callback=type(self).__name__,
+                "decisions", step=step, epoch=trainer.current_epoch, callback=type(self).__name__,
                 monitor=f"{alert.kind}:{alert.key}:rank {alert.rank}" if alert is not None else None,
                 value=None, vote=vote, decision=True, time=time.time(),
             )  # fmt: skip
         if alert is not None:
-            self._logger.stopped_by_alert(alert, trainer.global_step)
+            self._logger.stopped_by_alert(alert, step)
+
+
+def logged_step(trainer: pl.Trainer) -> int:
+    """The step this batch's metrics are logged at: the stop's step, so that "stopped at step N"
+    names the run's last logged step.
+
+    ``on_train_batch_end`` runs after the optimizer step has counted ``global_step`` and before
+    Lightning logs the batch at ``fit_loop.epoch_loop._batches_that_stepped``, which it counts
+    after the log (``training_epoch_loop.advance`` / ``on_advance_end``): ``global_step`` there is
+    one past the batch's logged step. The attribute is private; a Lightning without it gets
+    ``global_step - 1`` (the same on a batch that stepped one optimizer).
+    """
+    stepped = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "_batches_that_stepped", None)
+    if isinstance(stepped, int):
+        return stepped
+    return max(trainer.global_step - 1, 0)
 

@@ -3,8 +3,8 @@
 
 The layout, one folder per table and one ``run_uuid=UUID`` folder per run under it::
 
-    DEST/metrics/run_uuid=<uuid>/part-<token>-00000.parquet   run, key, step, rank, value, dtype, seq, time
-    DEST/runs/run_uuid=<uuid>/...        the run's row (run, name, version, status, world_size, hparams...)
+    DEST/metrics/run_uuid=<uuid>/part-<token>-00000.parquet   run_id, key, step, rank, value, dtype, seq, time
+    DEST/runs/run_uuid=<uuid>/...        the run's row (run_id, name, version, status, world_size, hparams...)
     DEST/attempts/run_uuid=<uuid>/...    its launches
     DEST/ranks/run_uuid=<uuid>/...       its registered ranks (host, pid, status...)
     DEST/decisions/run_uuid=<uuid>/...   DecisionAudit's rows; logs/, step_timing/ likewise
@@ -13,8 +13,14 @@ The layout, one folder per table and one ``run_uuid=UUID`` folder per run under 
 
 A run is keyed by its UUID (``runs.run_uuid``; one derived for a run from before UUIDs:
 ``export/run_identity.py``), not by its store's id: many stores (each with a run 1, a store made
-again) and many jobs export into one lake and never meet. ``run`` in every file is the store's
-id of the run, for joins within one store's runs; across stores join on ``run_uuid``.
+again) and many jobs export into one lake and never meet. ``run_id`` in every file is the store's
+id of the run (the store's own column name, and the reader's frames'), for joins within one
+store's runs; across stores join on ``run_uuid``.
+
+Times are timestamps, UTC, to the microsecond (``timestamp[us, tz=UTC]``; Parquet's
+TIMESTAMP(MICROS, adjusted to UTC)): ``time``, ``started_at``, ``ended_at``, ``seen_at``... (the
+store keeps them as unix seconds, a float). A lake written before this naming (its files'
+``run`` column, times as floats) is refused, not mixed: a reader unions files by their columns.
 
 Every stored row is there once, with the store's columns: ``value`` is the value logged (NaN and
 -0.0 included), ``dtype`` what Python type it had (``model/schema.py``), ``seq`` the rank's call
@@ -50,6 +56,7 @@ from multirank_logger.export.destination import Destination
 from multirank_logger.export.run_identity import run_identity
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import alerts, attempts, decisions, findings, logs, ranks, runs, step_timing
+from multirank_logger.query.long_table import utc_timestamps
 from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
 
 if TYPE_CHECKING:
@@ -57,12 +64,15 @@ if TYPE_CHECKING:
 
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["FILE_ROWS", "PARTITION", "ROW_GROUP_ROWS", "RUN_COLUMN", "WINDOW_ROWS", "ParquetExport", "export_parquet"]
+__all__ = ["FILE_ROWS", "PARTITION", "ROW_GROUP_ROWS", "RUN_COLUMN", "WINDOW_ROWS", "ParquetExport",
+           "export_parquet"]
 
 #: the Hive partition key of every table: a run's folder is ``run_uuid=<its UUID>``
 PARTITION = "run_uuid"
 #: the column of every file that holds the store's id of the run
-RUN_COLUMN = "run"
+RUN_COLUMN = "run_id"
+#: that column's name in lakes written before issue 49 (their times floats): refused in a lake
+OLD_RUN_COLUMN = "run"
 #: the partition key of the layout before UUIDs (``run=<store id>``): refused in a lake (see the module docstring)
 OLD_PARTITION = "run"
 
@@ -125,6 +135,7 @@ def export_parquet(
     """
     target = Destination(dest, **storage_options)
     _refuse_old_layout(target)
+    _refuse_old_columns(target)
     out = ParquetExport(target.public)
     for ref in refs:
         token = uuid.uuid4().hex[:12]
@@ -160,6 +171,24 @@ def _refuse_old_layout(target: Destination) -> None:
                            "Export to a new directory (or export the stores those runs came from again into one).")  # fmt: skip
 
 
+def _refuse_old_columns(target: Destination) -> None:
+    """A lake whose runs' files have the column names before issue 49 (``run``, float times) is
+    refused: engines read a dataset by one schema (DuckDB, Polars: the first file's), so its
+    runs would read as NULL ``run_id`` or fail on ``time``'s type."""
+    import pyarrow.parquet as pq
+
+    for name in target.folders("runs"):
+        for path in target.files("runs", name)[:1]:
+            with target.errors_told(), target.fs.open(path, "rb") as fp:
+                names = pq.read_schema(fp).names
+            if OLD_RUN_COLUMN in names and RUN_COLUMN not in names:
+                raise ExportFailed(target.public, f"its runs were exported before run_id and UTC timestamps "
+                                   f"({target.shown('runs', name)} has a '{OLD_RUN_COLUMN}' column)",
+                                   "Export to a new directory (docs/export.md says what changed), or export "
+                                   "the stores those runs came from again into one.")  # fmt: skip
+        return  # one run's file tells: every export writes one naming
+
+
 def _remove_written(target: Destination, partition: str, token: str) -> None:
     """The files of a failed export of one run (those of its `token`), as far as the filesystem lets."""
     for folder in ("metrics", *(name for name, _, _ in RUN_TABLES)):
@@ -168,11 +197,13 @@ def _remove_written(target: Destination, partition: str, token: str) -> None:
 
 
 def _with_run(table: pa.Table, ref: RunRef) -> pa.Table:
-    """`table` with the store's run id as its first column, `RUN_COLUMN` (int32, as ``runs.id``)."""
+    """`table` with the store's run id as its first column, `RUN_COLUMN` (int32, as ``runs.id``),
+    and its times as UTC timestamps (``query/long_table.utc_timestamps``)."""
     import pyarrow as pa
 
-    return table.add_column(0, pa.field(RUN_COLUMN, pa.int32(), nullable=False),
-                            pa.repeat(pa.scalar(ref.id, pa.int32()), table.num_rows))  # fmt: skip
+    return utc_timestamps(table).add_column(0, pa.field(RUN_COLUMN, pa.int32(), nullable=False),
+                                            pa.repeat(pa.scalar(ref.id, pa.int32()), table.num_rows))  # fmt: skip
+
 
 
 def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, partition: str, token: str, window_rows: int,
@@ -227,5 +258,5 @@ _METRIC_OPTIONS: dict[str, Any] = {
     **_WRITE_OPTIONS,
     "use_dictionary": [RUN_COLUMN, "key", "rank", "dtype"],  # the run id: one value a file, its runs next to nothing
     "column_encoding": {"step": "DELTA_BINARY_PACKED", "seq": "DELTA_BINARY_PACKED",
-                        "value": "BYTE_STREAM_SPLIT", "time": "BYTE_STREAM_SPLIT"},
+                        "value": "BYTE_STREAM_SPLIT", "time": "DELTA_BINARY_PACKED"},
 }

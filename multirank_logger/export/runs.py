@@ -52,5 +52,5 @@ def export_runs(reader: StoreReader, fmt: str, dest: str, *, run: str | None = N
     for ref in refs:
         ranks = tb.ranks[ref.id]
         yield (f"Wrote {tb.rows[ref.id]:,} values of {ref.label} (run {ref.id}), {len(ranks)} rank(s), "
-               f"to {tb.folders[ref.id]}/rank_K/")  # fmt: skip
+               f"to {tb.folders[ref.id]}/ (the run; each rank in rank_K/)")  # fmt: skip
     yield f"See them with: tensorboard --logdir {tb.destination}"

@@ -7,6 +7,7 @@ run into ddp_spawn's workers and never changes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from argparse import Namespace
@@ -101,11 +102,13 @@ _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 def jsonable(value: Any) -> Any:
-    """Nested Namespaces and mappings as dicts, so the stored JSON keeps their structure; NaN and
+    """Nested Namespaces, dataclasses and mappings as dicts, so the stored JSON keeps their structure; NaN and
     infinities as the strings "NaN", "Infinity", "-Infinity" (Python's json writes bare ``NaN``,
     which is not JSON: other readers, DuckDB's and PostgreSQL's among them, refuse it)."""
     if isinstance(value, Namespace):
         value = vars(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # save_hyperparameters of a dataclass
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

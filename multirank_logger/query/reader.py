@@ -315,7 +315,7 @@ class StoreReader:
         *,
         frame: str = "pandas",
     ) -> Any:
-        """The long table of one run: rank, seq, step, key, value, dtype, time, attempt.
+        """The long table of one run: run_id, rank, seq, step, key, value, dtype, time (UTC), attempt.
 
         ``frame``: ``"pandas"`` (a DataFrame), ``"arrow"`` (a ``pyarrow.Table``) or ``"polars"`` (a
         ``polars.DataFrame``, the ``polars`` extra): built in Arrow, never copied through pandas.

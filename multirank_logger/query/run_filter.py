@@ -2,8 +2,9 @@
 ``runs`` table alone (its name, status, start and ``hparams`` JSON), never a metric row; and the
 chosen hyperparameters as columns (``runs --show-params``).
 
-The rule for ``--param KEY=VALUE`` (the page's filter box follows it too: ui/static/app.js):
-KEY is a top-level key of the run's stored hyperparameters; a string matches VALUE as its own
+The rule for ``--param KEY=VALUE`` (the page's filter box follows it too: ui/static/run_filter.js):
+KEY is the path of a value in the run's stored hyperparameters, nested keys joined by dots
+(``optimizer.lr``; a key holding a dot in quotes: model/param_path.py); a string matches VALUE as its own
 characters, a number matches a VALUE of the same number (``lr=0.0003`` and ``lr=3e-4`` alike),
 true, false and null match those words, a list or an object its JSON text.
 """
@@ -19,10 +20,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from multirank_logger.model.param_path import split_key_value, split_path
 from multirank_logger.model.schema import runs
 from multirank_logger.store.status import FAILED, INCOMPLETE, INTERRUPTED, RUNNING, SUCCESS
 
-__all__ = ["RUN_STATUSES", "RunFilter", "param_text", "parse_param", "parse_when", "read_hparams"]
+__all__ = ["RUN_STATUSES", "RunFilter", "param_text", "parse_param", "parse_shown", "parse_when", "read_hparams"]
 
 #: what ``--since``/``--until`` take (UTC): a day, a minute or a second
 WHEN_FORMATS = (("%Y-%m-%d", 86400), ("%Y-%m-%d %H:%M", 60), ("%Y-%m-%dT%H:%M", 60),
@@ -49,15 +51,32 @@ def parse_when(text: str, *, end: bool = False) -> float:
 
 
 def parse_param(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` as (KEY, VALUE), split at the first ``=``.
+    """``KEY=VALUE`` as (KEY, VALUE), split at the first ``=`` outside a quoted key; KEY a path
+    (model/param_path.py).
 
     Raises:
-        ValueError: without ``=`` or with an empty KEY.
+        ValueError: without ``=``, with an empty KEY, or a KEY that is no path.
     """
-    key, eq, value = text.partition("=")
-    if not eq or not key.strip():
-        raise ValueError(f"{text!r}: give KEY=VALUE, e.g. lr=0.001")
+    key, value = split_key_value(text)
+    if "=" not in text or not key.strip():
+        raise ValueError(f"{text!r}: give KEY=VALUE, e.g. lr=0.001 (optimizer.lr=0.001 for a nested key)")
+    keys = split_path(key.strip())  # raises, saying how to write the path
+    if any(not k or '"' in k or "\\" in k for k in keys):  # SQLite's JSON paths cannot name them
+        raise ValueError(f"{key.strip()!r}: a key that is empty or holds a double quote or a backslash cannot be "
+                         "searched; list the runs with --format json and pick them from its hparams")
     return key.strip(), value.strip()
+
+
+def parse_shown(text: str) -> tuple[str, ...]:
+    """``--show-params KEY,KEY`` as its paths.
+
+    Raises:
+        ValueError: for a KEY that is no path (model/param_path.split_path says how to write it).
+    """
+    shown = tuple(k.strip() for k in text.split(",") if k.strip())
+    for key in shown:
+        split_path(key)
+    return shown
 
 
 def _number(text: str) -> float | None:
@@ -123,7 +142,7 @@ class RunFilter:
         if self.until is not None:
             out.append(c.started_at < self.until)
         for key, value in self.params:
-            text, number = backend.json_member(c.hparams, key)
+            text, number = backend.json_member(c.hparams, split_path(key))
             wanted = _number(value)
             out.append(text.in_(_spellings(value)) if wanted is None else sa.or_(text == value, number == wanted))
         return out

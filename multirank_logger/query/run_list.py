@@ -233,3 +233,13 @@ def _counts(column: Any) -> Any:
     import pandas as pd
 
     return pd.to_numeric(column).fillna(0).astype("int64")
+
+
+def read_step_clock(fetch_arrow: Callable[[sa.Select], Any], run_id: int) -> tuple[list[int], list[float]]:
+    """The run's clock, from its step summaries (no metric row): per bucket of ``SUMMARY_STEPS``
+    steps, its first step and the latest unix time any rank logged a value in it, in step order.
+    The compare page's wall-time axis reads a step's time from it (ui/views.clock_view)."""
+    c = step_summaries.c
+    found = fetch_arrow(sa.select(c.step, sa.func.max(c.last_time).label("t")).where(c.run_id == run_id)
+                        .group_by(c.step).order_by(c.step))  # fmt: skip
+    return [int(s) for s in found.column(0).to_pylist()], [float(t) for t in found.column(1).to_pylist()]

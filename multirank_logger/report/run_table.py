@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from multirank_logger._util.readable import duration_text, number_text, text_table
+from multirank_logger.model.param_path import param_at, split_path
 from multirank_logger.query.run_filter import param_text
 
 __all__ = ["runs_data_text", "runs_table_text", "status_text", "utc_seconds"]
@@ -47,8 +48,8 @@ def utc_seconds(seconds: float) -> str:
 
 def _shown(params: dict[int, dict[str, Any]], run_id: int, key: str) -> str:
     """A run's hyperparameter `key` as a column shows it; "-" where the run has none."""
-    held = params.get(run_id, {})
-    return param_text(held[key]) if key in held else "-"
+    found, value = param_at(params.get(run_id, {}), split_path(key))
+    return param_text(value) if found else "-"
 
 
 def runs_table_text(rows: list[dict[str, Any]], params: dict[int, dict[str, Any]] | None = None,
@@ -79,9 +80,9 @@ def runs_data_text(df: Any, fmt: str, params: dict[int, dict[str, Any]] | None =
     for column in ("started", "last_value"):
         df[column] = [None if t is None or t != t else t.isoformat() for t in df[column]]
     for key in shown:
-        held = [(params or {}).get(int(i), {}) for i in df["id"]]
-        df[f"param.{key}"] = [(h.get(key) if fmt == "json" else _shown(params or {}, int(i), key)) if key in h else None
-                              for i, h in zip(df["id"], held)]  # fmt: skip
+        held = [param_at((params or {}).get(int(i), {}), split_path(key)) for i in df["id"]]
+        df[f"param.{key}"] = [(value if fmt == "json" else param_text(value)) if found else None
+                              for found, value in held]  # fmt: skip
     if fmt == "csv":
         return str(df.to_csv(index=False, lineterminator="\n"))
     return str(df.to_json(orient="records", force_ascii=False)) + "\n"

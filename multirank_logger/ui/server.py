@@ -13,7 +13,7 @@ the user allowed, ``--allow-host``), and on the API no cross-site ``Origin``. A 
 site, served from a name that resolves to 127.0.0.1 (DNS rebinding), gets a 403, never a run.
 
 Routes: ``/`` (the runs), ``/run/ID``, ``/compare?runs=ID,ID,...``, ``/static/FILE``, and under
-``/api/``: ``runs``, ``run/ID`` (``?brief=1``: the header only), ``run/ID/findings``, ``run/ID/alerts``, ``run/ID/series?name=S``,
+``/api/``: ``runs``, ``run/ID`` (``?brief=1``: the header only), ``run/ID/findings``, ``run/ID/alerts``, ``run/ID/clock``, ``run/ID/series?name=S``,
 ``run/ID/line?name=S&rank=R``, ``run/ID/logs``.
 """
 
@@ -310,7 +310,7 @@ class _Handler(BaseHTTPRequestHandler):
         if route == "runs":
             with self.server.reader() as reader:
                 return views.runs_view(reader)
-        m = re.fullmatch(r"run/(\d+)(?:/(findings|series|line|logs|alerts))?", route)
+        m = re.fullmatch(r"run/(\d+)(?:/(findings|series|line|logs|alerts|clock))?", route)
         if m is None:
             raise _Answer(HTTPStatus.NOT_FOUND, f"No API route {route}.")
         run_id, what = run_number(m[1]), m[2]
@@ -327,6 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return views.logs_view(reader, ref.id)
             if what == "alerts":
                 return views.alerts_view(reader, ref.id)
+            if what == "clock":
+                return views.clock_view(reader, ref)
             name = query.get("name")
             if not name:
                 raise _Answer(HTTPStatus.BAD_REQUEST, "Give the series: ?name=KEY (or timing:COLUMN).")

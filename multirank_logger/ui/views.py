@@ -22,13 +22,17 @@ import numpy as np
 
 from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ranks import non_finite_ranks
+from multirank_logger.model.param_path import flat_params
+from multirank_logger.model.run_ref import RunRef
+from multirank_logger.model.schema import SUMMARY_STEPS
 from multirank_logger.query.reader import StoreReader
+from multirank_logger.query.run_list import read_step_clock
 from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary
 
 if TYPE_CHECKING:
     from multirank_logger.report.findings import Findings
 
-__all__ = ["CELL_EMPTY", "CELL_NON_FINITE", "findings_answer", "findings_view", "logs_view", "run_view", "runs_view",
+__all__ = ["CELL_EMPTY", "CELL_NON_FINITE", "clock_view", "findings_answer", "findings_view", "logs_view", "run_view", "runs_view",
            "series_view"]  # fmt: skip
 
 #: heatmap cell codes besides a score x 10 in -120..120
@@ -78,7 +82,7 @@ def _params(stored: str | None) -> dict[str, Any]:
         found = json.loads(stored) if stored else {}
     except ValueError:
         return {}
-    return clean(found) if isinstance(found, dict) else {}
+    return flat_params(clean(found)) if isinstance(found, dict) else {}  # each leaf by its path: optimizer.lr
 
 
 def run_status(reader: StoreReader, run_id: int) -> str | None:
@@ -182,6 +186,13 @@ def constant_key(s: BucketSummary) -> dict[str, Any] | None:
         "from": int(steps[0]),
         "to": int(steps[-1]) + s.width - 1,
     }
+
+
+def clock_view(reader: StoreReader, ref: RunRef) -> dict[str, Any]:
+    """The run's clock for the compare page's wall-time axis: per bucket of ``width`` steps (its
+    first step), the seconds from the run's start to the last value logged in it."""
+    steps, times = read_step_clock(reader._fetch_arrow, ref.id)
+    return clean({"steps": steps, "seconds": [t - ref.started_at for t in times], "width": SUMMARY_STEPS})
 
 
 def line_view(s: BucketSummary, rank: int) -> dict[str, Any]:

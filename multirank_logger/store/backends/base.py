@@ -314,12 +314,12 @@ class Backend:
         it (numbering a row's key by it: query/key_numbers.py), or None where there is none."""
         return None
 
-    def json_member(self, column: Any, key: str) -> tuple[Any, Any]:
-        """A top-level member `key` of a JSON text column (``runs.hparams``), as two SQL
+    def json_member(self, column: Any, keys: tuple[str, ...]) -> tuple[Any, Any]:
+        """The member under `keys` (from the top, objects only: model/param_path.py) of a JSON text column (``runs.hparams``), as two SQL
         expressions: its text (a string's own characters; a number, true, false, null, a list or
         an object as JSON text) and its value as a float where it is a number (else NULL). Both
         NULL where the column or the member is missing. Here SQLite's JSON functions (JSON1)."""
-        path = json_path(key)
+        path = json_path(keys)
         valid = sa.func.json_valid(column) == 1  # a store from before issue 38 may hold bare NaN
         kind = sa.func.json_type(column, path)
         text = sa.case((~valid, None), (kind == "text", sa.func.json_extract(column, path)),
@@ -423,9 +423,12 @@ def _chunks(fetch: Callable[[int], Any], rows: int) -> Iterator[list[Any]]:
             return
 
 
-def json_path(key: str) -> str:
-    """The JSON path of a top-level member `key` (quoted: any character may be in a key)."""
-    return '$."' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def json_path(keys: tuple[str, ...]) -> str:
+    """The JSON path of the member under `keys`, each quoted (a dot, a space, ``=`` may be in a key;
+    a quoted key never indexes a list, so a list is a value, never walked into). SQLite's paths
+    have no escape: a key holding ``"`` or ``\\``, or an empty one, is refused before
+    (query/run_filter.parse_param)."""
+    return "$" + "".join(f'."{key}"' for key in keys)
 
 
 def driver_connection(conn: sa.Connection) -> Any:

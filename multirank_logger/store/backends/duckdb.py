@@ -235,9 +235,9 @@ class DuckDBBackend(Backend):
         # DuckDB hashes a dictionary-compressed column's strings once per dictionary entry
         return sa.func.hash(key)
 
-    def json_member(self, column: Any, key: str) -> tuple[Any, Any]:
+    def json_member(self, column: Any, keys: tuple[str, ...]) -> tuple[Any, Any]:
         # DuckDB's json extension: its types are its own (VARCHAR, DOUBLE, BIGINT, UBIGINT, BOOLEAN, NULL...)
-        path = json_path(key)
+        path = json_path(keys)
         valid = sa.func.json_valid(column)
         kind = sa.func.json_type(column, path)
         text = sa.case((~valid, None), (kind == "VARCHAR", sa.func.json_extract_string(column, path)),

@@ -106,11 +106,15 @@ class PostgreSQLBackend(Backend):
         # scan (one descent per rank), not a DISTINCT over the run's rows.
         return list(conn.execute(sa.text(_RANKS_OF_RUN), {"run": run_id}).scalars())
 
-    def json_member(self, column: Any, key: str) -> tuple[Any, Any]:
-        # jsonb: ->> gives a string's characters and a number's or a boolean's text, NULL for JSON null
-        member = sa.cast(column, JSONB).op("->")(sa.literal(key, sa.Text))
+    def json_member(self, column: Any, keys: tuple[str, ...]) -> tuple[Any, Any]:
+        # jsonb: -> with a text key per level (never #>, whose path indexes a list by a number's
+        # text); ->> gives a string's characters and a number's or a boolean's text, NULL for JSON null
+        above: Any = sa.cast(column, JSONB)
+        for key in keys[:-1]:
+            above = above.op("->")(sa.literal(key, sa.Text))
+        member = above.op("->")(sa.literal(keys[-1], sa.Text))
         kind = sa.func.jsonb_typeof(member)
-        text = sa.case((kind == "string", sa.cast(column, JSONB).op("->>")(sa.literal(key, sa.Text))),
+        text = sa.case((kind == "string", above.op("->>")(sa.literal(keys[-1], sa.Text))),
                        else_=sa.cast(member, sa.Text))  # fmt: skip
         number = sa.case((kind == "number", sa.cast(sa.cast(member, sa.Text), sa.Float(53))))
         return text, number

@@ -2,7 +2,9 @@
  * A filter is words, each of which a run must match: KEY=VALUE matches its hyperparameter KEY as
  * `multirank-logger runs --param KEY=VALUE` does (query/run_filter.py: a string as its text, a
  * number as its value, lr=3e-4 and lr=0.0003 alike, anything else as its JSON text); any other
- * word is found in the run's label (name/version) or status, in any case. */
+ * word is found in the run's label (name/version) or status, in any case. A run's params come
+ * flat, each leaf by its path (model/param_path.py: optimizer.lr, "key.with.dot"), so KEY is
+ * that path, matched whole. */
 (function () {
   "use strict";
   const has = (o, k) => o !== null && typeof o === "object" && Object.prototype.hasOwnProperty.call(o, k);
