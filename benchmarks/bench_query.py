@@ -4,7 +4,7 @@ The store (full mode: 8 ranks x 200k steps x 10 keys = 16M rows) is generated on
 by a raw DuckDB bulk insert (``INSERT ... SELECT`` over ``range()``, random doubles)
 into a file whose schema, run and ranks the project created, and cached under
 benchmarks/.cache/ (keyed by size and schema revision). Rows are laid out in chunks of
-1,000 steps, rank after rank, as a logger flushing every 1,000 steps would leave them.
+1,024 steps, rank after rank, as a logger flushing every 1,024 steps would leave them.
 
 - ``export_csv``: ``open_store(db).export_csv(path, rank=0)``, opening included;
 - CSVLogger, one ``save()``: the same rows buffered in a CSVLogger, then the one
@@ -33,7 +33,7 @@ from benchmarks._harness import CACHE_DIR, Case, Goal, Sizes, Unavailable
 
 SECTION = "query"
 KEY = "metric_0"
-_CHUNK_STEPS = 1_000
+_CHUNK_STEPS = 1_024  # whole buckets of both summary levels: the coarse backfill of a chunk reads its fine rows
 
 
 #: the scale store of the "hundreds of ranks" figures: 256 ranks x 20,000 steps x 10 keys = 51.2M rows,
@@ -71,13 +71,13 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
     (rank, step).
 
     The rows go in one INSERT per ``_CHUNK_STEPS`` steps (every rank's, rank after rank), each
-    with its summaries: the layout a logger flushing every 1,000 steps leaves, with no sort
+    with its summaries: the layout a logger flushing every 1,024 steps leaves, with no sort
     of the whole table, so a billion rows build in memory and time linear in the chunks."""
     import duckdb
 
     from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
-    from multirank_logger.store.step_summaries import backfill
+    from multirank_logger.store.step_summaries import backfill, backfill_coarse
 
     path = store_path(ranks, steps, keys, faults=faults is not None)
     if path.is_file() and _same_schema(path):
@@ -119,6 +119,7 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
         )
         # what the store's own writes keep beside the rows (store/step_summaries.py): their summaries
         con.execute(backfill(where=f"WHERE step >= {first} AND step < {last}", bit_or=True))
+        con.execute(backfill_coarse(where=f"WHERE step >= {first} AND step < {last}", bit_or=True))
         con.execute("COMMIT")
         if ranks * steps * keys >= 100_000_000 and first // _CHUNK_STEPS % 10 == 9:
             print(f"  {last:,} of {steps:,} steps in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -177,7 +178,7 @@ def build_sqlite_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, 
     src.execute("SET enable_progress_bar = false")
     store = Store(tmp)
     with store.begin() as conn:
-        for table in ("runs", "ranks", "step_summaries", "metric_spans"):
+        for table in ("runs", "ranks", "step_summaries", "coarse_summaries", "metric_spans"):
             cols = [d[0] for d in src.execute(f"SELECT * FROM {table} LIMIT 0").description]
             rows = src.execute(f"SELECT * FROM {table}").fetchall()
             names = ", ".join(f'"{c}"' for c in cols)

@@ -21,7 +21,10 @@ write path keeps per 16 steps, ``store/step_summaries.py``): about 1/16 of the k
 bucket width rounded up to a multiple of ``SUMMARY_STEPS``. A run is long enough when its own
 width is at least half of that (``SUMMARY_STEPS // 2`` steps a bucket: 8,000 steps and more at
 the page's 2,000 buckets), so the page still gets at least half the buckets it asked for;
-a shorter run's rows are few, and read as they are, at their finer width.
+a shorter run's rows are few, and read as they are, at their finer width. By the same rule a
+run whose width is at least ``COARSE_STEPS // 2`` (32,000 steps and more) is read from the
+coarse level (``coarse_summaries``, per 64 steps): one or two summaries a bucket up to 128,000
+steps, where the 16-step level took four at 100,000 steps.
 
 Either way a step a rank logged twice (a resumed launch re-logging its predecessor's last
 steps) holds its later call alone, as in ``per_rank``: the cells holding one are read again
@@ -40,7 +43,15 @@ import sqlalchemy as sa
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import LookupFailed
 from multirank_logger.judgement.non_finite import NEG_INF, POS_INF
-from multirank_logger.model.schema import BIGINT_MAX, SUMMARY_STEPS, metrics, step_summaries, step_timing
+from multirank_logger.model.schema import (
+    BIGINT_MAX,
+    COARSE_STEPS,
+    SUMMARY_STEPS,
+    coarse_summaries,
+    metrics,
+    step_summaries,
+    step_timing,
+)
 from multirank_logger.query.relogged_steps import LatestWins
 
 __all__ = ["HEATMAP_COLUMNS", "TIMING_SERIES", "BucketBuilder", "BucketSummary", "bucket_width", "summarize"]
@@ -321,7 +332,12 @@ def _from_summaries(fetch_arrow: FetchArrow, run_id: int, key: str, columns: int
     width = bucket_width(first, last, columns)
     if width < SUMMARY_STEPS // 2 or last - first > _INT64_MAX:
         return None
-    return _summaries_grid(fetch_arrow, run_id, key, first, -(-width // SUMMARY_STEPS) * SUMMARY_STEPS)
+    # the coarse level where the page's buckets are half of one or wider (its width rounded up
+    # to whole coarse buckets: still at least half the buckets asked for), from its first bucket
+    level = COARSE_STEPS if width >= COARSE_STEPS // 2 else SUMMARY_STEPS
+    first -= first % level
+    width = bucket_width(first, last, columns)  # from that bucket: never more buckets than asked
+    return _summaries_grid(fetch_arrow, run_id, key, first, -(-width // level) * level, level)
 
 
 #: a key's summary rows are read one by one and merged in NumPy while a bucket of the page holds
@@ -329,14 +345,16 @@ def _from_summaries(fetch_arrow: FetchArrow, run_id: int, key: str, columns: int
 _ROWS_PER_CELL = 4
 
 
-def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, width: int) -> BucketSummary | None:
-    """`summarize` of a metric key from its summaries, in buckets of `width` steps from `first`
-    (both multiples of SUMMARY_STEPS); None when the run holds no summary of the key."""
-    s = step_summaries.c
+def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, width: int,
+                    level: int = SUMMARY_STEPS) -> BucketSummary | None:  # fmt: skip
+    """`summarize` of a metric key from its summaries of `level` steps (``SUMMARY_STEPS``:
+    ``step_summaries``; ``COARSE_STEPS``: ``coarse_summaries``), in buckets of `width` steps from
+    `first` (both multiples of `level`); None when the run holds no summary of the key."""
+    s = (coarse_summaries if level == COARSE_STEPS else step_summaries).c
     mine = (s.run_id == run_id, s.key == key)
     latest = LatestWins(fetch_arrow, run_id, key)
     sums = ("n_finite", "total", "n_nan", "n_pos_inf", "n_neg_inf")
-    if width <= _ROWS_PER_CELL * SUMMARY_STEPS:
+    if width <= _ROWS_PER_CELL * level:
         # a few summary rows a cell, which DuckDB's GROUP BY of as many groups took 0.9 s to hash
         # (1,024 ranks x 1,563 buckets); NumPy merges them in place in ~0.1 s. The non-finite
         # counts, nearly always 0, are read apart, for the summaries that have one: 9 columns of

@@ -10,6 +10,10 @@ of the masks). The rows a retried batch or a second import leaves out (already s
 left out here too, so the summaries and the rows never disagree
 (tests/test_step_summaries.py checks it over random runs).
 
+Beside them, the same inserts keep a coarser level, ``coarse_summaries`` (per ``COARSE_STEPS``
+steps, merged from the 16-step rows of the same insert: `coarse_batch`), so that a page bucket
+of a long run is one summary to read, not four or more (``query/step_buckets.py``).
+
 Readers: the page's per-bucket answer for a long run (``query/step_buckets.py``), the runs
 list (``query/run_list.py``), a run's keys (``Backend.run_keys``, but SQLite's) and ``per_rank``'s
 extent: a read of about 1/``SUMMARY_STEPS`` of the rows of a key, or of the run.
@@ -27,9 +31,9 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from multirank_logger.model.batch import arrow_schema, numeric
-from multirank_logger.model.schema import SUMMARY_STEPS, step_summaries
+from multirank_logger.model.schema import COARSE_STEPS, SUMMARY_STEPS, coarse_summaries, step_summaries
 
-__all__ = ["SUMMARIES_SCHEMA", "backfill", "insert_summaries", "summary_batch"]
+__all__ = ["SUMMARIES_SCHEMA", "backfill", "backfill_coarse", "coarse_batch", "insert_summaries", "summary_batch"]
 
 #: the Arrow schema of a batch of `step_summaries` rows
 SUMMARIES_SCHEMA = arrow_schema(step_summaries)
@@ -38,9 +42,11 @@ _LARGEST = "1.7976931348623157e+308"
 
 
 def insert_summaries(conn: sa.Connection, backend: Any, batch: pa.RecordBatch) -> None:
-    """Add the summaries of `batch` (metric rows just inserted) on the open transaction."""
+    """Add the summaries of `batch` (metric rows just inserted) on the open transaction, both levels."""
     if len(batch):
-        backend.insert_metrics(conn, step_summaries, summary_batch(batch))
+        fine = summary_batch(batch)
+        backend.insert_metrics(conn, step_summaries, fine)
+        backend.insert_metrics(conn, coarse_summaries, coarse_batch(fine))
 
 
 def _numpy(column: Any, dtype: Any) -> np.ndarray:
@@ -96,10 +102,53 @@ def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
         "n_neg_inf": (np.add.reduceat((values == -np.inf).astype(np.int64), starts), None),
         "last_time": (np.maximum.reduceat(time, starts), None),
     }
+    return _summaries_of(columns, pa.DictionaryArray.from_arrays(numeric(pa.int32(), codes[starts].astype(np.int32)), keys))
+
+
+def coarse_batch(fine: pa.RecordBatch) -> pa.RecordBatch:
+    """The `coarse_summaries` rows of `fine` (`summary_batch`'s rows, in its order: run, rank, key,
+    step): its summaries merged per ``COARSE_STEPS`` steps (SUM, MIN, MAX, the latest time), the mask
+    one bit per ``SUMMARY_STEPS`` steps that hold a row. From the fine rows, not the metric rows:
+    about 1/16 of them to merge."""
+    if not len(fine):
+        return fine
+    run_id, rank = _numpy(fine.column("run_id"), np.int64), _numpy(fine.column("rank"), np.int64)
+    keys = fine.column("key")
+    codes = _numpy(keys.indices, np.int64)
+    step = _numpy(fine.column("step"), np.int64)
+    first = step - np.mod(step, COARSE_STEPS)
+    changed = np.zeros(len(step), bool)
+    changed[0] = True
+    for col in (run_id, rank, codes, first):  # `fine` is sorted by them: a group is a stretch
+        changed[1:] |= col[1:] != col[:-1]
+    starts = np.flatnonzero(changed)
+
+    def summed(name: str) -> np.ndarray:
+        return np.add.reduceat(_numpy(fine.column(name), np.float64 if name == "total" else np.int64), starts)
+
+    n_finite = summed("n_finite")
+    with np.errstate(invalid="ignore"):
+        lo = np.fmin.reduceat(_numpy(fine.column("lo"), np.float64), starts)  # NULL as NaN: fmin skips it
+        hi = np.fmax.reduceat(_numpy(fine.column("hi"), np.float64), starts)
+    bit = np.left_shift(1, (step - first) // SUMMARY_STEPS).astype(np.int64)
+    columns: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
+        "run_id": (run_id[starts], None), "rank": (rank[starts], None), "step": (first[starts], None),
+        "steps_mask": (np.bitwise_or.reduceat(bit, starts), None), "n_finite": (n_finite, None),
+        "total": (summed("total"), None), "lo": (lo, n_finite > 0), "hi": (hi, n_finite > 0),
+        "n_nan": (summed("n_nan"), None), "n_pos_inf": (summed("n_pos_inf"), None),
+        "n_neg_inf": (summed("n_neg_inf"), None),
+        "last_time": (np.maximum.reduceat(_numpy(fine.column("last_time"), np.float64), starts), None),
+    }  # fmt: skip
+    return _summaries_of(columns, pa.DictionaryArray.from_arrays(
+        numeric(pa.int32(), codes[starts].astype(np.int32)), keys.dictionary))  # fmt: skip
+
+
+def _summaries_of(columns: dict[str, tuple[np.ndarray, np.ndarray | None]], keys: pa.DictionaryArray) -> pa.RecordBatch:
+    """A batch of summaries (either level: one schema) from its columns' (data, valid) and its keys."""
     arrays = []
     for field in SUMMARIES_SCHEMA:
         if field.name == "key":
-            arrays.append(pa.DictionaryArray.from_arrays(numeric(pa.int32(), codes[starts].astype(np.int32)), keys))
+            arrays.append(keys)
             continue
         data, valid = columns[field.name]
         kind = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}[field.type]
@@ -107,6 +156,25 @@ def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
             valid = None
         arrays.append(numeric(field.type, np.ascontiguousarray(data, dtype=kind), valid))
     return pa.RecordBatch.from_arrays(arrays, schema=SUMMARIES_SCHEMA)
+
+
+def backfill_coarse(where: str = "", bit_or: bool = False) -> str:
+    """The SQL (every engine) that makes `coarse_summaries` from `step_summaries` already stored:
+    what the migration to the coarse level ran, and a bulk-loaded benchmark store runs after
+    `backfill` (`where`: over the fine rows; `bit_or` as `backfill`'s). Each fine row becomes
+    part of one coarse row (the coarse level of rows the fine level holds, merged as a reader
+    merges them); the same partial rows `coarse_batch` would keep need not be: readers merge."""
+    s, c = SUMMARY_STEPS, COARSE_STEPS
+    bit = f"1 << CAST((step - b) / {s} AS INTEGER)"
+    mask = f"BIT_OR({bit})" if bit_or else f"SUM(DISTINCT {bit})"
+    return (
+        "INSERT INTO coarse_summaries (run_id, rank, key, step, steps_mask, n_finite, total, lo, hi, "
+        "n_nan, n_pos_inf, n_neg_inf, last_time) "
+        f"SELECT run_id, rank, key, b, CAST({mask} AS INTEGER), SUM(n_finite), SUM(total), MIN(lo), MAX(hi), "
+        "SUM(n_nan), SUM(n_pos_inf), SUM(n_neg_inf), MAX(last_time) "
+        f"FROM (SELECT *, step - ((step % {c}) + {c}) % {c} AS b FROM step_summaries {where}) AS f "
+        "GROUP BY run_id, rank, key, b"
+    )
 
 
 def backfill(metrics_table: str = "metrics", summaries_table: str = "step_summaries", where: str = "",

@@ -34,10 +34,11 @@ def summaries_of(run_id: int, bit_or: bool) -> list[str]:
     the summaries the store's own writes keep beside them (store/step_summaries.py): its
     summaries dropped and made again from its rows. Readers count on them (the runs list, the
     page, a run's keys), so a test's hand-made store keeps the invariant a logged one has."""
-    from multirank_logger.store.step_summaries import backfill
+    from multirank_logger.store.step_summaries import backfill, backfill_coarse
 
     where = f"WHERE run_id = {int(run_id)}"
-    return [f"DELETE FROM step_summaries {where}", backfill(where=where, bit_or=bit_or)]
+    return [f"DELETE FROM step_summaries {where}", f"DELETE FROM coarse_summaries {where}",
+            backfill(where=where, bit_or=bit_or), backfill_coarse(where=where, bit_or=bit_or)]  # fmt: skip
 
 
 def keep_summaries(conn, run_id: int) -> None:

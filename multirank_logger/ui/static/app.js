@@ -165,10 +165,13 @@
       }
     };
     addSections();
+    // the findings asked at once: the server's pass over the run runs while the charts load, not after them
+    const asked = api("run/" + id + "/findings");
+    asked.catch(() => {});  // its error is said where the findings go (loadFindings)
     async function loadAll() { for (const sec of sections.values()) await sec.load(); }
     await loadAll();
     document.body.dataset.drawn = "1";
-    await loadFindings(id, found, sections);
+    await loadFindings(id, found, sections, asked);
     await logsSection(id, logs);
     if (STATIC) return;
     // Live: every POLL_MS the header alone (milliseconds for the server); the charts are fetched
@@ -195,9 +198,9 @@
     }, POLL_MS);
   }
 
-  async function loadFindings(id, where, sections) {
+  async function loadFindings(id, where, sections, asked) {
     let f;
-    try { f = await api("run/" + id + "/findings"); } catch (e) { fail(where, e); return; }
+    try { f = await (asked || api("run/" + id + "/findings")); } catch (e) { fail(where, e); return; }
     const link = (name, text) => el("li", {}, sections.has(name) ? el("a", { href: "#" + anchor(name) }, text) : text);
     const items = [
       // each finding's one sentence and series (judgement/sentences.py), origins first (judgement/origin.py)
