@@ -166,3 +166,43 @@ def test_hosts_in_natural_order(tmp_path) -> None:  # type: ignore[no-untyped-de
     assert _invoke("hosts", db, "--format", "slurm", "--chronic", "1/1") == f"--exclude={','.join(natural)}\n"
     assert [h["host"] for h in json.loads(_invoke("hosts", db, "--format", "json"))["hosts"]] == natural
     assert [line.split()[0] for line in _invoke("hosts", db).splitlines()[1 : 1 + len(natural)]] == natural
+
+
+def test_the_drivers_read_is_the_stores(ledger_db: str) -> None:
+    """`multirank-logger hosts` reads a SQLite or DuckDB file through its engine's own driver
+    (no SQLAlchemy: its cold start); the ledger is the one `StoreReader.hosts` reads, whatever the filters."""
+    from multirank_logger import open_store
+    from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
+    from multirank_logger.query import host_ledger
+    from multirank_logger.report.host_list import read_hosts
+    from multirank_logger.store.backends.store_files import driver_rows
+
+    assert host_ledger.SEQ_ATTEMPT_SHIFT == SEQ_ATTEMPT_SHIFT  # the ledger's own copy of the constant
+    with driver_rows(ledger_db) as fetch:
+        assert fetch is not None  # the driver's way was taken, not the fallback
+    since = T0 + 150 * 3600
+    with open_store(ledger_db) as reader:
+        for kwargs in ({}, {"since": since}, {"kinds": ["straggler"]}, {"since": since, "chronic": (1, 3)}):
+            assert read_hosts(ledger_db, **kwargs) == reader.hosts(**kwargs), kwargs  # type: ignore[arg-type]
+
+
+def test_a_store_the_driver_cannot_serve_is_opened_the_usual_way(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A store at another schema revision: the usual open says what to do (upgrade), not a driver's error."""
+    import sqlite3
+
+    from multirank_logger.errors import SchemaOutdated
+    from multirank_logger.report.host_list import read_hosts
+    from multirank_logger.store.backends.store_files import driver_rows
+
+    db = build_ledger_store(str(tmp_path / "runs.sqlite"), runs=8)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0001'")
+    conn.close()
+    with driver_rows(db) as fetch:
+        assert fetch is None
+    with pytest.raises(SchemaOutdated, match="db upgrade"):
+        read_hosts(db)
+    with driver_rows(str(tmp_path / "missing.sqlite")) as fetch:
+        assert fetch is None
+    result = CliRunner().invoke(main, ["hosts", str(tmp_path / "missing.sqlite")])
+    assert result.exit_code == 1 and "No store at" in result.output, result.output

@@ -9,28 +9,30 @@ is its last launch's (as ``StoreReader.findings``); its ranks' hosts are those o
 (judgement/ledger.py).
 
 The rows come as the driver's tuples, not Arrow: pyarrow (26) imports pandas on its first
-``pa.array``, which was most of the cold command's time (tests/test_import_set.py keeps it out).
+``pa.array``, which was most of the cold command's time. The queries are SQL text over the
+tables' names, so that ``multirank-logger hosts`` (report/host_list.read_hosts) can run them on a SQLite or DuckDB file through the engine's
+own driver (store/backends/store_files.py) without importing SQLAlchemy, the rest of that time
+(tests/test_import_set.py keeps both out; benchmarks/RESULTS.md "Hosts ledger").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
 
 from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ledger import CHRONIC, host_status
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs
+from multirank_logger.store.backends.store_files import FetchSql
 
-__all__ = ["read_host_ledger"]
+__all__ = ["SEQ_ATTEMPT_SHIFT", "read_host_ledger"]
 
-#: runs a SELECT and returns its rows as the driver's tuples (``StoreReader._fetch_rows``)
-FetchRows = Callable[[sa.Select], Sequence[Sequence[Any]]]
+#: a row's ``seq`` is ``(launch << 40) + its call``: model/schema.SEQ_ATTEMPT_SHIFT (a test checks they agree)
+SEQ_ATTEMPT_SHIFT = 40
 
 
-def read_host_ledger(fetch_rows: FetchRows, *, since: float | None = None, kinds: Iterable[str] | None = None,
+def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds: Iterable[str] | None = None,
                      chronic: tuple[int, int] = CHRONIC) -> list[dict[str, Any]]:  # fmt: skip
     """Every host that ran a rank of a run started at or after `since` (unix seconds; None: every
     run), by name (numbers as numbers: ``node2`` before ``node10``): ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
@@ -40,15 +42,16 @@ def read_host_ledger(fetch_rows: FetchRows, *, since: float | None = None, kinds
     ``host_status`` with `chronic` = (K, N): chronic, intermittent, one-off, clean)."""
     k, n = chronic
     host_status(np.zeros(0, bool), k, n)  # the rule's bounds, checked before any read
-    r, f, u = ranks.c, findings.c, runs.c
-    took_part = (sa.select(r.host, r.run_id, u.started_at).distinct()
-                 .join_from(ranks, runs, u.id == r.run_id).where(r.host.is_not(None)))  # fmt: skip
-    named = (sa.select(f.run_id, f.seq, f.kind, r.host)
-             .join_from(findings, ranks, sa.and_(r.run_id == f.run_id, r.rank == f.rank))
-             .where(r.host.is_not(None)))  # fmt: skip
-    if since is not None:
-        took_part = took_part.where(u.started_at >= since)
-        named = named.join(runs, u.id == f.run_id).where(u.started_at >= since)
+    took_part = ("SELECT DISTINCT ranks.host, ranks.run_id, runs.started_at FROM ranks"
+                 " JOIN runs ON runs.id = ranks.run_id WHERE ranks.host IS NOT NULL")  # fmt: skip
+    named = ("SELECT findings.run_id, findings.seq, findings.kind, ranks.host FROM findings"
+             " JOIN ranks ON ranks.run_id = findings.run_id AND ranks.rank = findings.rank")  # fmt: skip
+    if since is not None:  # a float this code made, written as SQL's literal (no parameter style differs)
+        named += " JOIN runs ON runs.id = findings.run_id"
+        took_part += f" AND runs.started_at >= {float(since)!r}"
+        named += f" WHERE ranks.host IS NOT NULL AND runs.started_at >= {float(since)!r}"
+    else:
+        named += " WHERE ranks.host IS NOT NULL"
     parts = fetch_rows(took_part)
     if not parts:
         return []

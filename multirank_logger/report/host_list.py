@@ -17,14 +17,55 @@ import csv
 import datetime
 import io
 import json
+import os
+from collections.abc import Iterable
 from typing import Any
 
 from multirank_logger._util.readable import natural_key, text_table
+from multirank_logger.judgement.ledger import CHRONIC
 from multirank_logger.judgement.sentences import KINDS
+from multirank_logger.query.host_ledger import read_host_ledger
+from multirank_logger.store.backends.store_files import driver_rows
 
-__all__ = ["FORMATS", "KINDS", "hosts_text"]
+__all__ = ["FORMATS", "KINDS", "chronic_rule", "hosts_text", "option_error", "read_hosts"]
 
 FORMATS = ("table", "json", "csv", "slurm")
+
+
+def read_hosts(db: str | os.PathLike[str], *, since: float | None = None, kinds: Iterable[str] | None = None,
+               chronic: tuple[int, int] = CHRONIC) -> list[dict[str, Any]]:  # fmt: skip
+    """`read_host_ledger` of the store `db`: a SQLite or DuckDB file at this code's schema through
+    its own driver, anything else (PostgreSQL, a file to upgrade, a held one) through ``open_store``."""
+    with driver_rows(db) as fetch:
+        if fetch is not None:
+            return read_host_ledger(fetch, since=since, kinds=kinds, chronic=chronic)
+    from multirank_logger.query.reader import open_store
+
+    with open_store(db) as reader:
+        return reader.hosts(since=since, kinds=kinds, chronic=chronic)
+
+
+def chronic_rule(text: str) -> tuple[int, int]:
+    """``--chronic K/N`` as (K, N).
+
+    Raises:
+        ValueError: unless two integers with 1 <= K <= N.
+    """
+    k, n = (int(part) for part in text.split("/"))
+    if not 1 <= k <= n:
+        raise ValueError(text)
+    return k, n
+
+
+def option_error(rule: str, kinds: tuple[str, ...]) -> tuple[str, str] | None:
+    """What is wrong with the ``hosts`` command's ``--chronic`` `rule` or ``--kind`` `kinds`: (option, why); None when nothing."""
+    try:
+        chronic_rule(rule)
+    except ValueError:
+        return "--chronic", f"{rule!r}: give K/N with 1 <= K <= N, e.g. 3/5"
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        return "--kind", f"{', '.join(unknown)}: a kind is one of {', '.join(KINDS)}"
+    return None
 
 
 def hosts_text(rows: list[dict[str, Any]], fmt: str = "table", chronic: tuple[int, int] = (3, 5)) -> str:
