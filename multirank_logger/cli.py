@@ -514,9 +514,11 @@ def findings_cmd(db_path: str, run: str | None, all_runs: bool, fmt: str) -> Non
               help="Only runs started on or after this date (UTC).")
 @click.option("--kind", "kinds", multiple=True, help="Only findings of this kind (repeatable): non_finite, departure, straggler, memory.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "slurm"]), default="table", show_default=True,
-              help="slurm: --exclude= of the chronic hosts.")
+              help="slurm: --exclude= of the chronic hosts (Slurm's node names where recorded).")
+@click.option("--by", type=click.Choice(["host", "gpu"]), default="host", show_default=True,
+              help="gpu: every GPU by its UUID (whatever its host was called); slurm: the chronic GPUs' hosts.")
 @_friendly_errors
-def hosts_cmd(db_path: str, rule: str, since: datetime.datetime | None, kinds: tuple[str, ...], fmt: str) -> None:
+def hosts_cmd(db_path: str, rule: str, since: datetime.datetime | None, kinds: tuple[str, ...], fmt: str, by: str) -> None:
     """Every host across the runs: the runs it took part in, those whose kept verdict named it, chronic or one-off."""
     from multirank_logger.report.host_list import chronic_rule, hosts_text, option_error, read_hosts
 
@@ -524,8 +526,8 @@ def hosts_cmd(db_path: str, rule: str, since: datetime.datetime | None, kinds: t
         raise click.BadParameter(said[1], param_hint=said[0])
     k_n = chronic_rule(rule)
     after = since.replace(tzinfo=datetime.timezone.utc).timestamp() if since is not None else None
-    rows = read_hosts(db_path, since=after, kinds=kinds or None, chronic=k_n)
-    text = hosts_text(rows, fmt, k_n)
+    rows = read_hosts(db_path, since=after, kinds=kinds or None, chronic=k_n, by=by)
+    text = hosts_text(rows, fmt, k_n, by)
     if text or fmt != "slurm":
         click.echo(text)
 

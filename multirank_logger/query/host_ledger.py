@@ -26,32 +26,41 @@ from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ledger import CHRONIC, host_status
 from multirank_logger.store.backends.store_files import FetchSql
 
-__all__ = ["SEQ_ATTEMPT_SHIFT", "read_host_ledger"]
+__all__ = ["LEDGER_BY", "SEQ_ATTEMPT_SHIFT", "read_host_ledger"]
+
+#: what the ledger lists, and the ``ranks`` column that tells it: a host by its name, a GPU by its
+#: UUID (whatever its host was called: the UUID is the device's own)
+LEDGER_BY = {"host": "host", "gpu": "gpu_uuid"}
 
 #: a row's ``seq`` is ``(launch << 40) + its call``: model/schema.SEQ_ATTEMPT_SHIFT (a test checks they agree)
 SEQ_ATTEMPT_SHIFT = 40
 
 
 def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds: Iterable[str] | None = None,
-                     chronic: tuple[int, int] = CHRONIC) -> list[dict[str, Any]]:  # fmt: skip
+                     chronic: tuple[int, int] = CHRONIC, by: str = "host") -> list[dict[str, Any]]:  # fmt: skip
     """Every host that ran a rank of a run started at or after `since` (unix seconds; None: every
     run), by name (numbers as numbers: ``node2`` before ``node10``): ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
     verdict named a rank on it, of the `kinds` given; None: every kind), ``by_kind`` (kind: runs
     named), ``first_seen`` and ``last_seen`` (the start of its first and last run, unix seconds),
     ``named_last`` of its ``last`` (up to N) runs, and ``status`` (judgement/ledger.py
-    ``host_status`` with `chronic` = (K, N): chronic, intermittent, one-off, clean)."""
+    ``host_status`` with `chronic` = (K, N): chronic, intermittent, one-off, clean), and
+    ``slurm_node``: Slurm's name of the host in its latest run that recorded one (else None).
+
+    `by` ``"gpu"``: every GPU (by UUID) instead, each row with ``gpu`` (its UUID), ``gpu_name``,
+    ``host`` and ``slurm_node`` (of its latest run) and ``hosts`` (every host name it was seen under)."""
     k, n = chronic
     host_status(np.zeros(0, bool), k, n)  # the rule's bounds, checked before any read
-    took_part = ("SELECT DISTINCT ranks.host, ranks.run_id, runs.started_at FROM ranks"
-                 " JOIN runs ON runs.id = ranks.run_id WHERE ranks.host IS NOT NULL")  # fmt: skip
-    named = ("SELECT findings.run_id, findings.seq, findings.kind, ranks.host FROM findings"
-             " JOIN ranks ON ranks.run_id = findings.run_id AND ranks.rank = findings.rank")  # fmt: skip
-    if since is not None:  # a float this code made, written as SQL's literal (no parameter style differs)
-        named += " JOIN runs ON runs.id = findings.run_id"
-        took_part += f" AND runs.started_at >= {float(since)!r}"
-        named += f" WHERE ranks.host IS NOT NULL AND runs.started_at >= {float(since)!r}"
-    else:
-        named += " WHERE ranks.host IS NOT NULL"
+    col = f"ranks.{LEDGER_BY[by]}"
+    when = "" if since is None else f" AND runs.started_at >= {float(since)!r}"  # a float this code made: SQL's literal
+    took_part = (f"SELECT DISTINCT {col}, ranks.run_id, runs.started_at FROM ranks"
+                 f" JOIN runs ON runs.id = ranks.run_id WHERE {col} IS NOT NULL{when}")  # fmt: skip
+    named = (f"SELECT findings.run_id, findings.seq, findings.kind, {col} FROM findings"
+             " JOIN ranks ON ranks.run_id = findings.run_id AND ranks.rank = findings.rank"
+             f" JOIN runs ON runs.id = findings.run_id WHERE {col} IS NOT NULL{when}")  # fmt: skip
+    # the names each was seen under, the latest last (a GPU's host, a host's Slurm name)
+    seen = (f"SELECT {col}, ranks.host, ranks.gpu_name, ranks.slurm_node, MAX(runs.started_at) AS t FROM ranks"
+            f" JOIN runs ON runs.id = ranks.run_id WHERE {col} IS NOT NULL{when}"
+            f" GROUP BY {col}, ranks.host, ranks.gpu_name, ranks.slurm_node ORDER BY t")  # fmt: skip
     parts = fetch_rows(took_part)
     if not parts:
         return []
@@ -67,17 +76,37 @@ def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds:
     flags = np.isin(pair, named_any)
     kind_flags = {kind: np.isin(pair, pairs) for kind, pairs in sorted(by_kind.items())}
 
+    names_of = _names_seen(fetch_rows(seen), by)
     out = []
     bounds = np.flatnonzero(np.diff(np.r_[-1, code, len(names)]))
     for start, stop in zip(bounds[:-1], bounds[1:]):
         status, named_last, last = host_status(flags[start:stop], k, n)
+        key = str(names[code[start]])
         out.append({
-            "host": str(names[code[start]]), "runs": int(stop - start), "named": int(flags[start:stop].sum()),
+            by: key, **names_of.get(key, {}), "runs": int(stop - start), "named": int(flags[start:stop].sum()),
             "by_kind": {kind: int(f[start:stop].sum()) for kind, f in kind_flags.items() if f[start:stop].any()},
             "first_seen": float(started[start:stop].min()), "last_seen": float(started[start:stop].max()),
             "named_last": named_last, "last": last, "status": status,
         })  # fmt: skip
-    return sorted(out, key=lambda row: natural_key(row["host"]))  # node2 before node10
+    return sorted(out, key=lambda row: natural_key(row[by]))  # node2 before node10
+
+
+def _names_seen(rows: Sequence[Sequence[Any]], by: str) -> dict[str, dict[str, Any]]:
+    """Each host's (`by` "host") Slurm name, or each GPU's model, host, Slurm name and every host
+    name it was seen under, from `rows` (key, host, gpu_name, slurm_node, time) oldest first."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, host, gpu_name, slurm_node, _ in rows:
+        names = out.setdefault(str(key), {} if by == "host" else {"hosts": []})
+        if slurm_node is not None or "slurm_node" not in names:
+            names["slurm_node"] = slurm_node  # the latest one recorded
+        if by != "host":
+            names.update(gpu_name=gpu_name, host=host)
+            if host is not None and host not in names["hosts"]:
+                names["hosts"].append(host)
+    for names in out.values():
+        if "hosts" in names:
+            names["hosts"] = sorted(names["hosts"], key=natural_key)
+    return out
 
 
 def _columns(rows: Sequence[Sequence[Any]], types: Sequence[Any]) -> list[np.ndarray]:

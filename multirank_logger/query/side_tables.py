@@ -51,7 +51,8 @@ DECISION_COLUMNS = ("seq", "step", "epoch", "callback", "monitor", "mode", "rank
 LOG_COLUMNS = ("rank", "seq", "time", "level", "levelno", "logger", "message")
 TIMING_COLUMNS = ("rank", "seq", "step", "epoch", "batch_idx", "data_s", "forward_s", "rest_s", "batch_size",
                   "mem_allocated_peak", "mem_reserved_peak", "alloc_retries", "rss", "time")  # fmt: skip
-RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank")
+RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank",
+               "slurm_node", "mesh")
 ALERT_COLUMNS = ("seq", "kind", "rank", "key", "first_step", "step_seen", "seen_at", "value", "message", "detail")
 
 
