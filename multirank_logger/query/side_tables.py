@@ -227,10 +227,10 @@ def read_rank_rows(fetch_arrow: FetchArrow, run: RunRef) -> Any:
 
 
 def read_rank_nodes(fetch_arrow: FetchArrow, run_id: int) -> list[dict[str, Any]]:
-    """The run's registered ranks' ``rank``, ``node_rank``, ``host``, ``gpu_index`` and ``gpu_name`` (None
-    where not known), in no order."""
-    stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host, ranks.c.gpu_index, ranks.c.gpu_name).where(
-        ranks.c.run_id == run_id)
+    """The run's registered ranks' ``rank``, ``node_rank``, ``host``, ``gpu_index``, ``gpu_name`` and
+    ``mesh`` (None where not known), in no order."""
+    stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host, ranks.c.gpu_index, ranks.c.gpu_name,
+                     ranks.c.mesh).where(ranks.c.run_id == run_id)  # fmt: skip
     return list(fetch_arrow(stmt).to_pylist())
 
 
