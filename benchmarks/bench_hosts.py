@@ -47,8 +47,10 @@ def build(db: str, runs: int, ranks: int, hosts: int) -> None:
                          "started_at": t0 + i * 600})  # fmt: skip
         placed = rng.sample(range(hosts), (ranks + 3) // 4)
         for r in range(ranks):
-            rank_rows.append({"run_id": i + 1, "rank": r, "host": f"node{placed[r // 4]:04d}", "node_rank": r // 4,
-                              "local_rank": r % 4, "status": "success", "started_at": t0 + i * 600})  # fmt: skip
+            host = f"node{placed[r // 4]:04d}"  # every rank in a Slurm job: its node's name recorded (the most to read)
+            rank_rows.append({"run_id": i + 1, "rank": r, "host": f"{host}.cluster", "slurm_node": host,
+                              "node_rank": r // 4, "local_rank": r % 4, "status": "success",
+                              "started_at": t0 + i * 600})  # fmt: skip
         # a rank on one of the 5 lowest-numbered hosts whenever one took part (chronic), else in
         # every 3rd run any rank (one-offs)
         low = [r for r in range(ranks) if placed[r // 4] < 5]

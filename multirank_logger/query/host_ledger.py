@@ -52,22 +52,22 @@ def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds:
     host_status(np.zeros(0, bool), k, n)  # the rule's bounds, checked before any read
     col = f"ranks.{LEDGER_BY[by]}"
     when = "" if since is None else f" AND runs.started_at >= {float(since)!r}"  # a float this code made: SQL's literal
-    took_part = (f"SELECT DISTINCT {col}, ranks.run_id, runs.started_at FROM ranks"
-                 f" JOIN runs ON runs.id = ranks.run_id WHERE {col} IS NOT NULL{when}")  # fmt: skip
+    # each (host or GPU, run) once, with the names it went by in that run (a GPU's host and model,
+    # Slurm's name of the node; MAX: any rank's that recorded one)
+    took_part = (f"SELECT {col}, ranks.run_id, runs.started_at, MAX(ranks.host), MAX(ranks.gpu_name),"
+                 f" MAX(ranks.slurm_node) FROM ranks JOIN runs ON runs.id = ranks.run_id WHERE {col} IS NOT NULL{when}"
+                 f" GROUP BY {col}, ranks.run_id, runs.started_at")  # fmt: skip
     named = (f"SELECT findings.run_id, findings.seq, findings.kind, {col} FROM findings"
              " JOIN ranks ON ranks.run_id = findings.run_id AND ranks.rank = findings.rank"
              f" JOIN runs ON runs.id = findings.run_id WHERE {col} IS NOT NULL{when}")  # fmt: skip
-    # the names each was seen under, the latest last (a GPU's host, a host's Slurm name)
-    seen = (f"SELECT {col}, ranks.host, ranks.gpu_name, ranks.slurm_node, MAX(runs.started_at) AS t FROM ranks"
-            f" JOIN runs ON runs.id = ranks.run_id WHERE {col} IS NOT NULL{when}"
-            f" GROUP BY {col}, ranks.host, ranks.gpu_name, ranks.slurm_node ORDER BY t")  # fmt: skip
     parts = fetch_rows(took_part)
     if not parts:
         return []
-    host, run_id, started = _columns(parts, (object, np.int64, float))
+    host, run_id, started, on_host, gpu_name, slurm = _columns(parts, (object, np.int64, float, object, object, object))
     names, code = np.unique(host.astype(str), return_inverse=True)
     order = np.lexsort((run_id, started, code))  # each host's runs together, oldest first
     code, run_id, started = code[order], run_id[order], started[order]
+    seen = [on_host[order], gpu_name[order], slurm[order]]
     width = int(run_id.max()) + 1
     pair = code.astype(np.int64) * width + run_id  # (host, run) as one integer
 
@@ -76,14 +76,13 @@ def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds:
     flags = np.isin(pair, named_any)
     kind_flags = {kind: np.isin(pair, pairs) for kind, pairs in sorted(by_kind.items())}
 
-    names_of = _names_seen(fetch_rows(seen), by)
     out = []
     bounds = np.flatnonzero(np.diff(np.r_[-1, code, len(names)]))
     for start, stop in zip(bounds[:-1], bounds[1:]):
         status, named_last, last = host_status(flags[start:stop], k, n)
         key = str(names[code[start]])
         out.append({
-            by: key, **names_of.get(key, {}), "runs": int(stop - start), "named": int(flags[start:stop].sum()),
+            by: key, **_names_seen([c[start:stop] for c in seen], by), "runs": int(stop - start), "named": int(flags[start:stop].sum()),
             "by_kind": {kind: int(f[start:stop].sum()) for kind, f in kind_flags.items() if f[start:stop].any()},
             "first_seen": float(started[start:stop].min()), "last_seen": float(started[start:stop].max()),
             "named_last": named_last, "last": last, "status": status,
@@ -91,22 +90,20 @@ def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds:
     return sorted(out, key=lambda row: natural_key(row[by]))  # node2 before node10
 
 
-def _names_seen(rows: Sequence[Sequence[Any]], by: str) -> dict[str, dict[str, Any]]:
-    """Each host's (`by` "host") Slurm name, or each GPU's model, host, Slurm name and every host
-    name it was seen under, from `rows` (key, host, gpu_name, slurm_node, time) oldest first."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, host, gpu_name, slurm_node, _ in rows:
-        names = out.setdefault(str(key), {} if by == "host" else {"hosts": []})
-        if slurm_node is not None or "slurm_node" not in names:
-            names["slurm_node"] = slurm_node  # the latest one recorded
-        if by != "host":
-            names.update(gpu_name=gpu_name, host=host)
-            if host is not None and host not in names["hosts"]:
-                names["hosts"].append(host)
-    for names in out.values():
-        if "hosts" in names:
-            names["hosts"] = sorted(names["hosts"], key=natural_key)
+def _names_seen(names: list[np.ndarray], by: str) -> dict[str, Any]:
+    """One host's (`by` "host") Slurm name, or one GPU's host, model and Slurm name, each as in its
+    latest run that recorded one, and every host name it was seen under; from `names` (host,
+    gpu_name, slurm_node: one row a run, oldest first)."""
+    host, gpu_name, slurm = (c.tolist() for c in names)
+    out: dict[str, Any] = {"slurm_node": _latest(slurm)}
+    if by != "host":
+        out.update(gpu_name=_latest(gpu_name), host=_latest(host),
+                   hosts=sorted({h for h in host if h is not None}, key=natural_key))  # fmt: skip
     return out
+
+
+def _latest(values: list[Any]) -> Any:
+    return next((v for v in reversed(values) if v is not None), None)
 
 
 def _columns(rows: Sequence[Sequence[Any]], types: Sequence[Any]) -> list[np.ndarray]:
