@@ -1,7 +1,9 @@
-"""The hosts ledger: every host, the runs it took part in, those whose kept verdict named it.
+"""The hosts ledger: every host (or GPU, by its UUID), the runs it took part in, those whose kept
+verdict named it.
 
 What ``multirank-logger hosts`` reads (``StoreReader.hosts``): two queries, over ``ranks`` (which
-host each run's ranks ran on) and the ``findings`` table joined to it (the verdict each run kept
+host each run's ranks ran on, and the names it went by there: Slurm's, a GPU's host and model)
+and the ``findings`` table joined to it (the verdict each run kept
 at its end: a finding names a rank, the rank a host). No metric row is read, so a store of
 10,000 runs answers in well under a second (benchmarks/bench_hosts.py). A resumed run's verdict
 is its last launch's (as ``StoreReader.findings``); its ranks' hosts are those of its last launch
