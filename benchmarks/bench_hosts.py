@@ -47,8 +47,10 @@ def build(db: str, runs: int, ranks: int, hosts: int) -> None:
                          "started_at": t0 + i * 600})  # fmt: skip
         placed = rng.sample(range(hosts), (ranks + 3) // 4)
         for r in range(ranks):
-            rank_rows.append({"run_id": i + 1, "rank": r, "host": f"node{placed[r // 4]:04d}", "node_rank": r // 4,
-                              "local_rank": r % 4, "status": "success", "started_at": t0 + i * 600})  # fmt: skip
+            host = f"node{placed[r // 4]:04d}"  # every rank in a Slurm job: its node's name recorded (the most to read)
+            rank_rows.append({"run_id": i + 1, "rank": r, "host": f"{host}.cluster", "slurm_node": host,
+                              "node_rank": r // 4, "local_rank": r % 4, "status": "success",
+                              "started_at": t0 + i * 600})  # fmt: skip
         # a rank on one of the 5 lowest-numbered hosts whenever one took part (chronic), else in
         # every 3rd run any rank (one-offs)
         low = [r for r in range(ranks) if placed[r // 4] < 5]
@@ -78,14 +80,18 @@ def _command(db: str, tree: str) -> tuple[float, str]:
 
 def measure(db: str, rounds: int, baseline: str | None = None) -> dict[str, float]:
     from multirank_logger import open_store
+    from multirank_logger.report.host_list import read_hosts
 
-    reads, commands, before, chronic = [], [], [], 0
+    reads, drivers, commands, before, chronic = [], [], [], [], 0
     here = str(Path(__file__).resolve().parent.parent)
     for _ in range(rounds):
         t = time.perf_counter()
         with open_store(db) as reader:
             rows = reader.hosts()
         reads.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        assert read_hosts(db) == rows  # the command's way: the engine's own driver, no SQLAlchemy
+        drivers.append(time.perf_counter() - t)
         chronic = sum(r["status"] == "chronic" for r in rows)
         took, out = _command(db, here)
         commands.append(took)
@@ -94,7 +100,7 @@ def measure(db: str, rounds: int, baseline: str | None = None) -> dict[str, floa
             assert old == out, "the baseline's exclude list differs"
             before.append(took)
     return {"before_s": statistics.median(before) if before else None, "before_min_s": min(before, default=None),
-            "before_max_s": max(before, default=None),"read_s": statistics.median(reads), "read_min_s": min(reads), "read_max_s": max(reads),
+            "before_max_s": max(before, default=None),"read_s": statistics.median(reads), "driver_s": statistics.median(drivers), "read_min_s": min(reads), "read_max_s": max(reads),
             "command_s": statistics.median(commands), "command_min_s": min(commands), "command_max_s": max(commands),
             "hosts": len(rows), "chronic": chronic, "exclude_chars": len(out.strip())}  # fmt: skip
 
@@ -117,7 +123,7 @@ def main() -> None:
             m = measure(db, args.rounds, args.baseline)
             print(f"{backend}: {args.runs:,} runs x {args.ranks} ranks, {m['hosts']} hosts ({m['chronic']} chronic); "
                   f"built in {built:.1f} s; StoreReader.hosts {m['read_s']:.3f} s [{m['read_min_s']:.3f}, "
-                  f"{m['read_max_s']:.3f}]; `hosts --format slurm` in a fresh process {m['command_s']:.2f} s "
+                  f"{m['read_max_s']:.3f}]; read_hosts (driver) {m['driver_s']:.3f} s; `hosts --format slurm` in a fresh process {m['command_s']:.2f} s "
                   f"[{m['command_min_s']:.2f}, {m['command_max_s']:.2f}]", flush=True)  # fmt: skip
             if m["before_s"] is not None:
                 print(f"  baseline {args.baseline}: the command {m['before_s']:.2f} s [{m['before_min_s']:.2f}, "

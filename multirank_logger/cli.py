@@ -12,15 +12,18 @@ import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from multirank_logger._util.readable import times_as_times
 from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew, SpillsDamaged
-from multirank_logger.store.backends import public_name
-from multirank_logger.store.sql_store import Store, head_revision, is_known_revision
+
+# SQLAlchemy, pyarrow and the query modules are most of a cold command's start, and `hosts` needs
+# none of them (tests/test_import_set.py): each command imports what it reads with
+if TYPE_CHECKING:
+    from multirank_logger.query.reader import StoreReader
 
 __all__ = ["main"]
 
@@ -56,6 +59,9 @@ def db() -> None:
 @_friendly_errors
 def db_upgrade(db_path: str) -> None:
     """Bring the store DB to the schema this version needs (creates it when missing)."""
+    from multirank_logger.store.backends import public_name
+    from multirank_logger.store.sql_store import Store, is_known_revision
+
     store = Store.for_upgrade(db_path)
     before = store.current_revision()
     if before is not None and not is_known_revision(before):
@@ -75,6 +81,8 @@ def db_upgrade(db_path: str) -> None:
 @_friendly_errors
 def db_current(db_path: str) -> None:
     """Print the store's schema revision, and whether it is this version's head."""
+    from multirank_logger.store.sql_store import Store, head_revision, is_known_revision
+
     store = Store.for_upgrade(db_path, newer_ok=True, create=False)
     found = store.current_revision()
     store.close()
@@ -98,6 +106,7 @@ def import_spills(db_path: str, files: tuple[str, ...]) -> None:
     from multirank_logger.report.findings import holes_said  # the CLI's other commands never need these
     from multirank_logger.store.seq_spans import calls_not_stored
     from multirank_logger.store.spill_import import import_spill
+    from multirank_logger.store.sql_store import Store
 
     # a mistyped path: an error, not an empty store left there; but the store the files' run was
     # logged to, deleted since, is created again (the command a spill prints always works)
@@ -137,8 +146,13 @@ def _names_their_store(db_path: str, files: tuple[str, ...]) -> bool:
 
 # -- reading a store: runs, export, ranks, sql (all read-only, over query/reader.py) -----
 
-from multirank_logger.query.rank_spread import RankSpread  # noqa: E402
-from multirank_logger.query.reader import StoreReader, open_store  # noqa: E402
+
+def open_store(db_path: str) -> StoreReader:
+    """query/reader.py's `open_store`, imported by the first command that opens one."""
+    from multirank_logger.query.reader import open_store as open_reader
+
+    return open_reader(db_path)
+
 
 _TABLE_ROWS = 10  # rows shown by `ranks` before it elides the middle
 
@@ -183,6 +197,8 @@ def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...]
         raise click.BadParameter(str(exc)) from None
     if unknown := sorted({s.lower() for s in statuses} - set(RUN_STATUSES)):
         raise click.BadParameter(f"{', '.join(unknown)}: a status is one of {', '.join(RUN_STATUSES)}", param_hint="--status")
+    from multirank_logger.store.backends import public_name
+
     with open_store(db_path) as reader:
         # the table without pandas (its import was most of the command's time); csv, json: its frame
         rows = reader.run_rows(where) if fmt == "table" else []
@@ -312,45 +328,9 @@ def ranks_cmd(db_path: str, key: str, run: str | None, all_steps: bool, fmt: str
     if fmt == "csv":
         click.echo(spread.table.to_csv(), nl=False)
         return
-    click.echo(_spread_text(spread, None if all_steps else _TABLE_ROWS))
+    from multirank_logger.report.spread_text import spread_text
 
-
-def _spread_text(s: RankSpread, max_rows: int | None) -> str:
-    table = s.table.rename(columns=lambda r: f"rank {r}")
-    lines = [
-        f"{s.key} in {s.run.label} (run {s.run.id}): {table.shape[1]} ranks, {table.shape[0]} steps",
-        "",
-        _frame_text(table, max_rows=max_rows),
-        "",
-        _frame_text(s.summary.rename(columns={"from_median": "|x - median|"})),
-        "",
-    ]
-    if s.spread_max_step is not None and table.shape[1] > 1:
-        lines.append(
-            f"Spread across ranks (max - min at a step): mean {s.spread_mean:.6g}, "
-            f"largest {s.spread_max:.6g} at step {s.spread_max_step}."
-        )
-    if s.non_finite:  # the spread skips NaN: "no rank stands out" would hide where they began
-        from multirank_logger.report.findings import non_finite_lines
-
-        lines += non_finite_lines(s.non_finite)
-    elif table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
-        lines.append("Which of the 2 ranks is off cannot be told from two (each is as far from their median as "
-                     "the other): a third rank tells.")  # fmt: skip
-    elif s.standout is not None:
-        dist = s.summary["from_median"]
-        others = dist.drop(s.standout).median()
-        than = f"{s.ratio:.3g}x the other ranks' ({others:.6g})" if others > 0 else "where the other ranks sit on it (0)"
-        lines.append(f"Rank {s.standout} stands out: {dist[s.standout]:.6g} from the per-step median of the ranks "
-                     f"on average, {than}.")  # fmt: skip
-    elif s.farthest is not None:
-        lines.append(
-            f"No rank stands out: the farthest from the per-step median, rank {s.farthest}, is "
-            f"{s.ratio:.3g}x the other ranks' distance (a rank stands out at {s.STANDOUT_RATIO:g}x)."
-        )
-    elif table.shape[1] > 1:
-        lines.append("No rank stands out: the ranks agree at every step.")
-    return "\n".join(lines)
+    click.echo(spread_text(spread, None if all_steps else _TABLE_ROWS))
 
 
 @main.command("sql")
@@ -465,6 +445,7 @@ def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...], r
     requests addressed to its own address (and to each --allow-host NAME): a page of another
     site cannot read the store through a name of its own (DNS rebinding).
     """
+    from multirank_logger.store.backends import public_name
     from multirank_logger.ui.server import UiServer
 
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -487,8 +468,6 @@ def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...], r
 
 
 # -- decisions and logs: the side tables (query/side_tables.py) ------------------------------
-
-from multirank_logger.query.side_tables import format_ranks, group_alike  # noqa: E402
 
 
 @main.command("alerts")
@@ -536,24 +515,20 @@ def findings_cmd(db_path: str, run: str | None, all_runs: bool, fmt: str) -> Non
               help="Only runs started on or after this date (UTC).")
 @click.option("--kind", "kinds", multiple=True, help="Only findings of this kind (repeatable): non_finite, departure, straggler, memory.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "slurm"]), default="table", show_default=True,
-              help="slurm: --exclude= of the chronic hosts.")
+              help="slurm: --exclude= of the chronic hosts (Slurm's node names where recorded).")
+@click.option("--by", type=click.Choice(["host", "gpu"]), default="host", show_default=True,
+              help="gpu: every GPU by its UUID (whatever its host was called); slurm: the chronic GPUs' hosts.")
 @_friendly_errors
-def hosts_cmd(db_path: str, rule: str, since: datetime.datetime | None, kinds: tuple[str, ...], fmt: str) -> None:
+def hosts_cmd(db_path: str, rule: str, since: datetime.datetime | None, kinds: tuple[str, ...], fmt: str, by: str) -> None:
     """Every host across the runs: the runs it took part in, those whose kept verdict named it, chronic or one-off."""
-    from multirank_logger.report.host_list import KINDS, hosts_text
+    from multirank_logger.report.host_list import chronic_rule, hosts_text, option_error, read_hosts
 
-    try:
-        k, n = (int(part) for part in rule.split("/"))
-        if not 1 <= k <= n:
-            raise ValueError
-    except ValueError:
-        raise click.BadParameter(f"{rule!r}: give K/N with 1 <= K <= N, e.g. 3/5", param_hint="--chronic") from None
-    if unknown := sorted(set(kinds) - set(KINDS)):
-        raise click.BadParameter(f"{', '.join(unknown)}: a kind is one of {', '.join(KINDS)}", param_hint="--kind")
+    if said := option_error(rule, kinds):
+        raise click.BadParameter(said[1], param_hint=said[0])
+    k_n = chronic_rule(rule)
     after = since.replace(tzinfo=datetime.timezone.utc).timestamp() if since is not None else None
-    with open_store(db_path) as reader:
-        rows = reader.hosts(since=after, kinds=kinds or None, chronic=(k, n))
-    text = hosts_text(rows, fmt, (k, n))
+    rows = read_hosts(db_path, since=after, kinds=kinds or None, chronic=k_n, by=by)
+    text = hosts_text(rows, fmt, k_n, by)
     if text or fmt != "slurm":
         click.echo(text)
 
@@ -580,6 +555,8 @@ def decisions_cmd(db_path: str, run: str | None) -> None:
 @_friendly_errors
 def logs_cmd(db_path: str, run: str | None, rank: int | None, level: str | None) -> None:
     """Every rank's log records and warnings; one logged alike by several ranks is printed once."""
+    from multirank_logger.query.side_tables import format_ranks, group_alike
+
     with open_store(db_path) as reader:
         ref = reader.resolve_run(run)
         try:

@@ -19,7 +19,7 @@ from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 SLOW_MODULES = frozenset(
     {
         "test_accelerate_tracker", "test_audit_ddp", "test_benchmarks_smoke", "test_demo", "test_dropin_ddp", "test_launchers",
-        "test_logger_cli_launch", "test_logger_ddp", "test_logger_many_ranks", "test_logger_signals", "test_origin_ddp",
+        "test_logger_cli_launch", "test_logger_ddp", "test_logger_many_ranks", "test_logger_signals", "test_mesh_places", "test_origin_ddp",
         "test_plain_api", "test_ray_train", "test_shared_nothing", "test_tensor_gather", "test_transformers_callback", "test_watch_ddp",
     }
 )

@@ -255,12 +255,12 @@ def test_a_users_query_is_not_held_to_the_readers_small_memory_limit(tmp_path: A
     "Out of Memory Error" (`multirank-logger sql`). Here the reader's limit is made 4 MB, so that a
     small store shows it."""
     from multirank_logger import open_store
-    from multirank_logger.store.backends import duckdb as duckdb_backend
+    from multirank_logger.store.backends import store_files  # reader_config's place (no SQLAlchemy there)
 
     ranks, calls, keys = 16, 2_000, 10
     _wide_store(tmp_path / "wide.duckdb", ranks, calls, keys)
-    monkeypatch.setattr(duckdb_backend, "READER_MEMORY_MB", 4)
-    monkeypatch.setattr(duckdb_backend, "READER_MEMORY_MB_PER_THREAD", 1)
+    monkeypatch.setattr(store_files, "READER_MEMORY_MB", 4)
+    monkeypatch.setattr(store_files, "READER_MEMORY_MB_PER_THREAD", 1)
     counts = f"{PER_RANK_COUNTS} GROUP BY rank ORDER BY rank"
     with open_store(tmp_path / "wide.duckdb") as reader:
         with reader._connect() as conn, pytest.raises(sa.exc.OperationalError, match="Out of Memory"):

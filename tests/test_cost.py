@@ -99,13 +99,14 @@ def test_a_stragglers_cost_and_a_nans_steps_after_equal_their_definition(tmp_pat
 
 
 def test_the_cost_on_cuda_is_gpu_hours_and_counts_only_the_stretch() -> None:
-    """GPU-hours where the ranks ran on CUDA; steps outside the stretch and steps with no time
-    are not counted; a stretch with no rows costs nothing."""
+    """GPU-hours where the ranks ran on CUDA; steps outside the stretch, and steps timed by fewer
+    than MIN_RANKS (3) ranks (not judged, and not counted by the watch), are not counted; a stretch
+    with no rows costs nothing."""
     steps = np.array([0, 1, 2, 3, 4])
     values = np.array([[1.0, 1.0, 1.0], [1.0, 2.0, 4.0], [np.nan, np.nan, np.nan], [1.0, 1.5, np.nan], [9.0, 1.0, 1.0]])
     cost = straggler_cost(steps, values, 1, 3, world_size=1024, on_gpu=True)
-    # step 1: 4 - 2; step 2: no time; step 3: 1.5 - 1.25
-    assert cost == {"waited_s": 2.25, "cost_steps": 2, "rank_hours": 2.25 * 1024 / 3600, "hours_unit": "GPU-hours"}
+    # step 1: 4 - 2; step 2: no time; step 3: two ranks' times (1.5 - 1.25 were it counted)
+    assert cost == {"waited_s": 2.0, "cost_steps": 1, "rank_hours": 2.0 * 1024 / 3600, "hours_unit": "GPU-hours"}
     assert straggler_cost(steps, values, 7, 9, world_size=8)["waited_s"] == 0.0
     # the issue's figure: 30 ms a step for 10,000 steps at 1,024 GPUs is about 85 GPU-hours
     many = np.zeros((10_000, 1024))

@@ -166,3 +166,109 @@ def test_hosts_in_natural_order(tmp_path) -> None:  # type: ignore[no-untyped-de
     assert _invoke("hosts", db, "--format", "slurm", "--chronic", "1/1") == f"--exclude={','.join(natural)}\n"
     assert [h["host"] for h in json.loads(_invoke("hosts", db, "--format", "json"))["hosts"]] == natural
     assert [line.split()[0] for line in _invoke("hosts", db).splitlines()[1 : 1 + len(natural)]] == natural
+
+
+def test_the_drivers_read_is_the_stores(ledger_db: str) -> None:
+    """`multirank-logger hosts` reads a SQLite or DuckDB file through its engine's own driver
+    (no SQLAlchemy: its cold start); the ledger is the one `StoreReader.hosts` reads, whatever the filters."""
+    from multirank_logger import open_store
+    from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
+    from multirank_logger.query import host_ledger
+    from multirank_logger.report.host_list import read_hosts
+    from multirank_logger.store.backends.store_files import driver_rows
+
+    assert host_ledger.SEQ_ATTEMPT_SHIFT == SEQ_ATTEMPT_SHIFT  # the ledger's own copy of the constant
+    with driver_rows(ledger_db) as fetch:
+        assert fetch is not None  # the driver's way was taken, not the fallback
+    since = T0 + 150 * 3600
+    with open_store(ledger_db) as reader:
+        for kwargs in ({}, {"since": since}, {"kinds": ["straggler"]}, {"since": since, "chronic": (1, 3)}):
+            assert read_hosts(ledger_db, **kwargs) == reader.hosts(**kwargs), kwargs  # type: ignore[arg-type]
+
+
+def test_a_store_the_driver_cannot_serve_is_opened_the_usual_way(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A store at another schema revision: the usual open says what to do (upgrade), not a driver's error."""
+    import sqlite3
+
+    from multirank_logger.errors import SchemaOutdated
+    from multirank_logger.report.host_list import read_hosts
+    from multirank_logger.store.backends.store_files import driver_rows
+
+    db = build_ledger_store(str(tmp_path / "runs.sqlite"), runs=8)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0001'")
+    conn.close()
+    with driver_rows(db) as fetch:
+        assert fetch is None
+    with pytest.raises(SchemaOutdated, match="db upgrade"):
+        read_hosts(db)
+    with driver_rows(str(tmp_path / "missing.sqlite")) as fetch:
+        assert fetch is None
+    result = CliRunner().invoke(main, ["hosts", str(tmp_path / "missing.sqlite")])
+    assert result.exit_code == 1 and "No store at" in result.output, result.output
+
+
+def _build_gpu_store(db: str) -> str:
+    """30 runs of 4 ranks on two hosts, a GPU each. ``GPU-bad`` sits in nodeA for runs 0-14, then
+    in nodeB (moved), and a straggler on it is named in runs 3, 9, 16, 21, 26, 27 and 29 (3 of its
+    last 5, 4 of them on nodeB); no other GPU is ever named. nodeB's ranks record Slurm's name ``snB``."""
+    import sqlalchemy as sa
+
+    from multirank_logger.model.schema import findings, ranks
+    from multirank_logger.model.schema import runs as runs_table
+    from multirank_logger.store.sql_store import Store
+
+    named_runs = (3, 9, 16, 21, 26, 27, 29)
+
+    def places(i: int) -> list[tuple[str, str]]:
+        """(host, GPU UUID) of run i's ranks 0-3."""
+        a, b = ["GPU-a0", "GPU-a1"], ["GPU-b0", "GPU-b1"]
+        (a if i < 15 else b)[1] = "GPU-bad"
+        return [("nodeA", a[0]), ("nodeA", a[1]), ("nodeB", b[0]), ("nodeB", b[1])]
+
+    store = Store(db)
+    try:
+        with store.begin() as conn:
+            conn.execute(sa.insert(runs_table), [{"id": i + 1, "name": "g", "version": i, "status": "success",
+                                                  "world_size": 4, "started_at": T0 + i * 60} for i in range(30)])  # fmt: skip
+            conn.execute(sa.insert(ranks), [
+                {"run_id": i + 1, "rank": r, "host": host, "gpu_uuid": uuid, "gpu_index": r % 2, "gpu_name": "NVIDIA H200",
+                 "slurm_node": "snB" if host == "nodeB" else None, "status": "success", "started_at": T0 + i * 60}
+                for i in range(30) for r, (host, uuid) in enumerate(places(i))])  # fmt: skip
+            conn.execute(sa.insert(findings), [
+                {"run_id": i + 1, "rank": [u for _, u in places(i)].index("GPU-bad"), "seq": 0, "kind": "straggler",
+                 "series": "timing:data_s", "first_step": 10, "origin": True, "origin_step": 10, "value": 0.1,
+                 "detail": "{}", "sentence": "-", "found_at": T0} for i in named_runs])  # fmt: skip
+    finally:
+        store.close()
+    return db
+
+
+@pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
+def test_a_chronic_gpu_by_its_uuid_wherever_it_moved(tmp_path, suffix: str) -> None:  # type: ignore[no-untyped-def]
+    from multirank_logger import open_store
+
+    db = _build_gpu_store(str(tmp_path / f"runs{suffix}"))
+    data = json.loads(_invoke("hosts", db, "--by", "gpu", "--format", "json"))
+    gpus = {g["gpu"]: g for g in data["gpus"]}
+    assert sorted(gpus) == ["GPU-a0", "GPU-a1", "GPU-b0", "GPU-b1", "GPU-bad"]
+    bad = gpus["GPU-bad"]
+    assert (bad["runs"], bad["named"], bad["named_last"], bad["status"]) == (30, 7, 3, "chronic")
+    assert (bad["hosts"], bad["host"], bad["slurm_node"], bad["gpu_name"]) == (["nodeA", "nodeB"], "nodeB", "snB", "NVIDIA H200")
+    assert {g["status"] for u, g in gpus.items() if u != "GPU-bad"} == {"clean"}
+    # the GPU's host now, by Slurm's name; by host, its named runs split between the two hosts
+    assert _invoke("hosts", db, "--by", "gpu", "--format", "slurm") == "--exclude=snB\n"
+    by_host = {h["host"]: h for h in json.loads(_invoke("hosts", db, "--format", "json"))["hosts"]}
+    assert (by_host["nodeA"]["named"], by_host["nodeB"]["named"]) == (2, 5)
+    assert (by_host["nodeA"]["slurm_node"], by_host["nodeB"]["slurm_node"]) == (None, "snB")
+    rows = list(csv.DictReader(io.StringIO(_invoke("hosts", db, "--by", "gpu", "--format", "csv"))))
+    assert [(r["gpu"], r["host"], r["slurm_node"], r["status"]) for r in rows if r["gpu"] == "GPU-bad"] == [
+        ("GPU-bad", "nodeB", "snB", "chronic")]  # fmt: skip
+    table = _invoke("hosts", db, "--by", "gpu")
+    line = next(line for line in table.splitlines() if line.startswith("GPU-bad"))
+    assert line.split()[:4] == ["GPU-bad", "NVIDIA", "H200", "nodeB"] and line.split()[-1] == "chronic", table
+    assert "chronic: named in 3 or more of its last 5 runs (1 GPU(s))" in table
+    from multirank_logger.report.host_list import read_hosts
+
+    with open_store(db) as reader:  # the store's own read (PostgreSQL's way) agrees with the driver's
+        assert reader.hosts(by="gpu") == read_hosts(db, by="gpu")

@@ -65,7 +65,7 @@ def test_status_timing_series_nodes_and_buckets_of_a_run_id(db_path: Path) -> No
         assert reader.timing_series(trained, ["timing:rss", "timing:data_s"]) == ["timing:rss", "timing:data_s"]
         assert reader.timing_series(bare, TIMING_SERIES) == []
         assert sorted(reader.rank_nodes(trained), key=lambda r: r["rank"]) == [
-            {"rank": r, "node_rank": n, "host": h, "gpu_index": None, "gpu_name": None}
+            {"rank": r, "node_rank": n, "host": h, "gpu_index": None, "gpu_name": None, "mesh": None}
             for r, n, h in [(0, 0, "h0"), (1, 0, "h0"), (2, 1, None)]]  # fmt: skip
         assert reader.rank_nodes(bare) == []
         summary = reader.bucket_summary(trained, "loss")

@@ -116,17 +116,22 @@ def test_a_spawned_rank_that_raises_fails_the_run_without_a_with_block(tmp_path:
 def test_srun_tasks_take_their_place_from_slurm_variables(tmp_path: Path) -> None:
     """Three tasks started as ``srun --ntasks 3`` over two nodes starts them (tasks 0, 1 on node 0,
     task 2 on node 1; no torchrun variables): each run's rank, size, local and node rank are
-    Slurm's, every rank's rows land in one run, ``success``."""
+    Slurm's, every rank's rows land in one run, ``success``. Each task records Slurm's name of its
+    node (``SLURMD_NODENAME``, schema 0013), and the hosts ledger's exclude list uses it: task 2
+    logs a NaN, its node is named in the run's kept verdict."""
     base = {k: v for k, v in train_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
     base.update(PYTHONPATH=str(TRAIN.parent.parent), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                 SLURM_NTASKS=str(RANKS), SLURM_JOB_ID="4242", SLURM_JOB_NAME="plain")  # fmt: skip
     places = {0: (0, 0), 1: (1, 0), 2: (0, 1)}  # task: (SLURM_LOCALID, SLURM_NODEID)
+    # Slurm's name of the node, not this machine's host name (every task runs here: one host, one name)
+    slurm_names = {0: "sn-node7", 1: "sn-node7", 2: "sn-node7"}
     procs = [
         subprocess.Popen(
             [sys.executable, str(TRAIN), "--slurm", "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
-             "--report", str(tmp_path / "report")],
+             "--report", str(tmp_path / "report"), "--nan-rank", "2", "--nan-from", "4"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**base, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node)},
+            env={**base, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
+                 "SLURMD_NODENAME": slurm_names[task]},
         )  # fmt: skip
         for task, (local, node) in places.items()
     ]
@@ -139,6 +144,15 @@ def test_srun_tasks_take_their_place_from_slurm_variables(tmp_path: Path) -> Non
     assert query(db, "SELECT name, status, world_size FROM runs") == [("plain", "success", RANKS)]
     steps = query(db, "SELECT rank, count(DISTINCT step) FROM metrics WHERE key = 'train_loss' GROUP BY rank ORDER BY rank")
     assert steps == [(r, STEPS) for r in range(RANKS)]
+    assert dict(query(db, "SELECT rank, slurm_node FROM ranks")) == slurm_names
+    assert query(db, "SELECT DISTINCT rank FROM findings WHERE kind = 'non_finite'") == [(2,)]
+    from click.testing import CliRunner
+
+    from multirank_logger.cli import main
+
+    # the exclude list names the node as Slurm knows it, not as the host calls itself
+    out = CliRunner().invoke(main, ["hosts", str(db), "--format", "slurm", "--chronic", "1/1"]).output
+    assert out == "--exclude=sn-node7\n", out
 
 
 ONE_PROCESS = """

@@ -118,5 +118,6 @@ def test_a_sender_hands_its_place_to_rank_0() -> None:
     kept: dict[str, bytes] = {}
     publish_facts(FakeChannel(2, kept))  # type: ignore[arg-type]
     got = fetch_facts(FakeChannel(0, kept), [2], bound=0.1)  # type: ignore[arg-type]
-    assert set(got[2]) == {"local_rank", "node_rank", "host", "pid", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank"}
+    assert set(got[2]) == {"local_rank", "node_rank", "host", "pid", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank",
+                           "slurm_node", "mesh"}
     assert got[2]["dp_rank"] == 2 and got[2]["gpu_uuid"] is None

@@ -179,7 +179,8 @@ def test_the_page_names_the_ranks_the_report_names(db: Path, run: str) -> None:
 
 def _cost_by_hand(db: Path, run_name: str, phase: str, first: int, last: int) -> tuple[float, int]:
     """The definition (judgement/cost.py), from the stored StepTimer rows: per step from `first` to
-    `last`, the slowest rank's seconds in `phase` minus the median rank's, summed; and those steps."""
+    `last` timed by 3 ranks or more, the slowest rank's seconds in `phase` minus the median rank's,
+    summed; and those steps."""
     rows = query(db, f"SELECT t.rank, t.step, t.{phase}_s FROM step_timing t JOIN runs r ON r.id = t.run_id "
                      f"WHERE r.name = :name AND t.{phase}_s IS NOT NULL", name=run_name)  # fmt: skip
     by_step: dict[int, dict[int, float]] = {}
@@ -189,7 +190,7 @@ def _cost_by_hand(db: Path, run_name: str, phase: str, first: int, last: int) ->
     waited, steps = 0.0, 0
     for step in range(first, last + 1):
         times = sorted(by_step.get(step, {}).values())
-        if times:
+        if len(times) >= 3:
             middle = len(times) // 2
             median = times[middle] if len(times) % 2 else (times[middle - 1] + times[middle]) / 2
             waited += times[-1] - median
@@ -216,6 +217,14 @@ def test_a_stragglers_cost_in_its_alert_its_kept_verdict_and_runs(db: Path) -> N
     assert detail["last_step"] >= said["last_step"] and detail["cost_steps"] == steps >= said["cost_steps"]
     assert detail["waited_s"] == pytest.approx(waited, rel=1e-9)
     assert detail["rank_hours"] == pytest.approx(waited * ranks / 3600, rel=1e-9)
+    # the report, reading every stored row at the end, counts the same steps (those timed by 3 ranks
+    # or more) by the same definition: its figure is the kept one where its stretch is
+    with open_store(db) as reader:
+        [item] = [s for s in find(reader, "faulty").to_dict()["stragglers"] if s["rank"] == 1 and s["phase"] == "data"]
+    waited, steps = _cost_by_hand(db, "faulty", "data", item["first_step"], item["last_step"])
+    assert item["waited_s"] == pytest.approx(waited, rel=1e-9) and item["cost_steps"] == steps
+    assert (item["first_step"], item["last_step"]) == (int(kept["first_step"]), detail["last_step"])
+    assert item["waited_s"] == pytest.approx(detail["waited_s"], rel=1e-9)
     # runs: the kept figure (one straggler), from one read of the kept verdicts; "-" where none
     assert rows["faulty"]["lost_hours"] == pytest.approx(detail["rank_hours"], rel=1e-12)
     assert rows["clean"]["lost_hours"] is None

@@ -215,6 +215,7 @@ _LAUNCHER_STYLES: dict[str, Callable[[int], dict[str, str]]] = {
     "slurm": lambda node: {
         "SLURM_NTASKS": "2", "SLURM_JOB_NAME": "train", "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
         "SLURM_NODEID": str(node), "SLURM_NTASKS_PER_NODE": "1", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242",
+        "SLURMD_NODENAME": f"sn-node{node}",  # Slurm's name of the node (ranks.slurm_node)
     },
     # torchrun's variables (without its agent)
     "torchrun": lambda node: {
@@ -250,3 +251,5 @@ def test_host_1_with_its_own_store_allocates_nothing(tmp_path: Path, db_name: st
     assert _rows(host0, "SELECT id, version, status FROM runs") == [(1, 0, "success")]
     rows = _rows(host0, "SELECT run_id, rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
     assert rows == [(1, r, s, float(1000 * r + s)) for r in (0, 1) for s in range(6)]
+    if style == "slurm":  # each host's rank said Slurm's name of its node; host 1's through its published facts
+        assert _rows(host0, "SELECT rank, slurm_node FROM ranks ORDER BY rank") == [(0, "sn-node0"), (1, "sn-node1")]

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from multirank_logger.judgement.ranks import MIN_RANKS
+
 __all__ = ["COST_FIELDS", "hours_unit", "stretch_cost", "steps_after", "straggler_cost"]
 
 #: the fields a straggler's cost adds to its item (and to the kept verdict's detail)
@@ -53,14 +55,15 @@ def straggler_cost(steps: np.ndarray, values: np.ndarray, first_step: int, last_
 
     Returns:
         ``waited_s`` (per step the slowest rank's seconds minus the median rank's, summed over
-        the stretch's steps with a time), ``cost_steps`` (those steps), ``rank_hours``
+        the stretch's steps timed by ``MIN_RANKS`` ranks or more: the steps the straggler was
+        judged on, and the watch counts), ``cost_steps`` (those steps), ``rank_hours``
         (``waited_s`` x `world_size` / 3600) and ``hours_unit`` (`hours_unit`).
     """
     steps = np.asarray(steps)
     values = np.asarray(values, dtype=float)
     inside = (steps >= first_step) & (steps <= last_step)
     table = values[inside]
-    timed = (~np.isnan(table)).any(axis=1)
+    timed = (~np.isnan(table)).sum(axis=1) >= MIN_RANKS  # the counted steps (ranks.KeySteps), as the watch's
     table = table[timed]
     if not len(table):
         return stretch_cost(np.zeros(0), np.zeros(0), np.zeros(0), first_step, last_step, world_size, on_gpu)

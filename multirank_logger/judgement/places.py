@@ -3,7 +3,11 @@
 Pure: given each rank's place (``{rank: {"host", "gpu_index", "gpu_name", "gpu_uuid"}}``, the
 ``ranks`` table's columns), `place_clause` words where a set of ranks is. When the ranks are every
 rank of a host, it says so (``every rank of node2``): a bad host, not bad ranks. One rank names
-its host and GPU (``on node5, GPU 3 (NVIDIA H200, GPU-...)``).
+its host and GPU (``on node5, GPU 3 (NVIDIA H200, GPU-...)``). Where the ranks recorded their
+coordinates in a device mesh (``ranks.mesh``, schema 0013), it says the group they make up when
+they are every rank of one (``every rank of tp group 1``: the ranks that differ only along ``tp``,
+numbered by their coordinates in the other dimensions), or one rank's coordinates (``at dp 1, tp 0
+in the mesh``).
 
 Said beside the sentence, as a finding's cost is (judgement/sentences.py ``cost_clause``), not in
 it: the watch words a finding during the run without the ranks' places, and a finding is said
@@ -12,12 +16,13 @@ alike on every surface. The report's text and the page's item carry it (``place`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from multirank_logger._util.readable import format_ranks
 
-__all__ = ["MAX_HOSTS_NAMED", "finding_ranks", "place_clause", "rank_places"]
+__all__ = ["MAX_HOSTS_NAMED", "finding_ranks", "mesh_clause", "mesh_label", "place_clause", "rank_places"]
 
 #: hosts named one by one in a clause; past it, the clause counts them
 MAX_HOSTS_NAMED = 4
@@ -33,6 +38,7 @@ def rank_places(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
         place = {k: _known(row.get(k)) for k in ("host", "gpu_index", "gpu_name", "gpu_uuid")}
         if place["gpu_index"] is not None:
             place["gpu_index"] = int(place["gpu_index"])
+        place["mesh"] = _mesh(row.get("mesh"))
         out[int(row["rank"])] = place
     return out
 
@@ -46,8 +52,49 @@ def finding_ranks(items: list[dict[str, Any]]) -> list[int]:
 
 
 def place_clause(ranks: list[int], places: Places) -> str:
-    """Where `ranks` are (see the module docstring), as ``"; ..."``; "" where a rank's host is
-    not known (a run from before hosts were registered, a rank that never said)."""
+    """Where `ranks` are (see the module docstring), as ``"; ..."``: their hosts, then their group in
+    the device mesh; "" where neither is known (a run from before hosts were registered, a rank
+    that never said)."""
+    on_hosts, in_mesh = _host_clause(ranks, places), mesh_clause(ranks, places)
+    if not in_mesh:
+        return on_hosts
+    return f"{on_hosts}, {in_mesh}" if on_hosts else f"; {in_mesh}"
+
+
+def mesh_clause(ranks: list[int], places: Places) -> str:
+    """`ranks`' place in the device mesh: one rank's coordinates (``at dp 1, tp 0 in the mesh``); ranks that are
+    every rank of one group along a dimension (``every rank of tp group 1``) or of one slice
+    (``every rank at pp 2``); "" otherwise, or where a rank's coordinates are not known."""
+    coords: dict[int, Any] = {r: (places.get(r) or {}).get("mesh") for r in places}
+    if not ranks or any(coords.get(r) is None for r in ranks):
+        return ""
+    if len(ranks) == 1:
+        return f"at {mesh_label(coords[ranks[0]])} in the mesh"
+    dims = list(coords[ranks[0]])
+    if any(list(coords[r]) != dims for r in ranks):
+        return ""  # ranks of different meshes
+    fixed = [d for d in dims if len({coords[r][d][0] for r in ranks}) == 1]
+    if not fixed or len(fixed) == len(dims):
+        return ""
+    at = {d: coords[ranks[0]][d][0] for d in fixed}
+    slice_ = {r for r, c in coords.items() if c is not None and list(c) == dims and all(c[d][0] == at[d] for d in fixed)}
+    if slice_ != set(ranks):
+        return ""  # some of a group, not all of it
+    varying = [d for d in dims if d not in fixed]
+    if len(varying) == 1:
+        index = 0
+        for d in fixed:  # the group's number: its coordinates in the other dimensions, outermost first
+            index = index * coords[ranks[0]][d][1] + at[d]
+        return f"every rank of {varying[0]} group {index}"
+    return "every rank at " + ", ".join(f"{d} {at[d]}" for d in fixed)
+
+
+def mesh_label(mesh: Mapping[str, Any] | None) -> str:
+    """One rank's coordinates, ``dp 1, tp 0``; "" without them."""
+    return ", ".join(f"{d} {c[0]}" for d, c in mesh.items()) if mesh else ""
+
+
+def _host_clause(ranks: list[int], places: Places) -> str:
     if not ranks or any(_host(places, r) is None for r in ranks):
         return ""
     if len(ranks) == 1:
@@ -80,6 +127,16 @@ def place_clause(ranks: list[int], places: Places) -> str:
 def _host(places: Places, rank: int) -> Any:
     place = places.get(rank)
     return None if place is None else place.get("host")
+
+
+def _mesh(text: Any) -> dict[str, tuple[int, int]] | None:
+    """``ranks.mesh``'s JSON as {dim: (coordinate, size)}; None where absent or not of that shape."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return {str(d): (int(c[0]), int(c[1])) for d, c in json.loads(text).items()}
+    except (ValueError, TypeError, AttributeError, IndexError):
+        return None
 
 
 def _known(value: Any) -> Any:

@@ -114,6 +114,10 @@ class MultiRankLogger(Logger):
             followed, and the alerts it did not take are counted and said at the run's end. The
             URL is never shown or stored (only its scheme and host, in a failure's message).
             None: the environment's ``MULTIRANK_LOGGER_ALERT_URL`` when set.
+        mesh: the device mesh the run trains on (``torch.distributed.device_mesh.init_device_mesh``,
+            a strategy's ``device_mesh``): each rank's coordinates in it are stored (``ranks.mesh``),
+            and a verdict that names every rank of a group says so ("every rank of tp group 1").
+            None: the mesh torch has entered (``with mesh:``), if any.
 
     Raises:
         StoreError: when the store cannot be written (checked at construction); RemoteStore for
@@ -155,8 +159,13 @@ class MultiRankLogger(Logger):
         watch: bool = True,
         on_alert: Callable[[Alert], Any] | None = None,
         alert_url: str | None = None,
+        mesh: Any = None,
     ) -> None:
         super().__init__()
+        if mesh is not None:  # each rank's coordinates in it go in its ranks row (schema 0013)
+            from multirank_logger.transport.rank_facts import use_mesh
+
+            use_mesh(mesh)
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
         if transport not in TRANSPORTS:
             raise InvalidTransport(transport, TRANSPORTS)

@@ -135,6 +135,8 @@ ranks = sa.Table(
     sa.Column("gpu_name", sa.String(255), nullable=True, comment="its device's name (torch.cuda.get_device_name)"),
     sa.Column("gpu_uuid", sa.String(64), nullable=True, comment="its device's UUID, as nvidia-smi writes it (GPU-...)"),
     sa.Column("dp_rank", sa.Integer, nullable=True, comment="its index among the data-parallel replicas"),
+    sa.Column("slurm_node", sa.String(255), nullable=True, comment="SLURMD_NODENAME: Slurm's name of its node"),
+    sa.Column("mesh", sa.String(1024), nullable=True, comment="its device-mesh coordinates, JSON {dim: [coordinate, size]}"),
     sa.PrimaryKeyConstraint("run_id", "rank", name="pk_ranks"),
 )
 

@@ -1,7 +1,9 @@
-"""The hosts ledger: every host, the runs it took part in, those whose kept verdict named it.
+"""The hosts ledger: every host (or GPU, by its UUID), the runs it took part in, those whose kept
+verdict named it.
 
 What ``multirank-logger hosts`` reads (``StoreReader.hosts``): two queries, over ``ranks`` (which
-host each run's ranks ran on) and the ``findings`` table joined to it (the verdict each run kept
+host each run's ranks ran on, and the names it went by there: Slurm's, a GPU's host and model)
+and the ``findings`` table joined to it (the verdict each run kept
 at its end: a finding names a rank, the rank a host). No metric row is read, so a store of
 10,000 runs answers in well under a second (benchmarks/bench_hosts.py). A resumed run's verdict
 is its last launch's (as ``StoreReader.findings``); its ranks' hosts are those of its last launch
@@ -9,53 +11,65 @@ is its last launch's (as ``StoreReader.findings``); its ranks' hosts are those o
 (judgement/ledger.py).
 
 The rows come as the driver's tuples, not Arrow: pyarrow (26) imports pandas on its first
-``pa.array``, which was most of the cold command's time (tests/test_import_set.py keeps it out).
+``pa.array``, which was most of the cold command's time. The queries are SQL text over the
+tables' names, so that ``multirank-logger hosts`` (report/host_list.read_hosts) can run them on a SQLite or DuckDB file through the engine's
+own driver (store/backends/store_files.py) without importing SQLAlchemy, the rest of that time
+(tests/test_import_set.py keeps both out; benchmarks/RESULTS.md "Hosts ledger").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
 
 from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.ledger import CHRONIC, host_status
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs
+from multirank_logger.store.backends.store_files import FetchSql
 
-__all__ = ["read_host_ledger"]
+__all__ = ["LEDGER_BY", "SEQ_ATTEMPT_SHIFT", "read_host_ledger"]
 
-#: runs a SELECT and returns its rows as the driver's tuples (``StoreReader._fetch_rows``)
-FetchRows = Callable[[sa.Select], Sequence[Sequence[Any]]]
+#: what the ledger lists, and the ``ranks`` column that tells it: a host by its name, a GPU by its
+#: UUID (whatever its host was called: the UUID is the device's own)
+LEDGER_BY = {"host": "host", "gpu": "gpu_uuid"}
+
+#: a row's ``seq`` is ``(launch << 40) + its call``: model/schema.SEQ_ATTEMPT_SHIFT (a test checks they agree)
+SEQ_ATTEMPT_SHIFT = 40
 
 
-def read_host_ledger(fetch_rows: FetchRows, *, since: float | None = None, kinds: Iterable[str] | None = None,
-                     chronic: tuple[int, int] = CHRONIC) -> list[dict[str, Any]]:  # fmt: skip
+def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds: Iterable[str] | None = None,
+                     chronic: tuple[int, int] = CHRONIC, by: str = "host") -> list[dict[str, Any]]:  # fmt: skip
     """Every host that ran a rank of a run started at or after `since` (unix seconds; None: every
     run), by name (numbers as numbers: ``node2`` before ``node10``): ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
     verdict named a rank on it, of the `kinds` given; None: every kind), ``by_kind`` (kind: runs
     named), ``first_seen`` and ``last_seen`` (the start of its first and last run, unix seconds),
     ``named_last`` of its ``last`` (up to N) runs, and ``status`` (judgement/ledger.py
-    ``host_status`` with `chronic` = (K, N): chronic, intermittent, one-off, clean)."""
+    ``host_status`` with `chronic` = (K, N): chronic, intermittent, one-off, clean), and
+    ``slurm_node``: Slurm's name of the host in its latest run that recorded one (else None).
+
+    `by` ``"gpu"``: every GPU (by UUID) instead, each row with ``gpu`` (its UUID), ``gpu_name``,
+    ``host`` and ``slurm_node`` (of its latest run) and ``hosts`` (every host name it was seen under)."""
     k, n = chronic
     host_status(np.zeros(0, bool), k, n)  # the rule's bounds, checked before any read
-    r, f, u = ranks.c, findings.c, runs.c
-    took_part = (sa.select(r.host, r.run_id, u.started_at).distinct()
-                 .join_from(ranks, runs, u.id == r.run_id).where(r.host.is_not(None)))  # fmt: skip
-    named = (sa.select(f.run_id, f.seq, f.kind, r.host)
-             .join_from(findings, ranks, sa.and_(r.run_id == f.run_id, r.rank == f.rank))
-             .where(r.host.is_not(None)))  # fmt: skip
-    if since is not None:
-        took_part = took_part.where(u.started_at >= since)
-        named = named.join(runs, u.id == f.run_id).where(u.started_at >= since)
+    col = f"ranks.{LEDGER_BY[by]}"
+    when = "" if since is None else f" AND runs.started_at >= {float(since)!r}"  # a float this code made: SQL's literal
+    # each (host or GPU, run) once, with the names it went by in that run (a GPU's host and model,
+    # Slurm's name of the node; MAX: any rank's that recorded one)
+    took_part = (f"SELECT {col}, ranks.run_id, runs.started_at, MAX(ranks.host), MAX(ranks.gpu_name),"
+                 f" MAX(ranks.slurm_node) FROM ranks JOIN runs ON runs.id = ranks.run_id WHERE {col} IS NOT NULL{when}"
+                 f" GROUP BY {col}, ranks.run_id, runs.started_at")  # fmt: skip
+    named = (f"SELECT findings.run_id, findings.seq, findings.kind, {col} FROM findings"
+             " JOIN ranks ON ranks.run_id = findings.run_id AND ranks.rank = findings.rank"
+             f" JOIN runs ON runs.id = findings.run_id WHERE {col} IS NOT NULL{when}")  # fmt: skip
     parts = fetch_rows(took_part)
     if not parts:
         return []
-    host, run_id, started = _columns(parts, (object, np.int64, float))
+    host, run_id, started, on_host, gpu_name, slurm = _columns(parts, (object, np.int64, float, object, object, object))
     names, code = np.unique(host.astype(str), return_inverse=True)
     order = np.lexsort((run_id, started, code))  # each host's runs together, oldest first
     code, run_id, started = code[order], run_id[order], started[order]
+    seen = [on_host[order], gpu_name[order], slurm[order]]
     width = int(run_id.max()) + 1
     pair = code.astype(np.int64) * width + run_id  # (host, run) as one integer
 
@@ -68,13 +82,30 @@ def read_host_ledger(fetch_rows: FetchRows, *, since: float | None = None, kinds
     bounds = np.flatnonzero(np.diff(np.r_[-1, code, len(names)]))
     for start, stop in zip(bounds[:-1], bounds[1:]):
         status, named_last, last = host_status(flags[start:stop], k, n)
+        key = str(names[code[start]])
         out.append({
-            "host": str(names[code[start]]), "runs": int(stop - start), "named": int(flags[start:stop].sum()),
+            by: key, **_names_seen([c[start:stop] for c in seen], by), "runs": int(stop - start), "named": int(flags[start:stop].sum()),
             "by_kind": {kind: int(f[start:stop].sum()) for kind, f in kind_flags.items() if f[start:stop].any()},
             "first_seen": float(started[start:stop].min()), "last_seen": float(started[start:stop].max()),
             "named_last": named_last, "last": last, "status": status,
         })  # fmt: skip
-    return sorted(out, key=lambda row: natural_key(row["host"]))  # node2 before node10
+    return sorted(out, key=lambda row: natural_key(row[by]))  # node2 before node10
+
+
+def _names_seen(names: list[np.ndarray], by: str) -> dict[str, Any]:
+    """One host's (`by` "host") Slurm name, or one GPU's host, model and Slurm name, each as in its
+    latest run that recorded one, and every host name it was seen under; from `names` (host,
+    gpu_name, slurm_node: one row a run, oldest first)."""
+    host, gpu_name, slurm = (c.tolist() for c in names)
+    out: dict[str, Any] = {"slurm_node": _latest(slurm)}
+    if by != "host":
+        out.update(gpu_name=_latest(gpu_name), host=_latest(host),
+                   hosts=sorted({h for h in host if h is not None}, key=natural_key))  # fmt: skip
+    return out
+
+
+def _latest(values: list[Any]) -> Any:
+    return next((v for v in reversed(values) if v is not None), None)
 
 
 def _columns(rows: Sequence[Sequence[Any]], types: Sequence[Any]) -> list[np.ndarray]:

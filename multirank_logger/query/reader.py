@@ -193,7 +193,7 @@ class StoreReader:
         with self._connect() as conn:
             return self.store.backend.fetch_arrow(conn, stmt)
 
-    def _fetch_rows(self, stmt: sa.Select) -> list[Any]:
+    def _fetch_rows(self, stmt: sa.Select | sa.TextClause) -> list[Any]:
         """Run a SELECT and return the driver's rows (no Arrow: see query/host_ledger.py)."""
         with self._connect() as conn:
             return list(conn.execute(stmt).fetchall())
@@ -524,10 +524,10 @@ class StoreReader:
         return read_findings(self._fetch_arrow, None if every_run else [self.resolve_run(run).id])
 
     def hosts(self, *, since: float | None = None, kinds: Iterable[str] | None = None,
-              chronic: tuple[int, int] = (3, 5)) -> list[dict[str, Any]]:  # fmt: skip
+              chronic: tuple[int, int] = (3, 5), by: str = "host") -> list[dict[str, Any]]:  # fmt: skip
         """Every host across the runs (started at or after `since`, unix seconds), with its runs, those whose
         kept verdict named a rank on it (of `kinds`), and whether it is chronic (query/host_ledger.py)."""
-        return read_host_ledger(self._fetch_rows, since=since, kinds=kinds, chronic=chronic)
+        return read_host_ledger(lambda sql: self._fetch_rows(sa.text(sql)), since=since, kinds=kinds, chronic=chronic, by=by)
 
     def stopped_by(self, run: int | str | RunRef | None = None) -> dict[str, Any] | None:
         """How `StopOnAlert` ended a run, from its stored rows: ``step``, ``alert_kind``, ``key``,

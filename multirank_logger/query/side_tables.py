@@ -51,7 +51,8 @@ DECISION_COLUMNS = ("seq", "step", "epoch", "callback", "monitor", "mode", "rank
 LOG_COLUMNS = ("rank", "seq", "time", "level", "levelno", "logger", "message")
 TIMING_COLUMNS = ("rank", "seq", "step", "epoch", "batch_idx", "data_s", "forward_s", "rest_s", "batch_size",
                   "mem_allocated_peak", "mem_reserved_peak", "alloc_retries", "rss", "time")  # fmt: skip
-RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank")
+RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank",
+               "slurm_node", "mesh")
 ALERT_COLUMNS = ("seq", "kind", "rank", "key", "first_step", "step_seen", "seen_at", "value", "message", "detail")
 
 
@@ -226,10 +227,10 @@ def read_rank_rows(fetch_arrow: FetchArrow, run: RunRef) -> Any:
 
 
 def read_rank_nodes(fetch_arrow: FetchArrow, run_id: int) -> list[dict[str, Any]]:
-    """The run's registered ranks' ``rank``, ``node_rank``, ``host``, ``gpu_index`` and ``gpu_name`` (None
-    where not known), in no order."""
-    stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host, ranks.c.gpu_index, ranks.c.gpu_name).where(
-        ranks.c.run_id == run_id)
+    """The run's registered ranks' ``rank``, ``node_rank``, ``host``, ``gpu_index``, ``gpu_name`` and
+    ``mesh`` (None where not known), in no order."""
+    stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host, ranks.c.gpu_index, ranks.c.gpu_name,
+                     ranks.c.mesh).where(ranks.c.run_id == run_id)  # fmt: skip
     return list(fetch_arrow(stmt).to_pylist())
 
 

@@ -284,8 +284,8 @@ def _ranks(reader: StoreReader, ref: RunRef, rank_steps: dict[int, tuple[int, in
     return out
 
 
-#: a rank's place beyond its host (schema 0011; None for a rank from before it)
-_PLACE_COLUMNS = ("gpu_index", "gpu_name", "gpu_uuid", "dp_rank")
+#: a rank's place beyond its host (schema 0011, 0013; None for a rank from before them)
+_PLACE_COLUMNS = ("gpu_index", "gpu_name", "gpu_uuid", "dp_rank", "slurm_node", "mesh")
 
 
 def _place_value(value: Any) -> Any:

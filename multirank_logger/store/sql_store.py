@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from multirank_logger._version import __version__
+from multirank_logger._version import SCHEMA_HEAD, __version__
 from multirank_logger.errors import (
     ForeignStore,
     NotAStoreFile,
@@ -51,10 +51,9 @@ __all__ = ["Store", "head_revision", "is_known_revision", "migrations_dir", "ret
 T = TypeVar("T")
 
 _CREATE_RUN_ATTEMPTS = 50
-#: the schema revision this code reads and writes: the head of migrations/versions (a test checks
-#: it), named here so that opening a store costs no import of Alembic and no read of its scripts
-#: (0.3 s of every `multirank-logger` command)
-SCHEMA_HEAD = "0012"
+# SCHEMA_HEAD (_version.py): the schema revision this code reads and writes, the head of
+# migrations/versions (a test checks it), named there so that opening a store costs no import of
+# Alembic and no read of its scripts (0.3 s of every `multirank-logger` command)
 
 
 def migrations_dir() -> Path:

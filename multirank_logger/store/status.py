@@ -441,7 +441,7 @@ def _end_unknown(conn: sa.Connection, run_id: int, rank: int, attempt: int | Non
 
 
 #: the facts of a rank's end that a spill file's "others" may set in its ``ranks`` row
-_RANK_FACTS = ("status", "host", "pid", "local_rank", "node_rank", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank")
+_RANK_FACTS = ("status", "host", "pid", "local_rank", "node_rank", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank", "slurm_node", "mesh")
 
 
 def _settle_heard_ranks(conn: sa.Connection, run_id: int, others: Any) -> None:

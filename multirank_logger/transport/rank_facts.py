@@ -27,7 +27,8 @@ from typing import Any
 from multirank_logger.errors import ChannelError
 from multirank_logger.transport.row_channel import RowChannel
 
-__all__ = ["FACTS_WAIT_S", "RANK_FACT_KEYS", "data_parallel_index", "fetch_facts", "gpu_facts", "publish_facts", "rank_facts"]
+__all__ = ["FACTS_WAIT_S", "RANK_FACT_KEYS", "data_parallel_index", "fetch_facts", "gpu_facts", "mesh_coordinates", "publish_facts",
+           "rank_facts", "use_mesh"]
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,12 @@ log = logging.getLogger(__name__)
 FACTS_WAIT_S = 2.0
 _FACTS_KEY = "facts/{rank}"
 #: the `ranks` columns a rank's facts may set (what rank 0 takes from what another rank published)
-RANK_FACT_KEYS = ("local_rank", "node_rank", "host", "pid", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank")
+RANK_FACT_KEYS = ("local_rank", "node_rank", "host", "pid", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank", "slurm_node", "mesh")
 #: the names a device mesh's data-parallel dimensions go by (Lightning's ModelParallelStrategy,
 #: torchtitan's HSDP: replicate x shard, FSDP)
 DP_DIM_NAMES = ("data_parallel", "dp", "dp_replicate", "dp_shard", "replicate", "shard", "fsdp", "ddp")
+#: the device mesh this process said it trains on (`use_mesh`: ``init(mesh=...)``, a strategy's ``device_mesh``)
+_GIVEN_MESH: list[Any] = []
 _PLAIN_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
@@ -48,7 +51,7 @@ def rank_facts(rank: int | None = None, mesh: Any = None) -> dict[str, Any]:
     torch = sys.modules.get("torch")  # every training process has it; the CLI's never needs it here
     rank = _env_int("RANK", 0) if rank is None else rank
     if mesh is None:
-        mesh = _current_mesh(torch)
+        mesh = _GIVEN_MESH[-1] if _GIVEN_MESH else _current_mesh(torch)
     return {
         "local_rank": _env_int("LOCAL_RANK", 0),
         "node_rank": _env_int("NODE_RANK", _env_int("GROUP_RANK", 0)),
@@ -56,7 +59,34 @@ def rank_facts(rank: int | None = None, mesh: Any = None) -> dict[str, Any]:
         "pid": os.getpid(),
         **gpu_facts(getattr(torch, "cuda", None)),
         "dp_rank": data_parallel_index(mesh, rank),
+        "slurm_node": os.environ.get("SLURMD_NODENAME") or None,  # the name Slurm's --exclude takes
+        "mesh": mesh_coordinates(mesh),
     }
+
+
+def use_mesh(mesh: Any) -> None:
+    """Record `mesh` (a ``torch.distributed.device_mesh.DeviceMesh``) as this process's device mesh:
+    its coordinates go in the rank's ``ranks`` row (torch keeps no registry of the meshes made)."""
+    _GIVEN_MESH[:] = [] if mesh is None else [mesh]
+
+
+def mesh_coordinates(mesh: Any) -> str | None:
+    """This rank's coordinates in `mesh` as JSON text, ``{"dp": [1, 2], "tp": [0, 2]}``: each
+    dimension's name (``dim0``... where unnamed) with the coordinate along it and its size,
+    outermost first; None without a mesh, or one this rank is not in."""
+    if mesh is None:
+        return None
+    try:
+        coords = mesh.get_coordinate()
+        if coords is None:
+            return None
+        shape = tuple(int(n) for n in mesh.shape)
+        names = tuple(getattr(mesh, "mesh_dim_names", None) or (f"dim{i}" for i in range(len(shape))))
+        text = json.dumps({str(n): [int(c), s] for n, c, s in zip(names, coords, shape)})
+    except Exception as exc:  # an object that is not the mesh we know: no coordinates
+        log.debug("multirank_logger: no mesh coordinates: %s", exc)
+        return None
+    return text if len(text) <= 1024 else None
 
 
 def gpu_facts(cuda: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from multirank_logger._util.readable import natural_key
+from multirank_logger.judgement.places import mesh_label, rank_places
 from multirank_logger.judgement.ranks import non_finite_ranks
 from multirank_logger.model.param_path import flat_params
 from multirank_logger.model.run_ref import RunRef
@@ -105,16 +106,18 @@ def _nodes(reader: StoreReader, run_id: int) -> dict[str, str]:
 
 
 def _places(reader: StoreReader, run_id: int) -> tuple[dict[str, str], dict[str, str]]:
-    """({rank: its node's label}, {rank: its GPU, "GPU 3 (NVIDIA H200)"}) from the ranks table; a rank
-    whose process had not started CUDA has no GPU entry (transport/rank_facts.gpu_facts)."""
+    """({rank: its node's label}, {rank: its place beyond the host, "GPU 3 (NVIDIA H200), dp 1, tp 0"})
+    from the ranks table: its GPU where its process had started CUDA (transport/rank_facts.gpu_facts),
+    its device-mesh coordinates where it recorded them; no entry where neither."""
     nodes, gpus = {}, {}
     for r in reader.rank_nodes(run_id):
         node = r["host"] or (f"node {r['node_rank']}" if r["node_rank"] is not None else "?")
         if r["node_rank"] is not None and r["host"]:
             node = f"{r['host']} (node {r['node_rank']})"
         nodes[str(r["rank"])] = node
-        if r.get("gpu_index") is not None:
-            gpus[str(r["rank"])] = f"GPU {r['gpu_index']}" + (f" ({r['gpu_name']})" if r.get("gpu_name") else "")
+        gpu = f"GPU {r['gpu_index']}" + (f" ({r['gpu_name']})" if r.get("gpu_name") else "") if r.get("gpu_index") is not None else ""
+        if where := ", ".join(part for part in (gpu, mesh_label(rank_places([r])[r["rank"]]["mesh"])) if part):
+            gpus[str(r["rank"])] = where
     return nodes, gpus
 
 
@@ -130,7 +133,7 @@ def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = Fa
     whose lines are sent too; None where the findings come later (the live page asks for them).
     ``all_lines``: every rank's line too (the self-contained HTML report, which has no server
     to ask when a heatmap row is clicked).
-    ``gpus_of``: each rank's GPU ("GPU 3 (NVIDIA H200)"), shown with its host on hover of its row.
+    ``gpus_of``: each rank's GPU and mesh coordinates ("GPU 3 (NVIDIA H200), dp 1, tp 0"), shown with its host on hover of its row.
     """
     # hosts in natural order (node2 before node10), each host's ranks in order
     order = sorted(range(len(s.ranks)), key=lambda i: (natural_key(nodes_of.get(str(s.ranks[i]), "?")), s.ranks[i]))

@@ -27,7 +27,6 @@ import contextlib
 import importlib.util
 import os
 import re
-import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from sqlalchemy.engine import URL, make_url
 from multirank_logger.errors import QueryFailed, UnsupportedStore
 from multirank_logger.model.csv_layout import LongRows, row_columns, whole_calls
 from multirank_logger.model.schema import metrics, step_summaries
+from multirank_logger.store.backends.store_files import SUFFIXES, kind_from_bytes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -59,8 +59,6 @@ __all__ = [
     "resolve_url",
 ]
 
-# filesystem suffix -> SQLAlchemy drivername
-SUFFIXES = {".duckdb": "duckdb", ".db": "sqlite", ".sqlite": "sqlite", ".sqlite3": "sqlite"}
 #: the SQLAlchemy backend names we write (one module next to this one each)
 BACKEND_NAMES = ("sqlite", "duckdb", "postgresql")
 _STORE_URL = re.compile(rf"^({'|'.join(BACKEND_NAMES)})[a-z0-9+]*://")
@@ -70,25 +68,6 @@ def names_a_store(text: str) -> bool:
     """Whether ``text`` names a store: one of our backends' URLs, a path with a store's suffix, or
     a file that begins as a SQLite or DuckDB database does."""
     return bool(_STORE_URL.match(text)) or Path(text).suffix.lower() in SUFFIXES or kind_from_bytes(text) is not None
-
-
-def kind_from_bytes(path: str | os.PathLike[str]) -> str | None:
-    """The backend an existing regular file is, told from its first bytes (a copy such as
-    ``runs.duckdb.bak`` keeps them, not its suffix); None for no file, an empty one or another kind.
-    Only a regular file is opened: a FIFO would block the open."""
-    try:
-        path = Path(path).expanduser()
-        if not stat.S_ISREG(path.stat().st_mode):
-            return None
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except (OSError, ValueError):  # unreadable here: the suffix decides, the open says what is wrong
-        return None
-    if head.startswith(b"SQLite format 3\x00"):
-        return "sqlite"
-    if head[8:12] == b"DUCK":  # DuckDB's magic sits after an 8-byte checksum
-        return "duckdb"
-    return None
 
 
 def public_name(db: str | os.PathLike[str] | URL) -> str:

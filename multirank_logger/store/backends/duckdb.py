@@ -18,7 +18,6 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger._util.cpus import usable_cpus
 from multirank_logger._util.fork_keep import keep_forever
 from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
 from multirank_logger.model.csv_layout import LongRows
@@ -26,6 +25,7 @@ from multirank_logger.model.schema import metrics
 from multirank_logger.store.backends.base import FULL_CHECK_BYTES, Backend, StoreFileFacts, driver_connection, json_path
 from multirank_logger.store.backends.duckdb_params import inline_before_cursor_execute, inline_parameters
 from multirank_logger.store.backends.readonly_sql import refusal_or_failure
+from multirank_logger.store.backends.store_files import reader_config
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,12 +36,6 @@ __all__ = ["DuckDBBackend", "register_alembic_impl"]
 # Not PRAGMA or CALL: both run functions that change settings or files (CALL checkpoint,
 # PRAGMA enable_profiling), and PIVOT's CREATE TYPE step is a write.
 _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
-#: DuckDB's memory limit in a reading process (its buffer cache and the working memory of a query):
-#: READER_MEMORY_MB, or READER_MEMORY_MB_PER_THREAD for each of its threads where that is more.
-#: A query's working memory grows with its threads: at 64MB, a per-rank COUNT(DISTINCT ...) over
-#: 768k rows ran with 2-8 threads and failed with 16 ("Out of Memory Error"), as on a 16-core machine
-READER_MEMORY_MB = 64
-READER_MEMORY_MB_PER_THREAD = 16
 
 
 # -- fork --------------------------------------------------------------------------------
@@ -73,18 +67,6 @@ if hasattr(os, "register_at_fork"):
         after_in_child=_keep_parents_default_connection,
         after_in_parent=_PARENTS_DEFAULT_CONNECTION.clear,
     )
-
-
-def reader_config() -> dict[str, Any]:
-    """A reading connection's DuckDB settings."""
-    threads = usable_cpus()  # DuckDB's default is every core of the machine
-    memory_mb = max(READER_MEMORY_MB, READER_MEMORY_MB_PER_THREAD * threads)
-    # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL;
-    # and a small memory limit: DuckDB keeps what it read cached up to that limit (80% of RAM by
-    # default), so a report over a large store grew with it; a scan reads each block once, so a
-    # small cache costs no time (per_rank of 5.1M rows: 256MB -> 799 MiB peak, 64MB -> 634 MiB, the
-    # same seconds; the report: 128MB -> 601, 64MB -> 529, on 2 cores)
-    return {"enable_external_access": False, "threads": threads, "memory_limit": f"{memory_mb}MB"}
 
 
 #: the block size of a store file DuckDB creates (bytes; DuckDB takes 16 KiB to 256 KiB). Measured

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, StoreLocked, WalNotReadable
+from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, StoreLocked
 from multirank_logger.model.csv_layout import LongRows, in_call_order, row_columns
 from multirank_logger.model.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics
 from multirank_logger.store.backends.base import (
@@ -34,13 +32,13 @@ from multirank_logger.store.backends.base import (
 )
 from multirank_logger.store.backends.readonly_sql import refusal_or_failure
 from multirank_logger.store.backends.sqlite_arrow import arrow_chunks, file_uri
+from multirank_logger.store.backends.store_files import SQLITE_BUSY_TIMEOUT_MS, sqlite_readonly_uri
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SQLiteBackend"]
 
-SQLITE_BUSY_TIMEOUT_MS = 20_000
 # rows per INSERT statement on SQLite, at most (see SQLiteBackend.insert_metrics)
 _MAX_ROWS_PER_INSERT = 1_024
 # dtype codes are below this, so seq * _DTYPE_SPAN + dtype carries both (seq < 2**59: a call counter)
@@ -88,6 +86,9 @@ class SQLiteBackend(Backend):
         db = self.url.database
         return None if db in (None, "", ":memory:") else Path(db)
 
+    #: the URI a reader opens the file with (store_files.py: also read there without SQLAlchemy)
+    _readonly_uri = staticmethod(sqlite_readonly_uri)
+
     def create_engine(self, readonly: bool = False) -> sa.Engine:
         url = self.url
         if readonly and self.path is not None:
@@ -113,28 +114,6 @@ class SQLiteBackend(Backend):
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
-
-    @staticmethod
-    def _readonly_uri(path: Path) -> str:
-        """The URI a reader opens ``path`` with. ``mode=ro``: the query side can never take a write
-        lock that would block training. Under WAL, SQLite reads through ``-shm`` beside the file and
-        creates it when missing: in a directory the reader cannot write (a read-only mount, a
-        colleague's results) that fails ("unable to open database file"). With no ``-wal`` there is
-        no writer and nothing outside the file (a WAL writer keeps its log while it is open), so
-        ``immutable=1`` reads the file without ``-shm`` or locks.
-
-        Raises:
-            WalNotReadable: the directory cannot be written and a ``-wal`` holds rows but no ``-shm`` is there.
-        """
-        uri = f"file:{quote(str(path))}?mode=ro"
-        if os.access(path.parent, os.W_OK):  # also False on a read-only mount for root
-            return uri
-        wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
-        if wal.is_file() and wal.stat().st_size > 0:
-            if shm.is_file():  # a writer's -shm: SQLite reads through it, read-only
-                return uri
-            raise WalNotReadable(str(path))
-        return uri + "&immutable=1"
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
         from multirank_logger.model.batch import column_lists

@@ -534,7 +534,7 @@
       const code = codes[at[0] * C + at[1]], rank = d.ranks[at[0]], s0 = d.steps[at[1]];
       const what = code === 127 ? "NaN or inf here" : code === -128 ? "no value" : code === 0 ? "at the ranks' median" : num(Math.abs(code) / 10) + " typical spreads " + (code < 0 ? "below" : "above") + " the ranks' median";
       const steps = d.width > 1 ? `steps ${s0}–${s0 + d.width - 1}` : `step ${s0}`;
-      const gpu = d.gpus && d.gpus[at[0]] ? ", " + d.gpus[at[0]] : "";  // the place: host, then GPU
+      const gpu = d.gpus && d.gpus[at[0]] ? ", " + d.gpus[at[0]] : "";  // the place: host, then GPU and mesh coordinates
       tip.textContent = `rank ${rank} (${nodeOf[at[0]]}${gpu}, ${steps}): ${what}`;
       tip.style.display = "block"; tip.style.top = ev.offsetY + 12 + "px";
       tip.style.left = (ev.offsetX > width / 2 ? ev.offsetX - tip.offsetWidth - 12 : ev.offsetX + 12) + "px";
