@@ -164,6 +164,11 @@ db = sys.argv[1]
 done = multirank_logger.init(db=db, name="done")
 done.log({"a": 1.0})
 done.log({"a": 2.0})  # the step after the last one: 1
+done.record("step_timing", step=1, data_s=0.25)  # no time: the call's
+try:
+    done.record("step_timing", data_s=0.5)  # no step: refused at the call, not dropped at the insert
+except ValueError as exc:
+    print("row refused:", exc)
 done.finish()
 done.finish("failed")  # a second finish does nothing
 try:
@@ -186,7 +191,8 @@ print("not reached")
 
 def test_one_process_ends_and_sigterm_interrupts(tmp_path: Path) -> None:
     """No launcher: a run's steps count on without step=, a second finish does nothing, a log
-    after it is refused; SIGTERM inside the `with` block ends the script (exit 143) and the run
+    after it is refused; a side row without ``time`` stored at the call's time, one without its
+    step refused at the call; SIGTERM inside the `with` block ends the script (exit 143) and the run
     ``interrupted``, its rows kept. The run whose `finish("ok")` was refused is ended at exit, as
     ``interrupted`` too: the process ends by the SIGTERM."""
     db = tmp_path / "runs.sqlite"
@@ -195,6 +201,9 @@ def test_one_process_ends_and_sigterm_interrupts(tmp_path: Path) -> None:
                           text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
     assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "log after finish refused" in proc.stdout and "status refused" in proc.stdout
+    assert "row refused: a step_timing row needs step: pass step=..." in proc.stdout, proc.stdout
+    timed = query(db, "SELECT step, data_s, time > 1e9 FROM step_timing WHERE run_id = 1")
+    assert timed == [(1, 0.25, 1)] and "spill" not in proc.stderr, (timed, proc.stderr[-3000:])
     assert "not reached" not in proc.stdout
     assert query(db, "SELECT name, status FROM runs ORDER BY id") == [
         ("done", "success"), ("bad", "interrupted"), ("term", "interrupted")]  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +27,12 @@ MAX_PENDING = 200_000
 # each table's column names, once: SQLAlchemy's ColumnCollection.keys() costs more than the
 # rest of add() (StepTimer records a row every step; see benchmarks/RESULTS.md's cited figures)
 _COLUMNS = {name: frozenset(table.columns.keys()) for name, table in SIDE_TABLES.items()}
+#: each table's NOT NULL columns a caller gives (run_id, rank and seq are filled at drain; a
+#: missing ``time`` is the time of the call): a row without one would be refused by the store at
+#: the writer's insert, long after the call returned, and its batch spilled
+_REQUIRED = {name: tuple(c.name for c in table.columns if not c.nullable and c.name not in ("run_id", "rank", "seq", "time"))
+             for name, table in SIDE_TABLES.items()}  # fmt: skip
+_TIMED = frozenset(name for name, table in SIDE_TABLES.items() if "time" in table.columns)
 
 
 class SideRecords:
@@ -44,15 +51,23 @@ class SideRecords:
 
         Raises:
             KeyError: for a table or a column the schema does not have.
+            ValueError: for a row without a value the table needs (``time`` is the call's when not given).
         """
         unknown = values.keys() - _COLUMNS[table]
         if unknown:
             columns = list(SIDE_TABLES[table].columns.keys())
             raise KeyError(f"{table} has no column(s) {sorted(unknown)}; its columns are {columns}")
+        if missing := [name for name in _REQUIRED[table] if values.get(name) is None]:
+            raise ValueError(f"a {table} row needs {', '.join(missing)}: pass {', '.join(f'{m}=...' for m in missing)} "
+                             f"(nothing of this row was kept)")  # fmt: skip
+        row = {**values, "seq": 0}
+        if table in _TIMED and row.get("time") is None:
+            row["time"] = time.time()
         with self._lock:
             seq = self._next_seq.get(table, 0)
             self._next_seq[table] = seq + 1
-            self._rows.append((table, {**values, "seq": seq}))
+            row["seq"] = seq
+            self._rows.append((table, row))
             if len(self._rows) > MAX_PENDING:
                 self._rows.popleft()
                 self._dropped += 1
