@@ -94,3 +94,23 @@ def test_every_group_of_a_mesh_is_named_and_no_part_of_one() -> None:
     assert mesh_clause([r for r, c in enumerate(coords) if c[0] == 1], places) == "every rank at pp 1"
     assert place_clause([7], places) == "; on node1, at pp 1, dp 0, tp 1 in the mesh"
     assert mesh_clause([0, 1], {0: {"host": "a"}, 1: places[1]}) == ""  # a rank without coordinates
+
+
+LIGHTNING_TRAIN = Path(__file__).resolve().parent / "model_parallel_train.py"
+
+
+@pytest.mark.parametrize("transport", ["direct", "gather"])
+def test_lightning_model_parallel_ranks_store_the_strategys_mesh(tmp_path: Path, transport: str) -> None:
+    """Lightning's ModelParallelStrategy builds its mesh after the logger registered the ranks; the
+    coordinates still reach every rank's row (a rank that writes its own: with its end; a gather
+    sender: its facts published again, recorded by rank 0), and the data-parallel index is the
+    mesh's."""
+    db = tmp_path / "runs.sqlite"
+    cmd = [sys.executable, str(LIGHTNING_TRAIN), "--db", str(db), "--transport", transport]
+    env = {**train_env(), "PYTHONPATH": str(LIGHTNING_TRAIN.parent.parent), "MASTER_PORT": str(free_port())}
+    proc = run_launch(cmd, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert query(db, "SELECT status, world_size FROM runs") == [("success", 4)]
+    got = {r: json.loads(m) if m else None for r, m in query(db, "SELECT rank, mesh FROM ranks")}
+    assert got == {r: {"data_parallel": [r // 2, 2], "tensor_parallel": [r % 2, 2]} for r in range(4)}, got
+    assert dict(query(db, "SELECT rank, dp_rank FROM ranks")) == {r: r // 2 for r in range(4)}

@@ -150,8 +150,9 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     if senders and isinstance(sink, GatherReceiver):
         channel = sink.channel
         facts = safely(lambda: fetch_facts(channel, senders, min(timeout, FACTS_WAIT_S))) or {}
-    if senders is not None and sink_setup.rank != 0:
-        facts[sink_setup.rank] = rank_facts(sink_setup.rank)  # a node's writer was registered by rank 0, without them
+    if (senders is not None and sink_setup.rank != 0) or sink_setup.place_changed:
+        # a node's writer was registered by rank 0, without them; a place that changed after registration
+        facts[sink_setup.rank] = rank_facts(sink_setup.rank)
     if isinstance(sink, DirectSink) and not sink.connected:  # a server that refused it so far
         store = safely(lambda: sink.store, "opening the store for the run's end")
     sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket

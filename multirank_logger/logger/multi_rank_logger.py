@@ -358,6 +358,20 @@ class MultiRankLogger(Logger):
                                  {"alert_kind": alert.kind, "stopped_at": step}))  # fmt: skip
 
     @override
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        """No graph is stored. A model on a device mesh gives this rank's coordinates in it:
+        Lightning's ModelParallelStrategy builds its mesh after this logger registered the rank
+        and hands the module here (``_log_hyperparams``, after the strategy's set-up); they are
+        recorded with the rank's end. A ``mesh=`` given to the logger wins."""
+        from multirank_logger.transport.rank_facts import mesh_given, use_mesh
+
+        mesh = getattr(model, "_device_mesh", None)  # LightningModule.device_mesh, without its error when unset
+        if mesh is None or mesh_given():
+            return
+        use_mesh(mesh)
+        self._run.sink_setup.place_moved()
+
+    @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:
         """Keep the hyperparameters and store them with the run; rank 0 writes hparams.yaml now,
         as CSVLogger does."""

@@ -27,7 +27,7 @@ from typing import Any
 from multirank_logger.errors import ChannelError
 from multirank_logger.transport.row_channel import RowChannel
 
-__all__ = ["FACTS_WAIT_S", "RANK_FACT_KEYS", "data_parallel_index", "fetch_facts", "gpu_facts", "mesh_coordinates", "publish_facts",
+__all__ = ["FACTS_WAIT_S", "RANK_FACT_KEYS", "data_parallel_index", "fetch_facts", "gpu_facts", "mesh_coordinates", "mesh_given", "publish_facts",
            "rank_facts", "use_mesh"]
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,11 @@ def use_mesh(mesh: Any) -> None:
     """Record `mesh` (a ``torch.distributed.device_mesh.DeviceMesh``) as this process's device mesh:
     its coordinates go in the rank's ``ranks`` row (torch keeps no registry of the meshes made)."""
     _GIVEN_MESH[:] = [] if mesh is None else [mesh]
+
+
+def mesh_given() -> bool:
+    """Whether this process was told its device mesh (`use_mesh`)."""
+    return bool(_GIVEN_MESH)
 
 
 def mesh_coordinates(mesh: Any) -> str | None:

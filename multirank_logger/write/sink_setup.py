@@ -112,6 +112,9 @@ class SinkSetup:
         self.run = run
         self.lock = lock
         self.sink: DirectSink | GatherSender | None = None
+        #: this rank's place changed after it was registered (a device mesh set up later): its
+        #: facts go again with its end (finalize), where its row is written
+        self.place_changed = False
         self.world = 0  # the world size the sink was set up for
         self.rank = 0  # the rank the sink was set up with (the process group may be gone later)
         self.run_id = 0  # the run the sink writes under
@@ -196,6 +199,18 @@ class SinkSetup:
             self.spiller = Spiller(spill, shown, rank)
             self.own_unstored_counted = self.others_unstored_uncounted = (0, 0)
         return self.spiller
+
+    def place_moved(self) -> None:
+        """This rank's facts (`rank_facts`) changed after its registration: a gather sender
+        publishes them again (rank 0 fetches them at the end); a rank that writes its own row
+        records them with its end."""
+        sink = self.sink
+        if sink is None:
+            return  # not registered yet: its registration takes them
+        if isinstance(sink, GatherSender):
+            publish_facts(sink.channel)
+        else:
+            self.place_changed = True
 
     def _register(
         self, sink: DirectSink | GatherSender, run: RunRef, rank: int, world: int, transport: str, why: str
