@@ -129,7 +129,7 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
                    "ORDER BY run_id").fetchall()  # fmt: skip
     assert runs == [(1, "lightning_logs", 3), (2, "second", 1), (3, "empty", 2)]
     partitions = _partitions(two_runs)
-    for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings"):
+    for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings", "verdicts"):
         assert sorted(p.name for p in (dest / table).iterdir()) == sorted(partitions.values())
 
     # the nightly append: run 2 again (it was running) and any later one; run 1 untouched

@@ -22,7 +22,7 @@ from multirank_logger.export.parquet import export_parquet
 from multirank_logger.export.run_identity import legacy_uuid, run_identity
 from tests.test_query import _calls, _store_calls
 
-TABLES = ("metrics", "runs", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings")
+TABLES = ("metrics", "runs", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings", "verdicts")
 
 
 def _export(db: Path, *args: str) -> str:

@@ -55,7 +55,17 @@ from multirank_logger.errors import ExportFailed
 from multirank_logger.export.destination import Destination
 from multirank_logger.export.run_identity import run_identity
 from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import alerts, attempts, decisions, findings, logs, ranks, runs, step_timing
+from multirank_logger.model.schema import (
+    alerts,
+    attempts,
+    decisions,
+    findings,
+    logs,
+    ranks,
+    runs,
+    step_timing,
+    verdicts,
+)
 from multirank_logger.query.long_table import utc_timestamps
 from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
 
@@ -94,6 +104,7 @@ RUN_TABLES = (
     ("step_timing", step_timing, step_timing.c.run_id),
     ("alerts", alerts, alerts.c.run_id),
     ("findings", findings, findings.c.run_id),
+    ("verdicts", verdicts, verdicts.c.run_id),
 )
 #: the metric rows' order in each window (see the module docstring)
 METRIC_ORDER = ("key", "step", "rank", "seq")

@@ -19,7 +19,18 @@ no I/O, no clock (the caller passes ``now``):
 
 Memory, whatever the run's length: per key the open steps' rows, and the last ``keep_steps``
 closed steps' statistics (or 10% of the key's counted steps, if more: a stretch must last 5% of
-them to persist, `ranks.judge_departures`' ``counted_steps``); never the run's history.
+them to persist, `ranks.judge_departures`' ``counted_steps``) are what is judged as it goes.
+
+The run's end is judged whole. The statistics of the steps taken out of the judged window are
+kept aside (`ranks.DepartureWindows`' ``hold_whole``: per key and step its count, median, typical
+spread, min and max, and the few values that may depart), with every StepTimer step time, up to
+``WHOLE_BYTES`` in all. The last judgement (``final``) then judges each key over all of it, with
+the report's rule for a stretch (5% of the key's counted steps), and `verdict` is the report's
+findings of the same rows, to the last number: `complete` says so, and `judged_rows` how many
+rows of each rank it judged, which a reader matches against the store's before it serves the
+kept verdict instead of a pass over the rows (query/kept_verdict.py). Past ``WHOLE_BYTES``, or
+once a row came after its step was judged, the watch keeps only its window and `whole_reason`
+says why; its verdict is then what it found as it went, and `complete` is False.
 
 Agreement with the report: the same functions, on the same values. The report's stretch must
 last 5% of the run's counted steps, which the watch cannot know before the end: it counts the
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
+from array import array
 from collections import deque
 from typing import Any
 
@@ -49,9 +61,11 @@ from multirank_logger.judgement.ranks import (
     STRAGGLER_MIN_SHARE,
     STRAGGLER_PHASES,
     DepartureWindows,
+    KeySteps,
     judge_departures,
     memory_measure,
     memory_outliers,
+    straggler,
 )
 from multirank_logger.judgement.sentences import KINDS, series_of
 
@@ -64,17 +78,20 @@ HOLD_FACTOR = 3.0
 KEEP_STEPS = 512
 #: StepTimer rows whose step time the straggler's share is taken against (the latest)
 STEP_TIMES_KEPT = 65_536
+#: bytes of statistics kept aside for the run's end to be judged whole (see the module docstring):
+#: 8 B x 6 a step and key (1M steps x keys), and 8 B a StepTimer row
+WHOLE_BYTES = 64 * 2**20
 
 
 class _Key:
     """One key's open rows and its closed steps' statistics."""
 
-    def __init__(self, world: int, summed: bool) -> None:
+    def __init__(self, world: int, summed: bool, hold_whole: bool) -> None:
         self.summed = summed  # a time per step: the step's batches summed (gradient accumulation)
         self.chunks: list[tuple[np.ndarray, ...]] = []  # steps, ranks, values, each row's arrival
         self.ranks_seen = np.zeros(world, bool)
         self.closed_through: int | None = None  # the last step closed
-        self.windows = DepartureWindows()
+        self.windows = DepartureWindows(hold_whole=hold_whole)
         self.counted = 0  # closed steps with MIN_RANKS values
         self.new_steps = False
         self.newest: int | None = None
@@ -93,11 +110,12 @@ class LiveJudgement:
         writers: ranks that write the others' rows (gather's rank 0): memory judged as the report does.
         keep_steps: closed steps' statistics held per key at least.
         expected_steps: counted steps the run is taken to last at least (`EXPECTED_STEPS`).
+        whole_bytes: bytes kept aside for the run's end to be judged whole (0: judge the window only).
     """
 
     def __init__(self, world_size: int, *, close_after: float = 10.0, writers: frozenset[int] = frozenset(),
                  keep_steps: int = KEEP_STEPS, expected_steps: int = EXPECTED_STEPS,
-                 hold_after: float | None = None) -> None:  # fmt: skip
+                 hold_after: float | None = None, whole_bytes: int = WHOLE_BYTES) -> None:  # fmt: skip
         self.world = max(1, int(world_size))
         self.close_after = close_after
         self.hold_after = HOLD_FACTOR * close_after if hold_after is None else hold_after
@@ -124,6 +142,14 @@ class LiveJudgement:
         #: each straggler said, by (key, rank): its stretch and cost go on growing while it straggles
         #: (`_grow_cost`), so the kept verdict says what it cost through the run's end
         self._stragglers: dict[tuple[str, int], Finding] = {}
+        #: why the run's end cannot be judged whole (None while it can: see the module docstring)
+        self.whole_reason: str | None = None if whole_bytes > 0 else "it was asked to judge its window only"
+        self.whole_bytes = whole_bytes
+        self._all_step_times = array("d")  # every step time, while the run is held whole
+        #: per key, the whole run's statistics and its departures, from the last judgement (`verdict`)
+        self._judged_whole: dict[str, tuple[KeySteps, list[dict[str, Any]]]] | None = None
+        #: metric rows taken in, per rank (`judged_rows`)
+        self.rows_by_rank = np.zeros(self.world, np.int64)
 
     # -- rows in --------------------------------------------------------------------------
 
@@ -136,6 +162,8 @@ class LiveJudgement:
         ranks = np.asarray(ranks, np.int64)
         steps = np.asarray(steps, np.int64)
         values = np.asarray(values, float)
+        ours = (ranks >= 0) & (ranks < self.world)  # (a row of another rank is counted late: _add_key)
+        self.rows_by_rank += np.bincount(ranks[ours], minlength=self.world)
         top = int(steps.max())
         self.newest_step = top if self.newest_step is None else max(self.newest_step, top)
         bad, kinds = non_finite_kinds(values)
@@ -168,6 +196,9 @@ class LiveJudgement:
             parts = [r.get(c) for c in ("data_s", "forward_s", "rest_s")]
             if any(p is not None for p in parts):  # pandas' sum(min_count=1): a row with no part has no time
                 self._step_times.append(sum(_num(p, 0.0) for p in parts))
+                if self.whole_reason is None:
+                    self._all_step_times.append(self._step_times[-1])
+        self._bound_whole()
         for r in rows:
             for measure in ("rss", "mem_reserved_peak"):
                 v = r.get(measure)
@@ -182,7 +213,7 @@ class LiveJudgement:
                  summed: bool) -> None:  # fmt: skip
         key = self.keys.get(name)
         if key is None:
-            key = self.keys[name] = _Key(self.world, summed)
+            key = self.keys[name] = _Key(self.world, summed, self.whole_reason is None)
         inside = (ranks >= 0) & (ranks < self.world)
         # how far each rank got, late rows too (a NaN held for a late rank waits for this: _caught_up)
         np.maximum.at(key.newest_by_rank, ranks[inside], steps[inside])
@@ -190,6 +221,7 @@ class LiveJudgement:
             inside &= steps > key.closed_through
         if not inside.all():
             self.late_rows += int((~inside).sum())
+            self._stop_holding_whole(f"{self.late_rows:,} row(s) came after their step was judged")
             steps, ranks, values = steps[inside], ranks[inside], values[inside]
         if len(steps):
             key.ranks_seen[ranks] = True
@@ -200,13 +232,17 @@ class LiveJudgement:
 
     def judge(self, now: float, final: bool = False) -> list[Finding]:
         """Close what steps can be closed and judge the keys that got new ones; `final`: the run
-        ended, every step is closed. Returns the new findings (each once)."""
+        ended, every step is closed, and each key is judged over the whole run where it was held
+        (see the module docstring). Returns the new findings (each once)."""
         found: list[Finding] = []
+        whole = final and self.whole_reason is None
+        if whole:
+            self._judged_whole = {}
         for name, key in self.keys.items():
             self._close(key, now, final)
-            if key.new_steps:
+            if key.new_steps or whole:
                 key.new_steps = False
-                found += self._departures(name, key)
+                found += self._departures(name, key, whole)
         found = self._non_finite(now, final) + found
         if self._memory_changed:
             self._memory_changed = False
@@ -214,15 +250,72 @@ class LiveJudgement:
         self.found += found
         return found
 
+    @property
+    def complete(self) -> bool:
+        """Whether the last judgement judged the whole run as the report does (`verdict` is its findings)."""
+        return self._judged_whole is not None and self.whole_reason is None
+
+    def judged_rows(self) -> list[int] | None:
+        """The metric rows judged, per rank, where the verdict is `complete`; else None."""
+        return self.rows_by_rank.tolist() if self.complete else None
+
     def verdict(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every finding said so far as (kind, the report's item), each with where its problem
-        started among all of them (`origin.with_origin`: a follower found before its origin's
-        rows came names the origin here), origins first: what a run's end keeps."""
+        """Every finding as (kind, the report's item), each with where its problem started among
+        all of them (`origin.with_origin`: a follower found before its origin's rows came names
+        the origin here), origins first: what a run's end keeps. Where the run was judged whole
+        (`complete`), the findings of that judgement with the report's numbers; else what was said
+        as the run went."""
+        items = self._whole_verdict() if self.complete else {
+            kind: [f.item() for f in self.found if f.kind == kind] for kind in KINDS}  # fmt: skip
         out: list[tuple[str, dict[str, Any]]] = []
         for kind in KINDS:
-            items = [f.item() for f in self.found if f.kind == kind]
-            out += [(kind, item) for item in with_origin(items, functools.partial(series_of, kind), self.world)]
+            out += [(kind, item) for item in with_origin(items[kind], functools.partial(series_of, kind), self.world)]
         return out
+
+    def _whole_verdict(self) -> dict[str, list[dict[str, Any]]]:
+        """The last judgement's findings of the whole run, as the report's items and in its order."""
+        assert self._judged_whole is not None
+        departures: list[dict[str, Any]] = []
+        stragglers: list[dict[str, Any]] = []
+        on_gpu = bool(self._peaks["mem_reserved_peak"])
+        for name in sorted(self._judged_whole, key=_report_order):
+            stats, items = self._judged_whole[name]
+            if not name.startswith("timing:"):
+                departures += [{"rank": item["rank"], "key": name, **{k: v for k, v in item.items() if k != "rank"}}
+                               for item in items]  # fmt: skip
+                continue
+            for item in items:
+                if (said := straggler(name.split(":", 1)[1], item, self._step_time())) is not None:
+                    said.update(stretch_cost(stats.steps, stats.high, stats.median, said["first_step"], said["last_step"],
+                                             self.world, on_gpu=on_gpu))  # fmt: skip
+                    stragglers.append(said)
+        measure = memory_measure(on_gpu)
+        peaks = self._peaks[measure]
+        ranks = np.array(sorted(peaks), np.int64)
+        retries = np.array([self._retries.get(int(r), 0) for r in ranks]) if measure != "rss" else None
+        memory = memory_outliers(ranks, np.array([peaks[int(r)] for r in ranks]), measure, retries, self.writers) \
+            if len(peaks) >= 2 else []  # fmt: skip
+        return {"non_finite": self.non_finite.items(), "departure": departures, "straggler": stragglers, "memory": memory}
+
+    def _step_time(self) -> float:
+        """The median step time (its parts summed) of the rows held: every row's, while the run is held whole."""
+        times = np.frombuffer(self._all_step_times, float) if self.whole_reason is None else np.fromiter(self._step_times, float)
+        return float(np.median(times)) if len(times) else math.nan
+
+    def _bound_whole(self) -> None:
+        """Stop holding the run whole once what is kept aside passes ``whole_bytes``."""
+        if self.whole_reason is None:
+            held = sum(key.windows.trimmed_bytes for key in self.keys.values()) + self._all_step_times.itemsize * len(
+                self._all_step_times)  # fmt: skip
+            if held > self.whole_bytes:
+                self._stop_holding_whole(f"the run's statistics passed {self.whole_bytes / 2**20:g} MiB")
+
+    def _stop_holding_whole(self, reason: str) -> None:
+        if self.whole_reason is None:
+            self.whole_reason = reason
+            for key in self.keys.values():
+                key.windows.forget_whole()
+            self._all_step_times = array("d")
 
     def _close(self, key: _Key, now: float, final: bool) -> None:
         if not key.chunks:
@@ -308,15 +401,21 @@ class LiveJudgement:
             return None
         return spread_of(firsts.items(), self.world)
 
-    def _departures(self, name: str, key: _Key) -> list[Finding]:
+    def _departures(self, name: str, key: _Key, whole: bool = False) -> list[Finding]:
+        """`name`'s new findings: over its window, or (`whole`, the run's end) over the whole run,
+        with the report's rule for a stretch."""
         if key.counted < MIN_STEPS:
             return []
-        stats = key.windows.peek()
+        stats = key.windows.whole() if whole else key.windows.peek()
         if stats is None:
             return []
         timing = name.startswith("timing:")
-        items = judge_departures(stats, higher_only=timing, counted_steps=max(key.counted, self.expected_steps))
-        key.windows.trim(max(self.keep_steps, math.ceil(0.1 * key.counted) + 64))
+        items = judge_departures(stats, higher_only=timing, counted_steps=None if whole else max(key.counted, self.expected_steps))
+        if whole and self._judged_whole is not None:
+            self._judged_whole[name] = (stats, items)
+        else:
+            key.windows.trim(max(self.keep_steps, math.ceil(0.1 * key.counted) + 64))
+            self._bound_whole()
         out = []
         for item in items:
             kind = "straggler" if timing else "departure"
@@ -327,7 +426,7 @@ class LiveJudgement:
             detail = {k: v for k, v in item.items() if k != "rank"}
             value = item["ratio"]
             if timing:
-                step_time = float(np.median(np.fromiter(self._step_times, float))) if self._step_times else math.nan
+                step_time = self._step_time()
                 share = item["excess"] / step_time if step_time > 0 else math.nan
                 if not share >= STRAGGLER_MIN_SHARE:
                     continue
@@ -381,6 +480,12 @@ class LiveJudgement:
             detail = {k: v for k, v in item.items() if k != "rank"}
             out.append(Finding("memory", item["rank"], measure, None, self.newest_step, item["ratio"], detail))
         return out
+
+
+def _report_order(name: str) -> tuple[int, int | str]:
+    """The report's order of the series: the metric keys by name, then StepTimer's phases."""
+    phase = name.removeprefix("timing:")
+    return (1, STRAGGLER_PHASES.index(phase)) if phase != name and phase in STRAGGLER_PHASES else (0, name)
 
 
 def _num(value: Any, missing: float = math.nan) -> float:

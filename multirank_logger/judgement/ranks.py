@@ -38,7 +38,7 @@ __all__ = [
     "DEPART_SPREADS", "MEMORY_RATIO", "MIN_RANKS", "MIN_STEPS", "SPREAD_WINDOW", "STRAGGLER_MIN_SHARE", "STRAGGLER_PHASES",
     "WRITER_RSS_ALLOWANCE", "DepartureWindows", "KeySteps", "departures", "judge_departures",
     "memory_measure", "memory_outliers", "non_finite_ranks", "votes_split", "persistent", "rolling_median", "rolling_min", "row_medians",
-    "stragglers",
+    "straggler", "stragglers",
 ]  # fmt: skip
 
 #: a rank departs at a step when it is this many typical spreads of the ranks from their median
@@ -181,9 +181,13 @@ class DepartureWindows:
     Memory grows with the steps, not with the ranks: per step its statistics, and the candidate
     values. The last ``spread_window`` steps of a window wait for the next one (their candidate
     rule needs the spreads on their right); `result` judges them as the run's last steps.
+
+    ``hold_whole``: the steps `trim` takes out of the judged window are kept aside (`whole`: the
+    run's statistics from its first step, what the report's pass holds), until `forget_whole`.
     """
 
-    def __init__(self, spread_window: int = SPREAD_WINDOW, depart_spreads: float = DEPART_SPREADS) -> None:
+    def __init__(self, spread_window: int = SPREAD_WINDOW, depart_spreads: float = DEPART_SPREADS,
+                 hold_whole: bool = False) -> None:  # fmt: skip
         self.spread_window = spread_window
         self.factor = depart_spreads * (1 - 1e-9)  # a candidate rule that never misses by rounding
         self.parts: list[tuple[np.ndarray, ...]] = []
@@ -191,6 +195,13 @@ class DepartureWindows:
         # the last steps of the last window, not yet judged, and the spreads before them
         self.pending: tuple[np.ndarray, ...] | None = None
         self.seen = 0  # counted steps so far
+        self.hold_whole = hold_whole
+        # the steps `trim` took out (their statistics, their candidates at positions from the first step)
+        self._trimmed: list[tuple[np.ndarray, ...]] = []
+        self._trimmed_candidates: list[tuple[np.ndarray, ...]] = []
+        self._trimmed_steps = 0
+        #: bytes of the statistics and candidates kept aside (`hold_whole`)
+        self.trimmed_bytes = 0
 
     def add(self, steps: np.ndarray, ranks: np.ndarray, table: np.ndarray) -> None:
         """One window: its `steps` (ascending), `ranks` and the key's steps x ranks `table` (NaN
@@ -300,18 +311,51 @@ class DepartureWindows:
         drop = held - keep
         if drop <= 0 or not self.parts:
             return
-        cols = [np.concatenate(c)[drop:] for c in zip(*self.parts)]
-        self.parts = [tuple(cols)]
+        cols = [np.concatenate(c) for c in zip(*self.parts)]
+        self.parts = [tuple(c[drop:] for c in cols)]
         first = self.seen - held  # the position of the first step held
         cut = first + drop
+        if self.hold_whole:
+            self._set_aside(tuple(c[:drop] for c in cols))
         if self.candidates:
             pos, rank, value, dev = (np.concatenate(c) for c in zip(*self.candidates))
             mine = pos >= cut
+            if self.hold_whole and not mine.all():
+                self._set_aside(candidates=(pos[~mine] - first + self._trimmed_steps, rank[~mine], value[~mine], dev[~mine]))
             self.candidates = [(pos[mine] - cut, rank[mine], value[mine], dev[mine])]
+        if self.hold_whole:
+            self._trimmed_steps += drop
         self.seen -= cut
         if self.pending is not None:
             h_pos, h_ranks, h_table, h_dev, h_mad_pos, h_mad = self.pending
             self.pending = (h_pos - cut, h_ranks, h_table, h_dev, h_mad_pos - cut, h_mad)
+
+    def _set_aside(self, stats: tuple[np.ndarray, ...] | None = None, candidates: tuple[np.ndarray, ...] | None = None) -> None:
+        for kept, part in ((self._trimmed, stats), (self._trimmed_candidates, candidates)):
+            if part is None:
+                continue
+            kept.append(part)
+            self.trimmed_bytes += sum(a.nbytes for a in part)
+            if len(kept) > 64:  # one part a judgement: joined now and then, not one array each
+                kept[:] = [tuple(np.concatenate(c) for c in zip(*kept))]
+
+    def forget_whole(self) -> None:
+        """Keep only the judged window from now on (a watch's memory bound was reached)."""
+        self.hold_whole = False
+        self._trimmed, self._trimmed_candidates, self._trimmed_steps, self.trimmed_bytes = [], [], 0, 0
+
+    def whole(self) -> KeySteps | None:
+        """`peek` over every step fed since the first, those `trim` took out too (``hold_whole``):
+        the statistics the report's pass holds for the run's rows fed."""
+        now = self.peek()
+        if not self._trimmed or now is None:
+            return now
+        cols = [np.concatenate([*old, new]) for old, new in zip(zip(*self._trimmed), (
+            now.steps, now.count, now.median, now.mad, now.low, now.high))]  # fmt: skip
+        new_cands = (now.cand_pos + self._trimmed_steps, now.cand_rank, now.cand_value, now.cand_dev)
+        cands = [np.concatenate([*old, new]) for old, new in zip(zip(*self._trimmed_candidates), new_cands)] \
+            if self._trimmed_candidates else list(new_cands)  # fmt: skip
+        return KeySteps(*cols, *cands)
 
     def result(self) -> KeySteps | None:
         """The key's statistics and candidates so far, the held steps judged; None without a counted step."""
@@ -339,16 +383,19 @@ def stragglers(phases: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], ste
     """
     out = []
     for phase, (steps, ranks, values) in phases.items():
-        for item in departures(steps, ranks, values, higher_only=True):
-            share = item["excess"] / step_time if step_time > 0 else math.nan
-            if not share >= STRAGGLER_MIN_SHARE:
-                continue
-            out.append(
-                {"rank": item["rank"], "phase": phase.removesuffix("_s"), "first_step": item["first_step"],
-                 "last_step": item["last_step"], "steps": item["steps"], "excess_s": item["excess"],
-                 "share_of_step": share, "spreads": item["spreads"]}
-            )  # fmt: skip
+        out += [s for item in departures(steps, ranks, values, higher_only=True) if (s := straggler(phase, item, step_time))]
     return out
+
+
+def straggler(phase: str, item: dict[str, Any], step_time: float) -> dict[str, Any] | None:
+    """A rank departing upwards in `phase` (`item`: `departures`' dict) as a straggler's item, or
+    None where its extra time is under ``STRAGGLER_MIN_SHARE`` of `step_time` (the median step's)."""
+    share = item["excess"] / step_time if step_time > 0 else math.nan
+    if not share >= STRAGGLER_MIN_SHARE:
+        return None
+    return {"rank": item["rank"], "phase": phase.removesuffix("_s"), "first_step": item["first_step"],
+            "last_step": item["last_step"], "steps": item["steps"], "excess_s": item["excess"],
+            "share_of_step": share, "spreads": item["spreads"]}  # fmt: skip
 
 
 def memory_measure(cuda_peaks: bool) -> str:

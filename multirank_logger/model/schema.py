@@ -41,6 +41,7 @@ __all__ = [
     "logs",
     "step_summaries",
     "coarse_summaries",
+    "verdicts",
     "step_timing",
     "unheard_ends",
     "decode_value",
@@ -368,8 +369,26 @@ findings = sa.Table(
     sa.PrimaryKeyConstraint("run_id", "seq", name="pk_findings"),
 )
 
+# One row per verdict kept (the watch's last judgement), beside its `findings` rows of the same
+# launch: whether it judged the whole run as the report does and, then, how many metric rows of
+# each rank it judged. A reader serves the kept findings instead of a pass over the rows while
+# the store holds exactly those rows (query/kept_verdict.py); else it says `reason`.
+verdicts = sa.Table(
+    "verdicts",
+    metadata,
+    sa.Column("run_id", sa.Integer, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False, comment="the rank that judged (0)"),
+    sa.Column("seq", sa.BigInteger, nullable=False, comment="its number in the run (the launch in the high bits)"),
+    sa.Column("complete", sa.Boolean, nullable=False, comment="whether the whole run was judged as the report judges it"),
+    sa.Column("rows_by_rank", sa.Text, nullable=True, comment="JSON list: per rank, the metric rows judged (complete only)"),
+    sa.Column("findings", sa.Integer, nullable=False, comment="the findings rows kept with it (its launch's)"),
+    sa.Column("reason", sa.Text, nullable=True, comment="why it is not complete"),
+    sa.Column("judged_at", sa.Float(53), nullable=False, comment="unix time of the run's last judgement"),
+    sa.PrimaryKeyConstraint("run_id", "seq", name="pk_verdicts"),
+)
+
 #: the side tables by name: what `MultiRankLogger.record(table, ...)` accepts
-SIDE_TABLES = {t.name: t for t in (decisions, logs, step_timing, alerts, findings)}
+SIDE_TABLES = {t.name: t for t in (decisions, logs, step_timing, alerts, findings, verdicts)}
 
 
 def encode_value(value: bool | int | float) -> tuple[float | None, int]:

@@ -41,7 +41,7 @@ import pyarrow as pa
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.judgement.sentences import followers_sentence, sentence_groups
-from multirank_logger.model.schema import findings, step_timing
+from multirank_logger.model.schema import findings, step_timing, verdicts
 from multirank_logger.query.new_rows import NewRows
 from multirank_logger.watch.alerts import Alert, AlertOutlets
 
@@ -96,6 +96,7 @@ class Watch:
         self._deliveries: queue.SimpleQueue[Alert] = queue.SimpleQueue()  # `deliver_soon`'s
         self._thread: threading.Thread | None = None
         self.skipped = 0  # batches the watch dropped, behind
+        self.rank0_only = False  # it sees rank 0's rows only (`watch_for`)
         self._said_behind = False
         self._reader: NewRows | None = None  # direct/node: each rank's new rows in the store
 
@@ -169,7 +170,23 @@ class Watch:
                    "detail": json.dumps(_plain({**f.detail, "spread": f.spread})),
                    "sentence": said[id(item)], "found_at": now}  # fmt: skip
             self.outlets.record(findings.name, row)
+        # after its findings (the writer keeps the order): whether they are the whole run's, and of which rows
+        reason = self.whole_reason()
+        judged = self.judgement.judged_rows() if reason is None else None
+        self.outlets.record(verdicts.name, {"complete": judged is not None, "findings": len(verdict), "judged_at": now,
+                                            "rows_by_rank": None if judged is None else json.dumps(judged),
+                                            "reason": reason})  # fmt: skip
         return len(verdict)
+
+    def whole_reason(self) -> str | None:
+        """Why the kept verdict is not the whole run's as the report judges it; None where it is."""
+        if self.skipped:
+            return f"the watch fell behind and skipped {self.skipped:,} batch(es) of rows"
+        if self.rank0_only:
+            return "the watch saw rank 0's rows only (a DuckDB file with transport='direct')"
+        if not self.judgement.complete:
+            return self.judgement.whole_reason or "the run's last judgement did not run"
+        return None
 
     def deliver_soon(self, alert: Alert) -> None:
         """`alert` delivered on the watch's thread (StopOnAlert's stop, from the training thread):
@@ -342,6 +359,7 @@ def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_
     watch = Watch(run_id, world_size, outlets, close_after=close_after,
                   writers=frozenset({0}) if transport == "gather" else frozenset(), read_store=read,
                   peek=peek if transport == "gather" else None)  # fmt: skip
+    watch.rank0_only = fed and transport != "gather" and world_size > 1
     return watch, fed
 
 
