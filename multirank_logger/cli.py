@@ -370,8 +370,10 @@ def sql_cmd(db_path: str, query: str, fmt: str, timeout: float | None) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Also write the report to this HTML file: the ui's page of the run, self-contained, offline.")  # fmt: skip
+@click.option("--from-rows", is_flag=True,
+              help="Judge the run's rows even where the watch kept a verdict of the whole run (the same findings, slower).")  # fmt: skip
 @_friendly_errors
-def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> None:
+def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None, from_rows: bool) -> None:
     """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
     import json
 
@@ -381,7 +383,7 @@ def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None) -> N
 
     def reads(reader: StoreReader) -> Any:
         # the page's per-bucket summaries come from the findings' own pass over the rows
-        found, buckets = find_with_buckets(reader, run, HEATMAP_COLUMNS if output else 0)
+        found, buckets = find_with_buckets(reader, run, HEATMAP_COLUMNS if output else 0, from_rows=from_rows)
         if output:
             from multirank_logger.ui.report_page import write_report
 

@@ -250,3 +250,32 @@ def test_without_a_kept_verdict_the_pass_runs_silently(tmp_path: Path) -> None:
         found = find(reader, run.id)
     assert (found.judged_from, found.verdict_not_served) == ("rows", None)
     assert [r["steps"] for r in found.ranks] == [20, 20, 20]
+
+
+@pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
+def test_a_rank_whose_steps_go_back_has_its_steps_counted_from_the_summaries(tmp_path: Path, suffix: str) -> None:
+    """A key logged at an earlier step than the rank's last (an epoch's metric at its first step):
+    the watch cannot tell its distinct steps, the verdict is still the whole run's, and the ranks
+    table is counted from the step summaries, as the pass counts it from the rows."""
+    db = tmp_path / f"runs{suffix}"
+    rng = np.random.default_rng(3)
+    calls = [(rank, step, "loss", 1.0 + rng.normal(0, 0.01) + (2.0 if rank == 1 and step >= 20 else 0.0))
+             for step in range(60) for rank in range(3)]  # fmt: skip
+    calls += [(rank, 10 * epoch, "val", 0.5) for epoch in range(3) for rank in range(3)]  # (steps back)
+    store = Store(db)
+    run = store.create_run("back", world_size=3, transport="gather")
+    _write(store, run.id, calls, {})
+    side = SideRecords()
+    watch = Watch(run.id, 3, AlertOutlets(side.add, echo=False), close_after=1e9)
+    watch.judgement.add_rows(np.array([c[2] for c in calls], object), np.array([c[0] for c in calls]),
+                             np.array([c[1] for c in calls]), np.array([c[3] for c in calls]), now=0.0)  # fmt: skip
+    watch.judgement.judge(now=0.0, final=True)
+    assert watch.judgement.complete and watch.judgement.rank_steps() is None
+    watch.keep_verdict()
+    store.write_side(side.drain(run.id, 0))
+    store.close()
+    with open_store(db) as reader:
+        served, judged = find(reader, run.id), find(reader, run.id, from_rows=True)
+    _same(served, judged)
+    assert [(r["steps"], r["last_step"]) for r in served.ranks] == [(60, 59)] * 3
+    assert [(o["rank"], o["key"], o["first_step"]) for o in served.outliers] == [(1, "loss", 20)]

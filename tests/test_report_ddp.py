@@ -69,6 +69,20 @@ def test_report_names_the_faulty_ranks(db: Path) -> None:
     assert [r["status"] for r in found.ranks] == ["success"] * 3 and all(r["steps"] == STEPS for r in found.ranks)
 
 
+@pytest.mark.parametrize("run", ["faulty", "clean"])
+def test_the_verdict_the_watch_kept_is_served_and_is_the_reports(db: Path, run: str) -> None:
+    """Each run's end was judged whole by rank 0's watch: `report` serves its kept verdict (no pass
+    over the rows), and it says what the pass over the rows says, every finding and number."""
+    with open_store(db) as reader:
+        served, judged = find(reader, run=run), find(reader, run=run, from_rows=True)
+    a, b = served.to_dict(), judged.to_dict()
+    assert (a.pop("judged_from"), b.pop("judged_from"), a["verdict_not_served"]) == ("kept verdict", "rows", None)
+    assert a == b
+    text = CliRunner().invoke(main, ["report", str(db), "--run", run, "--format", "json"]).output
+    rows = CliRunner().invoke(main, ["report", str(db), "--run", run, "--format", "json", "--from-rows"]).output
+    assert (json.loads(text)["judged_from"], json.loads(rows)["judged_from"]) == ("kept verdict", "rows")
+
+
 def test_clean_run_reports_nothing(db: Path) -> None:
     """The same model with no fault injected: no straggler, no outlier, no NaN, no memory finding."""
     with open_store(db) as reader:

@@ -148,8 +148,10 @@ class LiveJudgement:
         self._all_step_times = array("d")  # every step time, while the run is held whole
         #: per key, the whole run's statistics and its departures, from the last judgement (`verdict`)
         self._judged_whole: dict[str, tuple[KeySteps, list[dict[str, Any]]]] | None = None
-        #: metric rows taken in, per rank (`judged_rows`)
+        #: metric rows taken in, per rank, and each rank's distinct steps and last step (`judged_rows`)
         self.rows_by_rank = np.zeros(self.world, np.int64)
+        self._steps_by_rank: np.ndarray | None = np.zeros(self.world, np.int64)  # None: a rank's steps went back
+        self._last_by_rank = np.full(self.world, np.iinfo(np.int64).min)
 
     # -- rows in --------------------------------------------------------------------------
 
@@ -164,6 +166,7 @@ class LiveJudgement:
         values = np.asarray(values, float)
         ours = (ranks >= 0) & (ranks < self.world)  # (a row of another rank is counted late: _add_key)
         self.rows_by_rank += np.bincount(ranks[ours], minlength=self.world)
+        self._count_steps(ranks[ours], steps[ours])
         top = int(steps.max())
         self.newest_step = top if self.newest_step is None else max(self.newest_step, top)
         bad, kinds = non_finite_kinds(values)
@@ -258,6 +261,30 @@ class LiveJudgement:
     def judged_rows(self) -> list[int] | None:
         """The metric rows judged, per rank, where the verdict is `complete`; else None."""
         return self.rows_by_rank.tolist() if self.complete else None
+
+    def rank_steps(self) -> list[tuple[int, int] | None] | None:
+        """Per rank, its distinct steps (any key) and its last step (None: no row), as the report's
+        ranks table counts them; None where a rank's rows did not come in step order (then only
+        the rows tell which steps are distinct)."""
+        if self._steps_by_rank is None:
+            return None
+        return [(int(n), int(last)) if n else None for n, last in zip(self._steps_by_rank, self._last_by_rank)]
+
+    def _count_steps(self, ranks: np.ndarray, steps: np.ndarray) -> None:
+        """Each rank's new distinct steps, from its rows in its call order (a step repeats only in a
+        row: a key each), while no rank's step goes back."""
+        if self._steps_by_rank is None or not len(ranks):
+            return
+        order = np.argsort(ranks, kind="stable")  # each rank's rows, in their order
+        rank, step = ranks[order], steps[order]
+        before = np.r_[0, step[:-1]]
+        starts = np.r_[True, rank[1:] != rank[:-1]]
+        before[starts] = self._last_by_rank[rank[starts]]
+        if (step < before).any():
+            self._steps_by_rank = None
+            return
+        np.add.at(self._steps_by_rank, rank[step > before], 1)
+        np.maximum.at(self._last_by_rank, rank, step)
 
     def verdict(self) -> list[tuple[str, dict[str, Any]]]:
         """Every finding as (kind, the report's item), each with where its problem started among

@@ -381,6 +381,7 @@ verdicts = sa.Table(
     sa.Column("seq", sa.BigInteger, nullable=False, comment="its number in the run (the launch in the high bits)"),
     sa.Column("complete", sa.Boolean, nullable=False, comment="whether the whole run was judged as the report judges it"),
     sa.Column("rows_by_rank", sa.Text, nullable=True, comment="JSON list: per rank, the metric rows judged (complete only)"),
+    sa.Column("steps_by_rank", sa.Text, nullable=True, comment="JSON list: per rank, [its distinct steps, its last step] (null where its rows came out of step order)"),
     sa.Column("findings", sa.Integer, nullable=False, comment="the findings rows kept with it (its launch's)"),
     sa.Column("reason", sa.Text, nullable=True, comment="why it is not complete"),
     sa.Column("judged_at", sa.Float(53), nullable=False, comment="unix time of the run's last judgement"),

@@ -8,9 +8,11 @@ only while the store holds exactly those rows: each rank's metric rows, counted 
 summaries inside the store, equal what it judged (``rows_by_rank``). A spill import after the
 end, a resumed launch, a row lost on the way: a count differs, and the reader runs the pass.
 
-What the pass gives besides comes from the summaries too (about 1/``SUMMARY_STEPS`` of the rows):
-each rank's distinct steps and last step (the OR of its keys' step masks per bucket), and the
-NaN/inf counts per key and rank. Nothing here judges: it reads.
+What the pass gives besides: the NaN/inf counts per key and rank, from the coarse summaries in the
+same read as the rows' counts (about 1/``COARSE_STEPS`` of the rows, aggregated inside the store);
+each rank's distinct steps and last step as the watch counted them, or where a rank's rows came out
+of step order, from the step summaries (the OR of its keys' step masks per bucket). Nothing here
+judges: it reads.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, step_summaries, verdicts
+from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, coarse_summaries, findings, step_summaries, verdicts
 
 __all__ = ["KeptVerdict", "kept_verdict"]
 
@@ -48,7 +50,7 @@ def kept_verdict(fetch_arrow: FetchArrow, run_id: int) -> tuple[KeptVerdict | No
     """The run's kept verdict where it may be served (see the module docstring), else None and why
     not (None where no verdict was kept: the watch was off, or the run is from before schema 0014)."""
     v = verdicts.c
-    latest = fetch_arrow(sa.select(v.seq, v.complete, v.rows_by_rank, v.findings, v.reason)
+    latest = fetch_arrow(sa.select(v.seq, v.complete, v.rows_by_rank, v.steps_by_rank, v.findings, v.reason)
                          .where(v.run_id == run_id).order_by(v.seq.desc()).limit(1)).to_pylist()  # fmt: skip
     if not latest:
         return None, None
@@ -62,15 +64,20 @@ def kept_verdict(fetch_arrow: FetchArrow, run_id: int) -> tuple[KeptVerdict | No
         f.run_id == run_id, f.seq >= launch << SEQ_ATTEMPT_SHIFT, f.seq < (launch + 1) << SEQ_ATTEMPT_SHIFT)).to_pylist()  # fmt: skip
     if len(kept) != verdict["findings"]:
         return None, f"{verdict['findings']} finding(s) were kept and {len(kept)} are stored"
-    stored = _rows_by_rank(fetch_arrow, run_id)
+    stored, bad = _counts(fetch_arrow, run_id)
     if stored != {rank: n for rank, n in enumerate(judged) if n}:
         return None, "the store holds other metric rows than the verdict judged (rows imported after the end, a later launch)"
-    non_finite = _non_finite(fetch_arrow, run_id, kept)
+    non_finite = _non_finite(bad, kept)
     if non_finite is None:
         return None, "the NaN/inf values stored are not those the verdict judged"
     departures = sorted(({"rank": int(r["rank"]), "key": r["series"], "first_step": int(r["first_step"]), **_detail(r)}
                          for r in kept if r["kind"] == "departure"), key=lambda item: (item["key"], item["rank"]))  # fmt: skip
-    return KeptVerdict(departures, non_finite, _rank_steps(fetch_arrow, run_id)), None
+    if verdict["steps_by_rank"] is not None:
+        rank_steps = {rank: (int(n), int(last)) for rank, at in enumerate(json.loads(verdict["steps_by_rank"]))
+                      if at is not None for n, last in [at]}  # fmt: skip
+    else:
+        rank_steps = _rank_steps(fetch_arrow, run_id)
+    return KeptVerdict(departures, non_finite, rank_steps), None
 
 
 def _detail(row: dict[str, Any]) -> dict[str, Any]:
@@ -80,23 +87,27 @@ def _detail(row: dict[str, Any]) -> dict[str, Any]:
     return dict(detail)
 
 
-def _rows_by_rank(fetch_arrow: FetchArrow, run_id: int) -> dict[int, int]:
-    """Each rank's metric rows stored, from the summaries (each counts every row an insert added)."""
-    s = step_summaries.c
-    rows = sa.func.sum(s.n_finite + s.n_nan + s.n_pos_inf + s.n_neg_inf)
-    table = fetch_arrow(sa.select(s.rank, rows.label("n")).where(s.run_id == run_id).group_by(s.rank)).to_pylist()
-    return {int(r["rank"]): int(r["n"]) for r in table if r["n"]}  # (a sum may come back as a Decimal)
-
-
-def _non_finite(fetch_arrow: FetchArrow, run_id: int, kept: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """The kept non-finite findings with the counts the summaries hold, by key then rank; None where
-    the (key, rank) pairs with a NaN/inf stored are not the verdict's."""
-    s = step_summaries.c
+def _counts(fetch_arrow: FetchArrow, run_id: int) -> tuple[dict[int, int], dict[tuple[str, int], tuple[int, int]]]:
+    """Each rank's metric rows stored, and per (key, rank) with any its NaN and inf values, from the
+    coarse summaries (each counts every row an insert added), in one aggregate inside the store."""
+    s = coarse_summaries.c
     counts = fetch_arrow(
-        sa.select(s.key, s.rank, sa.func.sum(s.n_nan).label("nan"), sa.func.sum(s.n_pos_inf + s.n_neg_inf).label("inf"))
-        .where(s.run_id == run_id, (s.n_nan > 0) | (s.n_pos_inf > 0) | (s.n_neg_inf > 0)).group_by(s.key, s.rank)
-    ).to_pylist()  # fmt: skip
-    stored = {(c["key"], int(c["rank"])): (int(c["nan"]), int(c["inf"])) for c in counts}
+        sa.select(s.key, s.rank, sa.func.sum(s.n_finite + s.n_nan + s.n_pos_inf + s.n_neg_inf).label("n"),
+                  sa.func.sum(s.n_nan).label("nan"), sa.func.sum(s.n_pos_inf + s.n_neg_inf).label("inf"))
+        .where(s.run_id == run_id).group_by(s.key, s.rank)
+    ).to_pylist()  # fmt: skip (a sum may come back as a Decimal)
+    rows: dict[int, int] = {}
+    bad = {}
+    for c in counts:
+        rows[int(c["rank"])] = rows.get(int(c["rank"]), 0) + int(c["n"])
+        if c["nan"] or c["inf"]:
+            bad[(c["key"], int(c["rank"]))] = (int(c["nan"]), int(c["inf"]))
+    return {rank: n for rank, n in rows.items() if n}, bad
+
+
+def _non_finite(stored: dict[tuple[str, int], tuple[int, int]], kept: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The kept non-finite findings with the counts the store holds (`stored`), by key then rank;
+    None where the (key, rank) pairs with a NaN/inf stored are not the verdict's."""
     said = {(r["series"], int(r["rank"])): r for r in kept if r["kind"] == "non_finite"}
     if stored.keys() != said.keys():
         return None

@@ -173,8 +173,10 @@ class Watch:
         # after its findings (the writer keeps the order): whether they are the whole run's, and of which rows
         reason = self.whole_reason()
         judged = self.judgement.judged_rows() if reason is None else None
+        steps = self.judgement.rank_steps() if judged is not None else None
         self.outlets.record(verdicts.name, {"complete": judged is not None, "findings": len(verdict), "judged_at": now,
                                             "rows_by_rank": None if judged is None else json.dumps(judged),
+                                            "steps_by_rank": None if steps is None else json.dumps(steps),
                                             "reason": reason})  # fmt: skip
         return len(verdict)
 
