@@ -84,6 +84,40 @@ def keep_watch_verdict(db: Path) -> None:
     print(f"  {db.name}: the watch's verdict kept ({'complete' if live.complete else live.whole_reason})", flush=True)
 
 
+def watch_cost(db: Path, whole_bytes: int) -> dict[str, Any]:
+    """What judging the run's end whole costs rank 0's watch: `db`'s rows fed as `keep_watch_verdict`
+    feeds them, CPU seconds of each part, the bytes set aside, the process's peak RSS."""
+    import resource
+    import time
+
+    import sqlalchemy as sa
+
+    from multirank_logger.judgement.live import LiveJudgement
+    from multirank_logger.model.schema import metrics
+    from multirank_logger.query.reader import open_store
+
+    live = LiveJudgement(RANKS, close_after=1e9, whole_bytes=whole_bytes)
+    m = metrics.c
+    feed = judge = 0.0
+    with open_store(db) as reader:
+        for first in range(0, STEPS, FEED_STEPS):
+            rows = reader._fetch_arrow(sa.select(m.key, m.rank, m.step, m.value).where(
+                m.run_id == 1, m.step >= first, m.step < first + FEED_STEPS).order_by(m.step, m.rank, m.seq))  # fmt: skip
+            columns = (rows.column("key").to_numpy(zero_copy_only=False), rows.column("rank").to_numpy(),
+                       rows.column("step").to_numpy(), rows.column("value").to_numpy(zero_copy_only=False).astype(float))  # fmt: skip
+            t0 = time.process_time()
+            live.add_rows(*columns, now=0.0)
+            t1 = time.process_time()
+            live.judge(now=0.0)
+            feed, judge = feed + t1 - t0, judge + time.process_time() - t1
+    t0 = time.process_time()
+    live.judge(now=0.0, final=True)
+    return {"whole_bytes": whole_bytes, "complete": live.complete, "feed_s": round(feed, 2), "judge_s": round(judge, 2),
+            "last_judgement_s": round(time.process_time() - t0, 3),
+            "set_aside_mib": round(sum(k.windows.trimmed_bytes for k in live.keys.values()) / 2**20, 1),
+            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}  # fmt: skip
+
+
 def measure(db: str, arrow: bool, from_rows: bool = False) -> dict[str, Any]:
     """One case in this process: seconds, and what the findings name."""
     import time
@@ -150,5 +184,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", type=Path, help="another source tree (its multirank_logger is compared)")
+    parser.add_argument("--watch-cost", action="store_true",
+                        help="instead: what judging the run's end whole costs the watch (held whole, and not), one process each")  # fmt: skip
     args = parser.parse_args()
-    print(json.dumps(run(args.rounds, args.against), indent=2))
+    if args.watch_cost:
+        db = stores()["duckdb"]
+        for whole in (64 * 2**20, 0):
+            code = (f"import importlib.util as u, json; s = u.spec_from_file_location('b', {__file__!r}); m = u.module_from_spec(s); "
+                    f"s.loader.exec_module(m); print(json.dumps(m.watch_cost(m.Path({str(db)!r}), {whole})))")  # fmt: skip
+            print(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip())
+    else:
+        print(json.dumps(run(args.rounds, args.against), indent=2))
