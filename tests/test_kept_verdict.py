@@ -279,3 +279,17 @@ def test_a_rank_whose_steps_go_back_has_its_steps_counted_from_the_summaries(tmp
     _same(served, judged)
     assert [(r["steps"], r["last_step"]) for r in served.ranks] == [(60, 59)] * 3
     assert [(o["rank"], o["key"], o["first_step"]) for o in served.outliers] == [(1, "loss", 20)]
+
+
+def test_a_watch_that_sees_rank_0s_rows_only_keeps_no_whole_verdict() -> None:
+    """DuckDB with transport='direct': the ranks write the file themselves, and a reader would lock
+    them out; the watch sees rank 0's rows only and says so (the count would tell too)."""
+    from multirank_logger.watch.watch import watch_for
+
+    side = SideRecords()
+    for transport, opens_per_transaction, alone in (("direct", True, True), ("direct", False, False), ("gather", True, False)):
+        watch, _ = watch_for(1, 3, transport, "sqlite:///unused", opens_per_transaction,
+                             AlertOutlets(side.add, echo=False), close_after=1.0)  # fmt: skip
+        watch.judgement.judge(now=0.0, final=True)
+        reason = watch.whole_reason()
+        assert (reason is not None and "rank 0's rows only" in reason) == alone, (transport, reason)
