@@ -104,7 +104,7 @@ NOTES = [
 # --- The TensorBoard export on a run with StepTimer's rows (issue 49, session 25) ---------------
 #
 # The export reads StepTimer's rows of each window of steps beside the window's metric rows: without
-# an index on step_timing's step (schema 0014), each window's read scanned all of the run's timing
+# an index on step_timing's step (schema 0015), each window's read scanned all of the run's timing
 # rows. The store: TB_SHAPE metric rows (uniform values) and one StepTimer row per (rank, step) with
 # data_s, forward_s, rest_s, batch_size and rss, laid out in chunks of 1,024 steps, rank after rank,
 # as a logger's flushes leave them.

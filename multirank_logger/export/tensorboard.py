@@ -206,7 +206,7 @@ def _windows(reader: StoreReader, ref: RunRef, window_rows: int) -> Iterator[tup
     import pyarrow.compute as pc
 
     # StepTimer's rows of each window's steps are a query of their own (a range of the (run_id, step)
-    # index, schema 0014; DuckDB's zone maps): a run without StepTimer asks once, here
+    # index, schema 0015; DuckDB's zone maps): a run without StepTimer asks once, here
     timed = reader._fetch_arrow(sa.select(step_timing.c.rank).where(step_timing.c.run_id == ref.id).limit(1)).num_rows > 0
     done: int | None = None  # the last step whose timing rows are written
     for window in metric_windows(reader, ref, ("rank", "step", "seq"), window_rows):

@@ -7,7 +7,7 @@ grew with the square of the run's length. With the index each window's read is a
 DuckDB keeps no index here: its zone maps on ``step`` skip the row groups out of the range (the
 rows arrive in step order, flush after flush), as they do for ``metrics``.
 
-Revision ID: 0014
+Revision ID: 0015
 Revises: 0013
 Create Date: 2026-11-29
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0014"
+revision = "0015"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
