@@ -62,7 +62,7 @@
   // first hyperparameters; the filter box keeps the runs whose name, status or key=value match
   // (static/run_filter.js, the rule of `runs --param`); tick runs to overlay them, each key's
   // median and quartile band per run
-  const { matches, paramPairs } = window.MRL_RUN_FILTER;
+  const { matches, paramPairs, splitKeyValue } = window.MRL_RUN_FILTER;
   const PARAMS_SHOWN = 4;  // key=value pairs a row shows; all of them in its tooltip
   async function runsPage() {
     const table = el("table", { id: "runs" });
@@ -123,12 +123,12 @@
   // the hyperparameters whose values differ between the runs listed (what tells them apart)
   function differing(runs) {
     const seen = {}, some = runs.filter((r) => Object.keys(r.params || {}).length);  // a run logging none tells nothing
-    some.forEach((r) => paramPairs(r.params).forEach((p) => { const k = p.slice(0, p.indexOf("=")); (seen[k] = seen[k] || new Set()).add(p); }));
+    some.forEach((r) => paramPairs(r.params).forEach((p) => { const k = splitKeyValue(p)[0]; (seen[k] = seen[k] || new Set()).add(p); }));
     return new Set(Object.keys(seen).filter((k) => seen[k].size > 1 || some.some((r) => !(k in r.params))));
   }
   // a run's first PARAMS_SHOWN hyperparameters as key=value, those that differ between runs first
   function paramsCell(params, varying) {
-    const key = (p) => p.slice(0, p.indexOf("="));
+    const key = (p) => splitKeyValue(p)[0];  // a quoted key may hold '='
     const pairs = paramPairs(params).sort((a, b) => varying.has(key(b)) - varying.has(key(a)));
     const more = pairs.length > PARAMS_SHOWN ? ` +${pairs.length - PARAMS_SHOWN} more` : "";
     return el("td", { class: "params", title: pairs.join("\n") || null }, pairs.length ? pairs.slice(0, PARAMS_SHOWN).join(" ") + more : "-");
