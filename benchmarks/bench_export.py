@@ -114,6 +114,8 @@ NOTES = [
 # Each figure: ``multirank-logger export DB --format tensorboard -o DIR`` in a fresh process, wall
 # seconds from start to exit. With ``--against`` (a tree at the schema before), each round runs both
 # trees in turns, each on its own copy of the same rows: the store downgraded to the tree's schema.
+# With ``--reads``, the export's reads of StepTimer's rows alone (what the index changes; the event
+# writing, ~13 us a value, is the same in both and hides them below a few million rows).
 
 #: (ranks, steps, keys) of the TensorBoard export's store
 TB_SHAPE = (16, 20_000, 2)
