@@ -179,7 +179,7 @@ _WHEN = "YYYY-MM-DD[ HH:MM[:SS]], UTC"
               help="Runs whose hyperparameter KEY is VALUE (repeatable, all must hold); KEY a nested key's path, "
                    "optimizer.lr, a key holding a dot in quotes, '\"a.b\"'; a string as its text, "
                    "a number as its value (lr=3e-4 matches 0.0003), true/false/null as those words, a list or object as its JSON.")
-@click.option("--show-params", default="", metavar="KEY,KEY", help="Add these hyperparameters (paths, as --param's) as columns.")
+@click.option("--show-params", default="", metavar="KEY,KEY", help="Add these hyperparameters (paths, as --param's; a key holding a comma in quotes) as columns.")
 @_friendly_errors
 def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...], since: str | None, until: str | None,
              params: tuple[str, ...], show_params: str) -> None:

@@ -373,6 +373,33 @@ def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> No
     assert sorted(e.step for e in one.Scalars("train_loss")) == list(range(10))
 
 
+def test_tensorboard_reads_a_windows_timing_rows_by_the_step_index(tmp_path: Path) -> None:
+    """On SQLite, each window's read of StepTimer's rows is a search of the (run_id, step) index,
+    never a walk of the run's rows: a scan per window made the export quadratic in the run's length."""
+    import sqlite3
+
+    from sqlalchemy.dialects import sqlite
+
+    from multirank_logger.export.tensorboard import _timing_select
+
+    db = tmp_path / "run.sqlite"
+    store = Store(db)
+    runs = [store.create_run(name, world_size=3) for name in ("a", "b")]
+    store.close()
+    with sqlite3.connect(db) as con:  # two runs' StepTimer rows: 3 ranks x 2,000 steps each
+        con.executemany("INSERT INTO step_timing (run_id, rank, seq, step, data_s, time) VALUES (?, ?, ?, ?, 0.1, 1.7e9)",
+                        [(run.id, rank, step, step) for run in runs for rank in range(3) for step in range(2_000)])  # fmt: skip
+    for after, upto in ((None, 99), (99, 1_999), (1_999, None)):
+        stmt = _timing_select(runs[1], after, upto).compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True})
+        with sqlite3.connect(db) as con:
+            plan = [row[-1] for row in con.execute(f"EXPLAIN QUERY PLAN {stmt}")]
+            assert any("USING INDEX ix_step_timing_run_step" in step for step in plan), plan
+            assert not any(step.startswith("SCAN") for step in plan), plan
+            found = con.execute(str(stmt)).fetchall()
+        low = -1 if after is None else after
+        assert sorted(row[:2] for row in found) == [(r, s) for r in range(3) for s in range(low + 1, (upto or 1_999) + 1)]
+
+
 def test_reader_frames_arrow_and_polars_without_pandas(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """metrics() and per_rank() as a pyarrow Table and a Polars DataFrame equal the pandas frames,
     and are built without a pandas DataFrame on the way (no DataFrame can be made while they are)."""

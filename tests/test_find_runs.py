@@ -240,3 +240,83 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
         wait_for(driver, "return document.body.dataset.drawn && document.getElementById('run-filter').value === 'opt=sgd'")
         assert driver.execute_script("return " + SHOWN) == [2]
         assert driver.find_element("id", "run-count").text == "1 of 4 runs"
+
+
+# -- keys holding a comma or a space: one rule to cut a list of paths, in the CLI and the page ----
+
+#: (name, hparams): a key with a comma, one with a space, one with both and a dot
+ODD_KEYS = [("my run", {"a,b": 1, "my key": "x", "plain": 5, "c, d.e": {"f g": True}}),
+            ("other", {"a,b": 2, "my key": "y", "plain": 6})]  # fmt: skip
+
+
+def _odd_store(db: str | Path) -> str:
+    store = Store(db)
+    for name, hparams in ODD_KEYS:
+        store.create_run(name, world_size=1, hparams=hparams)
+    store.close()
+    return str(db)
+
+
+def test_show_params_and_param_name_a_key_holding_a_comma_or_a_space(db_path: Path) -> None:
+    """``--show-params`` cuts its list at the commas outside quotes: ``"a,b"`` and ``"my key"`` are
+    one key each, nested ones too; ``--param`` finds them (SQLite and DuckDB)."""
+    db = _odd_store(db_path)
+    shown = '"a,b", "my key",plain,"c, d.e"."f g"'
+    code, out = _invoke("runs", db, "--format", "json", "--show-params", shown)
+    assert code == 0, out
+    got = [(r['param."a,b"'], r['param."my key"'], r["param.plain"], r['param."c, d.e"."f g"']) for r in json.loads(out)]
+    assert got == [(1, "x", 5, True), (2, "y", 6, None)]
+    code, out = _invoke("runs", db, "--show-params", shown)
+    assert code == 0 and out.splitlines()[0].endswith(' "a,b" "my key" plain "c, d.e"."f g"'), out
+    for param, ids in (('"my key"=y', [2]), ('"a,b"=1', [1]), ("a,b=2", [2]), ('"c, d.e"."f g"=true', [1])):
+        code, out = _invoke("runs", db, "--format", "json", "--param", param)
+        assert code == 0 and [r["id"] for r in json.loads(out)] == ids, (param, out)
+    code, out = _invoke("runs", db, "--show-params", '"a,b,plain')  # an unclosed quote: said, not split
+    assert code == 2 and "closing quote" in out, out
+
+
+def test_page_filter_names_a_key_holding_a_comma_or_a_space_in_chromium(tmp_path: Path) -> None:
+    """The filter box cuts its words at spaces outside quotes (``"my key"=x`` is one word), reads
+    KEY as a path (``"a,b"`` and ``a,b`` name one key), and a quoted name word (``"my run"``)
+    finds the name; the page's split, path and KEY=VALUE functions give param_path's answers
+    on any text."""
+    import random
+
+    from selenium.webdriver.common.keys import Keys
+
+    from multirank_logger.model.param_path import dotted, split_key_value, split_path, split_words
+    from tests.ui_browser import chromium
+
+    with served(_odd_store(tmp_path / "runs.sqlite")) as url, chromium(1300, 900) as driver:
+        driver.get(url)
+        wait_for(driver, "return document.body.dataset.drawn && document.querySelectorAll('#runs tr[data-run]').length === 2")
+        title = driver.execute_script("return document.querySelector('#runs tr[data-run=\"1\"] td.params').title")
+        assert {'"a,b"=1', '"my key"=x', '"c, d.e"."f g"=true'} <= set(title.splitlines())
+        box = driver.find_element("id", "run-filter")
+        for typed, expected in (('"my key"=x', [1]), ('"a,b"=2', [2]), ("a,b=2", [2]), ('"my key"=y plain=6', [2]),
+                                ('"c, d.e"."f g"=true', [1]), ('"my run"', [1]), ("my run", [1]), ('"my key=x', []),
+                                ("", [2, 1])):  # fmt: skip
+            box.send_keys(Keys.CONTROL, "a")
+            box.send_keys(Keys.BACKSPACE)
+            if typed:
+                box.send_keys(typed)
+            wait_for(driver, f"return JSON.stringify({SHOWN}) === {json.dumps(json.dumps(expected, separators=(',', ':')))}")
+        # the same rule as param_path's, on texts made to break it: quotes, escapes, separators, dots
+        rng = random.Random(49)
+        texts = ["".join(rng.choice('ab."\\=, \t') for _ in range(rng.randrange(12))) for _ in range(400)]
+        keys = [[("".join(rng.choice('ab."\\=, \t\n') for _ in range(rng.randrange(4)))) for _ in range(rng.randrange(1, 4))]
+                for _ in range(200)]  # fmt: skip
+        page = driver.execute_script(
+            "const f = window.MRL_RUN_FILTER; return [arguments[0].map((t) => [f.splitWords(t, ','), f.splitWords(t, f.SPACES),"
+            " f.splitPath(t), f.splitKeyValue(t)]), arguments[1].map(f.dotted)];", texts, keys)
+
+        def _path(text: str) -> list[str] | None:
+            try:
+                return list(split_path(text))
+            except ValueError:
+                return None
+
+        ours = [[split_words(t, ","), split_words(t, " \t\n\r"), _path(t), list(split_key_value(t)) if "=" in t and
+                 split_key_value(t) != (t, "") else None] for t in texts]  # fmt: skip
+        assert page[0] == ours
+        assert page[1] == [dotted(k) for k in keys]

@@ -133,6 +133,27 @@ def test_no_module_is_over_the_size_guard() -> None:
     assert long == {}, f"modules over {MAX_LINES} lines: does each still hold one job its name says? {long}"
 
 
+def test_the_pages_scripts_are_each_loaded_after_what_they_take_and_under_the_size_guard() -> None:
+    """ui/static's scripts, the page's layers: every one is loaded (ui/page.py's order), each takes
+    (``window.MRL_X``) only what a script before it exports (``window.MRL_X =``), and none is over
+    MAX_LINES lines: the same guard as a module's."""
+    import re
+
+    from multirank_logger.ui.page import _SCRIPTS
+
+    static = PACKAGE / "ui" / "static"
+    assert sorted(_SCRIPTS) == sorted(p.name for p in static.glob("*.js")), "a script in ui/static/ that no page loads"
+    exported: set[str] = {"MRL_STATIC"}  # the self-contained report's answers, set before every script
+    for name in _SCRIPTS:
+        text = (static / name).read_text()
+        exports = set(re.findall(r"window\.(MRL_\w+)\s*=(?!=)", text))
+        taken = set(re.findall(r"window\.(MRL_\w+)", text)) - exports
+        assert taken <= exported, f"{name} takes {sorted(taken - exported)} before a script exports it"
+        exported |= exports
+        if name != "uPlot.iife.min.js":
+            assert len(text.splitlines()) <= MAX_LINES, f"ui/static/{name} is over {MAX_LINES} lines: one concept?"
+
+
 BACKENDS = PACKAGE / "store" / "backends"
 #: the names a backend answers to: its `name`, SQLAlchemy's dialect and driver names
 BACKEND_NAMES = frozenset({"sqlite", "duckdb", "postgresql", "generic"})

@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 
 from multirank_logger import open_store
 from multirank_logger.logger.run_settings import jsonable
-from multirank_logger.model.param_path import dotted, flat_params, param_at, split_key_value, split_path
+from multirank_logger.model.param_path import dotted, flat_params, param_at, split_key_value, split_path, split_words
 from multirank_logger.query.run_filter import RunFilter, parse_param
 from multirank_logger.store.sql_store import Store
 
 #: keys as people write them, and the characters a path must quote: dots, spaces, '='; quotes
 #: and backslashes only in the pure tests (SQLite's JSON paths cannot name them: refused there)
 SEARCHABLE_KEYS = st.text(alphabet="ab.= _-0", min_size=1, max_size=6)
-ANY_KEYS = st.text(alphabet='ab."\\= 0', max_size=5)
+ANY_KEYS = st.text(alphabet='ab."\\=, \t0', max_size=5)
 LEAVES = (st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False, width=32) | st.booleans()
           | st.none() | st.text(alphabet="xy .=", max_size=4) | st.lists(st.integers(0, 9), max_size=3))  # fmt: skip
 
@@ -56,6 +56,18 @@ def test_every_leaf_has_one_path_that_reads_back(params: dict[str, Any]) -> None
         assert split_key_value(f"{text}=v=w") == (text, "v=w")  # the first '=' outside a quoted key
     flat = flat_params(params)
     assert len(flat) == len(leaves) and flat == {dotted(k): v for k, v in leaves}
+
+
+@given(st.lists(st.lists(ANY_KEYS, min_size=1, max_size=3).map(tuple), max_size=4), st.sampled_from([", ", ",", " ", "\t "]))
+def test_a_list_of_paths_splits_back_into_its_paths(paths: list[tuple[str, ...]], between: str) -> None:
+    """Paths written by `dotted` and listed with commas (``--show-params``) or spaces (the page's
+    filter words, KEY=VALUE each) split back into those paths: a key holding a comma or a space
+    is quoted, and the split never cuts inside quotes."""
+    separators = "," if "," in between else " \t\n\r"
+    listed = split_words(between.join(dotted(p) for p in paths), separators)
+    assert [split_path(w.strip()) for w in listed] == paths
+    words = split_words(between.replace(",", " ").join(f"{dotted(p)}=v,w" for p in paths), " \t\n\r")
+    assert [(split_path(k), v) for k, v in map(split_key_value, words)] == [(p, "v,w") for p in paths]
 
 
 def _value_text(value: Any) -> str:

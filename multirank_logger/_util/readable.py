@@ -22,7 +22,7 @@ def natural_key(name: str) -> tuple[tuple[str | int, ...], str]:
 
 def duration_text(seconds: float | None) -> str:
     """``4.2s``, ``21s``, ``1m30s``, ``2h05m00s``; "-" for none (a run not ended, nothing logged).
-    The page's header writes the same (ui/static/app.js ``dur``)."""
+    The page's header writes the same (ui/static/page.js ``dur``)."""
     if seconds is None or seconds != seconds:
         return "-"
     if abs(seconds) < 10:

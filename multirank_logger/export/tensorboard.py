@@ -205,8 +205,8 @@ def _windows(reader: StoreReader, ref: RunRef, window_rows: int) -> Iterator[tup
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    # StepTimer's rows of each window's steps are a query of their own (step_timing has no step
-    # index: each reads the run's timing rows): a run without StepTimer asks once, here
+    # StepTimer's rows of each window's steps are a query of their own (a range of the (run_id, step)
+    # index, schema 0015; DuckDB's zone maps): a run without StepTimer asks once, here
     timed = reader._fetch_arrow(sa.select(step_timing.c.rank).where(step_timing.c.run_id == ref.id).limit(1)).num_rows > 0
     done: int | None = None  # the last step whose timing rows are written
     for window in metric_windows(reader, ref, ("rank", "step", "seq"), window_rows):
@@ -232,14 +232,7 @@ def _timing_rows(reader: StoreReader, ref: RunRef, after: int | None, upto: int 
     rows (rank, step, key ``timing:COLUMN``, value, time): one per measure it holds."""
     import pyarrow as pa
 
-    where = [step_timing.c.run_id == ref.id]
-    if after is not None:
-        where.append(step_timing.c.step > after)
-    if upto is not None:
-        where.append(step_timing.c.step <= upto)
-    columns = [sa.cast(step_timing.c[name], sa.Float(53)).label(name) for name in TIMING_MEASURES]
-    found = reader._fetch_arrow(sa.select(step_timing.c.rank, step_timing.c.step, step_timing.c.time, *columns)
-                                .where(*where).order_by(step_timing.c.rank, step_timing.c.seq))  # fmt: skip
+    found = reader._fetch_arrow(_timing_select(ref, after, upto))
     parts = []
     for name in TIMING_MEASURES:
         value = found.column(name).cast(pa.float64())
@@ -248,6 +241,18 @@ def _timing_rows(reader: StoreReader, ref: RunRef, after: int | None, upto: int 
                          "value": value, "time": found.column("time").cast(pa.float64())}).filter(keep)  # fmt: skip
         parts.append(part.add_column(2, "key", pa.repeat(pa.scalar(f"timing:{name}"), part.num_rows)))
     return pa.concat_tables(parts)
+
+
+def _timing_select(ref: RunRef, after: int | None, upto: int | None) -> sa.Select[Any]:
+    """The read of `_timing_rows`: a range of the (run_id, step) index on SQLite and PostgreSQL."""
+    where = [step_timing.c.run_id == ref.id]
+    if after is not None:
+        where.append(step_timing.c.step > after)
+    if upto is not None:
+        where.append(step_timing.c.step <= upto)
+    columns = [sa.cast(step_timing.c[name], sa.Float(53)).label(name) for name in TIMING_MEASURES]
+    return (sa.select(step_timing.c.rank, step_timing.c.step, step_timing.c.time, *columns)
+            .where(*where).order_by(step_timing.c.rank, step_timing.c.seq))  # fmt: skip
 
 
 def _write_ranks(window: pa.Table, writer: Any) -> set[int]:

@@ -12,6 +12,11 @@ A list is a value, never walked into: ``layers`` is ``[64, 128]``, and ``layers.
 ``runs --param PATH=VALUE``, ``runs --show-params PATH`` and the page's filter box all take it;
 the page and ``--show-params`` show the leaves (values that are not objects, and empty objects)
 by their paths (`flat_params`).
+
+A list of paths is split outside quotes (`split_words`): ``--show-params`` at its commas, the
+page's filter box at its spaces (the same rule in ``ui/static/run_filter.js``), so ``"a,b"`` and
+``"my key"`` are one path each; `dotted` quotes a key holding a comma or a space, so any path it
+writes can be listed there as it is.
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["dotted", "flat_params", "param_at", "split_key_value", "split_path"]
+__all__ = ["dotted", "flat_params", "param_at", "split_key_value", "split_path", "split_words"]
 
-#: what makes a key be written in quotes: the path's own characters, and what a filter word or
-#: KEY=VALUE could not hold or would strip
-_QUOTED_WHEN = frozenset('."\\= \t\n\r')
+#: what makes a key be written in quotes: the path's own characters, and what a list of paths
+#: (`split_words`: commas, white space), a filter word or KEY=VALUE could not hold or would strip
+_QUOTED_WHEN = frozenset('."\\=, \t\n\r')
 
 
 def _segment(key: str) -> str:
@@ -96,6 +101,28 @@ def split_key_value(text: str) -> tuple[str, str]:
             return text[:i], text[i + 1 :]
         i += 1
     return text, ""
+
+
+def split_words(text: str, separators: str) -> list[str]:
+    """`text` cut at each of `separators` outside double quotes (a backslash inside quotes keeps
+    the next character, as in a quoted key), the words as written (their quotes kept, for
+    `split_path`), empty ones left out: ``'"a,b",c'`` at ``","`` is ``['"a,b"', "c"]``. A quote
+    left open holds the rest of the text (`split_path` then says so)."""
+    words: list[str] = []
+    start, i, quoted = 0, 0, False
+    while i < len(text):
+        ch = text[i]
+        if quoted and ch == "\\":
+            i += 2
+            continue
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch in separators:
+            words.append(text[start:i])
+            start = i + 1
+        i += 1
+    words.append(text[start:])
+    return [w for w in words if w]
 
 
 def param_at(params: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[bool, Any]:

@@ -331,6 +331,11 @@ step_timing = sa.Table(
     sa.Column("time", sa.Float(53), nullable=False),
     sa.PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_step_timing"),
 )
+# The TensorBoard export reads a run's timing rows a window of steps at a time: SQLite and
+# PostgreSQL by this index (the key cannot serve a range of steps), DuckDB by its zone maps
+sa.Index("ix_step_timing_run_step", step_timing.c.run_id, step_timing.c.step).ddl_if(
+    dialect=("sqlite", "postgresql")  # type: ignore[arg-type]
+)
 
 # What the watch raised during the run (watch/watch.py), each finding once, recorded by rank 0:
 # the rank it names (not the recording rank), the key, the first step, when it was seen.

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from multirank_logger.model.param_path import split_key_value, split_path
+from multirank_logger.model.param_path import split_key_value, split_path, split_words
 from multirank_logger.model.schema import runs
 from multirank_logger.store.status import FAILED, INCOMPLETE, INTERRUPTED, RUNNING, SUCCESS
 
@@ -68,12 +68,13 @@ def parse_param(text: str) -> tuple[str, str]:
 
 
 def parse_shown(text: str) -> tuple[str, ...]:
-    """``--show-params KEY,KEY`` as its paths.
+    """``--show-params KEY,KEY`` as its paths, split at the commas outside quotes (``"a,b"`` is
+    one key: model/param_path.split_words).
 
     Raises:
         ValueError: for a KEY that is no path (model/param_path.split_path says how to write it).
     """
-    shown = tuple(k.strip() for k in text.split(",") if k.strip())
+    shown = tuple(k.strip() for k in split_words(text, ",") if k.strip())
     for key in shown:
         split_path(key)
     return shown

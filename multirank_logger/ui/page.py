@@ -1,7 +1,7 @@
 """The page's HTML: one shell for every route of the live server, and the same views written
 into one self-contained file (``report -o FILE.html``).
 
-Every script and style is the package's own (``ui/static/``: ``app.js``, ``axes.js``, ``app.css``, uPlot
+Every script and style is the package's own (``ui/static/``: the page's scripts, ``app.css``, uPlot
 1.6.32 with its MIT licence): nothing is fetched from a CDN, so the page works on an air-gapped
 cluster. The self-contained file inlines them, with the answers the page would have asked the
 server for (``window.MRL_STATIC``), so it draws the same charts from a file:// URL.
@@ -18,7 +18,13 @@ from typing import Any
 __all__ = ["STATIC", "page_html", "script_safe_json", "write_static_page"]
 
 STATIC = Path(__file__).with_name("static")
-_SCRIPTS = ("uPlot.iife.min.js", "axes.js", "run_filter.js", "app.js", "alerts.js")
+#: classic scripts in the order they run, each exporting one ``window.MRL_*`` object that those
+#: after it take (ES modules would not run from the self-contained file: a file:// page cannot
+#: import them, and an inline module cannot import its siblings); app.js, last of the page's,
+#: routes the URL to its page
+_SCRIPTS = ("uPlot.iife.min.js", "axes.js", "run_filter.js", "page.js", "band_chart.js", "heatmap.js",
+            "series_section.js", "run_logs.js", "run_page.js", "runs_page.js", "compare_page.js", "app.js",
+            "alerts.js")  # fmt: skip
 _STYLES = ("uPlot.min.css", "app.css")
 
 
