@@ -29,7 +29,7 @@ from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import _rows_grid, _summaries_grid, summarize
 from multirank_logger.store.run_lifecycle import begin_attempt, seq_base
 from multirank_logger.store.sql_store import Store, _script
-from tests.helpers.stores import BACKEND_SUFFIXES
+from tests.helpers.stores import BACKEND_SUFFIXES, keep_summaries
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
@@ -195,4 +195,33 @@ def test_the_upgrade_keeps_the_coarse_summaries_the_writes_keep(tmp_path: Path, 
     store.upgrade()
     with store.begin() as conn:
         _assert_agree(_merged(conn), written)
+    store.close()
+
+
+@pytest.mark.parametrize("suffix", sorted(BACKEND_SUFFIXES.values()))
+def test_an_insert_stores_each_keys_summaries_side_by_side(tmp_path: Path, suffix: str) -> None:
+    """Both levels of an insert's summaries are stored ordered by (key, rank, step), from a flush
+    that holds every rank's rows step after step (rank 0 writing what it gathered) and from the
+    backfill a bulk-loaded store runs: DuckDB's scan of one key then skips the other keys' stretches
+    (benchmarks/RESULTS.md). Storage order: the engine's rowid."""
+    store = Store(tmp_path / f"order{suffix}")
+    ranks, steps, keys = 3, np.arange(-40, 260), ["b", "c", "a"]  # a dictionary out of order
+    rank, step, code = (a.ravel() for a in np.meshgrid(np.arange(ranks), steps, np.arange(len(keys)), indexing="ij"))
+    value = np.linspace(-1.0, 1.0, len(rank))
+    written = store.create_run("flush", world_size=ranks, transport="gather").id
+    store.write(metrics_batch(run_id=np.full(len(rank), written), rank=rank, seq=np.arange(len(rank)), step=step,
+                              codes=code, keys=keys, value=value, valid=np.ones(len(rank), bool),
+                              dtype=np.zeros(len(rank), np.int64), time=1.7e9 + step * 0.5))  # fmt: skip
+    filled = store.create_run("bulk", world_size=ranks, transport="gather").id
+    with store.begin() as conn:
+        conn.execute(metrics.insert(), [
+            {"run_id": filled, "rank": int(r), "seq": i, "step": int(s), "key": keys[c], "value": float(v), "dtype": 0,
+             "time": 1.7e9} for i, (r, s, c, v) in enumerate(zip(rank, step, code, value))])  # fmt: skip
+        keep_summaries(conn, filled)
+    with store.begin() as conn:
+        for table in ("step_summaries", "coarse_summaries"):
+            for run_id in (written, filled):
+                stored = conn.execute(sa.text(f"SELECT key, rank, step FROM {table} WHERE run_id = {run_id} "
+                                              "ORDER BY rowid")).all()  # fmt: skip
+                assert len(stored) > len(keys) * ranks and stored == sorted(stored), (table, run_id)
     store.close()

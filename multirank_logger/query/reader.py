@@ -397,16 +397,16 @@ class StoreReader:
         return as_frame(pivot_step_rank(rank, seq, step, value, dtype, frame="arrow"), frame)
 
     def rank_spread(self, key: str, run: int | str | None = None) -> RankSpread:
-        """One key per rank, with how far the ranks spread, which rank stands out and where each
-        logged NaN or inf (which the spread leaves out)."""
+        """One key per rank, how far the ranks spread, which stands out, where each logged NaN or inf (left out)."""
         ref = self.resolve_run(run)
         table = self.per_rank(key, ref.id)
         with self._connect() as conn:
             return RankSpread.read(conn, key, ref, table)
 
     def bucket_summary(self, run_id: int, series: str) -> BucketSummary:
-        """A key or ``timing:COLUMN`` per bucket of steps and rank, as the page draws it (`step_buckets.summarize`)."""
-        return summarize(self._fetch_arrow, run_id, series)
+        """A key or ``timing:COLUMN`` per bucket and rank as the page draws it (`summarize`), on one connection."""
+        with self._connect() as conn:  # its few reads: one DuckDB open, not one each (RESULTS.md)
+            return summarize(lambda stmt: self.store.backend.fetch_arrow(conn, stmt), run_id, series)
 
     @contextlib.contextmanager
     def _rank_pieces(self, ref: RunRef, rank: int) -> Iterator[tuple[list[str], Iterator[LongRows]]]:

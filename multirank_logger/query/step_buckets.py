@@ -363,7 +363,7 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
                            .where(*mine))  # fmt: skip
         if not rows.num_rows:
             return None  # a key the run does not hold: the rows' path answers it as it always has
-        odd = (sa.select(s.rank.label("rank"), (s.step - first).label("b"), s.n_nan, s.n_pos_inf, s.n_neg_inf)
+        odd = (sa.select(s.rank.label("rank"), (s.step - first).label("b"), s.n_pos_inf, s.n_neg_inf)
                .where(*mine, s.n_nan + s.n_pos_inf + s.n_neg_inf > 0))  # fmt: skip
         if (laid_out := _laid_out(key, first, width, rows, lambda: fetch_arrow(odd), latest)) is not None:
             return laid_out
@@ -396,7 +396,7 @@ def _cell_values(n: np.ndarray, total: np.ndarray, nans: np.ndarray, pos: np.nda
 def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[], Any],
               latest: LatestWins | None = None) -> BucketSummary | None:  # fmt: skip
     """`rows` (rank, b, n_finite, total, lo, hi: one per summary) and, from `read_odd`, the
-    summaries with a non-finite count (rank, b, n_nan, n_pos_inf, n_neg_inf), merged per (rank,
+    summaries with a non-finite count (rank, b, n_pos_inf, n_neg_inf), merged per (rank,
     bucket of `width`) straight into the rank x bucket grid: SUM, MIN (NaN: none), MAX; None
     where the ranks and buckets are too sparse to lay out in place."""
     rank, col = _column(rows, "rank", np.int64), _column(rows, "b", np.int64) // width
@@ -412,8 +412,6 @@ def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[]
     odd_cell = (_column(odd, "rank", np.int64) - low) * n_cols + _column(odd, "b", np.int64) // width
 
     def summed(name: str) -> np.ndarray:
-        if name in odd.column_names:
-            return np.bincount(odd_cell, weights=_column(odd, name, float), minlength=size)
         return np.bincount(cell, weights=_column(rows, name, float), minlength=size)
 
     def extreme(name: str, reduce: Any) -> np.ndarray:
@@ -424,8 +422,16 @@ def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[]
             reduce.at(out, cell, values)  # fmin/fmax: a NULL (NaN) loses to any value
         return out
 
-    mean, lo, hi, bad = _cell_values(summed("n_finite"), summed("total"), summed("n_nan"), summed("n_pos_inf"),
-                                     summed("n_neg_inf"), extreme("lo", np.fmin), extreme("hi", np.fmax))  # fmt: skip
+    lo, hi, n = extreme("lo", np.fmin), extreme("hi", np.fmax), summed("n_finite")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, summed("total") / n, np.nan)
+    # `_cell_values`'s rule at the few cells a summary with a NaN or an inf falls in, not over the
+    # whole grid: four passes less (benchmarks/RESULTS.md, "one key's summaries side by side")
+    bad = np.zeros(size, bool)
+    bad[odd_cell] = True
+    pos, neg = _column(odd, "n_pos_inf", np.int64) > 0, _column(odd, "n_neg_inf", np.int64) > 0
+    mean[odd_cell[pos | neg]] = np.nan  # SQL's avg: NaN where an inf was among the values
+    lo[odd_cell[neg]], hi[odd_cell[pos]] = np.nan, np.nan
     held = count.reshape(n_ranks, n_cols).any(axis=1)  # the ranks with a summary of the key
     grid = [m.reshape(n_ranks, n_cols)[held] for m in (mean, lo, hi, bad)]
     return _summary(key, first, width, (np.flatnonzero(held) + low).tolist(), *grid, latest=latest)

@@ -18,7 +18,7 @@ Readers: the page's per-bucket answer for a long run (``query/step_buckets.py``)
 list (``query/run_list.py``), a run's keys (``Backend.run_keys``, but SQLite's) and ``per_rank``'s
 extent: a read of about 1/``SUMMARY_STEPS`` of the rows of a key, or of the run.
 
-The cost on the write path is a sort of the batch's rows by (run, rank, key, bucket) and one
+The cost on the write path is a sort of the batch's rows by (run, key, rank, bucket) and one
 INSERT of about (rows / keys / SUMMARY_STEPS) x keys rows (benchmarks/RESULTS.md, ingest).
 """
 
@@ -39,6 +39,10 @@ __all__ = ["SUMMARIES_SCHEMA", "backfill", "backfill_coarse", "coarse_batch", "i
 SUMMARIES_SCHEMA = arrow_schema(step_summaries)
 #: the largest finite double, as SQL text: past it, +inf
 _LARGEST = "1.7976931348623157e+308"
+#: the order an insert's summaries are stored in (both levels, `summary_batch` as the SQL below):
+#: a key's summaries side by side, so that DuckDB's scan of one key skips the other keys' stretches
+#: (benchmarks/RESULTS.md, "one key's summaries side by side")
+_BY_KEY = "ORDER BY run_id, key, rank, b"
 
 
 def insert_summaries(conn: sa.Connection, backend: Any, batch: pa.RecordBatch) -> None:
@@ -73,7 +77,7 @@ def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     values = np.asarray(values, np.float64)
     codes, keys = _key_codes(batch.column("key"))
     first = step - np.mod(step, SUMMARY_STEPS)  # the bucket's first step (floor: also below 0)
-    order = np.lexsort((first, codes, rank, run_id))
+    order = np.lexsort((first, rank, codes, run_id))  # run, key, rank, bucket: `_BY_KEY`
     run_id, rank, codes, first = run_id[order], rank[order], codes[order], first[order]
     bit = np.left_shift(1, (step[order] - first)).astype(np.int64)
     time, values = time[order], values[order]
@@ -106,10 +110,10 @@ def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def coarse_batch(fine: pa.RecordBatch) -> pa.RecordBatch:
-    """The `coarse_summaries` rows of `fine` (`summary_batch`'s rows, in its order: run, rank, key,
-    step): its summaries merged per ``COARSE_STEPS`` steps (SUM, MIN, MAX, the latest time), the mask
-    one bit per ``SUMMARY_STEPS`` steps that hold a row. From the fine rows, not the metric rows:
-    about 1/16 of them to merge."""
+    """The `coarse_summaries` rows of `fine` (`summary_batch`'s rows, in its order: run, key, rank,
+    step), in the same order: its summaries merged per ``COARSE_STEPS`` steps (SUM, MIN, MAX, the
+    latest time), the mask one bit per ``SUMMARY_STEPS`` steps that hold a row. From the fine
+    rows, not the metric rows: about 1/16 of them to merge."""
     if not len(fine):
         return fine
     run_id, rank = _numpy(fine.column("run_id"), np.int64), _numpy(fine.column("rank"), np.int64)
@@ -119,7 +123,7 @@ def coarse_batch(fine: pa.RecordBatch) -> pa.RecordBatch:
     first = step - np.mod(step, COARSE_STEPS)
     changed = np.zeros(len(step), bool)
     changed[0] = True
-    for col in (run_id, rank, codes, first):  # `fine` is sorted by them: a group is a stretch
+    for col in (run_id, codes, rank, first):  # `fine` is sorted by them: a group is a stretch
         changed[1:] |= col[1:] != col[:-1]
     starts = np.flatnonzero(changed)
 
@@ -173,7 +177,7 @@ def backfill_coarse(where: str = "", bit_or: bool = False) -> str:
         f"SELECT run_id, rank, key, b, CAST({mask} AS INTEGER), SUM(n_finite), SUM(total), MIN(lo), MAX(hi), "
         "SUM(n_nan), SUM(n_pos_inf), SUM(n_neg_inf), MAX(last_time) "
         f"FROM (SELECT *, step - ((step % {c}) + {c}) % {c} AS b FROM step_summaries {where}) AS f "
-        "GROUP BY run_id, rank, key, b"
+        f"GROUP BY run_id, rank, key, b {_BY_KEY}"
     )
 
 
@@ -201,5 +205,5 @@ def backfill(metrics_table: str = "metrics", summaries_table: str = "step_summar
         f"SUM(CASE WHEN value > {_LARGEST} THEN 1 ELSE 0 END), "
         f"SUM(CASE WHEN value < -{_LARGEST} THEN 1 ELSE 0 END), MAX(time) "
         f"FROM (SELECT run_id, rank, key, step, value, time, step - ((step % {s}) + {s}) % {s} AS b "
-        f"FROM {metrics_table} {where}) AS m GROUP BY run_id, rank, key, b"
+        f"FROM {metrics_table} {where}) AS m GROUP BY run_id, rank, key, b {_BY_KEY}"
     )
