@@ -97,16 +97,17 @@ def command(what: str, ranks: int, steps: int, keys: int) -> dict[str, Any]:
     return {"value": seconds, "rss_mib": rss, **extra}
 
 
-def served(ranks: int, steps: int, keys: int) -> dict[str, Any]:
+def served(ranks: int, steps: int, keys: int, store: Path | None = None) -> dict[str, Any]:
     """The live page's first answer for a key, as a user waits for it: ``multirank-logger ui DB``
     started fresh, the run's header asked first (as the page does), then the seconds of
-    ``/api/run/1/series?name=metric_0``; RSS: the server's peak (VmHWM) after it."""
+    ``/api/run/1/series?name=metric_0``; RSS: the server's peak (VmHWM) after it. `store`: another
+    store of that shape (bench_first_key.py's), else the scale store."""
     import re
     import urllib.request
 
     from benchmarks.bench_query import build_scale_store
 
-    db = str(build_scale_store(ranks, steps, keys))
+    db = str(store or build_scale_store(ranks, steps, keys))
     proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", db, "--port", "0"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
