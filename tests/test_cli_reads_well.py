@@ -103,4 +103,5 @@ def test_a_duckdb_store_of_20_values_is_small(tmp_path: Path) -> None:
     assert con.execute("SELECT count(*) FROM metrics").fetchone()[0] == 20
     con.close()
     assert block_size == BLOCK_SIZE == 2**16
-    assert db.stat().st_size < 2_000_000, db.stat().st_size  # 256 KiB blocks: 3.9 MB
+    # 256 KiB blocks: 3.9 MB (then 14 tables); each table holds blocks of its own: 2.04 MB at 17 tables
+    assert db.stat().st_size < 2_400_000, db.stat().st_size
