@@ -82,7 +82,7 @@ def test_resume_from_checkpoint_continues_the_run(tmp_path: Path, db_name: str, 
     with open_store(db) as reader:
         served, judged = find(reader, 1), find(reader, 1, from_rows=True)
     if transport == "gather":
-        assert served.judged_from == "rows" and "other metric rows" in (served.verdict_not_served or "")
+        assert served.judged_from == "rows" and served.verdict_not_served is not None
     else:
         assert_served_as_judged(served, judged)
 
