@@ -148,6 +148,10 @@ class UiServer(ThreadingHTTPServer):
         """The store, open for this request only: one connection for all its queries (a DuckDB
         open costs ~20 ms of CPU), released before the answer goes out."""
         reader = open_store(self.db, lock_timeout=LOCK_TIMEOUT_S)
+        # no second SQLite library in a server of concurrent requests: ADBC's driver bundles its own
+        # SQLite, whose POSIX locks another request's sqlite3 connection drops when it closes (locks are
+        # the process's), and a writer elsewhere may then take the WAL index from under its mmap (SIGBUS)
+        reader.store.backend.arrow_reads = False
         ended = threading.Event()
         with self._running_lock:
             self._running[reader] = ended

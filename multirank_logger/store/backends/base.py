@@ -283,6 +283,9 @@ class Backend:
     #: primary key that starts (run_id, key): SQLite's), not all keys at once named by a CASE
     scan_by_key = False
 
+    #: whether `numpy_chunks` may read through a second driver of the engine (SQLite: ADBC's, where installed)
+    arrow_reads = False
+
     def value_or_nan(self, value: Any) -> Any:
         """The metric `value` column as a read into NumPy should select it: where the driver can
         hand NaN over, a NULL (a logged NaN) as NaN; here as it is (a NULL reads as None, then NaN)."""
