@@ -90,8 +90,8 @@ def test_rows_read_again_in_bounded_statements(resumed: str, tmp_path: Path, mon
         spans = relogged_steps.LatestWins(reader._fetch_arrow, run, "loss")._spans(0, 1, 700)
         assert [(lo, hi) for _, lo, hi in spans] == [(240, 399), (544, 607)]  # whole summary buckets
         issued: list[sa.Select] = []
-        fetch = reader._fetch_arrow
-        monkeypatch.setattr(reader, "_fetch_arrow", lambda stmt: issued.append(stmt) or fetch(stmt))
+        fetch = reader.store.backend.fetch_arrow  # every read of the page's series (on one connection) goes through it
+        monkeypatch.setattr(reader.store.backend, "fetch_arrow", lambda conn, stmt: issued.append(stmt) or fetch(conn, stmt))
         served = reader.bucket_summary(run, "loss")
         assert sum("seq" in stmt.selected_columns for stmt in issued) == len(spans)  # the rows' reads
         table = reader.per_rank("loss", run)
