@@ -294,3 +294,18 @@ def test_a_watch_that_sees_rank_0s_rows_only_keeps_no_whole_verdict() -> None:
         watch.judgement.judge(now=0.0, final=True)
         reason = watch.whole_reason()
         assert (reason is not None and "rank 0's rows only" in reason) == alone, (transport, reason)
+
+
+@pytest.mark.parametrize("column, damage", [("rows_by_rank", "[1, 2"), ("steps_by_rank", '{"0": 5}'), ("rows_by_rank", '"ab"')])
+def test_a_damaged_verdict_row_is_never_served(tmp_path: Path, column: str, damage: str) -> None:
+    """A verdict row whose JSON is cut or foreign (a damaged file, another tool's row): the pass runs and says so."""
+    db = tmp_path / "runs.sqlite"
+    run_id, _ = _judged_run(db, PLAN)
+    store = Store(db)
+    with store.begin() as conn:
+        conn.execute(sa.update(verdicts).values({column: damage}))
+    store.close()
+    with open_store(db) as reader:
+        found = find(reader, run_id)
+    assert found.judged_from == "rows" and found.verdict_not_served, found.verdict_not_served
+    assert [(o["rank"], o["key"]) for o in found.outliers] == [(1, "loss")]

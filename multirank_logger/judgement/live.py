@@ -316,13 +316,8 @@ class LiveJudgement:
                     said.update(stretch_cost(stats.steps, stats.high, stats.median, said["first_step"], said["last_step"],
                                              self.world, on_gpu=on_gpu))  # fmt: skip
                     stragglers.append(said)
-        measure = memory_measure(on_gpu)
-        peaks = self._peaks[measure]
-        ranks = np.array(sorted(peaks), np.int64)
-        retries = np.array([self._retries.get(int(r), 0) for r in ranks]) if measure != "rss" else None
-        memory = memory_outliers(ranks, np.array([peaks[int(r)] for r in ranks]), measure, retries, self.writers) \
-            if len(peaks) >= 2 else []  # fmt: skip
-        return {"non_finite": self.non_finite.items(), "departure": departures, "straggler": stragglers, "memory": memory}
+        return {"non_finite": self.non_finite.items(), "departure": departures, "straggler": stragglers,
+                "memory": self._memory_items()[1]}  # fmt: skip
 
     def _step_time(self) -> float:
         """The median step time (its parts summed) of the rows held: every row's, while the run is held whole."""
@@ -492,15 +487,20 @@ class LiveJudgement:
         else:
             detail.pop("steps", None)
 
-    def _memory(self) -> list[Finding]:
+    def _memory_items(self) -> tuple[str, list[dict[str, Any]]]:
+        """The measure judged, and the ranks whose peak so far stands out on it (`ranks.memory_outliers`)."""
         measure = memory_measure(bool(self._peaks["mem_reserved_peak"]))
         peaks = self._peaks[measure]
         if len(peaks) < 2:
-            return []
-        ranks = np.array(sorted(peaks))
+            return measure, []
+        ranks = np.array(sorted(peaks), np.int64)
         retries = np.array([self._retries.get(int(r), 0) for r in ranks]) if measure != "rss" else None
+        return measure, memory_outliers(ranks, np.array([peaks[int(r)] for r in ranks]), measure, retries, self.writers)
+
+    def _memory(self) -> list[Finding]:
+        measure, items = self._memory_items()
         out = []
-        for item in memory_outliers(ranks, np.array([peaks[int(r)] for r in ranks]), measure, retries, self.writers):
+        for item in items:
             if ("memory", measure, item["rank"]) in self.raised:
                 continue
             self.raised.add(("memory", measure, item["rank"]))

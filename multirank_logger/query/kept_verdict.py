@@ -57,6 +57,14 @@ def kept_verdict(fetch_arrow: FetchArrow, run_id: int) -> tuple[KeptVerdict | No
     verdict = latest[0]
     if not verdict["complete"] or verdict["rows_by_rank"] is None:
         return None, verdict["reason"] or "the verdict kept is not the whole run's"
+    try:
+        return _served(fetch_arrow, run_id, verdict)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a damaged or foreign row: never trusted
+        return None, f"the verdict kept cannot be read ({type(exc).__name__}: {exc})"
+
+
+def _served(fetch_arrow: FetchArrow, run_id: int, verdict: dict[str, Any]) -> tuple[KeptVerdict | None, str | None]:
+    """`kept_verdict` of a complete verdict row: served where the store holds exactly its rows."""
     judged = json.loads(verdict["rows_by_rank"])
     launch = int(verdict["seq"]) >> SEQ_ATTEMPT_SHIFT
     f = findings.c
