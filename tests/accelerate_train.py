@@ -10,6 +10,7 @@ from a step on (the NaN then spreads through the gradients' all-reduce), a rank 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import torch
@@ -54,6 +55,14 @@ def main() -> None:
         accelerator.log({"main_only": float(step)}, step=step)  # Accelerate's path: rank 0 alone
         if rank == 0 and step == args.await_alert_at:
             await_alert(tracker)
+    # DDP's reducer holds the process group. Freed while the group is still registered, the group's
+    # last reference goes in destroy_process_group, whose destructor lets go of the GIL while gloo's
+    # threads end. Freed after it (at main's return), the reducer's destructor holds the GIL while it
+    # joins those threads, one of which may be waiting for the GIL to free the last all-reduce's
+    # work: a hang at exit (torch 2.13, seen where rank 1 waited long in that all-reduce)
+    accelerator.free_memory()
+    model = optimizer = loss = None  # noqa: F841 - the last references (the loss's graph holds DDP's)
+    gc.collect()
     accelerator.end_training()
 
 

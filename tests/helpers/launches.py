@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
 import random
+import signal
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,16 +40,48 @@ def free_port() -> int:
 
 def run_launch(cmd: Sequence[str], *, cwd: Any, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     """A launch (torchrun and its ranks) run to its end; past `timeout`, the test fails with the tail
-    of what the launch printed (subprocess's own TimeoutExpired shows a few elided bytes: a launch
-    stuck on a fresh CI machine must say where)."""
-    try:
-        return subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        def tail(out: str | bytes | None) -> str:
-            return (out.decode(errors="replace") if isinstance(out, bytes) else out or "")[-6000:]
+    of what the launch printed, and where each of its Python processes stood: every process of the
+    launch runs with faulthandler on, and a stuck one is sent SIGABRT, which dumps each of its
+    threads' stack to its stderr (a launch stuck on a fresh CI machine must say where)."""
+    env = {**env, "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _abort_tree(proc.pid)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+            pytest.fail(f"the launch ran past {timeout:g} s: {' '.join(map(str, cmd))}\n--- stdout ---\n{out[-6000:]}"
+                        f"\n--- stderr (the stacks of its processes last) ---\n{err[-20000:]}", pytrace=False)  # fmt: skip
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-        pytest.fail(f"the launch ran past {timeout:g} s: {' '.join(map(str, cmd))}\n--- stdout ---\n{tail(exc.stdout)}"
-                    f"\n--- stderr ---\n{tail(exc.stderr)}", pytrace=False)  # fmt: skip
+
+def _abort_tree(pid: int) -> None:
+    """SIGABRT to the launch's ranks first, then the launcher: faulthandler prints each one's stacks."""
+    children = _descendants(pid)
+    for child in [*reversed(children), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGABRT)
+            time.sleep(0.5)  # one dump at a time on the shared stderr
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid`, parents before their children (from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def forkserver(*modules: str) -> Any:
