@@ -168,18 +168,6 @@ def test_fetch_arrow_returns_the_selected_rows(reader: tuple[Backend, sa.Connect
     ]
 
 
-def test_sql_infinity_finds_the_logged_infinities(reader: tuple[Backend, sa.Connection, int]) -> None:
-    """sql_infinity is a literal the engine compares a stored +inf (and, negated, -inf) with."""
-    backend, conn, run_id = reader
-    inf = backend.sql_infinity
-    counts = backend.run_readonly(
-        conn,
-        f"SELECT SUM(CASE WHEN value = {inf} THEN 1 ELSE 0 END) AS pos, "
-        f"SUM(CASE WHEN value = -{inf} THEN 1 ELSE 0 END) AS neg FROM metrics WHERE run_id = {run_id}",
-    )
-    assert (int(counts["pos"][0]), int(counts["neg"][0])) == (1, 1)
-
-
 def test_run_readonly_reads_and_refuses_a_write(reader: tuple[Backend, sa.Connection, int]) -> None:
     """run_readonly: a SELECT's frame; a DELETE refused with ReadOnlyViolation, the rows still there."""
     backend, conn, run_id = reader

@@ -86,10 +86,6 @@ class LogCapture(logging.Handler):
         self._previous_showwarning: Any = None
         self._in_showwarning = threading.local()
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._loggers)
-
     def install(self) -> None:
         """Start capturing (idempotent)."""
         if self._loggers:

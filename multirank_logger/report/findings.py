@@ -126,10 +126,6 @@ class Findings:
         """Each rank's place (host, GPU) from the ranks' list: what `place_clause` words."""
         return rank_places(self.ranks)
 
-    def keys_with_findings(self) -> list[str]:
-        seen = dict.fromkeys(item["key"] for item in self.outliers + self.non_finite)
-        return list(seen)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, each finding with its ``sentence`` and ``series`` (judgement/sentences.py:
         what the page shows, and the chart it links to), its ``place`` and ``cost``."""

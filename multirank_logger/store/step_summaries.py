@@ -187,7 +187,7 @@ def backfill(metrics_table: str = "metrics", summaries_table: str = "step_summar
     the migration to schema 0009 ran, and a bulk-loaded benchmark store runs.
 
     The mask is the OR of the bucket's distinct steps' bits: ``BIT_OR`` where the engine has one
-    (`bit_or`: ``Backend.has_bit_or``; DuckDB, PostgreSQL), else a SUM of the distinct bits (a distinct power of two each: their
+    (`bit_or`: DuckDB, PostgreSQL), else a SUM of the distinct bits (a distinct power of two each: their
     OR); on DuckDB the SUM of DISTINCT took 3.7x BIT_OR's time (41M rows: 8.3 against 2.3 s). A
     modulo here truncates toward zero on every engine, so ``((step % S) + S) % S`` is the step's
     place in its bucket also below 0."""

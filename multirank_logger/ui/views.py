@@ -100,11 +100,6 @@ def run_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
     return {**row, "keys": keys, "timing": timing, "nodes_of": nodes_of, "gpus_of": gpus_of}
 
 
-def _nodes(reader: StoreReader, run_id: int) -> dict[str, str]:
-    """{rank: its node's label} from the ranks table (host, else node rank)."""
-    return _places(reader, run_id)[0]
-
-
 def _places(reader: StoreReader, run_id: int) -> tuple[dict[str, str], dict[str, str]]:
     """({rank: its node's label}, {rank: its place beyond the host, "GPU 3 (NVIDIA H200), dp 1, tp 0"})
     from the ranks table: its GPU where its process had started CUDA (transport/rank_facts.gpu_facts),

@@ -1,7 +1,7 @@
 """What differs between SQLite, DuckDB and PostgreSQL: the one place backend-specific code lives.
 
 One module per backend (`sqlite`, `duckdb`, `postgresql`), each a subclass of `base.Backend`;
-`backend_for` picks one for a resolved URL. `store_files` reads an embedded store's file through
+`backend_for` picks one for a URL `store_urls.resolve_url` resolved. `store_files` reads an embedded store's file through
 its own driver, without SQLAlchemy (a short command's cold start).
 
 The names below are imported on first use (PEP 562): importing a module of this package (say
@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
-    from multirank_logger.store.backends.base import (
+    from multirank_logger.store.backends.base import Backend
+    from multirank_logger.store.backends.duckdb import DuckDBBackend, register_alembic_impl
+    from multirank_logger.store.backends.postgresql import PostgreSQLBackend
+    from multirank_logger.store.backends.sqlite import SQLiteBackend
+    from multirank_logger.store.backends.store_files import SQLITE_BUSY_TIMEOUT_MS, SUFFIXES
+    from multirank_logger.store.backends.store_urls import (
         BACKEND_NAMES,
-        Backend,
         names_a_store,
         public_name,
         resolve_url,
         without_secrets,
     )
-    from multirank_logger.store.backends.duckdb import DuckDBBackend, register_alembic_impl
-    from multirank_logger.store.backends.postgresql import PostgreSQLBackend
-    from multirank_logger.store.backends.sqlite import SQLiteBackend
-    from multirank_logger.store.backends.store_files import SQLITE_BUSY_TIMEOUT_MS, SUFFIXES
 
 __all__ = [
     "BACKEND_NAMES",
@@ -46,8 +46,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    **dict.fromkeys(("BACKEND_NAMES", "Backend", "names_a_store", "public_name", "resolve_url", "without_secrets"),
-                    "base"),
+    **dict.fromkeys(("BACKEND_NAMES", "names_a_store", "public_name", "resolve_url", "without_secrets"), "store_urls"),
+    "Backend": "base",
     "DuckDBBackend": "duckdb", "register_alembic_impl": "duckdb", "PostgreSQLBackend": "postgresql",
     "SQLiteBackend": "sqlite", "SQLITE_BUSY_TIMEOUT_MS": "store_files", "SUFFIXES": "store_files",
 }  # fmt: skip

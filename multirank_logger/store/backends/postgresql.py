@@ -12,13 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation, StoreUnreachable
-from multirank_logger.store.backends.base import (
-    Backend,
-    _raised_as_sqlalchemy_would,
-    driver_connection,
-    public_name,
-    without_secrets,
-)
+from multirank_logger.store.backends.base import Backend, _raised_as_sqlalchemy_would, driver_connection
+from multirank_logger.store.backends.store_urls import public_name, without_secrets
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -176,9 +176,6 @@ class SQLiteBackend(Backend):
 
     #: rows per fetch of one key's stream at least, however many keys a run has (rank_calls)
     min_key_fetch_rows = 1_024
-    # 9e999 overflows to +inf when SQLite parses it: it has no infinity literal
-    sql_infinity = "9e999"
-    has_bit_or = False  # the summaries' backfill sums the distinct step bits instead
 
     def row_chunks(self, conn: sa.Connection, stmt: sa.Select, rows: int = 0) -> Iterator[list[Any]]:
         # the driver's own cursor: SQLAlchemy's Row objects cost more than the fetch itself
