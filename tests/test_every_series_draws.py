@@ -27,7 +27,7 @@ from tests.ui_browser import chromium, served, wait_for
 
 RANKS, STEPS, NAN_RANK, NAN_STEP = 3, 40, 1, 20
 EPOCH_ENDS = (9, 19, 29, 39)
-EMPTY_GREY = (235, 235, 235)  # app.js's heatmap cell where no value is
+EMPTY_GREY = (235, 235, 235)  # heatmap.js's cell where no value is
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
 
 

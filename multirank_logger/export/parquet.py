@@ -260,11 +260,11 @@ def _write_file(target: Destination, parts: tuple[str, ...], table: pa.Table, ou
 #: zstd; statistics for every column (the min/max a reader skips row groups by); no Arrow schema
 #: stored: ``key`` (dictionary-encoded in memory) reads back as the string it is, in every engine
 _WRITE_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_statistics": True, "store_schema": False}
-#: the metrics' encodings, measured on the scale store (benchmarks/bench_export.py; B/row of the
-#: 64x1,000-step window, zstd): pyarrow's defaults (a dictionary tried on every column) 9.67;
-#: dictionaries for key, rank and dtype only 8.06, and 4x faster to write; with the doubles' bytes
-#: split by position (BYTE_STREAM_SPLIT: zstd then finds the exponents alike) 7.44; with step
-#: and seq as deltas 7.02, of which value is 6.9 (random doubles: no encoding removes them)
+#: the metrics' encodings: dictionaries for the few-valued columns only (key, rank, dtype: trying one
+#: on every column costs bytes and write time), the doubles' bytes split by position
+#: (BYTE_STREAM_SPLIT: zstd then finds the exponents alike), step and seq as deltas; what is left is
+#: the values themselves, which no encoding removes (bytes per row each: benchmarks/RESULTS.md,
+#: "Figures the source cites")
 _METRIC_OPTIONS: dict[str, Any] = {
     **_WRITE_OPTIONS,
     "use_dictionary": [RUN_COLUMN, "key", "rank", "dtype"],  # the run id: one value a file, its runs next to nothing

@@ -56,8 +56,8 @@ STRAGGLER_MIN_SHARE = 0.1
 #: a rank's peak memory stands out at this many times the other ranks' median peak
 MEMORY_RATIO = 1.25
 #: host memory (RSS) rank 0 of a gather run may hold beyond the others' before the ratio counts: it
-#: alone writes the store (connection, cache, the batches it receives). Measured: +113 MiB in a clean
-#: 2-rank DuckDB run (412 vs 525 MiB), 358-379 MiB peak under 256 senders (benchmarks/RESULTS.md, Scale)
+#: alone writes the store (connection, cache, the batches it receives); above what a clean run and one
+#: under 256 senders measured (benchmarks/RESULTS.md, "Figures the source cites")
 WRITER_RSS_ALLOWANCE = 384 * 2**20
 #: steps in the rolling share of departing steps that makes a stretch (`persistent`)
 _STRETCH_WINDOW = 5

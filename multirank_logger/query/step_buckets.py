@@ -316,7 +316,7 @@ def _rows_grid(fetch_arrow: FetchArrow, run_id: int, series: str, first: int, la
 
 
 def _column(cells: Any, name: str, dtype: Any) -> np.ndarray:
-    # not pyarrow's to_numpy, which imports pandas (0.3-0.5 s of the page's first answer)
+    # not pyarrow's to_numpy, which imports pandas: a cost the page's first answer would pay
     return np.asarray(column_numpy(cells.column(name), null=np.nan), dtype=dtype)
 
 
@@ -355,10 +355,10 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
     latest = LatestWins(fetch_arrow, run_id, key)
     sums = ("n_finite", "total", "n_nan", "n_pos_inf", "n_neg_inf")
     if width <= _ROWS_PER_CELL * level:
-        # a few summary rows a cell, which DuckDB's GROUP BY of as many groups took 0.9 s to hash
-        # (1,024 ranks x 1,563 buckets); NumPy merges them in place in ~0.1 s. The non-finite
-        # counts, nearly always 0, are read apart, for the summaries that have one: 9 columns of
-        # 6.4M summaries (1B rows) took DuckDB 0.76-0.98 s to hand over, 6 of them 0.47-0.55 s
+        # a few summary rows a cell: a GROUP BY of as many groups as cells is DuckDB's slowest
+        # hashing, where NumPy merges them in place. The non-finite counts, nearly always 0, are
+        # read apart, for the summaries that have one: each column handed over costs at 1B rows
+        # (benchmarks/RESULTS.md, "Figures the source cites")
         rows = fetch_arrow(sa.select(s.rank.label("rank"), (s.step - first).label("b"), s.n_finite, s.total, s.lo, s.hi)
                            .where(*mine))  # fmt: skip
         if not rows.num_rows:

@@ -107,7 +107,7 @@ class DuckDBBackend(Backend):
         else:
             # one thread: DuckDB's default is one per core, and a writer inserting a few thousand
             # rows then checkpointing gains nothing from them but CPU taken from the training
-            # (measured: -30% CPU per 20k-row flush, wall time the same)
+            # (benchmarks/RESULTS.md, "Figures the source cites")
             # a new file's blocks (an existing file keeps its own): DuckDB's 256 KiB default made a
             # store of 20 values 5.3 MB, where every table, index and checkpoint's metadata holds
             # at least one block of its own (SQLite: 96 KB); see BLOCK_SIZE
@@ -383,7 +383,7 @@ def _one_row_per_cell(rank: np.ndarray, step: np.ndarray) -> bool:
     cells = (int(step.max()) - low + 1) * width
     if cells > 8 * len(rank) + 1024:
         return False
-    seen = np.zeros(cells, bool)  # not bincount: its int64 counts are 8x the bytes, and slower
+    seen = np.zeros(cells, bool)  # not bincount: its int64 counts take 8 bytes a cell where this takes 1
     seen[(step - low) * width + rank] = True
     return np.count_nonzero(seen) == len(rank)
 

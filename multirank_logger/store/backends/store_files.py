@@ -88,8 +88,7 @@ def reader_config() -> dict[str, Any]:
     # a reader sees the store and nothing else: no read_csv('/etc/passwd'), COPY TO, ATTACH, INSTALL;
     # and a small memory limit: DuckDB keeps what it read cached up to that limit (80% of RAM by
     # default), so a report over a large store grew with it; a scan reads each block once, so a
-    # small cache costs no time (per_rank of 5.1M rows: 256MB -> 799 MiB peak, 64MB -> 634 MiB, the
-    # same seconds; the report: 128MB -> 601, 64MB -> 529, on 2 cores)
+    # small cache costs no time (benchmarks/RESULTS.md, "Figures the source cites")
     return {"enable_external_access": False, "threads": threads, "memory_limit": f"{memory_mb}MB"}
 
 
