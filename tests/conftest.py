@@ -13,6 +13,9 @@ import pytest
 from tests.helpers.launches import free_port
 from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 
+#: the long modules listed at the end of each run (a report, never a failure)
+pytest_plugins = ["tests.helpers.module_sizes"]
+
 #: modules whose every test launches real multi-process trainings, or the benchmarks: marked
 #: `slow`, so `make test-fast` (pytest -m "not slow") runs the rest in a fraction of the time.
 #: A test elsewhere that launches processes says so itself with @pytest.mark.slow.
