@@ -199,7 +199,7 @@ from multirank_logger.query.reader import open_store
 reader = open_store(sys.argv[1])
 ref = reader.resolve_run(1)
 m = metrics.c
-low, high, count = reader._fetch_arrow(sa.select(sa.func.min(m.step), sa.func.max(m.step), sa.func.count())
+low, high, count = reader.fetch_arrow(sa.select(sa.func.min(m.step), sa.func.max(m.step), sa.func.count())
                                        .where(m.run_id == ref.id)).to_pylist()[0].values()
 span = max(1, (high - low + 1) * WINDOW_ROWS // count)
 t0 = time.perf_counter()

@@ -60,14 +60,14 @@ def keep_watch_verdict(db: Path) -> None:
     from multirank_logger.watch.watch import Watch
 
     with open_store(db) as reader:
-        if reader._fetch_arrow(sa.select(verdicts.c.seq).where(verdicts.c.run_id == 1)).num_rows:
+        if reader.fetch_arrow(sa.select(verdicts.c.seq).where(verdicts.c.run_id == 1)).num_rows:
             return
         side = SideRecords()
         watch = Watch(1, RANKS, AlertOutlets(side.add, echo=False), close_after=1e9)
         live: LiveJudgement = watch.judgement
         m = metrics.c
         for first in range(0, STEPS, FEED_STEPS):
-            rows = reader._fetch_arrow(sa.select(m.key, m.rank, m.step, m.value).where(
+            rows = reader.fetch_arrow(sa.select(m.key, m.rank, m.step, m.value).where(
                 m.run_id == 1, m.step >= first, m.step < first + FEED_STEPS).order_by(m.step, m.rank, m.seq))  # fmt: skip
             values = rows.column("value").to_numpy(zero_copy_only=False).astype(float)
             live.add_rows(rows.column("key").to_numpy(zero_copy_only=False), rows.column("rank").to_numpy(),
@@ -101,7 +101,7 @@ def watch_cost(db: Path, whole_bytes: int) -> dict[str, Any]:
     feed = judge = 0.0
     with open_store(db) as reader:
         for first in range(0, STEPS, FEED_STEPS):
-            rows = reader._fetch_arrow(sa.select(m.key, m.rank, m.step, m.value).where(
+            rows = reader.fetch_arrow(sa.select(m.key, m.rank, m.step, m.value).where(
                 m.run_id == 1, m.step >= first, m.step < first + FEED_STEPS).order_by(m.step, m.rank, m.seq))  # fmt: skip
             columns = (rows.column("key").to_numpy(zero_copy_only=False), rows.column("rank").to_numpy(),
                        rows.column("step").to_numpy(), rows.column("value").to_numpy(zero_copy_only=False).astype(float))  # fmt: skip

@@ -107,7 +107,7 @@ def test_coarse_pages_equal_the_fine_ones_and_the_rows(tmp_path_factory: pytest.
         run_id = _write(store, spec)
     store.close()
     with open_store(db) as reader:
-        fetch = reader._fetch_arrow
+        fetch = reader.fetch_arrow
         m = metrics.c
         span = fetch(sa.select(sa.func.min(m.step).label("a"), sa.func.max(m.step).label("b"))
                      .where(m.run_id == run_id)).to_pylist()[0]  # fmt: skip

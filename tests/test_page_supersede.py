@@ -68,7 +68,7 @@ def test_page_buckets_equal_per_rank_after_a_resume(resumed: str) -> None:
         assert table[0].loc[300] == _value(1, 300)  # per_rank applies the rule
         steps, values = table.index.to_numpy(), table[0].to_numpy()
         served = reader.bucket_summary(run, "loss")  # what the page's API hands over
-        for summary in (served, summarize(reader._fetch_arrow, run, "loss", 10)):
+        for summary in (served, summarize(reader.fetch_arrow, run, "loss", 10)):
             for j, first in enumerate(summary.steps):
                 mean, lo, hi, bad = _expected(values[(steps >= first) & (steps < first + summary.width)])
                 got = summary.mean[0, j], summary.lo[j], summary.hi[j], bool(summary.non_finite[0, j])
@@ -87,7 +87,7 @@ def test_rows_read_again_in_bounded_statements(resumed: str, tmp_path: Path, mon
     monkeypatch.setattr(relogged_steps, "_MAX_RANGES", 1)
     with open_store(resumed) as reader:
         (run,) = reader.runs()["id"].tolist()
-        spans = relogged_steps.LatestWins(reader._fetch_arrow, run, "loss")._spans(0, 1, 700)
+        spans = relogged_steps.LatestWins(reader.fetch_arrow, run, "loss")._spans(0, 1, 700)
         assert [(lo, hi) for _, lo, hi in spans] == [(240, 399), (544, 607)]  # whole summary buckets
         issued: list[sa.Select] = []
         fetch = reader.store.backend.fetch_arrow  # every read of the page's series (on one connection) goes through it
@@ -130,5 +130,5 @@ def test_relogged_buckets_found_in_sql(any_db: str, buckets: list[list[list[int]
     finally:
         store.close()
     with open_store(any_db) as reader:
-        found = relogged_steps.LatestWins(reader._fetch_arrow, run, "k")._relogged(0, len(buckets) * SUMMARY_STEPS)
+        found = relogged_steps.LatestWins(reader.fetch_arrow, run, "k")._relogged(0, len(buckets) * SUMMARY_STEPS)
     assert set(found[1].tolist()) == expected and set(found[0].tolist()) <= {0}

@@ -41,7 +41,7 @@ def test_summary_per_rank_and_bucket_marks_nan_and_inf(any_db: str) -> None:
 
     reader = open_store(any_db)
     try:
-        s = summarize(reader._fetch_arrow, run.id, "a", columns=5)
+        s = summarize(reader.fetch_arrow, run.id, "a", columns=5)
     finally:
         reader.close()
     assert s.ranks == [0, 1, 2] and s.width == 2 and s.steps == [0, 2, 4, 6, 8]
@@ -108,7 +108,7 @@ def test_the_report_pass_summarizes_each_key_as_sql_does(any_db: str, window_row
         ref = reader.resolve_run(run_id)
         scan = scan_run(reader, ref, spread_window=5, depart_spreads=8.0, window_rows=window_rows, bucket_columns=7)
         for key in ("a", "b", "c"):
-            want, got = summarize(reader._fetch_arrow, run_id, key, columns=7), scan.buckets[key]
+            want, got = summarize(reader.fetch_arrow, run_id, key, columns=7), scan.buckets[key]
             assert (got.ranks, got.steps, got.width) == (want.ranks, want.steps, want.width), key
             for name in ("mean", "lo", "hi"):
                 np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-6, err_msg=f"{key} {name}")

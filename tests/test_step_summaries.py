@@ -139,7 +139,7 @@ def _assert_runs_list(store: Store, db: str, run_id: int) -> None:
         last = conn.execute(sa.select(sa.func.max(m.time)).where(m.run_id == run_id)).scalar()
         last_step = conn.execute(sa.select(sa.func.max(m.step)).where(m.run_id == run_id)).scalar()
     with open_store(db) as reader:
-        assert run_list.read_last_step(reader._fetch_arrow, run_id) == (last_step, pytest.approx(last))  # the page's list
+        assert run_list.read_last_step(reader.fetch_arrow, run_id) == (last_step, pytest.approx(last))  # the page's list
         listed = reader.runs()
         saved, run_list.PER_RUN_READS = run_list.PER_RUN_READS, 0  # one GROUP BY for every run, as past 32 runs
         try:
@@ -155,13 +155,13 @@ def _assert_page_agrees(db: str, run_id: int) -> None:
     """The page's per-bucket answer from the summaries equals the one from the rows, at the same buckets."""
     with open_store(db) as reader:
         m = metrics.c
-        low = reader._fetch_arrow(sa.select(sa.func.min(m.step).label("a"), sa.func.max(m.step).label("b"))
+        low = reader.fetch_arrow(sa.select(sa.func.min(m.step).label("a"), sa.func.max(m.step).label("b"))
                                   .where(m.run_id == run_id)).to_pylist()[0]  # fmt: skip
         first = low["a"] - low["a"] % SUMMARY_STEPS
         for key in reader.keys(run_id):
             for width in (SUMMARY_STEPS, 2 * SUMMARY_STEPS, 8 * SUMMARY_STEPS):  # laid out in NumPy, and SQL's GROUP BY
-                a = _rows_grid(reader._fetch_arrow, run_id, key, first, low["b"], width)
-                b = _summaries_grid(reader._fetch_arrow, run_id, key, first, width)
+                a = _rows_grid(reader.fetch_arrow, run_id, key, first, low["b"], width)
+                b = _summaries_grid(reader.fetch_arrow, run_id, key, first, width)
                 assert b is not None and (a.ranks, a.steps, a.width) == (b.ranks, b.steps, b.width)
                 np.testing.assert_allclose(b.mean, a.mean, rtol=1e-9, atol=1e-6)
                 np.testing.assert_array_equal(b.lo, a.lo)
@@ -222,10 +222,10 @@ def test_a_long_run_is_drawn_from_its_summaries(any_db: str) -> None:
                               time=1.7e9 + step))  # fmt: skip
     store.close()
     with open_store(db) as reader:
-        page = summarize(reader._fetch_arrow, run.id, "loss")
+        page = summarize(reader.fetch_arrow, run.id, "loss")
         assert page.width == 16 and len(page.steps) == 1250  # the rows alone would give width 10
-        rows = _rows_grid(reader._fetch_arrow, run.id, "loss", 0, n - 1, 16)
+        rows = _rows_grid(reader.fetch_arrow, run.id, "loss", 0, n - 1, 16)
         np.testing.assert_allclose(page.mean, rows.mean, rtol=1e-12)
         assert page.non_finite[1, 500 // 16] and page.non_finite.sum() == 1  # value 1001: rank 1 at step 500
-        short = summarize(reader._fetch_arrow, run.id, "loss", columns=20_000)
+        short = summarize(reader.fetch_arrow, run.id, "loss", columns=20_000)
         assert short.width == 1 and len(short.steps) == n  # from the rows: the summaries are too coarse here

@@ -207,7 +207,7 @@ def _windows(reader: StoreReader, ref: RunRef, window_rows: int) -> Iterator[tup
 
     # StepTimer's rows of each window's steps are a query of their own (a range of the (run_id, step)
     # index, schema 0015; DuckDB's zone maps): a run without StepTimer asks once, here
-    timed = reader._fetch_arrow(sa.select(step_timing.c.rank).where(step_timing.c.run_id == ref.id).limit(1)).num_rows > 0
+    timed = reader.fetch_arrow(sa.select(step_timing.c.rank).where(step_timing.c.run_id == ref.id).limit(1)).num_rows > 0
     done: int | None = None  # the last step whose timing rows are written
     for window in metric_windows(reader, ref, ("rank", "step", "seq"), window_rows):
         high = pc.max(window.column("step")).as_py()
@@ -232,7 +232,7 @@ def _timing_rows(reader: StoreReader, ref: RunRef, after: int | None, upto: int 
     rows (rank, step, key ``timing:COLUMN``, value, time): one per measure it holds."""
     import pyarrow as pa
 
-    found = reader._fetch_arrow(_timing_select(ref, after, upto))
+    found = reader.fetch_arrow(_timing_select(ref, after, upto))
     parts = []
     for name in TIMING_MEASURES:
         value = found.column(name).cast(pa.float64())

@@ -30,7 +30,7 @@ from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, coarse_summaries, f
 
 __all__ = ["KeptVerdict", "kept_verdict"]
 
-#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
+#: runs a SELECT and returns a pyarrow Table (``StoreReader.fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
 
 

@@ -188,8 +188,10 @@ class StoreReader:
         with conn, self._in_use_while(conn):
             yield conn
 
-    def _fetch_arrow(self, stmt: sa.Select) -> Any:
-        """Run a SELECT and return a pyarrow Table (DuckDB hands Arrow over without Python rows)."""
+    def fetch_arrow(self, stmt: sa.Select) -> Any:
+        """Run a SELECT (SQLAlchemy Core, over `multirank_logger.model.schema`'s tables) on a read
+        connection and return a pyarrow Table (DuckDB hands Arrow over without Python rows). What
+        every read of this class, the side tables' ``read_*`` and the export build on."""
         with self._connect() as conn:
             return self.store.backend.fetch_arrow(conn, stmt)
 
@@ -221,16 +223,16 @@ class StoreReader:
         ``uuid`` is the run's one identity everywhere (its spill files, ``import``, every export);
         None for a run logged before schema 0007.
         """
-        return read_runs(self._fetch_arrow, where.conditions(self.store.backend) if where else ())
+        return read_runs(self.fetch_arrow, where.conditions(self.store.backend) if where else ())
 
     def run_rows(self, where: RunFilter | None = None) -> list[dict[str, Any]]:
         """`runs`, one dict per run and without pandas: times as Unix seconds (``started_at``,
         ``last_time``: None if nothing stored), as the CLI's ``runs`` table reads them."""
-        return read_run_rows(self._fetch_arrow, where.conditions(self.store.backend) if where else ())
+        return read_run_rows(self.fetch_arrow, where.conditions(self.store.backend) if where else ())
 
     def hparams(self, run_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
         """Each run's stored hyperparameters (``runs.hparams`` parsed; {} where none), by run id."""
-        return read_hparams(self._fetch_arrow, [int(i) for i in run_ids])
+        return read_hparams(self.fetch_arrow, [int(i) for i in run_ids])
 
     def run_ids(self) -> list[int]:
         """Every run's id, in order: no scan of the metrics (``runs`` counts their steps and keys)."""
@@ -238,7 +240,7 @@ class StoreReader:
 
     def run_headers(self, only: int | None = None) -> list[dict[str, Any]]:
         """Each run's row as the page lists it, newest first (``only``: that run id's): `run_list.read_run_headers`."""
-        return read_run_headers(self._fetch_arrow, only)
+        return read_run_headers(self.fetch_arrow, only)
 
     def run_status(self, run_id: int) -> str | None:
         """The status the run's row holds now (``running`` while it goes); None for no such run id."""
@@ -342,7 +344,7 @@ class StoreReader:
             keys = list(keys)
             self._check_keys(ref, keys)
             stmt = stmt.where(metrics.c.key.in_(keys))
-        found = self._fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq))
+        found = self.fetch_arrow(stmt.order_by(metrics.c.rank, metrics.c.seq))
         return as_frame(long_table(found, all_attempts), frame)
 
     def attempts(self, run: int | str | None = None) -> Any:
@@ -351,7 +353,7 @@ class StoreReader:
         cols = [attempts.c.attempt, attempts.c.world_size, attempts.c.status, attempts.c.started_at,
                 attempts.c.ended_at, attempts.c.host, attempts.c.job_id]
         stmt = sa.select(*cols).where(attempts.c.run_id == ref.id).order_by(attempts.c.attempt)
-        return self._fetch_arrow(stmt).to_pandas()
+        return self.fetch_arrow(stmt).to_pandas()
 
     def orphans(self) -> list[tuple[int, int]]:
         """(run id, rows) of metric rows under a run id with no ``runs`` row (none expected)."""
@@ -378,7 +380,7 @@ class StoreReader:
         if frame == "pandas":
             import_in_background("pandas")  # for the DataFrame, while the store reads the rows
         if key.startswith("timing:"):  # StepTimer's series, as the page names them (timing:data_s)
-            rank, seq, step, value, dtype = read_timing_columns(self._fetch_arrow, ref, key, self.keys(ref.id))
+            rank, seq, step, value, dtype = read_timing_columns(self.fetch_arrow, ref, key, self.keys(ref.id))
         else:
             with self._connect() as conn:
                 # streamed into the table where the key's summaries give its extent (peak: ~1.1x the answer)
@@ -507,7 +509,7 @@ class StoreReader:
         Raises:
             LookupFailed: for an unknown run.
         """
-        return read_alerts(self._fetch_arrow, None if every_run else self.resolve_run(run))
+        return read_alerts(self.fetch_arrow, None if every_run else self.resolve_run(run))
 
     def findings(self, run: int | str | RunRef | None = None, *, every_run: bool = False) -> Any:
         """A run's verdict as kept at its end (the watch's last judgement: the ``findings`` table),
@@ -521,7 +523,7 @@ class StoreReader:
         Raises:
             LookupFailed: for an unknown run.
         """
-        return read_findings(self._fetch_arrow, None if every_run else [self.resolve_run(run).id])
+        return read_findings(self.fetch_arrow, None if every_run else [self.resolve_run(run).id])
 
     def hosts(self, *, since: float | None = None, kinds: Iterable[str] | None = None,
               chronic: tuple[int, int] = (3, 5), by: str = "host") -> list[dict[str, Any]]:  # fmt: skip
@@ -537,7 +539,7 @@ class StoreReader:
             LookupFailed: for an unknown run.
         """
         ref = self.resolve_run(run)
-        return read_stops(self._fetch_arrow, [ref.id]).get(ref.id)
+        return read_stops(self.fetch_arrow, [ref.id]).get(ref.id)
 
     def decisions(self, run: int | str | RunRef | None = None) -> Any:
         """Every ModelCheckpoint / EarlyStopping decision of a run, one row per (decision, rank).
@@ -552,7 +554,7 @@ class StoreReader:
         Raises:
             LookupFailed: for an unknown run.
         """
-        return read_decisions(self._fetch_arrow, self.resolve_run(run))
+        return read_decisions(self.fetch_arrow, self.resolve_run(run))
 
     def logs(self, run: int | str | RunRef | None = None, rank: int | None = None, level: int | str | None = None,
              limit: int | None = None) -> Any:  # fmt: skip
@@ -572,27 +574,27 @@ class StoreReader:
             LookupFailed: for an unknown run.
             ValueError: for a level name logging does not know.
         """
-        return read_logs(self._fetch_arrow, self.resolve_run(run), rank, level, limit)
+        return read_logs(self.fetch_arrow, self.resolve_run(run), rank, level, limit)
 
     def step_timing(self, run: int | str | RunRef | None = None) -> Any:
         """The run's StepTimer rows, one per (rank, batch): ``side_tables.TIMING_COLUMNS``."""
-        return read_step_timing(self._fetch_arrow, self.resolve_run(run))
+        return read_step_timing(self.fetch_arrow, self.resolve_run(run))
 
     def timing_series(self, run_id: int, among: Iterable[str]) -> list[str]:
         """The StepTimer series of ``among`` (``timing:COLUMN``) the run holds a value of, in that order."""
-        return read_timing_series(self._fetch_arrow, run_id, among)
+        return read_timing_series(self.fetch_arrow, run_id, among)
 
     def rank_rows(self, run: int | str | RunRef | None = None) -> Any:
         """The run's registered ranks: rank, host, status, started_at, ended_at, their GPU and DP index."""
-        return read_rank_rows(self._fetch_arrow, self.resolve_run(run))
+        return read_rank_rows(self.fetch_arrow, self.resolve_run(run))
 
     def rank_nodes(self, run_id: int) -> list[dict[str, Any]]:
         """The run's registered ranks' ``rank``, ``node_rank`` and ``host`` (None where not known)."""
-        return read_rank_nodes(self._fetch_arrow, run_id)
+        return read_rank_nodes(self.fetch_arrow, run_id)
 
     def transport(self, run: int | str | RunRef | None = None) -> str | None:
         """How the run's rows reached the store (``direct``, ``gather``, ...)."""
-        return read_transport(self._fetch_arrow, self.resolve_run(run))
+        return read_transport(self.fetch_arrow, self.resolve_run(run))
 
 
 def _run_ranks(conn: sa.Connection, ref: RunRef) -> list[int]:

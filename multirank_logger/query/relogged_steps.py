@@ -32,7 +32,7 @@ from multirank_logger.model.schema import SUMMARY_STEPS, attempts, metrics, step
 
 __all__ = ["LatestWins"]
 
-#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
+#: runs a SELECT and returns a pyarrow Table (``StoreReader.fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
 #: a statement reading rows again holds at most this many step ranges, and (a range's list whole)
 #: about this many ranks: SQLite binds at most 32,766 parameters

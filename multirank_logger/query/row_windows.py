@@ -71,7 +71,7 @@ def run_table(reader: StoreReader, table: sa.Table, run_column: sa.Column[Any], 
     Arrow types of `arrow_schema`. For the small tables: runs, attempts, ranks and the side tables."""
     schema = arrow_schema(table, leave_out=(run_column.name,))
     stmt = sa.select(*(table.c[name] for name in schema.names)).where(run_column == ref.id)
-    found = reader._fetch_arrow(stmt)
+    found = reader.fetch_arrow(stmt)
     return _as_schema(found, schema)
 
 

@@ -3,7 +3,7 @@ step timing; and the rows of a run's ranks and its transport, as the report read
 
 `read_decisions`, `read_logs`, `read_step_timing`, `read_rank_rows` and `read_transport` build the
 queries and shape their frames; `StoreReader` (``query/reader.py``) delegates to them with its
-``_fetch_arrow``, so ``open_store(db).decisions()``, ``.logs()``, ``.step_timing()`` sit beside ``.metrics()``. The pure helpers below (`disagreements`,
+``fetch_arrow``, so ``open_store(db).decisions()``, ``.logs()``, ``.step_timing()`` sit beside ``.metrics()``. The pure helpers below (`disagreements`,
 `group_alike`, `format_ranks`) shape those frames for the CLI and for anyone reading them.
 `read_timing_series` and `read_rank_nodes` answer a run's page header: its StepTimer series, its ranks' nodes.
 
@@ -43,7 +43,7 @@ __all__ = ["FINDING_COLUMNS", "disagreements", "format_ranks", "group_alike", "r
            "read_rank_rows", "read_step_timing", "read_stops", "read_timing_columns", "read_timing_series", "read_transport",
            "stop_text"]  # fmt: skip
 
-#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
+#: runs a SELECT and returns a pyarrow Table (``StoreReader.fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
 
 DECISION_COLUMNS = ("seq", "step", "epoch", "callback", "monitor", "mode", "rank", "value", "vote", "decision",

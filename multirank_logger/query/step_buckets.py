@@ -63,7 +63,7 @@ TIMING_SERIES = ("timing:data_s", "timing:forward_s", "timing:rest_s", "timing:r
 #: a heatmap score is clipped to this many typical spreads
 SCORE_CLIP = 12.0
 
-#: runs a SELECT and returns a pyarrow Table (``StoreReader._fetch_arrow``)
+#: runs a SELECT and returns a pyarrow Table (``StoreReader.fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
 
 

@@ -176,7 +176,7 @@ def find_with_buckets(
     # the tables after the pass are pandas': its import runs beside the pass (report: ~0.3 s less)
     import_in_background("pandas")
     out = Findings(run=ref.label, run_id=ref.id, world_size=ref.world_size, run_uuid=ref.uuid)
-    kept, out.verdict_not_served = (None, None) if from_rows else kept_verdict(reader._fetch_arrow, ref.id)
+    kept, out.verdict_not_served = (None, None) if from_rows else kept_verdict(reader.fetch_arrow, ref.id)
     if kept is not None:
         out.judged_from = "kept verdict"
         scan = RunScan(reader.keys(ref.id), rank_steps=kept.rank_steps, non_finite=kept.non_finite)

@@ -189,7 +189,7 @@ def constant_key(s: BucketSummary) -> dict[str, Any] | None:
 def clock_view(reader: StoreReader, ref: RunRef) -> dict[str, Any]:
     """The run's clock for the compare page's wall-time axis: per bucket of ``width`` steps (its
     first step), the seconds from the run's start to the last value logged in it."""
-    steps, times = read_step_clock(reader._fetch_arrow, ref.id)
+    steps, times = read_step_clock(reader.fetch_arrow, ref.id)
     return clean({"steps": steps, "seconds": [t - ref.started_at for t in times], "width": SUMMARY_STEPS})
 
 
