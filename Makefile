@@ -22,9 +22,12 @@ demo: $(STAMP)
 # the suite's workers: its trainings are CPU-bound, and each already runs 2-8 processes
 TEST_WORKERS ?= 2
 
-# the 25 slowest tests are listed at the end: where the suite's time goes, in every CI log
+# the 25 slowest tests are listed at the end: where the suite's time goes, in every CI log.
+# --dist loadgroup: the tests that share a module-scoped fixture (a real training) run on one
+# worker, so it is made once (tests/conftest.py groups them; plain load may cut a module between
+# the workers, each then making its own); the other tests are spread one by one as before
 test: lint browser java
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # the HTML report and ui tests render pages in a real headless Chromium, the ui's through Selenium
 # and chromedriver: installed when missing (Debian's packages; CI runs as root), so they never skip
@@ -48,7 +51,7 @@ lint: $(STAMP)
 
 # the tests that launch no multi-process training (see SLOW_MODULES in tests/conftest.py)
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

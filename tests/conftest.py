@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,31 @@ SLOW_MODULES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # around xdist's, which turns the xdist_group marks added here into groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     for item in items:
         if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if item.module is not None and _shares_a_module_fixture(item):
+            # under `pytest -n 2 --dist loadgroup` (make test) the tests of a module that share a
+            # module-scoped fixture (a real training, a served page) run on one worker, so it is
+            # made once: plain `--dist load` hands out tests in chunks, and a module cut between
+            # two workers made its training on each
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    yield
+    for item in items:
+        # pytest-xdist 3.8 names a group by writing "nodeid@group" into `item._nodeid`, which pytest 9
+        # no longer reads the nodeid from (it would schedule as plain load): read it back as the nodeid
+        grouped = getattr(item, "_nodeid", None)
+        if isinstance(grouped, str) and grouped != item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(grouped)
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)  # a Function's: the fixtures it uses, each with its definitions
+    return info is not None and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
 @pytest.fixture(params=sorted(BACKEND_SUFFIXES))

@@ -90,7 +90,9 @@ def _params() -> list[Any]:
     for path in DOC_FILES:
         after_script = False
         for block in python_blocks(path):
-            marks: list[Any] = []
+            # a file's blocks run in order in one process (`file_run`): on one worker, or a worker
+            # given a later block runs every block before it once more (a DDP training among them)
+            marks: list[Any] = [pytest.mark.xdist_group(f"docs {block.file}")]
             if block.skip:
                 marks.append(pytest.mark.skip(reason=block.skip))
             elif block.script or after_script:
@@ -208,6 +210,7 @@ def test_python_block_runs(name: str, index: int, tmp_path_factory: pytest.TempP
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("docs README.md")  # with README's blocks: it reads what their run left
 def test_readme_quick_start_trains_two_ranks_that_the_cli_reads(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The README's first python block, saved to a file in an empty directory and run, trains
     two ranks; `multirank-logger ranks DB KEY` shows both ranks' values, and `runs` the run as a

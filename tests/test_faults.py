@@ -602,16 +602,20 @@ def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spi
 @pytest.mark.slow  # launches processes
 def test_postgres_paused_at_exit_without_finalize_the_process_still_ends_with_the_rows_spilled(tmp_path: Path) -> None:
     """A script that ends without finalize while the server does not answer (SIGSTOP): the exit
-    hooks' flush is bounded (process_hooks.EXIT_FLUSH_TIMEOUT), the process ends, and the rows the
-    store did not take are in a spill file the message names, which imports every value."""
+    hooks' flush is bounded (process_hooks.EXIT_FLUSH_TIMEOUT), so is the run's end they make
+    (finalize_timeout: its default, 32 s here, only made the test wait), the process ends, and the
+    rows the store did not take are in a spill file the message names, which imports every value."""
     with _own_postgres() as server:
-        proc, url, stopped = _start_paused(server, tmp_path, "--timeout", "1", "--no-finalize", "--exit-flush-timeout", "4")
+        proc, url, stopped = _start_paused(
+            server, tmp_path, "--timeout", "1", "--no-finalize", "--exit-flush-timeout", "4", "--finalize-timeout", "6"
+        )
         try:
             out, err = proc.communicate(timeout=150)  # on a wait without bound: never
         finally:
             proc.kill()
             _signal_all(stopped, signal.SIGCONT)
         assert proc.returncode == 0 and "EXITING" in out, err[-4000:]
+        assert "did not finish within 6 s" in err, err[-4000:]
         files = spill_files_named(err)
         assert files, err[-4000:]
         _import(url, files)

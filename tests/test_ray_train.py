@@ -32,8 +32,11 @@ def _train(config: dict[str, Any]) -> None:
     for step in range(STEPS):
         if config.get("raise_at") == step and rank == 1:
             raise RuntimeError("worker 1 fails")
-        if config.get("hold_for_alert") and step == BAD_FROM + 1:
-            # hold the training (not a sleep racing it): on until the controller's watch stored its alert
+        if config.get("hold_for_alert") and step == BAD_FROM + 2:
+            # hold the training (not a sleep racing it): on until the controller's watch stored its alert.
+            # The watch judges step BAD_FROM once a later step came from every worker (a worker may
+            # still log at the newest step): held before step BAD_FROM + 1 was reported, the alert
+            # could only come after the deadline
             deadline = time.monotonic() + 120
             while not _alert_stored(sqlite3, config["hold_for_alert"]) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -75,8 +78,8 @@ def _fit(tmp: Path, name: str, config: dict[str, Any]) -> Path:
 
 def test_every_worker_in_one_run_and_the_bad_one_named(ray_session, tmp_path: Path) -> None:
     """Worker 1 reports NaN from step 5: every worker's rows in one run, ``success``; the watch on
-    the controller stores its alert while the workers train (they hold at step 6 until it is
-    there: an alert only at the run's end would leave them held, and the test failing); the
+    the controller stores its alert while the workers train (they hold at step 7, step 6 reported,
+    until it is there: an alert only at the run's end would leave them held, and the test failing); the
     report names the same rank, key and step."""
     db = _fit(tmp_path, "ok", {"hold_for_alert": str(tmp_path / "runs.sqlite")})
     assert query(db, "SELECT name, status, world_size FROM runs") == [("ok", "success", 2)]
