@@ -1,6 +1,12 @@
 """Shared fixtures and pytest hooks: real store files for each embedded backend, a real
-PostgreSQL server, free TCP ports. The plain helpers they use live in tests/helpers/, which is
-where a test imports them from."""
+PostgreSQL server, free TCP ports, and the `slow` mark on every test in tests/runs/.
+
+The layout mirrors the package: tests/<layer>/ holds the unit-level tests of
+multirank_logger/<layer> (one process), tests/project/ the checks over the whole project,
+tests/runs/ every test that launches real multi-process trainings (`slow`: the folder is the one
+way to mark it), tests/scripts/ what those tests launch, tests/helpers/ the plain helpers the
+tests share (a test imports them from there, never from another test module or from this file),
+tests/data/ fixed input files."""
 
 from __future__ import annotations
 
@@ -13,21 +19,14 @@ import pytest
 from tests.helpers.launches import free_port
 from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 
-#: modules whose every test launches real multi-process trainings, or the benchmarks: marked
-#: `slow`, so `make test-fast` (pytest -m "not slow") runs the rest in a fraction of the time.
-#: A test elsewhere that launches processes says so itself with @pytest.mark.slow.
-SLOW_MODULES = frozenset(
-    {
-        "test_accelerate_tracker", "test_audit_ddp", "test_benchmarks_smoke", "test_demo", "test_dropin_ddp", "test_launchers",
-        "test_logger_cli_launch", "test_logger_ddp", "test_logger_many_ranks", "test_logger_signals", "test_mesh_places", "test_origin_ddp",
-        "test_plain_api", "test_ray_train", "test_shared_nothing", "test_tensor_gather", "test_transformers_callback", "test_watch_ddp",
-    }
-)
+#: the one way a test is `slow`: it lives in tests/runs/ (real multi-process trainings, the benchmarks,
+#: other long processes), so `make test-fast` (pytest -m "not slow") runs every other folder
+RUNS = Path(__file__).resolve().parent / "runs"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+        if item.path.resolve().is_relative_to(RUNS):
             item.add_marker(pytest.mark.slow)
 
 

@@ -10,7 +10,7 @@ from lightning.pytorch import LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from multirank_logger import MultiRankLogger, StepTimer
-from tests.logger_helpers import query
+from tests.helpers.logger_helpers import query
 
 
 class _Model(LightningModule):

@@ -14,7 +14,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
-from tests.test_query import _calls, _csvlogger_file, _store_calls
+from tests.query.test_query import _calls, _csvlogger_file, _store_calls
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 

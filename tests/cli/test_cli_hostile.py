@@ -101,7 +101,7 @@ def _junk(tmp_path: Path) -> Path:
 
 def _run_bounded(argvs: dict[str, list[str]], cwd: Path) -> dict[str, tuple[int | None, str]]:
     """Each argv in a subprocess of its own, all at once, each killed past BOUND_S (a hang fails)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = {label: subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", *argv], cwd=cwd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True) for label, argv in argvs.items()}  # fmt: skip

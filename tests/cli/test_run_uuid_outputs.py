@@ -15,7 +15,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.model.schema import runs
 from multirank_logger.store.sql_store import Store
-from tests.test_query import _calls, _store_calls
+from tests.query.test_query import _calls, _store_calls
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 

@@ -17,9 +17,9 @@ import pytest
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from multirank_logger import MultiRankLogger, open_store, rank_aware_console
-from tests.logger_helpers import train_env
+from tests.helpers.logger_helpers import train_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stored(db: Path) -> list[tuple[str, str, str]]:

@@ -24,7 +24,7 @@ from multirank_logger.export.destination import public_url
 from multirank_logger.export.parquet import export_parquet
 from multirank_logger.store.sql_store import Store
 from tests.helpers.launches import free_port
-from tests.test_query import _calls, _store_calls
+from tests.query.test_query import _calls, _store_calls
 
 COLUMNS = ("run_id", "rank", "seq", "step", "key", "value", "dtype", "time")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -151,7 +151,7 @@ def test_parquet_and_arrow_name_the_run_alike_and_keep_times_as_utc(two_runs: Pa
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from tests.logger_helpers import query
+    from tests.helpers.logger_helpers import query
 
     dest = tmp_path / "lake"
     assert CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)]).exit_code == 0

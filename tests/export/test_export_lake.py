@@ -20,7 +20,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.export.parquet import export_parquet
 from multirank_logger.export.run_identity import legacy_uuid, run_identity
-from tests.test_query import _calls, _store_calls
+from tests.query.test_query import _calls, _store_calls
 
 TABLES = ("metrics", "runs", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings", "verdicts")
 

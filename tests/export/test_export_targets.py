@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main
-from tests.test_query import _calls, _store_calls
+from tests.query.test_query import _calls, _store_calls
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_dev_stdout_is_written_through(db: Path, tmp_path: Path) -> None:
     """A subprocess whose standard output is a pipe: the CSV arrives there, the lines on stderr."""
     expected = _expected(db, tmp_path)
     done = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "export", str(db), "-o", "/dev/stdout"],
-                          capture_output=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+                          capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == expected
     assert b"Wrote" in done.stderr

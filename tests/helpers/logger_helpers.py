@@ -1,4 +1,4 @@
-"""Helpers for the logger tests: run tests/logger_train.py as a real DDP launch, read the store."""
+"""Helpers for the logger tests: run tests/scripts/logger_train.py as a real DDP launch, read the store."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from multirank_logger.store.sql_store import Store
 
-TRAIN = Path(__file__).with_name("logger_train.py")
+TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "logger_train.py"
 
 
 def train_env() -> dict[str, str]:

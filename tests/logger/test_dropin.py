@@ -36,8 +36,8 @@ from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.live_csv import LiveCsv
 from multirank_logger.model.csv_layout import csv_columns, format_calls, write_header
 from multirank_logger.transport.identity import ENV_PREFIX, RunIdentity, children_environment
-from tests.logger_helpers import query
-from tests.test_query import _calls
+from tests.helpers.logger_helpers import query
+from tests.query.test_query import _calls
 
 METRICS = {"float": 0.3, "int": 1, "FloatTensor": torch.tensor(0.1), "IntTensor": torch.tensor(1)}
 
@@ -446,7 +446,7 @@ def test_unfinalized_logger_at_exit_leaves_the_file_and_no_logging_error(tmp_pat
     """)
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", ENV_PREFIX))}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
         cwd=tmp_path,

@@ -12,7 +12,7 @@ from pathlib import Path
 from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import MultiRankLogger
-from tests.logger_helpers import query
+from tests.helpers.logger_helpers import query
 
 HPARAMS = {"lr": math.nan, "clip": math.inf, "floor": -math.inf, "nested": {"w": [1.0, math.nan]},
            "ns": Namespace(eps=math.nan), "fine": 0.5}

@@ -18,7 +18,7 @@ from lightning.pytorch import Trainer
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWritable
 from multirank_logger.write.writer_thread import SELDOM_MAX_CALLS
-from tests.logger_helpers import query
+from tests.helpers.logger_helpers import query
 
 
 def _logger(db: Path, **kwargs) -> MultiRankLogger:

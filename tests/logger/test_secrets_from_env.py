@@ -17,12 +17,13 @@ import pytest
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.logger.run_settings import ALERT_URL_ENV, DB_ENV
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import REPO, SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
 TOKEN = "T0KEN-never-saved-4711"
 # a webhook nobody answers (the discard port): the token in its credentials and its path
 ALERT_URL = f"http://hook:{TOKEN}@127.0.0.1:9/hooks/{TOKEN}"
-CLI = Path(__file__).with_name("logger_cli.py")
+CLI = SCRIPTS / "logger_cli.py"
 
 
 def test_lightningcli_keeps_the_secrets_in_the_environment(tmp_path: Path) -> None:
@@ -35,7 +36,7 @@ def test_lightningcli_keeps_the_secrets_in_the_environment(tmp_path: Path) -> No
         "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.devices=1",
         "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
     ]  # fmt: skip
-    env = train_env() | {"PYTHONPATH": str(CLI.parent.parent), DB_ENV: str(store), ALERT_URL_ENV: ALERT_URL}
+    env = train_env() | {"PYTHONPATH": str(REPO), DB_ENV: str(store), ALERT_URL_ENV: ALERT_URL}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

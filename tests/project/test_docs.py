@@ -35,7 +35,7 @@ import pytest
 
 from tests.helpers.launches import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_MARK = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
 MAIN_GUARD = re.compile(r"^if __name__ == [\"']__main__[\"']:", re.MULTILINE)
@@ -295,7 +295,7 @@ def test_every_relative_link_points_to_a_file() -> None:
 
 def test_architecture_doc_has_the_layer_table_of_test_layers() -> None:
     """docs/architecture.md's "What may import what" is tests/test_layers.py's ALLOWED."""
-    from tests.test_layers import ALLOWED
+    from tests.project.test_layers import ALLOWED
 
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     section = text.split("## What may import what", 1)[1].split("\n## ", 1)[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_hosts import build_ledger_store
+from tests.query.test_hosts import build_ledger_store
 
 #: never needed to list the hosts (pandas alone was ~1 s of the cold command on the loaded machine)
 HEAVY = ("pandas", "torch", "lightning", "alembic", "matplotlib", "polars")
@@ -32,7 +32,7 @@ finally:
 
 
 def _modules_after(*args: str) -> tuple[str, set[str]]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, "-c", _RUN_HOSTS, *args], capture_output=True, text=True, env=env,
                           check=True, timeout=120)  # fmt: skip
     return done.stdout, set(json.loads(done.stderr.strip().splitlines()[-1]))
@@ -47,7 +47,7 @@ def test_hosts_imports_no_pandas(tmp_path: Path, suffix: str) -> None:
 
 
 def test_the_package_imports_nothing_heavy() -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     code = "import sys, multirank_logger; print(' '.join(sorted(m for m in sys.modules if '.' not in m)))"
     modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                                  check=True, timeout=120).stdout.split())  # fmt: skip

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "multirank_logger"
+PACKAGE = Path(__file__).resolve().parents[2] / "multirank_logger"
 MAX_LINES = 600  # a smell, not a target: see the module doc
 
 #: what each part of the package may import, besides itself (bottom to top)

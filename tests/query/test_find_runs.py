@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from multirank_logger.cli import main
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
-from tests.ui_browser import served, wait_for
+from tests.helpers.ui_browser import served, wait_for
 
 DAY = 86400.0
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
@@ -208,7 +208,7 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
     --param` reads it), and each run's hyperparameters are in its row."""
     from selenium.webdriver.common.keys import Keys
 
-    from tests.ui_browser import chromium
+    from tests.helpers.ui_browser import chromium
 
     with chromium(1300, 900) as driver:
         driver.get(page_url)
@@ -285,7 +285,7 @@ def test_page_filter_names_a_key_holding_a_comma_or_a_space_in_chromium(tmp_path
     from selenium.webdriver.common.keys import Keys
 
     from multirank_logger.model.param_path import dotted, split_key_value, split_path, split_words
-    from tests.ui_browser import chromium
+    from tests.helpers.ui_browser import chromium
 
     with served(_odd_store(tmp_path / "runs.sqlite")) as url, chromium(1300, 900) as driver:
         driver.get(url)

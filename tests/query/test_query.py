@@ -21,6 +21,7 @@ from multirank_logger.model.csv_layout import write_csv
 from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend, backend_for, resolve_url
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
+from tests.helpers.launches import SCRIPTS
 from tests.helpers.stores import keep_summaries
 
 Call = tuple[Mapping[str, Any], int]
@@ -396,7 +397,7 @@ def test_reader_waits_for_a_duckdb_writer_then_reads(tmp_path: Path) -> None:
 
 def test_ddp_rank0_export_is_csvloggers_file_and_ranks_keep_their_values(db_path: Path, tmp_path: Path) -> None:
     """Golden, end to end: a 2-rank DDP fit with CSVLogger and MultiRankLogger side by side."""
-    script = Path(__file__).with_name("query_train.py")
+    script = SCRIPTS / "query_train.py"
     csv_dir = tmp_path / "csv"
     done = subprocess.run(
         [sys.executable, str(script), str(db_path), str(tmp_path / "mr"), str(csv_dir)],

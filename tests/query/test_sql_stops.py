@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.errors import QueryTimedOut
-from tests.test_readonly_sql import _fill
+from tests.store.test_readonly_sql import _fill
 
 ENDLESS = {
     ".sqlite": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) AS n FROM c",

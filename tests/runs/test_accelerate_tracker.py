@@ -20,12 +20,12 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.report import find
-from tests.helpers.launches import free_port, run_launch
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch
+from tests.helpers.logger_helpers import query, train_env
 
 pytestmark = pytest.mark.timeout(600)
 
-TRAIN = Path(__file__).with_name("accelerate_train.py")
+TRAIN = SCRIPTS / "accelerate_train.py"
 RANKS = 2
 STEPS = 8
 #: one launch's bound: a fresh CI machine's first launch imports torch, accelerate and transformers
@@ -38,7 +38,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
         f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS), *args,
     ]  # fmt: skip
-    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent), "HF_HUB_OFFLINE": "1"}
+    env = {**train_env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     return run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
 
 
@@ -101,6 +101,6 @@ def test_importing_the_package_loads_neither_framework() -> None:
         "assert multirank_logger.MultiRankTracker.main_process_only is False\n"
         "assert multirank_logger.MultiRankCallback.__name__ == 'MultiRankCallback'\n"
     )
-    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent)}
+    env = {**train_env(), "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,10 +15,11 @@ from click.testing import CliRunner
 
 from multirank_logger import open_store
 from multirank_logger.cli import main as cli
-from tests.audit_train import BANNER
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
+from tests.scripts.audit_train import BANNER
 
-SCRIPT = Path(__file__).with_name("audit_train.py")
+SCRIPT = SCRIPTS / "audit_train.py"
 CKPT = "lightning_logs/version_0/checkpoints"
 
 

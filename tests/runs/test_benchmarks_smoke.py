@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)  # the run below: ~2 min on 2 busy cores
 SECTIONS = ("hotpath", "memory", "ingest", "e2e", "query", "scale", "read_scale", "ui")
 EXPECTED = {

@@ -8,13 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import train_env
 
-from tests.logger_helpers import train_env
+SCRIPT = SCRIPTS / "damage_during_run.py"
 
-SCRIPT = Path(__file__).with_name("damage_during_run.py")
-
-pytestmark = pytest.mark.slow  # starts a process
 
 
 def test_duckdb_store_damaged_while_the_logger_waits_is_not_a_success(tmp_path: Path) -> None:

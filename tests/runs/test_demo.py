@@ -16,7 +16,7 @@ import pytest
 from multirank_logger.store.sql_store import Store, head_revision
 from tests.helpers.launches import free_port
 
-DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
 
 
 def _path_without_venv() -> str:

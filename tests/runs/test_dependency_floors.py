@@ -29,17 +29,17 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from tests.logger_helpers import query, rank_reports, train_cmd, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, rank_reports, train_cmd, train_env
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pytest depends on tomli below 3.11
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
-pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = Path(__file__).with_name("floor_reads.py")
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = SCRIPTS / "floor_reads.py"
 #: the pandas that warned (issue 29); pytz: pandas 2.x imports it, pandas 3 (the environment's) does not
 PANDAS_WARNED = ["pandas==2.3.3", "pytz"]
 

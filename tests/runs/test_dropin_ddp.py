@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
-SCRIPT = Path(__file__).with_name("dropin_train.py")
+SCRIPT = SCRIPTS / "dropin_train.py"
 STEPS, CRASH_AT = 24, 20
 LATE_KEY_FROM = 10
 

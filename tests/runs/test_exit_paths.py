@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
-SCRIPT = Path(__file__).with_name("exit_without_finalize.py")
+SCRIPT = SCRIPTS / "exit_without_finalize.py"
 #: exits per test; MRL_EXIT_REPEATS raises it for a longer hunt (e.g. 100, outside the suite)
 REPEATS = int(os.environ.get("MRL_EXIT_REPEATS", "10"))
 #: the Fabric case takes 12 to 20 s per launch on 2 shared cores: the repeats stop at this budget
@@ -30,7 +31,6 @@ FABRIC_BUDGET_S = 75.0 if REPEATS <= 10 else 15.0 * REPEATS
 FABRIC_MIN_REPEATS = min(REPEATS, 6)
 STEPS = 20
 
-pytestmark = pytest.mark.slow  # each test starts many processes
 
 
 def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -26,11 +26,12 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store.sql_store import Store
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 from tests.helpers.processes import stop_process
-from tests.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 
-SCRIPT = Path(__file__).with_name("fault_logger.py")
-REPO = Path(__file__).resolve().parents[1]
+SCRIPT = SCRIPTS / "fault_logger.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:
@@ -112,7 +113,6 @@ def _run_with_reader(tmp_path: Path, hold_s: float, timeout_s: float) -> tuple[s
     return done, db
 
 
-@pytest.mark.slow  # launches processes
 def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     """A reader holding the DuckDB file across the run's end, for less than `timeout`: every row, success."""
     done, db = _run_with_reader(tmp_path, hold_s=4, timeout_s=30)
@@ -120,7 +120,6 @@ def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     assert spill_files_named(done.stderr) == []
 
 
-@pytest.mark.slow  # launches processes
 def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes(tmp_path: Path) -> None:
     """kill -TERM -PGID to a 2-rank DuckDB (gather) job while a reader holds the file to the end:
     rank 0 cannot write its own rows, rank 1's or the run's end. They go to the spill file the
@@ -173,7 +172,6 @@ def _copy_of(spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Pa
     return done.stderr, tmp_path / db.name, files
 
 
-@pytest.mark.slow  # launches processes
 def test_reader_longer_than_timeout_spills_and_import_completes(
     spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
 ) -> None:
@@ -209,7 +207,6 @@ def _resume_after_a_spilled_end(
     return again, db, first
 
 
-@pytest.mark.slow  # launches processes
 def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(
     spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
 ) -> None:
@@ -236,7 +233,6 @@ def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(
     assert _stored(other) == (2 * 1_000, float(2 * sum(range(1_000))), "success")
 
 
-@pytest.mark.slow  # launches processes
 def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(
     spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
 ) -> None:
@@ -306,7 +302,6 @@ def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, cap
     store.close()
 
 
-@pytest.mark.slow  # launches processes
 @pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
 def test_store_deleted_mid_run_spill_imports_into_its_own_run_only(tmp_path: Path, suffix: str) -> None:
     """Issue 38 points 2 and 3: run A's store is deleted mid-run (its later rows spilled), then run B
@@ -370,7 +365,6 @@ def _can_unshare() -> str | None:
 
 _NO_UNSHARE = _can_unshare() if sys.platform == "linux" else "mount namespaces are Linux-only"
 _needs_unshare = pytest.mark.skipif(_NO_UNSHARE is not None, reason=str(_NO_UNSHARE))
-_slow = pytest.mark.slow  # launches processes
 
 
 def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *extra: str):
@@ -387,7 +381,6 @@ def _on_full_disk(tmp_path: Path, suffix: str, size: str, spill_inside: bool, *e
     return done, out / db.name
 
 
-@_slow
 @_needs_unshare
 # calls enough to fill the disk several times over (DuckDB compresses: a bigger disk, more calls)
 @pytest.mark.parametrize("suffix,size,calls", [(".sqlite", "1m", 10_000), (".duckdb", "3m", 20_000)])
@@ -409,7 +402,6 @@ def test_full_disk_spills_elsewhere_and_import_recovers_every_value(
     assert (count, total) == _expected(calls)
 
 
-@_slow
 @_needs_unshare
 def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -> None:
     """spill_dir on the same full disk: the message counts the values lost, and the run is no success."""
@@ -423,7 +415,6 @@ def test_full_disk_with_the_spill_on_it_counts_the_values_lost(tmp_path: Path) -
     assert status != "success"
 
 
-@_slow
 @_needs_unshare
 def test_full_log_dir_leaves_no_short_metrics_csv_and_sets_the_rows_written_aside(tmp_path: Path) -> None:
     """The store on a disk with room, log_dir on a full one: the store holds every value (success),
@@ -458,7 +449,6 @@ def test_full_log_dir_leaves_no_short_metrics_csv_and_sets_the_rows_written_asid
     assert len(lines) == calls + 2 and lines[: len(partial) - 1] == partial[:-1]
 
 
-@pytest.mark.slow  # launches processes
 def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -> None:
     """The PostgreSQL server stops under a running logger and comes back: every row is written once
     it is back (held in memory meanwhile), and the run is a success."""
@@ -573,7 +563,6 @@ def _start_paused(server, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen
     return proc, url, stopped
 
 
-@pytest.mark.slow  # launches processes
 def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spilled(tmp_path: Path) -> None:
     """The server stops answering (SIGSTOP) mid-run, the writer inside a write: finalize still returns
     (finalize_timeout), the rows it could not store are in a spill file the message names with the
@@ -599,7 +588,6 @@ def test_postgres_paused_during_finalize_ends_within_its_bound_with_the_rows_spi
             assert query(url, ended.format(table, before_import)) == [("success", True)], table
 
 
-@pytest.mark.slow  # launches processes
 def test_postgres_paused_at_exit_without_finalize_the_process_still_ends_with_the_rows_spilled(tmp_path: Path) -> None:
     """A script that ends without finalize while the server does not answer (SIGSTOP): the exit
     hooks' flush is bounded (process_hooks.EXIT_FLUSH_TIMEOUT), the process ends, and the rows the
@@ -619,7 +607,6 @@ def test_postgres_paused_at_exit_without_finalize_the_process_still_ends_with_th
         assert (count, float(total)) == _expected(2000)
 
 
-@pytest.mark.slow  # launches processes
 def test_ctrl_c_during_a_flush_reaches_the_caller_and_loses_nothing(tmp_path: Path) -> None:
     """SIGINT while the main thread flushes into a server that does not answer: KeyboardInterrupt
     reaches the caller (it is no store refusal: the rows are not cut up or spilled), and once the
@@ -654,12 +641,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.slow  # a 2-rank DDP training
 def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_store(tmp_path: Path) -> None:
     """Gather transport (DuckDB, 2 DDP ranks) with a reader holding the file from mid-run past the end:
     rank 0 spills the rows it holds (its own and rank 1's), the run is not success, and the import
     adds every spilled value to the store."""
-    from tests.logger_helpers import train_cmd, train_env
+    from tests.helpers.logger_helpers import train_cmd, train_env
 
     db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
     cmd = train_cmd(db, tmp_path, "--steps", "60", "--sleep", "0.05", "--timeout", "3", "--spill-dir", str(spill))
@@ -702,7 +688,6 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     assert "never heard" not in listed.output and " success " in listed.output, listed.output
 
 
-@pytest.mark.slow  # launches processes
 def test_sqlite_reader_holding_a_read_transaction_across_the_end_costs_nothing(tmp_path: Path) -> None:
     """A second process keeps a SQLite read transaction open (BEGIN; SELECT ...) from mid-run until
     after the logger exited, past its `timeout`: in WAL mode a reader never blocks the writer, so

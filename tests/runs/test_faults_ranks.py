@@ -21,18 +21,18 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
-from tests.fault_ranks import rank_main, value
 from tests.helpers.launches import forkserver, join_ranks, start_ranks
+from tests.helpers.logger_helpers import query, ranks_stderr, spill_files_named
 from tests.helpers.processes import stop_process
-from tests.logger_helpers import query, ranks_stderr, spill_files_named
+from tests.scripts.fault_ranks import rank_main, value
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 JOIN_TIMEOUT_S = 120
 
 
 def _start(world: int, db: Path, spill_dir: str, calls: int, sync: Path, transport: str, timeout: float,
            *fault: object) -> list:
-    ctx = forkserver("tests.fault_ranks")
+    ctx = forkserver("tests.scripts.fault_ranks")
     return start_ranks(rank_main, world, str(db), spill_dir, calls, str(sync), transport, timeout, *fault, ctx=ctx)
 
 

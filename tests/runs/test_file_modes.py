@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import train_env
-
-pytestmark = pytest.mark.slow  # each test starts a process that imports Lightning
+from tests.helpers.logger_helpers import train_env
 
 # one process, one rank: MultiRankLogger and CSVLogger log the same calls, then a spill file
 _SCRIPT = r"""

@@ -11,7 +11,6 @@ import pytest
 from benchmarks.bench_gather_load import KEYS, _check_exactly_once, run_load
 
 
-@pytest.mark.slow
 def test_every_row_of_every_sender_is_stored_exactly_once(tmp_path: Path) -> None:
     """6 senders for 2 s (tens of thousands of calls each): run_load checks per rank the row count,
     distinct (seq, key), seq 0..n-1, and that no sender kept or spilled a row."""

@@ -22,11 +22,11 @@ import pytest
 
 from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.query.reader import open_store
-from tests.helpers.launches import free_port
-from tests.logger_helpers import query, rank_reports, train_cmd, train_env
+from tests.helpers.launches import REPO, SCRIPTS, free_port
+from tests.helpers.logger_helpers import query, rank_reports, train_cmd, train_env
 
 pytestmark = pytest.mark.timeout(240)
-TESTS = Path(__file__).parent
+TESTS = SCRIPTS
 LAUNCH_TIMEOUT_S = 150
 STEPS = 5
 
@@ -158,7 +158,7 @@ def test_torchrun_records_both_ranks_in_one_run(tmp_path: Path, suffix: str) -> 
         str(TESTS / "logger_train.py"), "--db", str(db), "--save-dir", str(tmp_path), "--steps", str(STEPS),
         "--report", str(tmp_path / "report"),
     ]
-    _finish(_start(cmd, tmp_path, PYTHONPATH=str(TESTS.parent)))
+    _finish(_start(cmd, tmp_path, PYTHONPATH=str(REPO)))
     reports = rank_reports(tmp_path / "report")
     assert sorted(reports) == [0, 1] and reports[0]["version"] == reports[1]["version"] == 0
     runs = query(db, "SELECT id, status, world_size FROM runs")
@@ -174,7 +174,7 @@ def test_fabric_log_dict_records_each_rank(tmp_path: Path) -> None:
     both; the version read before launch is rank 0's on both, and rank 0's environment holds no
     run-identity variable."""
     db = tmp_path / "runs.sqlite"
-    out = _finish(_start([sys.executable, str(TESTS / "logger_fabric.py"), str(db), str(STEPS)], tmp_path, PYTHONPATH=str(TESTS.parent)))
+    out = _finish(_start([sys.executable, str(TESTS / "logger_fabric.py"), str(db), str(STEPS)], tmp_path, PYTHONPATH=str(REPO)))
     said = sorted(re.findall(r"rank (\d) version (\d+) run (\d+)", out))
     assert said == [("0", "0", "1"), ("1", "0", "1")], out[-3000:]
     # read before launch: rank 1 learned rank 0's run from the environment Lightning's launcher gave

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import REPO, SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
 # LightningCLI needs jsonargparse[signatures], not among the package's test extras yet
 pytest.importorskip("jsonargparse")
 
-CLI = Path(__file__).with_name("logger_cli.py")
+CLI = SCRIPTS / "logger_cli.py"
 
 
 def _fit(cwd: Path) -> None:
@@ -23,7 +24,7 @@ def _fit(cwd: Path) -> None:
         "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.devices=1",
         "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
     ]
-    env = train_env() | {"PYTHONPATH": str(CLI.parent.parent)}
+    env = train_env() | {"PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.launches import forkserver, spawn_ranks
-from tests.logger_helpers import query, ranks_stderr
-from tests.logger_many_ranks import rank_main, value
+from tests.helpers.logger_helpers import query, ranks_stderr
+from tests.scripts.logger_many_ranks import rank_main, value
 
 pytestmark = pytest.mark.timeout(240)
 WORLD = 8
@@ -24,7 +24,7 @@ JOIN_TIMEOUT_S = 150
 def test_eight_ranks_write_one_sqlite_file_directly(tmp_path: Path) -> None:
     db, out = tmp_path / "runs.sqlite", tmp_path / "out"
     out.mkdir()
-    ctx = forkserver("tests.logger_many_ranks")
+    ctx = forkserver("tests.scripts.logger_many_ranks")
     args = (str(db), CALLS, str(out), "direct", 1, None, None, True)  # stderr to out/rank{r}.err
     assert spawn_ranks(rank_main, WORLD, *args, join_s=JOIN_TIMEOUT_S, ctx=ctx) == [0] * WORLD
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import query, train_cmd, train_env, wait_for_steps
+from tests.helpers.logger_helpers import query, train_cmd, train_env, wait_for_steps
 
 SEEN_STEPS = 3
 GRACE_S = 60  # a scheduler's grace period between SIGTERM and SIGKILL (generous: CI is slow, a hang is forever)

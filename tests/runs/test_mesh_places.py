@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from multirank_logger.judgement.places import mesh_clause, place_clause, rank_places
-from tests.helpers.launches import free_port, run_launch
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch
+from tests.helpers.logger_helpers import query, train_env
 
-TRAIN = Path(__file__).resolve().parent / "mesh_train.py"
+TRAIN = SCRIPTS / "mesh_train.py"
 RANKS, SHAPE = 6, (3, 2)
 
 
@@ -31,7 +31,7 @@ def mesh_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
            f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp / "runs.sqlite"),
            "--slow-from", "0"]  # fmt: skip (slow from the first step: a loaded host's hiccup before it moved one rank's first step)
-    proc = run_launch(cmd, cwd=tmp, env={**train_env(), "PYTHONPATH": str(TRAIN.parent.parent)}, timeout=300)
+    proc = run_launch(cmd, cwd=tmp, env={**train_env(), "PYTHONPATH": str(REPO)}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return tmp / "runs.sqlite"
 
@@ -97,7 +97,7 @@ def test_every_group_of_a_mesh_is_named_and_no_part_of_one() -> None:
     assert mesh_clause([0, 1], {0: {"host": "a"}, 1: places[1]}) == ""  # a rank without coordinates
 
 
-LIGHTNING_TRAIN = Path(__file__).resolve().parent / "model_parallel_train.py"
+LIGHTNING_TRAIN = SCRIPTS / "model_parallel_train.py"
 
 
 @pytest.mark.parametrize("transport", ["direct", "gather"])
@@ -108,7 +108,7 @@ def test_lightning_model_parallel_ranks_store_the_strategys_mesh(tmp_path: Path,
     mesh's."""
     db = tmp_path / "runs.sqlite"
     cmd = [sys.executable, str(LIGHTNING_TRAIN), "--db", str(db), "--transport", transport]
-    env = {**train_env(), "PYTHONPATH": str(LIGHTNING_TRAIN.parent.parent), "MASTER_PORT": str(free_port())}
+    env = {**train_env(), "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
     proc = run_launch(cmd, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert query(db, "SELECT status, world_size FROM runs") == [("success", 4)]

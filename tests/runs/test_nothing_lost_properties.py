@@ -143,7 +143,6 @@ def test_direct_on_a_disk_filling_up(backend: str, scenario: model.Scenario, spi
         shutil.rmtree(disk, ignore_errors=True)
 
 
-@pytest.mark.slow
 def test_direct_full_disk_keeps_every_accepted_value() -> None:
     """test_direct_on_a_disk_filling_up, in a subprocess with a 16 MiB tmpfs of its own (`unshare -m`)."""
     if model.no_unshare() is not None:
@@ -219,7 +218,6 @@ _gather_scenarios = st.lists(
 )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("finalize", [True, False], ids=["finalize", "exit-hooks"])
 @settings(max_examples=max(2, _examples(2) // 10), **_BOUNDED)
 @given(backend=st.sampled_from(sorted(BACKEND_SUFFIXES)), scenarios=_gather_scenarios)
@@ -235,7 +233,6 @@ def test_gather_two_ranks_keep_every_accepted_value(backend: str, scenarios: lis
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("finalize", [True, False], ids=["finalize", "exit-hooks"])
 @settings(max_examples=max(1, _examples(1) // 10), **_BOUNDED)
 @given(scenarios=_gather_scenarios)
@@ -256,7 +253,6 @@ _ONE_VALUE = model.Call({"b": 2.0}, step=0, stored_step=0, expected={"b": 2.0}, 
 _REFUSED = model.Call({"a": 1.0}, step="3", stored_step=model.REFUSED, expected={"a": 1.0}, refused=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("idle", [[], [_REFUSED]], ids=["no-call", "refused-call"])
 @pytest.mark.parametrize("idle_rank", [0, 1])
 def test_gather_rank_that_logged_nothing_ends_its_part_at_exit(idle_rank: int, idle: list[model.Call]) -> None:

@@ -22,11 +22,10 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.judgement.sentences import finding_sentence, followers_sentence, sentence_groups
 from multirank_logger.report import find
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
-pytestmark = pytest.mark.slow
-
-TRAIN = Path(__file__).with_name("origin_train.py")
+TRAIN = SCRIPTS / "origin_train.py"
 NAN_RANK = 2
 SPREAD = ("rank 2 train_loss NaN from step {s}; followed by ranks 0-1,3 at step {t} "
           "(every other rank within 1 step: spread through the gradient all-reduce)")  # fmt: skip

@@ -26,12 +26,12 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.report import find
-from tests.helpers.launches import free_port, run_launch
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch
+from tests.helpers.logger_helpers import query, train_env
 
 pytestmark = pytest.mark.timeout(300)
 
-TRAIN = Path(__file__).with_name("plain_train.py")
+TRAIN = SCRIPTS / "plain_train.py"
 RANKS = 3
 STEPS = 8
 LAUNCH_TIMEOUT_S = 180
@@ -43,7 +43,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
         "--report", str(tmp_path / "report"), *args,
     ]  # fmt: skip
-    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent)}
+    env = {**train_env(), "PYTHONPATH": str(REPO)}
     return run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
 
 
@@ -102,7 +102,7 @@ def test_a_spawned_rank_that_raises_fails_the_run_without_a_with_block(tmp_path:
     spawn wrapper catches the exception, so only its error file tells the exit it failed."""
     cmd = [sys.executable, str(TRAIN), "--spawn", str(RANKS), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
            "--report", str(tmp_path / "report"), "--raise-rank", "1", "--raise-at", "3", "--no-with"]  # fmt: skip
-    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = {**train_env(), "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     proc = run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode != 0 and "rank 1 fails at step 3" in proc.stderr, proc.stderr[-5000:]
     db = tmp_path / "runs.duckdb"
@@ -120,7 +120,7 @@ def test_srun_tasks_take_their_place_from_slurm_variables(tmp_path: Path) -> Non
     node (``SLURMD_NODENAME``, schema 0013), and the hosts ledger's exclude list uses it: task 2
     logs a NaN, its node is named in the run's kept verdict."""
     base = {k: v for k, v in train_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
-    base.update(PYTHONPATH=str(TRAIN.parent.parent), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+    base.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                 SLURM_NTASKS=str(RANKS), SLURM_JOB_ID="4242", SLURM_JOB_NAME="plain")  # fmt: skip
     places = {0: (0, 0), 1: (1, 0), 2: (0, 1)}  # task: (SLURM_LOCALID, SLURM_NODEID)
     # Slurm's name of the node, not this machine's host name (every task runs here: one host, one name)
@@ -196,7 +196,7 @@ def test_one_process_ends_and_sigterm_interrupts(tmp_path: Path) -> None:
     ``interrupted``, its rows kept. The run whose `finish("ok")` was refused is ended at exit, as
     ``interrupted`` too: the process ends by the SIGTERM."""
     db = tmp_path / "runs.sqlite"
-    env = {**train_env(), "PYTHONPATH": str(TRAIN.parent.parent)}  # this checkout, from tmp_path
+    env = {**train_env(), "PYTHONPATH": str(REPO)}  # this checkout, from tmp_path
     proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, str(db)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
     assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-5000:]

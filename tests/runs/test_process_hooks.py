@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.logger_helpers import query, run_training, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, run_training, train_env
 
-SCENARIOS = Path(__file__).with_name("hooks_scenarios.py")
+SCENARIOS = SCRIPTS / "hooks_scenarios.py"
 
-pytestmark = pytest.mark.slow  # each test starts a process
 
 
 def _run(*args: str) -> dict:

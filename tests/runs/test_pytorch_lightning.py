@@ -14,9 +14,10 @@ from click.testing import CliRunner
 
 from multirank_logger import MultiRankLogger, open_store
 from multirank_logger.cli import main as cli
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
-SCRIPT = Path(__file__).with_name("pl_train.py")
+SCRIPT = SCRIPTS / "pl_train.py"
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,6 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"db": db, "output": proc.stdout}
 
 
-@pytest.mark.slow
 def test_logger_is_both_packages_logger(launch: dict, tmp_path: Path) -> None:
     """Code that filters trainer.loggers by type finds it, under either package's Logger."""
     import lightning.pytorch
@@ -50,7 +50,6 @@ def test_logger_is_both_packages_logger(launch: dict, tmp_path: Path) -> None:
     assert isinstance(logger, (lightning.pytorch.loggers.Logger, lightning.pytorch.loggers.CSVLogger))
 
 
-@pytest.mark.slow
 def test_decision_audit_records_pytorch_lightning_checkpoints(launch: dict) -> None:
     """pytorch_lightning's ModelCheckpoint saves at every epoch (val_loss falls): each rank's row."""
     with open_store(launch["db"]) as reader:
@@ -60,14 +59,12 @@ def test_decision_audit_records_pytorch_lightning_checkpoints(launch: dict) -> N
     assert all(str(path).endswith(".ckpt") for path in df[df["rank"] == 0]["path"])
 
 
-@pytest.mark.slow
 def test_step_timer_records_every_rank(launch: dict) -> None:
     """StepTimer under pytorch_lightning's Trainer: every step of both ranks (2 a epoch, 3 epochs)."""
     rows = query(launch["db"], "SELECT rank, COUNT(*), MIN(forward_s) FROM step_timing GROUP BY rank ORDER BY rank")
     assert [(rank, count) for rank, count, _ in rows] == [(0, 6), (1, 6)] and all(r[2] > 0 for r in rows)
 
 
-@pytest.mark.slow
 def test_clean_run_report_says_nothing_stands_out(launch: dict) -> None:
     """Lightning's own FutureWarning, raised alike on every rank, is a notice shown apart; the
     report of a clean run ends saying nothing stands out."""

@@ -16,7 +16,7 @@ from ray.train.torch import TorchTrainer  # noqa: E402
 from multirank_logger import open_store  # noqa: E402
 from multirank_logger.integrations.ray_train import MultiRankRayCallback  # noqa: E402
 from multirank_logger.report import find  # noqa: E402
-from tests.logger_helpers import query  # noqa: E402
+from tests.helpers.logger_helpers import query  # noqa: E402
 
 STEPS = 8
 BAD_RANK, BAD_FROM = 1, 5

@@ -22,11 +22,10 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.report import find
 from tests.helpers.kept_verdict import assert_served_as_judged
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
-pytestmark = pytest.mark.slow
-
-TRAIN = Path(__file__).with_name("report_train.py")
+TRAIN = SCRIPTS / "report_train.py"
 STEPS = 50
 
 
@@ -151,7 +150,7 @@ def test_html_report_is_the_ui_page_in_one_file(db: Path, tmp_path: Path) -> Non
     import numpy as np
     from PIL import Image
 
-    from tests.ui_browser import chromium, requested_urls
+    from tests.helpers.ui_browser import chromium, requested_urls
 
     page = tmp_path / "report.html"
     result = CliRunner().invoke(main, ["report", str(db), "--run", "faulty", "-o", str(page)])
@@ -183,7 +182,7 @@ def test_the_page_names_the_ranks_the_report_names(db: Path, run: str) -> None:
     """Under every chart, the live page and the HTML report name the ranks the report names, and
     no other: the page's own rule once said "ranks departing: 0, 1, 2" under timing:forward_s of
     such a run, where the report found no straggler."""
-    from tests.page_agreement import page_and_report
+    from tests.helpers.page_agreement import page_and_report
 
     compared = page_and_report(db, run)
     assert [item for item in compared if list(item[1]) != list(item[2])] == []
@@ -302,7 +301,7 @@ def test_compare_draws_the_rank_picked_per_run_and_a_wall_time_axis(db: Path) ->
     import numpy as np
     from PIL import Image
 
-    from tests.ui_browser import chromium, served, wait_for
+    from tests.helpers.ui_browser import chromium, served, wait_for
 
     def painted() -> Any:
         over = driver.find_element("css selector", "section[data-series=train_loss] .u-over")

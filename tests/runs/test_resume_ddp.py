@@ -16,10 +16,11 @@ import pytest
 from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
 from multirank_logger.query.reader import open_store
 from tests.helpers.kept_verdict import assert_served_as_judged
-from tests.logger_helpers import query, train_env, wait_for_steps
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env, wait_for_steps
 
-pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]  # real multi-process trainings
-SCRIPT = Path(__file__).with_name("resume_train.py")
+pytestmark = pytest.mark.timeout(400)
+SCRIPT = SCRIPTS / "resume_train.py"
 LAUNCH_TIMEOUT_S = 150
 GRACE_S = 15
 

@@ -21,9 +21,9 @@ import pytest
 
 from multirank_logger.store.backends import public_name
 from tests.helpers.launches import forkserver, join_ranks, start_ranks
+from tests.helpers.logger_helpers import query, ranks_stderr
 from tests.helpers.stores import new_postgres_database, with_password
-from tests.logger_helpers import query, ranks_stderr
-from tests.logger_many_ranks import rank_main, value
+from tests.scripts.logger_many_ranks import rank_main, value
 
 pytestmark = pytest.mark.timeout(300)
 WORLD = 16
@@ -53,7 +53,7 @@ def _start(
     db: str, out: Path, transport: str, go: Path | None = None, *, world: int = WORLD, nodes: int = NODES,
     calls: int = CALLS, kill: dict[str, Any] | None = None, **options: Any,
 ) -> list[Any]:
-    ctx = forkserver("tests.logger_many_ranks")
+    ctx = forkserver("tests.scripts.logger_many_ranks")
     return start_ranks(rank_main, world, db, calls, str(out), transport, nodes, options, go and str(go), True, kill, ctx=ctx)
 
 

@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 
 from multirank_logger.store.sql_store import Store
-from tests.helpers.launches import free_port
+from tests.helpers.launches import REPO, SCRIPTS, free_port
 
 pytestmark = pytest.mark.timeout(240)
-SCRIPT = Path(__file__).with_name("shared_nothing_train.py")
+SCRIPT = SCRIPTS / "shared_nothing_train.py"
 #: launcher variables a test's own environment must not leak into a simulated host
 _LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "MULTIRANK_LOGGER_", "NODE_RANK", "LOCAL_RANK", "GROUP_RANK",
                       "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-REPO = SCRIPT.parent.parent
 _NODE_TIMEOUT_S = 150
 
 

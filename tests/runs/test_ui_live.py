@@ -10,12 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.logger_helpers import query, train_cmd, train_env
-from tests.ui_browser import chromium, outside, requested_urls, wait_for
-
-pytestmark = pytest.mark.slow
+from tests.helpers.logger_helpers import query, train_cmd, train_env
+from tests.helpers.ui_browser import chromium, outside, requested_urls, wait_for
 
 STEPS = 16
 

@@ -25,11 +25,10 @@ from click.testing import CliRunner
 from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.report import find
-from tests.logger_helpers import query, train_env
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
 
-pytestmark = pytest.mark.slow
-
-TRAIN = Path(__file__).with_name("watch_train.py")
+TRAIN = SCRIPTS / "watch_train.py"
 SECRET = "T0KEN-abc123"  # the webhooks' path: must never be shown or stored
 
 
@@ -178,7 +177,7 @@ def test_the_page_shows_alerts_live(trained: tuple[Path, str, list[dict[str, Any
 
     from multirank_logger.store.sql_store import Store
     from multirank_logger.ui.server import UiServer
-    from tests.ui_browser import chromium
+    from tests.helpers.ui_browser import chromium
 
     db = tmp_path / "runs.sqlite"  # a copy: the row this test adds is not the other tests' to see
     with sqlite3.connect(trained[0]) as src, sqlite3.connect(db) as dst:

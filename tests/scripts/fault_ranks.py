@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.logger_helpers import stderr_to_file
+from tests.helpers.logger_helpers import stderr_to_file
 
 
 def value(rank: int, call: int) -> float:

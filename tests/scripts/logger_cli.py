@@ -2,7 +2,7 @@
 
 from lightning.pytorch.cli import LightningCLI
 
-from tests.logger_train import TinyModel
+from tests.scripts.logger_train import TinyModel
 
 if __name__ == "__main__":
     LightningCLI(TinyModel)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.logger_helpers import stderr_to_file
+from tests.helpers.logger_helpers import stderr_to_file
 
 
 def value(rank: int, call: int) -> float:

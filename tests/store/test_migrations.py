@@ -21,7 +21,7 @@ from multirank_logger.model.schema import metadata
 from multirank_logger.store.backends import public_name
 from multirank_logger.store.sql_store import SCHEMA_HEAD, Store, _script, head_revision
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _created_on(item: object, dialect: str) -> bool:

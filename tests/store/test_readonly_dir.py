@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_readonly_sql import ROWS, _fill
+from tests.store.test_readonly_sql import ROWS, _fill
 
 
 def _can_mount_read_only() -> str | None:

@@ -33,7 +33,7 @@ from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.sinks import GatherReceiver
 from tests.helpers.launches import free_port
-from tests.logger_helpers import query, train_env
+from tests.helpers.logger_helpers import query, train_env
 
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
 

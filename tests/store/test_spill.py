@@ -22,13 +22,13 @@ from multirank_logger.write.buffer import RecordBuffer
 
 #: written by the SpillWriter of commit f090cc9 (format version 1, MRB1 payloads): run exp/version_0,
 #: rank 1, two frames; see _V1_ROWS
-V1_FILE = Path(__file__).parent / "data" / "spill_v1_mrb1.mrspill"
+V1_FILE = Path(__file__).parents[1] / "data" / "spill_v1_mrb1.mrspill"
 #: written by the SpillWriter of commit f958495 (format version 2: MRB1 metrics, then a side frame
 #: of one logs row and an end frame): run exp/version_0, rank 1
-V2_FILE = Path(__file__).parent / "data" / "spill_v2_mrb1_side_end.mrspill"
+V2_FILE = Path(__file__).parents[1] / "data" / "spill_v2_mrb1_side_end.mrspill"
 #: written by the SpillWriter of commit 368c8c9 (format version 4: Arrow metrics of 4 then 1 rows,
 #: a side frame of one logs row, hparams, an end): run exp/version_0, rank 1, uuid 0123...cdef
-V4_FILE = Path(__file__).parent / "data" / "spill_v4_arrow_side_hparams_end.mrspill"
+V4_FILE = Path(__file__).parents[1] / "data" / "spill_v4_arrow_side_hparams_end.mrspill"
 # (seq, step, key, value, dtype, time) of its rows, frame by frame
 _V1_ROWS = [
     [

@@ -254,7 +254,7 @@ def test_cli_says_each_damaged_frame_and_exits_1(written: tuple[Written, Path], 
 def test_a_length_past_any_bound_is_damage_not_an_allocation(tmp_path: Path) -> None:
     """A version 4 frame whose length says 2**60 bytes (one damaged byte): said unreadable at once,
     no read of that size tried (the process stays under 1 GiB)."""
-    data = bytearray((Path(__file__).parent / "data" / "spill_v4_arrow_side_hparams_end.mrspill").read_bytes())
+    data = bytearray((Path(__file__).parents[1] / "data" / "spill_v4_arrow_side_hparams_end.mrspill").read_bytes())
     first = data.index(b"\n") + 1
     data[first + 7] = 0x10  # the u64 length's high byte
     path = tmp_path / "x.mrspill"

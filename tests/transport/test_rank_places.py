@@ -10,7 +10,7 @@ from typing import Any
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.transport.rank_facts import data_parallel_index, fetch_facts, gpu_facts, publish_facts, rank_facts
-from tests.logger_helpers import query
+from tests.helpers.logger_helpers import query
 
 UUID = "5a7e1c2d-0b3f-4e51-9d2a-6c8b7f0e1a23"
 

@@ -410,7 +410,7 @@ def _test_ranks_ship_to_rank0(rank: int, world_size: int, port: int, out: str) -
 def test_gloo_ranks_ship_rows_to_rank0_in_order(tmp_path: Path) -> None:
     """3 gloo ranks: rank 1's small and chunked big batches arrive whole and in order; silent rank 2 finishes."""
     out = tmp_path / "rank0.json"
-    assert spawn_ranks(_test_ranks_ship_to_rank0, 3, str(out), ctx=forkserver("tests.test_transport")) == [0, 0, 0]
+    assert spawn_ranks(_test_ranks_ship_to_rank0, 3, str(out), ctx=forkserver("tests.transport.test_transport")) == [0, 0, 0]
     result = json.loads(out.read_text())
     expected = [s for s in range(150) for _ in "ab"] + [s for s in range(150, 150 + CHUNK_ROWS) for _ in "abc"]
     assert result["got"]["1"] == expected
@@ -453,7 +453,7 @@ def _test_rank0_dies(rank: int, world_size: int, port: int, out: str) -> None:
 def test_send_fails_fast_when_rank0_is_gone(tmp_path: Path) -> None:
     """SIGKILL rank 0 (and its TCPStore): the sender's next sends fail and hand back every unacknowledged row."""
     out = tmp_path / "rank1.json"
-    codes = spawn_ranks(_test_rank0_dies, 2, str(out), ctx=forkserver("tests.test_transport"))
+    codes = spawn_ranks(_test_rank0_dies, 2, str(out), ctx=forkserver("tests.transport.test_transport"))
     assert codes == [-signal.SIGKILL, 0]
     result = json.loads(out.read_text())
     assert result["failed_after_s"] is not None

@@ -19,8 +19,8 @@ from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.store.sql_store import Store
 from multirank_logger.ui.views import constant_key
 from multirank_logger.write.buffer import RecordBuffer
-from tests.test_every_series_draws import _covered, _median_blue, _shot, _x
-from tests.ui_browser import chromium, served, wait_for
+from tests.helpers.ui_browser import chromium, served, wait_for
+from tests.ui.test_every_series_draws import _covered, _median_blue, _shot, _x
 
 RANKS, STEPS = 3, 60
 

@@ -23,12 +23,12 @@ import pytest
 
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
-from tests.ui_browser import chromium, served, wait_for
+from tests.helpers.ui_browser import chromium, served, wait_for
 
 RANKS, STEPS, NAN_RANK, NAN_STEP = 3, 40, 1, 20
 EPOCH_ENDS = (9, 19, 29, 39)
 EMPTY_GREY = (235, 235, 235)  # app.js's heatmap cell where no value is
-SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
 def _loss(step: int, rank: int) -> float:

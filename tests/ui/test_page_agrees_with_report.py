@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from tests.helpers.page_agreement import page_and_report
 from tests.helpers.stores import keep_summaries
-from tests.page_agreement import page_and_report
-from tests.test_findings import _fill_side_store
-from tests.test_run_scan import RANKS, _rows
-from tests.test_step_buckets import _ragged_store
-from tests.test_ui import build_store
+from tests.query.test_run_scan import RANKS, _rows
+from tests.query.test_step_buckets import _ragged_store
+from tests.report.test_findings import _fill_side_store
+from tests.ui.test_ui import build_store
 
 
 def _disagreements(db: str, run: int | str | None = None) -> list[tuple[str, object, object]]:

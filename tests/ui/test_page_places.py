@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_finding_places import PER_HOST, RANKS, _build
-from tests.ui_browser import chromium, served, wait_for
+from tests.helpers.ui_browser import chromium, served, wait_for
+from tests.judgement.test_finding_places import PER_HOST, RANKS, _build
 
 #: the host number of ranks r % 3 = 0, 1, 2 (as text, node10 would come first)
 HOST_NUMBERS = (10, 2, 9)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from multirank_logger.cli import main
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
-from tests.ui_browser import chromium, served, wait_for
+from tests.helpers.ui_browser import chromium, served, wait_for
 
 RANKS, STEPS, NAN_FROM, SPREAD_AT = 3, 60, 24, 26  # rank 2 NaN from step 24, the others from 26
 

@@ -26,7 +26,7 @@ import pytest
 
 from multirank_logger.ui.server import UiServer
 from tests.helpers.stores import summaries_of
-from tests.ui_browser import chromium, outside, requested_urls, wait_for
+from tests.helpers.ui_browser import chromium, outside, requested_urls, wait_for
 
 RANKS, STEPS, KEYS = 16, 300, ("loss", "lr", "weight_norm")
 OUTLIER, NAN_RANK, NAN_STEP = 11, 4, 200

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import new_user_store as nu
-from tests.ui_browser import chromium, served, wait_for
+from tests.helpers.ui_browser import chromium, served, wait_for
 
-SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.judgement.ranks import departures
 from multirank_logger.watch.alerts import AlertOutlets, redact_url
-from tests.test_findings import _noisy
+from tests.report.test_findings import _noisy
 
 
 def _feed(values: np.ndarray, chunk: int = 7, seed: int = 0, keep_steps: int = 512) -> tuple[list, LiveJudgement]:
@@ -326,7 +326,7 @@ def test_under_fabric_the_watch_sees_from_the_first_logged_step(tmp_path) -> Non
     from lightning.fabric import Fabric
 
     from multirank_logger import MultiRankLogger
-    from tests.logger_helpers import query
+    from tests.helpers.logger_helpers import query
 
     db = tmp_path / "runs.duckdb"
     logger = MultiRankLogger(db=str(db), save_dir=str(tmp_path), name="fabric", flush_interval=0.05)

@@ -17,7 +17,7 @@ import torch
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import InvalidMetric
 from multirank_logger.write.buffer import MAX_KEY_BYTES
-from tests.logger_helpers import query
+from tests.helpers.logger_helpers import query
 
 
 class _Huge(enum.IntEnum):
