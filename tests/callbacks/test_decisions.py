@@ -1,5 +1,5 @@
 """DecisionAudit in one process (a real Trainer on CPU, a real SQLite store), and the read side
-of a store without decisions or logs. The 2-rank disagreement itself is in test_audit_ddp.py."""
+of a store without decisions or logs. The 2-rank disagreement itself is in tests/runs/test_audit_ddp.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""StepTimer in a real one-process fit on CPU (the 3-rank DDP runs are in test_report_ddp.py)."""
+"""StepTimer in a real one-process fit on CPU (the 3-rank DDP runs are in tests/runs/test_report_ddp.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
-from tests.query.test_query import _calls, _csvlogger_file, _store_calls
+from tests.helpers.logged_calls import csvlogger_file, store_calls, trainer_calls
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 
@@ -26,8 +26,8 @@ def _invoke(*args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def store(any_db: str) -> str:
-    """Two ranks of _calls, the run finished after 75 s (on each backend, the server too)."""
-    run_id = _store_calls(any_db, {0: _calls(0), 1: _calls(1)})
+    """Two ranks of trainer_calls, the run finished after 75 s (on each backend, the server too)."""
+    run_id = store_calls(any_db, {0: trainer_calls(0), 1: trainer_calls(1)})
     writer = Store(any_db)
     writer.update_run(run_id, status="success", started_at=T0, ended_at=T0 + 75)
     writer.close()
@@ -82,14 +82,14 @@ def test_export_writes_rank0_csv_to_stdout(store: str, tmp_path: Path) -> None:
     """Without -o the bytes go to stdout, \\r\\n included: CSVLogger's file exactly."""
     result = CliRunner().invoke(main, ["export", str(store)])
     assert result.exit_code == 0
-    assert result.stdout_bytes == _csvlogger_file(tmp_path, _calls(0))
+    assert result.stdout_bytes == csvlogger_file(tmp_path, trainer_calls(0))
 
 
 def test_export_rank_to_a_file(store: str, tmp_path: Path) -> None:
     out = tmp_path / "rank1.csv"
     code, text = _invoke("export", str(store), "--rank", "1", "--run", "lightning_logs/version_0", "-o", str(out))
-    assert (code, text) == (0, f"Wrote {len(_calls(1))} rows of rank 1 (lightning_logs/version_0) to {out}\n")
-    assert out.read_bytes() == _csvlogger_file(tmp_path, _calls(1))
+    assert (code, text) == (0, f"Wrote {len(trainer_calls(1))} rows of rank 1 (lightning_logs/version_0) to {out}\n")
+    assert out.read_bytes() == csvlogger_file(tmp_path, trainer_calls(1))
 
 
 def test_export_all_ranks_writes_one_file_per_rank(store: str, tmp_path: Path) -> None:
@@ -97,11 +97,11 @@ def test_export_all_ranks_writes_one_file_per_rank(store: str, tmp_path: Path) -
     code, text = _invoke("export", str(store), "--all-ranks", "-o", str(out))
     assert code == 0
     assert text.splitlines() == [
-        f"Wrote {len(_calls(r))} rows of rank {r} (lightning_logs/version_0) to {out / f'metrics_rank_{r}.csv'}"
+        f"Wrote {len(trainer_calls(r))} rows of rank {r} (lightning_logs/version_0) to {out / f'metrics_rank_{r}.csv'}"
         for r in (0, 1)
     ]
     for rank in (0, 1):
-        expected = _csvlogger_file(tmp_path / str(rank), _calls(rank))
+        expected = csvlogger_file(tmp_path / str(rank), trainer_calls(rank))
         assert (out / f"metrics_rank_{rank}.csv").read_bytes() == expected
 
 

@@ -15,7 +15,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.model.schema import runs
 from multirank_logger.store.sql_store import Store
-from tests.query.test_query import _calls, _store_calls
+from tests.helpers.logged_calls import store_calls, trainer_calls
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -23,7 +23,7 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 def _two_runs(db: Path) -> list[str]:
     """Two runs of two ranks; their UUIDs as the runs table holds them, in id order."""
     for _ in range(2):
-        _store_calls(db, {0: _calls(0, steps=4), 1: _calls(1, steps=4)})
+        store_calls(db, {0: trainer_calls(0, steps=4), 1: trainer_calls(1, steps=4)})
     store = Store(db)
     with store.engine.connect() as conn:
         uuids = list(conn.execute(sa.select(runs.c.run_uuid).order_by(runs.c.id)).scalars())

@@ -1,7 +1,7 @@
 """MultiRankLogger(capture_logs=...) and rank_aware_console() in one process, on real SQLite stores.
 
 The 2-rank behaviour (every rank's records in one store, the banner once on the job's console)
-is in test_audit_ddp.py; here: levels, the install/remove cycle, what the console shows.
+is in tests/runs/test_audit_ddp.py; here: levels, the install/remove cycle, what the console shows.
 """
 
 from __future__ import annotations

@@ -5,13 +5,9 @@ reader's Arrow and Polars frames."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
-import subprocess
-import sys
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,42 +19,9 @@ from multirank_logger.cli import main
 from multirank_logger.export.destination import public_url
 from multirank_logger.export.parquet import export_parquet
 from multirank_logger.store.sql_store import Store
+from tests.helpers.exported_rows import build_two_runs, comparable_rows, micros, stored_rows
 from tests.helpers.launches import free_port
-from tests.query.test_query import _calls, _store_calls
-
-COLUMNS = ("run_id", "rank", "seq", "step", "key", "value", "dtype", "time")
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _micros(t: Any) -> int:
-    """A time as microseconds since the epoch: a timezone-aware datetime (pyarrow, Polars, pandas),
-    or Spark's ``unix_micros``; a naive datetime or a float fails (times are UTC timestamps)."""
-    if isinstance(t, int):
-        return t
-    assert isinstance(t, datetime) and t.utcoffset() == timedelta(0), repr(t)
-    return (t - EPOCH) // timedelta(microseconds=1)
-
-
-def _row(d: dict[str, Any]) -> tuple[Any, ...]:
-    """A row comparable across engines: the value by its bits (NaN, -0.0, inf), the time in microseconds."""
-    value = d["value"]
-    return (int(d["run_id"]), int(d["rank"]), int(d["seq"]), int(d["step"]), d["key"],
-            "nan" if value is None or math.isnan(value) else float(value).hex(), int(d["dtype"]), _micros(d["time"]))  # fmt: skip
-
-
-def _rows(columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
-    return sorted(_row(dict(zip(COLUMNS, values))) for values in zip(*(columns[c] for c in COLUMNS)))
-
-
-def _store_rows(db: Path) -> list[tuple[Any, ...]]:
-    """Every stored metric row of every run, through the reader's Arrow frame."""
-    out: list[tuple[Any, ...]] = []
-    with open_store(db) as reader:
-        for run_id in reader.runs()["id"]:
-            table = reader.metrics(int(run_id), all_attempts=True, frame="arrow").to_pydict()
-            assert table["run_id"] == [int(run_id)] * len(table["rank"])
-            out += _rows(table)
-    return sorted(out)
+from tests.helpers.logged_calls import store_calls, trainer_calls
 
 
 def _partitions(db: Path) -> dict[int, str]:
@@ -80,15 +43,10 @@ _TEMPLATES: dict[str, Path] = {}
 
 @pytest.fixture
 def two_runs(db_path: Path, backend: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run 1: three ranks of _calls (NaN, inf, -0.0, ints, bools, late and odd keys); run 2: one
+    """Run 1: three ranks of trainer_calls (NaN, inf, -0.0, ints, bools, late and odd keys); run 2: one
     rank; run 3: no metric row. Built once per backend, copied per test."""
     if backend not in _TEMPLATES:
-        template = tmp_path_factory.mktemp("export-template") / db_path.name
-        _store_calls(template, {0: _calls(0), 1: _calls(1), 2: _calls(2)})
-        _store_calls(template, {0: _calls(0, 10)}, name="second")
-        store = Store(template)
-        store.create_run("empty", world_size=2)  # no metric row: an empty file every engine still reads
-        store.close()
+        template = build_two_runs(tmp_path_factory.mktemp("export-template") / db_path.name)
         _TEMPLATES[backend] = template
     for suffix in ("", "-wal"):
         source = _TEMPLATES[backend].with_name(db_path.name + suffix)
@@ -109,16 +67,16 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)])
     assert result.exit_code == 0, result.output
     assert "run 1" in result.output and "run 2" in result.output and "run 3" in result.output and "zstd" in result.output
-    expected = _store_rows(two_runs)
+    expected = stored_rows(two_runs)
     assert len(expected) > 700
 
     con = duckdb.connect()
     rel = con.sql(f"SELECT * FROM read_parquet('{dest}/metrics/**/*.parquet', hive_partitioning = true)")
-    assert _rows(rel.to_arrow_table().to_pydict()) == expected
+    assert comparable_rows(rel.to_arrow_table().to_pydict()) == expected
     lazy = pl.scan_parquet(f"{dest}/metrics/**/*.parquet", hive_partitioning=True)
-    assert _rows(lazy.collect().to_dict(as_series=False)) == expected
+    assert comparable_rows(lazy.collect().to_dict(as_series=False)) == expected
     dataset = ds.dataset(dest / "metrics", format="parquet", partitioning="hive")
-    assert _rows(dataset.to_table().to_pydict()) == expected
+    assert comparable_rows(dataset.to_table().to_pydict()) == expected
     # a key across ranks and steps reads by the row groups' min/max of key: the rows come sorted so
     for path in (dest / "metrics").rglob("*.parquet"):
         meta = pq.ParquetFile(path).metadata
@@ -138,7 +96,7 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
     assert again.exit_code == 0, again.output
     assert "run 1)" not in again.output
     assert sorted(p.name for p in (dest / "metrics" / partitions[1]).iterdir()) == before
-    assert _rows(ds.dataset(dest / "metrics", format="parquet", partitioning="hive").to_table().to_pydict()) == expected
+    assert comparable_rows(ds.dataset(dest / "metrics", format="parquet", partitioning="hive").to_table().to_pydict()) == expected
     assert not [p for p in dest.rglob("*") if p.name.startswith(".")]  # no hidden file left
 
 
@@ -164,7 +122,7 @@ def test_parquet_and_arrow_name_the_run_alike_and_keep_times_as_utc(two_runs: Pa
     assert metrics.schema.field("time").type == frame.schema.field("time").type == utc
     assert polars.schema["time"] == pl.Datetime("us", "UTC") and "run_id" in polars.columns
     stored = {(r, k, q): round(t * 1e6) for r, k, q, t in query(two_runs, "SELECT rank, key, seq, time FROM metrics WHERE run_id = 1")}
-    got = {(r, k, q): _micros(t) for r, k, q, t, i in zip(*(metrics.column(c).to_pylist()
+    got = {(r, k, q): micros(t) for r, k, q, t, i in zip(*(metrics.column(c).to_pylist()
                                                            for c in ("rank", "key", "seq", "time", "run_id"))) if i == 1}  # fmt: skip
     assert got == stored and len(got) > 300
     for table, column in (("runs", "started_at"), ("alerts", "seen_at"), ("step_timing", "time"), ("logs", "time")):
@@ -172,7 +130,7 @@ def test_parquet_and_arrow_name_the_run_alike_and_keep_times_as_utc(two_runs: Pa
         assert schema.field(column).type == utc and "run_id" in schema.names and "run" not in schema.names, table
     (started,) = query(two_runs, "SELECT started_at FROM runs WHERE id = 1")[0]
     runs = pl.scan_parquet(f"{dest}/runs/**/*.parquet", hive_partitioning=True).filter(pl.col("run_id") == 1).collect()
-    assert _micros(runs["started_at"][0]) == round(started * 1e6)
+    assert micros(runs["started_at"][0]) == round(started * 1e6)
     # a lake of the naming before (a `run` column, float times): refused with one line, not mixed
     old = tmp_path / "old-lake"
     (old / "runs" / "run_uuid=0000").mkdir(parents=True)
@@ -197,11 +155,11 @@ def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
     with open_store(two_runs) as reader:
         refs = [reader.resolve_run(1), reader.resolve_run(2)]
         done = export_parquet(reader, refs, url, window_rows=40)
-    assert done.destination == url and done.rows[1] + done.rows[2] == len(_store_rows(two_runs))
+    assert done.destination == url and done.rows[1] + done.rows[2] == len(stored_rows(two_runs))
     fs = fsspec.filesystem("memory")
     try:
         dataset = ds.dataset("/exports-test/lake/metrics", format="parquet", partitioning="hive", filesystem=fs)
-        assert _rows(dataset.to_table().to_pydict()) == _store_rows(two_runs)
+        assert comparable_rows(dataset.to_table().to_pydict()) == stored_rows(two_runs)
         con = duckdb.connect()
         con.register_filesystem(fs)
         count = con.sql(f"SELECT count(*) FROM read_parquet('{url}/metrics/**/*.parquet', hive_partitioning = true)")
@@ -232,12 +190,12 @@ def test_parquet_from_postgresql(postgres_server: Any, tmp_path: Path) -> None:
     from tests.helpers.stores import new_postgres_database
 
     url = new_postgres_database(postgres_server)
-    _store_calls(url, {0: _calls(0), 1: _calls(1)})  # a URL where a path is typed: Store takes either
+    store_calls(url, {0: trainer_calls(0), 1: trainer_calls(1)})  # a URL where a path is typed: Store takes either
     with open_store(url) as reader:
         done = export_parquet(reader, [reader.resolve_run(1)], str(tmp_path / "lake"), window_rows=100)
         expected = reader.metrics(1, all_attempts=True, frame="arrow").to_pydict()
     table = ds.dataset(tmp_path / "lake" / "metrics", format="parquet", partitioning="hive").to_table()
-    assert _rows(table.to_pydict()) == _rows(expected) and done.rows[1] == len(expected["rank"])
+    assert comparable_rows(table.to_pydict()) == comparable_rows(expected) and done.rows[1] == len(expected["rank"])
     assert str(table.schema.field("rank").type) == "int32" and str(table.schema.field("dtype").type) == "int16"
 
 
@@ -267,7 +225,7 @@ def test_parquet_to_a_local_s3_server(two_runs: Path, monkeypatch: pytest.Monkey
         assert "s3://lake-bucket/nightly" in result.output and secret not in result.output
         fs.invalidate_cache()
         dataset = ds.dataset("lake-bucket/nightly/metrics", format="parquet", partitioning="hive", filesystem=fs)
-        assert _rows(dataset.to_table().to_pydict()) == _store_rows(two_runs)
+        assert comparable_rows(dataset.to_table().to_pydict()) == stored_rows(two_runs)
         assert not [p for p in fs.find("lake-bucket") if "/." in p]  # no hidden file left
     finally:
         server.stop()
@@ -292,35 +250,6 @@ def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
     assert both.exit_code == 2 and "every rank" in both.output
     csv_runs = CliRunner().invoke(main, ["export", str(two_runs), "--all-runs", "-o", "x"])
     assert csv_runs.exit_code == 2 and "--format parquet or tensorboard" in csv_runs.output
-
-
-@pytest.mark.slow  # a JVM in a process of its own
-@pytest.mark.parametrize("backend", ["duckdb"])  # the same files from every backend: one JVM start (~10-20 s) is enough
-def test_spark_reads_every_row(two_runs: Path, tmp_path: Path) -> None:
-    """Spark in local mode (one session, in a process of its own) reads the dataset: every row
-    of every rank of every run, equal to the store's, the run from its Hive partition."""
-    pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")
-    dest = tmp_path / "lake"
-    result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o", str(dest)])
-    assert result.exit_code == 0, result.output
-    script = f"""
-import json
-from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master("local[1]").appName("multirank-export-test")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "1")
-         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")  # a quicker JVM start
-         .getOrCreate())
-from pyspark.sql import functions as F
-rows = spark.read.parquet({str(dest / 'metrics')!r}).withColumn("time", F.unix_micros("time")).collect()
-print(json.dumps([r.asDict() for r in rows]))
-spark.stop()
-"""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])  # json writes Spark's NaN as NaN, and reads it back
-    assert _rows({c: [r[c] for r in rows] for c in COLUMNS}) == _store_rows(two_runs)
 
 
 def test_tensorboard_every_rank_every_step(two_runs: Path, tmp_path: Path) -> None:
@@ -445,7 +374,7 @@ def test_device_stats_cuda_memory_in_the_report(tmp_path: Path) -> None:
     gib = 2**30
     per_rank = {rank: [({DEVICE_STATS_PEAK: float((3 if rank == 2 else 1) * gib + step), DEVICE_STATS_RETRIES: 0,
                          "train_loss": 1.0 / (step + 1)}, step) for step in range(20)] for rank in range(4)}  # fmt: skip
-    _store_calls(db, per_rank)
+    store_calls(db, per_rank)
     with open_store(db) as reader:
         found = find(reader)
     assert [(m["rank"], m["measure"]) for m in found.memory] == [(2, DEVICE_STATS_PEAK)]

@@ -6,11 +6,7 @@ and by TensorBoard's own event reader."""
 
 from __future__ import annotations
 
-import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +16,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.export.parquet import export_parquet
 from multirank_logger.export.run_identity import legacy_uuid, run_identity
-from tests.query.test_query import _calls, _store_calls
+from tests.helpers.logged_calls import store_calls, trainer_calls
 
 TABLES = ("metrics", "runs", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings", "verdicts")
 
@@ -33,7 +29,7 @@ def _export(db: Path, *args: str) -> str:
 
 def _store(path: Path, ranks: int, steps: int) -> Path:
     """A store of one run, lightning_logs/version_0 (run id 1): what every new store holds."""
-    _store_calls(path, {rank: _calls(rank, steps) for rank in range(ranks)})
+    store_calls(path, {rank: trainer_calls(rank, steps) for rank in range(ranks)})
     return path
 
 
@@ -189,10 +185,10 @@ def test_tensorboard_runs_that_clean_alike_get_a_folder_each(tmp_path: Path) -> 
     stores' lightning_logs/version_0 in one directory: a folder each, named with the run's
     short UUID; each holds its own run's points only."""
     db = tmp_path / "runs.duckdb"
-    _store_calls(db, {0: _calls(0, 10)}, name=".hidden")
-    _store_calls(db, {0: _calls(0, 20), 1: _calls(1, 20)}, name="_hidden")
+    store_calls(db, {0: trainer_calls(0, 10)}, name=".hidden")
+    store_calls(db, {0: trainer_calls(0, 20), 1: trainer_calls(1, 20)}, name="_hidden")
     other = _store(tmp_path / "other.duckdb", ranks=1, steps=15)
-    _store_calls(db, {0: _calls(0, 5)})  # lightning_logs/version_0 in this store too
+    store_calls(db, {0: trainer_calls(0, 5)})  # lightning_logs/version_0 in this store too
     tb = tmp_path / "tb"
     _export(db, "--format", "tensorboard", "--all-runs", "-o", str(tb))
     _export(other, "--format", "tensorboard", "-o", str(tb))
@@ -232,29 +228,3 @@ def test_tensorboard_re_export_replaces(tmp_path: Path) -> None:
     assert str(whole) in out and _points(whole) == once
 
 
-@pytest.mark.slow  # a JVM in a process of its own
-def test_spark_reads_two_stores_lake(tmp_path: Path) -> None:
-    """Spark in local mode reads the lake of two stores' run 1: each run's rows under its UUID."""
-    pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")
-    a = _store(tmp_path / "a.duckdb", ranks=2, steps=20)
-    b = _store(tmp_path / "b.duckdb", ranks=1, steps=10)
-    lake = tmp_path / "lake"
-    for db in (a, b):
-        _export(db, "--format", "parquet", "-o", str(lake))
-    script = f"""
-import json
-from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master("local[1]").appName("multirank-lake-test")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "1")
-         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-         .getOrCreate())
-counts = spark.read.parquet({str(lake / "metrics")!r}).groupBy("run_uuid", "run_id").count().collect()
-print(json.dumps([[r["run_uuid"], r["run_id"], r["count"]] for r in counts]))
-spark.stop()
-"""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    counts = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert sorted(map(tuple, counts)) == sorted([(_uuid(a), 1, _stored_rows(a)), (_uuid(b), 1, _stored_rows(b))])

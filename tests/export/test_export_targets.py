@@ -20,13 +20,13 @@ import pytest
 from click.testing import CliRunner
 
 from multirank_logger.cli import main
-from tests.query.test_query import _calls, _store_calls
+from tests.helpers.logged_calls import store_calls, trainer_calls
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     path = tmp_path / "runs.sqlite"
-    _store_calls(path, {0: _calls(0), 1: _calls(1)})
+    store_calls(path, {0: trainer_calls(0), 1: trainer_calls(1)})
     return path
 
 
@@ -53,7 +53,7 @@ def test_a_fifo_is_written_through_not_replaced(db: Path, tmp_path: Path) -> Non
     assert code == 0, out
     assert got == [expected]  # the reader got the CSV, byte for byte
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still a FIFO
-    assert f"Wrote {len(_calls(0))} rows of rank 0" in out
+    assert f"Wrote {len(trainer_calls(0))} rows of rank 0" in out
 
 
 def test_dev_null_stays_a_device(db: Path) -> None:

@@ -9,11 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from multirank_logger.store.sql_store import Store
+
+if TYPE_CHECKING:
+    from multirank_logger import MultiRankLogger
 
 TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "logger_train.py"
 
@@ -47,7 +50,7 @@ def query(db: Path, sql: str, **params: Any) -> list[tuple[Any, ...]]:
 
 
 def rank_reports(prefix: Path) -> dict[int, dict[str, Any]]:
-    """What each rank said about its logger after fit (tests/logger_train.py --report)."""
+    """What each rank said about its logger after fit (tests/scripts/logger_train.py --report)."""
     out = {}
     for path in prefix.parent.glob(prefix.name + ".*"):
         report = json.loads(path.read_text())
@@ -94,3 +97,21 @@ def wait_for_steps(proc: subprocess.Popen[str], steps: int, timeout: float) -> s
         if len(seen) == 2 and min(seen.values()) >= steps:
             return "".join(out)
     raise AssertionError("the launch did not reach the step in time:\n" + "".join(out)[-3000:])
+
+
+def held_logger(db: Path | str, **kwargs) -> MultiRankLogger:
+    """A logger whose writer waits an hour: its rows reach the store at save() and finalize alone."""
+    from multirank_logger import MultiRankLogger
+
+    kwargs.setdefault("flush_interval", 3600)
+    return MultiRankLogger(db=str(db), **kwargs)
+
+
+def logged_launch(db: Path | str, steps: range, tag: float, **kwargs) -> MultiRankLogger:
+    """One launch of a run: `tag` marks its values, so a test can tell launches apart."""
+    logger = held_logger(db, name="job", **kwargs)
+    for step in steps:
+        logger.log_metrics({"loss": tag + step, "step_only": step}, step=step)
+        logger.save()
+    logger.finalize("success")
+    return logger

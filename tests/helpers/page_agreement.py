@@ -1,5 +1,5 @@
 """What the page names under each chart against what the report finds, for the agreement tests
-(tests/test_page_agrees_with_report.py, and the DDP runs in tests/test_report_ddp.py)."""
+(tests/ui/test_page_agrees_with_report.py, and the DDP runs in tests/runs/test_report_ddp.py)."""
 
 from __future__ import annotations
 

@@ -10,67 +10,12 @@ sentence itself stays the watch's (no host in it).
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
 
 from multirank_logger.judgement.places import finding_ranks, place_clause, rank_places
-from tests.helpers.stores import keep_summaries
-
-RANKS, STEPS, PER_HOST = 12, 40, 4
-SLOW_HOST, NAN_HOST, ONE_RANK = 1, 2, 2  # node2 straggles, node3 NaNs, rank 2's grad_norm
-
-
-def _host(rank: int) -> str:
-    return f"node{rank // PER_HOST + 1}"
-
-
-def _uuid(rank: int) -> str:
-    return f"GPU-00000000-0000-0000-0000-{rank:012d}"
-
-
-def _build(db: str) -> str:
-    import sqlalchemy as sa
-
-    from multirank_logger.model.schema import encode_value, metrics, ranks, runs, step_timing
-    from multirank_logger.store.sql_store import Store
-
-    now = time.time()
-
-    def data_s(r: int, s: int) -> float:
-        return 0.2 if r // PER_HOST == SLOW_HOST and s >= 10 else 0.010 + 0.0005 * r
-
-    def value(r: int, s: int, key: str) -> float:
-        if key == "loss":
-            return math.nan if r // PER_HOST == NAN_HOST and s >= 25 else 1.0 + 0.01 * r
-        return math.nan if r == ONE_RANK and s >= 30 else 0.5 + 0.01 * r
-
-    store = Store(db)
-    try:
-        with store.begin() as conn:
-            conn.execute(sa.insert(runs), [{"id": 1, "name": "places", "version": 0, "status": "success",
-                                            "world_size": RANKS, "started_at": now}])  # fmt: skip
-            conn.execute(sa.insert(ranks), [
-                {"run_id": 1, "rank": r, "host": _host(r), "node_rank": r // PER_HOST, "local_rank": r % PER_HOST,
-                 "gpu_index": r % PER_HOST, "gpu_name": "NVIDIA H200", "gpu_uuid": _uuid(r), "dp_rank": r,
-                 "status": "success", "started_at": now, "ended_at": now + 5}
-                for r in range(RANKS)
-            ])  # fmt: skip
-            conn.execute(sa.insert(step_timing), [
-                {"run_id": 1, "rank": r, "seq": s, "step": s, "data_s": data_s(r, s), "forward_s": 0.02,
-                 "rest_s": 0.05, "batch_size": 8, "rss": 400 * 2**20, "time": now + s}
-                for r in range(RANKS) for s in range(STEPS)
-            ])  # fmt: skip
-            conn.execute(sa.insert(metrics), [
-                {"run_id": 1, "rank": r, "seq": 2 * s + i, "step": s, "key": key, "value": v, "dtype": dtype, "time": now}
-                for r in range(RANKS) for s in range(STEPS) for i, key in enumerate(("loss", "grad_norm"))
-                for v, dtype in [encode_value(value(r, s, key))]
-            ])  # fmt: skip
-            keep_summaries(conn, 1)
-    finally:
-        store.close()
-    return db
+from tests.helpers.places_store import build_places_store, gpu_uuid
 
 
 @pytest.mark.parametrize("suffix", [".sqlite", ".duckdb"])
@@ -79,7 +24,7 @@ def test_a_host_wide_problem_is_named_by_host_and_one_rank_by_its_host_and_gpu(t
     from multirank_logger.report import find
     from multirank_logger.report.render import findings_text
 
-    db = _build(str(tmp_path / f"runs{suffix}"))
+    db = build_places_store(str(tmp_path / f"runs{suffix}"))
     with open_store(db) as reader:
         found = find(reader)
     text = findings_text(found)
@@ -92,7 +37,7 @@ def test_a_host_wide_problem_is_named_by_host_and_one_rank_by_its_host_and_gpu(t
     loss = [line for line in non_finite if "loss" in line]
     assert len(loss) == 1 and loss[0].startswith("ranks 8-11 loss NaN from step 25; every rank of node3;"), non_finite
     [grad] = [line for line in non_finite if "grad_norm" in line]
-    assert f"; on node1, GPU 2 (NVIDIA H200, {_uuid(2)})" in grad
+    assert f"; on node1, GPU 2 (NVIDIA H200, {gpu_uuid(2)})" in grad
     # the page's items: the same place, beside the sentence (the watch words the sentence alike)
     items = found.to_dict()
     for item in items["stragglers"]:
@@ -103,9 +48,9 @@ def test_a_host_wide_problem_is_named_by_host_and_one_rank_by_its_host_and_gpu(t
     assert [i["sentence"] for i in said["non_finite"] if i["key"] == "loss"] == ["ranks 8-11 loss NaN from step 25"]
     assert {i["said_with"] for i in items["stragglers"]} == {None, 4}
     [grad_item] = [i for i in items["non_finite"] if i["key"] == "grad_norm"]
-    assert grad_item["place"] == f"on node1, GPU 2 (NVIDIA H200, {_uuid(2)})" and "node1" not in grad_item["sentence"]
+    assert grad_item["place"] == f"on node1, GPU 2 (NVIDIA H200, {gpu_uuid(2)})" and "node1" not in grad_item["sentence"]
     # the ranks' list carries each rank's place
-    assert found.ranks[5]["gpu_index"] == 1 and found.ranks[5]["gpu_uuid"] == _uuid(5) and found.ranks[5]["dp_rank"] == 5
+    assert found.ranks[5]["gpu_index"] == 1 and found.ranks[5]["gpu_uuid"] == gpu_uuid(5) and found.ranks[5]["dp_rank"] == 5
 
 
 def _places(hosts: dict[str, range], gpu: bool = False) -> dict[int, dict]:

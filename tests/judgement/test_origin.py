@@ -1,7 +1,7 @@
 """Where a problem started (judgement/origin.py), said once (judgement/sentences.py), and the same
 answer from the watch fed as rows arrive and from the report over the stored run.
 
-The real 4-rank training whose NaN spreads through the all-reduce is tests/test_origin_ddp.py's;
+The real 4-rank training whose NaN spreads through the all-reduce is tests/runs/test_origin_ddp.py's;
 here planted runs: a random origin rank and step (the last step too), spread to every other rank
 within a few steps or not at all, on one key or two, the rows arriving in random interleavings.
 """

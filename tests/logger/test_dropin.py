@@ -36,8 +36,8 @@ from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.live_csv import LiveCsv
 from multirank_logger.model.csv_layout import csv_columns, format_calls, write_header
 from multirank_logger.transport.identity import ENV_PREFIX, RunIdentity, children_environment
+from tests.helpers.logged_calls import trainer_calls
 from tests.helpers.logger_helpers import query
-from tests.query.test_query import _calls
 
 METRICS = {"float": 0.3, "int": 1, "FloatTensor": torch.tensor(0.1), "IntTensor": torch.tensor(1)}
 
@@ -258,7 +258,7 @@ def test_live_file_is_csvloggers_through_rewrites(tmp_path: Path, db_path: Path)
     finalize; experiment.save() at random points too."""
     ours, theirs = _pair(tmp_path, db_path, flush_logs_every_n_steps=1000)
     rng = random.Random(15)
-    for metrics, step in _calls(0):
+    for metrics, step in trainer_calls(0):
         _both((ours, theirs), metrics, step)
         assert _file(ours) == _file(theirs)
         if rng.random() < 0.15:
@@ -348,7 +348,7 @@ def test_writer_leaves_the_file_to_save_while_saves_come(tmp_path: Path) -> None
 def test_left_in_place_after_a_failed_run(tmp_path: Path, db_path: Path) -> None:
     """finalize("failed") leaves every row logged in metrics.csv, as CSVLogger's save() there does."""
     ours, theirs = _pair(tmp_path, db_path)
-    for metrics, step in _calls(0, steps=30):
+    for metrics, step in trainer_calls(0, steps=30):
         _both((ours, theirs), metrics, step)
     ours.finalize("failed")
     theirs.finalize("failed")
@@ -417,7 +417,7 @@ def test_file_removed_during_the_run_is_whole_at_the_end(tmp_path: Path, db_path
     """metrics.csv deleted mid-run (by hand, a cleanup job): the next write starts a file with its
     header, not a headerless append, and the end writes CSVLogger's whole file from the store."""
     ours, theirs = _pair(tmp_path, db_path)
-    calls = list(_calls(0, steps=30))
+    calls = list(trainer_calls(0, steps=30))
     for metrics, step in calls[:15]:
         _both((ours, theirs), metrics, step)
     ours.experiment.save()
@@ -461,7 +461,7 @@ def test_unfinalized_logger_at_exit_leaves_the_file_and_no_logging_error(tmp_pat
     assert (tmp_path / "logs" / "lightning_logs" / "version_0" / "metrics.csv").read_bytes() == b"a,step\r\n1.0,0\r\n"
 
 
-# -- experiment (on other ranks: the do-nothing one, seen in tests/test_dropin_ddp.py) -------------
+# -- experiment (on other ranks: the do-nothing one, seen in tests/runs/test_dropin_ddp.py) -------------
 
 
 def test_experiment_is_csvloggers_on_rank_0(tmp_path: Path, db_path: Path) -> None:
@@ -562,7 +562,7 @@ def test_logger_kept_alive_leaves_no_variable_in_the_environment(tmp_path: Path,
     """A logger used and kept alive, never finalized (a failed test's traceback holds it; a
     notebook): nothing in os.environ, so nothing in every subprocess started later (Lightning's
     harness fails the test on it). Rank 0's run is in the environment of the children Lightning's
-    launcher starts, while it starts them, and only there (tests/test_logger_ddp.py: a real launch)."""
+    launcher starts, while it starts them, and only there (tests/runs/test_logger_ddp.py: a real launch)."""
     env_before = dict(os.environ)
     logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
     logger.log_metrics({"a": 1.0}, step=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.query.test_hosts import build_ledger_store
+from tests.helpers.ledger_store import build_ledger_store
 
 #: never needed to list the hosts (pandas alone was ~1 s of the cold command on the loaded machine)
 HEAVY = ("pandas", "torch", "lightning", "alembic", "matplotlib", "polars")

@@ -1,7 +1,7 @@
 """The package's layers: every import points down, no import circle, no branch on a backend's name.
 
 The table below is the architecture (docs/architecture.md draws it and lists the modules;
-tests/test_docs.py checks that page against this table and the tree). Imports are read from the
+tests/project/test_docs.py checks that page against this table and the tree). Imports are read from the
 source with ``ast``, at any depth: module level, inside functions and under ``TYPE_CHECKING``
 alike, since a type-only import back up is still a circle to a reader.
 

@@ -21,43 +21,8 @@ from multirank_logger.model.schema import encode_value, metrics, ranks, runs
 from multirank_logger.query.run_scan import scan_run
 from multirank_logger.report.findings import departures, outliers
 from multirank_logger.store.sql_store import Store
+from tests.helpers.planted_rows import KEYS, RANKS, STEPS, planted_rows
 from tests.helpers.stores import keep_summaries, new_postgres_database
-
-RANKS, STEPS, KEYS = 7, 240, ("a_loss", "b_acc", "c_flat")
-
-
-def _rows(seed: int) -> list[dict]:
-    """A 7-rank run: noisy keys, rank 5 departing on a_loss from step 100 and rank 2 on b_acc
-    for a stretch; NaN and inf; rank 6 missing some steps; some steps logged twice by a rank
-    (the later call, which wins, departs); a key every rank logs alike."""
-    rng = np.random.default_rng(seed)
-    out = []
-    seq = dict.fromkeys(range(RANKS), 0)
-    for step in range(STEPS):
-        for rank in range(RANKS):
-            if rank == 6 and step % 7 == 3:
-                continue
-            calls = 2 if (rank + step) % 23 == 0 else 1
-            for call in range(calls):
-                for key in KEYS:
-                    x = 1.0 + 0.1 * rng.standard_normal()
-                    if key == "a_loss" and rank == 5 and step >= 100:
-                        x += 3.0
-                    if key == "b_acc" and rank == 2 and 60 <= step < 140:
-                        x *= 5
-                    if key == "b_acc" and call == 1:
-                        x = 40.0  # the later call wins: a one-step spike, no finding
-                    if key == "c_flat":
-                        x = float(step)
-                    if (rank, step, key) == (3, 77, "a_loss"):
-                        x = float("nan")
-                    if (rank, step, key) in ((1, 5, "b_acc"), (1, 9, "b_acc")):
-                        x = float("inf") if step == 5 else float("-inf")
-                    value, dtype = encode_value(x)
-                    out.append({"run_id": 1, "rank": rank, "seq": seq[rank], "step": step, "key": key, "value": value,
-                                "dtype": dtype, "time": 0.0})  # fmt: skip
-                seq[rank] += 1
-    return out
 
 
 @pytest.fixture
@@ -69,7 +34,7 @@ def scan_store(any_db):
                                         "world_size": RANKS, "started_at": now}])  # fmt: skip
         conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success", "started_at": now}
                                         for r in range(RANKS)])  # fmt: skip
-        conn.execute(sa.insert(metrics), _rows(0))
+        conn.execute(sa.insert(metrics), planted_rows(0))
         keep_summaries(conn, 1)
     store.close()
     return any_db
@@ -117,7 +82,7 @@ def test_the_pass_lays_out_steps_and_ranks_missing_from_a_window(any_db, stride:
     too), and steps
     far apart (every 50th: the sparse lay-out): the per-step statistics and each rank's steps
     are those of the per-rank tables, whatever the window."""
-    rows = [dict(row, step=row["step"] * stride) for row in _rows(1)
+    rows = [dict(row, step=row["step"] * stride) for row in planted_rows(1)
             if not (30 <= row["step"] < 40 and row["step"] != 35)  # a gap: only step 35 of 30-39
             and not (row["rank"] == 4 and 150 <= row["step"] < 200)  # rank 4 absent for 50 steps
             and not (row["rank"] == 0 and 200 <= row["step"] < 220)]  # and rank 0, the lowest, for 20
@@ -156,7 +121,7 @@ def test_postgresql_windows_are_read_through_the_rank_step_index(postgres_server
     url = new_postgres_database(postgres_server)
     store = Store(url)
     now = time.time()
-    rows = _rows(0)
+    rows = planted_rows(0)
     extra = []
     for step in range(STEPS):  # rank 9: no `ranks` row, beyond world_size 7
         value, dtype = encode_value(1.0)

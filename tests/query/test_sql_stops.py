@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.errors import QueryTimedOut
-from tests.store.test_readonly_sql import _fill
+from tests.helpers.built_stores import fill_loss_rows
 
 ENDLESS = {
     ".sqlite": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) AS n FROM c",
@@ -52,7 +52,7 @@ def _wait_until_reading(proc: subprocess.Popen[str], db: Path, limit_s: float = 
 def test_ctrl_c_stops_a_running_sql_query(tmp_path: Path, suffix: str) -> None:
     """SIGINT while the query runs: the process ends within seconds, exit 130, one line saying so."""
     db = tmp_path / f"runs{suffix}"
-    _fill(str(db))
+    fill_loss_rows(str(db))
     proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "sql", str(db), ENDLESS[suffix]],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -73,7 +73,7 @@ def test_ctrl_c_stops_a_running_sql_query(tmp_path: Path, suffix: str) -> None:
 def test_sql_timeout_stops_the_query_with_a_clear_error(tmp_path: Path, suffix: str) -> None:
     """`sql --timeout 1`: the query ends about a second later, with one `Error:` line saying what to do."""
     db = tmp_path / f"runs{suffix}"
-    _fill(str(db))
+    fill_loss_rows(str(db))
     start = time.monotonic()
     result = CliRunner().invoke(main, ["sql", str(db), ENDLESS[suffix], "--timeout", "1"])
     assert time.monotonic() - start < 1 + STOPS_WITHIN_S
@@ -84,14 +84,14 @@ def test_sql_timeout_stops_the_query_with_a_clear_error(tmp_path: Path, suffix: 
 def test_sql_timeout_leaves_a_quick_query_alone(tmp_path: Path) -> None:
     """A query that ends in time answers as without --timeout."""
     db = tmp_path / "runs.sqlite"
-    _fill(str(db))
+    fill_loss_rows(str(db))
     result = CliRunner().invoke(main, ["sql", str(db), "SELECT count(*) AS n FROM metrics", "--timeout", "30", "--format", "csv"])
     assert result.exit_code == 0 and result.output == "n\n20\n", result.output
 
 
 def test_postgres_query_past_its_timeout_is_cancelled(postgres_url: str) -> None:
     """PostgreSQL: the timeout sends the server a cancel request; the reader answers the next query."""
-    _fill(postgres_url)
+    fill_loss_rows(postgres_url)
     reader = open_store(postgres_url)
     start = time.monotonic()
     with pytest.raises(QueryTimedOut):

@@ -14,6 +14,7 @@ from multirank_logger.model.schema import encode_value, metrics
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import summarize
 from multirank_logger.store.sql_store import Store
+from tests.helpers.built_stores import ragged_store
 from tests.helpers.stores import keep_summaries
 
 RANKS, STEPS = 3, 10
@@ -67,33 +68,6 @@ def test_summary_per_rank_and_bucket_marks_nan_and_inf(any_db: str) -> None:
     assert all(v is not None and v < 100 for v in band["hi"])  # key "b" is not in key "a"'s summary
 
 
-def _ragged_store(db: str) -> int:
-    """5 ranks x 47 steps x 3 keys: NaN, +inf and -inf; rank 4 misses some steps and logs key "c"
-    never; key "b" ends at step 30; rank 2 departs on "a"."""
-    store = Store(db)
-    run = store.create_run("ragged", world_size=5)
-    rng = np.random.default_rng(3)
-    rows, seq = [], dict.fromkeys(range(5), 0)
-    for step in range(47):
-        for rank in range(5):
-            if rank == 4 and step % 5 == 2:
-                continue
-            for key in ("a", "b", "c"):
-                if (key == "b" and step > 30) or (key == "c" and rank == 4):
-                    continue
-                x = float(rng.standard_normal()) + (4.0 if (key, rank) == ("a", 2) else 0.0)
-                x = {(1, 9): math.nan, (3, 20): math.inf, (0, 33): -math.inf}.get((rank, step), x) if key == "a" else x
-                v, dtype = encode_value(x)
-                rows.append({"run_id": run.id, "rank": rank, "seq": seq[rank], "step": step, "key": key, "value": v,
-                             "dtype": dtype, "time": 0.0})  # fmt: skip
-                seq[rank] += 1
-    with store.begin() as conn:
-        conn.execute(sa.insert(metrics), rows)
-        keep_summaries(conn, run.id)
-    store.close()
-    return run.id
-
-
 @pytest.mark.parametrize("window_rows", [40, 10**6])
 def test_the_report_pass_summarizes_each_key_as_sql_does(any_db: str, window_rows: int) -> None:
     """``report -o`` takes each key's summary from the report's own pass (``BucketBuilder``), not
@@ -102,7 +76,7 @@ def test_the_report_pass_summarizes_each_key_as_sql_does(any_db: str, window_row
     buckets, some missing a rank's step)."""
     from multirank_logger.query.run_scan import scan_run
 
-    run_id = _ragged_store(any_db)
+    run_id = ragged_store(any_db)
     reader = open_store(any_db)
     try:
         ref = reader.resolve_run(run_id)
@@ -124,7 +98,7 @@ def test_a_key_new_since_the_pass_began_is_left_out_not_taken_for_another(any_db
     left out (DuckDB names keys by a hash's low bits: they must be checked, not trusted)."""
     from multirank_logger.query.run_scan import scan_run
 
-    run_id = _ragged_store(any_db)
+    run_id = ragged_store(any_db)
     reader = open_store(any_db)
     try:
         ref = reader.resolve_run(run_id)

@@ -1,6 +1,6 @@
 """The robust departure test behind outlier ranks and stragglers, and the plots, on step x rank tables.
 
-The DDP runs in test_report_ddp.py check the whole report; here the detection meets many
+The DDP runs in tests/runs/test_report_ddp.py check the whole report; here the detection meets many
 noisy runs (seeded), so a false alarm on the normal spread of shards would show.
 """
 
@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from multirank_logger.report.findings import departures
-from tests.helpers.stores import keep_summaries
+from tests.helpers.built_stores import fill_side_store
+from tests.helpers.planted_rows import noisy_losses
 
 pytest.importorskip("matplotlib", reason="the plot tests need matplotlib (pip install -e '.[test]')")
 
@@ -24,24 +25,17 @@ def _table(values: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(values, index=pd.Index(np.arange(len(values)), name="step"), columns=range(values.shape[1]))
 
 
-def _noisy(seed: int, ranks: int, steps: int = 200) -> np.ndarray:
-    """A decaying loss per rank with each shard's own noise and a per-shard offset."""
-    rng = np.random.default_rng(seed)
-    trend = 2.0 * np.exp(-np.arange(steps) / 60)[:, None] + 0.3
-    return trend * (1 + 0.05 * rng.standard_normal(ranks)) + 0.2 * trend * rng.standard_normal((steps, ranks))
-
-
 @pytest.mark.parametrize("ranks", [3, 4, 8, 32])
 def test_no_departure_in_normal_shard_noise(ranks: int) -> None:
     """50 seeded runs of noisy, decaying losses (each shard its own noise and offset): no finding."""
-    found = [(seed, departures(_table(_noisy(seed, ranks)))) for seed in range(50)]
+    found = [(seed, departures(_table(noisy_losses(seed, ranks)))) for seed in range(50)]
     assert [f for f in found if f[1]] == []
 
 
 @pytest.mark.parametrize("ranks", [3, 8, 32])
 def test_runaway_rank_found_from_its_first_step(ranks: int) -> None:
     """One rank at 20x from step 120: found, from step 120, about 20x the median."""
-    values = _noisy(1, ranks)
+    values = noisy_losses(1, ranks)
     values[120:, ranks - 1] *= 20
     (item,) = departures(_table(values))
     assert item["rank"] == ranks - 1 and item["first_step"] == 120 and item["last_step"] == 199
@@ -50,7 +44,7 @@ def test_runaway_rank_found_from_its_first_step(ranks: int) -> None:
 
 def test_small_persistent_shift_found() -> None:
     """A rank shifted by several widths of the shards' noise from step 50 (less than its value) is found."""
-    values = _noisy(2, 8)
+    values = noisy_losses(2, 8)
     shifted = values.copy()
     shifted[50:, 3] += 15 * 0.2 * 0.3 * 1.5  # well past the noise, a fraction of the value
     assert [i["rank"] for i in departures(_table(shifted))] == [3]
@@ -78,14 +72,14 @@ def test_a_straggler_is_found_from_its_first_step_through_a_few_noisy_steps() ->
 
 def test_a_short_stretch_alone_is_no_finding() -> None:
     """Four departing steps, then the rank back among the others: no persistent departure."""
-    values = _noisy(4, 4)
+    values = noisy_losses(4, 4)
     values[100:104, 1] *= 30
     assert departures(_table(values)) == []
 
 
 def test_spikes_are_not_persistent() -> None:
     """Single-step spikes on one rank (every 10th step) are not a persistent departure."""
-    values = _noisy(3, 4)
+    values = noisy_losses(3, 4)
     values[::10, 2] *= 50
     assert departures(_table(values)) == []
 
@@ -100,7 +94,7 @@ def test_higher_only_ignores_faster_ranks() -> None:
 
 def test_two_ranks_and_identical_ranks_give_nothing() -> None:
     """Fewer than 3 ranks at a step, or ranks equal at every step (synced values): no departure."""
-    assert departures(_table(_noisy(0, 2))) == []
+    assert departures(_table(noisy_losses(0, 2))) == []
     assert departures(_table(np.tile(np.arange(100.0)[:, None], (1, 5)))) == []
 
 
@@ -113,7 +107,7 @@ def test_plot_one_line_per_rank() -> None:
     """Up to MAX_LINES ranks: one line per rank, the outlier labelled; the PNG has SIZE_PX pixels."""
     from multirank_logger.report.plots import SIZE_PX, figure_png, plot_key
 
-    figure = plot_key(_table(_noisy(0, 4)), "train_loss", outliers=[2])
+    figure = plot_key(_table(noisy_losses(0, 4)), "train_loss", outliers=[2])
     (ax,) = figure.axes
     assert [line.get_label() for line in ax.lines] == ["rank 0", "rank 1", "rank 2 (outlier)", "rank 3"]
     assert [t.get_text() for t in ax.texts] == ["rank 2"]
@@ -124,7 +118,7 @@ def test_plot_says_when_every_rank_logged_the_same_values() -> None:
     """A synced value draws one line over the others: the title says why only one shows."""
     from multirank_logger.report.plots import plot_key
 
-    table = _table(_noisy(0, 3))
+    table = _table(noisy_losses(0, 3))
     synced = table.copy()
     for rank in synced.columns:
         synced[rank] = table[0]
@@ -137,7 +131,7 @@ def test_plot_many_ranks_as_a_band() -> None:
     """Past MAX_LINES ranks: the others' range as a band and their median, the outliers drawn on top."""
     from multirank_logger.report.plots import MAX_LINES, plot_key
 
-    figure = plot_key(_table(_noisy(0, MAX_LINES * 4)), "train_loss", outliers=[5, 17])
+    figure = plot_key(_table(noisy_losses(0, MAX_LINES * 4)), "train_loss", outliers=[5, 17])
     (ax,) = figure.axes
     assert [line.get_label() for line in ax.lines] == ["their median", "rank 5 (outlier)", "rank 17 (outlier)"]
     assert len(ax.collections) == 1 and "range of 30 ranks" in [t.get_text() for t in ax.get_legend().get_texts()]
@@ -160,54 +154,8 @@ def test_missing_matplotlib_says_how_to_install() -> None:
 
 @pytest.fixture
 def side_store(any_db):
-    """A real store (each backend) holding one 3-rank run (`_fill_side_store`)."""
-    return _fill_side_store(any_db)
-
-
-def _fill_side_store(db: str) -> str:
-    """One 3-rank run in the store `db`: decisions the ranks split on, warnings and an error,
-    step timing where rank 0's RSS is twice the others', and metrics with a NaN, an inf and a -inf."""
-    import time
-
-    import sqlalchemy as sa
-
-    from multirank_logger.model.schema import decisions, encode_value, logs, metrics, ranks, runs, step_timing
-    from multirank_logger.store.sql_store import Store
-
-    now = time.time()
-    store = Store(db)
-    with store.begin() as conn:
-        conn.execute(sa.insert(runs), [{"id": 1, "name": "side", "version": 0, "status": "success", "world_size": 3,
-                                        "started_at": now}])  # fmt: skip
-        conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success",
-                                         "started_at": now, "ended_at": now + 5} for r in range(3)])  # fmt: skip
-        conn.execute(sa.insert(decisions), [
-            {"run_id": 1, "rank": r, "seq": seq, "step": 10 * (seq + 1), "callback": "ModelCheckpoint",
-             "monitor": "val_loss", "value": 1.0 + r, "vote": vote, "decision": False, "time": now}
-            for seq, votes in enumerate([(True, True, True), (True, False, False)]) for r, vote in enumerate(votes)
-        ])  # fmt: skip
-        conn.execute(sa.insert(logs), [
-            {"run_id": 1, "rank": r, "seq": s, "time": now + s - r / 10, "level": level, "levelno": no, "logger": "train",
-             "message": msg}
-            for r in range(3) for s, (level, no, msg) in enumerate([("INFO", 20, "epoch done"),
-                                                                    ("WARNING", 30, "slow batch")])
-        ] + [{"run_id": 1, "rank": 2, "seq": 9, "time": now + 9, "level": "ERROR", "levelno": 40,
-              "logger": "train", "message": "CUDA error"}])  # fmt: skip
-        conn.execute(sa.insert(step_timing), [
-            {"run_id": 1, "rank": r, "seq": s, "step": s, "data_s": 0.001, "forward_s": 0.01, "rest_s": 0.01,
-             "batch_size": 8, "rss": (2 if r == 0 else 1) * 400 * 2**20, "time": now + s}
-            for r in range(3) for s in range(20)
-        ])  # fmt: skip
-        conn.execute(sa.insert(metrics), [
-            {"run_id": 1, "rank": r, "seq": s, "step": s, "key": key, "value": v, "dtype": dtype, "time": now}
-            for r in range(3) for s in range(20)
-            for key, x in (("loss", float("nan") if (r, s) in ((1, 7), (1, 9)) else 1.0),
-                           ("grad", float("inf") if (r, s) == (2, 3) else float("-inf") if (r, s) == (2, 5) else 0.5))
-            for v, dtype in [encode_value(x)]
-        ])  # fmt: skip
-        keep_summaries(conn, 1)
-    store.close()
-    return db
+    """A real store (each backend) holding one 3-rank run (`fill_side_store`)."""
+    return fill_side_store(any_db)
 
 
 def test_report_reads_decisions_logs_and_memory(side_store) -> None:
@@ -259,7 +207,7 @@ def test_report_on_a_psycopg2_store(postgres_url: str) -> None:
     from multirank_logger.cli import main
 
     url = make_url(postgres_url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
-    _fill_side_store(url)
+    fill_side_store(url)
     result = CliRunner().invoke(main, ["report", url])
     assert result.exit_code == 0, result.output
     assert "CUDA error" in result.output and "rss" in result.output

@@ -1,5 +1,5 @@
 """`MultiRankTracker` (integrations/accelerate_tracker.py) in a real Accelerate launch:
-tests/accelerate_train.py, 2 processes on CPU over gloo, each logging its own loss through
+tests/scripts/accelerate_train.py, 2 processes on CPU over gloo, each logging its own loss through
 ``tracker.log`` (Accelerate calls trackers on the main process only).
 
 Launched with torchrun, not ``accelerate launch --cpu --num_processes 2``: on CPU, Accelerate 1.15's

@@ -1,4 +1,4 @@
-"""Real 2-rank DDP trainings where the ranks disagree (tests/audit_train.py): DecisionAudit and log capture.
+"""Real 2-rank DDP trainings where the ranks disagree (tests/scripts/audit_train.py): DecisionAudit and log capture.
 
 Two launches: SQLite (direct transport) with the plain console, DuckDB (gather transport: rank
 1's rows travel to rank 0) with the rank-aware console. Each test reads one behaviour.

@@ -8,7 +8,7 @@ a positive peak RSS, and a positive, finite ratio wherever the row names a peer.
 
 What it does not check: any timing. The numbers at these sizes mean nothing, and this
 machine is shared; no threshold on speed belongs in a test. The gather and gather_load
-sections are left out: bench_gather.py owns its sizes, and tests/test_gather_load.py runs
+sections are left out: bench_gather.py owns its sizes, and tests/runs/test_gather_load.py runs
 bench_gather_load's measure itself.
 """
 

@@ -1,5 +1,5 @@
 """The oldest dependencies the project is said to work with: installed beside the environment
-(pip --target, no dependencies), a store written and read with them (tests/floor_reads.py).
+(pip --target, no dependencies), a store written and read with them (tests/scripts/floor_reads.py).
 
 - duckdb: the floor declared in pyproject.toml, read from it, so the test follows the declaration
   (1.1 up to 1.4.1 write a training but fail every read: no `to_arrow_table`).
@@ -11,7 +11,7 @@
   numpy 1 and do not import beside numpy 2 (nor does pandas 3 beside numpy 1). Not installed:
   typing-extensions 4.6 (torch itself needs 4.10's ``TypeIs``), torch (the environment's).
 - lightning: the floor declared in pyproject.toml (2.2.0), with ``setuptools<81`` (it imports
-  ``pkg_resources``, which setuptools 81 removed): a 2-rank DDP training (tests/logger_train.py)
+  ``pkg_resources``, which setuptools 81 removed): a 2-rank DDP training (tests/scripts/logger_train.py)
   whose ranks agree on the version read before fit and whose metrics.csv is that lightning's
   CSVLogger's, byte for byte.
 

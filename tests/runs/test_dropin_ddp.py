@@ -1,6 +1,6 @@
 """Rank 0's metrics.csv during a real 2-rank DDP training and after it fails, against CSVLogger.
 
-tests/dropin_train.py logs with CSVLogger and MultiRankLogger in one Trainer (gloo on CPU),
+tests/scripts/dropin_train.py logs with CSVLogger and MultiRankLogger in one Trainer (gloo on CPU),
 copies our metrics.csv aside while the run trains, and with ``--crash-at`` makes every rank
 raise mid-run. SQLite (every rank writes) and DuckDB (rank 0 writes what the others ship).
 """

@@ -3,7 +3,7 @@
 A process that exits without `finalize` (a Fabric script, a plain script, a forked child) must
 neither abort nor leave its run `running` forever. The abort came one exit in three or four, so
 each test repeats the exit: 20 forked children of one process, and Fabric launches (20, within
-a time budget) (tests/exit_without_finalize.py).
+a time budget) (tests/scripts/exit_without_finalize.py).
 """
 
 from __future__ import annotations

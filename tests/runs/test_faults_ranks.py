@@ -2,7 +2,7 @@
 "success", and the broken rank's rows are in a spill file its output names (import completes
 the run) or counted as lost.
 
-Plain processes over gloo (tests/fault_ranks.py) rather than Lightning ranks: the same channel
+Plain processes over gloo (tests/scripts/fault_ranks.py) rather than Lightning ranks: the same channel
 and store traffic, light enough for a 2-core machine.
 """
 

@@ -1,6 +1,6 @@
 """8 ranks writing one SQLite file at once (transport="direct"): no lock error, no row lost.
 
-Eight plain processes over gloo (tests/logger_many_ranks.py) rather than eight Lightning
+Eight plain processes over gloo (tests/scripts/logger_many_ranks.py) rather than eight Lightning
 ranks: the same store traffic, without eight Trainers on a 2-core machine.
 """
 

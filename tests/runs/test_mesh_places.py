@@ -1,6 +1,6 @@
 """A rank's place in a device mesh (schema 0013's ``ranks.mesh``, judgement/places.mesh_clause).
 
-One real run: tests/mesh_train.py, 6 ranks over gloo on CPU on a ``(3, 2)`` mesh (``dp`` x ``tp``)
+One real run: tests/scripts/mesh_train.py, 6 ranks over gloo on CPU on a ``(3, 2)`` mesh (``dp`` x ``tp``)
 built with ``torch.distributed.device_mesh.init_device_mesh`` and given to
 ``multirank_logger.init(mesh=...)``; tp group 1 (ranks 2-3) waits 50 ms more for its data from
 step 5. Each rank's coordinates are stored; the report's straggler names "every rank of tp group

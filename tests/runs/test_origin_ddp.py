@@ -1,4 +1,4 @@
-"""A NaN that starts on one rank and spreads through the gradient all-reduce (tests/origin_train.py,
+"""A NaN that starts on one rank and spreads through the gradient all-reduce (tests/scripts/origin_train.py,
 a real 4-rank DDP training over gloo on CPU): every surface names the rank where it started.
 
 Rank 2's batch is NaN at one step; every rank's loss is NaN from the next. The report lists rank 2

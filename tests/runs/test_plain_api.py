@@ -1,5 +1,5 @@
 """The plain API (``multirank_logger.init``, integrations/plain.py) in a torch.distributed script
-with no Lightning Trainer: tests/plain_train.py under ``python -m torch.distributed.run
+with no Lightning Trainer: tests/scripts/plain_train.py under ``python -m torch.distributed.run
 --nproc-per-node 3``, a tiny DDP loop on CPU over gloo, each rank logging its own loss.
 
 - a clean launch with rank 1 logging NaN from step 5: one run holding every rank's rows, the
@@ -12,7 +12,7 @@ with no Lightning Trainer: tests/plain_train.py under ``python -m torch.distribu
 - ranks started as ``srun`` starts its tasks (``SLURM_*`` only, no torchrun variables): each rank's
   place from Slurm's variables, every rank's rows in one run.
 
-The plain API in one process (no launcher) is the docs' example (tests/test_docs.py runs it).
+The plain API in one process (no launcher) is the docs' example (tests/project/test_docs.py runs it).
 """
 
 from __future__ import annotations

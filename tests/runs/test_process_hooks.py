@@ -1,4 +1,4 @@
-"""Process-wide hooks with real forks and real signals (tests/hooks_scenarios.py runs each
+"""Process-wide hooks with real forks and real signals (tests/scripts/hooks_scenarios.py runs each
 scenario in its own process)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The standalone ``pytorch_lightning`` package: one real 2-rank DDP training on its Trainer,
-LightningModule and ModelCheckpoint (tests/pl_train.py), with DecisionAudit and StepTimer, run
+LightningModule and ModelCheckpoint (tests/scripts/pl_train.py), with DecisionAudit and StepTimer, run
 as a user runs it (warnings on). Each test reads one behaviour of that one training."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`multirank-logger report` on real 3-rank DDP runs over gloo on CPU, with StepTimer.
 
-One store, two launches of tests/report_train.py on the same model: `faulty` (rank 1's data
+One store, two launches of tests/scripts/report_train.py on the same model: `faulty` (rank 1's data
 loader sleeps 100 ms per batch, rank 2's train_loss is 20x from step 20, rank 2 logs NaN for
 weight_norm from step 25) and `clean` (nothing injected).
 """

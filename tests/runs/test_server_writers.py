@@ -3,7 +3,7 @@
 16 ranks (4 simulated nodes: NODE_RANK/LOCAL_RANK as Lightning's launcher sets them) into a
 server started with max_connections=10, its own instance. Every rank opening its own connection
 (what "auto" chose before) crashed every rank at set-up with "too many clients already".
-Plain processes over gloo (tests/logger_many_ranks.py), forked from a server process that has
+Plain processes over gloo (tests/scripts/logger_many_ranks.py), forked from a server process that has
 imported torch and the logger, so that 16 of them share those pages.
 """
 

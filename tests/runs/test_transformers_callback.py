@@ -1,5 +1,5 @@
 """`MultiRankCallback` (integrations/transformers_callback.py) with Transformers' `Trainer` under
-``torchrun --nproc-per-node 2`` on CPU (gloo): tests/transformers_train.py, a tiny GPT-2 from a
+``torchrun --nproc-per-node 2`` on CPU (gloo): tests/scripts/transformers_train.py, a tiny GPT-2 from a
 config, random embeddings, no hub. One launch per scenario, shared by the tests that read it.
 """
 

@@ -1,9 +1,9 @@
-"""The watch on a real 4-rank DDP training over gloo on CPU (tests/watch_train.py, gather).
+"""The watch on a real 4-rank DDP training over gloo on CPU (tests/scripts/watch_train.py, gather).
 
 One training: rank 2 logs NaN for train_loss from step 40, rank 1's train_loss departs (x10) from
 step 60; ``StopOnAlert(kinds={"departure"})`` ends the fit. Two loggers watch it: ``watched``,
 whose webhook is a local HTTP server on 127.0.0.1, and ``hanging``, whose webhook accepts the
-connection and never answers. The clean run (no alert) is tests/test_report_ddp.py's.
+connection and never answers. The clean run (no alert) is tests/runs/test_report_ddp.py's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """An Accelerate script logging every process with `MultiRankTracker`: launched by
-tests/test_accelerate_tracker.py with ``accelerate launch --cpu --num_processes 2``.
+tests/runs/test_accelerate_tracker.py with ``accelerate launch --cpu --num_processes 2``.
 
 A tiny model on CPU over gloo, random tensors drawn per process (each its own loss). Accelerate
 calls trackers on the main process only (``accelerator.log``), so every process logs through the

@@ -11,7 +11,7 @@ Every rank also logs a banner (the same text on every rank), one line of its own
 alone a logging WARNING and a `warnings.warn`. Lightning's launcher re-runs this file for
 rank 1, so it is a script.
 
-Usage: python tests/audit_train.py --db DB --save-dir DIR [--console]
+Usage: python tests/scripts/audit_train.py --db DB --save-dir DIR [--console]
 """
 
 from __future__ import annotations

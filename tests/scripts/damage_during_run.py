@@ -1,6 +1,6 @@
-"""A DuckDB store damaged while the logger waits, for tests/test_damaged_store.py.
+"""A DuckDB store damaged while the logger waits, for tests/runs/test_damaged_store.py.
 
-Usage: python tests/damage_during_run.py DB SPILL_DIR
+Usage: python tests/scripts/damage_during_run.py DB SPILL_DIR
 
 Logs 20,000 calls of 10 keys (several blocks of the metrics table), lets the writer store them,
 overwrites 4 KB in the middle of one of the metrics table's data blocks (as a failing disk or

@@ -1,4 +1,4 @@
-"""A 2-rank DDP training that reads rank 0's metrics.csv while it trains, for tests/test_dropin_ddp.py.
+"""A 2-rank DDP training that reads rank 0's metrics.csv while it trains, for tests/runs/test_dropin_ddp.py.
 
 CSVLogger logs first and MultiRankLogger second, in one Trainer, so both get the same calls.
 A key appears late (the file must be rewritten with a wider header), and with ``--crash-at``
@@ -6,7 +6,7 @@ every rank raises at that step (the run fails; both files must be left as they w
 At the ``--snapshot-at`` steps, rank 0 waits (bounded) for our metrics.csv to hold the calls
 logged so far and copies it aside, so the test sees what a user tailing the file saw.
 
-Usage: python tests/dropin_train.py --db DB --save-dir DIR --csv-dir DIR [--crash-at N] ...
+Usage: python tests/scripts/dropin_train.py --db DB --save-dir DIR --csv-dir DIR [--crash-at N] ...
 """
 
 from __future__ import annotations

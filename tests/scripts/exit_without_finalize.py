@@ -1,10 +1,10 @@
-"""Processes that exit without `finalize`, for tests/test_exit_paths.py.
+"""Processes that exit without `finalize`, for tests/runs/test_exit_paths.py.
 
 Usage:
-    python tests/exit_without_finalize.py fabric DB STEPS   a 2-rank Fabric run (Lightning's launcher
+    python tests/scripts/exit_without_finalize.py fabric DB STEPS   a 2-rank Fabric run (Lightning's launcher
                                                             re-runs this script for rank 1) that never
                                                             calls finalize: the script just ends
-    python tests/exit_without_finalize.py fork DB N         a logger on DB, then N plain os.fork()s one
+    python tests/scripts/exit_without_finalize.py fork DB N         a logger on DB, then N plain os.fork()s one
                                                             after the other, each child logging and ending
                                                             with sys.exit(0); prints the children's exit
                                                             codes ("hung" for one killed) as JSON

@@ -1,4 +1,4 @@
-"""One process logging through MultiRankLogger while the test makes the store fail (test_faults.py).
+"""One process logging through MultiRankLogger while the test makes the store fail (tests/runs/test_faults.py).
 
 Logs ``--calls`` calls of ``--keys`` keys (value = seq * keys + k), in two halves: between them
 it writes the first half through, touches ``--ready``, waits for ``--go`` (the test has started

@@ -1,5 +1,5 @@
 """Plain processes over gloo (no Trainer) that log through MultiRankLogger while a test breaks
-something under one rank (tests/test_faults_ranks.py).
+something under one rank (tests/runs/test_faults_ranks.py).
 
 Each rank logs `calls` calls of two keys ("value" = rank * 1e6 + call, "call"), in two halves:
 after the first it flushes, touches ``ready{rank}`` in `sync_dir` and waits for ``go`` there

@@ -1,10 +1,10 @@
 """Write a small store through MultiRankLogger, then run the read commands on it, in one process.
 
-tests/test_dependency_floors.py runs this with an older duckdb or pandas first on PYTHONPATH: the
+tests/runs/test_dependency_floors.py runs this with an older duckdb or pandas first on PYTHONPATH: the
 store is written and read by the versions under test. Every command's output, and any
 FutureWarning it raised, is printed; the exit status is 1 when a command failed or warned.
 
-Usage: python tests/floor_reads.py DB SAVE_DIR
+Usage: python tests/scripts/floor_reads.py DB SAVE_DIR
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from multirank_logger import MultiRankLogger
 from multirank_logger.cli import main as cli
 
-#: the other packages whose version the first line names (test_dependency_floors.py checks them)
+#: the other packages whose version the first line names (tests/runs/test_dependency_floors.py checks them)
 FLOORED = ("numpy", "pyarrow", "sqlalchemy", "duckdb-engine", "alembic", "fsspec", "click", "pyyaml")
 #: each command with its arguments after the store
 COMMANDS = [["runs"], ["ranks", "loss"], ["logs"], ["decisions"], ["report"]]

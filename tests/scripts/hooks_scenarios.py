@@ -1,5 +1,5 @@
-"""Scenarios for tests/test_process_hooks.py, each run as its own process (forks and signals
-must not touch pytest's). Usage: python tests/hooks_scenarios.py fork|unused-fork|release|sigterm-in-setup DB"""
+"""Scenarios for tests/runs/test_process_hooks.py, each run as its own process (forks and signals
+must not touch pytest's). Usage: python tests/scripts/hooks_scenarios.py fork|unused-fork|release|sigterm-in-setup DB"""
 
 from __future__ import annotations
 

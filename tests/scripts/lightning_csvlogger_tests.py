@@ -17,7 +17,7 @@ Usage (LSRC needs only its ``tests/`` folder; two of the test files import cloud
 rich and scikit-learn let three more tests run):
     git clone --branch 2.6.5 --depth 1 https://github.com/Lightning-AI/pytorch-lightning LSRC
     pip install cloudpickle rich scikit-learn
-    python tests/lightning_csvlogger_tests.py LSRC [--backend sqlite|duckdb] [pytest args...]
+    python tests/scripts/lightning_csvlogger_tests.py LSRC [--backend sqlite|duckdb] [pytest args...]
 """
 
 from __future__ import annotations

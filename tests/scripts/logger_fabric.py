@@ -5,7 +5,7 @@ Linear model for a few steps, and finalizes the logger itself (Fabric does not).
 the version before ``fabric.launch()`` (rank 1 learns it from the environment the launcher gave
 it) and says which run-identity variables its environment holds once launched.
 
-Usage: python tests/logger_fabric.py DB STEPS
+Usage: python tests/scripts/logger_fabric.py DB STEPS
 """
 
 from __future__ import annotations

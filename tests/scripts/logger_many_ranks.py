@@ -3,8 +3,8 @@
 No Trainer: each process sets the launch's environment itself (RANK, WORLD_SIZE, MASTER_*;
 with `nodes` > 1, NODE_RANK and LOCAL_RANK as Lightning's launcher sets them on each of that
 many simulated hosts), joins the process group, builds a MultiRankLogger, logs `calls` calls
-of two keys and finalizes, as Lightning would. Used by tests/test_logger_many_ranks.py and
-tests/test_server_writers.py.
+of two keys and finalizes, as Lightning would. Used by tests/runs/test_logger_many_ranks.py and
+tests/runs/test_server_writers.py.
 
 Each rank writes ``rank{r}.json``: its transport, run, and the route of its rows (the writer
 that received them and the TCPStore they went to); rank 0 also writes ``launch_store.json``:

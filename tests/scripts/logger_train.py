@@ -4,7 +4,7 @@ Lightning's launcher (strategy="ddp") re-runs this script for ranks > 0, so it m
 file, not a function inside pytest. Each rank logs values that say which rank logged them:
 ``rank_value`` = 1000 * rank + step (never synced), ``synced`` (sync_dist=True).
 
-Usage: python tests/logger_train.py --db DB --save-dir DIR [--mode MODE] [--steps N] ...
+Usage: python tests/scripts/logger_train.py --db DB --save-dir DIR [--mode MODE] [--steps N] ...
 """
 
 from __future__ import annotations

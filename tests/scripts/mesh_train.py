@@ -1,5 +1,5 @@
 """A plain torch.distributed script on a 3 x 2 device mesh (``dp`` x ``tp``), launched by
-tests/test_mesh_places.py with ``python -m torch.distributed.run --nproc-per-node 6`` over gloo on CPU.
+tests/runs/test_mesh_places.py with ``python -m torch.distributed.run --nproc-per-node 6`` over gloo on CPU.
 
 ``init_device_mesh("cpu", (3, 2), mesh_dim_names=("dp", "tp"))``: ranks 0-1 are tp group 0 (dp 0),
 ranks 2-3 tp group 1 (dp 1), ranks 4-5 tp group 2. Three groups, not two: the straggler rule

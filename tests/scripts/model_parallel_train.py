@@ -1,5 +1,5 @@
 """A Lightning training under ``ModelParallelStrategy`` (2 data-parallel x 2 tensor-parallel ranks,
-gloo on CPU), launched by tests/test_mesh_places.py as ``python tests/model_parallel_train.py --db DB
+gloo on CPU), launched by tests/runs/test_mesh_places.py as ``python tests/scripts/model_parallel_train.py --db DB
 --transport T`` (Lightning starts the other three processes itself).
 
 The strategy builds its device mesh after the logger registered each rank (Lightning touches

@@ -5,7 +5,7 @@ gradient all-reduce carries it into every rank's weights, so every rank's loss i
 next step on. Each rank logs its own loss (no sync_dist). With ``--stop``,
 ``StopOnAlert(kinds={"non_finite"})`` ends the fit; rank 0 prints ``TRAINING ENDS AT STEP N``.
 
-Usage: python tests/origin_train.py --db DB --save-dir DIR --nan-step S --steps N
+Usage: python tests/scripts/origin_train.py --db DB --save-dir DIR --nan-step S --steps N
        [--flush-interval SECONDS] [--stop]
 """
 

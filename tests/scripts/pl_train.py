@@ -8,7 +8,7 @@ launcher re-runs this file for rank 1, so it is a script. Each rank reads the ve
 ``fit`` (rank 1 learns it from the environment pytorch_lightning's launcher gave it) and, at the
 start of fit, says which run-identity variables its environment holds.
 
-Usage: python tests/pl_train.py --db DB --save-dir DIR
+Usage: python tests/scripts/pl_train.py --db DB --save-dir DIR
 """
 
 from __future__ import annotations

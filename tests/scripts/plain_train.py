@@ -1,5 +1,5 @@
 """A plain torch.distributed script logging with ``multirank_logger.init`` (no Lightning Trainer):
-launched by tests/test_plain_api.py as users launch one: ``python -m torch.distributed.run
+launched by tests/runs/test_plain_api.py as users launch one: ``python -m torch.distributed.run
 --nproc-per-node N``; ``--spawn N`` (the script starts its ranks with ``torch.multiprocessing.spawn``);
 ``--slurm`` (one process per task, as ``srun`` starts them: the group's rank and size from
 ``SLURM_PROCID`` and ``SLURM_NTASKS``, ``MASTER_ADDR``/``MASTER_PORT`` set by the launcher).

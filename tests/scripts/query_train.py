@@ -5,7 +5,7 @@ Each rank logs what CSVLogger's file must reproduce: train steps, validation and
 epoch-end rows, an int, a NaN, a key that first appears late, a prefix, and
 ``rank_value`` = 1000 * rank + step, never synced, so each rank's export differs.
 
-Usage: python tests/query_train.py DB SAVE_DIR CSV_DIR
+Usage: python tests/scripts/query_train.py DB SAVE_DIR CSV_DIR
 """
 
 from __future__ import annotations

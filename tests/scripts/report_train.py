@@ -4,7 +4,7 @@ With ``--faults``: rank 1's data loader sleeps 100 ms per batch (a slow shard), 
 train_loss 20x its own from step 20 on, and rank 2 logs NaN for weight_norm from step 25 on.
 Without: the same model and data, nothing injected.
 
-Usage: python tests/report_train.py --db DB --save-dir DIR --name NAME [--faults] [--steps N] [--seed S]
+Usage: python tests/scripts/report_train.py --db DB --save-dir DIR --name NAME [--faults] [--steps N] [--seed S]
 """
 
 from __future__ import annotations

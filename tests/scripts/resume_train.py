@@ -4,7 +4,7 @@ Every rank logs ``rank_value`` = 1000 * rank + step and ``launch`` = --launch (w
 logged a step), and prints ``rank R step S`` so a test can preempt it mid-epoch. Checkpoints
 go to ``SAVE_DIR/ckpt`` (``last.ckpt`` every --ckpt-every steps and at each epoch's end).
 
-Usage: python tests/resume_train.py --db DB --save-dir DIR [--epochs N] [--resume] [--launch K] ...
+Usage: python tests/scripts/resume_train.py --db DB --save-dir DIR [--epochs N] [--resume] [--launch K] ...
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Every rank logs ``rank_value = 1000 * rank + step``. Since the store's directory
 with the namespace, each rank leaves a report in ``--out`` (a directory outside the
 tmpfs), and rank 0 copies the store there.
 
-Usage: NODE_RANK=k MASTER_ADDR=... MASTER_PORT=... python tests/shared_nothing_train.py
+Usage: NODE_RANK=k MASTER_ADDR=... MASTER_PORT=... python tests/scripts/shared_nothing_train.py
     --db DB --out DIR --num-nodes N --devices D [--mode normal|asym|kill] [--steps S]
 """
 

@@ -1,4 +1,4 @@
-"""Transformers' `Trainer` with `MultiRankCallback`: launched by tests/test_transformers_callback.py
+"""Transformers' `Trainer` with `MultiRankCallback`: launched by tests/runs/test_transformers_callback.py
 under ``torchrun --nproc-per-node 2`` (CPU, gloo). A tiny GPT-2 built from a config (no hub),
 fed random embeddings: each rank its own batches (the Trainer's distributed sampler), so its own
 loss. Options plant what the run must show: one rank's batches NaN from a batch on, a rank that

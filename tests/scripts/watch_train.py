@@ -7,7 +7,7 @@ Two loggers watch it: ``watched`` (its webhook a local HTTP server, ``--hook``) 
 injected. Rank 0 prints ``TRAINING ENDS AT STEP N`` when the fit ends; every rank writes its
 last step into ``steps-RANK.txt``.
 
-Usage: python tests/watch_train.py --db DB --save-dir DIR [--hook URL] [--dead-hook URL] [--stop] [--clean]
+Usage: python tests/scripts/watch_train.py --db DB --save-dir DIR [--hook URL] [--dead-hook URL] [--stop] [--clean]
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
         loggers.append(MultiRankLogger(db=args.db, save_dir=args.save_dir, name="hanging", flush_interval=0.5,
                                        transport="gather", alert_url=args.dead_hook))  # fmt: skip
     # no StepTimer: a loaded host's few steps where rank 0 (two loggers' writer) lags are a true straggler
-    # finding, not this test's (the watch's stragglers are tests/test_report_ddp.py's)
+    # finding, not this test's (the watch's stragglers are tests/runs/test_report_ddp.py's)
     callbacks: list[Callback] = [SayTheEnd(Path(args.save_dir))]
     if args.stop:
         callbacks.append(StopOnAlert(kinds={"departure"}))

@@ -3,7 +3,7 @@
 What only a server has: its driver, its advisory lock, its read-only sessions. The checks
 every backend shares run on PostgreSQL through the `any_db` fixture (conftest.py: a new
 database on one server started for the session), in the modules that own them; the 2-rank
-DDP trainings on PostgreSQL are in test_logger_ddp.py, beside SQLite's and DuckDB's.
+DDP trainings on PostgreSQL are in tests/runs/test_logger_ddp.py, beside SQLite's and DuckDB's.
 """
 
 from __future__ import annotations

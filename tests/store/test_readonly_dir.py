@@ -4,7 +4,7 @@ beside the file to read, and failed with "unable to open database file" and a tr
 
 The condition is made for real, also for root (CI runs as root, and root ignores a chmod): the
 reader runs in a mount namespace of its own (`unshare -m`), where the store's directory is
-bind-mounted read-only, as tests/test_faults.py makes its full disk.
+bind-mounted read-only, as tests/runs/test_faults.py makes its full disk.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.test_readonly_sql import ROWS, _fill
+from tests.helpers.built_stores import LOSS_ROWS, fill_loss_rows
 
 
 def _can_mount_read_only() -> str | None:
@@ -50,12 +50,12 @@ def test_a_store_in_a_read_only_directory_reads(tmp_path: Path) -> None:
     folder = tmp_path / "results"
     folder.mkdir()
     db = folder / "runs.sqlite"
-    _fill(str(db))
+    fill_loss_rows(str(db))
     assert not Path(f"{db}-wal").exists() and not Path(f"{db}-shm").exists()
     runs = _cli_on_read_only_dir(folder, "runs", str(db))
     assert runs.returncode == 0 and "lightning_logs/version_0" in runs.stdout, runs.stderr
     count = _cli_on_read_only_dir(folder, "sql", str(db), "SELECT count(*) AS n FROM metrics", "--format", "csv")
-    assert count.returncode == 0 and count.stdout == f"n\n{ROWS}\n", count.stderr
+    assert count.returncode == 0 and count.stdout == f"n\n{LOSS_ROWS}\n", count.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["runs.sqlite"]
 
 
@@ -66,7 +66,7 @@ def test_a_log_that_needs_write_access_is_a_clear_error(tmp_path: Path) -> None:
     source.mkdir()
     folder.mkdir()
     db = source / "runs.sqlite"
-    _fill(str(db))
+    fill_loss_rows(str(db))
     writer = sqlite3.connect(db)  # a writer still open: its last rows are in the -wal only
     writer.execute("PRAGMA wal_autocheckpoint = 0")
     writer.execute("UPDATE runs SET name = 'in_the_log'")

@@ -13,12 +13,10 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.errors import QueryFailed, ReadOnlyViolation
-from multirank_logger.store.sql_store import Store
-from multirank_logger.write.buffer import RecordBuffer
+from tests.helpers.built_stores import LOSS_ROWS, fill_loss_rows
 from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 
 COUNT = "SELECT count(*) AS n FROM metrics"
-ROWS = 20
 
 # bypasses that every backend must refuse
 COMMON = [
@@ -83,16 +81,6 @@ SQLITE = [
 BY_BACKEND = {"postgresql": POSTGRES, "duckdb": DUCKDB, "sqlite": SQLITE}
 
 
-def _fill(db: str) -> None:
-    store = Store(db)
-    run = store.create_run("lightning_logs", world_size=1)
-    buffer = RecordBuffer()
-    for step in range(ROWS):
-        buffer.append(step, {"loss": float(step)})
-    store.write(buffer.drain(run.id, 0))
-    store.close()
-
-
 CASES = [(backend, q) for backend, own in BY_BACKEND.items() for q in COMMON + own]
 
 
@@ -101,13 +89,13 @@ def _new_store(request: pytest.FixtureRequest, tmp_path: Path, backend: str) -> 
         db = new_postgres_database(request.getfixturevalue("postgres_server"))
     else:
         db = str(tmp_path / f"runs{BACKEND_SUFFIXES[backend]}")
-    _fill(db)
+    fill_loss_rows(db)
     return db
 
 
 @pytest.fixture
 def filled(any_db: str) -> str:
-    _fill(any_db)
+    fill_loss_rows(any_db)
     return any_db
 
 
@@ -120,31 +108,31 @@ def test_sql_bypass_is_refused_and_changes_nothing(
     marker = tmp_path / "marker"
     with pytest.raises((ReadOnlyViolation, QueryFailed)):
         open_store(filled).sql(query.format(marker=marker))
-    assert open_store(filled).sql(COUNT)["n"].tolist() == [ROWS]
+    assert open_store(filled).sql(COUNT)["n"].tolist() == [LOSS_ROWS]
     assert not marker.exists()
 
 
 def test_the_issue_query_is_a_read_only_violation_on_postgres(postgres_url: str) -> None:
     """Issue 13 item 4: 'SET TRANSACTION READ WRITE; DELETE FROM metrics' deleted every row."""
-    _fill(postgres_url)
+    fill_loss_rows(postgres_url)
     with pytest.raises(ReadOnlyViolation):
         open_store(postgres_url).sql("SET TRANSACTION READ WRITE; DELETE FROM metrics")
     with pytest.raises(ReadOnlyViolation):
         open_store(postgres_url).sql("WITH gone AS (DELETE FROM metrics RETURNING *) SELECT count(*) FROM gone")
-    assert open_store(postgres_url).sql(COUNT)["n"].tolist() == [ROWS]
+    assert open_store(postgres_url).sql(COUNT)["n"].tolist() == [LOSS_ROWS]
 
 
 def test_postgres_settings_a_query_changes_do_not_outlive_it(postgres_url: str) -> None:
     """set_config(..., false) inside the query is rolled back with it: the next write on the same
     reader (the same pooled connection) is still refused."""
-    _fill(postgres_url)
+    fill_loss_rows(postgres_url)
     reader = open_store(postgres_url)
     reader.sql(
         "SELECT set_config('default_transaction_read_only', 'off', false), set_config('role', 'postgres', false)"
     )
     with pytest.raises(ReadOnlyViolation):
         reader.sql("WITH gone AS (DELETE FROM metrics RETURNING *) SELECT count(*) FROM gone")
-    assert reader.sql(COUNT)["n"].tolist() == [ROWS]
+    assert reader.sql(COUNT)["n"].tolist() == [LOSS_ROWS]
 
 
 @pytest.mark.parametrize(
@@ -157,14 +145,14 @@ def test_postgres_settings_a_query_changes_do_not_outlive_it(postgres_url: str) 
 )
 def test_sql_still_reads(filled: str, query: str) -> None:
     """Comments, CTEs and parentheses around a read are fine on every backend."""
-    assert open_store(filled).sql(query)["n"].tolist() == [ROWS]
+    assert open_store(filled).sql(query)["n"].tolist() == [LOSS_ROWS]
 
 
 def test_postgres_statement_timeout_bounds_a_query(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A query past the statement timeout is cancelled by the server, with its message."""
     from multirank_logger.store.backends import PostgreSQLBackend
 
-    _fill(postgres_url)
+    fill_loss_rows(postgres_url)
     monkeypatch.setattr(PostgreSQLBackend, "statement_timeout_s", 0.2)
     with pytest.raises(QueryFailed, match="statement timeout"):
         open_store(postgres_url).sql("SELECT pg_sleep(5)")

@@ -7,9 +7,6 @@ from __future__ import annotations
 import csv
 import datetime
 import os
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +16,6 @@ import sqlalchemy as sa
 import torch.distributed as dist
 from click.testing import CliRunner
 
-from multirank_logger import MultiRankLogger
 from multirank_logger._util.dist_env import current_rank
 from multirank_logger.cli import main as cli
 from multirank_logger.errors import ResumeRefused, RunIdentityMismatch
@@ -33,24 +29,9 @@ from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.sinks import GatherReceiver
 from tests.helpers.launches import free_port
-from tests.helpers.logger_helpers import query, train_env
+from tests.helpers.logger_helpers import held_logger, logged_launch, query
 
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
-
-
-def _logger(db: Path | str, **kwargs) -> MultiRankLogger:
-    kwargs.setdefault("flush_interval", 3600)
-    return MultiRankLogger(db=str(db), **kwargs)
-
-
-def _launch(db: Path | str, steps: range, tag: float, **kwargs) -> MultiRankLogger:
-    """One launch of a run: `tag` marks its values, so a test can tell launches apart."""
-    logger = _logger(db, name="job", **kwargs)
-    for step in steps:
-        logger.log_metrics({"loss": tag + step, "step_only": step}, step=step)
-        logger.save()
-    logger.finalize("success")
-    return logger
 
 
 def _csv_rows(path: str) -> list[dict[str, str]]:
@@ -64,7 +45,7 @@ def test_version_none_skips_version_dirs_of_other_loggers(db_path: Path, tmp_pat
     for v in (0, 1):
         (save / "lightning_logs" / f"version_{v}").mkdir(parents=True)
         (save / "lightning_logs" / f"version_{v}" / "metrics.csv").write_text("step\n0\n")
-    logger = _logger(db_path, save_dir=str(save))
+    logger = held_logger(db_path, save_dir=str(save))
     assert logger.version == 2
     assert logger.log_dir == str(save / "lightning_logs" / "version_2")
     assert (save / "lightning_logs" / "version_0" / "metrics.csv").read_text() == "step\n0\n"
@@ -75,7 +56,7 @@ def test_explicit_version_over_a_non_empty_dir_warns(db_path: Path, tmp_path: Pa
     """version=0 whose directory another logger filled: CSVLogger's warning, and a new run."""
     (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
     (tmp_path / "lightning_logs" / "version_0" / "events.out").write_text("x")
-    logger = _logger(db_path, save_dir=str(tmp_path), version=0)
+    logger = held_logger(db_path, save_dir=str(tmp_path), version=0)
     with pytest.warns(UserWarning, match="exists and is not empty"):
         _ = logger.run_id
     assert logger.run_id == 1
@@ -91,7 +72,7 @@ def test_explicit_version_keeps_an_earlier_runs_files(db_path: Path, tmp_path: P
     (log_dir / "metrics.csv").write_text("loss,step\n0.5,0\n")
     (log_dir / "hparams.yaml").write_text("lr: 0.5\n")
     for n, (db, lr) in enumerate([(db_path, 0.1), (tmp_path / "other.sqlite", 0.2)]):
-        logger = _logger(db, save_dir=str(tmp_path), version=0)
+        logger = held_logger(db, save_dir=str(tmp_path), version=0)
         with pytest.warns(UserWarning, match="exists and is not empty.*the earlier ones are kept as"):
             logger.log_hyperparams({"lr": lr})
         logger.log_metrics({"loss": 9.0 + n}, step=0)
@@ -106,12 +87,12 @@ def test_explicit_version_keeps_an_earlier_runs_files(db_path: Path, tmp_path: P
 
 def test_named_version_is_the_directory_and_keeps_an_int_version(db_path: Path, tmp_path: Path) -> None:
     """version="2020-02-05-162402": log_dir ends with it; runs.version stays an allocated int."""
-    first = _launch(db_path, range(2), 0.0, version="2020-02-05-162402", save_dir=str(tmp_path))
+    first = logged_launch(db_path, range(2), 0.0, version="2020-02-05-162402", save_dir=str(tmp_path))
     assert first.version == "2020-02-05-162402"
     assert first.log_dir == str(tmp_path / "job" / "2020-02-05-162402")
     assert query(db_path, "SELECT version, version_name FROM runs") == [(0, "2020-02-05-162402")]
     assert [r["step"] for r in _csv_rows(os.path.join(first.log_dir, "metrics.csv"))] == ["0", "1"]
-    other = _launch(db_path, range(1), 0.0, save_dir=str(tmp_path))  # the next int version is still free
+    other = logged_launch(db_path, range(1), 0.0, save_dir=str(tmp_path))  # the next int version is still free
     assert other.version == 1
     with open_store(db_path) as reader:
         assert reader.resolve_run("job/2020-02-05-162402").id == first.run_id
@@ -120,16 +101,16 @@ def test_named_version_is_the_directory_and_keeps_an_int_version(db_path: Path, 
 
 def test_named_version_resumes(db_path: Path, tmp_path: Path) -> None:
     """The same named version again continues that run."""
-    first = _launch(db_path, range(2), 0.0, version="named", save_dir=str(tmp_path))
-    second = _launch(db_path, range(2, 4), 0.0, version="named", save_dir=str(tmp_path))
+    first = logged_launch(db_path, range(2), 0.0, version="named", save_dir=str(tmp_path))
+    second = logged_launch(db_path, range(2, 4), 0.0, version="named", save_dir=str(tmp_path))
     assert second.run_id == first.run_id
     assert query(db_path, "SELECT count(*) FROM runs") == [(1,)]
 
 
 def test_resume_continues_the_run_as_a_new_attempt(db_path: Path) -> None:
     """version=0 again: same run id and log_dir, a second attempt, seq above the first's, status success."""
-    first = _launch(db_path, range(3), 100.0)
-    second = _launch(db_path, range(2, 5), 200.0, version=0)  # resumed from a checkpoint at step 2
+    first = logged_launch(db_path, range(3), 100.0)
+    second = logged_launch(db_path, range(2, 5), 200.0, version=0)  # resumed from a checkpoint at step 2
     assert (second.run_id, second.log_dir) == (first.run_id, first.log_dir)
     assert query(db_path, "SELECT status, ended_at IS NOT NULL FROM runs") == [("success", True)]
     assert query(db_path, "SELECT attempt, world_size, status FROM attempts ORDER BY attempt") == [
@@ -142,8 +123,8 @@ def test_resume_continues_the_run_as_a_new_attempt(db_path: Path) -> None:
 
 def test_superseded_steps_hidden_by_default_every_launch_on_request(db_path: Path) -> None:
     """Step 2, logged by both launches: per_rank and metrics() show the resumed launch's value once."""
-    _launch(db_path, range(3), 100.0)
-    _launch(db_path, range(2, 5), 200.0, version=0)
+    logged_launch(db_path, range(3), 100.0)
+    logged_launch(db_path, range(2, 5), 200.0, version=0)
     with open_store(db_path) as reader:
         table = reader.per_rank("loss")
         assert table[0].tolist() == [100.0, 101.0, 202.0, 203.0, 204.0]
@@ -157,8 +138,8 @@ def test_superseded_steps_hidden_by_default_every_launch_on_request(db_path: Pat
 
 def test_metrics_csv_holds_every_launch_in_order(db_path: Path) -> None:
     """metrics.csv after the resume: the first launch's rows, then the second's, as CSVLogger lays them out."""
-    _launch(db_path, range(3), 100.0)
-    second = _launch(db_path, range(2, 5), 200.0, version=0)
+    logged_launch(db_path, range(3), 100.0)
+    second = logged_launch(db_path, range(2, 5), 200.0, version=0)
     rows = _csv_rows(os.path.join(second.log_dir, "metrics.csv"))
     assert [(r["step"], r["loss"]) for r in rows] == [
         ("0", "100.0"), ("1", "101.0"), ("2", "102.0"), ("2", "202.0"), ("3", "203.0"), ("4", "204.0")
@@ -168,10 +149,10 @@ def test_metrics_csv_holds_every_launch_in_order(db_path: Path) -> None:
 
 def test_run_key_resumes_without_knowing_the_version(db_path: Path) -> None:
     """run_key= (a job id): the first launch creates the run, a requeued one continues it."""
-    _launch(db_path, range(1), 0.0)  # another run of the name first
-    first = _launch(db_path, range(2), 0.0, run_key="slurm-4242")
-    second = _launch(db_path, range(2, 4), 0.0, run_key="slurm-4242")
-    third = _launch(db_path, range(1), 0.0, run_key="slurm-5151")
+    logged_launch(db_path, range(1), 0.0)  # another run of the name first
+    first = logged_launch(db_path, range(2), 0.0, run_key="slurm-4242")
+    second = logged_launch(db_path, range(2, 4), 0.0, run_key="slurm-4242")
+    third = logged_launch(db_path, range(1), 0.0, run_key="slurm-5151")
     assert first.run_id == second.run_id != third.run_id
     assert (first.version, third.version) == (1, 2)
     assert query(db_path, "SELECT run_key FROM runs ORDER BY id") == [(None,), ("slurm-4242",), ("slurm-5151",)]
@@ -179,15 +160,15 @@ def test_run_key_resumes_without_knowing_the_version(db_path: Path) -> None:
 
 def test_resume_must_takes_the_latest_run_of_the_name(db_path: Path) -> None:
     """resume="must" with no version: the latest run of the name continues."""
-    _launch(db_path, range(1), 0.0)
-    latest = _launch(db_path, range(1), 0.0)
-    again = _launch(db_path, range(1, 2), 0.0, resume="must")
+    logged_launch(db_path, range(1), 0.0)
+    latest = logged_launch(db_path, range(1), 0.0)
+    again = logged_launch(db_path, range(1, 2), 0.0, resume="must")
     assert again.run_id == latest.run_id
 
 
 def test_resume_must_without_a_run_is_refused(db_path: Path) -> None:
     """resume="must" for a version the store does not hold: a clear error, no run created."""
-    logger = _logger(db_path, name="job", version=3, resume="must")
+    logger = held_logger(db_path, name="job", version=3, resume="must")
     with pytest.raises(ResumeRefused, match="holds no run job/version_3"):
         _ = logger.run_id
     assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
@@ -195,8 +176,8 @@ def test_resume_must_without_a_run_is_refused(db_path: Path) -> None:
 
 def test_resume_never_refuses_an_existing_version(db_path: Path) -> None:
     """resume="never": version=0 that exists is an error that says what to pass."""
-    _launch(db_path, range(1), 0.0)
-    logger = _logger(db_path, name="job", version=0, resume="never")
+    logged_launch(db_path, range(1), 0.0)
+    logger = held_logger(db_path, name="job", version=0, resume="never")
     with pytest.raises(ResumeRefused, match="already exists.*resume='allow'"):
         _ = logger.run_id
 
@@ -207,12 +188,12 @@ def test_resume_never_refuses_an_existing_version(db_path: Path) -> None:
 )
 def test_bad_run_arguments_are_refused(db_path: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        _logger(db_path, **kwargs)
+        held_logger(db_path, **kwargs)
 
 
 def test_logger_built_and_never_used_leaves_no_run(db_path: Path) -> None:
     """Built, then dropped: the store holds no running run."""
-    logger = _logger(db_path, name="unused")
+    logger = held_logger(db_path, name="unused")
     del logger
     assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
 
@@ -247,7 +228,7 @@ def test_a_process_not_known_to_be_rank_0_creates_nothing(monkeypatch: pytest.Mo
     monkeypatch.setenv("NODE_RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
     db = tmp_path / "not_yet" / "runs.sqlite"
-    logger = _logger(db)
+    logger = held_logger(db)
     logger.finalize("failed")
     assert not db.parent.exists()
 
@@ -268,7 +249,7 @@ def test_direct_rank_refuses_a_store_that_is_not_rank_0s(db_path: Path) -> None:
 
 def test_cli_runs_reports_orphan_rows(db_path: Path) -> None:
     """Metric rows under a run id with no runs row are named by `multirank-logger runs`."""
-    logger = _launch(db_path, range(2), 0.0)
+    logger = logged_launch(db_path, range(2), 0.0)
     store = Store(db_path)
     # as a rank that took itself for rank 0 elsewhere writes them: through the store, under its own id
     two = np.ones(2, np.int64)
@@ -318,49 +299,6 @@ def test_rank_0_files_received_rows_under_its_own_run(db_path: Path) -> None:
     store.close()
 
 
-_KILLED_LAUNCH = """
-import sys, time
-from multirank_logger import MultiRankLogger
-logger = MultiRankLogger(db=sys.argv[1], name="job", flush_interval=3600)
-for step in range(3):
-    logger.log_metrics({"loss": float(step)}, step=step)
-logger.experiment.save()  # stored now: the run is 'running' with values, then the process dies unrecorded
-print("stored", flush=True)
-time.sleep(600)
-"""
-
-
-@pytest.mark.slow
-def test_sigkilled_attempt_is_vanished_when_the_run_resumes(db_path: Path) -> None:
-    """A launch SIGKILLed (as the OOM killer does) records no end: `runs` shows the run running and
-    how long it has been silent; the resumed launch closes that attempt as 'vanished' and ends the
-    run as success with both launches' rows."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_LAUNCH, str(db_path)], stdout=subprocess.PIPE, text=True, env=train_env()
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "stored"
-    finally:
-        proc.kill()
-        proc.wait(30)
-    assert query(db_path, "SELECT status FROM runs") == [("running",)]
-    shown = CliRunner().invoke(cli, ["runs", str(db_path)])
-    assert shown.exit_code == 0, shown.output
-    assert re.search(r"running \(last value \d+(\.\d)?s ago\)", shown.output), shown.output
-    assert query(db_path, "SELECT attempt, status, ended_at FROM attempts") == [(0, "running", None)]
-
-    _launch(db_path, range(2, 5), 100.0, version=0)
-    assert query(db_path, "SELECT attempt, status, ended_at IS NULL FROM attempts ORDER BY attempt") == [
-        (0, "vanished", True),
-        (1, "success", False),
-    ]
-    assert query(db_path, "SELECT rank, status FROM ranks") == [(0, "success")]
-    assert query(db_path, "SELECT status FROM runs") == [("success",)]
-    values = query(db_path, "SELECT step, seq >> 40 FROM metrics WHERE key = 'loss' ORDER BY seq")
-    assert values == [(0, 0), (1, 0), (2, 0), (2, 1), (3, 1), (4, 1)]
-    assert "success" in CliRunner().invoke(cli, ["runs", str(db_path)]).output
-
-
 def test_new_attempt_closes_running_attempts_and_ranks(db_path: Path) -> None:
     """begin_attempt over a launch that never recorded its end (2 ranks, resumed on 1): that attempt
     becomes 'vanished' and its ranks 'missing', so no row says 'running' for a launch that is gone."""
@@ -387,13 +325,13 @@ def test_torchelastic_restart_continues_the_run(monkeypatch: pytest.MonkeyPatch,
     first group opened, as a second attempt; a new torchrun (restart count 0 again) opens a new run,
     even with the same run id ("none" is every torchrun's without rendezvous settings)."""
     _elastic(monkeypatch, run_id, 0)
-    first = _launch(db_path, range(3), 0.0)
+    first = logged_launch(db_path, range(3), 0.0)
     _elastic(monkeypatch, run_id, 1)
-    restarted = _launch(db_path, range(5), 100.0)
+    restarted = logged_launch(db_path, range(5), 100.0)
     assert restarted.run_id == first.run_id and restarted.log_dir == first.log_dir
     assert query(db_path, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "success"), (1, "success")]
     _elastic(monkeypatch, run_id, 0)
-    again = _launch(db_path, range(1), 200.0)
+    again = logged_launch(db_path, range(1), 200.0)
     assert again.run_id != first.run_id
     assert query(db_path, "SELECT run_id, seq >> 40, count(*) FROM metrics WHERE key = 'loss' GROUP BY 1, 2 ORDER BY 1, 2") == [
         (first.run_id, 0, 3),
@@ -406,19 +344,19 @@ def test_torchelastic_restart_keeps_an_explicit_choice(monkeypatch: pytest.Monke
     """The job's own run_key (or version) wins over torchelastic's: the restart continues that run,
     and resume="never" still refuses an existing run."""
     _elastic(monkeypatch, "job-1", 0)
-    first = _launch(db_path, range(2), 0.0, run_key="mine")
+    first = logged_launch(db_path, range(2), 0.0, run_key="mine")
     _elastic(monkeypatch, "job-1", 1)
-    assert _launch(db_path, range(2), 0.0, run_key="mine").run_id == first.run_id
+    assert logged_launch(db_path, range(2), 0.0, run_key="mine").run_id == first.run_id
     assert query(db_path, "SELECT run_key FROM runs") == [("mine",)]
     with pytest.raises(ResumeRefused):
-        _ = _logger(db_path, name="job", version=0, resume="never").run_id
+        _ = held_logger(db_path, name="job", version=0, resume="never").run_id
 
 
 def test_resume_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     """Two launches against the real PostgreSQL server, the second with version=0: one run, two
     attempts, the rows of both launches apart by seq, and a metrics.csv with the whole history."""
-    first = _launch(postgres_url, range(3), 100.0, save_dir=str(tmp_path))
-    second = _launch(postgres_url, range(2, 5), 200.0, version=0, save_dir=str(tmp_path))
+    first = logged_launch(postgres_url, range(3), 100.0, save_dir=str(tmp_path))
+    second = logged_launch(postgres_url, range(2, 5), 200.0, version=0, save_dir=str(tmp_path))
     assert second.run_id == first.run_id
     store = Store(postgres_url)
     try:
@@ -444,7 +382,7 @@ def test_side_rows_of_a_resumed_launch_never_collide(db_path: Path) -> None:
     import logging
 
     for attempt, tag in enumerate((100.0, 200.0)):
-        logger = _logger(db_path, name="job", version=0 if attempt else None, capture_logs="WARNING")
+        logger = held_logger(db_path, name="job", version=0 if attempt else None, capture_logs="WARNING")
         for step in range(3):
             logger.log_metrics({"loss": tag + step}, step=step)
             logger.record("step_timing", step=step, forward_s=tag, time=time.time())

@@ -1,10 +1,10 @@
-"""RowChannel over a real TCPStore: the wire encoding, and real gloo processes shipping rows to rank 0."""
+"""RowChannel over a real TCPStore: the wire encoding, and the channel between senders and rank 0 in
+one process (the same between real gloo processes: tests/runs/test_transport_ranks.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import math
 import os
 import pickle
@@ -25,20 +25,12 @@ from multirank_logger.errors import ChannelError, ChannelTimeout
 from multirank_logger.model.batch import METRICS_SCHEMA, empty_batch
 from multirank_logger.model.wire import decode_batch, encode_batch
 from multirank_logger.transport.row_channel import RowChannel
-from multirank_logger.transport.tcpstore_client import CHUNK_ROWS
 from multirank_logger.write.buffer import RecordBuffer
-from tests.helpers.launches import forkserver, free_port, spawn_ranks
+from tests.helpers.launches import free_port
 from tests.helpers.processes import stop_process
+from tests.helpers.row_batches import channel_batch
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _batch(rank: int, calls: int, first_seq: int = 0, keys: tuple[str, ...] = ("loss", "acc")) -> pa.RecordBatch:
-    buf = RecordBuffer()
-    buf._next_seq = first_seq
-    for i in range(calls):
-        buf.append(first_seq + i, {k: float(1000 * rank + first_seq + i) for k in keys})
-    return buf.drain(run_id=7, rank=rank)
 
 
 # -- encoding -------------------------------------------------------------------------------
@@ -64,7 +56,7 @@ def test_encoding_of_an_empty_batch() -> None:
 
 def test_encoding_a_slice_sends_its_rows_only() -> None:
     """A slice (the channel's chunks of a big batch) encodes its own rows, not its parent's buffers."""
-    batch = _batch(1, 10_000)
+    batch = channel_batch(1, 10_000)
     part = batch.slice(5_000, 100)
     payload = encode_batch(part)
     assert decode_batch(payload).equals(part)
@@ -75,13 +67,13 @@ def test_decoding_refuses_what_is_not_a_batch() -> None:
     """Foreign, truncated or damaged bytes raise a ValueError that says so; nothing is unpickled."""
     with pytest.raises(ValueError, match="not a multirank_logger row batch"):
         decode_batch(pickle.dumps({"a": 1}))
-    payload = encode_batch(_batch(1, 10))
+    payload = encode_batch(channel_batch(1, 10))
     for cut in (5, 8, 9, len(payload) // 2, len(payload) - 1):  # in the end marker, the body, the schema
         with pytest.raises(ValueError, match="truncated|damaged"):
             decode_batch(payload[:-cut])
     # an index past the key dictionary: validated before a store reads it
     damaged = bytearray(payload)
-    codes = bytes(memoryview(_batch(1, 10).column("key").indices.buffers()[1]))
+    codes = bytes(memoryview(channel_batch(1, 10).column("key").indices.buffers()[1]))
     at = bytes(damaged).index(codes)
     damaged[at : at + 4] = (1000).to_bytes(4, "little")
     with pytest.raises(ValueError, match="damaged"):
@@ -117,7 +109,7 @@ def test_fetch_times_out_with_a_clear_error(server: dist.TCPStore) -> None:
 def test_sender_gives_up_when_rank0_takes_nothing(server: dist.TCPStore) -> None:
     """A sender whose rows rank 0 never takes fails after `timeout`, handing back every unacknowledged batch."""
     channel = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port, timeout=0.5)
-    first, second = _batch(1, 3), _batch(1, 3, first_seq=3)
+    first, second = channel_batch(1, 3), channel_batch(1, 3, first_seq=3)
     channel.send(first)
     time.sleep(0.6)
     with pytest.raises(ChannelError, match="Rank 0 has taken no rows from rank 1") as info:
@@ -133,7 +125,7 @@ def test_done_waits_for_every_row_to_be_received(server: dist.TCPStore) -> None:
     rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=server.port)
     rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
     rank0.receive()  # connect first, as rank 0's writer does
-    rank1.send(_batch(1, 2))
+    rank1.send(channel_batch(1, 2))
     rank1.mark_done("success")
     assert rank0.done_ranks() == {}
     assert [len(b) for b in rank0.receive()] == [4]
@@ -147,9 +139,9 @@ def test_a_peek_shows_rows_early_and_acknowledges_nothing(server: dist.TCPStore)
     rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=server.port)
     rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
     rank0.receive()
-    first, second, last = _batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 1, first_seq=5)
+    first, second, last = channel_batch(1, 2), channel_batch(1, 3, first_seq=2), channel_batch(1, 1, first_seq=5)
     rank1.send(first)
-    rank1._client().queue_push("rows/1", encode_batch(_batch(1, 4, first_seq=9))[:-20])
+    rank1._client().queue_push("rows/1", encode_batch(channel_batch(1, 4, first_seq=9))[:-20])
     rank1.send(second)
     assert [b.equals(w) for b, w in zip(rank0.peek(), [first, second])] == [True, True]
     assert rank0.peek() == []  # each batch once
@@ -171,9 +163,9 @@ def test_a_damaged_payload_is_reported_and_the_rest_arrives(
     rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=server.port)
     rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
     rank0.receive()
-    first, last = _batch(1, 2), _batch(1, 3, first_seq=2)
+    first, last = channel_batch(1, 2), channel_batch(1, 3, first_seq=2)
     rank1.send(first)
-    rank1._client().queue_push("rows/1", encode_batch(_batch(1, 4, first_seq=9))[:-20])
+    rank1._client().queue_push("rows/1", encode_batch(channel_batch(1, 4, first_seq=9))[:-20])
     rank1.send(last)
     with caplog.at_level("ERROR", logger="multirank_logger.transport.row_channel"):
         got = rank0.receive()
@@ -190,7 +182,7 @@ def test_every_call_to_a_stopped_server_is_bounded(stopped_server: int) -> None:
     def fresh() -> RowChannel:
         return RowChannel("t", 1, 2, host="127.0.0.1", port=stopped_server, timeout=0.5)
 
-    rows = _batch(1, 2)
+    rows = channel_batch(1, 2)
     with pytest.raises(ChannelError) as info:
         fresh().send(rows)
     assert info.value.undelivered == [rows]  # handed back to be spilled
@@ -261,7 +253,7 @@ def _reconnecting_pair(port: int, sender_timeout: float) -> tuple[RowChannel, Ro
     rank0 = RowChannel("t", 0, 2, host="127.0.0.1", port=port, timeout=1.0)
     rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=port, timeout=sender_timeout)
     rank0.receive()
-    return rank0, rank1, [_batch(1, 2), _batch(1, 3, first_seq=2), _batch(1, 4, first_seq=5)]
+    return rank0, rank1, [channel_batch(1, 2), channel_batch(1, 3, first_seq=2), channel_batch(1, 4, first_seq=5)]
 
 
 @pytest.mark.timeout(60)
@@ -324,8 +316,8 @@ def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dis
     rank0 = GatherReceiver(store, run.id, RowChannel("t", 0, 2, host="127.0.0.1", port=server.port))
     rank1 = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
     rank0.receive()
-    rank1.send(_batch(1, 2))
-    rank1._client().queue_push("rows/1", encode_batch(_batch(1, 4, first_seq=2))[:-20])  # cut short on the way
+    rank1.send(channel_batch(1, 2))
+    rank1._client().queue_push("rows/1", encode_batch(channel_batch(1, 4, first_seq=2))[:-20])  # cut short on the way
     rank1.mark_done("success")
     rank1.report_unstored(0, 0)  # the sender believes everything went
 
@@ -347,7 +339,7 @@ def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dis
 def test_roles_are_checked(server: dist.TCPStore) -> None:
     """Rank 0 cannot send and the others cannot receive: a ValueError says which rank does what."""
     with pytest.raises(ValueError, match="rank 0 writes its own rows"):
-        RowChannel("t", 0, 2, host="127.0.0.1", port=server.port).send(_batch(0, 1))
+        RowChannel("t", 0, 2, host="127.0.0.1", port=server.port).send(channel_batch(0, 1))
     with pytest.raises(ValueError, match="runs on rank 0 only"):
         RowChannel("t", 1, 2, host="127.0.0.1", port=server.port).receive()
 
@@ -355,7 +347,7 @@ def test_roles_are_checked(server: dist.TCPStore) -> None:
 def test_channel_pickles_without_its_connection(server: dist.TCPStore) -> None:
     """ddp_spawn pickles the logger: a used channel pickles to a fresh, unconnected one."""
     channel = RowChannel("t", 1, 2, host="127.0.0.1", port=server.port)
-    channel.send(_batch(1, 1))
+    channel.send(channel_batch(1, 1))
     clone = pickle.loads(pickle.dumps(channel))
     assert clone._store is None and clone.pending() == 0
     assert (clone.namespace, clone.rank, clone.world_size, clone.port) == ("t", 1, 2, server.port)
@@ -366,96 +358,4 @@ def test_missing_master_address_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
     with pytest.raises(ChannelError, match="MASTER_ADDR and MASTER_PORT are not set"):
-        RowChannel("t", 1, 2).send(_batch(1, 1))
-
-
-# -- real gloo processes -------------------------------------------------------------------
-
-
-def _init(rank: int, world_size: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
-
-
-def _test_ranks_ship_to_rank0(rank: int, world_size: int, port: int, out: str) -> None:
-    _init(rank, world_size, port)
-    channel = RowChannel("ship", rank, world_size)  # MASTER_ADDR/PORT, as under Lightning
-    if rank == 0:
-        channel.publish("run", b"7 lightning_logs 3")
-        got: dict[int, list[int]] = {}
-        deadline = time.monotonic() + 60
-        done: dict[int, str] = {}
-        while len(done) < world_size - 1 and time.monotonic() < deadline:
-            for batch in channel.receive():
-                got.setdefault(batch.column("rank")[0].as_py(), []).extend(batch.column("seq").to_pylist())
-            done = channel.done_ranks()
-            time.sleep(0.01)
-        channel.receive()  # acknowledges the last batches
-        left = {r: channel._client().queue_len(f"rows/{r}") for r in range(1, world_size)}
-        Path(out).write_text(json.dumps({"got": got, "done": done, "left": left}))
-    else:
-        identity = channel.fetch("run", 30)
-        assert identity == b"7 lightning_logs 3", identity
-        if rank == 1:  # many small batches, then one that must be cut into chunks
-            for i in range(50):
-                channel.send(_batch(rank, 3, first_seq=3 * i))
-            channel.send(_batch(rank, CHUNK_ROWS, first_seq=150, keys=("a", "b", "c")))
-        # rank 2 logs nothing at all: it must still finish
-        channel.mark_done("success")
-        assert channel.wait_delivered(30) == []
-    dist.barrier()  # keeps rank 0's store alive until everyone is through (test only)
-    dist.destroy_process_group()
-
-
-def test_gloo_ranks_ship_rows_to_rank0_in_order(tmp_path: Path) -> None:
-    """3 gloo ranks: rank 1's small and chunked big batches arrive whole and in order; silent rank 2 finishes."""
-    out = tmp_path / "rank0.json"
-    assert spawn_ranks(_test_ranks_ship_to_rank0, 3, str(out), ctx=forkserver("tests.transport.test_transport")) == [0, 0, 0]
-    result = json.loads(out.read_text())
-    expected = [s for s in range(150) for _ in "ab"] + [s for s in range(150, 150 + CHUNK_ROWS) for _ in "abc"]
-    assert result["got"]["1"] == expected
-    assert "2" not in result["got"]
-    assert result["done"] == {"1": "success", "2": "success"}
-    assert result["left"] == {"1": 0, "2": 0}  # rank 0 took everything: the store's memory is flat
-
-
-def _test_rank0_dies(rank: int, world_size: int, port: int, out: str) -> None:
-    _init(rank, world_size, port)
-    channel = RowChannel("die", rank, world_size, timeout=10)
-    if rank == 0:
-        deadline = time.monotonic() + 30
-        taken = 0
-        while taken < 2 and time.monotonic() < deadline:
-            taken += len(channel.receive())
-            time.sleep(0.01)
-        channel.receive()  # acknowledges those two
-        channel.fetch("seen-acks", 30)  # once rank 1 saw them acknowledged, die like a killed rank
-        os.kill(os.getpid(), signal.SIGKILL)
-    sent, failed_at, undelivered = 0, None, []
-    for i in range(2):
-        channel.send(_batch(rank, 1, first_seq=i))
-        sent += 1
-    assert channel.wait_delivered(30) == []
-    channel.publish("seen-acks", b"1")
-    start = time.monotonic()
-    for i in range(2, 10_000):
-        try:
-            channel.send(_batch(rank, 1, first_seq=i))
-            sent += 1
-            time.sleep(0.01)
-        except ChannelError as exc:
-            failed_at = time.monotonic() - start
-            undelivered = [b.column("seq")[0].as_py() for b in exc.undelivered]
-            break
-    Path(out).write_text(json.dumps({"sent": sent, "failed_after_s": failed_at, "undelivered": undelivered}))
-
-
-def test_send_fails_fast_when_rank0_is_gone(tmp_path: Path) -> None:
-    """SIGKILL rank 0 (and its TCPStore): the sender's next sends fail and hand back every unacknowledged row."""
-    out = tmp_path / "rank1.json"
-    codes = spawn_ranks(_test_rank0_dies, 2, str(out), ctx=forkserver("tests.transport.test_transport"))
-    assert codes == [-signal.SIGKILL, 0]
-    result = json.loads(out.read_text())
-    assert result["failed_after_s"] is not None
-    # rows 0 and 1 were acknowledged; everything after them comes back for the spill file
-    assert result["undelivered"] == list(range(2, result["sent"] + 1))
+        RowChannel("t", 1, 2).send(channel_batch(1, 1))

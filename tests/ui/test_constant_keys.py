@@ -19,8 +19,8 @@ from multirank_logger.query.step_buckets import BucketSummary
 from multirank_logger.store.sql_store import Store
 from multirank_logger.ui.views import constant_key
 from multirank_logger.write.buffer import RecordBuffer
+from tests.helpers.page_pixels import covered, median_blue, plot_x, shot
 from tests.helpers.ui_browser import chromium, served, wait_for
-from tests.ui.test_every_series_draws import _covered, _median_blue, _shot, _x
 
 RANKS, STEPS = 3, 60
 
@@ -68,9 +68,9 @@ def test_a_constant_key_is_one_line_until_clicked(page_url: str) -> None:
         assert loss.find_elements("css selector", "canvas.heatmap") and "the same on every rank" not in loss.text
         epoch.find_element("css selector", "button.folded").click()
         wait_for(driver, "return MRL_CHARTS.epoch")
-        plot = _shot(epoch.find_element("css selector", ".u-over"))
+        plot = shot(epoch.find_element("css selector", ".u-over"))
         # epoch 1 (steps 20-39) lies mid-plot, away from the axes' edges where 0 and 2 lie
-        assert _covered(_median_blue(plot), _x(driver, "epoch", 20) + 2, _x(driver, "epoch", 39) - 2) > 0.95
+        assert covered(median_blue(plot), plot_x(driver, "epoch", 20) + 2, plot_x(driver, "epoch", 39) - 2) > 0.95
         assert epoch.find_elements("css selector", "canvas.heatmap")
         # toggling the log scale redraws the opened chart, and leaves the folded one folded
         driver.find_element("id", "log-scale").click()
@@ -111,9 +111,9 @@ def test_log_scale_and_an_all_zero_key_still_draw(page_url: str) -> None:
         driver.find_element("id", "log-scale").click()
         wait_for(driver, "return MRL_CHARTS.zero.scales.y.distr === 1 && MRL_CHARTS.signed.scales.y.distr === 3")
         assert "no value above 0, drawn linear" in zero.text
-        blue = _median_blue(_shot(zero.find_element("css selector", ".u-over")))
-        assert _covered(blue, _x(driver, "zero", 0) + 2, _x(driver, "zero", STEPS - 1) - 2) > 0.95
+        blue = median_blue(shot(zero.find_element("css selector", ".u-over")))
+        assert covered(blue, plot_x(driver, "zero", 0) + 2, plot_x(driver, "zero", STEPS - 1) - 2) > 0.95
         signed = driver.find_element("css selector", "section[data-series=signed]")
-        blue = _median_blue(_shot(signed.find_element("css selector", ".u-over")))
-        assert _covered(blue, _x(driver, "signed", 32) + 2, _x(driver, "signed", STEPS - 1) - 2) > 0.95
+        blue = median_blue(shot(signed.find_element("css selector", ".u-over")))
+        assert covered(blue, plot_x(driver, "signed", 32) + 2, plot_x(driver, "signed", STEPS - 1) - 2) > 0.95
         assert "values at or below 0 are not drawn" in signed.text

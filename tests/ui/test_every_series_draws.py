@@ -11,7 +11,6 @@ step 20, ``val_loss`` at the 4 epoch ends, ``staggered`` logged by each rank at 
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
+from tests.helpers.page_pixels import covered, median_blue, plot_x, shot
 from tests.helpers.ui_browser import chromium, served, wait_for
 
 RANKS, STEPS, NAN_RANK, NAN_STEP = 3, 40, 1, 20
@@ -68,22 +68,8 @@ def page_url(db: Path) -> Iterator[str]:
         yield url
 
 
-def _shot(element: Any) -> np.ndarray:
-    """The element as the browser painted it: height x width x RGB."""
-    from PIL import Image
-
-    return np.asarray(Image.open(io.BytesIO(element.screenshot_as_png)).convert("RGB")).astype(int)
-
-
 def _near(pixels: np.ndarray, colour: tuple[int, int, int], tolerance: int) -> np.ndarray:
     return np.abs(pixels - np.array(colour)).sum(axis=-1) <= tolerance
-
-
-def _median_blue(pixels: np.ndarray) -> np.ndarray:
-    """The median's dark blue (#08519c), also half-covering a pixel (a 1 px line antialiased over the
-    quartile band); not the band's pale blue nor the quartiles' light blue (#9ecae1)."""
-    r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
-    return (r < 140) & (b - r > 60) & (b > g)
 
 
 def _rank_red(pixels: np.ndarray) -> np.ndarray:
@@ -92,40 +78,29 @@ def _rank_red(pixels: np.ndarray) -> np.ndarray:
     return (r - g > 70) & (r - b > 70)
 
 
-def _x(driver: Any, series: str, step: float) -> float:
-    """Where `step` lies across the chart's plot area, in CSS pixels from its left edge."""
-    return driver.execute_script("return MRL_CHARTS[arguments[0]].valToPos(arguments[1], 'x')", series, step)
-
-
-def _covered(colour_at: np.ndarray, x0: float, x1: float) -> float:
-    """The share of pixel columns from x0 to x1 holding a pixel of the colour."""
-    columns = colour_at.any(axis=0)[int(math.ceil(x0)) : int(x1) + 1]
-    return float(columns.mean()) if len(columns) else 0.0
-
-
 def _check_drawn(driver: Any) -> None:
     """The page's loss and val_loss charts, as drawn: lines through the logged steps, the NaN a break."""
     wait_for(driver, "return document.body.dataset.judged && MRL_CHARTS.loss && MRL_CHARTS.val_loss")
     loss = driver.find_element("css selector", "section[data-series=loss]")
-    plot = _shot(loss.find_element("css selector", ".u-over"))
+    plot = shot(loss.find_element("css selector", ".u-over"))
     # the median: one line from the first logged step to the last, not a dot every other step
-    blue = _median_blue(plot)
-    assert _covered(blue, _x(driver, "loss", 0) + 2, _x(driver, "loss", STEPS - 2) - 2) > 0.95
+    blue = median_blue(plot)
+    assert covered(blue, plot_x(driver, "loss", 0) + 2, plot_x(driver, "loss", STEPS - 2) - 2) > 0.95
     # rank 1 (flagged: its NaN) drawn as a line up to step 18 and from step 22, nothing between
     red = _rank_red(plot)
-    assert _covered(red, _x(driver, "loss", 0) + 2, _x(driver, "loss", NAN_STEP - 2) - 2) > 0.95
-    assert _covered(red, _x(driver, "loss", NAN_STEP + 2) + 2, _x(driver, "loss", STEPS - 2) - 2) > 0.95
-    assert _covered(red, _x(driver, "loss", NAN_STEP - 2) + 4, _x(driver, "loss", NAN_STEP + 2) - 4) == 0
+    assert covered(red, plot_x(driver, "loss", 0) + 2, plot_x(driver, "loss", NAN_STEP - 2) - 2) > 0.95
+    assert covered(red, plot_x(driver, "loss", NAN_STEP + 2) + 2, plot_x(driver, "loss", STEPS - 2) - 2) > 0.95
+    assert covered(red, plot_x(driver, "loss", NAN_STEP - 2) + 4, plot_x(driver, "loss", NAN_STEP + 2) - 4) == 0
     # its heatmap: no grey column where no rank logged, and the NaN ringed on rank 1's row
     heat = loss.find_element("css selector", "canvas.heatmap")
     left, width = (float(heat.get_attribute(f"data-{a}")) for a in ("left", "plot-width"))
-    cells = _shot(heat)[:, int(left) + 2 : int(left + width) - 2]
+    cells = shot(heat)[:, int(left) + 2 : int(left + width) - 2]
     assert _near(cells, EMPTY_GREY, 6).mean() < 0.01
     assert heat.get_attribute("data-ringed") == str(NAN_RANK)
     assert "Every rank logged the same" not in loss.text and "NaN/inf on ranks: 1" in loss.text
     # val_loss, 4 epoch ends: a line between them too
-    val = _median_blue(_shot(driver.find_element("css selector", "section[data-series=val_loss] .u-over")))
-    assert _covered(val, _x(driver, "val_loss", EPOCH_ENDS[0]) + 4, _x(driver, "val_loss", EPOCH_ENDS[-1]) - 4) > 0.95
+    val = median_blue(shot(driver.find_element("css selector", "section[data-series=val_loss] .u-over")))
+    assert covered(val, plot_x(driver, "val_loss", EPOCH_ENDS[0]) + 4, plot_x(driver, "val_loss", EPOCH_ENDS[-1]) - 4) > 0.95
 
 
 def test_the_page_draws_a_key_logged_every_other_step(page_url: str) -> None:

@@ -1,6 +1,6 @@
 """The page groups a heatmap's rows by host and says a row's place on hover, in a real Chromium.
 
-The store of tests/test_finding_places.py (12 ranks, GPUs 0-3 of each host), its hosts then dealt
+The store of tests/helpers/places_store.py (12 ranks, GPUs 0-3 of each host), its hosts then dealt
 round-robin (rank r on node10, node2, node9 for r % 3 = 0, 1, 2): rows in rank order would
 interleave the hosts, so the page must reorder them to keep a host's rows together, hosts in
 natural order (node2, node9, node10: numbers as numbers, not as text).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.helpers.places_store import PER_HOST, RANKS, build_places_store
 from tests.helpers.ui_browser import chromium, served, wait_for
-from tests.judgement.test_finding_places import PER_HOST, RANKS, _build
 
 #: the host number of ranks r % 3 = 0, 1, 2 (as text, node10 would come first)
 HOST_NUMBERS = (10, 2, 9)
@@ -20,7 +20,7 @@ HOST_NUMBERS = (10, 2, 9)
 def test_heatmap_rows_grouped_by_host_and_a_rows_place_on_hover(tmp_path: Path) -> None:
     import sqlite3
 
-    db = _build(str(tmp_path / "places.sqlite"))
+    db = build_places_store(str(tmp_path / "places.sqlite"))
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE ranks SET host = 'node' || CASE rank % 3 WHEN 0 THEN 10 WHEN 1 THEN 2 ELSE 9 END, "
                      "node_rank = rank % 3")  # fmt: skip

@@ -1,7 +1,7 @@
 """The watch's judgement fed as a run goes (judgement/live.py), and where its alerts go (watch/alerts.py).
 
-The 4-rank DDP training is tests/test_watch_ddp.py's; here the judgement meets seeded noisy runs
-(the report's own, tests/test_findings.py) fed in windows, in the order rows arrive.
+The 4-rank DDP training is tests/runs/test_watch_ddp.py's; here the judgement meets seeded noisy runs
+(the report's own, tests/report/test_findings.py) fed in windows, in the order rows arrive.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.judgement.ranks import departures
 from multirank_logger.watch.alerts import AlertOutlets, redact_url
-from tests.report.test_findings import _noisy
+from tests.helpers.planted_rows import noisy_losses
 
 
 def _feed(values: np.ndarray, chunk: int = 7, seed: int = 0, keep_steps: int = 512) -> tuple[list, LiveJudgement]:
@@ -37,7 +37,7 @@ def _feed(values: np.ndarray, chunk: int = 7, seed: int = 0, keep_steps: int = 5
 @pytest.mark.parametrize("ranks", [3, 8])
 def test_no_alert_in_normal_shard_noise(ranks: int) -> None:
     """The report's seeded noisy runs, fed as they would arrive: no alert (no false alarm)."""
-    assert [(seed, f) for seed in range(20) if (f := _feed(_noisy(seed, ranks), seed=seed)[0])] == []
+    assert [(seed, f) for seed in range(20) if (f := _feed(noisy_losses(seed, ranks), seed=seed)[0])] == []
 
 
 @pytest.mark.parametrize("ranks", [3, 8, 32])
@@ -45,7 +45,7 @@ def test_alert_agrees_with_the_report(ranks: int) -> None:
     """A rank at 20x from step 120 and another's NaN at step 90 and inf at 150: each alerted once
     (the non-finite value at its first step), with the rank and first step the report's judgement
     gives over the whole table."""
-    values = _noisy(1, ranks)
+    values = noisy_losses(1, ranks)
     values[120:, ranks - 1] *= 20
     values[90, 0], values[150, 0] = np.nan, np.inf
     found, _ = _feed(values)
@@ -60,7 +60,7 @@ def test_alert_agrees_with_the_report(ranks: int) -> None:
 def test_memory_stays_windowed_on_a_long_run() -> None:
     """5,000 steps: the statistics held stay at the window (not the history), and a departure from
     step 4,000 is still found from its first step."""
-    values = np.vstack([_noisy(seed, 6, 500) for seed in range(10)])
+    values = np.vstack([noisy_losses(seed, 6, 500) for seed in range(10)])
     values[4000:, 2] *= 20
     found, live = _feed(values, chunk=50)
     (key,) = live.keys.values()
