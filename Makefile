@@ -36,7 +36,7 @@ browser:
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
-# Spark (pyspark 4, in local mode) reads the Parquet export in tests/test_export.py: it needs a Java
+# Spark (pyspark 4, in local mode) reads the Parquet export in tests/export/test_export.py: it needs a Java
 # runtime (17 or later), installed when missing (Debian's default-jre-headless: OpenJDK 17 on
 # Debian 12, 21 on 13; CI runs as root), so the test never skips
 java:
@@ -49,7 +49,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check multirank_logger tests benchmarks examples migrations
 	$(PY) -m mypy
 
-# the tests that launch no multi-process training (see SLOW_MODULES in tests/conftest.py)
+# every test but those in tests/runs/, the real multi-process trainings (`slow`: see tests/conftest.py)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 

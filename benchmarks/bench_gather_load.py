@@ -201,7 +201,7 @@ def _stored(db: str, run_id: int) -> dict[int, tuple[int, int, int, int, int]]:
 
     Through DuckDB itself, with its own memory limit, not a `Store` reader's: a reader caches little
     (64 MB on 2 cores), and a per-rank COUNT(DISTINCT) cannot spill: over the ~3M rows 6 unpaced
-    senders store in 2 s on an idle machine it ran out of memory there (tests/test_gather_load.py)."""
+    senders store in 2 s on an idle machine it ran out of memory there (tests/runs/test_gather_load.py)."""
     import duckdb
 
     con = duckdb.connect(db, read_only=True)

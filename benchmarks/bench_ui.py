@@ -40,7 +40,7 @@ SCALE_BY_MODE = {"full": (256, 20_000, 10), "quick": (64, 2_000, 10), "tiny": (1
 def _browser(width: int = 1300, height: int = 1000) -> Any:
     sys.path.insert(0, str(ROOT))
     try:
-        from tests.ui_browser import chromium
+        from tests.helpers.ui_browser import chromium
     except ImportError as exc:  # selenium: the test extra
         raise Unavailable(f"selenium is not installed ({exc})") from exc
     try:

@@ -18,7 +18,7 @@ the latency is from the rank's ``self.log`` call to rank 0's alert (its console 
 watch runs now (it looks at the rows rank 0 receives every ``PEEK_S``) and once fed by rank 0's
 writer cycles alone (``--no-peek``: the behaviour before), each in a fresh store.
 
-False alarms: the report's seeded clean noisy runs (tests/test_findings.py's ``_noisy``: a
+False alarms: the report's seeded clean noisy runs (tests/helpers/planted_rows.py's ``noisy_losses``: a
 decaying loss, each shard its own noise and offset) fed to the watch's judgement 10 steps at a
 time, rows in random order; a run with any alert is a false alarm. Beside it, the report's own
 judgement over the whole table (``judgement.ranks.departures``).
@@ -144,7 +144,7 @@ def false_alarms(runs: int, ranks_list: tuple[int, ...] = (3, 4, 8, 32), steps: 
     from multirank_logger.judgement.live import LiveJudgement
     from multirank_logger.judgement.ranks import departures
 
-    def noisy(seed: int, ranks: int) -> np.ndarray:  # tests/test_findings.py's
+    def noisy(seed: int, ranks: int) -> np.ndarray:  # tests/helpers/planted_rows.py's noisy_losses
         rng = np.random.default_rng(seed)
         trend = 2.0 * np.exp(-np.arange(steps) / 60)[:, None] + 0.3
         return trend * (1 + 0.05 * rng.standard_normal(ranks)) + 0.2 * trend * rng.standard_normal((steps, ranks))
@@ -297,7 +297,7 @@ def main() -> None:
               f"(MiB): {row['peak_rss_mib_by_tenth']}; steps held per key at the end: {row['held_steps_per_key']}",
               flush=True)  # fmt: skip
     if args.clean_runs:
-        print("\nfalse alarms on seeded clean noisy runs (tests/test_findings.py's), fed 10 steps at a time:")
+        print("\nfalse alarms on seeded clean noisy runs (tests/helpers/planted_rows.py), fed 10 steps at a time:")
         rows = false_alarms(args.clean_runs) + false_alarms(max(1, args.clean_runs // 4), (3, 8), steps=1000)
         for row in rows:
             print(f"  {row['ranks']:>3} ranks x {row['steps']} steps: watch {row['watch_false_alarms']}/{row['runs']} "

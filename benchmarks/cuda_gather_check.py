@@ -4,7 +4,7 @@
 first over gloo with CUDA tensors, then over NCCL with CUDA and with CPU tensors (which
 travel through the GPU). Each checks uneven sizes, values, the own entry being the input,
 and the gradient. NCCL refuses two ranks on one GPU in some versions: that is printed, not
-hidden. CI has no GPU; tests/test_tensor_gather.py covers gloo on CPU.
+hidden. CI has no GPU; tests/runs/test_tensor_gather.py covers gloo on CPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A long soak of the "nothing lost" property tests (tests/test_nothing_lost_properties.py).
+"""A long soak of the "nothing lost" property tests (tests/runs/test_nothing_lost_properties.py).
 
     .venv/bin/python benchmarks/soak_nothing_lost.py [--examples N] [--only embedded|postgresql|gather]
 
@@ -29,7 +29,7 @@ def main() -> int:
     env = {**os.environ, "NOTHING_LOST_EXAMPLES": str(args.examples), "HYPOTHESIS_PROFILE": "default"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging",
-           "--hypothesis-show-statistics", str(REPO / "tests" / "test_nothing_lost_properties.py")]
+           "--hypothesis-show-statistics", str(REPO / "tests" / "runs" / "test_nothing_lost_properties.py")]
     if args.only:
         cmd += ["-k", args.only]
     return subprocess.call(cmd, cwd=REPO, env=env)

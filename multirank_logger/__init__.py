@@ -31,7 +31,7 @@ __all__ = [
 
 # Each public name is imported on first use (PEP 562): the logger and callbacks import lightning
 # or torch (seconds), the reader pyarrow and every query module, and a command that needs none of
-# it (``multirank-logger hosts``) starts without them: tests/test_import_set.py. (With lightning
+# it (``multirank-logger hosts``) starts without them: tests/project/test_import_set.py. (With lightning
 # loaded, DuckDB 2.0 also prints nanobind "leaked instances" noise at interpreter exit.)
 _LAZY = {
     "StoreReader": "multirank_logger.query.reader",

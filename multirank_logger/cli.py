@@ -21,7 +21,7 @@ from multirank_logger._version import __version__
 from multirank_logger.errors import MultiRankLoggerError, SchemaTooNew, SpillsDamaged
 
 # SQLAlchemy, pyarrow and the query modules are most of a cold command's start, and `hosts` needs
-# none of them (tests/test_import_set.py): each command imports what it reads with
+# none of them (tests/project/test_import_set.py): each command imports what it reads with
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 

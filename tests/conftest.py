@@ -1,6 +1,12 @@
 """Shared fixtures and pytest hooks: real store files for each embedded backend, a real
-PostgreSQL server, free TCP ports. The plain helpers they use live in tests/helpers/, which is
-where a test imports them from."""
+PostgreSQL server, free TCP ports, and the `slow` mark on every test in tests/runs/.
+
+The layout mirrors the package: tests/<layer>/ holds the unit-level tests of
+multirank_logger/<layer> (one process), tests/project/ the checks over the whole project,
+tests/runs/ every test that launches real multi-process trainings (`slow`: the folder is the one
+way to mark it), tests/scripts/ what those tests launch, tests/helpers/ the plain helpers the
+tests share (a test imports them from there, never from another test module or from this file),
+tests/data/ fixed input files."""
 
 from __future__ import annotations
 
@@ -17,22 +23,15 @@ from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 #: the long modules listed at the end of each run (a report, never a failure)
 pytest_plugins = ["tests.helpers.module_sizes"]
 
-#: modules whose every test launches real multi-process trainings, or the benchmarks: marked
-#: `slow`, so `make test-fast` (pytest -m "not slow") runs the rest in a fraction of the time.
-#: A test elsewhere that launches processes says so itself with @pytest.mark.slow.
-SLOW_MODULES = frozenset(
-    {
-        "test_accelerate_tracker", "test_audit_ddp", "test_benchmarks_smoke", "test_demo", "test_dropin_ddp", "test_launchers",
-        "test_logger_cli_launch", "test_logger_ddp", "test_logger_many_ranks", "test_logger_signals", "test_mesh_places", "test_origin_ddp",
-        "test_plain_api", "test_ray_train", "test_shared_nothing", "test_tensor_gather", "test_transformers_callback", "test_watch_ddp",
-    }
-)
+#: the one way a test is `slow`: it lives in tests/runs/ (real multi-process trainings, the benchmarks,
+#: other long processes), so `make test-fast` (pytest -m "not slow") runs every other folder
+RUNS = Path(__file__).resolve().parent / "runs"
 
 
 @pytest.hookimpl(wrapper=True)  # around xdist's, which turns the xdist_group marks added here into groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     for item in items:
-        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+        if item.path.resolve().is_relative_to(RUNS):
             item.add_marker(pytest.mark.slow)
         if item.module is not None and _shares_a_module_fixture(item):
             # under `pytest -n 2 --dist loadgroup` (make test) the tests of a module that share a
@@ -40,6 +39,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
             # made once: plain `--dist load` hands out tests in chunks, and a module cut between
             # two workers made its training on each
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # the long ones first (a stable sort: each module's tests stay together, in their order): the
+    # workers take the trainings while there is still short work to even out their ends, instead of
+    # one worker starting a 3-minute module when the other has nothing left
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     yield
     for item in items:
         # pytest-xdist 3.8 names a group by writing "nodeid@group" into `item._nodeid`, which pytest 9

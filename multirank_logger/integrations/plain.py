@@ -290,7 +290,7 @@ def _spawned_function_raised() -> bool:
     (``_wrap(fn, i, args, error_file)``) catches the exception, pickles its traceback into the error
     file and calls ``sys.exit(1)``, so the exit sees no uncaught exception and atexit no exit code;
     the error file, which the parent removed before starting the worker, exists only then. Any
-    other process, or a torch whose wrapper changed (tests/test_plain_api.py would say): False."""
+    other process, or a torch whose wrapper changed (tests/runs/test_plain_api.py would say): False."""
     process = multiprocessing.current_process()
     target, args = getattr(process, "_target", None), getattr(process, "_args", ())
     if getattr(target, "__module__", None) != "torch.multiprocessing.spawn" or getattr(target, "__name__", None) != "_wrap":

@@ -7,7 +7,7 @@ field, values written by ``csv.DictWriter`` (``str()`` of the Python scalar), li
 ended by ``\\r\\n``. The header goes through the same ``csv`` writer (a key may hold a
 comma or a quote). Data rows are joined by hand from the same Python scalars: every field
 is an int, a float, a bool or empty, which that writer writes as its ``str()`` and never
-quotes, so the bytes are the same; tests/test_dropin.py and tests/test_query.py compare
+quotes, so the bytes are the same; tests/logger/test_dropin.py and tests/query/test_query.py compare
 whole files with CSVLogger's.
 
 Speed: the rows are placed into a 2-D object grid with one NumPy fancy assignment

@@ -14,7 +14,7 @@ The rows come as the driver's tuples, not Arrow: pyarrow (26) imports pandas on 
 ``pa.array``, which was most of the cold command's time. The queries are SQL text over the
 tables' names, so that ``multirank-logger hosts`` (report/host_list.read_hosts) can run them on a SQLite or DuckDB file through the engine's
 own driver (store/backends/store_files.py) without importing SQLAlchemy, the rest of that time
-(tests/test_import_set.py keeps both out; benchmarks/RESULTS.md "Hosts ledger").
+(tests/project/test_import_set.py keeps both out; benchmarks/RESULTS.md "Hosts ledger").
 """
 
 from __future__ import annotations

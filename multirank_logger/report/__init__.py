@@ -22,7 +22,7 @@ __all__ = ["Findings", "find"]
 
 def __getattr__(name: str) -> Any:
     # on first use (PEP 562): a module of this package that lays out rows (host_list.py) imports
-    # no findings pass with it (tests/test_import_set.py)
+    # no findings pass with it (tests/project/test_import_set.py)
     if name in __all__:
         return getattr(importlib.import_module("multirank_logger.report.findings"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ are *partial* aggregates: a bucket cut by two flushes, re-logged by a resumed ru
 an import has several rows, and a reader merges them (SUM of the counts and sums, MIN, MAX, OR
 of the masks). The rows a retried batch or a second import leaves out (already stored) are
 left out here too, so the summaries and the rows never disagree
-(tests/test_step_summaries.py checks it over random runs).
+(tests/store/test_step_summaries.py checks it over random runs).
 
 Beside them, the same inserts keep a coarser level, ``coarse_summaries`` (per ``COARSE_STEPS``
 steps, merged from the 16-step rows of the same insert: `coarse_batch`), so that a page bucket

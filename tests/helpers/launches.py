@@ -16,6 +16,10 @@ from typing import Any
 
 import pytest
 
+#: the checkout's root (what a launched script puts on its PYTHONPATH) and the scripts the tests launch
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "scripts"
+
 
 def free_port() -> int:
     """A TCP port free on loopback right now, for a gloo rendezvous.

@@ -4,7 +4,7 @@ that the call must be refused), faults to inject between calls, and the check af
 
 Every generated piece carries its own expectation, worked out here from the rules (an int64 step,
 a UTF-8 key without NUL of at most 1024 bytes, one number within float64), not by asking the
-code under test. Used by tests/test_nothing_lost_properties.py and benchmarks/soak_nothing_lost.py.
+code under test. Used by tests/runs/test_nothing_lost_properties.py and benchmarks/soak_nothing_lost.py.
 """
 
 from __future__ import annotations

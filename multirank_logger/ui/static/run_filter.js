@@ -7,7 +7,7 @@
  * read as that path (splitPath, then dotted: "opt" and opt name one key) and matched whole.
  * The words are cut at spaces outside double quotes, so "my key"=1 is one word: the rule of
  * param_path.split_words, which cuts `runs --show-params` at its commas. splitWords, splitPath,
- * splitKeyValue and dotted are param_path's functions written again (tests/test_find_runs.py
+ * splitKeyValue and dotted are param_path's functions written again (tests/query/test_find_runs.py
  * checks they agree on any text). */
 (function () {
   "use strict";

@@ -1,0 +1,103 @@
+"""Rank 0's metrics.csv during a real 2-rank DDP training and after it fails, against CSVLogger.
+
+tests/scripts/dropin_train.py logs with CSVLogger and MultiRankLogger in one Trainer (gloo on CPU),
+copies our metrics.csv aside while the run trains, and with ``--crash-at`` makes every rank
+raise mid-run. SQLite (every rank writes) and DuckDB (rank 0 writes what the others ship).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.launches import SCRIPTS
+from tests.helpers.logger_helpers import query, train_env
+
+SCRIPT = SCRIPTS / "dropin_train.py"
+STEPS, CRASH_AT = 24, 20
+LATE_KEY_FROM = 10
+
+
+def _launch(tmp_path: Path, backend: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    db = tmp_path / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--db",
+        str(db),
+        "--save-dir",
+        str(tmp_path),
+        "--csv-dir",
+        str(tmp_path / "csv"),
+    ]
+    return subprocess.run(
+        [*cmd, "--steps", str(STEPS), *extra],
+        cwd=tmp_path,
+        env=train_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _table(data: bytes) -> tuple[list[str], list[dict[str, str]]]:
+    reader = csv.DictReader(io.StringIO(data.decode(), newline=""))
+    return list(reader.fieldnames or []), list(reader)
+
+
+def _ours(tmp_path: Path) -> Path:
+    return tmp_path / "lightning_logs" / "version_0" / "metrics.csv"
+
+
+def _theirs(tmp_path: Path) -> Path:
+    return tmp_path / "csv" / "lightning_logs" / "version_0" / "metrics.csv"
+
+
+def _check_snapshot(snapshot: Path, final: bytes, least_rows: int) -> None:
+    """What a reader saw mid-run: CSVLogger's layout, a prefix of the final file's rows, with the
+    header of the keys logged so far (sorted, step among them)."""
+    header, rows = _table(snapshot.read_bytes())
+    final_header, final_rows = _table(final)
+    assert len(rows) >= least_rows
+    assert header == sorted(header) and "step" in header and set(header) <= set(final_header)
+    for row, whole in zip(rows, final_rows):
+        assert row == {k: whole[k] for k in header}
+        assert all(whole[k] == "" for k in set(final_header) - set(header))  # no key missed in the header
+    assert snapshot.read_bytes().endswith(b"\r\n") and b"\r\n\r\n" not in snapshot.read_bytes()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "duckdb"])
+def test_metrics_csv_grows_during_ddp_training(tmp_path: Path, backend: str) -> None:
+    """Mid-run, rank 0's metrics.csv holds the calls logged so far in CSVLogger's layout, also
+    after a new key rewrote it; at the end it is CSVLogger's file byte for byte."""
+    proc = _launch(tmp_path, backend, "--snapshot-at", "6", "16")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    final = _ours(tmp_path).read_bytes()
+    assert final == _theirs(tmp_path).read_bytes()
+    early, late = tmp_path / "snapshot.6.csv", tmp_path / "snapshot.16.csv"
+    _check_snapshot(early, final, least_rows=5)
+    assert "late_key" not in _table(early.read_bytes())[0]
+    _check_snapshot(late, final, least_rows=15)
+    assert "late_key" in _table(late.read_bytes())[0]  # the file was rewritten with the wider header
+    assert {(tmp_path / f"experiment.{r}").read_text() for r in (0, 1)} == {"RunExperiment", "_DummyExperiment"}
+    assert (tmp_path / "experiment.0").read_text() == "RunExperiment"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "duckdb"])
+def test_metrics_csv_left_after_a_failed_ddp_run(tmp_path: Path, backend: str) -> None:
+    """Every rank raises at step 20: rank 0's metrics.csv is left with every call logged before
+    the crash, byte for byte what CSVLogger left, and the run is recorded as failed."""
+    proc = _launch(tmp_path, backend, "--crash-at", str(CRASH_AT), "--snapshot-at")
+    assert proc.returncode != 0 and "crash at step 20" in proc.stderr, proc.stderr[-5000:]
+    ours, theirs = _ours(tmp_path).read_bytes(), _theirs(tmp_path).read_bytes()
+    assert ours == theirs
+    header, rows = _table(ours)
+    assert len(rows) == CRASH_AT and "late_key" in header
+    db = tmp_path / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
+    assert query(db, "SELECT status FROM runs") == [("failed",)]
