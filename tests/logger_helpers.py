@@ -13,14 +13,18 @@ from typing import Any
 
 import sqlalchemy as sa
 
+import tests
 from multirank_logger.store.sql_store import Store
 
 TRAIN = Path(__file__).with_name("logger_train.py")
+_REPO = Path(tests.__file__).resolve().parents[1]  # where `tests` is a package, wherever this file lies
 
 
 def train_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "MULTIRANK_LOGGER_"))}
     env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    # a launched script imports tests.helpers (the one way into a logger's internals: helpers/internals.py)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
     return env
 
 

@@ -335,6 +335,32 @@ class MultiRankLogger(Logger):
         if run.watch is None and sink_setup.sink is not None and sink_setup.rank == 0:
             run.start_watch()
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Store every row this rank logged so far, before returning: into the store, or shipped to
+        the rank that writes it (rank 0 of a gather run, a node's writer); rank 0's metrics.csv too.
+
+        Unlike `save`, which Lightning calls every step and which only wakes the writer, this waits:
+        call it before reading the store from the same script, or before a step you want on disk.
+        A store that refuses the rows meanwhile (a reader holding a DuckDB file, a locked SQLite
+        file, a server restarting) is retried until `timeout`; the rows are never dropped: what is
+        not stored by then stays in memory for the writer's next cycles (and ``finalize``).
+
+        Args:
+            timeout: the longest wait, in seconds, for the store (or the channel) to take the rows.
+
+        Returns:
+            True when every row logged so far is stored (or shipped); False when some still wait
+            (the store refused them until `timeout`, or this rank's run is not known yet: a rank
+            other than 0 before its process group is up).
+
+        Example::
+
+            logger.log_metrics({"loss": 0.25}, step=10)
+            if logger.flush(timeout=10):
+                ...  # step 10 is in the store
+        """
+        return self._run.hot_path.flush(timeout)
+
     @property
     def watching(self) -> bool:
         """Whether rank 0's watch judges the run and raises alerts (``watch=True``, the default)."""

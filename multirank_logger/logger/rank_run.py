@@ -53,13 +53,13 @@ from multirank_logger.watch.watch import Watch, watch_for
 from multirank_logger.write import process_hooks
 from multirank_logger.write.hot_path import HotPath
 from multirank_logger.write.sink_setup import SinkSetup
-from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.write.writer_thread import Destination, Observer
 
 __all__ = ["RankRun"]
 
 _INSTANCES = count()
 #: the runtime's parts that stay in their process when the run is pickled (engines, threads, sockets, locks)
-_PROCESS_ONLY = ("lock", "store", "files", "sink_setup", "hot_path", "capture", "watch")
+_PROCESS_ONLY = ("lock", "store", "files", "sink_setup", "hot_path", "capture", "watch", "watch_feed")
 
 
 class RankRun:
@@ -96,15 +96,16 @@ class RankRun:
         self.sink_setup = SinkSetup(self, self.lock)  # how this rank's rows leave, once the group is up
         self.hot_path = HotPath(
             self.sink_setup,
+            self,  # the writer asks this run where rows go (`destination`)
             flush_every=self.settings.flush_every,
             flush_interval=self.settings.flush_interval,
             csv_calls=self.files.calls if self.settings.export_csv else None,
-            csv_catch_up=self.files.catch_up,
         )
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         level = self.settings.capture_level
         self.capture = None if level is None else LogCapture(self.hot_path.side.add, level)
         self.watch: Watch | None = None  # rank 0's, once its sink is set up (`start_watch`)
+        self.watch_feed: Observer | None = None  # the watch's intake the writer hands each cycle's rows
         self.watch_failed = False  # it could not start: not tried again at every step
         track(self)
 
@@ -133,7 +134,7 @@ class RankRun:
                 per_transaction = backend_for(settings.url).opens_per_transaction
                 watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction,
                                        outlets, close_after=max(10.0, 2 * settings.flush_interval + 2),
-                                       peek=getattr(setup.sink, "peek", None))  # fmt: skip
+                                       peek=setup.sink.peek)  # fmt: skip
                 watch.start()
             except Exception as exc:  # noqa: BLE001 - the watch never takes the training down
                 self.watch_failed = True
@@ -141,7 +142,7 @@ class RankRun:
                                "is logged as usual, without alerts.")  # fmt: skip
                 return
             if fed:
-                self.hot_path.writer.observe = watch.observe
+                self.watch_feed = watch.observe
             self.watch = watch
 
     def stop_watch(self, timeout: float = 2.0, final: bool = False, ends_wait: float = 0.0) -> None:
@@ -154,9 +155,21 @@ class RankRun:
         watch.stop(timeout, final=final, ends_wait=ends_wait)
         if final:
             watch.keep_verdict()  # the run's findings, for later reads and across runs (the `findings` table)
-        self.hot_path.writer.observe = None
+        self.watch_feed = None
         watch.outlets.close(min(timeout, 1.0))
         self.alerts_raised.extend(watch.alerts)
+
+    # -- what the writer thread asks (write/writer_thread.WriterOwner) ----------------------
+
+    def destination(self, explicit: bool) -> Destination | None:
+        """The writer's cycle: where rows go (the sink, set up now where rows wait), and rank 0's
+        metrics.csv catches up first (`Rank0Files.catch_up`: never raises)."""
+        sink = self.hot_path.ready_sink()
+        if sink is None:
+            return None
+        setup = self.sink_setup
+        self.files.catch_up(setup.rank, explicit)
+        return Destination(sink, setup.run_id, setup.rank, self.watch_feed)
 
     # -- pickling (ddp_spawn) ---------------------------------------------------------------
 
@@ -322,9 +335,9 @@ class RankRun:
             return None
         # the process group may be gone by now: the rank the sink was set up with
         rank = self.sink_setup.rank if sink is not None else current_rank()
-        if rank != 0 and not isinstance(sink, DirectSink):
+        if rank != 0 and (sink is None or not sink.records_end):
             return None  # a sender's row is its writer's to write, and the store may not be reachable here
-        senders = sink.channel.senders if isinstance(sink, GatherReceiver) else ()
+        senders = (sink.senders if sink is not None else None) or ()
         return UnfinishedRun(store, identity.run.id, rank, senders, self.attempt)
 
     def logging_unfinished(self) -> bool:
@@ -334,7 +347,8 @@ class RankRun:
         and a sender that logged nothing must still say it is done); and it is a rank of the run,
         not a plain forked child of the run's process (ddp_notebook's forked ranks set up their
         sink in a process group of several)."""
-        gather = isinstance(self.sink_setup.sink, (GatherReceiver, GatherSender))
+        sink = self.sink_setup.sink
+        gather = sink is not None and sink.transport != "direct"  # rows travel over the channel
         return (self.hot_path.live or gather) and (not self.forked_from_its_process or self.sink_setup.world > 1)
 
     def allocate_before_fork(self) -> tuple[Store, int] | None:
