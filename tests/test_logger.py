@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -18,7 +17,7 @@ from lightning.pytorch import Trainer
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWritable
 from multirank_logger.write.writer_thread import SELDOM_MAX_CALLS
-from tests.helpers.internals import writer_of
+from tests.helpers.internals import run_of, writer_of
 from tests.logger_helpers import query
 
 
@@ -165,7 +164,7 @@ def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch
     value lost and says so; the calls of the same batch and later ones are written, and the run is
     not a success (issue 38 point 1: one bad call never takes another call's values with it)."""
     logger = _logger(db_path)
-    buffer = logger._run.hot_path.buffer
+    buffer = run_of(logger).logged.buffer
     encode = buffer.encode
 
     def broken(calls, run_id: int, rank: int):
@@ -266,23 +265,6 @@ def test_log_hyperparams_stored_with_the_run(db_path: Path) -> None:
     logger.finalize("success")
     (hparams,) = query(db_path, "SELECT hparams FROM runs")[0]
     assert hparams == '{"lr": 0.1, "opt": {"inner": {"m": 0.9}, "name": "sgd"}}'
-
-
-def test_rows_wait_while_a_reader_holds_the_duckdb_file(tmp_path: Path) -> None:
-    """A flush that meets a DuckDB file held by another connection keeps its rows and retries."""
-    db = tmp_path / "runs.duckdb"
-    logger = _logger(db)
-    logger.log_metrics({"a": 1.0}, step=0)
-    assert logger.flush(5)  # sets up the sink, writes the first row
-    logger.log_metrics({"a": 2.0}, step=1)
-    holder = duckdb.connect(str(db))  # a read-write holder: DuckDB refuses our writer meanwhile
-    try:
-        assert not logger.flush(timeout=0.5)
-    finally:
-        holder.close()
-    assert logger.flush(5)  # the row was kept: stored once the holder is gone
-    logger.finalize("success")
-    assert query(db, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (1, 2.0)]
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from multirank_logger.model.side_records import decode_side, encode_side
 from multirank_logger.store.sql_store import Store
 from multirank_logger.transport.rank_facts import fetch_facts, publish_facts
 from multirank_logger.transport.row_channel import RowChannel
-from multirank_logger.write.sink import Cycle
+from multirank_logger.write.sink_protocol import Cycle
 from multirank_logger.write.spiller import Spiller
 
 __all__ = ["SENDER_HELD_VALUES", "DirectSink", "GatherReceiver", "GatherSender"]
@@ -392,7 +392,7 @@ class GatherSender:
             if left:
                 self._spill(f"rank {self.channel.writer} did not acknowledge rank {self.channel.rank}'s last rows "
                             f"in {timeout:g} s", left)
-        totals = _unstored(self.spiller)
+        totals = _spilled_lost(self.spiller)
         spilled, lost = totals[0] - self.recorded_by_writer[0], totals[1] - self.recorded_by_writer[1]
         undelivered = sum(map(len, self.undelivered))  # no spiller: gone with this process
         # rank 0 waits for the reports only at a success (a job torn down must not wait)
@@ -428,7 +428,7 @@ class GatherSender:
         self.spiller.put(batches, f"rank {self.channel.rank} could not deliver its rows to rank {self.channel.writer} ({why})")
 
 
-def _unstored(spiller: Spiller | None) -> tuple[int, int]:
+def _spilled_lost(spiller: Spiller | None) -> tuple[int, int]:
     return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
 
 

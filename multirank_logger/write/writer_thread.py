@@ -19,7 +19,7 @@ after `stop`, SIGTERM, atexit). The training thread never takes it nor waits on 
 flush on the main thread runs in a helper thread it waits for, bounded (a stopped server never
 answers; Ctrl-C reaches the caller). `spill_held` waits for the lock bounded too, and spills
 without it when a write is stuck (rows may land twice: the import skips those stored). A cycle
-may take the set-up lock inside it (``SinkSetup.setup``): never wait for this lock holding that one.
+may take the set-up lock inside it (``SinkHolder.setup``): never wait for this lock holding that one.
 
 The writer knows the run above it only through `WriterOwner`: one call at the start of each cycle
 (`WriterOwner.destination`) says where rows go and who watches them.
@@ -42,7 +42,7 @@ from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
 from multirank_logger.write import process_hooks
 from multirank_logger.write.buffer import RecordBuffer
-from multirank_logger.write.sink import Sink
+from multirank_logger.write.sink_protocol import Sink
 from multirank_logger.write.spiller import Spiller
 
 __all__ = ["HELD_VALUES_LIMIT", "BackgroundWriter", "Destination", "Observer", "ToSink", "WriterOwner"]

@@ -20,7 +20,7 @@ def run_of(logger: Any) -> Any:
 
 def writer_of(logger: Any) -> BackgroundWriter:
     """The logger's background writer (write/writer_thread.py): its counters and bounds."""
-    return logger._run.hot_path.writer
+    return logger._run.logged.writer
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
-"""How this rank's rows leave: the transport chosen, the sink built, its spiller, this rank registered.
+"""SinkHolder: this rank's sink and what goes with it (the transport chosen, its spiller, this rank
+registered, the counts its end records). How this rank's rows leave.
 
-`SinkSetup.setup` runs once the process group is up (or at once with one rank), from the
-writer thread (hot_path.py's `target`) or the main thread (``logger.experiment``, ``save()`` on rank 0): it
+`SinkHolder.setup` runs once the process group is up (or at once with one rank), from the
+writer thread (logged_rows.py's `ready_sink`) or the main thread (``logger.experiment``, ``save()`` on rank 0): it
 decides the transport with the other ranks (transport_choice.py), numbers the launch's attempt
 (through the run), builds the sink (sinks.py) with this run's spiller (spiller.py) and records
 this rank, and on rank 0 every rank, in the store's ``ranks`` table. A finalized phase drops
@@ -30,12 +31,12 @@ from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.transport.rank_facts import publish_facts, rank_facts
 from multirank_logger.transport.row_channel import RowChannel
-from multirank_logger.write.sink import Sink
+from multirank_logger.write.sink_protocol import Sink
 from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.write.spiller import Spiller
 from multirank_logger.write.transport_choice import choose_transport
 
-__all__ = ["RunForSink", "SinkSettings", "SinkSetup"]
+__all__ = ["RunForSink", "SinkSettings", "SinkHolder"]
 
 
 class SinkSettings(Protocol):
@@ -100,7 +101,7 @@ class RunForSink(Protocol):
         """The sink was just built, before any row goes through it (rank 0 starts its watch here)."""
 
 
-class SinkSetup:
+class SinkHolder:
     """This rank's sink, set up once the process group is up, with its spiller and registration.
 
     Args:

@@ -1,11 +1,11 @@
 """The training thread's side of the write path: a log call into memory, and the writer behind it.
 
-`HotPath.record_call` is what ``log_metrics`` costs: an append to this rank's `RecordBuffer`
+`LoggedRows.record_call` is what ``log_metrics`` costs: an append to this rank's `RecordBuffer`
 (buffer.py) and CSVLogger's count of unsaved calls; no I/O, no SQL, no collective, no lock.
 The first call of a phase starts the `BackgroundWriter` (writer_thread.py) and puts the
 SIGTERM hook on top (process_hooks.py). The writer asks its owner (the run above, through
 writer_thread.WriterOwner) where rows go; the run answers with `ready_sink`: the sink that
-sink_setup.py builds once the process group is up.
+sink_holder.py builds once the process group is up.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from typing import Any
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.write import process_hooks
 from multirank_logger.write.buffer import RecordBuffer
-from multirank_logger.write.sink import Sink
-from multirank_logger.write.sink_setup import SinkSetup
+from multirank_logger.write.sink_holder import SinkHolder
+from multirank_logger.write.sink_protocol import Sink
 from multirank_logger.write.writer_thread import BackgroundWriter, WriterOwner
 
-__all__ = ["HotPath"]
+__all__ = ["LoggedRows"]
 
 
-class HotPath:
+class LoggedRows:
     """This rank's log calls in memory, and the writer thread that moves them to its sink.
 
     Args:
-        sink_setup: where the writer's rows go, once set up.
+        sink_holder: where the writer's rows go, once set up.
         owner: the run above, which the writer asks at each cycle where rows go.
         flush_every: CSVLogger's ``flush_logs_every_n_steps``: calls between two saves.
         flush_interval: seconds between two of the writer's flushes.
@@ -38,14 +38,14 @@ class HotPath:
 
     def __init__(
         self,
-        sink_setup: SinkSetup,
+        sink_holder: SinkHolder,
         owner: WriterOwner,
         *,
         flush_every: int,
         flush_interval: float,
         csv_calls: deque[tuple[int | float, Mapping[Any, Any]]] | None,
     ) -> None:
-        self.sink_setup = sink_setup
+        self.sink_holder = sink_holder
         self.flush_every = flush_every
         self.buffer = RecordBuffer()
         self.buffer.csv_calls = csv_calls
@@ -82,8 +82,8 @@ class HotPath:
 
     def flush_now(self, timeout: float) -> None:
         """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
-        if self.buffer.calls_pending and self.sink_setup.sink is None:
-            self.sink_setup.setup()
+        if self.buffer.calls_pending and self.sink_holder.sink is None:
+            self.sink_holder.setup()
         self.unsaved = 0  # as CSVLogger's save empties its unsaved rows
         self.writer.flush(timeout)
 
@@ -104,6 +104,6 @@ class HotPath:
     def ready_sink(self) -> Sink | None:
         """For the writer's cycle: the sink, set up now where rows wait for it; None while it
         cannot be (the process group not up) or need not be (nothing logged yet)."""
-        if self.sink_setup.sink is None and self.buffer.calls_pending == 0:
+        if self.sink_holder.sink is None and self.buffer.calls_pending == 0:
             return None  # nothing to write: leave the set-up to `experiment`, in the main thread
-        return self.sink_setup.setup()
+        return self.sink_holder.setup()
