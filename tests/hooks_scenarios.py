@@ -28,7 +28,7 @@ def fork(db: str) -> None:
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a writer cycle in progress at the moment of the fork
-        # in the writer's order (its cycle takes the I/O lock, then the set-up lock in setup_sink):
+        # in the writer's order (its cycle takes the I/O lock, then the set-up lock in SinkHolder.setup):
         # the other order deadlocks with a cycle that starts meanwhile
         with writer_cycle_held(logger), run_of(logger).lock:
             held.set()

@@ -214,7 +214,7 @@ class RankRun:
 
         Other ranks only check that the file could be written: opening it would create a store
         of their own on a host that does not share rank 0's disk. They open it once the
-        transport is "direct" (`setup_sink`).
+        transport is "direct" (`SinkHolder.setup`).
         """
         # only a process certain to be rank 0 touches the disk: the first process of node 1
         # would otherwise create a store (and a run) of its own there
@@ -373,9 +373,9 @@ class RankRun:
         store connection must not be used or even closed here, its locks may be held by threads
         that do not exist here, its buffered rows are the parent's to write.
         """
-        old_hot_path = self.logged
-        keep((old_hot_path, self.lock, self.store, self.sink_holder))
+        old_logged = self.logged
+        keep((old_logged, self.lock, self.store, self.sink_holder))
         self.forked_from_its_process = True
         self.init_runtime()
-        self.logged.buffer.continue_numbering(old_hot_path.buffer)  # the child never reuses the parent's seq
+        self.logged.buffer.continue_numbering(old_logged.buffer)  # the child never reuses the parent's seq
 
