@@ -45,7 +45,7 @@ def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start
     from multirank_logger.transport.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherSender
-    from multirank_logger.write.writer_thread import BackgroundWriter
+    from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
 
     channel = RowChannel("load", rank, world, host="127.0.0.1", port=port, timeout=FINISH_TIMEOUT)
     # unbounded here: this measures what the channel delivers, exactly once, under saturation;
@@ -53,7 +53,7 @@ def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start
     sink = GatherSender(channel, max_held_values=sys.maxsize)
     buffer = RecordBuffer()
     writer = BackgroundWriter(
-        buffer, lambda: (sink, run_id, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY
+        buffer, ToSink(sink, run_id, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY
     )
     writer.start()
     while time.time() < start_at:
@@ -84,7 +84,7 @@ def _receiver(
     from multirank_logger.transport.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherReceiver
-    from multirank_logger.write.writer_thread import BackgroundWriter
+    from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
 
     server = dist.TCPStore("127.0.0.1", port, world, True, timedelta(seconds=FINISH_TIMEOUT), wait_for_workers=False)
     ready.set()
@@ -94,7 +94,7 @@ def _receiver(
     # rank 0 logs nothing of its own here: its writer drains the others every flush_interval,
     # as during training; at the end of the sending window it finishes as `finalize` does
     writer = BackgroundWriter(
-        RecordBuffer(), lambda: (sink, run_id, 0), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY
+        RecordBuffer(), ToSink(sink, run_id, 0), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY
     )
     writer.start()
     end = _start_time(start_box) + seconds

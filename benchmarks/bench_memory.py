@@ -74,7 +74,7 @@ def _make_logger(kind: str, root: str) -> Any:
 
 def _wait_written(logger: Any, timeout_s: float = 120.0) -> None:
     run = getattr(logger, "_run", None)  # MultiRankLogger's RankRun; CSVLogger has none
-    writer = run.hot_path.writer if run is not None else None  # its BackgroundWriter
+    writer = run.logged.writer if run is not None else None  # its BackgroundWriter
     deadline = time.monotonic() + timeout_s
     while writer is not None and writer.pending and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -61,7 +61,7 @@ def _rank(rank: int, world: int, per_node: int, port: int, seconds: float, out: 
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherSender
     from multirank_logger.write.transport_choice import choose_transport
-    from multirank_logger.write.writer_thread import BackgroundWriter
+    from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
 
     os.environ.update(NODE_RANK=str(rank // per_node), LOCAL_RANK=str(rank % per_node))
     if via_launch:
@@ -84,7 +84,7 @@ def _rank(rank: int, world: int, per_node: int, port: int, seconds: float, out: 
     else:
         sink = GatherSender(channel)
         buffer = RecordBuffer()
-        writer = BackgroundWriter(buffer, lambda: (sink, 1, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY)
+        writer = BackgroundWriter(buffer, ToSink(sink, 1, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY)
         writer.start()
         calls = int(seconds * RATE)
         for call in range(calls):  # paced: call k at start + k / RATE

@@ -70,7 +70,7 @@ def one_round(steps: int, reader: bool, timeout: float) -> dict[str, float]:
             stored = conn.exec_driver_sql("SELECT COUNT(*) FROM metrics").scalar_one()
             status = conn.exec_driver_sql("SELECT status FROM runs").scalar_one()
         store.close()
-        spilled = logger._run.sink_setup.spiller.values_spilled if logger._run.sink_setup.spiller is not None else 0
+        spilled = logger._run.sink_holder.spiller.values_spilled if logger._run.sink_holder.spiller is not None else 0
         return {"loop_us": loop / steps * 1e6, "finalize_s": final, "stored": stored, "spilled": spilled,
                 "status": status}
 

@@ -68,7 +68,7 @@ def _sender(
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherSender
     from multirank_logger.write.spiller import Spiller
-    from multirank_logger.write.writer_thread import BackgroundWriter
+    from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
 
     channel = RowChannel("scale", rank, world, host="127.0.0.1", port=port, timeout=TIMEOUT)
     if bound is None:
@@ -86,7 +86,7 @@ def _sender(
 
     sink.write = measured_write  # type: ignore[method-assign]
     buffer = RecordBuffer()
-    writer = BackgroundWriter(buffer, lambda: (sink, run_id, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY)
+    writer = BackgroundWriter(buffer, ToSink(sink, run_id, rank), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY)
     writer.start()
     with channel._lock:  # connected before the start: the idle latency is measured with all of them
         channel._client()
@@ -127,7 +127,7 @@ def _receiver(
     from multirank_logger.transport.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherReceiver
-    from multirank_logger.write.writer_thread import BackgroundWriter
+    from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
 
     server = dist.TCPStore("127.0.0.1", port, world, True, timedelta(seconds=TIMEOUT), wait_for_workers=False)
     ready.set()
@@ -143,7 +143,7 @@ def _receiver(
         return batches, side
 
     sink.receive = counted_receive  # type: ignore[method-assign]
-    writer = BackgroundWriter(RecordBuffer(), lambda: (sink, run_id, 0), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY)
+    writer = BackgroundWriter(RecordBuffer(), ToSink(sink, run_id, 0), flush_interval=FLUSH_INTERVAL, flush_every=FLUSH_EVERY)
     go.wait(300)
     start_at = _start_time(start_box)
     cpu0, wall0 = time.process_time(), time.time()  # the TCPStore server's thread is in this process too

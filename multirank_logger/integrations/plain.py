@@ -226,6 +226,18 @@ class Run:
             raise RunFinished("run.record")
         self.logger.record(table, **values)
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Store every row this rank logged so far before returning, as `MultiRankLogger.flush`:
+        True when all of it is stored (or shipped to the rank that writes it), False when the store
+        still refused some at `timeout` (they stay in memory, retried; never dropped).
+
+        Raises:
+            RunFinished: after `finish` (its end flushed everything already).
+        """
+        if self._finished:
+            raise RunFinished("run.flush")
+        return self.logger.flush(timeout)
+
     # -- the end ----------------------------------------------------------------------------
 
     def finish(self, status: str = SUCCESS) -> None:

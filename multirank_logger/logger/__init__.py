@@ -6,7 +6,7 @@ Top down (each module imports only those below it):
   gets as ``logger.experiment``; finalize.py: the end of the run (``finalize``).
 - rank_run.py: `RankRun`, this process's part in the run: who the run is (store, identity) and
   which attempt, built from run_settings.py's `RunSettings`; it builds and carries over pickling
-  and fork the rank's runtime (write/hot_path.py, write/sink_setup.py, rank 0's files).
+  and fork the rank's runtime (write/logged_rows.py, write/sink_holder.py, rank 0's files).
 - Below the run: csv_logger_files.py and live_csv.py (rank 0's CSVLogger files), save_dir.py
   (the files' filesystem), process_registry.py (the runs of this process at exit and fork),
   launch_env.py (the run identity in the environment of the children Lightning's launcher

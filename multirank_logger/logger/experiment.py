@@ -51,7 +51,7 @@ class RunExperiment:
         """The calls logged and not written yet, with their ``step`` (CSVLogger's unsaved rows):
         not in metrics.csv yet, or (export_csv=False) not drained to the store yet."""
         run = self._run
-        buffer = run.hot_path.buffer
+        buffer = run.logged.buffer
         calls = list(run.files.calls) if buffer.csv_calls is not None else buffer.pending_calls()
         return [{**values, "step": step} for step, values in calls]
 
@@ -70,7 +70,7 @@ class RunExperiment:
     def log_metrics(self, metrics_dict: Mapping[str, Any], step: int | None = None) -> None:
         """Record one call, as CSVLogger's writer does (no prefix; the step defaults to the
         count of unsaved calls). Appends to memory only."""
-        self._run.hot_path.record_call(metrics_dict, step)
+        self._run.logged.record_call(metrics_dict, step)
 
     def log_hparams(self, params: Mapping[str, Any]) -> None:
         """Add hyperparameters and write hparams.yaml now."""
@@ -80,7 +80,7 @@ class RunExperiment:
         """Write what was logged: into the store, and into metrics.csv, before returning
         (the logger's own ``save``, which the Trainer calls every step, writes metrics.csv only)."""
         run = self._run
-        run.hot_path.flush_now(run.settings.timeout)
+        run.logged.flush_now(run.settings.timeout)
 
     def __repr__(self) -> str:
         return f"RunExperiment(log_dir={self.log_dir!r})"

@@ -14,9 +14,10 @@ exits normally without it is ended by `finish_run` too (given to the registry be
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from multirank_logger._util.best_effort import bounded, safely
@@ -35,10 +36,10 @@ from multirank_logger.store.status import (
     record_rank_end,
 )
 from multirank_logger.store.write_errors import describe
-from multirank_logger.transport.rank_facts import FACTS_WAIT_S, fetch_facts, rank_facts
+from multirank_logger.transport.rank_facts import FACTS_WAIT_S, rank_facts
 from multirank_logger.write import process_hooks
-from multirank_logger.write.sink_setup import SinkSetup
-from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.write.sink_holder import SinkHolder
+from multirank_logger.write.sink_protocol import Sink
 
 __all__ = ["FAILED_TIMEOUT", "finish_run"]
 
@@ -53,24 +54,24 @@ def finish_run(run: RankRun, status: str) -> None:
     """Flush everything, record how the run ended, and (rank 0, success) write the CSV files."""
     run.finalized = True
     run.capture_logs(False)  # what it kept is flushed below
-    hot_path, sink_setup = run.hot_path, run.sink_setup
+    logged, sink_holder = run.logged, run.sink_holder
     started = time.monotonic()
     status = final_status(status, terminated=process_hooks.sigterm_received.is_set())
     timeout = run.settings.timeout if status == SUCCESS else min(run.settings.timeout, FAILED_TIMEOUT)
-    if hot_path.buffer.calls_pending and sink_setup.sink is None:
-        safely(sink_setup.setup)
-    hot_path.writer.stop(timeout)  # from here on only this thread writes
-    hot_path.live = False
+    if logged.buffer.calls_pending and sink_holder.sink is None:
+        safely(sink_holder.setup)
+    logged.writer.stop(timeout)  # from here on only this thread writes
+    logged.live = False
     process_hooks.release_sigterm()  # the handler from before ours, once no writer needs it
     bound = run.settings.finalize_bound(timeout)
     left = max(bound - (time.monotonic() - started), 1.0)
     try:
-        if sink_setup.sink is None or run.identity is None:
+        if sink_holder.sink is None or run.identity is None:
             bounded(lambda: _end_unset_run(run, status, timeout), left, "the end of the run")
         else:
             bounded(lambda: _end_with_sink(run, status, timeout), left, "the end of the run")
             run.phase += 1
-            sink_setup.drop()  # a later fit/test sets up again, on a fresh channel
+            sink_holder.drop()  # a later fit/test sets up again, on a fresh channel
     except TimeoutError:
         _give_up(run, status, bound)
     finally:
@@ -96,31 +97,31 @@ def _give_up(run: RankRun, status: str, bound: float) -> None:
     now, with how this rank ended (`status`): importing the file records that end, else the run
     stayed 'running' for good. The job goes on ending; the stuck call is left behind in its thread
     (should it still record the end, the import leaves the end it finds)."""
-    writer = run.hot_path.writer
+    writer = run.logged.writer
     error = writer.last_error
     writer.spill_held(
         f"the end of the run did not finish within {bound:g} s: the store stopped answering"
         + (f" ({describe(error)})" if error is not None else ""),
         timeout=0.0,
     )
-    spiller = run.sink_setup.spiller
+    spiller = run.sink_holder.spiller
     if spiller is not None:  # only where it spilled: a rank with nothing in its file has no file
-        spiller.end(status, *_unstored_since_counted(run.sink_setup))
+        spiller.end(status, *_not_yet_recorded(run.sink_holder))
     where = f" The rows not stored are in {spiller.path}: {spiller.import_command()}" if spiller is not None and (
         spiller.values_spilled or spiller.side_rows_spilled) else ""
     log.error(
         "multirank_logger: the end of the run did not finish within %g s (finalize_timeout): the store "
         "stopped answering, and its row may still say 'running'.%s", bound, where,
     )
-    run.sink_setup.drop()
+    run.sink_holder.drop()
 
 
 def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> None:
-    """The end with a sink: its last rows, the other ranks' ends, the run's row, the files."""
-    sink_setup, writer, store = run.sink_setup, run.hot_path.writer, run.store
-    sink = sink_setup.sink
+    """The end with a sink: its last rows, the other ranks' ends, the run's row, the files.
+    Whatever the sink's kind, the same calls: it answers for itself (write/sink_protocol.py)."""
+    holder, writer = run.sink_holder, run.logged.writer
+    sink = holder.sink
     assert sink is not None and run.identity is not None
-    run_id = run.identity.run.id
 
     def left() -> float:
         return max(deadline - time.monotonic(), 1.0)
@@ -143,62 +144,89 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
             f"the store did not take these rows by the end of the run ({describe(error) if error else 'busy'})",
             timeout=left(),
         )
-    gather_world = sink_setup.world if sink.transport == "gather" else 0
     # the ranks whose rows this rank received (gather rank 0; a node's writer): it records their ends
-    senders = list(sink.channel.senders) if isinstance(sink, GatherReceiver) else None
-    facts: dict[int, dict[str, Any]] = {}
-    if senders and isinstance(sink, GatherReceiver):
-        channel = sink.channel
-        facts = safely(lambda: fetch_facts(channel, senders, min(timeout, FACTS_WAIT_S))) or {}
-    if (senders is not None and sink_setup.rank != 0) or sink_setup.place_changed:
+    senders = sink.senders
+    facts: dict[int, dict[str, Any]] = safely(lambda: sink.fetch_facts(min(timeout, FACTS_WAIT_S))) or {}
+    if (senders is not None and holder.rank != 0) or holder.place_changed:
         # a node's writer was registered by rank 0, without them; a place that changed after registration
-        facts[sink_setup.rank] = rank_facts(sink_setup.rank)
-    if isinstance(sink, DirectSink) and not sink.connected:  # a server that refused it so far
-        store = safely(lambda: sink.store, "opening the store for the run's end")
+        facts[holder.rank] = rank_facts(holder.rank)
+    store = safely(sink.store_for_end, "opening the store for the run's end") if sink.records_end else None
     sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
-    if isinstance(sink, GatherSender):
-        sink_setup.own_unstored_counted = sink.counted  # what rank 0 took into the run's totals
-    spilled, lost = _unstored_since_counted(sink_setup)
-    # gather rank 0: what the senders reported, and what they reported in a phase whose end
-    # could not be recorded (acknowledged to them: they will not report it again)
-    others_spilled = sink.others_unstored[0] + sink_setup.others_unstored_uncounted[0]
-    others_lost = sink.others_unstored[1] + sink_setup.others_unstored_uncounted[1]
-    if store is not None and isinstance(sink, DirectSink) and _store_still_there(sink):
-        if status == SUCCESS and sink_setup.rank == 0:
-            status = _success_if_readable(store, run_id, status)
-
-        def record() -> bool:
-            now = time.time()  # one end time, whatever the retries
-            retry_while_locked(lambda: record_rank_end(
-                store, run_id, rank=sink_setup.rank, gather_world=gather_world, status=status, others=others, facts=facts,
-                now=now, values_spilled=spilled + others_spilled, values_lost=lost + others_lost,
-                attempt=run.attempt, senders=senders,
-            ), min(left(), 5.0))
-            return True
-
-        if safely(record, "recording the run's end"):
-            sink_setup.own_unstored_counted, sink_setup.others_unstored_uncounted = sink_setup.unstored_totals(), (0, 0)
-        else:
-            log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
-            sink_setup.others_unstored_uncounted = (others_spilled, others_lost)
-            if sink_setup.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
-                # with the ends rank 0 heard from the ranks whose rows it wrote: else they stay
-                # "running" after the import, though they ended well (issue 38 point 6)
-                heard = {r: {**facts.get(r, {}), "status": others.get(r, MISSING)} for r in senders or ()}
-                sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost, others=heard)
-        if sink_setup.rank == 0 and run.attempt is not None:
-            attempt = run.attempt
-            safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
-                   "recording this launch's end (attempts)")  # fmt: skip
-        if sink_setup.rank == 0 and status == SUCCESS and run.settings.export_csv:
-            run.files.export_if_complete(store, run_id, left())
-    elif store is None and isinstance(sink, DirectSink) and sink_setup.spiller is not None:
-        log.error("multirank_logger: rank %d never reached the store: its end is in its spill file only.", sink_setup.rank)
-        sink_setup.spiller.end(status, spilled + others_spilled, lost + others_lost)
-    spiller = sink_setup.spiller
+    if sink.recorded_by_writer is not None:
+        holder.own_recorded = sink.recorded_by_writer  # what rank 0 took into the run's totals
+    gather_world = holder.world if sink.transport == "gather" else 0
+    end = _End(run, status, others, facts, senders, gather_world, sink.others_spilled_lost, left)
+    if store is not None and _store_still_there(sink):
+        _record_end(end, store)
+    elif store is None and sink.records_end and holder.spiller is not None:  # the store never opened (a server refusing it)
+        log.error("multirank_logger: rank %d never reached the store: its end is in its spill file only.", holder.rank)
+        holder.spiller.end(status, *end.spilled_lost())
+    spiller = holder.spiller
     summary = spiller.summary() if spiller is not None else None
     if spiller is not None and summary:
         spiller.say(summary)
+
+
+@dataclasses.dataclass
+class _End:
+    """What this rank records at its end: its status and what its sink learnt of the others."""
+
+    run: RankRun
+    status: str
+    others: dict[int, str]  # the status of each sender whose end is known
+    facts: dict[int, dict[str, Any]]
+    senders: list[int] | None
+    gather_world: int  # the world of a gather run (its rank 0 records the senders), else 0
+    #: (spilled, lost) values the senders reported this phase
+    reported: tuple[int, int]
+    left: Callable[[], float]  # seconds left of the end's bound
+
+    def others_spilled_lost(self) -> tuple[int, int]:
+        """The senders' (spilled, lost) values: this phase's reports, and those of an earlier phase
+        whose end could not be recorded (acknowledged to them: they will not report them again)."""
+        earlier = self.run.sink_holder.others_pending
+        return self.reported[0] + earlier[0], self.reported[1] + earlier[1]
+
+    def spilled_lost(self) -> tuple[int, int]:
+        """Every (spilled, lost) value this end adds to the run's row: this rank's and the senders'."""
+        (spilled, lost), (others_spilled, others_lost) = _not_yet_recorded(self.run.sink_holder), self.others_spilled_lost()
+        return spilled + others_spilled, lost + others_lost
+
+
+def _record_end(end: _End, store: Store) -> None:
+    """This rank's end (and its senders') in the store; on rank 0 the attempt's end and the CSV files."""
+    run, holder = end.run, end.run.sink_holder
+    assert run.identity is not None
+    run_id, status = run.identity.run.id, end.status
+    if status == SUCCESS and holder.rank == 0:
+        status = _success_if_readable(store, run_id, status)
+    spilled, lost = end.spilled_lost()
+
+    def record() -> bool:
+        now = time.time()  # one end time, whatever the retries
+        retry_while_locked(lambda: record_rank_end(
+            store, run_id, rank=holder.rank, gather_world=end.gather_world, status=status, others=end.others,
+            facts=end.facts, now=now, values_spilled=spilled, values_lost=lost, attempt=run.attempt,
+            senders=end.senders,
+        ), min(end.left(), 5.0))
+        return True
+
+    if safely(record, "recording the run's end"):
+        holder.own_recorded, holder.others_pending = holder.spilled_lost(), (0, 0)
+    else:
+        log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
+        holder.others_pending = end.others_spilled_lost()
+        if holder.spiller is not None:  # importing the spill file records it (spill_import.import_spill)
+            # with the ends rank 0 heard from the ranks whose rows it wrote: else they stay
+            # "running" after the import, though they ended well (issue 38 point 6)
+            heard = {r: {**end.facts.get(r, {}), "status": end.others.get(r, MISSING)} for r in end.senders or ()}
+            holder.spiller.end(status, spilled, lost, others=heard)
+    if holder.rank == 0 and run.attempt is not None:
+        attempt = run.attempt
+        safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
+               "recording this launch's end (attempts)")  # fmt: skip
+    if holder.rank == 0 and status == SUCCESS and run.settings.export_csv:
+        run.files.export_if_complete(store, run_id, end.left())
 
 
 def _success_if_readable(store: Store, run_id: int, status: str) -> str:
@@ -220,7 +248,7 @@ def _success_if_readable(store: Store, run_id: int, status: str) -> str:
     return FAILED
 
 
-def _store_still_there(sink: DirectSink) -> bool:
+def _store_still_there(sink: Sink) -> bool:
     def check() -> bool:
         sink.check_store()
         return True
@@ -228,9 +256,9 @@ def _store_still_there(sink: DirectSink) -> bool:
     return bool(safely(check, "checking the store file"))
 
 
-def _unstored_since_counted(sink_setup: SinkSetup) -> tuple[int, int]:
+def _not_yet_recorded(sink_holder: SinkHolder) -> tuple[int, int]:
     """(spilled, lost) values of this rank not yet added to the run's row."""
-    (spilled, lost), (s0, l0) = sink_setup.unstored_totals(), sink_setup.own_unstored_counted
+    (spilled, lost), (s0, l0) = sink_holder.spilled_lost(), sink_holder.own_recorded
     return spilled - s0, lost - l0
 
 
@@ -252,7 +280,7 @@ def _held(store: Store | None, timeout: float) -> Iterator[None]:
 
 def _end_unset_run(run: RankRun, status: str, timeout: float) -> None:
     """finalize before any sink: a run rank 0 allocated and nothing was logged to."""
-    run.hot_path.writer.flush(timeout)
+    run.logged.writer.flush(timeout)
     if run.identity is not None and current_rank() == 0 and run.store is not None:
         store, run_id = run.store, run.identity.run.id
         safely(lambda: retry_while_locked(lambda: store.update_run(run_id, status=status, ended_at=time.time()), 5))

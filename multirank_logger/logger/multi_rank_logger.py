@@ -1,8 +1,8 @@
 """MultiRankLogger: the Lightning front-end. Naming, versioning, rank, and Lightning's hooks.
 
 The hot path (`log_metrics`, `save`) only appends to this rank's `RecordBuffer` and may
-wake the `BackgroundWriter` (write/hot_path.py); the writer thread moves rows into the sink
-that write/sink_setup.py sets up. This process's part in the run (who the run is, which
+wake the `BackgroundWriter` (write/logged_rows.py); the writer thread moves rows into the sink
+that write/sink_holder.py sets up. This process's part in the run (who the run is, which
 attempt, and the runtime behind it) is a `RankRun` (rank_run.py), built from the checked
 arguments (run_settings.py), which also carries the run through pickling (ddp_spawn) and fork. Its end is finalize.py, rank 0's CSVLogger files csv_logger_files.py,
 what user code gets as ``logger.experiment`` experiment.py, the process-wide hooks
@@ -272,7 +272,7 @@ class MultiRankLogger(Logger):
     @property
     def transport(self) -> str | None:
         """``"direct"``, ``"gather"`` or ``"node"`` once decided (when the process group is up), else None."""
-        return self._run.sink_setup.transport
+        return self._run.sink_holder.transport
 
     @property
     def experiment(self) -> RunExperiment | _DummyExperiment:
@@ -283,9 +283,9 @@ class MultiRankLogger(Logger):
         learns the run and sets up its sink. Bounded waits, no collective.
         """
         run = self._run
-        run.sink_setup.setup()
-        if not run.hot_path.writer.running:
-            run.hot_path.writer.start()
+        run.sink_holder.setup()
+        if not run.logged.writer.running:
+            run.logged.writer.start()
         run.capture_logs(True)  # again for a later phase (fit, then test), and in ddp_spawn workers
         run.start_watch()
         return RunExperiment(run) if current_rank() == 0 else _DummyExperiment()
@@ -298,7 +298,7 @@ class MultiRankLogger(Logger):
         # every flush_logs_every_n_steps calls, where CSVLogger's saves (the Trainer saves every step)
         if self._prefix:
             metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
-        if self._run.hot_path.record_call(metrics, step):
+        if self._run.logged.record_call(metrics, step):
             self.save()
 
     def record(self, table: str, **values: Any) -> None:
@@ -308,7 +308,7 @@ class MultiRankLogger(Logger):
         Raises:
             KeyError: for a table or column the schema does not have.
         """
-        self._run.hot_path.record_side(table, values)
+        self._run.logged.record_side(table, values)
 
     @override
     def save(self) -> None:
@@ -318,22 +318,48 @@ class MultiRankLogger(Logger):
         appended to the open file in one write, elsewhere a counter check (benchmarks/RESULTS.md).
         """
         run = self._run
-        hot_path, sink_setup = run.hot_path, run.sink_setup
-        hot_path.unsaved = 0
+        logged, sink_holder = run.logged, run.sink_holder
+        logged.unsaved = 0
         if run.files.calls:
-            rank = sink_setup.rank if sink_setup.sink is not None else current_rank()
-            if sink_setup.sink is None and rank == 0 and not hot_path.save_set_up:
+            rank = sink_holder.rank if sink_holder.sink is not None else current_rank()
+            if sink_holder.sink is None and rank == 0 and not logged.save_set_up:
                 # once, on rank 0: the run and this launch first (a resumed run's file continues the
                 # earlier launches'); a set-up that fails is the writer thread's to retry, not each step's
-                hot_path.save_set_up = True
-                safely(sink_setup.setup, "setting up the run for metrics.csv")
-            if sink_setup.sink is not None or rank != 0:  # else the writer's cycles write the file once it is set up
+                logged.save_set_up = True
+                safely(sink_holder.setup, "setting up the run for metrics.csv")
+            if sink_holder.sink is not None or rank != 0:  # else the writer's cycles write the file once it is set up
                 run.files.write_live(rank)
-            if sink_setup.sink is not None and rank != 0:
-                hot_path.buffer.csv_calls = None  # this process is not rank 0: its calls need no CSV queue
-        hot_path.writer.maybe_wake()
-        if run.watch is None and sink_setup.sink is not None and sink_setup.rank == 0:
+            if sink_holder.sink is not None and rank != 0:
+                logged.buffer.csv_calls = None  # this process is not rank 0: its calls need no CSV queue
+        logged.writer.maybe_wake()
+        if run.watch is None and sink_holder.sink is not None and sink_holder.rank == 0:
             run.start_watch()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Store every row this rank logged so far, before returning: into the store, or shipped to
+        the rank that writes it (rank 0 of a gather run, a node's writer); rank 0's metrics.csv too.
+
+        Unlike `save`, which Lightning calls every step and which only wakes the writer, this waits:
+        call it before reading the store from the same script, or before a step you want on disk.
+        A store that refuses the rows meanwhile (a reader holding a DuckDB file, a locked SQLite
+        file, a server restarting) is retried until `timeout`; the rows are never dropped: what is
+        not stored by then stays in memory for the writer's next cycles (and ``finalize``).
+
+        Args:
+            timeout: the longest wait, in seconds, for the store (or the channel) to take the rows.
+
+        Returns:
+            True when every row logged so far is stored (or shipped); False when some still wait
+            (the store refused them until `timeout`, or this rank's run is not known yet: a rank
+            other than 0 before its process group is up).
+
+        Example::
+
+            logger.log_metrics({"loss": 0.25}, step=10)
+            if logger.flush(timeout=10):
+                ...  # step 10 is in the store
+        """
+        return self._run.logged.flush(timeout)
 
     @property
     def watching(self) -> bool:
@@ -369,7 +395,7 @@ class MultiRankLogger(Logger):
         if mesh is None or mesh_given():
             return
         use_mesh(mesh)
-        self._run.sink_setup.place_moved()
+        self._run.sink_holder.place_moved()
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:
@@ -394,7 +420,7 @@ def _dropped(run: RankRun) -> None:
     writes what is left, then ends; so does rank 0's watch. Returns at once: the collector may run
     in any thread."""
     run.board.withdraw()
-    run.hot_path.writer.finish_soon()
+    run.logged.writer.finish_soon()
     if run.watch is not None:
         run.watch.stop_soon()
 

@@ -4,8 +4,8 @@ Who the run is and which attempt: it opens the store (rank 0 at construction, th
 their transport is direct), learns the run's identity (allocated by rank 0,
 store/run_lifecycle.py; shared through transport/identity.py), numbers this launch's attempt,
 and keeps the hyperparameters. The rest of a rank's part it builds and holds: how its rows
-leave (write/sink_setup.py: transport, sink, spiller, registration), the hot path and its
-writer thread (write/hot_path.py), rank 0's CSVLogger files, the log capture.
+leave (write/sink_holder.py: transport, sink, spiller, registration), the hot path and its
+writer thread (write/logged_rows.py), rank 0's CSVLogger files, the log capture.
 
 What it holds lives in two parts. The run (settings, identity, hyperparameters) survives
 pickling into ddp_spawn's workers and a fork (ddp_notebook). The runtime (the hot path, the
@@ -51,15 +51,15 @@ from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.watch.alerts import Alert, AlertOutlets, run_facts
 from multirank_logger.watch.watch import Watch, watch_for
 from multirank_logger.write import process_hooks
-from multirank_logger.write.hot_path import HotPath
-from multirank_logger.write.sink_setup import SinkSetup
-from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
+from multirank_logger.write.logged_rows import LoggedRows
+from multirank_logger.write.sink_holder import SinkHolder
+from multirank_logger.write.writer_thread import Destination, Observer
 
 __all__ = ["RankRun"]
 
 _INSTANCES = count()
 #: the runtime's parts that stay in their process when the run is pickled (engines, threads, sockets, locks)
-_PROCESS_ONLY = ("lock", "store", "files", "sink_setup", "hot_path", "capture", "watch")
+_PROCESS_ONLY = ("lock", "store", "files", "sink_holder", "logged", "capture", "watch", "watch_feed")
 
 
 class RankRun:
@@ -93,25 +93,26 @@ class RankRun:
         self.store: Store | None = None
         self.attempt: int | None = None  # this process's launch of the run (run_lifecycle.py)
         self.files = Rank0Files(self)  # rank 0's metrics.csv and hparams.yaml
-        self.sink_setup = SinkSetup(self, self.lock)  # how this rank's rows leave, once the group is up
-        self.hot_path = HotPath(
-            self.sink_setup,
+        self.sink_holder = SinkHolder(self, self.lock)  # how this rank's rows leave, once the group is up
+        self.logged = LoggedRows(
+            self.sink_holder,
+            self,  # the writer asks this run where rows go (`destination`)
             flush_every=self.settings.flush_every,
             flush_interval=self.settings.flush_interval,
             csv_calls=self.files.calls if self.settings.export_csv else None,
-            csv_catch_up=self.files.catch_up,
         )
         # appends to the side rows directly: `record` would start the writer's SIGTERM hook (main thread only)
         level = self.settings.capture_level
-        self.capture = None if level is None else LogCapture(self.hot_path.side.add, level)
+        self.capture = None if level is None else LogCapture(self.logged.side.add, level)
         self.watch: Watch | None = None  # rank 0's, once its sink is set up (`start_watch`)
+        self.watch_feed: Observer | None = None  # the watch's intake the writer hands each cycle's rows
         self.watch_failed = False  # it could not start: not tried again at every step
         track(self)
 
     # -- rank 0's watch ------------------------------------------------------------------
 
     def sink_ready(self) -> None:
-        """`SinkSetup`: the sink is built and no row has gone through it yet: rank 0's watch starts
+        """`SinkHolder`: the sink is built and no row has gone through it yet: rank 0's watch starts
         now, so it is handed every row (Fabric calls no `save()` and reads no `experiment`: a watch
         started there missed the rows before, or never started)."""
         self.start_watch()
@@ -120,7 +121,7 @@ class RankRun:
         """Rank 0, once its sink is set up: start the watch (watch/watch.py) when asked for.
         Cheap when there is nothing to do (`save` calls it on every step of rank 0; it is started
         at the set-up already, `sink_ready`, and again for a later phase)."""
-        setup = self.sink_setup
+        setup = self.sink_holder
         if self.watch is not None or self.watch_failed or not self.settings.watch or setup.sink is None or setup.rank != 0:
             return  # (watch_failed: no lock taken at every save of a rank 0 whose watch could not start)
         with self.lock:
@@ -129,11 +130,11 @@ class RankRun:
             settings = self.settings
             try:
                 facts = run_facts(self.identity.run, settings.store_identity) if self.identity is not None else None
-                outlets = AlertOutlets(self.hot_path.side.add, settings.on_alert, settings.alert_url, run=facts)
+                outlets = AlertOutlets(self.logged.side.add, settings.on_alert, settings.alert_url, run=facts)
                 per_transaction = backend_for(settings.url).opens_per_transaction
                 watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction,
                                        outlets, close_after=max(10.0, 2 * settings.flush_interval + 2),
-                                       peek=getattr(setup.sink, "peek", None))  # fmt: skip
+                                       peek=setup.sink.peek)  # fmt: skip
                 watch.start()
             except Exception as exc:  # noqa: BLE001 - the watch never takes the training down
                 self.watch_failed = True
@@ -141,7 +142,7 @@ class RankRun:
                                "is logged as usual, without alerts.")  # fmt: skip
                 return
             if fed:
-                self.hot_path.writer.observe = watch.observe
+                self.watch_feed = watch.observe
             self.watch = watch
 
     def stop_watch(self, timeout: float = 2.0, final: bool = False, ends_wait: float = 0.0) -> None:
@@ -154,9 +155,21 @@ class RankRun:
         watch.stop(timeout, final=final, ends_wait=ends_wait)
         if final:
             watch.keep_verdict()  # the run's findings, for later reads and across runs (the `findings` table)
-        self.hot_path.writer.observe = None
+        self.watch_feed = None
         watch.outlets.close(min(timeout, 1.0))
         self.alerts_raised.extend(watch.alerts)
+
+    # -- what the writer thread asks (write/writer_thread.WriterOwner) ----------------------
+
+    def destination(self, explicit: bool) -> Destination | None:
+        """The writer's cycle: where rows go (the sink, set up now where rows wait), and rank 0's
+        metrics.csv catches up first (`Rank0Files.catch_up`: never raises)."""
+        sink = self.logged.ready_sink()
+        if sink is None:
+            return None
+        setup = self.sink_holder
+        self.files.catch_up(setup.rank, explicit)
+        return Destination(sink, setup.run_id, setup.rank, self.watch_feed)
 
     # -- pickling (ddp_spawn) ---------------------------------------------------------------
 
@@ -201,7 +214,7 @@ class RankRun:
 
         Other ranks only check that the file could be written: opening it would create a store
         of their own on a host that does not share rank 0's disk. They open it once the
-        transport is "direct" (`setup_sink`).
+        transport is "direct" (`SinkHolder.setup`).
         """
         # only a process certain to be rank 0 touches the disk: the first process of node 1
         # would otherwise create a store (and a run) of its own there
@@ -277,7 +290,7 @@ class RankRun:
             assert channel is not None, "a rank other than 0 runs with a process group"
             attempt = int(channel.fetch("attempt", timeout))
         self.attempt = attempt
-        self.hot_path.buffer.seq_base = self.hot_path.side.seq_base = seq_base(attempt)
+        self.logged.buffer.seq_base = self.logged.side.seq_base = seq_base(attempt)
         if rank == 0 and attempt:  # a resume: what earlier launches spilled here joins the run first
             earlier = functools.partial(import_earlier_launches, self.open_store(), self.settings.spill_dir,
                                         self.identity.run, attempt)
@@ -289,15 +302,15 @@ class RankRun:
         with self.lock:
             self.hparams.update(params)
             self.hparams_logged = True
-            sink_setup = self.sink_setup
-            if sink_setup.sink is not None and sink_setup.rank == 0:
-                sink_setup.sink.update_run(hparams=jsonable(self.hparams))
-            if sink_setup.spiller is not None:  # an import recreating the run from the spill file takes them
-                sink_setup.spiller.spill.note_hparams(jsonable(self.hparams))
+            sink_holder = self.sink_holder
+            if sink_holder.sink is not None and sink_holder.rank == 0:
+                sink_holder.sink.update_run(hparams=jsonable(self.hparams))
+            if sink_holder.spiller is not None:  # an import recreating the run from the spill file takes them
+                sink_holder.spiller.spill.note_hparams(jsonable(self.hparams))
         if self.settings.export_csv and current_rank() == 0:
             safely(self.files.write_hparams, "writing hparams.yaml")
 
-    # -- what the sink set-up asks of the run (write/sink_setup.RunForSink) ----------------
+    # -- what the sink set-up asks of the run (write/sink_holder.RunForSink) ----------------
 
     def channel_name(self) -> str:
         """The row channel of this phase: a finished phase's "done" keys stay behind in its own."""
@@ -317,14 +330,14 @@ class RankRun:
     def unfinished(self) -> UnfinishedRun | None:
         """At exit after an uncaught exception: what of this run is left to record as ended, when
         it was never finalized and this rank writes the store itself; else None."""
-        store, identity, sink = self.store, self.identity, self.sink_setup.sink
+        store, identity, sink = self.store, self.identity, self.sink_holder.sink
         if self.finalized or store is None or identity is None:
             return None
         # the process group may be gone by now: the rank the sink was set up with
-        rank = self.sink_setup.rank if sink is not None else current_rank()
-        if rank != 0 and not isinstance(sink, DirectSink):
+        rank = self.sink_holder.rank if sink is not None else current_rank()
+        if rank != 0 and (sink is None or not sink.records_end):
             return None  # a sender's row is its writer's to write, and the store may not be reachable here
-        senders = sink.channel.senders if isinstance(sink, GatherReceiver) else ()
+        senders = (sink.senders if sink is not None else None) or ()
         return UnfinishedRun(store, identity.run.id, rank, senders, self.attempt)
 
     def logging_unfinished(self) -> bool:
@@ -334,8 +347,9 @@ class RankRun:
         and a sender that logged nothing must still say it is done); and it is a rank of the run,
         not a plain forked child of the run's process (ddp_notebook's forked ranks set up their
         sink in a process group of several)."""
-        gather = isinstance(self.sink_setup.sink, (GatherReceiver, GatherSender))
-        return (self.hot_path.live or gather) and (not self.forked_from_its_process or self.sink_setup.world > 1)
+        sink = self.sink_holder.sink
+        gather = sink is not None and sink.transport != "direct"  # rows travel over the channel
+        return (self.logged.live or gather) and (not self.forked_from_its_process or self.sink_holder.world > 1)
 
     def allocate_before_fork(self) -> tuple[Store, int] | None:
         """Rank 0, before a fork: allocate the run now when it has none, so that every forked
@@ -359,9 +373,9 @@ class RankRun:
         store connection must not be used or even closed here, its locks may be held by threads
         that do not exist here, its buffered rows are the parent's to write.
         """
-        old_hot_path = self.hot_path
-        keep((old_hot_path, self.lock, self.store, self.sink_setup))
+        old_logged = self.logged
+        keep((old_logged, self.lock, self.store, self.sink_holder))
         self.forked_from_its_process = True
         self.init_runtime()
-        self.hot_path.buffer.continue_numbering(old_hot_path.buffer)  # the child never reuses the parent's seq
+        self.logged.buffer.continue_numbering(old_logged.buffer)  # the child never reuses the parent's seq
 

@@ -5,7 +5,7 @@ cost 82% of a DuckDB store's bytes (52.3 against 9.6 B/row) and made its inserts
 dearer (benchmarks/RESULTS.md, scale). Instead, ``metric_spans`` holds, per (run, rank), the
 seq ranges that may hold stored rows: a few rows per rank, grown as the rank's calls arrive.
 
-Every insert of metric rows (`Store.write`, a spill import) goes through `insert_unstored`:
+Every insert of metric rows (`Store.write`, a spill import) goes through `insert_metrics_once`:
 
 - the batch's seq range of each rank is looked up in ``metric_spans``, under a lock per (run,
   rank) where writers may overlap (PostgreSQL: `Backend.lock_seq_spans`; SQLite and DuckDB
@@ -36,12 +36,13 @@ from multirank_logger.model.batch import column_lists, take_rows
 from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, metric_spans, metrics
 from multirank_logger.store.step_summaries import insert_summaries
 
-__all__ = ["CallsNotStored", "calls_not_stored", "insert_unstored"]
+__all__ = ["CallsNotStored", "calls_not_stored", "insert_metrics_once"]
 
 
-def insert_unstored(conn: sa.Connection, backend: Any, batch: Any) -> int:
-    """Insert the rows of `batch` (`batch.METRICS_SCHEMA`) the store does not hold yet, on an
-    open transaction, and record their seq ranges. Returns the rows inserted."""
+def insert_metrics_once(conn: sa.Connection, backend: Any, batch: Any) -> int:
+    """Insert a metric batch (`batch.METRICS_SCHEMA`) exactly once, on an open transaction: the
+    rows the store does not hold yet, their step summaries, and their seq ranges. Returns the
+    rows inserted."""
     if len(batch) == 0:
         return 0
     run_id, rank, seq = (np.asarray(c) for c in column_lists(batch, ("run_id", "rank", "seq")))

@@ -34,7 +34,7 @@ from multirank_logger.errors import LookupFailed, SpillOfAnotherRun, StoreLocked
 from multirank_logger.model.batch import concat_batches, with_run_id
 from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import SIDE_TABLES, imports, ranks, runs, unheard_ends
-from multirank_logger.store.seq_spans import insert_unstored
+from multirank_logger.store.seq_spans import insert_metrics_once
 from multirank_logger.store.spill_file import SPILL_SUFFIX, SpillDamage, SpillFrame, open_spill, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
 from multirank_logger.store.status import (
@@ -122,7 +122,7 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
             batch = with_run_id(concat_batches(pending), run_id)
             pending.clear()
             read += len(batch)
-            added += insert_unstored(conn, store.backend, batch)  # rows the store holds already are skipped
+            added += insert_metrics_once(conn, store.backend, batch)  # rows the store holds already are skipped
 
         for ordinal, kind, obj in frames:
             if kind == "damage":

@@ -38,7 +38,7 @@ from multirank_logger.model.run_ref import RunRef
 from multirank_logger.model.schema import SIDE_TABLES, metadata, ranks, runs
 from multirank_logger.store.backends import Backend, backend_for, public_name, register_alembic_impl, resolve_url
 from multirank_logger.store.backends.base import StoreFileFacts
-from multirank_logger.store.seq_spans import insert_unstored
+from multirank_logger.store.seq_spans import insert_metrics_once
 from multirank_logger.store.status import RUNNING
 
 if TYPE_CHECKING:
@@ -474,7 +474,7 @@ class Store:
         if len(batch) == 0:
             return 0
         with self.begin() as conn:
-            return insert_unstored(conn, self.backend, batch)
+            return insert_metrics_once(conn, self.backend, batch)
 
     def write_side(self, tables: Mapping[str, list[dict[str, Any]]]) -> int:
         """Insert side-table rows (`schema.SIDE_TABLES`: decisions, logs, step_timing) in one

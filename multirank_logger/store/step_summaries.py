@@ -1,6 +1,6 @@
 """Summaries kept at ingest: per (run, rank, key, bucket of ``SUMMARY_STEPS`` steps), what the rows hold.
 
-Every insert of metric rows (`seq_spans.insert_unstored`: a flush, rank 0 writing what it
+Every insert of metric rows (`seq_spans.insert_metrics_once`: a flush, rank 0 writing what it
 received, a spill file's import) adds, in the same transaction, one ``step_summaries`` row per
 (run, rank, key, bucket) of the rows it inserted: the finite values' count, sum, min and max,
 the NaN, +inf and -inf counts, a mask of the steps logged and the latest call's time. Those

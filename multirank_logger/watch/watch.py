@@ -5,7 +5,7 @@ rank 0, never on the training thread and never in the writer's way:
 
 - ``gather``: rank 0's writer already holds every rank's rows; each cycle hands the new ones
   (its own and those received, metrics and StepTimer's rows) to the watch's bounded queue
-  (``BackgroundWriter.observe``), without waiting. A watch that falls behind drops what the
+  (the writer's `Destination.observe`), without waiting. A watch that falls behind drops what the
   queue cannot take (never a row of the store: only the watch skips ahead) and says so once.
   The other ranks' metric rows it also looks at as they arrive, every ``PEEK_S``
   (``GatherReceiver.peek``: nothing acknowledged, nothing taken from the writer, which

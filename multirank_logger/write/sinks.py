@@ -31,7 +31,9 @@ from multirank_logger.errors import ChannelError, StoreGone
 from multirank_logger.model.batch import with_run_id
 from multirank_logger.model.side_records import decode_side, encode_side
 from multirank_logger.store.sql_store import Store
+from multirank_logger.transport.rank_facts import fetch_facts, publish_facts
 from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.write.sink_protocol import Cycle
 from multirank_logger.write.spiller import Spiller
 
 __all__ = ["SENDER_HELD_VALUES", "DirectSink", "GatherReceiver", "GatherSender"]
@@ -48,8 +50,6 @@ _POLL_MAX_S = 0.25
 #: bounds on rank 0's wait for the senders' last word (their spilled/lost counts) at the end
 _REPORT_WAIT_MIN_S = 0.5
 _REPORT_WAIT_MAX_S = 2.0
-#: what the logger passes to `finish`: one writer cycle (receive, then write what it can)
-Cycle = Callable[[], Any]
 
 
 class DirectSink:
@@ -65,7 +65,9 @@ class DirectSink:
 
     transport = "direct"
     #: (spilled, lost) values the other ranks reported at the end (gather rank 0), for the run's totals
-    others_unstored: tuple[int, int] = (0, 0)
+    others_spilled_lost: tuple[int, int] = (0, 0)
+    records_end = True  # this rank writes its own row in ``ranks``
+    recorded_by_writer = None  # ...and adds its own counts to the run's row
 
     def __init__(self, store: Store | Callable[[], Store], run_id: int, spiller: Spiller | None = None) -> None:
         self._store = store if isinstance(store, Store) else None
@@ -119,9 +121,13 @@ class DirectSink:
         """Side-table rows (decisions, logs, step timing); raise to have them retried."""
         self.store.write_side(tables)
 
-    def defer(self, write: Callable[[], None]) -> None:
+    def defer(self, write: Callable[[], None]) -> bool:
         """Have the writer run `write` (idempotent bookkeeping) with its retries, before the run updates."""
         self._deferred.append(write)
+        return True
+
+    def republish_facts(self) -> bool:
+        return False  # its end's row takes them
 
     def write_run(self) -> None:
         while self._deferred:
@@ -147,6 +153,16 @@ class DirectSink:
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
         """Nothing to wait for: every rank wrote its own rows. Returns no other rank's status."""
         return {}
+
+    @property
+    def senders(self) -> list[int] | None:
+        return None  # no other rank's rows come here
+
+    def fetch_facts(self, timeout: float) -> dict[int, dict[str, Any]]:
+        return {}
+
+    def store_for_end(self) -> Store | None:
+        return self.store  # a server that refused it so far is asked once more
 
     def check_store(self) -> None:
         """A store file deleted or replaced under a run would take every later row with it
@@ -213,7 +229,7 @@ class GatherReceiver(DirectSink):
 
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
         """Keep the writer cycling (receiving) until every other rank is done or `timeout` runs out,
-        then take each rank's count of the values it spilled or lost (`others_unstored`).
+        then take each rank's count of the values it spilled or lost (`others_spilled_lost`).
 
         Returns:
             The status of each other rank whose end is known (its rows all received, its
@@ -245,7 +261,7 @@ class GatherReceiver(DirectSink):
             log.error("multirank_logger: %d row batch(es) from rank(s) %s could not be read and are lost (counted "
                       "as at least one value each).", damaged, sorted(self.channel.damaged_from))
         lost = sum(lost for _, lost in reports.values()) + damaged
-        self.others_unstored = (sum(s for s, _ in reports.values()), lost)
+        self.others_spilled_lost = (sum(s for s, _ in reports.values()), lost)
         self.channel.acknowledge_reports(sorted(reports))  # in the totals: not to be reported again
         if status != "success":
             reports = {**dict.fromkeys(done, (0, 0)), **reports}  # their end is known: done
@@ -258,6 +274,14 @@ class GatherReceiver(DirectSink):
                 missing, timeout,
             )
         return {r: done[r] for r in reports}
+
+    @property
+    def senders(self) -> list[int] | None:
+        return list(self.channel.senders)
+
+    def fetch_facts(self, timeout: float) -> dict[int, dict[str, Any]]:
+        senders = self.channel.senders
+        return fetch_facts(self.channel, list(senders), timeout) if senders else {}
 
     def close(self) -> None:
         """Drop the channel's connection; this sends the last acknowledgements."""
@@ -276,13 +300,15 @@ class GatherSender:
     transport = "gather"
     # a push to the TCPStore is cheap, and frequent pushes keep rank 0's lag short
     opens_store_per_write = False
-    others_unstored = (0, 0)
+    others_spilled_lost = (0, 0)
+    records_end = False  # its writer (rank 0, or its node's) records its end
+    senders = None
 
     def __init__(
         self,
         channel: RowChannel,
         spiller: Spiller | None = None,
-        counted: tuple[int, int] = (0, 0),
+        recorded: tuple[int, int] = (0, 0),
         transport: str = "gather",
         max_held_values: int = SENDER_HELD_VALUES,
     ) -> None:
@@ -291,15 +317,22 @@ class GatherSender:
         self.transport = transport
         #: values kept unacknowledged before new rows go to the spill file instead
         self.max_held_values = max_held_values
-        #: the spiller's (spilled, lost) totals that rank 0 has counted in the run (it lives for
-        #: the run, this sink for one phase): an earlier phase's counts rank 0 never took (it gave
-        #: up waiting, and recorded this rank "missing") are reported again with this phase's
-        self.counted = counted
+        #: the spiller's (spilled, lost) totals that rank 0 has added to the run's row (it lives
+        #: for the run, this sink for one phase): an earlier phase's counts rank 0 never took (it
+        #: gave up waiting, and recorded this rank "missing") are reported again with this phase's
+        self.recorded_by_writer: tuple[int, int] = recorded
         #: batches neither delivered nor spilled (no spiller)
         self.undelivered: list[pa.RecordBatch] = []
 
     def update_run(self, **values: Any) -> None:
         """Rank 0 records the run; nothing to do here."""
+
+    def defer(self, write: Callable[[], None]) -> bool:
+        return False  # a sender never writes the store: there is no writer to defer to
+
+    def republish_facts(self) -> bool:
+        publish_facts(self.channel)  # its writer fetches them at the end
+        return True
 
     def writing(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -343,6 +376,9 @@ class GatherSender:
     def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         return [], []
 
+    def peek(self) -> list[pa.RecordBatch]:
+        return []
+
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
         """Say this rank is done, wait (bounded) for rank 0 to take its last rows; spill the rest.
         Then tell rank 0 how many values this phase spilled or lost, and write the same in the
@@ -356,18 +392,27 @@ class GatherSender:
             if left:
                 self._spill(f"rank {self.channel.writer} did not acknowledge rank {self.channel.rank}'s last rows "
                             f"in {timeout:g} s", left)
-        totals = _unstored(self.spiller)
-        spilled, lost = totals[0] - self.counted[0], totals[1] - self.counted[1]
+        totals = _spilled_lost(self.spiller)
+        spilled, lost = totals[0] - self.recorded_by_writer[0], totals[1] - self.recorded_by_writer[1]
         undelivered = sum(map(len, self.undelivered))  # no spiller: gone with this process
         # rank 0 waits for the reports only at a success (a job torn down must not wait)
         counted = self.channel.report_unstored(spilled, lost + undelivered) and status == "success" and (
             self.channel.report_counted(_REPORT_WAIT_MAX_S + 1.0)
         )
         if counted:
-            self.counted = totals
+            self.recorded_by_writer = totals
         if self.spiller is not None and (spilled or lost or self.spiller.side_rows_spilled):
             self.spiller.end(status, spilled, lost, counted=counted)
         return {}
+
+    def fetch_facts(self, timeout: float) -> dict[int, dict[str, Any]]:
+        return {}
+
+    def store_for_end(self) -> Store | None:
+        return None
+
+    def check_store(self) -> None:
+        pass  # it holds no store
 
     def close(self) -> None:
         self.channel.close()
@@ -383,7 +428,7 @@ class GatherSender:
         self.spiller.put(batches, f"rank {self.channel.rank} could not deliver its rows to rank {self.channel.writer} ({why})")
 
 
-def _unstored(spiller: Spiller | None) -> tuple[int, int]:
+def _spilled_lost(spiller: Spiller | None) -> tuple[int, int]:
     return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
 
 

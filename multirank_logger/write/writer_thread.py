@@ -19,7 +19,10 @@ after `stop`, SIGTERM, atexit). The training thread never takes it nor waits on 
 flush on the main thread runs in a helper thread it waits for, bounded (a stopped server never
 answers; Ctrl-C reaches the caller). `spill_held` waits for the lock bounded too, and spills
 without it when a write is stuck (rows may land twice: the import skips those stored). A cycle
-may take the set-up lock inside it (``SinkSetup.setup``): never wait for this lock holding that one.
+may take the set-up lock inside it (``SinkHolder.setup``): never wait for this lock holding that one.
+
+The writer knows the run above it only through `WriterOwner`: one call at the start of each cycle
+(`WriterOwner.destination`) says where rows go and who watches them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 
@@ -39,10 +42,10 @@ from multirank_logger.model.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
 from multirank_logger.write import process_hooks
 from multirank_logger.write.buffer import RecordBuffer
-from multirank_logger.write.sink import Sink, Target
+from multirank_logger.write.sink_protocol import Sink
 from multirank_logger.write.spiller import Spiller
 
-__all__ = ["HELD_VALUES_LIMIT", "BackgroundWriter", "Sink", "Target"]
+__all__ = ["HELD_VALUES_LIMIT", "BackgroundWriter", "Destination", "Observer", "ToSink", "WriterOwner"]
 
 log = logging.getLogger(__name__)
 
@@ -63,35 +66,64 @@ _ISOLATE_ATTEMPTS = 64
 _SPILL_WAIT_S = 30.0
 
 
+#: rank 0's watch (watch/watch.py): each cycle's new metric batches and side rows, taken without waiting
+Observer = Callable[[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]], None]
+
+
+class Destination(NamedTuple):
+    """Where one cycle's rows go: the owner's answer to `WriterOwner.destination`."""
+
+    sink: Sink
+    run_id: int
+    rank: int  # the global rank the rows are filed under
+    observe: Observer | None = None  # rank 0's watch, handed each cycle's new rows (None: no watch)
+
+
+class WriterOwner(Protocol):
+    """What the writer thread asks of the run above it (logger/rank_run.RankRun): one call per cycle."""
+
+    def destination(self, explicit: bool) -> Destination | None:
+        """Where this cycle's rows go; None while the run or its sink is not known (rows wait in the
+        buffer; a raise is noted as a failed cycle and retried with backoff). Before answering, the
+        owner does what must precede the store and never raises for it: rank 0's metrics.csv takes
+        the calls no ``save()`` wrote (`explicit`: the cycle is an explicit flush, which writes them).
+        Called from the writer's thread, or from the thread of an explicit flush."""
+
+
+class ToSink:
+    """A `WriterOwner` whose rows always go to one sink, with no run above (benchmarks, tests)."""
+
+    def __init__(self, sink: Sink, run_id: int, rank: int) -> None:
+        self._destination = Destination(sink, run_id, rank)
+
+    def destination(self, explicit: bool) -> Destination:
+        return self._destination
+
+
 class BackgroundWriter:
     """Drains a RecordBuffer into a sink from a daemon thread.
 
     Args:
         buffer: the rank's buffer; the writer only drains it.
-        target: called on the writer's side; returns (sink, run_id, rank) once the run's
-            identity is known, None before (rows then wait in the buffer).
+        owner: the run above, asked at each cycle where rows go (`WriterOwner`).
         flush_interval: seconds between two cycles.
         flush_every: pending log calls that make `wake()` start a cycle early.
         side: the rank's side-table rows (decisions, logs, step timing); none when not given.
-        csv_catch_up: called at each cycle once the target is known, with the rank and whether the
-            cycle is an explicit flush: rank 0's metrics.csv takes the calls no ``save()`` wrote.
     """
 
     def __init__(
         self,
         buffer: RecordBuffer,
-        target: Target,
+        owner: WriterOwner,
         *,
         flush_interval: float,
         flush_every: int,
         side: SideRecords | None = None,
-        csv_catch_up: Callable[[int, bool], None] | None = None,
     ) -> None:
         self._buffer = buffer
-        self._csv_catch_up = csv_catch_up  # csv_logger_files.Rank0Files.catch_up
         self._side = side if side is not None else SideRecords()
         self._side_retry: list[dict[str, list[dict[str, Any]]]] = []
-        self._target = target
+        self._owner = owner
         self.flush_interval = flush_interval
         self.flush_every = max(1, int(flush_every))
         #: values kept in memory while the store refuses them; past it they are spilled
@@ -103,7 +135,7 @@ class BackgroundWriter:
         self._stop = False
         self._finish = False  # one last cycle, then the thread ends (`finish_soon`)
         self._held: list[pa.RecordBatch] = []  # batches the store has not taken yet, oldest first
-        self._sink: Sink | None = None  # the last sink the target gave: its spiller takes the rest
+        self._sink: Sink | None = None  # the last sink the owner gave: its spiller takes the rest
         self._last_ids: tuple[int, int] | None = None  # (run_id, rank) of that sink
         self._failures = 0
         self._failing_since = 0.0
@@ -111,8 +143,7 @@ class BackgroundWriter:
         self.last_error: BaseException | None = None
         self.rows_written = 0
         self._thread: threading.Thread | None = None
-        #: rank 0's watch (watch/watch.py): each cycle's new rows, handed over without waiting
-        self.observe: Callable[[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]], None] | None = None
+        self._observer_failed: Observer | None = None  # a watch that raised: not handed rows again
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -269,17 +300,15 @@ class BackgroundWriter:
     def _cycle(self, now: bool = False) -> None:
         """Drain, receive, write. Never raises: what the store refuses is held, retried or spilled."""
         try:
-            target = self._target()
+            destination = self._owner.destination(now)  # also rank 0's metrics.csv, before the store may refuse rows
         except Exception as exc:  # noqa: BLE001 - the thread must survive to retry (Ctrl-C goes on to the caller)
             self._note_failure(exc)
             return
-        if target is None:
+        if destination is None:
             return  # identity not known yet: rows wait in the buffer
-        sink, run_id, rank = target
+        sink, run_id, rank, observe = destination
         self._sink, self._last_ids = sink, (run_id, rank)
         self._wake_at = max(self.flush_every, SELDOM_MAX_CALLS) if sink.opens_store_per_write else self.flush_every
-        if self._csv_catch_up is not None:
-            self._csv_catch_up(rank, now)  # never raises; before the store, which may refuse the rows
         held, side_held = len(self._held), len(self._side_retry)
         if self._buffer.calls_pending:
             self._drain(run_id, rank)
@@ -292,12 +321,13 @@ class BackgroundWriter:
             self._side_retry.extend(side)
         except Exception as exc:  # noqa: BLE001
             self._note_failure(exc)
-        if self.observe is not None and (len(self._held) > held or len(self._side_retry) > side_held):
+        if observe is not None and observe != self._observer_failed and (
+                len(self._held) > held or len(self._side_retry) > side_held):
             try:  # the new rows only (a batch held for a retry is not handed over again)
-                self.observe(self._held[held:], self._side_retry[side_held:])
+                observe(self._held[held:], self._side_retry[side_held:])
             except Exception as exc:  # noqa: BLE001 - the watch never costs a row
                 log.warning("multirank_logger: the watch could not take rows: %s", exc)
-                self.observe = None
+                self._observer_failed = observe
         if (now or time.monotonic() >= self._next_try) and self._write_all(sink):
             self._recovered(sink)
         if self.held_values > self.max_held_values:

@@ -13,17 +13,21 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+import tests
 from multirank_logger.store.sql_store import Store
 
 if TYPE_CHECKING:
     from multirank_logger import MultiRankLogger
 
 TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "logger_train.py"
+_REPO = Path(tests.__file__).resolve().parents[1]  # where `tests` is a package, wherever this file lies
 
 
 def train_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "MULTIRANK_LOGGER_"))}
     env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    # a launched script imports tests.helpers (the one way into a logger's internals: helpers/internals.py)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
     return env
 
 

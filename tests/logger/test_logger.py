@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -18,6 +17,7 @@ from lightning.pytorch import Trainer
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWritable
 from multirank_logger.write.writer_thread import SELDOM_MAX_CALLS
+from tests.helpers.internals import run_of, writer_of
 from tests.helpers.logger_helpers import query
 
 
@@ -66,9 +66,9 @@ def _rows_written_after(logger: MultiRankLogger, calls: range, wait_s: float, wa
         logger.log_metrics({"a": float(step)}, step=step)
         logger.save()
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and logger._run.hot_path.writer.rows_written != want:
+    while time.monotonic() < deadline and writer_of(logger).rows_written != want:
         time.sleep(0.02)
-    return logger._run.hot_path.writer.rows_written
+    return writer_of(logger).rows_written
 
 
 def test_flush_every_n_calls_paces_by_backend(db_path: Path, backend: str) -> None:
@@ -164,7 +164,7 @@ def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch
     value lost and says so; the calls of the same batch and later ones are written, and the run is
     not a success (issue 38 point 1: one bad call never takes another call's values with it)."""
     logger = _logger(db_path)
-    buffer = logger._run.hot_path.buffer
+    buffer = run_of(logger).logged.buffer
     encode = buffer.encode
 
     def broken(calls, run_id: int, rank: int):
@@ -173,11 +173,11 @@ def test_the_writer_outlives_a_batch_it_cannot_encode(db_path: Path, monkeypatch
         return encode(calls, run_id, rank)
 
     logger.log_metrics({"a": 1.0}, step=0)
-    assert logger._run.hot_path.writer.flush(5)  # sets the sink up, writes step 0
+    assert logger.flush(5)  # sets the sink up, writes step 0
     monkeypatch.setattr(buffer, "encode", broken)
     for step in (1, 2, 3):
         logger.log_metrics({"a": float(step + 1)}, step=step)
-    logger._run.hot_path.writer.flush(5)
+    logger.flush(5)
     assert "could not be encoded (RuntimeError: cannot encode): 1 value(s) are LOST" in capsys.readouterr().err
     logger.log_metrics({"a": 5.0}, step=4)
     logger.finalize("success")
@@ -265,23 +265,6 @@ def test_log_hyperparams_stored_with_the_run(db_path: Path) -> None:
     logger.finalize("success")
     (hparams,) = query(db_path, "SELECT hparams FROM runs")[0]
     assert hparams == '{"lr": 0.1, "opt": {"inner": {"m": 0.9}, "name": "sgd"}}'
-
-
-def test_rows_wait_while_a_reader_holds_the_duckdb_file(tmp_path: Path) -> None:
-    """A flush that meets a DuckDB file held by another connection keeps its rows and retries."""
-    db = tmp_path / "runs.duckdb"
-    logger = _logger(db)
-    logger.log_metrics({"a": 1.0}, step=0)
-    assert logger._run.hot_path.writer.flush(5)  # sets up the sink, writes the first row
-    logger.log_metrics({"a": 2.0}, step=1)
-    holder = duckdb.connect(str(db))  # a read-write holder: DuckDB refuses our writer meanwhile
-    try:
-        assert not logger._run.hot_path.writer.flush(5)
-        assert logger._run.hot_path.writer.pending == 1
-    finally:
-        holder.close()
-    logger.finalize("success")
-    assert query(db, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (1, 2.0)]
 
 
 @pytest.mark.parametrize(

@@ -273,7 +273,7 @@ def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, cap
     db = tmp_path / "runs.sqlite"
     logger = MultiRankLogger(db=str(db), spill_dir=str(tmp_path / "spill"), flush_interval=3600)
     logger.log_metrics({"a": 0.0}, step=0)
-    assert logger._run.hot_path.writer.flush(5)
+    assert logger.flush(5)
     store = Store(db)
     with store.begin() as conn:  # what a relaunch numbering its calls from 0 again would collide with
         conn.exec_driver_sql(
@@ -282,10 +282,10 @@ def test_key_collision_is_isolated_and_later_batches_written(tmp_path: Path, cap
         )
     for seq in range(1, 40):
         logger.log_metrics({"a": float(seq), "b": float(seq)}, step=seq)
-    assert logger._run.hot_path.writer.flush(5)
+    assert logger.flush(5)
     for seq in range(40, 50):
         logger.log_metrics({"a": float(seq)}, step=seq)
-    assert logger._run.hot_path.writer.flush(5)
+    assert logger.flush(5)
     logger.finalize("success")
     err = capfd.readouterr().err
     assert err.count("refused 1 value(s) for good") == 1, err

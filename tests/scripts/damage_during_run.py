@@ -17,6 +17,7 @@ import sys
 import duckdb
 
 from multirank_logger import MultiRankLogger
+from tests.helpers.internals import writer_of
 
 _DUCKDB_HEADER_BYTES = 3 * 4096
 
@@ -37,9 +38,8 @@ def main(db: str, spill_dir: str) -> None:
     logger = MultiRankLogger(db=db, spill_dir=spill_dir, flush_interval=0.05)
     for i in range(20_000):
         logger.log_metrics({f"k{k}": i * 0.1 + k for k in range(10)}, step=i)
-    writer = logger._run.hot_path.writer
-    assert writer.flush(60)
-    writer.stop(10)  # the file is closed between writes (DuckDB: opened per transaction)
+    assert logger.flush(60)
+    writer_of(logger).stop(10)  # the file is closed between writes (DuckDB: opened per transaction)
     offset = _metrics_block_offset(db)
     with open(db, "r+b") as fh:  # damaged while the logger waits
         fh.seek(offset)

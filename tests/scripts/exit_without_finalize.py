@@ -44,7 +44,7 @@ def fork(db: str, children: int) -> None:
     logger = MultiRankLogger(db=db, flush_interval=FLUSH_INTERVAL)
     for i in range(10):
         logger.log_metrics({"a": float(i)}, step=i)
-    assert logger._run.hot_path.writer.flush(10)
+    assert logger.flush(10)
     outcomes = []
     for child in range(children):
         pid = os.fork()

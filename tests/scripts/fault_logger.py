@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from multirank_logger import MultiRankLogger
+from tests.helpers.internals import writer_of
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
                              flush_logs_every_n_steps=10**9 if quiet else 100,
                              **({"finalize_timeout": args.finalize_timeout} if args.finalize_timeout else {}))
     if args.max_held is not None:
-        logger._run.hot_path.writer.max_held_values = args.max_held
+        writer_of(logger).max_held_values = args.max_held
     keys = [f"k{k}" for k in range(args.keys)]
     half = args.calls // 2
     for seq in range(args.calls):
@@ -58,7 +59,7 @@ def main() -> None:
         if seq == half - 1 and (args.ready or args.delete):
             # the first half stored before the test's fault (a full disk needs no such point: it
             # fills as the run goes, and waiting here on it would only burn the 30 s)
-            written = logger._run.hot_path.writer.flush_until(time.monotonic() + 30) if not quiet else logger.experiment.save() or True
+            written = logger.flush(30) if not quiet else logger.experiment.save() or True
             assert written, "the first half was not written before the fault"
             if args.delete:
                 for suffix in ("", "-wal", "-shm", ".wal"):

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers.internals import run_of, writer_cycle_held
 from tests.helpers.logger_helpers import stderr_to_file
 
 
@@ -87,12 +88,12 @@ def rank_main(rank: int, world: int, port: int, db: str, spill_dir: str, calls: 
         logger.log_metrics({"value": value(rank, call), "call": call}, step=call)
         logger.save()
         if call == half - 1:
-            logger._run.hot_path.writer.flush_until(time.monotonic() + 30)
+            logger.flush(30)
             if faulty:
                 # Linux refuses to make a mount read-only while a file on it is open for writing
                 # (EBUSY): the store's pooled connection is closed first, with the writer held off
-                with logger._run.hot_path.writer._io_lock:
-                    logger._run.store.engine.dispose()
+                with writer_cycle_held(logger):
+                    run_of(logger).store.engine.dispose()
                     _store_read_only(os.path.dirname(db))
             (sync / f"ready{rank}").touch()
             _wait_file(sync / "go")

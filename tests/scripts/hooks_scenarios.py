@@ -13,6 +13,7 @@ import time
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.store.sql_store import Store
+from tests.helpers.internals import run_of, writer_cycle_held
 
 CHILD_WAIT_S = 60
 
@@ -23,13 +24,13 @@ def fork(db: str) -> None:
     logger = MultiRankLogger(db=db, flush_interval=0.05, timeout=30)
     for i in range(50):
         logger.log_metrics({"a": float(i)}, step=i)
-    assert logger.experiment is not None and logger._run.hot_path.writer.flush(10)  # rows 0..49 stored
+    assert logger.experiment is not None and logger.flush(10)  # rows 0..49 stored
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a writer cycle in progress at the moment of the fork
-        # in the writer's order (its cycle takes the I/O lock, then the set-up lock in setup_sink):
+        # in the writer's order (its cycle takes the I/O lock, then the set-up lock in SinkHolder.setup):
         # the other order deadlocks with a cycle that starts meanwhile
-        with logger._run.hot_path.writer._io_lock, logger._run.lock:
+        with writer_cycle_held(logger), run_of(logger).lock:
             held.set()
             release.wait(30)
 

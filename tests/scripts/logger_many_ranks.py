@@ -68,7 +68,7 @@ def rank_main(
             _meet_the_kill(rank, logger, kill)
         logger.log_metrics({"value": value(rank, call), "call": call}, step=call)
         logger.save()
-    channel = getattr(logger._run.sink_setup.sink, "channel", None)  # where this rank's rows went (before finalize drops it)
+    channel = getattr(logger._run.sink_holder.sink, "channel", None)  # where this rank's rows went (before finalize drops it)
     route = None if channel is None else {
         "writer": channel.writer, "ns": channel.namespace,
         "rows_at": f"{channel.host or os.environ['MASTER_ADDR']}:{channel.port or os.environ['MASTER_PORT']}",

@@ -20,7 +20,7 @@ from alembic.migration import MigrationContext
 from multirank_logger.model.batch import concat_batches
 from multirank_logger.model.schema import metadata
 from multirank_logger.query.reader import open_store
-from multirank_logger.store.seq_spans import insert_unstored
+from multirank_logger.store.seq_spans import insert_metrics_once
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
 
@@ -124,12 +124,12 @@ def test_two_writers_of_one_rank_store_each_row_once(postgres_url: str, first_ra
     def write_second() -> None:
         try:
             with store.begin() as conn:
-                insert_unstored(conn, store.backend, second)
+                insert_metrics_once(conn, store.backend, second)
         except BaseException as exc:  # noqa: BLE001 - the test's thread reports it
             errors.append(exc)
 
     with store.begin() as conn:
-        insert_unstored(conn, store.backend, first)
+        insert_metrics_once(conn, store.backend, first)
         other = threading.Thread(target=write_second)
         other.start()
         # the second writer either finished (no lock: it read the spans before this commit) or waits on a lock

@@ -536,21 +536,25 @@ def test_side_rows_past_the_bound_are_counted_lost(tmp_path: Path, capfd: pytest
     from multirank_logger.model.side_records import MAX_PENDING, SideRecords
     from multirank_logger.write.sinks import DirectSink
     from multirank_logger.write.spiller import Spiller
-    from multirank_logger.write.writer_thread import BackgroundWriter
+    from multirank_logger.write.writer_thread import BackgroundWriter, Destination
 
     store = Store(tmp_path / "runs.sqlite")
     run = store.create_run("side", world_size=1)
     spiller = Spiller(SpillWriter(tmp_path, run_id=run.id, name="side", version=0, rank=0), "runs.sqlite", 0)
     sink = DirectSink(store, run.id, spiller)
-    known: list[tuple[DirectSink, int, int]] = []
+    known: list[Destination] = []
+
+    class Owner:
+        def destination(self, explicit: bool) -> Destination | None:
+            return known[0] if known else None
+
     side = SideRecords()
-    writer = BackgroundWriter(RecordBuffer(), lambda: known[0] if known else None, flush_interval=3600,
-                              flush_every=10**9, side=side)
+    writer = BackgroundWriter(RecordBuffer(), Owner(), flush_interval=3600, flush_every=10**9, side=side)
     rows = MAX_PENDING + 50_000
     for i in range(rows):
         side.add("step_timing", {"step": i, "time": 1.0})
     assert writer.flush(60.0)  # the run unknown yet: rows wait
-    known.append((sink, run.id, 0))
+    known.append(Destination(sink, run.id, 0))
     assert writer.flush(60.0)
     with store.begin() as conn:
         stored = conn.exec_driver_sql("SELECT count(*), min(step) FROM step_timing").one()

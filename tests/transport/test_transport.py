@@ -327,9 +327,9 @@ def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dis
         return True
 
     others = rank0.finish("success", 2.0, cycle)
-    assert others == {1: "success"} and rank0.others_unstored == (0, 1)
+    assert others == {1: "success"} and rank0.others_spilled_lost == (0, 1)
     record_rank_end(store, run.id, rank=0, gather_world=2, status="success", others=others, facts={},
-                    values_lost=rank0.others_unstored[1])
+                    values_lost=rank0.others_spilled_lost[1])
     with store.begin() as conn:
         row = conn.execute(sa.text("SELECT status, values_lost FROM runs")).one()
     store.close()

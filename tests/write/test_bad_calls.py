@@ -17,6 +17,7 @@ import torch
 from multirank_logger import MultiRankLogger
 from multirank_logger.errors import InvalidMetric
 from multirank_logger.write.buffer import MAX_KEY_BYTES
+from tests.helpers.internals import run_of
 from tests.helpers.logger_helpers import query
 
 
@@ -126,7 +127,7 @@ def test_a_call_the_encoder_fails_on_is_cut_out_and_counted_lost(db_path: Path) 
     logger = _logger(db_path)
     for s in range(25):
         logger.log_metrics({"a": float(s), "b": s}, step=s)
-    buffer = logger._run.hot_path.buffer
+    buffer = run_of(logger).logged.buffer
     buffer._calls.append((buffer._next_seq, float("nan"), time.time(), {"x": 1.0, "y": 2.0}))  # past append
     buffer._next_seq += 1
     for s in range(25, 50):

@@ -1,7 +1,8 @@
-"""How this rank's rows leave: the transport chosen, the sink built, its spiller, this rank registered.
+"""SinkHolder: this rank's sink and what goes with it (the transport chosen, its spiller, this rank
+registered, the counts its end records). How this rank's rows leave.
 
-`SinkSetup.setup` runs once the process group is up (or at once with one rank), from the
-writer thread (hot_path.py's `target`) or the main thread (``logger.experiment``, ``save()`` on rank 0): it
+`SinkHolder.setup` runs once the process group is up (or at once with one rank), from the
+writer thread (logged_rows.py's `ready_sink`) or the main thread (``logger.experiment``, ``save()`` on rank 0): it
 decides the transport with the other ranks (transport_choice.py), numbers the launch's attempt
 (through the run), builds the sink (sinks.py) with this run's spiller (spiller.py) and records
 this rank, and on rank 0 every rank, in the store's ``ranks`` table. A finalized phase drops
@@ -30,11 +31,12 @@ from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.transport.rank_facts import publish_facts, rank_facts
 from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.write.sink_protocol import Sink
 from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.write.spiller import Spiller
 from multirank_logger.write.transport_choice import choose_transport
 
-__all__ = ["RunForSink", "SinkSettings", "SinkSetup"]
+__all__ = ["RunForSink", "SinkSettings", "SinkHolder"]
 
 
 class SinkSettings(Protocol):
@@ -99,7 +101,7 @@ class RunForSink(Protocol):
         """The sink was just built, before any row goes through it (rank 0 starts its watch here)."""
 
 
-class SinkSetup:
+class SinkHolder:
     """This rank's sink, set up once the process group is up, with its spiller and registration.
 
     Args:
@@ -111,7 +113,7 @@ class SinkSetup:
     def __init__(self, run: RunForSink, lock: threading.RLock) -> None:
         self.run = run
         self.lock = lock
-        self.sink: DirectSink | GatherSender | None = None
+        self.sink: Sink | None = None
         #: this rank's place changed after it was registered (a device mesh set up later): its
         #: facts go again with its end (finalize), where its row is written
         self.place_changed = False
@@ -120,11 +122,12 @@ class SinkSetup:
         self.run_id = 0  # the run the sink writes under
         self.transport: str | None = None
         self.spiller: Spiller | None = None  # one per run: every phase spills into one file
-        self.own_unstored_counted = (0, 0)  # this rank's (spilled, lost) values already added to the run's row
-        #: gather rank 0: the senders' (spilled, lost) reported in a phase whose end the store did not take
-        self.others_unstored_uncounted = (0, 0)
+        self.own_recorded = (0, 0)  # this rank's (spilled, lost) values already added to the run's row
+        #: gather rank 0: the senders' (spilled, lost) reported in a phase whose end the store did
+        #: not take, for the next end it records
+        self.others_pending = (0, 0)
 
-    def setup(self) -> DirectSink | GatherSender | None:
+    def setup(self) -> Sink | None:
         """Decide the transport and build the sink; None while the process group is not up."""
         with self.lock:
             world = current_world_size()
@@ -146,13 +149,13 @@ class SinkSetup:
             )
             self.run.begin_attempt(rank, world, channel)
             spiller = self._spiller_for(run, rank)
-            sink: DirectSink | GatherSender
+            sink: Sink
             store = open_store if rank == 0 else functools.partial(
                 store_of_writer, open_store, run, rank, settings.timeout)
             if channel is not None and transport != "direct" and channel.receives:
                 sink = GatherReceiver(store(), run.id, channel, spiller, transport=transport)
             elif channel is not None and transport != "direct":
-                sink = GatherSender(channel, spiller, counted=self.own_unstored_counted, transport=transport)
+                sink = GatherSender(channel, spiller, recorded=self.own_recorded, transport=transport)
                 publish_facts(channel)  # its writer records this rank's host and pid at the end
             else:
                 sink = DirectSink(store(), run.id, spiller)
@@ -160,7 +163,7 @@ class SinkSetup:
             self.sink = sink
             # a node's writer records itself and its ranks at the end (rank 0 registered them all)
             opened = self.run.store is not None
-            if not opened and transport == "direct" and isinstance(sink, DirectSink):
+            if not opened and transport == "direct":
                 sink.defer(functools.partial(self._register, sink, run, rank, world, transport, why))
             elif opened and (rank == 0 or transport == "direct"):
                 try:
@@ -178,7 +181,7 @@ class SinkSetup:
         """The phase is over (finalize): a later one (test after fit) sets up again, on a fresh channel."""
         self.sink = None
 
-    def unstored_totals(self) -> tuple[int, int]:
+    def spilled_lost(self) -> tuple[int, int]:
         """(spilled, lost) values of this run on this rank so far."""
         spiller = self.spiller
         return (0, 0) if spiller is None else (spiller.values_spilled, spiller.values_lost)
@@ -197,7 +200,7 @@ class SinkSetup:
                 store=None if path is None else shown,
             )
             self.spiller = Spiller(spill, shown, rank)
-            self.own_unstored_counted = self.others_unstored_uncounted = (0, 0)
+            self.own_recorded = self.others_pending = (0, 0)
         return self.spiller
 
     def place_moved(self) -> None:
@@ -207,13 +210,11 @@ class SinkSetup:
         sink = self.sink
         if sink is None:
             return  # not registered yet: its registration takes them
-        if isinstance(sink, GatherSender):
-            publish_facts(sink.channel)
-        else:
+        if not sink.republish_facts():
             self.place_changed = True
 
     def _register(
-        self, sink: DirectSink | GatherSender, run: RunRef, rank: int, world: int, transport: str, why: str
+        self, sink: Sink, run: RunRef, rank: int, world: int, transport: str, why: str
     ) -> None:
         """This rank in the store's ``ranks`` table (rank 0: every rank, and the run's transport)."""
         store = self.run.store
@@ -239,9 +240,8 @@ class SinkSetup:
         except StoreLocked:
             # a reader holds the DuckDB file (a notebook): the rows must not wait for it, nor the
             # training; the writer registers the rank with its retries, before its next rows
-            if not isinstance(sink, DirectSink):
+            if not sink.defer(write):
                 raise  # a sender never writes the store: there is no writer to defer to
-            sink.defer(write)
         if rank == 0:
             rank_zero_info(
                 f"MultiRankLogger: run {run.name}/{run.dir_name} (id {run.id}) in "

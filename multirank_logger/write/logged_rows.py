@@ -1,50 +1,51 @@
 """The training thread's side of the write path: a log call into memory, and the writer behind it.
 
-`HotPath.record_call` is what ``log_metrics`` costs: an append to this rank's `RecordBuffer`
+`LoggedRows.record_call` is what ``log_metrics`` costs: an append to this rank's `RecordBuffer`
 (buffer.py) and CSVLogger's count of unsaved calls; no I/O, no SQL, no collective, no lock.
 The first call of a phase starts the `BackgroundWriter` (writer_thread.py) and puts the
-SIGTERM hook on top (process_hooks.py). The writer asks `target` where rows go: the sink that
-sink_setup.py builds once the process group is up.
+SIGTERM hook on top (process_hooks.py). The writer asks its owner (the run above, through
+writer_thread.WriterOwner) where rows go; the run answers with `ready_sink`: the sink that
+sink_holder.py builds once the process group is up.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from multirank_logger.model.side_records import SideRecords
 from multirank_logger.write import process_hooks
 from multirank_logger.write.buffer import RecordBuffer
-from multirank_logger.write.sink import Sink
-from multirank_logger.write.sink_setup import SinkSetup
-from multirank_logger.write.writer_thread import BackgroundWriter
+from multirank_logger.write.sink_holder import SinkHolder
+from multirank_logger.write.sink_protocol import Sink
+from multirank_logger.write.writer_thread import BackgroundWriter, WriterOwner
 
-__all__ = ["HotPath"]
+__all__ = ["LoggedRows"]
 
 
-class HotPath:
+class LoggedRows:
     """This rank's log calls in memory, and the writer thread that moves them to its sink.
 
     Args:
-        sink_setup: where the writer's rows go, once set up.
+        sink_holder: where the writer's rows go, once set up.
+        owner: the run above, which the writer asks at each cycle where rows go.
         flush_every: CSVLogger's ``flush_logs_every_n_steps``: calls between two saves.
         flush_interval: seconds between two of the writer's flushes.
         csv_calls: rank 0's queue of each call for metrics.csv (None: no queue).
-        csv_catch_up: called by the writer each cycle with the rank and whether the cycle is an
-            explicit flush: rank 0's metrics.csv gets the calls no ``save()`` wrote.
     """
 
     def __init__(
         self,
-        sink_setup: SinkSetup,
+        sink_holder: SinkHolder,
+        owner: WriterOwner,
         *,
         flush_every: int,
         flush_interval: float,
         csv_calls: deque[tuple[int | float, Mapping[Any, Any]]] | None,
-        csv_catch_up: Callable[[int, bool], None],
     ) -> None:
-        self.sink_setup = sink_setup
+        self.sink_holder = sink_holder
         self.flush_every = flush_every
         self.buffer = RecordBuffer()
         self.buffer.csv_calls = csv_calls
@@ -53,7 +54,7 @@ class HotPath:
         self.live = False  # a log call of this phase started the writer and the SIGTERM hook
         self.save_set_up = False  # save() tried the set-up once (rank 0, before the writer did)
         self.writer = BackgroundWriter(
-            self.buffer, self.target, flush_interval=flush_interval, flush_every=flush_every, side=self.side, csv_catch_up=csv_catch_up,
+            self.buffer, owner, flush_interval=flush_interval, flush_every=flush_every, side=self.side,
         )
 
     def record_call(self, metrics: Mapping[str, Any], step: int | None) -> bool:
@@ -81,10 +82,15 @@ class HotPath:
 
     def flush_now(self, timeout: float) -> None:
         """The experiment's ``save()``: what was logged goes to the store and metrics.csv now."""
-        if self.buffer.calls_pending and self.sink_setup.sink is None:
-            self.sink_setup.setup()
+        if self.buffer.calls_pending and self.sink_holder.sink is None:
+            self.sink_holder.setup()
         self.unsaved = 0  # as CSVLogger's save empties its unsaved rows
         self.writer.flush(timeout)
+
+    def flush(self, timeout: float) -> bool:
+        """Every call logged so far to the sink, retrying a store that refuses them until `timeout`
+        (``MultiRankLogger.flush``). True when nothing is left; what is not written stays held."""
+        return self.writer.flush_until(time.monotonic() + max(timeout, 0.0))
 
     def start(self) -> None:
         """The first log call of a phase (and construction): writer thread up, SIGTERM hook on top."""
@@ -95,12 +101,9 @@ class HotPath:
         process_hooks.outermost_sigterm()
         self.live = True
 
-    def target(self) -> tuple[Sink, int, int] | None:
-        """For the writer thread: where rows go (sink, run id, rank), once that is known."""
-        sink_setup = self.sink_setup
-        if sink_setup.sink is None and self.buffer.calls_pending == 0:
+    def ready_sink(self) -> Sink | None:
+        """For the writer's cycle: the sink, set up now where rows wait for it; None while it
+        cannot be (the process group not up) or need not be (nothing logged yet)."""
+        if self.sink_holder.sink is None and self.buffer.calls_pending == 0:
             return None  # nothing to write: leave the set-up to `experiment`, in the main thread
-        sink = sink_setup.setup()
-        if sink is None:
-            return None
-        return sink, sink_setup.run_id, sink_setup.rank
+        return self.sink_holder.setup()
