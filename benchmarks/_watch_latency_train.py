@@ -78,14 +78,14 @@ def main() -> None:
     def on_alert(alert: Alert) -> None:  # rank 0's watch thread, after the console line
         with (out / "alerts.jsonl").open("a") as fh:
             fh.write(json.dumps({"kind": alert.kind, "key": alert.key, "rank": alert.rank, "step": alert.first_step,
-                                 "t": time.time()}) + "\n")  # fmt: skip
+                                 "t": time.time()}) + "\n")
 
     logger = MultiRankLogger(db=args.db, save_dir=args.out, name="latency", flush_interval=args.flush_interval,
-                             transport="gather", on_alert=on_alert)  # fmt: skip
+                             transport="gather", on_alert=on_alert)
     trainer = Trainer(
         accelerator="cpu", devices=4, strategy="ddp", max_steps=START + EVERY * args.probes + TAIL, log_every_n_steps=1,
         logger=logger, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
+    )
     trainer.fit(Probes(args.probes, args.out))
 
 

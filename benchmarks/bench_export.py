@@ -40,7 +40,7 @@ SIZES_BY_MODE = {
 _COLUMNS = "key, step, rank, value, dtype, seq, time"
 _COPY = ("import duckdb; c = duckdb.connect({db!r}, read_only=True); c.execute('SET enable_progress_bar = false'); "
          "c.execute(\"COPY (SELECT " + _COLUMNS + " FROM metrics WHERE run_id = 1{order}) TO '{out}' "
-         "(FORMAT parquet, COMPRESSION zstd)\")")  # fmt: skip
+         "(FORMAT parquet, COMPRESSION zstd)\")")
 
 
 def _timed(argv: list[str]) -> tuple[float, float]:
@@ -86,12 +86,12 @@ def cases(sizes: Sizes) -> list[Case]:
         label = f"{shape[0]}x{shape[1]:,}x{shape[2]} ({shape[0] * shape[1] * shape[2] / 1e6:g}M rows)"
         peer = f"DuckDB COPY {label}"
         goals = (Goal("extra:B_per_row", "<=", 8, "<= 8 B/row"), Goal("ratio", "<=", 1.0, "as fast as COPY")) \
-            if shape == big and sizes.mode != "tiny" else ()  # fmt: skip
+            if shape == big and sizes.mode != "tiny" else ()
         for what, name in (("copy", peer), ("copy sorted", f"DuckDB COPY sorted {label}"),
-                           ("export", f"export parquet {label}")):  # fmt: skip
+                           ("export", f"export parquet {label}")):
             out.append(Case(SECTION, name, "benchmarks.bench_export:write", "s", {"what": what, **kw},
                             peer=None if what == "copy" else peer, goals=goals if what == "export" else (),
-                            rounds=rounds, inner=1, timeout_s=900, note="a fresh process; RSS is its own"))  # fmt: skip
+                            rounds=rounds, inner=1, timeout_s=900, note="a fresh process; RSS is its own"))
     return out
 
 
@@ -145,11 +145,11 @@ def build_timed_store(backend: str, ranks: int, steps: int, keys: int) -> Path:
     gen.execute("SELECT setseed(0.5)")
     metric_sql = ("SELECT {run}::INTEGER AS run_id, r.range::INTEGER AS rank, s.range * {keys} + k.range AS seq, s.range AS step, "
                   "'metric_' || k.range AS key, random() AS value, 0::SMALLINT AS dtype, 1.7e9 + s.range * 0.01 AS time "
-                  "FROM range({ranks}) r, range({first}, {last}) s, range({keys}) k ORDER BY r.range, s.range, k.range")  # fmt: skip
+                  "FROM range({ranks}) r, range({first}, {last}) s, range({keys}) k ORDER BY r.range, s.range, k.range")
     timing_sql = ("SELECT {run}::INTEGER AS run_id, r.range::INTEGER AS rank, s.range AS seq, s.range AS step, "
                   "0.001 + random() * 0.01 AS data_s, 0.02 + random() * 0.01 AS forward_s, 0.05 + random() * 0.02 AS rest_s, "
                   "32::BIGINT AS batch_size, (2e9 + random() * 1e8)::BIGINT AS rss, 1.7e9 + s.range * 0.01 AS time "
-                  "FROM range({ranks}) r, range({first}, {last}) s ORDER BY r.range, s.range")  # fmt: skip
+                  "FROM range({ranks}) r, range({first}, {last}) s ORDER BY r.range, s.range")
     if backend == "duckdb":
         con = duckdb.connect(str(tmp))
         con.execute("SET enable_progress_bar = false")
@@ -168,7 +168,7 @@ def build_timed_store(backend: str, ranks: int, steps: int, keys: int) -> Path:
             batch = gen.execute(sql.format(**fill)).to_arrow_table()
             names = ", ".join(f'"{c}"' for c in batch.column_names)
             con.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * batch.num_columns)})",
-                            zip(*(c.to_pylist() for c in batch.columns)))  # fmt: skip
+                            zip(*(c.to_pylist() for c in batch.columns)))
     if backend != "duckdb":
         con.execute("COMMIT")
     con.close()
@@ -194,7 +194,7 @@ _READS = """
 import sys, time
 import sqlalchemy as sa
 from multirank_logger.export.tensorboard import WINDOW_ROWS, _timing_rows
-from multirank_logger.model.schema import metrics
+from multirank_logger.rows.schema import metrics
 from multirank_logger.query.reader import open_store
 reader = open_store(sys.argv[1])
 ref = reader.resolve_run(1)
@@ -240,7 +240,7 @@ def _at_revision(db: Path, revision: str) -> Path:
 
 
 def tensorboard_before_after(rounds: int, shape: tuple[int, int, int], against: Path | None, reads: bool = False
-                             ) -> dict[str, Any]:  # fmt: skip
+                             ) -> dict[str, Any]:
     """Per backend and tree, the median seconds (and every sample) of `rounds` fresh exports (`reads`:
     of the export's reads of StepTimer's rows alone)."""
     import statistics
@@ -260,7 +260,7 @@ def tensorboard_before_after(rounds: int, shape: tuple[int, int, int], against: 
             for name in (list(trees) if i % 2 == 0 else list(reversed(trees))):
                 samples[name].append((_reads if reads else _tensorboard)(*trees[name]))
         out[backend] = {name: {"median_s": statistics.median(s), "samples": [round(x, 2) for x in s]}
-                        for name, s in samples.items()}  # fmt: skip
+                        for name, s in samples.items()}
         if against is not None:
             out[backend]["ratio"] = [round(a / b, 3) for a, b in zip(samples["this"], samples["against"])]
     return out

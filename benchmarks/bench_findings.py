@@ -41,7 +41,7 @@ def stores() -> dict[str, Path]:
     from benchmarks.bench_query import build_sqlite_store, build_store
 
     built = {"duckdb": build_store(RANKS, STEPS, KEYS, faults=FAULTS),
-             "sqlite": build_sqlite_store(RANKS, STEPS, KEYS, faults=FAULTS)}  # fmt: skip
+             "sqlite": build_sqlite_store(RANKS, STEPS, KEYS, faults=FAULTS)}
     for path in built.values():
         keep_watch_verdict(path)
     return built
@@ -52,9 +52,9 @@ def keep_watch_verdict(db: Path) -> None:
     import sqlalchemy as sa
 
     from multirank_logger.judgement.live import LiveJudgement
-    from multirank_logger.model.schema import metrics, verdicts
-    from multirank_logger.model.side_records import SideRecords
     from multirank_logger.query.reader import open_store
+    from multirank_logger.rows.schema import metrics, verdicts
+    from multirank_logger.rows.side_records import SideRecords
     from multirank_logger.store.sql_store import Store
     from multirank_logger.watch.alerts import AlertOutlets
     from multirank_logger.watch.watch import Watch
@@ -68,10 +68,10 @@ def keep_watch_verdict(db: Path) -> None:
         m = metrics.c
         for first in range(0, STEPS, FEED_STEPS):
             rows = reader.fetch_arrow(sa.select(m.key, m.rank, m.step, m.value).where(
-                m.run_id == 1, m.step >= first, m.step < first + FEED_STEPS).order_by(m.step, m.rank, m.seq))  # fmt: skip
+                m.run_id == 1, m.step >= first, m.step < first + FEED_STEPS).order_by(m.step, m.rank, m.seq))
             values = rows.column("value").to_numpy(zero_copy_only=False).astype(float)
             live.add_rows(rows.column("key").to_numpy(zero_copy_only=False), rows.column("rank").to_numpy(),
-                          rows.column("step").to_numpy(), values, now=0.0)  # fmt: skip
+                          rows.column("step").to_numpy(), values, now=0.0)
             live.judge(now=0.0)
         for finding in live.judge(now=0.0, final=True):
             watch.outlets.raise_alert(finding, at_end=True)
@@ -93,8 +93,8 @@ def watch_cost(db: Path, whole_bytes: int) -> dict[str, Any]:
     import sqlalchemy as sa
 
     from multirank_logger.judgement.live import LiveJudgement
-    from multirank_logger.model.schema import metrics
     from multirank_logger.query.reader import open_store
+    from multirank_logger.rows.schema import metrics
 
     live = LiveJudgement(RANKS, close_after=1e9, whole_bytes=whole_bytes)
     m = metrics.c
@@ -102,9 +102,9 @@ def watch_cost(db: Path, whole_bytes: int) -> dict[str, Any]:
     with open_store(db) as reader:
         for first in range(0, STEPS, FEED_STEPS):
             rows = reader.fetch_arrow(sa.select(m.key, m.rank, m.step, m.value).where(
-                m.run_id == 1, m.step >= first, m.step < first + FEED_STEPS).order_by(m.step, m.rank, m.seq))  # fmt: skip
+                m.run_id == 1, m.step >= first, m.step < first + FEED_STEPS).order_by(m.step, m.rank, m.seq))
             columns = (rows.column("key").to_numpy(zero_copy_only=False), rows.column("rank").to_numpy(),
-                       rows.column("step").to_numpy(), rows.column("value").to_numpy(zero_copy_only=False).astype(float))  # fmt: skip
+                       rows.column("step").to_numpy(), rows.column("value").to_numpy(zero_copy_only=False).astype(float))
             t0 = time.process_time()
             live.add_rows(*columns, now=0.0)
             t1 = time.process_time()
@@ -115,7 +115,7 @@ def watch_cost(db: Path, whole_bytes: int) -> dict[str, Any]:
     return {"whole_bytes": whole_bytes, "complete": live.complete, "feed_s": round(feed, 2), "judge_s": round(judge, 2),
             "last_judgement_s": round(time.process_time() - t0, 3),
             "set_aside_mib": round(sum(k.windows.trimmed_bytes for k in live.keys.values()) / 2**20, 1),
-            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}  # fmt: skip
+            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
 def measure(db: str, arrow: bool, from_rows: bool = False) -> dict[str, Any]:
@@ -145,7 +145,7 @@ def _child(tree: Path, db: Path, arrow: bool, from_rows: bool) -> dict[str, Any]
     here = Path(__file__).resolve()
     code = (f"import importlib.util as u, json; s = u.spec_from_file_location('bench_findings', {str(here)!r}); "
             f"m = u.module_from_spec(s); s.loader.exec_module(m); "
-            f"print(json.dumps(m.measure({str(db)!r}, {arrow}, {from_rows})))")  # fmt: skip
+            f"print(json.dumps(m.measure({str(db)!r}, {arrow}, {from_rows})))")
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900, cwd=tree, check=False)
     if out.returncode:
@@ -185,13 +185,13 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", type=Path, help="another source tree (its multirank_logger is compared)")
     parser.add_argument("--watch-cost", action="store_true",
-                        help="instead: what judging the run's end whole costs the watch (held whole, and not), one process each")  # fmt: skip
+                        help="instead: what judging the run's end whole costs the watch (held whole, and not), one process each")
     args = parser.parse_args()
     if args.watch_cost:
         db = stores()["duckdb"]
         for whole in (64 * 2**20, 0):
             code = (f"import importlib.util as u, json; s = u.spec_from_file_location('b', {__file__!r}); m = u.module_from_spec(s); "
-                    f"s.loader.exec_module(m); print(json.dumps(m.watch_cost(m.Path({str(db)!r}), {whole})))")  # fmt: skip
+                    f"s.loader.exec_module(m); print(json.dumps(m.watch_cost(m.Path({str(db)!r}), {whole})))")
             print(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip())
     else:
         print(json.dumps(run(args.rounds, args.against), indent=2))

@@ -50,7 +50,7 @@ def build(order: str) -> Path:
     run = store.create_run("bench", world_size=RANKS, transport="gather")
     for rank in range(RANKS):
         store.register_rank(run.id, rank, local_rank=rank % 8, node_rank=rank // 8, host=f"node{rank // 8}", pid=0,
-                            status="success")  # fmt: skip
+                            status="success")
     store.update_run(run.id, status="success", ended_at=time.time())
     store.close()
     con = duckdb.connect(str(tmp))
@@ -72,7 +72,7 @@ def build(order: str) -> Path:
                        random() + CASE WHEN {shifted} THEN 3 ELSE 0 END, CASE WHEN {nan} THEN 1 ELSE 0 END, 0, 0,
                        1.7e9 + s.range * 0.01
                 FROM range({RANKS}) r, range({first}, {last}, {width}) s, range({KEYS}) k ORDER BY {ORDERS[order]}"""
-            )  # fmt: skip
+            )
         con.execute("COMMIT")
     con.execute("CHECKPOINT")
     con.close()
@@ -83,7 +83,7 @@ def build(order: str) -> Path:
 
 def _served(tree: Path, db: Path) -> float:
     code = ("import json; from pathlib import Path; from benchmarks import bench_read_scale as r; "
-            f"print(json.dumps(r.served({RANKS}, {STEPS}, {KEYS}, Path({str(db)!r}))))")  # fmt: skip
+            f"print(json.dumps(r.served({RANKS}, {STEPS}, {KEYS}, Path({str(db)!r}))))")
     env = {**os.environ, "PYTHONPATH": f"{tree}:{Path(__file__).resolve().parent.parent}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True, timeout=900)
     return float(json.loads(out.stdout.strip().splitlines()[-1])["value"])

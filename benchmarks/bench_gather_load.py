@@ -42,7 +42,7 @@ FINISH_TIMEOUT = 300.0  # rank 0's bounded wait for every sender (finalize's tim
 
 
 def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start_at: float, out: str) -> None:
-    from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherSender
     from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
@@ -71,7 +71,7 @@ def _sender(rank: int, world: int, port: int, run_id: int, seconds: float, start
     sink.finish("success", FINISH_TIMEOUT, lambda: None)
     sink.close()
     result = {"rank": rank, "calls": calls, "last_append": last_append, "flushed": flushed,
-              "undelivered": sum(len(b) for b in sink.undelivered)}  # fmt: skip
+              "undelivered": sum(len(b) for b in sink.undelivered)}
     Path(out, f"sender{rank}.json").write_text(json.dumps(result))
 
 
@@ -80,8 +80,8 @@ def _receiver(
 ) -> None:
     import torch.distributed as dist
 
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.store.sql_store import Store
-    from multirank_logger.transport.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherReceiver
     from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
@@ -240,7 +240,7 @@ def cases(sizes: Sizes) -> list[Case]:
              rounds=1, inner=1, timeout_s=900,
              note=f"rank 0's sustained intake over {seconds:g} s of sending; every row checked stored once; "
                   "extras: offered_rows_per_s, lag_s (last append to every row stored)")
-    ]  # fmt: skip
+    ]
 
 
 if __name__ == "__main__":

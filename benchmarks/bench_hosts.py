@@ -34,9 +34,9 @@ def build(db: str, runs: int, ranks: int, hosts: int) -> None:
 
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import findings
-    from multirank_logger.model.schema import ranks as ranks_table
-    from multirank_logger.model.schema import runs as runs_table
+    from multirank_logger.rows.schema import findings
+    from multirank_logger.rows.schema import ranks as ranks_table
+    from multirank_logger.rows.schema import runs as runs_table
     from multirank_logger.store.sql_store import Store
 
     rng = random.Random(51)
@@ -44,13 +44,13 @@ def build(db: str, runs: int, ranks: int, hosts: int) -> None:
     run_rows, rank_rows, finding_rows = [], [], []
     for i in range(runs):
         run_rows.append({"id": i + 1, "name": "bench", "version": i, "status": "success", "world_size": ranks,
-                         "started_at": t0 + i * 600})  # fmt: skip
+                         "started_at": t0 + i * 600})
         placed = rng.sample(range(hosts), (ranks + 3) // 4)
         for r in range(ranks):
             host = f"node{placed[r // 4]:04d}"  # every rank in a Slurm job: its node's name recorded (the most to read)
             rank_rows.append({"run_id": i + 1, "rank": r, "host": f"{host}.cluster", "slurm_node": host,
                               "node_rank": r // 4, "local_rank": r % 4, "status": "success",
-                              "started_at": t0 + i * 600})  # fmt: skip
+                              "started_at": t0 + i * 600})
         # a rank on one of the 5 lowest-numbered hosts whenever one took part (chronic), else in
         # every 3rd run any rank (one-offs)
         low = [r for r in range(ranks) if placed[r // 4] < 5]
@@ -58,7 +58,7 @@ def build(db: str, runs: int, ranks: int, hosts: int) -> None:
             rank = low[0] if low else rng.randrange(ranks)
             finding_rows.append({"run_id": i + 1, "rank": rank, "seq": 0, "kind": rng.choice(["straggler", "non_finite"]),
                                  "series": "timing:data_s", "first_step": 10, "origin": True, "origin_step": 10,
-                                 "value": 0.1, "detail": "{}", "sentence": "-", "found_at": t0 + i * 600 + 60})  # fmt: skip
+                                 "value": 0.1, "detail": "{}", "sentence": "-", "found_at": t0 + i * 600 + 60})
     store = Store(db)
     try:
         with store.begin() as conn:
@@ -74,7 +74,7 @@ def _command(db: str, tree: str) -> tuple[float, str]:
     env = {**os.environ, "PYTHONPATH": tree}
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "hosts", db, "--format", "slurm"],
-                         capture_output=True, text=True, check=True, env=env, cwd=tree).stdout  # fmt: skip
+                         capture_output=True, text=True, check=True, env=env, cwd=tree).stdout
     return time.perf_counter() - t, out
 
 
@@ -102,7 +102,7 @@ def measure(db: str, rounds: int, baseline: str | None = None) -> dict[str, floa
     return {"before_s": statistics.median(before) if before else None, "before_min_s": min(before, default=None),
             "before_max_s": max(before, default=None),"read_s": statistics.median(reads), "driver_s": statistics.median(drivers), "read_min_s": min(reads), "read_max_s": max(reads),
             "command_s": statistics.median(commands), "command_min_s": min(commands), "command_max_s": max(commands),
-            "hosts": len(rows), "chronic": chronic, "exclude_chars": len(out.strip())}  # fmt: skip
+            "hosts": len(rows), "chronic": chronic, "exclude_chars": len(out.strip())}
 
 
 def main() -> None:
@@ -124,10 +124,10 @@ def main() -> None:
             print(f"{backend}: {args.runs:,} runs x {args.ranks} ranks, {m['hosts']} hosts ({m['chronic']} chronic); "
                   f"built in {built:.1f} s; StoreReader.hosts {m['read_s']:.3f} s [{m['read_min_s']:.3f}, "
                   f"{m['read_max_s']:.3f}]; read_hosts (driver) {m['driver_s']:.3f} s; `hosts --format slurm` in a fresh process {m['command_s']:.2f} s "
-                  f"[{m['command_min_s']:.2f}, {m['command_max_s']:.2f}]", flush=True)  # fmt: skip
+                  f"[{m['command_min_s']:.2f}, {m['command_max_s']:.2f}]", flush=True)
             if m["before_s"] is not None:
                 print(f"  baseline {args.baseline}: the command {m['before_s']:.2f} s [{m['before_min_s']:.2f}, "
-                      f"{m['before_max_s']:.2f}]", flush=True)  # fmt: skip
+                      f"{m['before_max_s']:.2f}]", flush=True)
 
 
 if __name__ == "__main__":

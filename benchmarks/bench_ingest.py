@@ -89,7 +89,7 @@ def _timed(write: Callable[[], Any], busy: bool) -> float:
 
 
 def store_write(backend: str, batches: int, rows: int, held: bool = False, busy: bool = False,
-                summaries: bool = True) -> dict[str, Any]:  # fmt: skip
+                summaries: bool = True) -> dict[str, Any]:
     """The project's write path: Store.write(batch), one call per batch.
 
     With `held`, inside ``Store.writing()`` (one connection across the batches); with `busy`,
@@ -127,8 +127,8 @@ def _store_write(backend: str, batches: int, rows: int, held: bool, busy: bool) 
 
 def raw_sqlite(batches: int, rows: int, busy: bool = False) -> dict[str, Any]:
     """sqlite3 executemany of prebuilt tuples, one transaction per batch (with `busy`: `_timed`)."""
-    from multirank_logger.model.batch import column_lists
-    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.rows.batch import column_lists
+    from multirank_logger.rows.schema import METRIC_COLUMNS
 
     data = [list(zip(*column_lists(b, METRIC_COLUMNS))) for b in make_batches(batches, rows)]
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:
@@ -158,7 +158,7 @@ def raw_duckdb(batches: int, rows: int) -> dict[str, Any]:
     (the store's table: no index since schema 0006)."""
     import duckdb
 
-    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.rows.schema import METRIC_COLUMNS
 
     tables = make_batches(batches, rows)
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as root:

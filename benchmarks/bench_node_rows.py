@@ -55,9 +55,9 @@ def _launch_store(port: int, out: str, ready: Any, stop: Any) -> None:
 
 
 def _rank(rank: int, world: int, per_node: int, port: int, seconds: float, out: str, via_launch: bool,
-          start_at: float, sampled: Any) -> None:  # fmt: skip
+          start_at: float, sampled: Any) -> None:
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.store.backends import backend_for, resolve_url
-    from multirank_logger.transport.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherSender
     from multirank_logger.write.transport_choice import choose_transport
@@ -103,7 +103,7 @@ def _rank(rank: int, world: int, per_node: int, port: int, seconds: float, out: 
 def _socket_bytes(port: int) -> tuple[int, int]:
     """(received, sent) bytes of the established sockets of the server on `port`."""
     text = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"], capture_output=True,
-                          text=True, check=True).stdout  # fmt: skip
+                          text=True, check=True).stdout
     received = sum(int(n) for n in re.findall(r"bytes_received:(\d+)", text))
     sent = sum(int(n) for n in re.findall(r"bytes_acked:(\d+)", text))
     return received, sent
@@ -129,7 +129,7 @@ def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict
                 raise RuntimeError("the launch's TCPStore did not start")
             start_at = time.time() + 2.0 + world * 0.05  # every rank set up by then (a late one catches up)
             procs = [ctx.Process(target=_rank, args=(r, world, world // nodes, port, seconds, out, via_launch,
-                                                     start_at, sampled)) for r in range(world)]  # fmt: skip
+                                                     start_at, sampled)) for r in range(world)]
             for p in procs:
                 p.start()
             time.sleep(max(start_at + seconds / 2 - time.time(), 0))
@@ -164,7 +164,7 @@ def run_mode(senders: int, nodes: int, seconds: float, via_launch: bool) -> dict
         "launch_store_bytes_per_rank": round((received + sent) / world),
         "launch_store_cpu_per_wall_s": round(cpu["cpu_s"] / cpu["wall_s"], 4),
         "launch_store_loaded": loaded,
-    }  # fmt: skip
+    }
 
 
 def measure(senders: int, nodes: int, seconds: float) -> dict[str, Any]:
@@ -173,7 +173,7 @@ def measure(senders: int, nodes: int, seconds: float) -> dict[str, Any]:
     value = via["launch_store_bytes_in"] + via["launch_store_bytes_out"]
     local_bytes = local["launch_store_bytes_in"] + local["launch_store_bytes_out"]
     return {"value": round(local_bytes / 1e6, 3), "via_launch_mb": round(value / 1e6, 3),
-            "node_local": local, "via_launch": via}  # fmt: skip
+            "node_local": local, "via_launch": via}
 
 
 def cases(sizes: Sizes) -> list[Case]:
@@ -184,7 +184,7 @@ def cases(sizes: Sizes) -> list[Case]:
              rounds=1, inner=1, timeout_s=600,
              note="bytes through rank 0's (the launch's) TCPStore with node-local stores; extras: via_launch_mb "
                   "(every row through it, as before), CPU and set/get/add latency of that store in each mode")
-    ]  # fmt: skip
+    ]
 
 
 if __name__ == "__main__":

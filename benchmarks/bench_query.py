@@ -75,7 +75,7 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
     of the whole table, so a billion rows build in memory and time linear in the chunks."""
     import duckdb
 
-    from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS
+    from multirank_logger.rows.schema import DTYPE_NAN, METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
     from multirank_logger.store.step_summaries import backfill, backfill_coarse
 
@@ -135,11 +135,11 @@ def build_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, int, in
 
 def _same_schema(path: Path) -> bool:
     """Whether a cached store has this project's schema (every table and column of
-    ``model/schema.py``): the cache is keyed by the schema's revision, but a revision rewritten
+    ``rows/schema.py``): the cache is keyed by the schema's revision, but a revision rewritten
     during development keeps its name."""
     import duckdb
 
-    from multirank_logger.model.schema import metadata
+    from multirank_logger.rows.schema import metadata
 
     wanted = {(t.name, c.name) for t in metadata.sorted_tables for c in t.columns} | {("alembic_version", "version_num")}
     with duckdb.connect(str(path), read_only=True) as con:
@@ -164,7 +164,7 @@ def build_sqlite_store(ranks: int, steps: int, keys: int, *, faults: tuple[int, 
 
     import duckdb
 
-    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.rows.schema import METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
 
     path = store_path(ranks, steps, keys, "sqlite", faults=faults is not None)

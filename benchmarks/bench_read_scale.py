@@ -52,9 +52,9 @@ BYTES_SLICE = (64, 2_000)
 _PER_RANK = "from multirank_logger.query.reader import open_store; r = open_store({db!r}); t = r.per_rank('metric_0')"
 _SPREAD = "from multirank_logger.query.reader import open_store; r = open_store({db!r}); s = r.rank_spread('metric_0')"
 _PAGE = ("import json; from multirank_logger.query.reader import open_store; from multirank_logger.ui import views; "
-         "r = open_store({db!r}); s = views.summary(r, 1, 'metric_0'); n = len(json.dumps(views.clean(views.series_view(s, views._nodes(r, 1)))))")  # fmt: skip
+         "r = open_store({db!r}); s = views.summary(r, 1, 'metric_0'); n = len(json.dumps(views.clean(views.series_view(s, views._nodes(r, 1)))))")
 _RAW = ("import duckdb; c = duckdb.connect({db!r}, read_only=True); c.execute(\"SET memory_limit = '256MB'\"); c.execute('SET enable_progress_bar = false'); "
-        "n = len(c.execute('SELECT key, step, median(value) FROM metrics GROUP BY key, step').fetchall())")  # fmt: skip
+        "n = len(c.execute('SELECT key, step, median(value) FROM metrics GROUP BY key, step').fetchall())")
 
 
 def _timed(argv: list[str]) -> tuple[float, float]:
@@ -109,7 +109,7 @@ def served(ranks: int, steps: int, keys: int, store: Path | None = None) -> dict
 
     db = str(store or build_scale_store(ranks, steps, keys))
     proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", db, "--port", "0"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
         found = re.search(r"http://[^ ]+", proc.stdout.readline())
@@ -128,7 +128,7 @@ def served(ranks: int, steps: int, keys: int, store: Path | None = None) -> dict
         proc.terminate()
         proc.wait(30)
     return {"value": seconds, "rss_mib": peak, "rows_M": ranks * steps * keys / 1e6, "peak_MiB": peak,
-            "answer_MB": size / 1e6}  # fmt: skip
+            "answer_MB": size / 1e6}
 
 
 def duckdb_bytes(ranks: int, steps: int, keys: int) -> dict[str, Any]:
@@ -147,7 +147,7 @@ def server_bytes(backend: str, ranks: int, steps: int, keys: int) -> dict[str, A
     import pyarrow as pa
 
     from benchmarks.bench_query import build_scale_store
-    from multirank_logger.model.schema import METRIC_COLUMNS
+    from multirank_logger.rows.schema import METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
 
     slice_ranks, slice_steps = min(BYTES_SLICE[0], ranks), min(BYTES_SLICE[1], steps)
@@ -168,9 +168,9 @@ def server_bytes(backend: str, ranks: int, steps: int, keys: int) -> dict[str, A
         for rank in range(slice_ranks):  # one rank's rows at a time, in batches of 1,000 steps as flushed
             for first in range(0, slice_steps, 1_000):
                 table = src.execute(f"SELECT {cols} FROM metrics WHERE rank = {rank} AND step >= {first} "
-                                    f"AND step < {min(first + 1_000, slice_steps)} ORDER BY seq, key").to_arrow_table()  # fmt: skip
+                                    f"AND step < {min(first + 1_000, slice_steps)} ORDER BY seq, key").to_arrow_table()
                 batch = pa.table({"run_id": pa.array([run.id] * table.num_rows, pa.int32()),
-                                  **{c: table.column(c) for c in table.column_names}})  # fmt: skip
+                                  **{c: table.column(c) for c in table.column_names}})
                 store.write(batch.select(list(METRIC_COLUMNS)).to_batches()[0])
                 rows += table.num_rows
         if backend == "sqlite":
@@ -220,7 +220,7 @@ def cases(sizes: Sizes) -> list[Case]:
             out.append(Case(SECTION, f"{what} {label}", f"benchmarks.bench_read_scale:{'served' if served_page else 'command'}",
                             "s", kw if served_page else {"what": what, **kw}, goals=goals_big, rounds=2, inner=1,
                             timeout_s=1800, note="the first series answer of a fresh `multirank-logger ui`" if served_page
-                            else "a fresh process; RSS is the command's own"))  # fmt: skip
+                            else "a fresh process; RSS is the command's own"))
     # the targets' store: 5 rounds in full mode, as one command's time moves by a quarter within
     # minutes on this shared host (a median of 2 is the mean of two draws); the other store: 2
     target_rounds = 5 if sizes.mode == "full" else min(2, sizes.query_rounds)
@@ -233,14 +233,14 @@ def cases(sizes: Sizes) -> list[Case]:
                             peer=None if what == "raw" else f"raw DuckDB median per (key, step) {label}",
                             goals=goals.get(what, ()) if shape == big else (),
                             rounds=target_rounds if shape == big else min(2, sizes.query_rounds),
-                            inner=1, timeout_s=600, note="a fresh process; RSS is the command's own"))  # fmt: skip
+                            inner=1, timeout_s=600, note="a fresh process; RSS is the command's own"))
     kw = dict(zip(("ranks", "steps", "keys"), big))
     out.append(Case(SECTION, "bytes/row DuckDB", "benchmarks.bench_read_scale:duckdb_bytes", "B", kw, rounds=1,
-                    inner=1, goals=(Goal("value", "<=", 14, "<= 14 B/row"),), note="the scale store's file"))  # fmt: skip
+                    inner=1, goals=(Goal("value", "<=", 14, "<= 14 B/row"),), note="the scale store's file"))
     for backend in ("sqlite", "postgresql"):
         out.append(Case(SECTION, f"bytes/row {backend}", "benchmarks.bench_read_scale:server_bytes", "B",
                         {"backend": backend, **kw}, rounds=1, inner=1, timeout_s=900,
-                        note=f"{BYTES_SLICE[0]} ranks x {BYTES_SLICE[1]:,} steps of it, written through Store.write"))  # fmt: skip
+                        note=f"{BYTES_SLICE[0]} ranks x {BYTES_SLICE[1]:,} steps of it, written through Store.write"))
     return out
 
 

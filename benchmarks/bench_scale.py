@@ -63,8 +63,8 @@ def _sender(
 ) -> None:
     """A paced sender; with `bound`, an unpaced one (as fast as it can) with a spill file and that
     bound on its unacknowledged values (past the ceiling)."""
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.store.spill_file import SpillWriter
-    from multirank_logger.transport.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherSender
     from multirank_logger.write.spiller import Spiller
@@ -114,7 +114,7 @@ def _sender(
     result = {"rank": rank, "calls": calls, "last_append": last_append, "flushed": flushed,
               "undelivered": sum(len(b) for b in sink.undelivered), "held_max": held_max,
               "spilled": sink.spiller.values_spilled if sink.spiller is not None else 0,
-              "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+              "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     Path(out, f"sender{rank}.json").write_text(json.dumps(result))
 
 
@@ -123,8 +123,8 @@ def _receiver(
 ) -> None:
     import torch.distributed as dist
 
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.store.sql_store import Store
-    from multirank_logger.transport.row_channel import RowChannel
     from multirank_logger.write.buffer import RecordBuffer
     from multirank_logger.write.sinks import GatherReceiver
     from multirank_logger.write.writer_thread import BackgroundWriter, ToSink
@@ -153,7 +153,7 @@ def _receiver(
     finished_at, done = finish_receiver(writer, sink, store, TIMEOUT)
     cpu = time.process_time() - cpu0
     result = {"finished_at": finished_at, "done": done, "cpu_s": cpu, "wall_s": finished_at - wall0, "intake": intake,
-              "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+              "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     Path(out, "receiver.json").write_text(json.dumps(result))
     keep_server_for_senders(server, out, world, TIMEOUT)
 
@@ -165,7 +165,7 @@ def _latency_us(port: int) -> dict[str, float]:
     client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60), wait_for_workers=False)
     out: dict[str, float] = {}
     ops = {"set": lambda i: client.set(f"probe/{i}", b"x" * 64), "get": lambda i: client.get(f"probe/{i}"),
-           "add": lambda i: client.add("probe/count", 1)}  # fmt: skip
+           "add": lambda i: client.add("probe/count", 1)}
     for name, op in ops.items():
         times = []
         for i in range(PROBES):
@@ -183,7 +183,7 @@ def _steady_lags(intake: list[list[float]], start_at: float, offered_per_s: floa
     the rows it holds are (now, less the time by which the senders had appended that many rows).
     A sender's rows wait in its buffer for its flush (up to `FLUSH_INTERVAL`): that is in it."""
     return [when - (start_at + rows / offered_per_s) for when, rows in intake
-            if start_at + FLUSH_INTERVAL < when < start_at + seconds and rows]  # fmt: skip
+            if start_at + FLUSH_INTERVAL < when < start_at + seconds and rows]
 
 
 def _pss_mib(pids: list[int]) -> float:
@@ -225,7 +225,7 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
             if not ready.wait(120):
                 raise RuntimeError("rank 0's TCPStore did not start in 120 s")
             procs = [ctx.Process(target=_sender, args=(r, world, port, run_id, seconds, start_box, out, go, bound))
-                     for r in range(1, world)]  # fmt: skip
+                     for r in range(1, world)]
             for p in procs:
                 p.start()
             deadline = time.monotonic() + 300
@@ -271,7 +271,7 @@ def run_scale(senders: int, seconds: float, db: str, bound: int | None = None) -
         "senders_pss_mib_total": round(senders_pss, 1),
         "sender_peak_rss_mib_max": round(max(s["rss_mib"] for s in sent), 1),
         "tcpstore_idle": idle, "tcpstore_loaded": loaded,
-    }  # fmt: skip
+    }
 
 
 def _past_ceiling(
@@ -304,7 +304,7 @@ def _past_ceiling(
         "rank0_rows_per_s": round(stored / (recv["finished_at"] - start_at), 1),
         "bound_values": bound, "sender_held_max": max(s["held_max"] for s in sent),
         "senders_that_spilled": sum(1 for s in sent if s["spilled"]), "stored_or_spilled_once": True,
-    }  # fmt: skip
+    }
 
 
 def measure(senders: int, seconds: float) -> dict[str, Any]:
@@ -323,7 +323,7 @@ def cases(sizes: Sizes) -> list[Case]:
              rounds=1, inner=1, timeout_s=1200,
              note="rank 0's intake; every row checked stored once; extras: steady_lag_s_*, end_lag_s, rank0_cpu_per_wall_s, "
                   "rank0_peak_rss_mib, senders_pss_mib_total, tcpstore_idle/loaded (set/get/add latency)")
-    ] + node_cases(sizes)  # fmt: skip
+    ] + node_cases(sizes)
 
 
 if __name__ == "__main__":

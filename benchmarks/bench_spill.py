@@ -54,7 +54,7 @@ def _fill(calls: int) -> Any:
 
 def measure(case: str, frames: int, calls: int) -> float:
     """Rows per second of one case, in this process (the tree on sys.path)."""
-    from multirank_logger.model import wire
+    from multirank_logger.rows import wire
     from multirank_logger.store.spill_file import SpillWriter, read_spill
     from multirank_logger.store.spill_import import import_spill
     from multirank_logger.store.sql_store import Store

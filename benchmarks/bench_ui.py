@@ -97,7 +97,7 @@ def first_render(ranks: int, steps: int, keys: int) -> dict[str, Any]:
 
     db = build_scale_store(ranks, steps, keys)
     server = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", str(db), "--port", "0"],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         url = (server.stdout.readline() if server.stdout else "").split()[2]
         with _browser() as driver:
@@ -125,7 +125,7 @@ def first_render(ranks: int, steps: int, keys: int) -> dict[str, Any]:
             "load_avg_1min": round(os.getloadavg()[0], 1), "all_keys_drawn_s": round(drawn_s, 2),
             "kib_at_first_render": round(first_kib), "page_kib": round(first_kib + rest_kib),
             "largest_answer_kib": round(largest_kib),
-            "heatmap": f"{canvas[0]}x{canvas[1]}"}  # fmt: skip
+            "heatmap": f"{canvas[0]}x{canvas[1]}"}
 
 
 def raw_groupby(ranks: int, steps: int, keys: int) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def raw_groupby(ranks: int, steps: int, keys: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     con = duckdb.connect(str(db), read_only=True)
     table = con.execute(f"SELECT rank, step - step % {width} AS b, avg(value), min(value), max(value), max(dtype) "
-                        f"FROM metrics WHERE run_id = 1 AND key = '{KEY}' GROUP BY ALL").to_arrow_table()  # fmt: skip
+                        f"FROM metrics WHERE run_id = 1 AND key = '{KEY}' GROUP BY ALL").to_arrow_table()
     con.close()
     return {"value": time.perf_counter() - t0, "cells": table.num_rows}
 
@@ -223,7 +223,7 @@ def training(page: bool, steps: int, metrics: int) -> dict[str, Any]:
     fit = next(r for r in reports[0] if r["variant"] == variant)
     expected = 2 * steps * metrics
     return {"value": fit["fit_s"], "cpu_s": fit["cpu_s"], "values_stored": stored, "values_logged_at_least": expected,
-            "lost": max(0, expected - stored), "page_saw": polled.splitlines()[-1][:80] if polled else ""}  # fmt: skip
+            "lost": max(0, expected - stored), "page_saw": polled.splitlines()[-1][:80] if polled else ""}
 
 
 def cases(sizes: Sizes) -> list[Case]:

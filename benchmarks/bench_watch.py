@@ -64,7 +64,7 @@ def _batches(ranks: int, seconds: float) -> list[pa.RecordBatch]:
             value[(rank == 1) & (key == 1) & (step >= depart_step)] *= 10
         out.append(pa.RecordBatch.from_arrays(
             [pa.DictionaryArray.from_arrays(pa.array(key), names), pa.array(rank), pa.array(step), pa.array(value)],
-            names=["key", "rank", "step", "value"]))  # fmt: skip
+            names=["key", "rank", "step", "value"]))
     return out
 
 
@@ -107,7 +107,7 @@ def measure(ranks: int, seconds: float, watch_on: bool) -> dict[str, Any]:
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "rss_before_mib": rss_before / 1024, "rows_per_s": ranks * KEYS * STEPS_PER_S,
             "alerts": [(f.kind, f.rank, f.key, f.first_step) for _, f in raised], "latency_s": latency,
-            "nan_step": nan_step, "skipped": watch.skipped if watch is not None else 0}  # fmt: skip
+            "nan_step": nan_step, "skipped": watch.skipped if watch is not None else 0}
 
 
 def long_run(ranks: int, steps: int) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def long_run(ranks: int, steps: int) -> dict[str, Any]:
     held = max(sum(len(p[0]) for p in k.windows.parts) for k in live.keys.values())
     rows = steps * ranks * KEYS
     return {"ranks": ranks, "steps": steps, "rows": rows, "cpu_s": judge_cpu, "rows_per_cpu_s": rows / judge_cpu,
-            "peak_rss_mib_by_tenth": [round(r) for r in rss], "held_steps_per_key": held}  # fmt: skip
+            "peak_rss_mib_by_tenth": [round(r) for r in rss], "held_steps_per_key": held}
 
 
 def false_alarms(runs: int, ranks_list: tuple[int, ...] = (3, 4, 8, 32), steps: int = 200) -> list[dict[str, Any]]:
@@ -168,7 +168,7 @@ def false_alarms(runs: int, ranks_list: tuple[int, ...] = (3, 4, 8, 32), steps: 
             live_alarms += bool(found)
             report_alarms += bool(departures(np.arange(steps), np.arange(ranks), values))
         out.append({"ranks": ranks, "runs": runs, "steps": steps, "watch_false_alarms": live_alarms,
-                    "report_false_alarms": report_alarms})  # fmt: skip
+                    "report_false_alarms": report_alarms})
     return out
 
 
@@ -176,18 +176,18 @@ def paced(ranks_list: list[int], seconds: float) -> None:
     """Each R's feed into a watch and into nothing, each in a process of its own."""
     print(f"feed: R ranks x {KEYS} keys x {STEPS_PER_S} steps/s, a batch every {FLUSH_S} s, {seconds:.0f} s per run")
     print(f"{'ranks':>6} {'rows/s':>8} {'CPU feed':>9} {'CPU watch':>10} {'watch: share of a core':>23} "
-          f"{'RSS feed':>9} {'RSS watch':>10} {'+MiB':>6}  latency (s), alerts")  # fmt: skip
+          f"{'RSS feed':>9} {'RSS watch':>10} {'+MiB':>6}  latency (s), alerts")
     for ranks in ranks_list:
         runs = {}
         for on in (False, True):
             proc = subprocess.run([sys.executable, __file__, "--one", str(ranks), str(seconds), str(int(on))],
-                                  capture_output=True, text=True, check=True)  # fmt: skip
+                                  capture_output=True, text=True, check=True)
             runs[on] = json.loads(proc.stdout.strip().splitlines()[-1])
         off, on_ = runs[False], runs[True]
         share = on_["cpu_share"] - off["cpu_share"]
         print(f"{ranks:>6} {on_['rows_per_s']:>8,} {off['cpu_share']:>8.1%} {on_['cpu_share']:>9.1%} {share:>22.2%} "
               f"{off['peak_rss_mib']:>8.0f}M {on_['peak_rss_mib']:>9.0f}M {on_['peak_rss_mib'] - off['peak_rss_mib']:>6.1f}"
-              f"  {on_['latency_s']} {on_['alerts']} skipped={on_['skipped']}", flush=True)  # fmt: skip
+              f"  {on_['latency_s']} {on_['alerts']} skipped={on_['skipped']}", flush=True)
 
 
 def peek_cost(ranks_list: list[int], seconds: float) -> None:
@@ -200,7 +200,7 @@ def peek_cost(ranks_list: list[int], seconds: float) -> None:
 
     import torch.distributed as dist
 
-    from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.watch.watch import PEEK_S
 
     period = PEEK_S or 0.5
@@ -230,11 +230,11 @@ def ddp_latency(flush_interval: float, probes: int) -> None:
 
     script = Path(__file__).resolve().parent / "_watch_latency_train.py"
     print(f"end to end: 4 ranks (gather, DDP on CPU), flush_interval {flush_interval:g} s, {probes} NaNs "
-          f"(rank i % 4), from the rank's self.log to rank 0's alert; target: flush_interval + 2 s")  # fmt: skip
+          f"(rank i % 4), from the rank's self.log to rank 0's alert; target: flush_interval + 2 s")
     for mode in ("peek", "no-peek"):
         with tempfile.TemporaryDirectory() as tmp:
             args = [sys.executable, str(script), "--db", f"{tmp}/runs.duckdb", "--out", tmp,
-                    "--flush-interval", str(flush_interval), "--probes", str(probes)]  # fmt: skip
+                    "--flush-interval", str(flush_interval), "--probes", str(probes)]
             proc = subprocess.run(args + (["--no-peek"] if mode == "no-peek" else []), capture_output=True, text=True)
             if proc.returncode:
                 raise SystemExit(f"{mode}: the training failed:\n{proc.stderr[-3000:]}")
@@ -254,7 +254,7 @@ def ddp_latency(flush_interval: float, probes: int) -> None:
             n = sum(1 for row in logged.values() if row["rank"] in ranks)
             if got:
                 print(f"  {mode:>7} {who:<27} {len(got)}/{n} alerted: median {statistics.median(got):.2f} s, "
-                      f"max {got[-1]:.2f} s  {[round(v, 2) for v in got]}", flush=True)  # fmt: skip
+                      f"max {got[-1]:.2f} s  {[round(v, 2) for v in got]}", flush=True)
             else:
                 print(f"  {mode:>7} {who:<27} 0/{n} alerted", flush=True)
 
@@ -289,19 +289,19 @@ def main() -> None:
         paced(args.ranks, args.seconds)
     if args.long_steps:
         proc = subprocess.run([sys.executable, __file__, "--long", "256", str(args.long_steps)], capture_output=True,
-                              text=True, check=True)  # fmt: skip
+                              text=True, check=True)
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"\nunpaced: 256 ranks x {KEYS} keys x {row['steps']:,} steps ({row['rows']:,} rows) judged in "
               f"{row['cpu_s']:.1f} CPU s: {row['rows_per_cpu_s']:,.0f} rows per CPU second "
               f"({row['rows_per_cpu_s'] / (256 * KEYS * STEPS_PER_S):.0f}x the paced feed); peak RSS at each tenth "
               f"(MiB): {row['peak_rss_mib_by_tenth']}; steps held per key at the end: {row['held_steps_per_key']}",
-              flush=True)  # fmt: skip
+              flush=True)
     if args.clean_runs:
         print("\nfalse alarms on seeded clean noisy runs (tests/helpers/planted_rows.py), fed 10 steps at a time:")
         rows = false_alarms(args.clean_runs) + false_alarms(max(1, args.clean_runs // 4), (3, 8), steps=1000)
         for row in rows:
             print(f"  {row['ranks']:>3} ranks x {row['steps']} steps: watch {row['watch_false_alarms']}/{row['runs']} "
-                  f"runs, report {row['report_false_alarms']}/{row['runs']}", flush=True)  # fmt: skip
+                  f"runs, report {row['report_false_alarms']}/{row['runs']}", flush=True)
 
 
 if __name__ == "__main__":

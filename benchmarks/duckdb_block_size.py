@@ -26,8 +26,8 @@ import duckdb
 
 import multirank_logger.store.backends.duckdb as duckdb_backend
 from benchmarks.bench_ingest import make_batches
-from multirank_logger.model.schema import METRIC_COLUMNS
 from multirank_logger.query.reader import open_store
+from multirank_logger.rows.schema import METRIC_COLUMNS
 from multirank_logger.store.sql_store import Store
 from multirank_logger.ui import views
 from multirank_logger.write.buffer import RecordBuffer
@@ -69,7 +69,7 @@ def large_store(db: Path) -> tuple[float, float, int]:
     cols = ", ".join(f'"{c}"' for c in METRIC_COLUMNS)
     con = duckdb.connect(str(db), config={"threads": 1})
     con.execute(f"""INSERT INTO metrics ({cols}) SELECT {run.id}, r.range::INTEGER, s.range * {KEYS} + k.range, s.range,
-        'k' || k.range, random(), 0, 1.7e9 + s.range FROM range({RANKS}) r, range({STEPS}) s, range({KEYS}) k""")  # fmt: skip
+        'k' || k.range, random(), 0, 1.7e9 + s.range FROM range({RANKS}) r, range({STEPS}) s, range({KEYS}) k""")
     con.execute("CHECKPOINT")
     con.close()
     t0 = time.perf_counter()
@@ -103,12 +103,12 @@ def main() -> None:
                     "small": small_store(Path(root, "small.duckdb")),
                     "ingest": ingest(Path(root, "ingest.duckdb"), args.batches, args.rows),
                     "summary": summary, "per_rank": per_rank, "large": large,
-                })  # fmt: skip
+                })
     print(f"| block | 20-value store | ingest {args.batches} x {args.rows:,} rows (s) | 5.12M-row store | summary (s) | per_rank (s) |")
     print("|---|---|---|---|---|---|")
     for size, rounds in found.items():
         print(f"| {size // 1024} KiB | {rounds[0]['small'] / 1e3:,.0f} kB | {_each(rounds, 'ingest', '.2f')} | "
-              f"{rounds[0]['large'] / 1e6:.1f} MB | {_each(rounds, 'summary', '.3f')} | {_each(rounds, 'per_rank', '.3f')} |")  # fmt: skip
+              f"{rounds[0]['large'] / 1e6:.1f} MB | {_each(rounds, 'summary', '.3f')} | {_each(rounds, 'per_rank', '.3f')} |")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def _fit(folder: Path, steps: int, timed: bool, accelerator: str = "cpu") -> flo
         enable_model_summary=False, enable_checkpointing=False,
         logger=MultiRankLogger(db=str(folder / "runs.sqlite"), save_dir=str(folder)),
         callbacks=[steady, StepTimer()] if timed else [steady],
-    )  # fmt: skip
+    )
     trainer.fit(_Model(), DataLoader(data, batch_size=16))
     return steady.seconds / (steps - STEADY_FROM)
 
@@ -82,7 +82,7 @@ def _hooks(folder: Path, steps: int) -> float:
     """StepTimer's per-step hooks alone, against a live logger, in microseconds per step."""
     logger = MultiRankLogger(db=str(folder / "hooks.sqlite"), save_dir=str(folder))
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=logger, max_steps=1, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+                         enable_model_summary=False, enable_checkpointing=False)
     model = _Model()
     timer = StepTimer()
     timer.on_train_start(trainer, model)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from multirank_logger.model.schema import metadata
+from multirank_logger.rows.schema import metadata
 from multirank_logger.store.backends import register_alembic_impl
 
 register_alembic_impl()  # Alembic's DuckDB dialect (for `alembic` run on its own, too)

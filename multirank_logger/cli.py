@@ -191,7 +191,7 @@ def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...]
     try:
         where = RunFilter(name=name, statuses=statuses, params=tuple(map(parse_param, params)),
                           since=None if since is None else parse_when(since),
-                          until=None if until is None else parse_when(until, end=True))  # fmt: skip
+                          until=None if until is None else parse_when(until, end=True))
         shown = parse_shown(show_params)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
@@ -227,12 +227,12 @@ def runs_cmd(db_path: str, fmt: str, name: str | None, statuses: tuple[str, ...]
     help="File (or directory with --all-ranks); default (and -o -): standard output."
 )
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "tensorboard"]), default="csv", show_default=True,
-              help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: a TensorBoard run per run, a rank_K/ sub-run per rank.")  # fmt: skip
+              help="parquet: a Hive-partitioned dataset at -o DIR or URL (s3://...); tensorboard: a TensorBoard run per run, a rank_K/ sub-run per rank.")
 @click.option("--all-runs", is_flag=True, help="parquet, tensorboard: every run in DB.")
 @click.option("--since", default=None, metavar="RUN", help="parquet, tensorboard: RUN and every later run (a nightly append).")
 @_friendly_errors
 def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool, output: str | None, fmt: str,
-               all_runs: bool, since: str | None) -> None:  # fmt: skip
+               all_runs: bool, since: str | None) -> None:
     """Write a rank's metrics in CSVLogger's metrics.csv layout, byte for byte; or runs as Parquet or TensorBoard files."""
     if fmt != "csv" or all_runs or since is not None:
         _export_runs(db_path, fmt, run, all_runs, since, output, rank is not None or all_ranks)
@@ -248,12 +248,12 @@ def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool,
             folder = Path(output)  # type: ignore[arg-type]
             if folder.exists() and not folder.is_dir():
                 raise click.ClickException(f"--all-ranks writes one file per rank into a directory, and {output} "
-                                           "is not one: pass a directory's path (made when missing).")  # fmt: skip
+                                           "is not one: pass a directory's path (made when missing).")
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise click.ClickException(f"Cannot make the directory {output}: {exc.strerror}. "
-                                           "Pass a directory you can write.") from None  # fmt: skip
+                                           "Pass a directory you can write.") from None
             for k in reader.ranks(ref.id):
                 _export_one(reader, ref.id, ref.label, k, str(folder / f"metrics_rank_{k}.csv"))
         elif output is None:
@@ -267,7 +267,7 @@ def export_cmd(db_path: str, run: str | None, rank: int | None, all_ranks: bool,
 
 
 def _export_runs(db_path: str, fmt: str, run: str | None, all_runs: bool, since: str | None, output: str | None,
-                 ranks_chosen: bool) -> None:  # fmt: skip
+                 ranks_chosen: bool) -> None:
     """`export --format parquet|tensorboard`: the runs asked for, every rank (export/)."""
     from multirank_logger.export.runs import export_runs
 
@@ -284,7 +284,7 @@ def _export_runs(db_path: str, fmt: str, run: str | None, all_runs: bool, since:
     if ends_with_process(output):  # the export would be gone when this command exits
         raise click.UsageError(f"{public_url(output)} is a filesystem that ends with this command's process: "
                                "pass a local directory or a lasting URL (s3://...); memory:// is for export_parquet "
-                               "called from Python.")  # fmt: skip
+                               "called from Python.")
     with open_store(db_path) as reader:
         for line in export_runs(reader, fmt, output, run=run, all_runs=all_runs, since=since):
             click.echo(line)
@@ -319,7 +319,7 @@ def _export_one(reader: StoreReader, run_id: int, label: str, rank: int, path: s
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
 @click.option("--all", "all_steps", is_flag=True, help=f"Print every step, not the first and last {_TABLE_ROWS // 2}.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table", show_default=True,
-              help="csv: the whole step x rank table, for other tools.")  # fmt: skip
+              help="csv: the whole step x rank table, for other tools.")
 @_friendly_errors
 def ranks_cmd(db_path: str, key: str, run: str | None, all_steps: bool, fmt: str) -> None:
     """Show KEY per rank (step x rank) and how far the ranks spread."""
@@ -338,7 +338,7 @@ def ranks_cmd(db_path: str, key: str, run: str | None, all_steps: bool, fmt: str
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Stop the query after this many seconds (default: no limit; Ctrl-C stops it any time).")  # fmt: skip
+              help="Stop the query after this many seconds (default: no limit; Ctrl-C stops it any time).")
 @_friendly_errors
 def sql_cmd(db_path: str, query: str, fmt: str, timeout: float | None) -> None:
     """Run a read-only QUERY on DB; a statement that writes is refused and changes nothing.
@@ -369,9 +369,9 @@ def sql_cmd(db_path: str, query: str, fmt: str, timeout: float | None) -> None:
 @click.option("--run", default=None, help="Run id or NAME/version_N (default: the latest run).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Also write the report to this HTML file: the ui's page of the run, self-contained, offline.")  # fmt: skip
+              help="Also write the report to this HTML file: the ui's page of the run, self-contained, offline.")
 @click.option("--from-rows", is_flag=True,
-              help="Judge the run's rows even where the watch kept a verdict of the whole run (the same findings, slower).")  # fmt: skip
+              help="Judge the run's rows even where the watch kept a verdict of the whole run (the same findings, slower).")
 @_friendly_errors
 def report_cmd(db_path: str, run: str | None, fmt: str, output: str | None, from_rows: bool) -> None:
     """Which rank is the problem: stragglers, outlier ranks, NaN/inf, memory, disagreements."""
@@ -423,7 +423,7 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
     marked = dict(sorted(((r, s) for r, (s, _) in spread.non_finite.items()), key=lambda rs: (rs[1], rs[0]))[:4])
     path = Path(output or f"{''.join(c if c.isalnum() or c in '-_.' else '_' for c in key)}.png")
     path.write_bytes(figure_png(plot_key(table, key, outliers, title=f"{key} per rank, {ref.label}", non_finite=marked,
-                                         not_logged=not_logged)))  # fmt: skip
+                                         not_logged=not_logged)))
     notes = [f"outlier ranks: {', '.join(map(str, outliers))}"] if outliers else []
     notes += [f"NaN/inf marked x: {', '.join(f'rank {r} from step {s:,}' for r, s in marked.items())}"] if marked else []
     click.echo(f"Wrote {path}" + (f" ({'; '.join(notes)})" if notes else ""))
@@ -433,11 +433,11 @@ def plot_cmd(db_path: str, key: str, run: str | None, output: str | None) -> Non
 @click.argument("db_path", metavar="DB")
 @click.option("--port", type=int, default=8765, show_default=True, help="TCP port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Anything but 127.0.0.1 lets others read the store: no login.")  # fmt: skip
+              help="Address to listen on. Anything but 127.0.0.1 lets others read the store: no login.")
 @click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
-              help="Also answer requests addressed to NAME (a tunnel's or proxy's host name); repeatable.")  # fmt: skip
+              help="Also answer requests addressed to NAME (a tunnel's or proxy's host name); repeatable.")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="SECONDS", help="Stop a request's reads after this many seconds; it answers 503 (503: try again).")  # fmt: skip
+              metavar="SECONDS", help="Stop a request's reads after this many seconds; it answers 503 (503: try again).")
 @_friendly_errors
 def ui_cmd(db_path: str, port: int, host: str, allowed_hosts: tuple[str, ...], request_timeout: float) -> None:
     """A live page over the store DB: runs, findings, every key's band and rank x step heatmap.

@@ -13,7 +13,7 @@ __all__ = ["column_numpy"]
 def column_numpy(column: pa.ChunkedArray | pa.Array, null: Any = None) -> np.ndarray:
     """A column of numbers as a NumPy array: a read-only view of a single chunk's buffer (no
     copy), else the chunks concatenated. For an array of its own with NULLs filled in, see
-    ``model/batch.py``'s `column_numpy_copy`.
+    ``rows/batch.py``'s `column_numpy_copy`.
 
     pyarrow's own ``to_numpy`` (26.0, on an Array too) imports pandas first: 0.3-0.5 s on 2
     cores, in the middle of a read that had no other use for it (``per_rank`` imports pandas on

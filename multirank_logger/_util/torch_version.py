@@ -1,6 +1,6 @@
 """The oldest torch this package runs on, and a clear error below it.
 
-The gather channel (transport.row_channel.RowChannel) uses the TCPStore's queues, ``queue_push``,
+The gather channel (channel.row_channel.RowChannel) uses the TCPStore's queues, ``queue_push``,
 ``queue_pop`` and ``queue_len``. They came with pytorch/pytorch#150969 ("c10d/Store: add
 queues", April 2025, after the 2.7 branch cut), so the first release that has them is torch
 2.8. Below it every multi-rank run would fail at its first flush with an AttributeError from

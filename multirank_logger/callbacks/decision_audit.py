@@ -71,7 +71,7 @@ class _Decision:
             "monitor": getattr(cb, "monitor", None), "mode": getattr(cb, "mode", None),
             "value": self.value, "vote": self.vote, "decision": self.decision,
             "path": self.path, "best": self.best, "time": self.time,
-        }  # fmt: skip
+        }
 
 
 class DecisionAudit(Callback):

@@ -89,7 +89,7 @@ class StopOnAlert(Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+                           batch_idx: int) -> None:
         if self._logger is None or self.stopped_at is not None or trainer.global_step % self.every:
             return
         alert = next((a for a in self._logger.alerts if a.kind in self.kinds), None)  # rank 0 alone holds any
@@ -106,7 +106,7 @@ class StopOnAlert(Callback):
                 "decisions", step=step, epoch=trainer.current_epoch, callback=type(self).__name__,
                 monitor=f"{alert.kind}:{alert.key}:rank {alert.rank}" if alert is not None else None,
                 value=None, vote=vote, decision=True, time=time.time(),
-            )  # fmt: skip
+            )
         if alert is not None:
             self._logger.stopped_by_alert(alert, step)
 

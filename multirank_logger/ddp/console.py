@@ -99,7 +99,7 @@ class RankAwareConsole(logging.Filter):
         return f"[rank {rank if rank >= 0 else '?'}] "
 
     def _showwarning(self, message: Any, category: type[Warning], filename: str, lineno: int,
-                     file: TextIO | None = None, line: str | None = None) -> None:  # fmt: skip
+                     file: TextIO | None = None, line: str | None = None) -> None:
         prefix = self.prefix(logging.WARNING)
         target = file if file is not None else sys.stderr
         out = _PrefixedStream(target, prefix) if prefix and target is not None else file

@@ -89,7 +89,7 @@ class Destination:
         if any(secret in self.root for secret in self._secrets):  # file://user:pw@/x: fsspec makes it a path
             raise ExportFailed(self.public, "its credentials (user:password@) would become part of a file's path",
                                "Leave them out of the URL (file:///path for a local directory); a remote "
-                               "filesystem takes them from its own configuration or the environment.")  # fmt: skip
+                               "filesystem takes them from its own configuration or the environment.")
         if self.local:
             _refuse_local_non_directory(self.public, self.root)
 
@@ -219,7 +219,7 @@ class LocalFile:
         except FileNotFoundError:
             if self.note:
                 raise ExportFailed(path, f"it is a symlink to {target}, which does not exist",
-                                   "Pass the target's path, or remove the symlink.") from None  # fmt: skip
+                                   "Pass the target's path, or remove the symlink.") from None
             mode = None
         except OSError as exc:
             raise ExportFailed(path, exc.strerror or type(exc).__name__, _PASS_A_FILE) from None
@@ -232,7 +232,7 @@ class LocalFile:
             self.path = Path(path)  # opened by its own name: /dev/stdout is this process's stdout
         elif stat.S_ISDIR(mode):
             raise ExportFailed(path, "it is a directory",
-                               "Pass a file's path (e.g. DIR/metrics.csv), or --all-ranks to write one file per rank into it.")  # fmt: skip
+                               "Pass a file's path (e.g. DIR/metrics.csv), or --all-ranks to write one file per rank into it.")
         else:
             raise ExportFailed(path, "it is neither a regular file, a FIFO nor a character device", _PASS_A_FILE)
 

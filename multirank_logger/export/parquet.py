@@ -23,7 +23,7 @@ store keeps them as unix seconds, a float). A lake written before this naming (i
 ``run`` column, times as floats) is refused, not mixed: a reader unions files by their columns.
 
 Every stored row is there once, with the store's columns: ``value`` is the value logged (NaN and
--0.0 included), ``dtype`` what Python type it had (``model/schema.py``), ``seq`` the rank's call
+-0.0 included), ``dtype`` what Python type it had (``rows/schema.py``), ``seq`` the rank's call
 number (the launch, ``attempt``, in its bits from ``SEQ_ATTEMPT_SHIFT`` up). Read them with any
 engine's Hive partitioning (``read_parquet('DEST/metrics/**/*.parquet', hive_partitioning=true)``,
 ``spark.read.parquet('DEST/metrics')``, ``pl.scan_parquet('DEST/metrics/**/*.parquet', hive_partitioning=True)``).
@@ -54,8 +54,10 @@ from multirank_logger._util.prefetch import prefetched
 from multirank_logger.errors import ExportFailed
 from multirank_logger.export.destination import Destination
 from multirank_logger.export.run_identity import run_identity
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import (
+from multirank_logger.query.long_table import utc_timestamps
+from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import (
     alerts,
     attempts,
     decisions,
@@ -66,8 +68,6 @@ from multirank_logger.model.schema import (
     step_timing,
     verdicts,
 )
-from multirank_logger.query.long_table import utc_timestamps
-from multirank_logger.query.row_windows import metric_schema, run_table, window_orders
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -179,7 +179,7 @@ def _refuse_old_layout(target: Destination) -> None:
     if found:
         raise ExportFailed(target.public, f"it holds runs in the layout before run UUIDs ({target.shown('runs', found[0])}, "
                            f"{len(found)} run folder(s)); this export writes runs/{PARTITION}=UUID/",
-                           "Export to a new directory (or export the stores those runs came from again into one).")  # fmt: skip
+                           "Export to a new directory (or export the stores those runs came from again into one).")
 
 
 def _refuse_old_columns(target: Destination) -> None:
@@ -196,7 +196,7 @@ def _refuse_old_columns(target: Destination) -> None:
                 raise ExportFailed(target.public, f"its runs were exported before run_id and UTC timestamps "
                                    f"({target.shown('runs', name)} has a '{OLD_RUN_COLUMN}' column)",
                                    "Export to a new directory (docs/export.md says what changed), or export "
-                                   "the stores those runs came from again into one.")  # fmt: skip
+                                   "the stores those runs came from again into one.")
         return  # one run's file tells: every export writes one naming
 
 
@@ -213,12 +213,12 @@ def _with_run(table: pa.Table, ref: RunRef) -> pa.Table:
     import pyarrow as pa
 
     return utc_timestamps(table).add_column(0, pa.field(RUN_COLUMN, pa.int32(), nullable=False),
-                                            pa.repeat(pa.scalar(ref.id, pa.int32()), table.num_rows))  # fmt: skip
+                                            pa.repeat(pa.scalar(ref.id, pa.int32()), table.num_rows))
 
 
 
 def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, partition: str, token: str, window_rows: int,
-                   out: ParquetExport) -> int:  # fmt: skip
+                   out: ParquetExport) -> int:
     """The run's metric rows, window by window, into files of about `FILE_ROWS` rows each."""
     import pyarrow.parquet as pq
 
@@ -226,7 +226,7 @@ def _write_metrics(reader: StoreReader, ref: RunRef, target: Destination, partit
     # in order, compressed and written (DuckDB, Arrow and zstd release the GIL): one window more
     # in memory, the work about even between the two
     windows = (_with_run(rows.take(order), ref)
-               for rows, order in prefetched(lambda: window_orders(reader, ref, METRIC_ORDER, window_rows)))  # fmt: skip
+               for rows, order in prefetched(lambda: window_orders(reader, ref, METRIC_ORDER, window_rows)))
     pending = next(windows, None)
     if pending is None:  # a run with no metric row: one empty file, so that every engine finds the columns
         _write_file(target, ("metrics", partition, f"part-{token}-00000.parquet"), _with_run(metric_schema().empty_table(), ref), out)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 
-from multirank_logger.model.run_ref import RunRef
+from multirank_logger.rows.run_ref import RunRef
 
 __all__ = ["LEGACY_NAMESPACE", "legacy_uuid", "run_identity", "short_identity"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from multirank_logger.model.run_ref import RunRef
+from multirank_logger.rows.run_ref import RunRef
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
@@ -19,7 +19,7 @@ __all__ = ["export_runs", "runs_asked"]
 
 
 def runs_asked(reader: StoreReader, run: str | None = None, all_runs: bool = False, since: str | None = None
-               ) -> list[RunRef]:  # fmt: skip
+               ) -> list[RunRef]:
     """The runs an export writes, in id order.
 
     Raises:
@@ -32,7 +32,7 @@ def runs_asked(reader: StoreReader, run: str | None = None, all_runs: bool = Fal
 
 
 def export_runs(reader: StoreReader, fmt: str, dest: str, *, run: str | None = None, all_runs: bool = False,
-                since: str | None = None) -> Iterator[str]:  # fmt: skip
+                since: str | None = None) -> Iterator[str]:
     """Export the runs asked (`runs_asked`) as `fmt` (``parquet`` or ``tensorboard``) to `dest`;
     yields the lines to print (the destination without its URL's secrets)."""
     refs = runs_asked(reader, run, all_runs, since)
@@ -52,5 +52,5 @@ def export_runs(reader: StoreReader, fmt: str, dest: str, *, run: str | None = N
     for ref in refs:
         ranks = tb.ranks[ref.id]
         yield (f"Wrote {tb.rows[ref.id]:,} values of {ref.label} (run {ref.id}), {len(ranks)} rank(s), "
-               f"to {tb.folders[ref.id]}/ (the run; each rank in rank_K/)")  # fmt: skip
+               f"to {tb.folders[ref.id]}/ (the run; each rank in rank_K/)")
     yield f"See them with: tensorboard --logdir {tb.destination}"

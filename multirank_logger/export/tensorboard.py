@@ -58,10 +58,10 @@ import sqlalchemy as sa
 from multirank_logger.errors import ExportFailed, MissingExtra
 from multirank_logger.export.destination import Destination
 from multirank_logger.export.run_identity import run_identity, short_identity
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import step_timing
 from multirank_logger.query.row_windows import metric_windows
 from multirank_logger.query.side_tables import TIMING_MEASURES
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import step_timing
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -91,7 +91,7 @@ class TensorBoardExport:
 
 
 def export_tensorboard(reader: StoreReader, refs: Iterable[RunRef], dest: str, *, window_rows: int = WINDOW_ROWS
-                       ) -> TensorBoardExport:  # fmt: skip
+                       ) -> TensorBoardExport:
     """Write each run of `refs` under the local directory `dest`: see the module docstring.
 
     Raises:
@@ -105,7 +105,7 @@ def export_tensorboard(reader: StoreReader, refs: Iterable[RunRef], dest: str, *
     target = Destination(dest)
     if not target.local:
         raise ExportFailed(target.public, "TensorBoard's event files are written to a local directory",
-                           "Export to a local DIR, then copy it (TensorBoard reads s3:// and gs:// logdirs itself).")  # fmt: skip
+                           "Export to a local DIR, then copy it (TensorBoard reads s3:// and gs:// logdirs itself).")
     out = TensorBoardExport(target.public)
     for ref in refs:
         folder = _run_folder(Path(target.root), ref)
@@ -127,7 +127,7 @@ def _run_folder(root: Path, ref: RunRef) -> Path:
         if not folder.exists() or _holds_run(folder, ref):
             return folder
     raise ExportFailed(str(folder), "it exists and holds something other than this run's export",
-                       "Move it away, or export to another directory.")  # fmt: skip
+                       "Move it away, or export to another directory.")
 
 
 def _holds_run(folder: Path, ref: RunRef) -> bool:
@@ -180,7 +180,7 @@ def _write_run(reader: StoreReader, ref: RunRef, folder: Path, window_rows: int)
                 os.makedirs(folder / name, exist_ok=True)
             except OSError as exc:
                 raise ExportFailed(str(folder / name), exc.strerror or type(exc).__name__,
-                                   "Pass a directory you can write to.") from None  # fmt: skip
+                                   "Pass a directory you can write to.") from None
             writers[name] = EventFileWriter(str(folder / name), max_queue_size=1024, flush_secs=30)
         return writers[name]
 
@@ -238,7 +238,7 @@ def _timing_rows(reader: StoreReader, ref: RunRef, after: int | None, upto: int 
         value = found.column(name).cast(pa.float64())
         keep = value.is_valid()
         part = pa.table({"rank": found.column("rank").cast(pa.int32()), "step": found.column("step").cast(pa.int64()),
-                         "value": value, "time": found.column("time").cast(pa.float64())}).filter(keep)  # fmt: skip
+                         "value": value, "time": found.column("time").cast(pa.float64())}).filter(keep)
         parts.append(part.add_column(2, "key", pa.repeat(pa.scalar(f"timing:{name}"), part.num_rows)))
     return pa.concat_tables(parts)
 
@@ -252,7 +252,7 @@ def _timing_select(ref: RunRef, after: int | None, upto: int | None) -> sa.Selec
         where.append(step_timing.c.step <= upto)
     columns = [sa.cast(step_timing.c[name], sa.Float(53)).label(name) for name in TIMING_MEASURES]
     return (sa.select(step_timing.c.rank, step_timing.c.step, step_timing.c.time, *columns)
-            .where(*where).order_by(step_timing.c.rank, step_timing.c.seq))  # fmt: skip
+            .where(*where).order_by(step_timing.c.rank, step_timing.c.seq))
 
 
 def _write_ranks(window: pa.Table, writer: Any) -> set[int]:

@@ -116,7 +116,7 @@ def init(
     logger = MultiRankLogger(
         save_dir, name=name if name is not None else _script_name(), version=version, db=db, run_key=run_key,
         transport=transport, watch=watch, on_alert=on_alert, alert_url=alert_url, export_csv=export_csv, **options,
-    )  # fmt: skip
+    )
     _exit_on_sigterm()
     return Run(logger, config)
 

@@ -26,8 +26,8 @@ from typing import Any
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 from ray.train.v2.api.callback import UserCallback
 
-from multirank_logger.model.batch import concat_batches
-from multirank_logger.model.side_records import SideRecords
+from multirank_logger.rows.batch import concat_batches
+from multirank_logger.rows.side_records import SideRecords
 from multirank_logger.store.backends import public_name
 from multirank_logger.store.sql_store import Store
 from multirank_logger.store.status import FAILED, SUCCESS, record_rank_end
@@ -58,7 +58,7 @@ class MultiRankRayCallback(UserCallback):
 
     def __init__(self, db: str | os.PathLike[str], name: str | None = None, *, step_key: str = "step",
                  watch: bool = True, on_alert: Callable[[Alert], Any] | None = None,
-                 alert_url: str | None = None) -> None:  # fmt: skip
+                 alert_url: str | None = None) -> None:
         self.db = os.fspath(db)
         self.name = name
         self.step_key = step_key
@@ -113,7 +113,7 @@ class MultiRankRayCallback(UserCallback):
                 self._places[int(where.world_rank)] = {
                     "host": str(meta.hostname), "pid": int(meta.pid), "local_rank": int(where.local_rank),
                     "node_rank": int(where.node_rank), "gpu_index": gpus[0] if len(gpus) == 1 else None,
-                }  # fmt: skip
+                }
             except (AttributeError, TypeError, ValueError):  # another Ray's layout: no place, said by none
                 continue
         if self._store is not None:

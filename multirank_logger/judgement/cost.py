@@ -43,7 +43,7 @@ def hours_unit(on_gpu: bool) -> str:
 
 
 def straggler_cost(steps: np.ndarray, values: np.ndarray, first_step: int, last_step: int, world_size: int,
-                   on_gpu: bool = False) -> dict[str, Any]:  # fmt: skip
+                   on_gpu: bool = False) -> dict[str, Any]:
     """The cost of a straggler in one phase (see the module docstring).
 
     Args:
@@ -68,11 +68,11 @@ def straggler_cost(steps: np.ndarray, values: np.ndarray, first_step: int, last_
     if not len(table):
         return stretch_cost(np.zeros(0), np.zeros(0), np.zeros(0), first_step, last_step, world_size, on_gpu)
     return stretch_cost(steps[inside][timed], np.nanmax(table, axis=1), np.nanmedian(table, axis=1), first_step,
-                        last_step, world_size, on_gpu)  # fmt: skip
+                        last_step, world_size, on_gpu)
 
 
 def stretch_cost(steps: np.ndarray, slowest: np.ndarray, median: np.ndarray, first_step: int, last_step: int,
-                 world_size: int, on_gpu: bool = False) -> dict[str, Any]:  # fmt: skip
+                 world_size: int, on_gpu: bool = False) -> dict[str, Any]:
     """`straggler_cost` from each step's slowest and median rank's seconds (the watch keeps these
     per step, not the ranks' table: ``ranks.KeySteps``' ``high`` and ``median``): the same figures,
     over the `steps` from `first_step` to `last_step`."""
@@ -80,7 +80,7 @@ def stretch_cost(steps: np.ndarray, slowest: np.ndarray, median: np.ndarray, fir
     inside = (steps >= first_step) & (steps <= last_step)
     waited = float(np.sum(np.asarray(slowest, float)[inside] - np.asarray(median, float)[inside]))
     return {"waited_s": waited, "cost_steps": int(inside.sum()), "rank_hours": waited * world_size / 3600.0,
-            "hours_unit": hours_unit(on_gpu)}  # fmt: skip
+            "hours_unit": hours_unit(on_gpu)}
 
 
 def steps_after(origin_step: int, last_step: int | None) -> int | None:

@@ -59,7 +59,7 @@ class Finding:
         first = item.get("first_step")
         detail = {k: v for k, v in item.items() if k not in ("rank", "key", "first_step", "spread", "origin")}
         return cls(kind, int(item["rank"]), key, None if first is None else int(first), step_seen,
-                   value_of(kind, item), detail, item.get("spread"))  # fmt: skip
+                   value_of(kind, item), detail, item.get("spread"))
 
     @property
     def origin(self) -> bool:
@@ -79,7 +79,7 @@ class Finding:
     def item(self) -> dict[str, Any]:
         """The finding as the report's item of its kind (what `finding_sentence` words)."""
         return {"rank": self.rank, "key": self.key, "first_step": self.first_step, **self.detail,
-                "spread": self.spread, "origin": self.origin}  # fmt: skip
+                "spread": self.spread, "origin": self.origin}
 
     @property
     def sentence(self) -> str:

@@ -115,7 +115,7 @@ class LiveJudgement:
 
     def __init__(self, world_size: int, *, close_after: float = 10.0, writers: frozenset[int] = frozenset(),
                  keep_steps: int = KEEP_STEPS, expected_steps: int = EXPECTED_STEPS,
-                 hold_after: float | None = None, whole_bytes: int = WHOLE_BYTES) -> None:  # fmt: skip
+                 hold_after: float | None = None, whole_bytes: int = WHOLE_BYTES) -> None:
         self.world = max(1, int(world_size))
         self.close_after = close_after
         self.hold_after = HOLD_FACTOR * close_after if hold_after is None else hold_after
@@ -156,7 +156,7 @@ class LiveJudgement:
     # -- rows in --------------------------------------------------------------------------
 
     def add_rows(self, keys: np.ndarray, ranks: np.ndarray, steps: np.ndarray, values: np.ndarray,
-                 now: float) -> None:  # fmt: skip
+                 now: float) -> None:
         """Metric rows (`keys` as str objects, in arrival order; a rank's in its call order). A
         rank's first NaN/inf of a key is a finding of a later `judge` (see the module docstring)."""
         if not len(keys):
@@ -213,7 +213,7 @@ class LiveJudgement:
                 self._memory_changed = True
 
     def _add_key(self, name: str, steps: np.ndarray, ranks: np.ndarray, values: np.ndarray, now: float,
-                 summed: bool) -> None:  # fmt: skip
+                 summed: bool) -> None:
         key = self.keys.get(name)
         if key is None:
             key = self.keys[name] = _Key(self.world, summed, self.whole_reason is None)
@@ -293,7 +293,7 @@ class LiveJudgement:
         (`complete`), the findings of that judgement with the report's numbers; else what was said
         as the run went."""
         items = self._whole_verdict() if self.complete else {
-            kind: [f.item() for f in self.found if f.kind == kind] for kind in KINDS}  # fmt: skip
+            kind: [f.item() for f in self.found if f.kind == kind] for kind in KINDS}
         out: list[tuple[str, dict[str, Any]]] = []
         for kind in KINDS:
             out += [(kind, item) for item in with_origin(items[kind], functools.partial(series_of, kind), self.world)]
@@ -309,15 +309,15 @@ class LiveJudgement:
             stats, items = self._judged_whole[name]
             if not name.startswith("timing:"):
                 departures += [{"rank": item["rank"], "key": name, **{k: v for k, v in item.items() if k != "rank"}}
-                               for item in items]  # fmt: skip
+                               for item in items]
                 continue
             for item in items:
                 if (said := straggler(name.split(":", 1)[1], item, self._step_time())) is not None:
                     said.update(stretch_cost(stats.steps, stats.high, stats.median, said["first_step"], said["last_step"],
-                                             self.world, on_gpu=on_gpu))  # fmt: skip
+                                             self.world, on_gpu=on_gpu))
                     stragglers.append(said)
         return {"non_finite": self.non_finite.items(), "departure": departures, "straggler": stragglers,
-                "memory": self._memory_items()[1]}  # fmt: skip
+                "memory": self._memory_items()[1]}
 
     def _step_time(self) -> float:
         """The median step time (its parts summed) of the rows held: every row's, while the run is held whole."""
@@ -328,7 +328,7 @@ class LiveJudgement:
         """Stop holding the run whole once what is kept aside passes ``whole_bytes``."""
         if self.whole_reason is None:
             held = sum(key.windows.trimmed_bytes for key in self.keys.values()) + self._all_step_times.itemsize * len(
-                self._all_step_times)  # fmt: skip
+                self._all_step_times)
             if held > self.whole_bytes:
                 self._stop_holding_whole(f"the run's statistics passed {self.whole_bytes / 2**20:g} MiB")
 
@@ -402,7 +402,7 @@ class LiveJudgement:
             if key not in spreads:
                 spreads[key] = self._spread("non_finite", key)
             out.append(Finding("non_finite", rank, key, step, self.newest_step, float(word), {"value": word},
-                               spread_for(spreads[key], rank)))  # fmt: skip
+                               spread_for(spreads[key], rank)))
         return out
 
     def _caught_up(self, key: _Key | None, step: int, now: float) -> bool:
@@ -453,10 +453,10 @@ class LiveJudgement:
                 if not share >= STRAGGLER_MIN_SHARE:
                     continue
                 detail = {"phase": name.split(":", 1)[1].removesuffix("_s"), "excess_s": item["excess"],
-                          "share_of_step": share, **detail}  # fmt: skip
+                          "share_of_step": share, **detail}
                 # what it cost so far (judgement/cost.py): its stretch's steps held, as the report counts them
                 detail.update(stretch_cost(stats.steps, stats.high, stats.median, item["first_step"], item["last_step"],
-                                           self.world, on_gpu=bool(self._peaks["mem_reserved_peak"])))  # fmt: skip
+                                           self.world, on_gpu=bool(self._peaks["mem_reserved_peak"])))
                 value = item["excess"]
             self.raised.add((kind, name, item["rank"]))
             spread = spread_for(self._spread(kind, name, item["rank"], item["first_step"]), item["rank"])
@@ -474,7 +474,7 @@ class LiveJudgement:
         if last is None or item["last_step"] <= last:
             return
         more = stretch_cost(stats.steps, stats.high, stats.median, last + 1, item["last_step"], self.world,
-                            on_gpu=bool(self._peaks["mem_reserved_peak"]))  # fmt: skip
+                            on_gpu=bool(self._peaks["mem_reserved_peak"]))
         detail = said.detail
         detail["waited_s"] = detail.get("waited_s", 0.0) + more["waited_s"]
         detail["cost_steps"] = detail.get("cost_steps", 0) + more["cost_steps"]

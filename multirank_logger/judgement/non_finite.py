@@ -52,7 +52,7 @@ class FirstNonFinite:
             return []
         # one entry per (key, rank) of the rows, vectorised: a NaN that spread is millions of rows
         names, key_code = np.unique(np.asarray(keys, dtype=object if isinstance(keys, list) else None),
-                                    return_inverse=True)  # fmt: skip
+                                    return_inverse=True)
         order = np.lexsort((kinds, steps, ranks, key_code.ravel()))
         k, r, st, kd = key_code.ravel()[order], ranks[order], steps[order], kinds[order]
         starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (r[1:] != r[:-1])])
@@ -89,5 +89,5 @@ class FirstNonFinite:
         ``value`` (the word of the first value), count, NaN and inf counts; by key, then rank."""
         out = [{"rank": rank, "key": name(key), "first_step": first, "value": WORDS[kind], "count": n, "nan": nan,
                 "inf": n - nan} for key, per_rank in self._by.items()
-               for rank, (first, kind, n, nan) in per_rank.items()]  # fmt: skip
+               for rank, (first, kind, n, nan) in per_rank.items()]
         return sorted(out, key=lambda item: (item["key"], item["rank"]))

@@ -66,7 +66,7 @@ def spread_for(spread: dict[str, Any] | None, rank: int) -> dict[str, Any] | Non
 
 
 def with_origin(items: list[dict[str, Any]], series: Callable[[dict[str, Any]], str],
-                world_size: int) -> list[dict[str, Any]]:  # fmt: skip
+                world_size: int) -> list[dict[str, Any]]:
     """The items of one kind (dicts with ``rank`` and ``first_step``), each with where its problem
     started: ``origin`` (this rank is, or is among, the earliest) and ``spread`` (`spread_of` of
     the items on its series: the origin's whole, a follower's without the followers, `spread_for`),

@@ -39,7 +39,7 @@ __all__ = [
     "WRITER_RSS_ALLOWANCE", "DepartureWindows", "KeySteps", "departures", "judge_departures",
     "memory_measure", "memory_outliers", "non_finite_ranks", "votes_split", "persistent", "rolling_median", "rolling_min", "row_medians",
     "straggler", "stragglers",
-]  # fmt: skip
+]
 
 #: a rank departs at a step when it is this many typical spreads of the ranks from their median
 DEPART_SPREADS = 8.0
@@ -110,14 +110,14 @@ def departures(steps: np.ndarray, ranks: np.ndarray, values: np.ndarray, *, high
 
 
 def judge_departures(stats: KeySteps, *, higher_only: bool = False, spread_window: int = SPREAD_WINDOW,
-                     depart_spreads: float = DEPART_SPREADS, counted_steps: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                     depart_spreads: float = DEPART_SPREADS, counted_steps: int | None = None) -> list[dict[str, Any]]:
     """The ranks departing persistently, from one key's per-step statistics and its candidate
     values (`departures` gives the dicts' fields); every value that departs must be among the
     candidates. ``higher_only``: only a rank above the others departs (a time: a faster rank is
     no straggler). ``counted_steps``: the run's counted steps so far, where `stats` hold only
     its latest (a watch's window, `DepartureWindows.trim`): a stretch must last 5% of those."""
     steps, median, pos, rank, value, dev = (stats.steps, stats.median, stats.cand_pos, stats.cand_rank,
-                                            stats.cand_value, stats.cand_dev)  # fmt: skip
+                                            stats.cand_value, stats.cand_dev)
     if len(steps) < MIN_STEPS:
         return []
     spread = rolling_median(stats.mad, spread_window)
@@ -187,7 +187,7 @@ class DepartureWindows:
     """
 
     def __init__(self, spread_window: int = SPREAD_WINDOW, depart_spreads: float = DEPART_SPREADS,
-                 hold_whole: bool = False) -> None:  # fmt: skip
+                 hold_whole: bool = False) -> None:
         self.spread_window = spread_window
         self.factor = depart_spreads * (1 - 1e-9)  # a candidate rule that never misses by rounding
         self.parts: list[tuple[np.ndarray, ...]] = []
@@ -265,7 +265,7 @@ class DepartureWindows:
         judged = len(pos) - sw
         self._keep(pos[:judged], rolled[np.searchsorted(mad_pos, pos[:judged])], dev[:judged], table[:judged], ranks)
         self.pending = (pos[judged:], np.broadcast_to(ranks, (sw, len(ranks))).copy(), table[judged:].copy(),
-                        dev[judged:].copy(), mad_pos[-2 * sw :], all_mad[-2 * sw :])  # fmt: skip
+                        dev[judged:].copy(), mad_pos[-2 * sw :], all_mad[-2 * sw :])
 
     def _keep(self, pos: np.ndarray, lo: np.ndarray, dev: np.ndarray, table: np.ndarray, ranks: np.ndarray) -> None:
         """The candidates among rows `dev` (of steps `pos`, `lo` their spreads' rolling min);
@@ -351,10 +351,10 @@ class DepartureWindows:
         if not self._trimmed or now is None:
             return now
         cols = [np.concatenate([*old, new]) for old, new in zip(zip(*self._trimmed), (
-            now.steps, now.count, now.median, now.mad, now.low, now.high))]  # fmt: skip
+            now.steps, now.count, now.median, now.mad, now.low, now.high))]
         new_cands = (now.cand_pos + self._trimmed_steps, now.cand_rank, now.cand_value, now.cand_dev)
         cands = [np.concatenate([*old, new]) for old, new in zip(zip(*self._trimmed_candidates), new_cands)] \
-            if self._trimmed_candidates else list(new_cands)  # fmt: skip
+            if self._trimmed_candidates else list(new_cands)
         return KeySteps(*cols, *cands)
 
     def result(self) -> KeySteps | None:
@@ -365,7 +365,7 @@ class DepartureWindows:
             return None
         cols = [np.concatenate(c) for c in zip(*self.parts)]
         cands = [np.concatenate(c) for c in zip(*self.candidates)] if self.candidates else [
-            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)]  # fmt: skip
+            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)]
         return KeySteps(*cols, *cands)
 
 
@@ -395,7 +395,7 @@ def straggler(phase: str, item: dict[str, Any], step_time: float) -> dict[str, A
         return None
     return {"rank": item["rank"], "phase": phase.removesuffix("_s"), "first_step": item["first_step"],
             "last_step": item["last_step"], "steps": item["steps"], "excess_s": item["excess"],
-            "share_of_step": share, "spreads": item["spreads"]}  # fmt: skip
+            "share_of_step": share, "spreads": item["spreads"]}
 
 
 def memory_measure(cuda_peaks: bool) -> str:
@@ -405,7 +405,7 @@ def memory_measure(cuda_peaks: bool) -> str:
 
 
 def memory_outliers(ranks: np.ndarray, peaks: np.ndarray, measure: str, retries: np.ndarray | None = None,
-                    writers: set[int] | frozenset[int] = frozenset()) -> list[dict[str, Any]]:  # fmt: skip
+                    writers: set[int] | frozenset[int] = frozenset()) -> list[dict[str, Any]]:
     """Ranks whose peak memory is at least ``MEMORY_RATIO`` times the other ranks' median peak, or
     that retried a CUDA allocation.
 
@@ -426,7 +426,7 @@ def memory_outliers(ranks: np.ndarray, peaks: np.ndarray, measure: str, retries:
         if ratio >= MEMORY_RATIO or retried:
             out.append({"rank": int(rank), "measure": measure, "peak_bytes": int(peak),
                         "others_median_bytes": None if math.isnan(others) else int(others),
-                        "ratio": None if math.isnan(ratio) else ratio, "alloc_retries": retried})  # fmt: skip
+                        "ratio": None if math.isnan(ratio) else ratio, "alloc_retries": retried})
     return out
 
 

@@ -42,16 +42,16 @@ def finding_sentence(kind: str, item: dict[str, Any], seen_step: int | None = No
     elif kind == "departure":
         times = f", {number_text(item['ratio'])}x the median" if item.get("ratio") is not None else ""
         text = (f"rank {rank} {item['key']} departs from the other ranks {_stretch(item)}: "
-                f"{number_text(item.get('excess'))} off{times}, {number_text(item.get('spreads'))}x the ranks' typical spread")  # fmt: skip
+                f"{number_text(item.get('excess'))} off{times}, {number_text(item.get('spreads'))}x the ranks' typical spread")
     elif kind == "straggler":
         text = (f"rank {rank} straggles in {item['phase']} {_stretch(item)}: {number_text(item.get('excess_s'), 's')} "
-                f"longer than the other ranks per step ({item.get('share_of_step', float('nan')):.0%} of a step)")  # fmt: skip
+                f"longer than the other ranks per step ({item.get('share_of_step', float('nan')):.0%} of a step)")
     elif kind == "memory":
         ratio = item.get("ratio")
         size = f", {ratio:.2f}x the other ranks' median peak" if ratio is not None else ""
         retries = f", {item['alloc_retries']} allocator retries" if item.get("alloc_retries") else ""
         text = (f"rank {rank} stands out in peak memory ({item['measure']}): {number_text(item.get('peak_bytes'), 'B')}"
-                f"{size} ({number_text(item.get('others_median_bytes'), 'B')}){retries}")  # fmt: skip
+                f"{size} ({number_text(item.get('others_median_bytes'), 'B')}){retries}")
     else:
         text = f"rank {rank} {item.get('key', '')}: {kind}"
     text += _spread_clause(item)
@@ -78,7 +78,7 @@ def followers_sentence(kind: str, items: list[dict[str, Any]]) -> str:
     else:
         what = f"{series_of(kind, first)}: {kind}"
     return (f"{ranks} {what} from step {first['first_step']:,}, after {format_ranks(spread['origin_ranks'])} "
-            f"at step {spread['origin_step']:,}")  # fmt: skip
+            f"at step {spread['origin_step']:,}")
 
 
 def sentence_groups(kind: str, items: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -91,7 +91,7 @@ def sentence_groups(kind: str, items: list[dict[str, Any]]) -> list[list[dict[st
         together = (prev is not None and bool(item.get("origin")) == bool(prev.get("origin")) and item.get("spread")
                     and prev.get("spread") and series_of(kind, prev) == series_of(kind, item)
                     and prev["first_step"] == item["first_step"]
-                    and (not item.get("origin") or prev["spread"]["origin_ranks"] == item["spread"]["origin_ranks"]))  # fmt: skip
+                    and (not item.get("origin") or prev["spread"]["origin_ranks"] == item["spread"]["origin_ranks"]))
         if together:
             groups[-1].append(item)
         else:
@@ -155,7 +155,7 @@ def cost_clause(kind: str, items: list[dict[str, Any]], so_far: bool = False) ->
         unit = item.get("hours_unit", "rank-hours")
         unit = unit if unit == "GPU-hours" else f"{unit} (CPU ranks)"
         return (f"; every rank waited {'at least ' if at_least else ''}{said} on {'them' if at_least else 'it'} over {item.get('cost_steps', 0):,} "
-                f"steps: {number_text(item.get('rank_hours'))} {unit} lost{' so far' if so_far else ''}")  # fmt: skip
+                f"steps: {number_text(item.get('rank_hours'))} {unit} lost{' so far' if so_far else ''}")
     return ""
 
 

@@ -29,8 +29,8 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger.logger.live_csv import Call, LiveCsv
 from multirank_logger.logger.run_settings import RunSettings
 from multirank_logger.logger.save_dir import SaveDir
-from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.reader import StoreReader
+from multirank_logger.rows.run_ref import RunRef
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.status import run_lacks_values
 

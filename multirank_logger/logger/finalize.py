@@ -22,6 +22,7 @@ from typing import Any
 
 from multirank_logger._util.best_effort import bounded, safely
 from multirank_logger._util.dist_env import current_rank
+from multirank_logger.channel.rank_facts import FACTS_WAIT_S, rank_facts
 from multirank_logger.errors import StoreLocked
 from multirank_logger.logger.process_registry import end_normally_with
 from multirank_logger.logger.rank_run import RankRun
@@ -36,7 +37,6 @@ from multirank_logger.store.status import (
     record_rank_end,
 )
 from multirank_logger.store.write_errors import describe
-from multirank_logger.transport.rank_facts import FACTS_WAIT_S, rank_facts
 from multirank_logger.write import process_hooks
 from multirank_logger.write.sink_holder import SinkHolder
 from multirank_logger.write.sink_protocol import Sink
@@ -136,7 +136,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
         # direct and node: the other ranks write their own last rows; their ends say they have (bounded)
         ends_wait = min(left(), WATCH_END_S) / 2 if status == SUCCESS else 0.0
         safely(lambda: run.stop_watch(min(left(), WATCH_END_S), final=True, ends_wait=ends_wait),
-               "the watch's last judgement")  # fmt: skip
+               "the watch's last judgement")
     # its alerts' rows, those rank 0 received while finishing, and rows a busy store refused so far
     if not writer.flush_until(max(deadline, time.monotonic() + 1.0)):
         error = writer.last_error
@@ -224,7 +224,7 @@ def _record_end(end: _End, store: Store) -> None:
     if holder.rank == 0 and run.attempt is not None:
         attempt = run.attempt
         safely(lambda: retry_while_locked(lambda: end_attempt(store, run_id, attempt, status), 5),
-               "recording this launch's end (attempts)")  # fmt: skip
+               "recording this launch's end (attempts)")
     if holder.rank == 0 and status == SUCCESS and run.settings.export_csv:
         run.files.export_if_complete(store, run_id, end.left())
 

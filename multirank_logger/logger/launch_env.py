@@ -4,7 +4,7 @@ only there.
 With ``strategy="ddp"`` (the Trainer) or ``Fabric.launch()``, Lightning's subprocess launcher
 starts ranks 1..N-1 by running the script again with a copy of ``os.environ``, at the start of
 ``fit`` (``launch``), before any process group is up. A child that reads ``logger.version``
-before ``fit`` learns rank 0's run from that copy (transport/identity.py, channel 2). So the
+before ``fit`` learns rank 0's run from that copy (channel/identity.py, channel 2). So the
 variables go into ``os.environ`` while the launcher starts its children and come out right
 after: a logger kept alive and never finalized (a failed test's traceback holds it, a notebook)
 leaves no variable in this process, nor in every subprocess it starts later.
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from multirank_logger.transport.identity import children_environment
+from multirank_logger.channel.identity import children_environment
 
 __all__ = ["hook_launchers"]
 

@@ -12,7 +12,7 @@ from the file itself (its rows are rank 0's rows so far, and a data field is a n
 empty, so a line is split on commas). So the file does not depend on the transport, on a
 reader holding a DuckDB file, or on how far rank 0 is behind in storing the other ranks'
 rows. Files go through fsspec (`get_filesystem`), as CSVLogger's do: ``save_dir`` may be
-``memory://``, ``s3://``... The bytes are those of model/csv_layout.py, the code that rebuilds
+``memory://``, ``s3://``... The bytes are those of rows/csv_layout.py, the code that rebuilds
 the file from the store, so the file at the end is CSVLogger's byte for byte.
 
 Speed (``save()`` runs on the training thread after every log call): a local file is kept
@@ -39,7 +39,7 @@ from typing import Any
 
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
-from multirank_logger.model.csv_layout import csv_columns, format_calls, write_header
+from multirank_logger.rows.csv_layout import csv_columns, format_calls, write_header
 
 __all__ = ["Call", "LiveCsv"]
 
@@ -158,7 +158,7 @@ class LiveCsv:
                 log.error(
                     "multirank_logger: %s could not be written for %d log calls; it is no longer written as the run "
                     "goes (the store has the rows), and the end writes it from the store", self.path, self.pending,
-                )  # fmt: skip
+                )
                 self._pending, self.complete, self.gave_up = [], False, True
             return False
         self.rows += len(calls)
@@ -308,7 +308,7 @@ class LiveCsv:
             log.warning(
                 "multirank_logger: %s was removed during the run; it starts again from here, and the whole file "
                 "is written from the store at the end", self.path,
-            )  # fmt: skip
+            )
         self.complete = False
         self.rows = 0
         self._start(columns, calls)

@@ -163,7 +163,7 @@ class MultiRankLogger(Logger):
     ) -> None:
         super().__init__()
         if mesh is not None:  # each rank's coordinates in it go in its ranks row (schema 0013)
-            from multirank_logger.transport.rank_facts import use_mesh
+            from multirank_logger.channel.rank_facts import use_mesh
 
             use_mesh(mesh)
         require_store_queues()  # a clear error now, not an AttributeError in the writer thread
@@ -381,7 +381,7 @@ class MultiRankLogger(Logger):
         message = f"step {step:,}: StopOnAlert ends the fit on every rank (for: {alert.message})"
         # on the watch's thread, after the alerts before it: on_alert and the webhook never run on this one
         watch.deliver_soon(Alert("stop", alert.rank, alert.key, alert.first_step, step, time.time(), None, message,
-                                 {"alert_kind": alert.kind, "stopped_at": step}))  # fmt: skip
+                                 {"alert_kind": alert.kind, "stopped_at": step}))
 
     @override
     def log_graph(self, model: Any, input_array: Any = None) -> None:
@@ -389,7 +389,7 @@ class MultiRankLogger(Logger):
         Lightning's ModelParallelStrategy builds its mesh after this logger registered the rank
         and hands the module here (``_log_hyperparams``, after the strategy's set-up); they are
         recorded with the rank's end. A ``mesh=`` given to the logger wins."""
-        from multirank_logger.transport.rank_facts import mesh_given, use_mesh
+        from multirank_logger.channel.rank_facts import mesh_given, use_mesh
 
         mesh = getattr(model, "_device_mesh", None)  # LightningModule.device_mesh, without its error when unset
         if mesh is None or mesh_given():

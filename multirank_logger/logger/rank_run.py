@@ -2,7 +2,7 @@
 
 Who the run is and which attempt: it opens the store (rank 0 at construction, the others once
 their transport is direct), learns the run's identity (allocated by rank 0,
-store/run_lifecycle.py; shared through transport/identity.py), numbers this launch's attempt,
+store/run_lifecycle.py; shared through channel/identity.py), numbers this launch's attempt,
 and keeps the hyperparameters. The rest of a rank's part it builds and holds: how its rows
 leave (write/sink_holder.py: transport, sink, spiller, registration), the hot path and its
 writer thread (write/logged_rows.py), rank 0's CSVLogger files, the log capture.
@@ -33,6 +33,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
+from multirank_logger.channel.identity import IdentityBoard, RunIdentity, withdraw_identity
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.ddp.log_capture import LogCapture
 from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.logger.csv_logger_files import Rank0Files
@@ -40,14 +42,12 @@ from multirank_logger.logger.launch_env import hook_launchers
 from multirank_logger.logger.process_registry import UnfinishedRun, track
 from multirank_logger.logger.run_settings import RunSettings, jsonable
 from multirank_logger.logger.save_dir import SaveDir, check_dir_writable
-from multirank_logger.model.run_ref import RunRef
+from multirank_logger.rows.run_ref import RunRef
 from multirank_logger.store.backends import backend_for, without_secrets
 from multirank_logger.store.run_lifecycle import begin_attempt, open_run, seq_base
 from multirank_logger.store.spill_import import import_earlier_launches
 from multirank_logger.store.sql_store import Store, retry_while_locked
 from multirank_logger.store.write_errors import describe
-from multirank_logger.transport.identity import IdentityBoard, RunIdentity, withdraw_identity
-from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.watch.alerts import Alert, AlertOutlets, run_facts
 from multirank_logger.watch.watch import Watch, watch_for
 from multirank_logger.write import process_hooks
@@ -134,12 +134,12 @@ class RankRun:
                 per_transaction = backend_for(settings.url).opens_per_transaction
                 watch, fed = watch_for(setup.run_id, setup.world, setup.transport, settings.url, per_transaction,
                                        outlets, close_after=max(10.0, 2 * settings.flush_interval + 2),
-                                       peek=setup.sink.peek)  # fmt: skip
+                                       peek=setup.sink.peek)
                 watch.start()
             except Exception as exc:  # noqa: BLE001 - the watch never takes the training down
                 self.watch_failed = True
                 rank_zero_warn(f"MultiRankLogger: the watch could not start ({without_secrets(describe(exc), settings.url)}); the run "
-                               "is logged as usual, without alerts.")  # fmt: skip
+                               "is logged as usual, without alerts.")
                 return
             if fed:
                 self.watch_feed = watch.observe

@@ -39,7 +39,7 @@ SEQ_ATTEMPT_SHIFT = 40
 
 
 def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds: Iterable[str] | None = None,
-                     chronic: tuple[int, int] = CHRONIC, by: str = "host") -> list[dict[str, Any]]:  # fmt: skip
+                     chronic: tuple[int, int] = CHRONIC, by: str = "host") -> list[dict[str, Any]]:
     """Every host that ran a rank of a run started at or after `since` (unix seconds; None: every
     run), by name (numbers as numbers: ``node2`` before ``node10``): ``host``, ``runs`` (the runs it took part in), ``named`` (those whose kept
     verdict named a rank on it, of the `kinds` given; None: every kind), ``by_kind`` (kind: runs
@@ -58,10 +58,10 @@ def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds:
     # Slurm's name of the node; MAX: any rank's that recorded one)
     took_part = (f"SELECT {col}, ranks.run_id, runs.started_at, MAX(ranks.host), MAX(ranks.gpu_name),"
                  f" MAX(ranks.slurm_node) FROM ranks JOIN runs ON runs.id = ranks.run_id WHERE {col} IS NOT NULL{when}"
-                 f" GROUP BY {col}, ranks.run_id, runs.started_at")  # fmt: skip
+                 f" GROUP BY {col}, ranks.run_id, runs.started_at")
     named = (f"SELECT findings.run_id, findings.seq, findings.kind, {col} FROM findings"
              " JOIN ranks ON ranks.run_id = findings.run_id AND ranks.rank = findings.rank"
-             f" JOIN runs ON runs.id = findings.run_id WHERE {col} IS NOT NULL{when}")  # fmt: skip
+             f" JOIN runs ON runs.id = findings.run_id WHERE {col} IS NOT NULL{when}")
     parts = fetch_rows(took_part)
     if not parts:
         return []
@@ -88,7 +88,7 @@ def read_host_ledger(fetch_rows: FetchSql, *, since: float | None = None, kinds:
             "by_kind": {kind: int(f[start:stop].sum()) for kind, f in kind_flags.items() if f[start:stop].any()},
             "first_seen": float(started[start:stop].min()), "last_seen": float(started[start:stop].max()),
             "named_last": named_last, "last": last, "status": status,
-        })  # fmt: skip
+        })
     return sorted(out, key=lambda row: natural_key(row[by]))  # node2 before node10
 
 
@@ -100,7 +100,7 @@ def _names_seen(names: list[np.ndarray], by: str) -> dict[str, Any]:
     out: dict[str, Any] = {"slurm_node": _latest(slurm)}
     if by != "host":
         out.update(gpu_name=_latest(gpu_name), host=_latest(host),
-                   hosts=sorted({h for h in host if h is not None}, key=natural_key))  # fmt: skip
+                   hosts=sorted({h for h in host if h is not None}, key=natural_key))
     return out
 
 
@@ -114,7 +114,7 @@ def _columns(rows: Sequence[Sequence[Any]], types: Sequence[Any]) -> list[np.nda
 
 
 def _named_pairs(rows: Sequence[Sequence[Any]], codes: dict[str, int], width: int,
-                 kinds: Iterable[str] | None) -> dict[str, np.ndarray]:  # fmt: skip
+                 kinds: Iterable[str] | None) -> dict[str, np.ndarray]:
     """Per kind, the (host, run) pairs named in a run's kept verdict: its last launch's findings."""
     if not rows:
         return {}

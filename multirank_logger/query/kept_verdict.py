@@ -26,7 +26,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, coarse_summaries, findings, step_summaries, verdicts
+from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT, coarse_summaries, findings, step_summaries, verdicts
 
 __all__ = ["KeptVerdict", "kept_verdict"]
 
@@ -51,7 +51,7 @@ def kept_verdict(fetch_arrow: FetchArrow, run_id: int) -> tuple[KeptVerdict | No
     not (None where no verdict was kept: the watch was off, or the run is from before schema 0014)."""
     v = verdicts.c
     latest = fetch_arrow(sa.select(v.seq, v.complete, v.rows_by_rank, v.steps_by_rank, v.findings, v.reason)
-                         .where(v.run_id == run_id).order_by(v.seq.desc()).limit(1)).to_pylist()  # fmt: skip
+                         .where(v.run_id == run_id).order_by(v.seq.desc()).limit(1)).to_pylist()
     if not latest:
         return None, None
     verdict = latest[0]
@@ -69,7 +69,7 @@ def _served(fetch_arrow: FetchArrow, run_id: int, verdict: dict[str, Any]) -> tu
     launch = int(verdict["seq"]) >> SEQ_ATTEMPT_SHIFT
     f = findings.c
     kept = fetch_arrow(sa.select(f.rank, f.kind, f.series, f.first_step, f.detail).where(
-        f.run_id == run_id, f.seq >= launch << SEQ_ATTEMPT_SHIFT, f.seq < (launch + 1) << SEQ_ATTEMPT_SHIFT)).to_pylist()  # fmt: skip
+        f.run_id == run_id, f.seq >= launch << SEQ_ATTEMPT_SHIFT, f.seq < (launch + 1) << SEQ_ATTEMPT_SHIFT)).to_pylist()
     if len(kept) != verdict["findings"]:
         return None, f"{verdict['findings']} finding(s) were kept and {len(kept)} are stored"
     stored, bad = _counts(fetch_arrow, run_id)
@@ -79,10 +79,10 @@ def _served(fetch_arrow: FetchArrow, run_id: int, verdict: dict[str, Any]) -> tu
     if non_finite is None:
         return None, "the NaN/inf values stored are not those the verdict judged"
     departures = sorted(({"rank": int(r["rank"]), "key": r["series"], "first_step": int(r["first_step"]), **_detail(r)}
-                         for r in kept if r["kind"] == "departure"), key=lambda item: (item["key"], item["rank"]))  # fmt: skip
+                         for r in kept if r["kind"] == "departure"), key=lambda item: (item["key"], item["rank"]))
     if verdict["steps_by_rank"] is not None:
         rank_steps = {rank: (int(n), int(last)) for rank, at in enumerate(json.loads(verdict["steps_by_rank"]))
-                      if at is not None for n, last in [at]}  # fmt: skip
+                      if at is not None for n, last in [at]}
     else:
         rank_steps = _rank_steps(fetch_arrow, run_id)
     return KeptVerdict(departures, non_finite, rank_steps), None
@@ -103,7 +103,7 @@ def _counts(fetch_arrow: FetchArrow, run_id: int) -> tuple[dict[int, int], dict[
         sa.select(s.key, s.rank, sa.func.sum(s.n_finite + s.n_nan + s.n_pos_inf + s.n_neg_inf).label("n"),
                   sa.func.sum(s.n_nan).label("nan"), sa.func.sum(s.n_pos_inf + s.n_neg_inf).label("inf"))
         .where(s.run_id == run_id).group_by(s.key, s.rank)
-    ).to_pylist()  # fmt: skip (a sum may come back as a Decimal)
+    ).to_pylist()  # (a sum may come back as a Decimal)
     rows: dict[int, int] = {}
     bad = {}
     for c in counts:
@@ -123,7 +123,7 @@ def _non_finite(stored: dict[tuple[str, int], tuple[int, int]], kept: list[dict[
     for (key, rank), (nan, inf) in sorted(stored.items()):
         word = _detail(said[(key, rank)]).get("value")
         out.append({"rank": rank, "key": key, "first_step": int(said[(key, rank)]["first_step"]), "value": word,
-                    "count": nan + inf, "nan": nan, "inf": inf})  # fmt: skip
+                    "count": nan + inf, "nan": nan, "inf": inf})
     return out
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import sqlalchemy as sa
 
-from multirank_logger.model.schema import metrics
+from multirank_logger.rows.schema import metrics
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from multirank_logger.errors import MissingExtra
-from multirank_logger.model.schema import DTYPE_NEG_ZERO, SEQ_ATTEMPT_SHIFT
+from multirank_logger.rows.schema import DTYPE_NEG_ZERO, SEQ_ATTEMPT_SHIFT
 
 __all__ = ["FRAMES", "TIME_COLUMNS", "as_frame", "long_table", "utc_timestamps"]
 
@@ -19,7 +19,7 @@ __all__ = ["FRAMES", "TIME_COLUMNS", "as_frame", "long_table", "utc_timestamps"]
 FRAMES = ("pandas", "arrow", "polars")
 #: the store's unix-time columns (seconds, a float), handed out as UTC timestamps to the microsecond
 TIME_COLUMNS = frozenset({"time", "started_at", "ended_at", "seen_at", "found_at", "imported_at", "recorded_at",
-                          "last_time"})  # fmt: skip
+                          "last_time"})
 
 
 def long_table(found: Any, all_attempts: bool) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from multirank_logger.model.schema import metrics, ranks, step_timing
+from multirank_logger.rows.schema import metrics, ranks, step_timing
 from multirank_logger.store.sql_store import Store
 
 __all__ = ["KEYS_S", "STALE_S", "NewRows"]
@@ -94,7 +94,7 @@ class NewRows:
             time.sleep(0.1)
 
     def _rank_groups(self, last: dict[int, tuple[int, int, float]], rank: Any, seq: Any, step: Any,
-                     now: float) -> list[Any]:  # fmt: skip
+                     now: float) -> list[Any]:
         """WHERE clauses that read each rank's rows past its last ``seq`` (`last`: rank -> (seq,
         step, when it last grew)), in few queries that an index serves: the ranks that keep
         logging in one (past the lowest of their seqs; and steps, for PostgreSQL's (rank, step)
@@ -108,7 +108,7 @@ class NewRows:
                 where.append(step >= min(last[r][1] for r in live))
             out.append(sa.and_(*where))
         out += [sa.and_(rank == r, seq > last.get(r, (-1, 0, 0.0))[0]) for r in range(self.world_size)
-                if r not in live]  # fmt: skip
+                if r not in live]
         return out
 
     @staticmethod

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import DTYPE_NEG_ZERO, step_summaries
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import DTYPE_NEG_ZERO, step_summaries
 
 __all__ = ["RankSpread", "key_extent", "non_finite_firsts", "neg_zero", "pivot_step_rank", "pivot_streamed", "positions", "step_rank_cells"]
 
@@ -78,11 +78,11 @@ class RankSpread:
             spread_max=float(spread.max()) if has_spread else float("nan"),
             spread_max_step=int(spread.idxmax()) if has_spread else None,
             farthest=farthest, ratio=ratio, non_finite=non_finite or {},
-        )  # fmt: skip
+        )
 
 
 def pivot_step_rank(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, value: np.ndarray,
-                    dtype: np.ndarray, frame: str = "pandas") -> Any:  # fmt: skip
+                    dtype: np.ndarray, frame: str = "pandas") -> Any:
     """Long rows of one key (in any order) -> a step x rank DataFrame; a rank's later call wins at a
     step. ``seq`` None: the caller found no (rank, step) twice (and it is not counted again).
     ``frame="arrow"``: a pyarrow Table of a ``step`` column and one column per rank (named by its
@@ -101,11 +101,11 @@ def _step_rank_frame(steps: np.ndarray, ranks: np.ndarray, table: np.ndarray, fr
 
     # copy=False: pandas 3 copies an array by default (41 MB and 0.03-0.09 s for 20,000 x 256)
     return pd.DataFrame(table, index=pd.Index(steps, name="step"), columns=pd.Index(ranks.tolist(), name="rank"),
-                        copy=False)  # fmt: skip
+                        copy=False)
 
 
 def _grid(rank: np.ndarray, seq: np.ndarray | None, step: np.ndarray, value: np.ndarray, dtype: np.ndarray
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`pivot_step_rank`'s steps, ranks and step x rank values."""
     # by counting, not sorting: a sort of a large key's rows (in SQL or here) cost more than the rest
     # (RESULTS.md, scale); only repeated cells are sorted, by seq
@@ -139,7 +139,7 @@ def key_extent(conn: sa.Connection, run_id: int, key: str) -> tuple[int, int, in
     low, high, rank_lo, rank_hi, count = conn.execute(
         sa.select(sa.func.min(s.step), sa.func.max(s.step), sa.func.min(s.rank), sa.func.max(s.rank),
                   sa.cast(sa.func.sum(rows), sa.BigInteger)).where(*mine)
-    ).one()  # fmt: skip
+    ).one()
     if low is None:
         return None
     masks = {int(low): 0, int(high): 0}
@@ -159,7 +159,7 @@ def non_finite_firsts(conn: sa.Connection, run_id: int, key: str, table: Any) ->
     bad = s.n_nan + s.n_pos_inf + s.n_neg_inf
     firsts: dict[int, tuple[int, int]] = {}
     rows = conn.execute(sa.select(s.rank, s.step, s.steps_mask, bad).where(s.run_id == run_id, s.key == key, bad > 0)
-                        .order_by(s.rank, s.step))  # fmt: skip
+                        .order_by(s.rank, s.step))
     for rank, bucket, mask, count in rows:
         rank, bucket = int(rank), int(bucket)
         if rank in firsts:
@@ -167,7 +167,7 @@ def non_finite_firsts(conn: sa.Connection, run_id: int, key: str, table: Any) ->
             continue
         column = table[rank] if rank in table.columns else None
         first = next((bucket + i for i in range(int(mask).bit_length()) if int(mask) >> i & 1 and column is not None
-                      and bucket + i in column.index and not np.isfinite(column.loc[bucket + i])), bucket)  # fmt: skip
+                      and bucket + i in column.index and not np.isfinite(column.loc[bucket + i])), bucket)
         firsts[rank] = (first, int(count))
     return firsts
 

@@ -29,9 +29,6 @@ import sqlalchemy as sa
 from multirank_logger._util.atomic_file import replace_atomically
 from multirank_logger._util.background_import import import_in_background
 from multirank_logger.errors import LookupFailed, ReadsStopped
-from multirank_logger.model.csv_layout import LongRows, to_frame, write_csv
-from multirank_logger.model.run_ref import RunRef, run_number
-from multirank_logger.model.schema import attempts, fits_bigint, metrics, ranks, runs
 from multirank_logger.query.host_ledger import read_host_ledger
 from multirank_logger.query.long_table import FRAMES, as_frame, long_table
 from multirank_logger.query.rank_spread import RankSpread, key_extent, pivot_step_rank, pivot_streamed
@@ -52,6 +49,9 @@ from multirank_logger.query.side_tables import (
 )
 from multirank_logger.query.step_buckets import BucketSummary, summarize
 from multirank_logger.query.stoppable import run_stoppable
+from multirank_logger.rows.csv_layout import LongRows, to_frame, write_csv
+from multirank_logger.rows.run_ref import RunRef, run_number
+from multirank_logger.rows.schema import attempts, fits_bigint, metrics, ranks, runs
 from multirank_logger.store.run_lifecycle import orphan_runs
 from multirank_logger.store.seq_spans import CallsNotStored, calls_not_stored
 from multirank_logger.store.sql_store import Store, retry_while_locked
@@ -189,7 +189,7 @@ class StoreReader:
             yield conn
 
     def fetch_arrow(self, stmt: sa.Select) -> Any:
-        """Run a SELECT (SQLAlchemy Core, over `multirank_logger.model.schema`'s tables) on a read
+        """Run a SELECT (SQLAlchemy Core, over `multirank_logger.rows.schema`'s tables) on a read
         connection and return a pyarrow Table (DuckDB hands Arrow over without Python rows). What
         every read of this class, the side tables' ``read_*`` and the export build on."""
         with self._connect() as conn:
@@ -526,7 +526,7 @@ class StoreReader:
         return read_findings(self.fetch_arrow, None if every_run else [self.resolve_run(run).id])
 
     def hosts(self, *, since: float | None = None, kinds: Iterable[str] | None = None,
-              chronic: tuple[int, int] = (3, 5), by: str = "host") -> list[dict[str, Any]]:  # fmt: skip
+              chronic: tuple[int, int] = (3, 5), by: str = "host") -> list[dict[str, Any]]:
         """Every host across the runs (started at or after `since`, unix seconds), with its runs, those whose
         kept verdict named a rank on it (of `kinds`), and whether it is chronic (query/host_ledger.py)."""
         return read_host_ledger(lambda sql: self._fetch_rows(sa.text(sql)), since=since, kinds=kinds, chronic=chronic, by=by)
@@ -557,7 +557,7 @@ class StoreReader:
         return read_decisions(self.fetch_arrow, self.resolve_run(run))
 
     def logs(self, run: int | str | RunRef | None = None, rank: int | None = None, level: int | str | None = None,
-             limit: int | None = None) -> Any:  # fmt: skip
+             limit: int | None = None) -> Any:
         """Every rank's logging records and warnings kept during a run (``capture_logs``).
 
         Args:

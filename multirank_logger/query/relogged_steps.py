@@ -28,7 +28,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger.model.schema import SUMMARY_STEPS, attempts, metrics, step_summaries
+from multirank_logger.rows.schema import SUMMARY_STEPS, attempts, metrics, step_summaries
 
 __all__ = ["LatestWins"]
 
@@ -46,7 +46,7 @@ class LatestWins:
         self.fetch, self.run_id, self.key = fetch_arrow, run_id, key
 
     def apply(self, first: int, width: int, ranks: list[int], mean: np.ndarray, lo: np.ndarray,
-              hi: np.ndarray, flags: np.ndarray) -> None:  # fmt: skip
+              hi: np.ndarray, flags: np.ndarray) -> None:
         """Recompute, in place, the cells (rows: `ranks`; column j: steps ``first + j * width``
         onward) that hold a step logged twice: mean, min, max (NaN where not finite, as the SQL
         has them) and whether a NaN or inf fell there, of each step's latest value."""
@@ -99,7 +99,7 @@ class LatestWins:
             .subquery()
         )
         found = self.fetch(sa.select(per_bucket.c.rank, per_bucket.c.step)
-                           .where(_relogged_in_sql(per_bucket.c.n, per_bucket.c.masks)))  # fmt: skip
+                           .where(_relogged_in_sql(per_bucket.c.n, per_bucket.c.masks)))
         return _ints(found, "rank"), _ints(found, "step")
 
     def _spans(self, first: int, width: int, columns: int) -> list[tuple[list[int], int, int]]:
@@ -132,7 +132,7 @@ class LatestWins:
         for chunk in _chunks(spans):
             where = sa.or_(*(sa.and_(m.rank.in_(rs), m.step.between(lo, hi)) for rs, lo, hi in chunk))
             found = self.fetch(sa.select(m.rank.label("rank"), m.seq.label("seq"), m.step.label("step"),
-                                         m.value.label("value")).where(m.run_id == self.run_id, m.key == self.key, where))  # fmt: skip
+                                         m.value.label("value")).where(m.run_id == self.run_id, m.key == self.key, where))
             value = np.asarray(column_numpy(found.column("value"), null=np.nan), dtype=float)
             parts.append((_ints(found, "rank"), _ints(found, "seq"), _ints(found, "step"), value))
         rank, seq, step, value = (np.concatenate(column) for column in zip(*parts))

@@ -6,7 +6,7 @@ range and row count, about ``WINDOW_ROWS`` rows each, bounds inclusive, the rank
 backend's index serves only a read that names them (PostgreSQL). Each window is one SELECT in
 the order asked, sorted by the engine over that window's rows only.
 
-Also here: a side table's rows of one run, and the Arrow schema of any table of ``model/schema.py``
+Also here: a side table's rows of one run, and the Arrow schema of any table of ``rows/schema.py``
 (the same types from every backend: SQLite hands back Python values, of no type when all NULL).
 """
 
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import DTYPE_NAN, DTYPE_NEG_ZERO, metrics
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import DTYPE_NAN, DTYPE_NEG_ZERO, metrics
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
 __all__ = ["METRIC_COLUMNS", "WINDOW_ROWS", "arrow_schema", "metric_schema", "metric_windows", "run_table",
-           "window_orders"]  # fmt: skip
+           "window_orders"]
 
 #: the columns of `metric_windows`' tables
 METRIC_COLUMNS = ("key", "step", "rank", "value", "dtype", "seq", "time")
@@ -35,7 +35,7 @@ WINDOW_ROWS = 1_000_000
 
 
 def arrow_schema(table: sa.Table, leave_out: Sequence[str] = (), only: Sequence[str] | None = None) -> pa.Schema:
-    """The Arrow schema of a table of ``model/schema.py``: its columns' SQL types as Arrow types
+    """The Arrow schema of a table of ``rows/schema.py``: its columns' SQL types as Arrow types
     (``only``: these columns, in this order)."""
     import pyarrow as pa
 
@@ -76,7 +76,7 @@ def run_table(reader: StoreReader, table: sa.Table, run_column: sa.Column[Any], 
 
 
 def metric_windows(reader: StoreReader, ref: RunRef, order_by: Sequence[str], window_rows: int = WINDOW_ROWS
-                   ) -> Iterator[pa.Table]:  # fmt: skip
+                   ) -> Iterator[pa.Table]:
     """Run `ref`'s metric rows, a window of steps at a time, each window sorted by `order_by`
     (`window_orders`, each taken in its order)."""
     for rows, order in window_orders(reader, ref, order_by, window_rows):
@@ -84,7 +84,7 @@ def metric_windows(reader: StoreReader, ref: RunRef, order_by: Sequence[str], wi
 
 
 def window_orders(reader: StoreReader, ref: RunRef, order_by: Sequence[str], window_rows: int = WINDOW_ROWS
-                  ) -> Iterator[tuple[pa.Table, Any]]:  # fmt: skip
+                  ) -> Iterator[tuple[pa.Table, Any]]:
     """Run `ref`'s metric rows, a window of steps at a time, each with its rows' order by
     `order_by` (``rows.take(order)`` sorts it: a thread of a pipeline may do that apart).
 
@@ -126,7 +126,7 @@ def window_orders(reader: StoreReader, ref: RunRef, order_by: Sequence[str], win
             key = pc.dictionary_encode(window.column("key").combine_chunks())
             value = _as_logged(window.column("value"), window.column("dtype"))
             out = pa.Table.from_arrays([key, *window.columns[1:3], value, *window.columns[4:]],
-                                       schema=schema.set(0, pa.field("key", key.type, nullable=False)))  # fmt: skip
+                                       schema=schema.set(0, pa.field("key", key.type, nullable=False)))
             yield out, _sort_indices(out, key, order_by)
 
 

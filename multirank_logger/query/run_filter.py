@@ -4,7 +4,7 @@ chosen hyperparameters as columns (``runs --show-params``).
 
 The rule for ``--param KEY=VALUE`` (the page's filter box follows it too: ui/static/run_filter.js):
 KEY is the path of a value in the run's stored hyperparameters, nested keys joined by dots
-(``optimizer.lr``; a key holding a dot in quotes: model/param_path.py); a string matches VALUE as its own
+(``optimizer.lr``; a key holding a dot in quotes: rows/param_path.py); a string matches VALUE as its own
 characters, a number matches a VALUE of the same number (``lr=0.0003`` and ``lr=3e-4`` alike),
 true, false and null match those words, a list or an object its JSON text.
 """
@@ -20,15 +20,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from multirank_logger.model.param_path import split_key_value, split_path, split_words
-from multirank_logger.model.schema import runs
+from multirank_logger.rows.param_path import split_key_value, split_path, split_words
+from multirank_logger.rows.schema import runs
 from multirank_logger.store.status import FAILED, INCOMPLETE, INTERRUPTED, RUNNING, SUCCESS
 
 __all__ = ["RUN_STATUSES", "RunFilter", "param_text", "parse_param", "parse_shown", "parse_when", "read_hparams"]
 
 #: what ``--since``/``--until`` take (UTC): a day, a minute or a second
 WHEN_FORMATS = (("%Y-%m-%d", 86400), ("%Y-%m-%d %H:%M", 60), ("%Y-%m-%dT%H:%M", 60),
-                ("%Y-%m-%d %H:%M:%S", 1), ("%Y-%m-%dT%H:%M:%S", 1))  # fmt: skip
+                ("%Y-%m-%d %H:%M:%S", 1), ("%Y-%m-%dT%H:%M:%S", 1))
 _GLOB = "*?"
 #: the statuses a run's row holds (store/status.py)
 RUN_STATUSES = (RUNNING, SUCCESS, FAILED, INTERRUPTED, INCOMPLETE)
@@ -52,7 +52,7 @@ def parse_when(text: str, *, end: bool = False) -> float:
 
 def parse_param(text: str) -> tuple[str, str]:
     """``KEY=VALUE`` as (KEY, VALUE), split at the first ``=`` outside a quoted key; KEY a path
-    (model/param_path.py).
+    (rows/param_path.py).
 
     Raises:
         ValueError: without ``=``, with an empty KEY, or a KEY that is no path.

@@ -13,8 +13,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs, step_summaries
 from multirank_logger.query.side_tables import read_stops, stop_text
+from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT, findings, ranks, runs, step_summaries
 from multirank_logger.store.status import ends_unknown
 
 __all__ = ["read_last_step", "read_lost_hours", "read_run_headers", "read_run_rows", "read_runs"]
@@ -33,7 +33,7 @@ def _runs_select(where: Sequence[Any] = ()) -> sa.Select:
                   runs.c.started_at, runs.c.ended_at, runs.c.values_spilled, runs.c.values_lost,
                   ends_unknown().label("n_ends_unknown"), runs.c.run_uuid)
         .where(*where).order_by(runs.c.id)
-    )  # fmt: skip
+    )
 
 
 def _summary_facts(fetch_arrow: Callable[[sa.Select], Any], run_ids: list[int]) -> dict[int, tuple[int, float | None]]:
@@ -45,7 +45,7 @@ def _summary_facts(fetch_arrow: Callable[[sa.Select], Any], run_ids: list[int]) 
         # a subquery each: together in one SELECT, DuckDB no longer takes the max from statistics (0.24-0.34 s)
         found = [fetch_arrow(sa.select(sa.select(n_keys).where(s.run_id == run_id).scalar_subquery().label("n_keys"),
                                        sa.select(last_time).where(s.run_id == run_id).scalar_subquery().label("last_time"))
-                             ).to_pylist()[0] | {"run_id": run_id} for run_id in run_ids]  # fmt: skip
+                             ).to_pylist()[0] | {"run_id": run_id} for run_id in run_ids]
     else:
         found = fetch_arrow(sa.select(s.run_id, n_keys.label("n_keys"), last_time.label("last_time")).group_by(s.run_id)).to_pylist()
     return {int(f["run_id"]): (int(f["n_keys"]), float(f["last_time"])) for f in found if f["n_keys"]}
@@ -59,7 +59,7 @@ def read_last_step(fetch_arrow: Callable[[sa.Select], Any], run_id: int) -> tupl
     last_bucket = sa.select(sa.func.max(s.step)).where(s.run_id == run_id).scalar_subquery()
     found = fetch_arrow(sa.select(s.step, s.steps_mask,
                                   sa.select(sa.func.max(s.last_time)).where(s.run_id == run_id).scalar_subquery().label("t"))
-                        .where(s.run_id == run_id, s.step == last_bucket)).to_pylist()  # fmt: skip
+                        .where(s.run_id == run_id, s.step == last_bucket)).to_pylist()
     if not found:
         return None, None
     mask = 0
@@ -78,13 +78,13 @@ def read_run_headers(fetch_arrow: Callable[[sa.Select], Any], only: int | None =
         sa.select(ranks.c.run_id,
                   sa.func.count(sa.distinct(sa.func.coalesce(ranks.c.host, sa.cast(ranks.c.node_rank, sa.String)))).label("n_nodes"))
         .group_by(ranks.c.run_id).subquery()
-    )  # fmt: skip
+    )
     stmt = (
         sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
                   runs.c.transport, runs.c.started_at, runs.c.ended_at, per_rank.c.n_nodes, runs.c.run_uuid, runs.c.hparams)
         .select_from(runs.outerjoin(per_rank, per_rank.c.run_id == runs.c.id))
         .order_by(runs.c.id.desc())
-    )  # fmt: skip
+    )
     if only is not None:
         stmt = stmt.where(runs.c.id == only)
     # of the one run a run's page asks for, only its stop
@@ -163,7 +163,7 @@ def read_run_rows(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] 
              "values_spilled": int(r["values_spilled"] or 0), "values_lost": int(r["values_lost"] or 0),
              "ends_unknown": int(r["n_ends_unknown"] or 0), "stopped_by": stops.get(int(r["id"])), "uuid": r["run_uuid"],
              "lost_hours": lost.get(int(r["id"]), (None, None))[0], "lost_hours_unit": lost.get(int(r["id"]), (None, None))[1]}
-        )  # fmt: skip
+        )
     return out
 
 
@@ -217,7 +217,7 @@ def _rank0_steps(cells: Any) -> dict[int, int]:
         return {}
     # (not pyarrow's to_numpy, which imports pandas)
     run_id, step, mask = (column_numpy(cells.column(c), null=0).astype(np.int64, copy=False)
-                          for c in ("run_id", "step", "steps_mask"))  # fmt: skip
+                          for c in ("run_id", "step", "steps_mask"))
     order = np.lexsort((step, run_id))
     run_id, step, mask = run_id[order], step[order], mask[order]
     starts = np.flatnonzero(np.r_[True, (run_id[1:] != run_id[:-1]) | (step[1:] != step[:-1])])
@@ -241,5 +241,5 @@ def read_step_clock(fetch_arrow: Callable[[sa.Select], Any], run_id: int) -> tup
     The compare page's wall-time axis reads a step's time from it (ui/views.clock_view)."""
     c = step_summaries.c
     found = fetch_arrow(sa.select(c.step, sa.func.max(c.last_time).label("t")).where(c.run_id == run_id)
-                        .group_by(c.step).order_by(c.step))  # fmt: skip
+                        .group_by(c.step).order_by(c.step))
     return [int(s) for s in found.column(0).to_pylist()], [float(t) for t in found.column(1).to_pylist()]

@@ -43,11 +43,11 @@ from multirank_logger._util.cpus import usable_cpus
 from multirank_logger._util.prefetch import prefetched
 from multirank_logger.judgement.non_finite import FirstNonFinite
 from multirank_logger.judgement.ranks import DEPART_SPREADS, SPREAD_WINDOW, DepartureWindows, KeySteps
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import metrics
 from multirank_logger.query.key_numbers import KeyNumbers
 from multirank_logger.query.step_buckets import BucketBuilder, BucketSummary, bucket_width
 from multirank_logger.query.window_grid import GridBuilder, Window, lay_out
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import metrics
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
@@ -115,7 +115,7 @@ def scan_run(
         bucket_columns = 0  # the caller summarizes each key on its own (step_buckets.summarize)
     state: _Scan | None = None
     with ThreadPoolExecutor(KEY_THREADS, thread_name_prefix="multirank-logger-scan") as pool, \
-            contextlib.ExitStack() as later:  # fmt: skip
+            contextlib.ExitStack() as later:
         seq_conn: sa.Connection | None = None
 
         def take(where: tuple[Any, ...], window_future: Future[Window | None]) -> None:
@@ -178,7 +178,7 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
         low, high, count, low_rank, high_rank = conn.execute(
             sa.select(sa.func.min(metrics.c.step), sa.func.max(metrics.c.step), sa.func.count(),
                       sa.func.min(metrics.c.rank), sa.func.max(metrics.c.rank)).where(where)
-        ).one()  # fmt: skip
+        ).one()
         if not count:
             return
         low, high = int(low), int(high)
@@ -211,7 +211,7 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
             return
     # several windows read at once, each on a connection of its own (the backend's window_readers)
     with ThreadPoolExecutor(readers, thread_name_prefix="multirank-logger-read") as fetching, \
-            contextlib.ExitStack() as connections:  # fmt: skip
+            contextlib.ExitStack() as connections:
         own = threading.local()
         opening = threading.Lock()
 
@@ -233,7 +233,7 @@ def _windows(reader: StoreReader, ref: RunRef, keys: list[str], window_rows: int
 
 
 def _read(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
-          cells: tuple[int, int, int, int]) -> _Laid | None:  # fmt: skip
+          cells: tuple[int, int, int, int]) -> _Laid | None:
     """A window's rows laid out a chunk at a time as they are read, in the grid of `cells` (the
     window's first and last step, the run's lowest and highest rank); None without a row."""
     reader.check_stopped()  # stopped (Ctrl-C, the page's bound): no window's query starts after
@@ -249,7 +249,7 @@ def _read(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tu
 
 
 def _chunks(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
-            with_seq: bool) -> Iterator[list[np.ndarray]]:  # fmt: skip
+            with_seq: bool) -> Iterator[list[np.ndarray]]:
     """A window's rows as NumPy columns, a chunk at a time: key number, rank, step, value (NaN for
     NULL: a logged NaN)[, seq]; only the keys the pass knows."""
     backend = reader.store.backend
@@ -268,7 +268,7 @@ def _chunks(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: 
 
 
 def _fetch(reader: StoreReader, conn: sa.Connection, names: KeyNumbers, where: tuple[Any, ...],
-           with_seq: bool) -> Any:  # fmt: skip
+           with_seq: bool) -> Any:
     """A window's rows as NumPy columns: key number, rank, step, value (NaN for NULL: a logged NaN)[, seq]."""
     reader.check_stopped()  # stopped (Ctrl-C, the page's bound): no window's query starts after
     backend = reader.store.backend
@@ -316,7 +316,7 @@ class _Scan:
         if self.buckets is not None:
             mine = w.bad_key == k
             self.buckets[k].add(w.steps, w.ranks, w.grid[k], w.logged[k],
-                                (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))  # fmt: skip
+                                (w.bad_rank[mine], w.bad_step[mine], w.bad_kind[mine]))
         self.departures[k].add(w.steps, w.ranks, w.grid[k])
 
     def finish(self, scan: RunScan) -> RunScan:

@@ -26,8 +26,8 @@ from multirank_logger._util.readable import format_ranks
 from multirank_logger.ddp.log_capture import level_number
 from multirank_logger.errors import LookupFailed
 from multirank_logger.judgement.ranks import votes_split
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import (
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import (
     SEQ_ATTEMPT_SHIFT,
     alerts,
     decisions,
@@ -41,16 +41,16 @@ from multirank_logger.model.schema import (
 
 __all__ = ["FINDING_COLUMNS", "disagreements", "format_ranks", "group_alike", "read_alerts", "read_decisions", "read_findings", "read_logs", "read_rank_nodes",
            "read_rank_rows", "read_step_timing", "read_stops", "read_timing_columns", "read_timing_series", "read_transport",
-           "stop_text"]  # fmt: skip
+           "stop_text"]
 
 #: runs a SELECT and returns a pyarrow Table (``StoreReader.fetch_arrow``)
 FetchArrow = Callable[[sa.Select], Any]
 
 DECISION_COLUMNS = ("seq", "step", "epoch", "callback", "monitor", "mode", "rank", "value", "vote", "decision",
-                    "path", "best", "time")  # fmt: skip
+                    "path", "best", "time")
 LOG_COLUMNS = ("rank", "seq", "time", "level", "levelno", "logger", "message")
 TIMING_COLUMNS = ("rank", "seq", "step", "epoch", "batch_idx", "data_s", "forward_s", "rest_s", "batch_size",
-                  "mem_allocated_peak", "mem_reserved_peak", "alloc_retries", "rss", "time")  # fmt: skip
+                  "mem_allocated_peak", "mem_reserved_peak", "alloc_retries", "rss", "time")
 RANK_COLUMNS = ("rank", "host", "status", "started_at", "ended_at", "gpu_index", "gpu_name", "gpu_uuid", "dp_rank",
                "slurm_node", "mesh")
 ALERT_COLUMNS = ("seq", "kind", "rank", "key", "first_step", "step_seen", "seen_at", "value", "message", "detail")
@@ -68,7 +68,7 @@ def read_alerts(fetch_arrow: FetchArrow, run: RunRef | None) -> Any:
 
 #: the columns of a run's kept verdict (the ``findings`` table; ``launch``: the launch that kept it)
 FINDING_COLUMNS = ("run_id", "launch", "seq", "kind", "rank", "series", "first_step", "origin", "origin_step", "value",
-                   "sentence", "found_at", "detail")  # fmt: skip
+                   "sentence", "found_at", "detail")
 
 
 def read_findings(fetch_arrow: FetchArrow, run_ids: Iterable[int] | None = None) -> Any:
@@ -119,7 +119,7 @@ def read_stops(fetch_arrow: FetchArrow, run_ids: Iterable[int] | None = None) ->
             continue  # its first stop's alert is in already, or this alert is a later stop's
         kind = (json.loads(detail) if detail else {}).get("alert_kind")
         out[run_id] = {"step": step, "alert_kind": kind, "key": key, "rank": rank, "first_step": first_step,
-                       "monitor": None if known is None else known["monitor"]}  # fmt: skip
+                       "monitor": None if known is None else known["monitor"]}
     return out
 
 
@@ -161,7 +161,7 @@ def read_decisions(fetch_arrow: FetchArrow, run: RunRef) -> Any:
 
 
 def read_logs(fetch_arrow: FetchArrow, run: RunRef, rank: int | None = None, level: int | str | None = None,
-              limit: int | None = None) -> Any:  # fmt: skip
+              limit: int | None = None) -> Any:
     """A run's log records, in time order (the first `limit`): ``StoreReader.logs`` (its columns and filters).
 
     Raises:
@@ -184,7 +184,7 @@ def read_step_timing(fetch_arrow: FetchArrow, run: RunRef) -> Any:
 
 #: StepTimer's measured columns, each a series ``timing:COLUMN`` (as the page and the report name them)
 TIMING_MEASURES = ("data_s", "forward_s", "rest_s", "batch_size", "mem_allocated_peak", "mem_reserved_peak",
-                   "alloc_retries", "rss")  # fmt: skip
+                   "alloc_retries", "rss")
 
 
 def read_timing_columns(fetch_arrow: FetchArrow, run: RunRef, series: str, keys: list[str]) -> tuple[Any, ...]:
@@ -200,7 +200,7 @@ def read_timing_columns(fetch_arrow: FetchArrow, run: RunRef, series: str, keys:
     if column not in TIMING_MEASURES:
         raise LookupFailed("key", series, keys + [f"timing:{c}" for c in TIMING_MEASURES])
     stmt = (sa.select(step_timing.c.rank, step_timing.c.seq, step_timing.c.step, sa.cast(step_timing.c[column], sa.Float(53)))
-            .where(step_timing.c.run_id == run.id, step_timing.c[column].is_not(None)))  # fmt: skip
+            .where(step_timing.c.run_id == run.id, step_timing.c[column].is_not(None)))
     table = fetch_arrow(stmt)
     if not table.num_rows:
         raise LookupFailed("key", series, keys + ["(no StepTimer values in this run: add multirank_logger.StepTimer())"])
@@ -215,7 +215,7 @@ def read_timing_series(fetch_arrow: FetchArrow, run_id: int, among: Iterable[str
         return []
     counts = fetch_arrow(
         sa.select(*(sa.func.count(step_timing.c[s.split(":", 1)[1]]).label(s) for s in among)).where(step_timing.c.run_id == run_id)
-    ).to_pylist()[0]  # fmt: skip
+    ).to_pylist()[0]
     return [s for s in among if counts[s]]
 
 
@@ -230,7 +230,7 @@ def read_rank_nodes(fetch_arrow: FetchArrow, run_id: int) -> list[dict[str, Any]
     """The run's registered ranks' ``rank``, ``node_rank``, ``host``, ``gpu_index``, ``gpu_name`` and
     ``mesh`` (None where not known), in no order."""
     stmt = sa.select(ranks.c.rank, ranks.c.node_rank, ranks.c.host, ranks.c.gpu_index, ranks.c.gpu_name,
-                     ranks.c.mesh).where(ranks.c.run_id == run_id)  # fmt: skip
+                     ranks.c.mesh).where(ranks.c.run_id == run_id)
     return list(fetch_arrow(stmt).to_pylist())
 
 

@@ -43,7 +43,8 @@ import sqlalchemy as sa
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import LookupFailed
 from multirank_logger.judgement.non_finite import NEG_INF, POS_INF
-from multirank_logger.model.schema import (
+from multirank_logger.query.relogged_steps import LatestWins
+from multirank_logger.rows.schema import (
     BIGINT_MAX,
     COARSE_STEPS,
     SUMMARY_STEPS,
@@ -52,7 +53,6 @@ from multirank_logger.model.schema import (
     step_summaries,
     step_timing,
 )
-from multirank_logger.query.relogged_steps import LatestWins
 
 __all__ = ["HEATMAP_COLUMNS", "TIMING_SERIES", "BucketBuilder", "BucketSummary", "bucket_width", "summarize"]
 
@@ -147,7 +147,7 @@ class BucketBuilder:
         return bool(self.seen.any())
 
     def add(self, steps: np.ndarray, ranks: np.ndarray, table: np.ndarray, logged: np.ndarray,
-            non_finite: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:  # fmt: skip
+            non_finite: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         """One window: its `steps` (sorted) and `ranks`, the key's step x rank `table` (NaN where no
         finite value), where a row was `logged`, and its non-finite rows (rank, step, kind:
         judgement.non_finite's code)."""
@@ -182,7 +182,7 @@ class BucketBuilder:
         which: Any = slice(None) if len(rows) == len(self.seen) else rows
         steps = [self.first + j * self.width for j in range(n)]
         return BucketSummary(self.series, rows.tolist(), steps, self.width, self.mean[which, :n], self.lo[:n],
-                             self.hi[:n], self.bad[which, :n])  # fmt: skip
+                             self.hi[:n], self.bad[which, :n])
 
 
 def _per_bucket(bucket: np.ndarray, table: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
@@ -277,7 +277,7 @@ def summarize(fetch_arrow: FetchArrow, run_id: int, series: str, columns: int = 
         return found
     table = _series(run_id, series)[0]
     span = fetch_arrow(sa.select(sa.func.min(table.c.step).label("a"), sa.func.max(table.c.step).label("b"))
-                       .where(table.c.run_id == run_id)).to_pylist()[0]  # fmt: skip
+                       .where(table.c.run_id == run_id)).to_pylist()[0]
     if span["a"] is None:
         empty = np.zeros((0, 0))
         return BucketSummary(series, [], [], 1, empty, np.zeros(0), np.zeros(0), empty.astype(bool))
@@ -301,7 +301,7 @@ def _rows_grid(fetch_arrow: FetchArrow, run_id: int, series: str, first: int, la
                   sa.func.min(value).label("lo"), sa.func.max(value).label("hi"),
                   (sa.func.count() - sa.func.count(value)).label("nulls"))
         .where(where).group_by(table.c.rank, sa.literal_column("b"))
-    )  # fmt: skip
+    )
     cells = fetch_arrow(stmt)
     rank, col = _column(cells, "rank", np.int64), _column(cells, "b", np.int64)
     # a wide run's float bucket can round up past the last bucket (its exact number: in Python's ints)
@@ -325,7 +325,7 @@ def _from_summaries(fetch_arrow: FetchArrow, run_id: int, key: str, columns: int
     for them (see the module docstring), has none, or spans past int64."""
     s = step_summaries.c
     span = fetch_arrow(sa.select(sa.func.min(s.step).label("a"), sa.func.max(s.step).label("b"))
-                       .where(s.run_id == run_id)).to_pylist()[0]  # fmt: skip
+                       .where(s.run_id == run_id)).to_pylist()[0]
     if span["a"] is None:
         return None
     first, last = int(span["a"]), int(span["b"]) + SUMMARY_STEPS - 1
@@ -346,7 +346,7 @@ _ROWS_PER_CELL = 4
 
 
 def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, width: int,
-                    level: int = SUMMARY_STEPS) -> BucketSummary | None:  # fmt: skip
+                    level: int = SUMMARY_STEPS) -> BucketSummary | None:
     """`summarize` of a metric key from its summaries of `level` steps (``SUMMARY_STEPS``:
     ``step_summaries``; ``COARSE_STEPS``: ``coarse_summaries``), in buckets of `width` steps from
     `first` (both multiples of `level`); None when the run holds no summary of the key."""
@@ -360,11 +360,11 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
         # read apart, for the summaries that have one: each column handed over costs at 1B rows
         # (benchmarks/RESULTS.md, "Figures the source cites")
         rows = fetch_arrow(sa.select(s.rank.label("rank"), (s.step - first).label("b"), s.n_finite, s.total, s.lo, s.hi)
-                           .where(*mine))  # fmt: skip
+                           .where(*mine))
         if not rows.num_rows:
             return None  # a key the run does not hold: the rows' path answers it as it always has
         odd = (sa.select(s.rank.label("rank"), (s.step - first).label("b"), s.n_pos_inf, s.n_neg_inf)
-               .where(*mine, s.n_nan + s.n_pos_inf + s.n_neg_inf > 0))  # fmt: skip
+               .where(*mine, s.n_nan + s.n_pos_inf + s.n_neg_inf > 0))
         if (laid_out := _laid_out(key, first, width, rows, lambda: fetch_arrow(odd), latest)) is not None:
             return laid_out
     bucket = (s.step - first) - (s.step - first) % width
@@ -372,7 +372,7 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
         sa.select(s.rank.label("rank"), bucket.label("b"), *(sa.cast(sa.func.sum(s[n]), sa.Float(53)).label(n) for n in sums),
                   sa.func.min(s.lo).label("lo"), sa.func.max(s.hi).label("hi"))
         .where(*mine).group_by(s.rank, sa.literal_column("b"))
-    )  # fmt: skip
+    )
     found = fetch_arrow(stmt)
     if not found.num_rows:
         return None
@@ -383,7 +383,7 @@ def _summaries_grid(fetch_arrow: FetchArrow, run_id: int, key: str, first: int, 
 
 
 def _cell_values(n: np.ndarray, total: np.ndarray, nans: np.ndarray, pos: np.ndarray, neg: np.ndarray,
-                 lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                 lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Merged summaries (finite count and sum, NaN, +inf and -inf counts, finite min and max) as
     the rows' path has them: mean, min, max (NaN where not finite) and whether a non-finite fell."""
     with np.errstate(invalid="ignore", divide="ignore"):  # SQL's avg: NaN where an inf was among the values
@@ -394,7 +394,7 @@ def _cell_values(n: np.ndarray, total: np.ndarray, nans: np.ndarray, pos: np.nda
 
 
 def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[], Any],
-              latest: LatestWins | None = None) -> BucketSummary | None:  # fmt: skip
+              latest: LatestWins | None = None) -> BucketSummary | None:
     """`rows` (rank, b, n_finite, total, lo, hi: one per summary) and, from `read_odd`, the
     summaries with a non-finite count (rank, b, n_pos_inf, n_neg_inf), merged per (rank,
     bucket of `width`) straight into the rank x bucket grid: SUM, MIN (NaN: none), MAX; None
@@ -438,7 +438,7 @@ def _laid_out(key: str, first: int, width: int, rows: Any, read_odd: Callable[[]
 
 
 def _matrix(series: str, first: int, width: int, rank: np.ndarray, col: np.ndarray, mean: np.ndarray,
-            lo: np.ndarray, hi: np.ndarray, bad: np.ndarray, latest: LatestWins | None = None) -> BucketSummary:  # fmt: skip
+            lo: np.ndarray, hi: np.ndarray, bad: np.ndarray, latest: LatestWins | None = None) -> BucketSummary:
     """The summary of per-(rank, bucket) cells: each cell's rank, bucket number, mean, min, max
     (NaN where not finite) and whether a non-finite value fell there."""
     ranks = np.unique(rank)
@@ -456,7 +456,7 @@ def _matrix(series: str, first: int, width: int, rank: np.ndarray, col: np.ndarr
 
 
 def _summary(series: str, first: int, width: int, ranks: list[int], mean: np.ndarray, lo: np.ndarray,
-             hi: np.ndarray, flags: np.ndarray, *, latest: LatestWins | None = None) -> BucketSummary:  # fmt: skip
+             hi: np.ndarray, flags: np.ndarray, *, latest: LatestWins | None = None) -> BucketSummary:
     """The summary of rank x bucket grids (NaN where a rank has no finite value in a bucket),
     the cells holding a step logged twice first mended by `latest` (its later call alone)."""
     if latest is not None:

@@ -33,7 +33,7 @@ class Window:
 
 
 def lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, value: np.ndarray,
-            seq: np.ndarray | None = None) -> Window | None:  # fmt: skip
+            seq: np.ndarray | None = None) -> Window | None:
     """A window's rows as a `Window`; None when a cell repeats and `seq` is missing."""
     steps, ranks, step_rank = step_rank_cells(step, rank, layers=n_keys)
     cells = n_keys * len(steps) * len(ranks)
@@ -56,7 +56,7 @@ def lay_out(n_keys: int, key: np.ndarray, rank: np.ndarray, step: np.ndarray, va
 
 
 def _window(steps: np.ndarray, ranks: np.ndarray, flat: np.ndarray, logged: np.ndarray, n_keys: int,
-            bad: tuple[np.ndarray, ...]) -> Window:  # fmt: skip
+            bad: tuple[np.ndarray, ...]) -> Window:
     if len(bad[3]) and (bad[3] != NON_FINITE_NAN).any():
         flat[np.isinf(flat)] = np.nan  # NaN/inf are the non-finite finding's
     shape = (n_keys, len(steps), len(ranks))
@@ -111,5 +111,5 @@ class GridBuilder:
         if np.count_nonzero(self.logged) < self.rows:
             return None
         bad = tuple(np.concatenate(col) for col in zip(*self.bad)) if self.bad else (
-            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # fmt: skip
+            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
         return _window(self.steps, self.ranks, self.flat, self.logged, self.n_keys, bad)

@@ -32,7 +32,7 @@ def every_run_alerts_text(df: Any, labels: dict[int, str], fmt: str = "table") -
     if fmt == "json":
         return json.dumps([json.loads(alerts_text(labels.get(int(run_id), str(run_id)), int(run_id),
                                                   group.drop(columns="run_id"), "json"))
-                           for run_id, group in df.groupby("run_id", sort=True)], indent=1)  # fmt: skip
+                           for run_id, group in df.groupby("run_id", sort=True)], indent=1)
     if df.empty:
         return "No alerts in any run: the watch raised none (or ran with watch=False)."
     lines = [f"{len(df)} alert(s) in {df['run_id'].nunique()} run(s)"]

@@ -24,7 +24,7 @@ def decisions_text(label: str, run_id: int, df: Any) -> str:
         done, not_done = DECIDED.get(first["callback"], ("yes", "no"))
         row = {"": "!" if seq in split else "", "step": first["step"], "epoch": first["epoch"],
                "callback": f"{first['callback']}({first['monitor']}, {first['mode']})",
-               "decision": done if first["decision"] else not_done}  # fmt: skip
+               "decision": done if first["decision"] else not_done}
         for r in d.itertuples():  # a vote is NULL only in rows written by hand
             value = "-" if pd.isna(r.value) else f"{r.value:g}"  # NaN: SQLite keeps it as NULL
             row[f"rank {r.rank}"] = f"{value} {'-' if pd.isna(r.vote) else 'yes' if r.vote else 'no'}"
@@ -36,4 +36,4 @@ def decisions_text(label: str, run_id: int, df: Any) -> str:
         f"{label} (run {run_id}): {len(rows)} decisions, {differ}",
         pd.DataFrame(rows).fillna("-").to_string(index=False, line_width=None),  # wide enough not to wrap
         "rank K: that rank's own value and vote (yes: it alone would save / stop); best and path: rank 0's.",
-    ])  # fmt: skip
+    ])

@@ -38,11 +38,11 @@ from multirank_logger.judgement.sentences import (
     series_of,
     steps_after_clause,
 )
-from multirank_logger.model.run_ref import RunRef
 from multirank_logger.query.kept_verdict import kept_verdict
 from multirank_logger.query.run_scan import RunScan, scan_run
 from multirank_logger.query.side_tables import disagreements
 from multirank_logger.query.step_buckets import BucketSummary
+from multirank_logger.rows.run_ref import RunRef
 
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
@@ -229,7 +229,7 @@ def holes_said(holes: list[Any]) -> list[str]:
     if len(holes) > HOLES_SAID:
         rest = holes[HOLES_SAID:]
         lines.append(f"... and {len(rest)} more such gap(s) on {len({h.rank for h in rest})} rank(s), "
-                     f"{sum(h.calls for h in rest)} call(s) in all.")  # fmt: skip
+                     f"{sum(h.calls for h in rest)} call(s) in all.")
     return lines
 
 
@@ -255,7 +255,7 @@ def outliers(scan: RunScan) -> list[dict[str, Any]]:
 def departures(table: Any, *, higher_only: bool = False) -> list[dict[str, Any]]:
     """``judgement.ranks.departures`` of a step x rank DataFrame (``StoreReader.per_rank``)."""
     return judgement.departures(table.index.to_numpy(), np.asarray(table.columns), table.to_numpy(dtype=float),
-                                higher_only=higher_only)  # fmt: skip
+                                higher_only=higher_only)
 
 
 def raised_alerts(reader: StoreReader, ref: RunRef, found: Findings) -> list[dict[str, Any]]:
@@ -267,7 +267,7 @@ def raised_alerts(reader: StoreReader, ref: RunRef, found: Findings) -> list[dic
         first = None if r.first_step != r.first_step or r.first_step is None else int(r.first_step)
         item = {"kind": r.kind, "rank": int(r.rank), "key": r.key, "first_step": first,
                 "step_seen": None if r.step_seen != r.step_seen else int(r.step_seen), "seen_at": float(r.seen_at),
-                "message": r.message}  # fmt: skip
+                "message": r.message}
         item["in_report"] = None if r.kind == "stop" else (r.kind, r.key, item["rank"], first) in named
         out.append(item)
     return out
@@ -387,7 +387,7 @@ def _decisions(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
              "decision": decision, "votes": votes,
              "values": {int(r): _float(v) for r, v in zip(group["rank"], group["value"])},
              "ranks": [r for r, v in votes.items() if v is not None and v != decision]}
-        )  # fmt: skip
+        )
     return out
 
 
@@ -397,7 +397,7 @@ def _log_messages(reader: StoreReader, ref: RunRef) -> list[dict[str, Any]]:
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows.itertuples():
         item = out.setdefault((r.level, r.message), {"level": r.level, "logger": r.logger, "message": r.message,
-                                                     "ranks": [], "count": 0})  # fmt: skip
+                                                     "ranks": [], "count": 0})
         item["count"] += 1
         if int(r.rank) not in item["ranks"]:
             item["ranks"].append(int(r.rank))

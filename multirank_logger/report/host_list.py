@@ -35,7 +35,7 @@ BY = tuple(LEDGER_BY)
 
 
 def read_hosts(db: str | os.PathLike[str], *, since: float | None = None, kinds: Iterable[str] | None = None,
-               chronic: tuple[int, int] = CHRONIC, by: str = "host") -> list[dict[str, Any]]:  # fmt: skip
+               chronic: tuple[int, int] = CHRONIC, by: str = "host") -> list[dict[str, Any]]:
     """`read_host_ledger` of the store `db`: a SQLite or DuckDB file at this code's schema through
     its own driver, anything else (PostgreSQL, a file to upgrade, a held one) through ``open_store``."""
     with driver_rows(db) as fetch:
@@ -79,21 +79,21 @@ def hosts_text(rows: list[dict[str, Any]], fmt: str = "table", chronic: tuple[in
     if fmt == "json":
         return json.dumps({"chronic": {"k": chronic[0], "n": chronic[1]},
                            what: [{**r, "first_seen": _date(r["first_seen"]), "last_seen": _date(r["last_seen"])}
-                                  for r in rows]}, indent=1)  # fmt: skip
+                                  for r in rows]}, indent=1)
     kinds = sorted({kind for r in rows for kind in r["by_kind"]})
     about = ["host", "slurm_node"] if by == "host" else ["gpu", "gpu_name", "host", "slurm_node"]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow([*about, "runs", "named", *(f"named_{k}" for k in kinds), "first_seen", "last_seen",
-                         "named_last", "last", "status"])  # fmt: skip
+                         "named_last", "last", "status"])
         for r in rows:
             writer.writerow([*(r.get(a) or "" for a in about), r["runs"], r["named"], *(r["by_kind"].get(k, 0) for k in kinds),
-                             _date(r["first_seen"]), _date(r["last_seen"]), r["named_last"], r["last"], r["status"]])  # fmt: skip
+                             _date(r["first_seen"]), _date(r["last_seen"]), r["named_last"], r["last"], r["status"]])
         return out.getvalue().rstrip("\n")
     if not rows:
         return ("No hosts: no run in this selection registered a rank with its host." if by == "host" else
-                "No GPUs: no run in this selection registered a rank with its GPU's UUID (CUDA in use).")  # fmt: skip
+                "No GPUs: no run in this selection registered a rank with its GPU's UUID (CUDA in use).")
     k, n = chronic
     shown = ["host"] if by == "host" else ["gpu", "gpu_name", "host"]
     if any(r.get("slurm_node") and r["slurm_node"] != r["host"] for r in rows):
@@ -104,11 +104,11 @@ def hosts_text(rows: list[dict[str, Any]], fmt: str = "table", chronic: tuple[in
         **{k_: [r["by_kind"].get(k_, 0) for r in rows] for k_ in kinds},
         "first seen": [_date(r["first_seen"]) for r in rows], "last seen": [_date(r["last_seen"]) for r in rows],
         f"last {n}": [f"{r['named_last']}/{r['last']}" for r in rows], "status": [r["status"] for r in rows],
-    }  # fmt: skip
+    }
     chronic_count = sum(r["status"] == "chronic" for r in rows)
     one = "host" if by == "host" else "GPU"
     note = (f"named: runs whose kept verdict (the findings table) named a rank on the {one}, by kind; "
-            f"chronic: named in {k} or more of its last {n} runs ({chronic_count} {one}(s)).")  # fmt: skip
+            f"chronic: named in {k} or more of its last {n} runs ({chronic_count} {one}(s)).")
     return text_table(columns) + "\n" + note
 
 

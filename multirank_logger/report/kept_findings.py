@@ -23,7 +23,7 @@ def kept_findings_text(df: Any, labels: dict[int, str], fmt: str = "table") -> s
         return json.dumps({"findings": rows}, default=_plain, indent=1)
     if df.empty:
         return ("No findings kept: the watch found nothing at the runs' ends (or ran with watch=False, "
-                "or the runs are still running); `multirank-logger report` judges a run from its rows.")  # fmt: skip
+                "or the runs are still running); `multirank-logger report` judges a run from its rows.")
     lines: list[str] = []
     for run_id, group in df.groupby("run_id", sort=True):
         label = labels.get(int(run_id), "?")

@@ -82,7 +82,7 @@ def plot_key(
         for col, rank in enumerate(table.columns):
             is_out = rank in outliers
             ax.plot(*rank_line(col), zorder=3 if is_out else 2,
-                    label=f"rank {rank}" + (" (outlier)" if is_out else ""), linewidth=2.2 if is_out else 1.2)  # fmt: skip
+                    label=f"rank {rank}" + (" (outlier)" if is_out else ""), linewidth=2.2 if is_out else 1.2)
     else:
         others = [col for col, rank in enumerate(table.columns) if rank not in outliers]
         with np.errstate(all="ignore"):
@@ -103,7 +103,7 @@ def plot_key(
             finite = np.flatnonzero(np.isfinite(ys))
             if len(finite):
                 ax.annotate(label.removesuffix(" (outlier)"), (xs[finite[-1]], ys[finite[-1]]), xytext=(4, 0),
-                            textcoords="offset points", color=line.get_color(), fontweight="bold")  # fmt: skip
+                            textcoords="offset points", color=line.get_color(), fontweight="bold")
     for rank, step in (non_finite or {}).items():
         before = table.index < step
         ends: np.ndarray = values[before, list(table.columns).index(rank)] if rank in table.columns else np.zeros(0)
@@ -111,7 +111,7 @@ def plot_key(
         y = finite[-1] if len(finite) else float(np.nanmedian(values)) if np.isfinite(values).any() else 0.0
         ax.scatter([step], [y], marker="x", s=80, color="red", zorder=4)
         ax.annotate(f"rank {rank}: NaN/inf from step {step}", (step, y), xytext=(6, -12), textcoords="offset points",
-                    color="red")  # fmt: skip
+                    color="red")
     ax.set_xlabel("step")
     ax.set_ylabel(key)
     # one line hides the others when every rank logged the same values (sync_dist=True): say so

@@ -51,7 +51,7 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     outliers = [followers_sentence("departure", g) + where(g) for g in sentence_groups("departure", f.outliers)]
     if f.world_size < MIN_RANKS:  # not "none": nothing was judged
         outliers = [f"not judged: it takes {MIN_RANKS} ranks or more, and this run has {f.world_size} "
-                    "(with two, each is as far from their median as the other)"]  # fmt: skip
+                    "(with two, each is as far from their median as the other)"]
     non_finite = [f"{followers_sentence('non_finite', g)}{where(g)}{steps_after_clause(g[0])}: {_counts(g)}"
                   for g in sentence_groups("non_finite", f.non_finite)]
     memory = [finding_sentence("memory", m) + where([m]) for m in f.memory]
@@ -69,7 +69,7 @@ def _sections(f: Findings) -> list[tuple[str, list[str]]]:
     ]
     sections = [("Alerts raised during the run", alerts), ("Ranks", ranks), ("Step timing", timing), ("Stragglers", stragglers), ("Outlier ranks", outliers),
                 ("Non-finite values", non_finite), ("Memory", memory), ("Decisions the ranks disagreed on", decisions),
-                ("Warnings and errors", logs), ("Notices (library warnings that name no rank; no finding)", notices)]  # fmt: skip
+                ("Warnings and errors", logs), ("Notices (library warnings that name no rank; no finding)", notices)]
     always = ("Stragglers", "Outlier ranks", "Non-finite values")  # "none" is an answer there
     return [(title, lines) for title, lines in sections if lines or title in always]
 
@@ -110,7 +110,7 @@ def _rank_lines(ranks: list[dict[str, Any]]) -> list[str]:
     odd = [r for r in ranks if r["status"] != usual_status or r["steps"] != usual_steps]
     head = (f"{len(ranks)} ranks on {hosts} host(s): " + ", ".join(f"{n} {status}" for status, n in statuses.most_common())
             + f"; {len(ranks) - len(odd)} with {usual_steps} logged steps"
-            + (f"; {len(odd)} differ:" if odd else ""))  # fmt: skip
+            + (f"; {len(odd)} differ:" if odd else ""))
     return [head] + [_rank_line(r) for r in odd]
 
 
@@ -120,7 +120,7 @@ def _timing_summary(timing: list[dict[str, Any]]) -> str:
         return values[len(values) // 2] if values else None
 
     return (f"{len(timing)} ranks, the median rank per step: data {number_text(median('data_s'), 's')}, "
-            f"forward {number_text(median('forward_s'), 's')}, rest {number_text(median('rest_s'), 's')}")  # fmt: skip
+            f"forward {number_text(median('forward_s'), 's')}, rest {number_text(median('rest_s'), 's')}")
 
 
 def findings_text(f: Findings) -> str:

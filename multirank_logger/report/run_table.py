@@ -9,14 +9,14 @@ import time
 from typing import Any
 
 from multirank_logger._util.readable import duration_text, number_text, text_table
-from multirank_logger.model.param_path import param_at, split_path
 from multirank_logger.query.run_filter import param_text
+from multirank_logger.rows.param_path import param_at, split_path
 
 __all__ = ["runs_data_text", "runs_table_text", "status_text", "utc_seconds"]
 
 
 def status_text(status: str, started_at: float, last_time: float | None, stopped_by: str | None, spilled: int,
-                lost: int, unknown: int) -> str:  # fmt: skip
+                lost: int, unknown: int) -> str:
     """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
     killer) never records its end, and only its silence tells it from a live one. Any other
     run with why it stopped early (StopOnAlert) and what it lacks (an incomplete one: why it is
@@ -53,7 +53,7 @@ def _shown(params: dict[int, dict[str, Any]], run_id: int, key: str) -> str:
 
 
 def runs_table_text(rows: list[dict[str, Any]], params: dict[int, dict[str, Any]] | None = None,
-                    shown: tuple[str, ...] = ()) -> str:  # fmt: skip
+                    shown: tuple[str, ...] = ()) -> str:
     """`StoreReader.run_rows` as one line per run (the uuid, 36 characters, only in CSV and JSON:
     the table stays one readable line per run); each key of `shown` a column of `params`' values."""
     columns: dict[str, list[Any]] = {
@@ -68,7 +68,7 @@ def runs_table_text(rows: list[dict[str, Any]], params: dict[int, dict[str, Any]
         "keys": [r["keys"] for r in rows],
         # what its stragglers cost, from its kept verdict (query/run_list.read_lost_hours); "(CPU)": rank-hours
         "lost GPU-h": [lost_text(r.get("lost_hours"), r.get("lost_hours_unit")) for r in rows],
-    }  # fmt: skip
+    }
     for key in shown:
         columns[key if key not in columns else f"param {key}"] = [_shown(params or {}, r["id"], key) for r in rows]
     return text_table(columns)
@@ -82,7 +82,7 @@ def runs_data_text(df: Any, fmt: str, params: dict[int, dict[str, Any]] | None =
     for key in shown:
         held = [param_at((params or {}).get(int(i), {}), split_path(key)) for i in df["id"]]
         df[f"param.{key}"] = [(value if fmt == "json" else param_text(value)) if found else None
-                              for found, value in held]  # fmt: skip
+                              for found, value in held]
     if fmt == "csv":
         return str(df.to_csv(index=False, lineterminator="\n"))
     return str(df.to_json(orient="records", force_ascii=False)) + "\n"

@@ -33,13 +33,13 @@ def spread_text(s: RankSpread, max_rows: int | None) -> str:
         lines += non_finite_lines(s.non_finite)
     elif table.shape[1] == 2 and s.farthest is not None:  # the median of two is their middle: 1x, always
         lines.append("Which of the 2 ranks is off cannot be told from two (each is as far from their median as "
-                     "the other): a third rank tells.")  # fmt: skip
+                     "the other): a third rank tells.")
     elif s.standout is not None:
         dist = s.summary["from_median"]
         others = dist.drop(s.standout).median()
         than = f"{s.ratio:.3g}x the other ranks' ({others:.6g})" if others > 0 else "where the other ranks sit on it (0)"
         lines.append(f"Rank {s.standout} stands out: {dist[s.standout]:.6g} from the per-step median of the ranks "
-                     f"on average, {than}.")  # fmt: skip
+                     f"on average, {than}.")
     elif s.farthest is not None:
         lines.append(
             f"No rank stands out: the farthest from the per-step median, rank {s.farthest}, is "

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from multirank_logger._util.best_effort import safely
-from multirank_logger.model.run_ref import RunRef
+from multirank_logger.rows.run_ref import RunRef
 from multirank_logger.store.run_lifecycle import check_same_run
 from multirank_logger.store.sql_store import Store
 from multirank_logger.store.write_errors import describe, is_transient

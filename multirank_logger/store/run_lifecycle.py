@@ -34,8 +34,8 @@ import time
 import sqlalchemy as sa
 
 from multirank_logger.errors import ResumeRefused, RunIdentityMismatch
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, attempts, metadata, metrics, runs, step_summaries
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT, attempts, metadata, metrics, runs, step_summaries
 from multirank_logger.store.sql_store import Store
 from multirank_logger.store.status import RUNNING, close_earlier_launches
 

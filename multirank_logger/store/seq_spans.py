@@ -32,8 +32,8 @@ import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 
-from multirank_logger.model.batch import column_lists, take_rows
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, metric_spans, metrics
+from multirank_logger.rows.batch import column_lists, take_rows
+from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT, metric_spans, metrics
 from multirank_logger.store.step_summaries import insert_summaries
 
 __all__ = ["CallsNotStored", "calls_not_stored", "insert_metrics_once"]
@@ -177,7 +177,7 @@ class CallsNotStored:
     def __str__(self) -> str:
         calls = f"call {self.first_call}" if self.calls == 1 else f"calls {self.first_call}-{self.last_call}"
         return (f"rank {self.rank}, launch {self.attempt}: {calls} not in the store, later ones are (never stored: "
-                "the process was killed, or they were lost; or in a spill file not imported yet)")  # fmt: skip
+                "the process was killed, or they were lost; or in a spill file not imported yet)")
 
 
 def calls_not_stored(conn: sa.Connection, run_id: int) -> list[CallsNotStored]:

@@ -25,9 +25,9 @@ up to the first frame that does not check (after it, nothing says where the next
 
 Payload kinds:
 
-- metric rows: one Arrow IPC stream (``model.wire.encode_batch``, version 3); versions 1 and 2 hold
-  the ``MRB1`` encoding (``model.wire_v1``), still read (version 1 files hold nothing else);
-- side-table rows (version 2): ``MRS1`` + ``model.side_records.encode_side``'s JSON;
+- metric rows: one Arrow IPC stream (``rows.wire.encode_batch``, version 3); versions 1 and 2 hold
+  the ``MRB1`` encoding (``rows.wire_v1``), still read (version 1 files hold nothing else);
+- side-table rows (version 2): ``MRS1`` + ``rows.side_records.encode_side``'s JSON;
 - the run's hyperparameters logged after the header was written (version 4): ``MRH1`` + their JSON;
 - the rank's end (version 2): ``MRE1`` + JSON ``{"status", "values_spilled", "values_lost",
   "counted"}``, written at finalize, so that importing the file tells the store how a rank ended
@@ -62,9 +62,9 @@ from typing import IO, Any, NamedTuple
 import pyarrow as pa
 
 from multirank_logger.errors import SpillCorrupt
-from multirank_logger.model.side_records import decode_side, encode_side
-from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.model.wire_v1 import decode_batch_v1
+from multirank_logger.rows.side_records import decode_side, encode_side
+from multirank_logger.rows.wire import decode_batch, encode_batch
+from multirank_logger.rows.wire_v1 import decode_batch_v1
 
 __all__ = [
     "MAX_FRAME_BYTES", "SPILL_SUFFIX", "SpillContents", "SpillDamage", "SpillFrame", "SpillWriter", "open_spill",
@@ -83,7 +83,7 @@ _METRICS_DECODERS: dict[int, Callable[[bytes], pa.RecordBatch]] = {
 MAX_FRAME_BYTES = 256 << 20
 #: the longest header line read (hparams included); a longer "line" is not a spill file's
 _MAX_HEADER_BYTES = 16 << 20
-# payload prefixes of the frames that are not metric rows (model/wire.py's batches start otherwise)
+# payload prefixes of the frames that are not metric rows (rows/wire.py's batches start otherwise)
 _SIDE = b"MRS1"
 _END = b"MRE1"
 _HPARAMS = b"MRH1"

@@ -31,9 +31,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from multirank_logger.errors import LookupFailed, SpillOfAnotherRun, StoreLocked
-from multirank_logger.model.batch import concat_batches, with_run_id
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, imports, ranks, runs, unheard_ends
+from multirank_logger.rows.batch import concat_batches, with_run_id
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import SIDE_TABLES, imports, ranks, runs, unheard_ends
 from multirank_logger.store.seq_spans import insert_metrics_once
 from multirank_logger.store.spill_file import SPILL_SUFFIX, SpillDamage, SpillFrame, open_spill, read_spill_header
 from multirank_logger.store.sql_store import unseen_side_rows
@@ -166,7 +166,7 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
         if seen_end and not damage and header.get("attempt") is not None:
             # whole at last (an intact copy of a file whose damage kept its launch's end unheard)
             conn.execute(unheard_ends.delete().where(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank,
-                                                     unheard_ends.c.attempt == int(header["attempt"])))  # fmt: skip
+                                                     unheard_ends.c.attempt == int(header["attempt"])))
         # an end recorded only now (this file's) counted every value of the file: those imported
         # before it too, which were not taken off then (the run did not count them yet)
         settle_imported(conn, run_id, read if end_known else read + earlier if rank_status is not None else 0)

@@ -34,8 +34,8 @@ from multirank_logger.errors import (
     StoreLocked,
     StoreNotWritable,
 )
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SIDE_TABLES, metadata, ranks, runs
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import SIDE_TABLES, metadata, ranks, runs
 from multirank_logger.store.backends import Backend, backend_for, public_name, register_alembic_impl, resolve_url
 from multirank_logger.store.backends.base import StoreFileFacts
 from multirank_logger.store.seq_spans import insert_metrics_once
@@ -121,7 +121,7 @@ def _listed(names: list[str], most: int = 6) -> str:
 
 #: what a path that is no regular file names, by its stat mode (checked before anything opens it)
 _NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (a named pipe)"),
-              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def _refuse_unless_store_file(path: Path, *, must_exist: bool) -> None:
@@ -249,7 +249,7 @@ class Store:
     def held_connection(self) -> sa.Connection | None:
         """The connection this thread's `writing()` holds, or None (readers share it: see query/reader.py).
 
-        Per thread: a flush from the SIGTERM watcher thread must not use the main thread's
+        Per thread: a flush from the SIGTERM listener thread must not use the main thread's
         connection mid-transaction; it opens its own (one DuckDB instance per process).
         """
         return getattr(self._holding, "conn", None)

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from multirank_logger.errors import DamagedStore, NotADatabase
-from multirank_logger.model.schema import attempts, metrics, ranks, runs, unheard_ends
+from multirank_logger.rows.schema import attempts, metrics, ranks, runs, unheard_ends
 
 __all__ = [
     "FAILED",
@@ -383,19 +383,19 @@ def settle_rank(conn: sa.Connection, run_id: int, rank: int, end: dict[str, Any]
     ended_at = end.get("ended_at") if isinstance(end.get("ended_at"), (int, float)) else None  # format 5 on
     if not current and rank == 0:  # that launch did end: the store, never told, took it for one that vanished
         conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
-                                             attempts.c.status == VANISHED).values(status=end["status"]))  # fmt: skip
+                                             attempts.c.status == VANISHED).values(status=end["status"]))
     if not (row_unended or unheard):
         return None  # the store heard its end, and counted its values then (record_rank_end)
     if current and rank == 0 and attempt is not None:  # the launch's end its rank 0 could not record (end_attempt)
         ended = INCOMPLETE if end["status"] == SUCCESS else end["status"]  # a success once whole (_settle_incomplete)
         conn.execute(attempts.update().where(attempts.c.run_id == run_id, attempts.c.attempt == attempt,
-                                             attempts.c.status == RUNNING).values(status=ended, ended_at=ended_at))  # fmt: skip
+                                             attempts.c.status == RUNNING).values(status=ended, ended_at=ended_at))
     this_launch = sa.and_(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank, unheard_ends.c.attempt == attempt)
     if unheard:
         conn.execute(unheard_ends.delete().where(this_launch))
     if row_unended:
         conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank)
-                     .values(status=end["status"], ended_at=sa.func.coalesce(ranks.c.ended_at, ended_at)))  # fmt: skip
+                     .values(status=end["status"], ended_at=sa.func.coalesce(ranks.c.ended_at, ended_at)))
         _settle_heard_ranks(conn, run_id, end.get("others"))
     if end.get("counted"):
         end = {**end, "values_spilled": 0, "values_lost": 0}  # in the run's totals already

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 
-from multirank_logger.model.batch import arrow_schema, numeric
-from multirank_logger.model.schema import COARSE_STEPS, SUMMARY_STEPS, coarse_summaries, step_summaries
+from multirank_logger.rows.batch import arrow_schema, numeric
+from multirank_logger.rows.schema import COARSE_STEPS, SUMMARY_STEPS, coarse_summaries, step_summaries
 
 __all__ = ["SUMMARIES_SCHEMA", "backfill", "backfill_coarse", "coarse_batch", "insert_summaries", "summary_batch"]
 
@@ -142,9 +142,9 @@ def coarse_batch(fine: pa.RecordBatch) -> pa.RecordBatch:
         "n_nan": (summed("n_nan"), None), "n_pos_inf": (summed("n_pos_inf"), None),
         "n_neg_inf": (summed("n_neg_inf"), None),
         "last_time": (np.maximum.reduceat(_numpy(fine.column("last_time"), np.float64), starts), None),
-    }  # fmt: skip
+    }
     return _summaries_of(columns, pa.DictionaryArray.from_arrays(
-        numeric(pa.int32(), codes[starts].astype(np.int32)), keys.dictionary))  # fmt: skip
+        numeric(pa.int32(), codes[starts].astype(np.int32)), keys.dictionary))
 
 
 def _summaries_of(columns: dict[str, tuple[np.ndarray, np.ndarray | None]], keys: pa.DictionaryArray) -> pa.RecordBatch:

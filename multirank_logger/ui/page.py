@@ -24,7 +24,7 @@ STATIC = Path(__file__).with_name("static")
 #: routes the URL to its page
 _SCRIPTS = ("uPlot.iife.min.js", "axes.js", "run_filter.js", "page.js", "band_chart.js", "heatmap.js",
             "series_section.js", "run_logs.js", "run_page.js", "runs_page.js", "compare_page.js", "app.js",
-            "alerts.js")  # fmt: skip
+            "alerts.js")
 _STYLES = ("uPlot.min.css", "app.css")
 
 
@@ -37,7 +37,7 @@ def page_html(error: str | None = None) -> str:
 
 
 def write_static_page(path: str | os.PathLike[str], title: str, answers: dict[str, Any], route: str,
-                      run_uuid: str | None = None) -> None:  # fmt: skip
+                      run_uuid: str | None = None) -> None:
     """One HTML file holding the scripts, the styles and ``answers`` ({API path: its JSON});
     ``run_uuid`` shown in its header: the run's one identity, also when the file travels alone."""
     head = "".join(f"<style>{(STATIC / name).read_text()}</style>" for name in _STYLES)

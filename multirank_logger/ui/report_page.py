@@ -27,7 +27,7 @@ _UNESCAPED = "!~*'()"
 
 
 def write_report(reader: StoreReader, found: Findings, path: str | os.PathLike[str],
-                 buckets: dict[str, BucketSummary] | None = None) -> list[str]:  # fmt: skip
+                 buckets: dict[str, BucketSummary] | None = None) -> list[str]:
     """Write ``found``'s run as one HTML file at ``path``; returns the series drawn.
 
     ``buckets``: summaries already at hand (``find_with_buckets``, from the report's own pass);

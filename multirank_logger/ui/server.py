@@ -46,10 +46,10 @@ from multirank_logger.errors import (
     StoreUnreachable,
     UnsupportedStore,
 )
-from multirank_logger.model.run_ref import run_number
-from multirank_logger.model.schema import BIGINT_MAX
 from multirank_logger.query.reader import StoreReader, open_store
 from multirank_logger.query.step_buckets import BucketSummary
+from multirank_logger.rows.run_ref import run_number
+from multirank_logger.rows.schema import BIGINT_MAX
 from multirank_logger.store.backends import public_name, without_secrets
 from multirank_logger.store.write_errors import describe
 from multirank_logger.ui import views
@@ -99,7 +99,7 @@ class UiServer(ThreadingHTTPServer):
     request_queue_size = REQUEST_QUEUE_SIZE
 
     def __init__(self, db: str, host: str = "127.0.0.1", port: int = 0, allowed_hosts: Iterable[str] = (),
-                 request_timeout: float | None = REQUEST_TIMEOUT_S) -> None:  # fmt: skip
+                 request_timeout: float | None = REQUEST_TIMEOUT_S) -> None:
         allowed = [allowed_host_name(name) for name in allowed_hosts]  # before the port is bound
         self.db = db
         self.cache = _Cache()
@@ -135,7 +135,7 @@ class UiServer(ThreadingHTTPServer):
         shown = ", ".join(sorted(self.own_hosts))
         return (f"Host {value!r} is not this server's address ({shown}, port {self.server_address[1]}): "
                 f"refused, as a page of another site could read the store through it (DNS rebinding). "
-                f"To open the page under that name, restart with: multirank-logger ui DB --allow-host {_bare_host(value) or 'NAME'}\n")  # fmt: skip
+                f"To open the page under that name, restart with: multirank-logger ui DB --allow-host {_bare_host(value) or 'NAME'}\n")
 
     @property
     def url(self) -> str:
@@ -158,7 +158,7 @@ class UiServer(ThreadingHTTPServer):
         bound = None
         if self.request_timeout is not None:
             reason = (f"This request's reads ran past {self.request_timeout:g} s and were stopped. Reload to try again, "
-                      f"or restart with a larger --request-timeout (or read the run with multirank-logger report).")  # fmt: skip
+                      f"or restart with a larger --request-timeout (or read the run with multirank-logger report).")
             bound = threading.Timer(self.request_timeout, _stop_reads, (reader, ended, reason))
             bound.daemon = True
             bound.start()
@@ -183,7 +183,7 @@ class UiServer(ThreadingHTTPServer):
         with self._running_lock:
             running = list(self._running.items())
         stoppers = [threading.Thread(target=_stop_reads, args=(reader, ended, "The server is stopping (Ctrl-C)."),
-                                     daemon=True) for reader, ended in running]  # fmt: skip
+                                     daemon=True) for reader, ended in running]
         for stopper in stoppers:
             stopper.start()
         for stopper in stoppers:

@@ -23,18 +23,18 @@ import numpy as np
 from multirank_logger._util.readable import natural_key
 from multirank_logger.judgement.places import mesh_label, rank_places
 from multirank_logger.judgement.ranks import non_finite_ranks
-from multirank_logger.model.param_path import flat_params
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import SUMMARY_STEPS
 from multirank_logger.query.reader import StoreReader
 from multirank_logger.query.run_list import read_step_clock
 from multirank_logger.query.step_buckets import SCORE_CLIP, TIMING_SERIES, BucketSummary
+from multirank_logger.rows.param_path import flat_params
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import SUMMARY_STEPS
 
 if TYPE_CHECKING:
     from multirank_logger.report.findings import Findings
 
 __all__ = ["CELL_EMPTY", "CELL_NON_FINITE", "clock_view", "findings_answer", "findings_view", "logs_view", "run_view", "runs_view",
-           "series_view"]  # fmt: skip
+           "series_view"]
 
 #: heatmap cell codes besides a score x 10 in -120..120
 CELL_NON_FINITE, CELL_EMPTY = 127, -128
@@ -73,7 +73,7 @@ def runs_view(reader: StoreReader, only: int | None = None) -> list[dict[str, An
                     "transport": r["transport"], "started": r["started_at"],
                     "duration_s": None if end is None else end - r["started_at"],
                     "last_step": r["last_step"], "last_time": r["last_time"], "uuid": r["run_uuid"],
-                    "stopped_by": r["stopped_by"], "params": _params(r["hparams"])})  # fmt: skip
+                    "stopped_by": r["stopped_by"], "params": _params(r["hparams"])})
     return out
 
 
@@ -121,7 +121,7 @@ def summary(reader: StoreReader, run_id: int, series: str) -> BucketSummary:
 
 
 def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = False,
-                departing: list[int] | None = None, gpus_of: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+                departing: list[int] | None = None, gpus_of: dict[str, str] | None = None) -> dict[str, Any]:
     """A series' band, its flagged ranks' lines and its heatmap, ranks grouped by node.
 
     ``departing``: the ranks the report's findings name under this series (``Findings.departing``),
@@ -150,7 +150,7 @@ def series_view(s: BucketSummary, nodes_of: dict[str, str], all_lines: bool = Fa
         "series": s.series, "steps": s.steps, "width": s.width, "band": s.band(), "ranks": shown, "nodes": groups,
         "heatmap": base64.b64encode(codes.tobytes()).decode(), "clip": SCORE_CLIP,
         "non_finite": bad, "lines": {str(r): s.line(r) for r in flagged},
-    }  # fmt: skip
+    }
     if gpus_of:
         out["gpus"] = [gpus_of.get(str(r)) for r in shown]  # the rows' order, as "ranks"
     if departing is not None:
@@ -210,7 +210,7 @@ def findings_answer(found: Findings) -> dict[str, Any]:
     from multirank_logger.report.render import findings_text
 
     return clean({**found.to_dict(), "problems": found.problems, "text": findings_text(found),
-                  "departing": found.departing_by_series(), "origins": found.origins_by_series()})  # fmt: skip
+                  "departing": found.departing_by_series(), "origins": found.origins_by_series()})
 
 
 def logs_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
@@ -220,7 +220,7 @@ def logs_view(reader: StoreReader, run: int | str) -> dict[str, Any]:
     if len(logged) > MAX_RECORDS:
         logged = logged.sort_values("time").tail(MAX_RECORDS)
     return clean({"decisions": decided.astype(object).where(decided.notna(), None).to_dict("records"),
-                  "logs": logged.astype(object).where(logged.notna(), None).to_dict("records")})  # fmt: skip
+                  "logs": logged.astype(object).where(logged.notna(), None).to_dict("records")})
 
 
 def alerts_view(reader: StoreReader, run_id: int) -> list[dict[str, Any]]:

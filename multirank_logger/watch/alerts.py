@@ -40,8 +40,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from multirank_logger.ddp.log_capture import SHOWN
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.sentences import KINDS, cost_clause
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.model.schema import alerts as alerts_table
+from multirank_logger.rows.run_ref import RunRef
+from multirank_logger.rows.schema import alerts as alerts_table
 
 __all__ = ["ALERT_KINDS", "Alert", "AlertOutlets", "Webhook", "redact_url", "run_facts", "webhook_payload"]
 
@@ -108,7 +108,7 @@ class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
     never to whatever host a redirect names; urllib then raises the 3xx as an HTTPError."""
 
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
-                         newurl: str) -> None:  # fmt: skip
+                         newurl: str) -> None:
         return None
 
 
@@ -123,7 +123,7 @@ class Webhook:
     """
 
     def __init__(self, url: str, timeout: float | None = None, tries: int | None = None,
-                 backoff: float = 1.0, queue_size: int | None = None) -> None:  # fmt: skip
+                 backoff: float = 1.0, queue_size: int | None = None) -> None:
         parts = urlsplit(url)
         self._headers = {"Content-Type": "application/json"}
         if parts.username is not None:  # user:password@ in the URL: HTTP basic auth (urllib sends none itself)
@@ -170,7 +170,7 @@ class Webhook:
                 self._said_full = True
                 say(f"the alert webhook {self.shown} has {self.queue_size} alerts waiting (it takes them slower "
                     "than they are raised); later alerts are dropped while the queue is full, counted, and "
-                    "the count said at the run's end.")  # fmt: skip
+                    "the count said at the run's end.")
 
     def close(self, timeout: float = 0.0) -> None:
         """Stop after what is queued, waiting at most `timeout`; then say how many alerts were not
@@ -227,7 +227,7 @@ class Webhook:
             self._said_failure = True
             tried = f" after {tries} tries" if tries > 1 and again else ""
             say(f"the alert webhook {self.shown} did not take an alert{tried} ({why}); while it keeps failing "
-                "each later alert is tried once, and how many it did not take is said at the run's end.")  # fmt: skip
+                "each later alert is tried once, and how many it did not take is said at the run's end.")
 
     def _post(self, data: bytes) -> tuple[str, bool]:
         """One POST: ``("", _)`` when taken, else why not (never the URL) and whether a retry may help."""
@@ -240,7 +240,7 @@ class Webhook:
             exc.close()  # its body unread
             if 300 <= exc.code < 400:
                 return (f"HTTP {exc.code}: a redirect, not followed (the alert and the URL's credentials go to "
-                        "alert_url's own host only; set alert_url to the address the hook redirects to)"), False  # fmt: skip
+                        "alert_url's own host only; set alert_url to the address the hook redirects to)"), False
             return f"HTTP {exc.code}", exc.code >= 500 or exc.code == 429
         except Exception as exc:  # noqa: BLE001 - a webhook never takes the run down
             return _reason(exc), True
@@ -252,7 +252,7 @@ def say(message: str, level: int = logging.WARNING) -> None:
     print(f"multirank_logger: {message}", file=sys.stderr, flush=True)
     if log.isEnabledFor(level):
         record = log.makeRecord(log.name, level, __file__, 0, f"multirank_logger: {message}", (), None,
-                                extra={SHOWN: True})  # fmt: skip
+                                extra={SHOWN: True})
         for handler in _handlers(log):
             if record.levelno >= handler.level:
                 handler.handle(record)
@@ -299,7 +299,7 @@ class AlertOutlets:
     """
 
     def __init__(self, record: Callable[[str, dict[str, Any]], None], on_alert: Callable[[Alert], Any] | None = None,
-                 alert_url: str | None = None, echo: bool = True, run: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 alert_url: str | None = None, echo: bool = True, run: dict[str, Any] | None = None) -> None:
         self.record = record
         self.run = run or {}
         self.on_alert = on_alert
@@ -321,7 +321,7 @@ class AlertOutlets:
         if finding.spread is not None:  # where it started: the stop, the page and a later reader name the origin
             detail.update(spread=finding.spread, origin=finding.origin)
         alert = Alert(finding.kind, finding.rank, finding.key, finding.first_step, finding.step_seen, time.time(),
-                      finding.value, message, detail)  # fmt: skip
+                      finding.value, message, detail)
         self.deliver(alert)
         return alert
 
@@ -333,7 +333,7 @@ class AlertOutlets:
         value = _finite(alert.value)
         row = {"rank": alert.rank, "kind": alert.kind, "key": alert.key, "first_step": alert.first_step,
                "step_seen": alert.step_seen, "seen_at": alert.seen_at, "value": value,
-               "detail": json.dumps(alert.detail, default=_jsonable), "message": alert.message}  # fmt: skip
+               "detail": json.dumps(alert.detail, default=_jsonable), "message": alert.message}
         try:
             self.record(alerts_table.name, row)
         except Exception as exc:  # noqa: BLE001
@@ -359,7 +359,7 @@ def run_facts(ref: RunRef, store: str) -> dict[str, Any]:
     """Which run an alert is about, as its webhook payload says it: name, version, id, UUID, rank
     0's host and the store as `public_name` gives it (no password)."""
     return {"name": ref.name, "version": ref.dir_name, "id": ref.id, "uuid": ref.uuid, "host": socket.gethostname(),
-            "store": store}  # fmt: skip
+            "store": store}
 
 
 def webhook_payload(alert: Alert, run: dict[str, Any]) -> dict[str, Any]:

@@ -41,8 +41,8 @@ import pyarrow as pa
 from multirank_logger.judgement.finding import Finding
 from multirank_logger.judgement.live import LiveJudgement
 from multirank_logger.judgement.sentences import followers_sentence, sentence_groups
-from multirank_logger.model.schema import findings, step_timing, verdicts
 from multirank_logger.query.new_rows import NewRows
+from multirank_logger.rows.schema import findings, step_timing, verdicts
 from multirank_logger.watch.alerts import Alert, AlertOutlets
 
 __all__ = ["Watch"]
@@ -79,13 +79,13 @@ class Watch:
 
     def __init__(self, run_id: int, world_size: int, outlets: AlertOutlets, *, close_after: float,
                  writers: frozenset[int] = frozenset(), read_store: Any = None,
-                 peek: Callable[[], list[pa.RecordBatch]] | None = None) -> None:  # fmt: skip
+                 peek: Callable[[], list[pa.RecordBatch]] | None = None) -> None:
         self.run_id = run_id
         self.world_size = world_size
         self.outlets = outlets
         self.judgement = LiveJudgement(world_size, close_after=close_after, writers=writers)
         self._queue: queue.Queue[tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]] = \
-            queue.Queue(QUEUE_BATCHES)  # fmt: skip
+            queue.Queue(QUEUE_BATCHES)
         self._read_store = read_store
         self._peek = peek if PEEK_S is not None else None
         #: batches judged from a peek, awaited from the writer (not to be judged twice), oldest first
@@ -130,7 +130,7 @@ class Watch:
             if self._thread.is_alive():  # a blocking on_alert, a store that does not answer: never wait on
                 log.warning("multirank_logger: the watch had not finished its last judgement %g s after the run "
                             "ended (an on_alert that does not return?); the run ends without it, and what it "
-                            "raises from now on is not stored.", timeout)  # fmt: skip
+                            "raises from now on is not stored.", timeout)
         if self._reader is not None:
             reader, self._reader = self._reader, None
             try:
@@ -168,7 +168,7 @@ class Watch:
                    "origin_step": f.origin_step,
                    "value": f.value if f.value is not None and math.isfinite(f.value) else None,
                    "detail": json.dumps(_plain({**f.detail, "spread": f.spread})),
-                   "sentence": said[id(item)], "found_at": now}  # fmt: skip
+                   "sentence": said[id(item)], "found_at": now}
             self.outlets.record(findings.name, row)
         # after its findings (the writer keeps the order): whether they are the whole run's, and of which rows
         reason = self.whole_reason()
@@ -177,7 +177,7 @@ class Watch:
         self.outlets.record(verdicts.name, {"complete": judged is not None, "findings": len(verdict), "judged_at": now,
                                             "rows_by_rank": None if judged is None else json.dumps(judged),
                                             "steps_by_rank": None if steps is None else json.dumps(steps),
-                                            "reason": reason})  # fmt: skip
+                                            "reason": reason})
         return len(verdict)
 
     def whole_reason(self) -> str | None:
@@ -235,7 +235,7 @@ class Watch:
                     next_judge = now + JUDGE_S
             except Exception as exc:  # noqa: BLE001 - the watch never takes the run down
                 log.warning("multirank_logger: the watch failed (%s: %s); it goes on with the next rows.",
-                            type(exc).__name__, exc)  # fmt: skip
+                            type(exc).__name__, exc)
                 time.sleep(JUDGE_S)
             if stopping:
                 return
@@ -266,7 +266,7 @@ class Watch:
         if self.skipped and not self._said_behind:
             self._said_behind = True
             log.warning("multirank_logger: the watch fell behind the rows and skipped %d batch(es) (only the watch: "
-                        "every row is stored); it goes on with the newest.", self.skipped)  # fmt: skip
+                        "every row is stored); it goes on with the newest.", self.skipped)
 
     def _take_peeked(self, now: float) -> None:
         """The batches the other ranks sent rank 0 since the last look (gather), judged now."""
@@ -277,7 +277,7 @@ class Watch:
             self._peek = None
             log.warning("multirank_logger: the watch cannot look at the rows rank 0 receives (%s: %s); it judges "
                         "them when rank 0's writer takes them (an alert up to one flush_interval later).",
-                        type(exc).__name__, exc)  # fmt: skip
+                        type(exc).__name__, exc)
             return
         for batch in batches:
             if len(batch):
@@ -348,7 +348,7 @@ def _batch_id(batch: pa.RecordBatch) -> tuple[int, int, int, int]:
 
 def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_transaction: bool,
               outlets: AlertOutlets, close_after: float,
-              peek: Callable[[], list[pa.RecordBatch]] | None = None) -> tuple[Watch, bool]:  # fmt: skip
+              peek: Callable[[], list[pa.RecordBatch]] | None = None) -> tuple[Watch, bool]:
     """The watch for rank 0 of a run, and whether the writer feeds it (gather) rather than the store;
     `peek` (gather): the received batches the writer has not taken yet (`Watch`'s argument)."""
     fed = transport == "gather" or world_size == 1
@@ -356,11 +356,11 @@ def watch_for(run_id: int, world_size: int, transport: str, url: Any, opens_per_
     if not fed and read is None:
         log.info("multirank_logger: the watch sees rank 0's own rows only: with transport=%r a DuckDB file "
                     "cannot be read while the ranks write it (a reader would lock them out). transport='gather' "
-                    "(DuckDB's default) gives the watch every rank's rows.", transport)  # fmt: skip
+                    "(DuckDB's default) gives the watch every rank's rows.", transport)
         fed = True
     watch = Watch(run_id, world_size, outlets, close_after=close_after,
                   writers=frozenset({0}) if transport == "gather" else frozenset(), read_store=read,
-                  peek=peek if transport == "gather" else None)  # fmt: skip
+                  peek=peek if transport == "gather" else None)
     watch.rank0_only = fed and transport != "gather" and world_size > 1
     return watch, fed
 

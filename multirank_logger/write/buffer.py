@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 from multirank_logger.errors import InvalidMetric
-from multirank_logger.model.batch import metrics_batch
-from multirank_logger.model.schema import BIGINT_MAX, BIGINT_MIN, DTYPE_FLOAT, DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE
+from multirank_logger.rows.batch import metrics_batch
+from multirank_logger.rows.schema import BIGINT_MAX, BIGINT_MIN, DTYPE_FLOAT, DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE
 
 __all__ = ["MAX_KEY_BYTES", "STEP_MAX", "STEP_MIN", "RecordBuffer", "to_scalar", "to_step"]
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from multirank_logger.model.side_records import SideRecords
+from multirank_logger.rows.side_records import SideRecords
 from multirank_logger.write import process_hooks
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.sink_holder import SinkHolder

@@ -1,18 +1,18 @@
-"""Process-wide hooks: SIGTERM, the wakeup-fd watcher, the exit flush, fork.
+"""Process-wide hooks: SIGTERM, the wakeup-fd listener, the exit flush, fork.
 
-Everything here is per process, not per logger: one SIGTERM handler, one watcher thread,
+Everything here is per process, not per logger: one SIGTERM handler, one listener thread,
 one atexit flush, whatever number of writers are alive. Writers register while their
 thread runs (`register`/`unregister`); nothing here knows about SQL or sinks.
 
 SIGTERM (a scheduler's preemption) goes through two doors:
 
 - the wakeup fd: the C-level signal handler writes the signal number into our pipe, so
-  the *watcher thread* wakes even while the main thread is blocked in a collective (a
-  Python handler only runs once the main thread is back in bytecode). The watcher does the
+  the *listener thread* wakes even while the main thread is blocked in a collective (a
+  Python handler only runs once the main thread is back in bytecode). The listener does the
   I/O: it flushes every live writer, then keeps their threads draining.
 - our Python handler (`_on_sigterm`), outermost on the main thread: it does no I/O. It
-  wakes the watcher (when the wakeup fd is not ours), waits a bounded time for the
-  watcher's flush, then chains to the handler that was there before it, once per process.
+  wakes the listener (when the wakeup fd is not ours), waits a bounded time for the
+  listener's flush, then chains to the handler that was there before it, once per process.
   It waits only a moment while the main thread is inside a logger's set-up (`guard_setup`):
   the flush may need the set-up's lock, which the interrupted frame holds, so the handler
   must return for the set-up to finish; it never runs set-up code itself (no re-entry).
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 #: how long SIGTERM and atexit may spend flushing each writer
 EXIT_FLUSH_TIMEOUT = 20.0
-#: how long the SIGTERM handler waits for the watcher's flush before chaining anyway
+#: how long the SIGTERM handler waits for the listener's flush before chaining anyway
 HANDLER_WAIT_S = 30.0
 #: the same while the interrupted frame is inside a set-up (the flush may need its lock)
 SETUP_WAIT_S = 1.0
@@ -96,8 +96,8 @@ class _State:
 
     def __init__(self) -> None:
         self.atexit_registered = False
-        self.watcher: threading.Thread | None = None
-        self.pipe: tuple[int, int] | None = None  # (read, write) of the watcher's pipe
+        self.listener: threading.Thread | None = None
+        self.pipe: tuple[int, int] | None = None  # (read, write) of the listener's pipe
         self.wakeup_fd_ours = False  # the C handler writes into our pipe
         self.previous: Any = _UNSET  # the handler ours replaced (what we chain to)
         self.base: Any = _UNSET  # the handler before our first install (restored at release)
@@ -117,13 +117,13 @@ def register(writer: Flushable) -> None:
     """A writer's thread started: flush it on SIGTERM and at exit."""
     _WRITERS.add(writer)
     io_lock = getattr(writer, "_io_lock", None)
-    if io_lock is not None:  # SIGTERM inside `finalize`'s flush: the watcher's flush needs this lock
+    if io_lock is not None:  # SIGTERM inside `finalize`'s flush: the listener's flush needs this lock
         guard_setup(io_lock)
     if not _state.atexit_registered:
         _state.atexit_registered = True
         atexit.register(quiet_logging_errors(flush_all))  # the streams may be closed by then
     outermost_sigterm()
-    _start_watcher()
+    _start_listener()
 
 
 def unregister(writer: Flushable) -> None:
@@ -137,7 +137,7 @@ def flush_at_exit(writer: Flushable) -> None:
 
 def guard_setup(lock: Any) -> None:
     """Register a lock (an RLock) that a flush needs: a logger's set-up lock, a writer's I/O lock.
-    While the interrupted thread holds one, the SIGTERM handler must not wait for the watcher's
+    While the interrupted thread holds one, the SIGTERM handler must not wait for the listener's
     flush, which would wait for the lock the interrupted frame holds (until the bound)."""
     _SETUP_LOCKS.add(lock)
 
@@ -161,7 +161,7 @@ def flush_all(at_exit: bool = True) -> None:
 
 
 def _flush_for_sigterm() -> None:
-    """In the watcher thread, once per process: flush every writer, then keep them draining."""
+    """In the listener thread, once per process: flush every writer, then keep them draining."""
     sigterm_received.set()
     if not _state.flush_lock.acquire(blocking=False):
         return  # done, or being done
@@ -176,12 +176,12 @@ def _flush_for_sigterm() -> None:
         _state.flushed.set()
 
 
-# -- the watcher thread -------------------------------------------------------------------
+# -- the listener thread -------------------------------------------------------------------
 
 
-def _start_watcher() -> None:
+def _start_listener() -> None:
     """One thread per process that reads our pipe: a SIGTERM byte means flush."""
-    if _state.watcher is not None and _state.watcher.is_alive():
+    if _state.listener is not None and _state.listener.is_alive():
         return
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -196,21 +196,21 @@ def _start_watcher() -> None:
                 _state.wakeup_fd_ours = True
         except (ValueError, OSError):
             pass
-    _state.watcher = _Watcher(read_fd)
-    _state.watcher.start()
+    _state.listener = _SignalListener(read_fd)
+    _state.listener.start()
 
 
-#: the byte `_Watcher.stop` writes into the pipe: no signal has number 0
+#: the byte `_SignalListener.stop` writes into the pipe: no signal has number 0
 _STOP_BYTE = 0
 
 
-class _Watcher(threading.Thread):
-    """The SIGTERM watcher, with the ``stop()`` that test harnesses call on the daemon threads a
+class _SignalListener(threading.Thread):
+    """The SIGTERM listener, with the ``stop()`` that test harnesses call on the daemon threads a
     test leaves (Lightning's conftest, and the many copied from it). The next writer to start
     starts a new one."""
 
     def __init__(self, read_fd: int) -> None:
-        super().__init__(target=_watch, args=(read_fd,), name="multirank-sigterm-watch", daemon=True)
+        super().__init__(target=_listen, args=(read_fd,), name="multirank-sigterm-listener", daemon=True)
 
     def stop(self, timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
         """Flush every live writer, then end the thread and close its pipe."""
@@ -220,7 +220,7 @@ class _Watcher(threading.Thread):
             except Exception:
                 log.exception("multirank_logger: flushing a writer failed")
         state = _state
-        if state.watcher is not self or state.pipe is None:
+        if state.listener is not self or state.pipe is None:
             return
         read_fd, write_fd = state.pipe
         close = True
@@ -232,13 +232,13 @@ class _Watcher(threading.Thread):
         with contextlib.suppress(OSError):
             os.write(write_fd, bytes([_STOP_BYTE]))
         self.join(timeout)
-        state.watcher, state.pipe, state.wakeup_fd_ours = None, None, False
+        state.listener, state.pipe, state.wakeup_fd_ours = None, None, False
         for fd in (read_fd, write_fd) if close else ():
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-def _watch(read_fd: int) -> None:
+def _listen(read_fd: int) -> None:
     while True:
         try:
             data = os.read(read_fd, 512)
@@ -253,13 +253,13 @@ def _watch(read_fd: int) -> None:
             return
 
 
-def _wake_watcher() -> None:
+def _wake_listener() -> None:
     pipe = _state.pipe
     if pipe is None or _state.wakeup_fd_ours:
         return  # the C handler wrote the signal number already
     try:
         os.write(pipe[1], bytes([signal.SIGTERM]))
-    except OSError:  # full pipe: the watcher has a SIGTERM byte to read already
+    except OSError:  # full pipe: the listener has a SIGTERM byte to read already
         pass
 
 
@@ -317,7 +317,7 @@ def _setup_in_progress() -> bool:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """No I/O here: wake the watcher, wait (bounded) for its flush, then chain, once per process.
+    """No I/O here: wake the listener, wait (bounded) for its flush, then chain, once per process.
 
     A scheduler signals every process of the job, and Lightning's launcher forwards the signal
     to its children, so one preemption arrives twice in ranks > 0: one preemption, one chain.
@@ -326,10 +326,10 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if _state.chained:
         return
     _state.chained = True
-    _forward_once(signum)  # the watcher did, unless the wakeup fd is not ours
-    _wake_watcher()
-    watcher = _state.watcher
-    if _WRITERS and watcher is not None and watcher.is_alive():  # stopped: no flush to wait for
+    _forward_once(signum)  # the listener did, unless the wakeup fd is not ours
+    _wake_listener()
+    listener = _state.listener
+    if _WRITERS and listener is not None and listener.is_alive():  # stopped: no flush to wait for
         _state.flushed.wait(SETUP_WAIT_S if _setup_in_progress() else HANDLER_WAIT_S)
     _chain(_state.previous, signum, frame)
 
@@ -372,7 +372,7 @@ def _lightning_connectors(previous: Any) -> list[Any]:
 
 def _forward_once(signum: int) -> None:
     """What Lightning's notifier does first: signal the ranks its launcher started. At once, from
-    the watcher (the main thread may be blocked in a collective) or our handler, whichever comes
+    the listener (the main thread may be blocked in a collective) or our handler, whichever comes
     first; never after our wait. A rank that ended meanwhile (its own SIGTERM, its finalize,
     Lightning's teardown back to SIG_DFL) dies of a late forward (-15), and Lightning's child
     observer then SIGKILLs rank 0 before it records the run's end: it stayed "running"."""
@@ -433,7 +433,7 @@ def _reset_in_child() -> None:
     sigterm_received.clear()
     if old.wakeup_fd_ours and threading.current_thread() is threading.main_thread():
         try:
-            signal.set_wakeup_fd(-1)  # else our SIGTERMs would wake the parent's watcher
+            signal.set_wakeup_fd(-1)  # else our SIGTERMs would wake the parent's listener
         except (ValueError, OSError):
             pass
     if old.pipe is not None:

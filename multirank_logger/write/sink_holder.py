@@ -23,14 +23,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from sqlalchemy.engine import URL
 
 from multirank_logger._util.dist_env import current_rank, current_world_size, dist_if_initialized
+from multirank_logger.channel.rank_facts import publish_facts, rank_facts
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import StoreLocked
-from multirank_logger.model.run_ref import RunRef
+from multirank_logger.rows.run_ref import RunRef
 from multirank_logger.store.backends import backend_for
 from multirank_logger.store.open_for_write import free_connections, store_of_writer
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.sql_store import Store, retry_while_locked
-from multirank_logger.transport.rank_facts import publish_facts, rank_facts
-from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.sink_protocol import Sink
 from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
 from multirank_logger.write.spiller import Spiller

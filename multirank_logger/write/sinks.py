@@ -27,12 +27,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from multirank_logger.channel.rank_facts import fetch_facts, publish_facts
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import ChannelError, StoreGone
-from multirank_logger.model.batch import with_run_id
-from multirank_logger.model.side_records import decode_side, encode_side
+from multirank_logger.rows.batch import with_run_id
+from multirank_logger.rows.side_records import decode_side, encode_side
 from multirank_logger.store.sql_store import Store
-from multirank_logger.transport.rank_facts import fetch_facts, publish_facts
-from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.sink_protocol import Cycle
 from multirank_logger.write.spiller import Spiller
 

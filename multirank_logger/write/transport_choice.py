@@ -10,7 +10,7 @@ The node transport keeps a server store's connections bounded by nodes, not rank
 rank says which node it is on (host and node rank), rank 0 cuts the nodes into at most
 ``max_writers`` groups, and the lowest rank of each group receives the group's rows over the
 channel (`RowChannel.route`) and writes them on its one connection. Each such writer hosts a
-TCPStore of its own (transport/node_rows.py) and publishes its address through the launch's
+TCPStore of its own (channel/node_rows.py) and publishes its address through the launch's
 store; its ranks' rows go there, never through rank 0's store, which carries only the small
 values of the choice.
 """
@@ -26,13 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from multirank_logger.channel.node_rows import LOOPBACK, reachable_host
+from multirank_logger.channel.rank_facts import rank_facts
 from multirank_logger.errors import InvalidTransport, MultiRankLoggerError
-from multirank_logger.transport.node_rows import LOOPBACK, reachable_host
-from multirank_logger.transport.rank_facts import rank_facts
 
 if TYPE_CHECKING:
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.store.backends import Backend
-    from multirank_logger.transport.row_channel import RowChannel
 
 __all__ = ["NETWORK_FILESYSTEMS", "TRANSPORTS", "FreeConnections", "choose_transport", "filesystem_type"]
 

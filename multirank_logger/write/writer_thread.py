@@ -36,9 +36,9 @@ from typing import Any, NamedTuple, Protocol
 import pyarrow as pa
 
 from multirank_logger._util.best_effort import bounded
-from multirank_logger.model.batch import concat_batches, halves
-from multirank_logger.model.side_records import MAX_PENDING as SIDE_MAX_PENDING
-from multirank_logger.model.side_records import SideRecords
+from multirank_logger.rows.batch import concat_batches, halves
+from multirank_logger.rows.side_records import MAX_PENDING as SIDE_MAX_PENDING
+from multirank_logger.rows.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
 from multirank_logger.write import process_hooks
 from multirank_logger.write.buffer import RecordBuffer

@@ -39,7 +39,7 @@ class _Model(LightningModule):
 
 def _trainer(tmp_path: Path, logger, *callbacks) -> Trainer:
     return Trainer(accelerator="cpu", devices=1, max_epochs=len(SCORES), logger=logger, callbacks=list(callbacks),
-                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
 
 
 def test_single_process_decisions_and_wrappers_removed(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_group_alike_pairs_the_nth_repeat_of_each_rank() -> None:
     import pandas as pd
 
     rows = [(r, t, "INFO", 20, "x", m) for r, t, m in
-            [(0, 1.0, "hi"), (1, 1.1, "hi"), (2, 1.2, "hi"), (0, 2.0, "hi"), (2, 2.1, "hi"), (1, 3.0, "own")]]  # fmt: skip
+            [(0, 1.0, "hi"), (1, 1.1, "hi"), (2, 1.2, "hi"), (0, 2.0, "hi"), (2, 2.1, "hi"), (1, 3.0, "own")]]
     df = pd.DataFrame(rows, columns=["rank", "time", "level", "levelno", "logger", "message"])
     grouped = group_alike(df)
     assert [(g.message, g.ranks, g.time) for g in grouped.itertuples()] == [
@@ -123,8 +123,8 @@ def test_decisions_and_report_flag_the_same_split_decisions(tmp_path: Path) -> N
 
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import decisions
     from multirank_logger.report import find
+    from multirank_logger.rows.schema import decisions
     from multirank_logger.store.sql_store import Store
 
     db = tmp_path / "runs.sqlite"
@@ -139,7 +139,7 @@ def test_decisions_and_report_flag_the_same_split_decisions(tmp_path: Path) -> N
     rows = [{"run_id": run.id, "rank": r, "seq": seq, "step": 10 * seq, "epoch": seq, "callback": cb, "monitor": "val",
              "mode": "min", "value": float("nan") if (seq, r) == (0, 2) else 1.0 + r, "vote": vote, "decision": True,
              "path": None, "best": 1.0, "time": time.time()}
-            for seq, (cb, ranks) in votes.items() for r, vote in enumerate(ranks)]  # fmt: skip
+            for seq, (cb, ranks) in votes.items() for r, vote in enumerate(ranks)]
     with store.begin() as conn:
         conn.execute(sa.insert(decisions), rows)
     store.close()

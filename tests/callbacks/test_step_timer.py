@@ -31,7 +31,7 @@ def _fit(tmp_path: Path, timer: StepTimer, logger: object) -> None:
     data = TensorDataset(torch.randn(44, 4), torch.randn(44, 1))  # 5 batches of 8, then one of 4
     trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=logger, callbacks=[timer],
                       enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                      default_root_dir=tmp_path)  # fmt: skip
+                      default_root_dir=tmp_path)
     trainer.fit(_Model(), DataLoader(data, batch_size=8))
 
 
@@ -41,7 +41,7 @@ def test_step_timer_records_sampled_steps_with_their_batch_size(tmp_path: Path) 
     db = tmp_path / "runs.sqlite"
     _fit(tmp_path, StepTimer(every_n_steps=3), MultiRankLogger(db=str(db), save_dir=str(tmp_path)))
     rows = query(db, "SELECT step, epoch, batch_idx, batch_size, data_s, forward_s, rest_s, rss, mem_allocated_peak "
-                     "FROM step_timing ORDER BY seq")  # fmt: skip
+                     "FROM step_timing ORDER BY seq")
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [(0, 0, 0, 8), (3, 0, 3, 8), (6, 1, 0, 8), (9, 1, 3, 8)]
     assert rows[0][4] is None and all(r[4] >= 0 for r in rows[1:])  # nothing to wait from before the first batch
     assert all(r[5] > 0 and r[6] > 0 and r[7] > 2**20 and r[8] is None for r in rows)  # CPU: RSS, no CUDA peaks
@@ -92,7 +92,7 @@ def test_a_failed_fit_leaves_no_descriptor_open(tmp_path: Path) -> None:
     data = TensorDataset(torch.randn(40, 4), torch.randn(40, 1))
     trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=MultiRankLogger(db=tmp_path / "runs.sqlite"),
                       callbacks=[StepTimer()], enable_progress_bar=False, enable_model_summary=False,
-                      enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
+                      enable_checkpointing=False, default_root_dir=tmp_path)
     model = _Failing()
     with pytest.raises(RuntimeError, match="a failing step"):
         trainer.fit(model, DataLoader(data, batch_size=8))

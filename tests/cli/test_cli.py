@@ -69,7 +69,7 @@ def test_runs_table_is_laid_out_as_pandas_lays_it_out() -> None:
     for case in range(40):
         columns = {f"c{i}" if (case + i) % 3 else "started (UTC)": [
             (numbers if (case >> i) & 1 else texts)[(case * 7 + 3 * i + row) % 6] for row in range(1 + case % 4)
-        ] for i in range(1 + case % 5)}  # fmt: skip
+        ] for i in range(1 + case % 5)}
         assert text_table(columns) == pd.DataFrame(columns).to_string(index=False, line_width=None), columns
 
 

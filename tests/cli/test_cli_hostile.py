@@ -104,7 +104,7 @@ def _run_bounded(argvs: dict[str, list[str]], cwd: Path) -> dict[str, tuple[int 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = {label: subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", *argv], cwd=cwd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True) for label, argv in argvs.items()}  # fmt: skip
+                                     text=True) for label, argv in argvs.items()}
     results: dict[str, tuple[int | None, str]] = {}
     for label, proc in procs.items():
         try:
@@ -138,7 +138,7 @@ def test_every_command_on_a_fifo_and_ui_on_everything(places: dict[str, str], tm
     for fifo in fifos.values():
         os.mkfifo(fifo)
     argvs = {f"{' '.join(name)} on fifo{suffix}": _argv(name, str(fifo), junk)
-             for name in COMMANDS for suffix, fifo in fifos.items()}  # fmt: skip
+             for name in COMMANDS for suffix, fifo in fifos.items()}
     argvs.update({f"ui on {case}": _argv(("ui",), db, junk) for case, db in places.items() if ("ui", case) not in NOT_FAILURES})
     for label, (code, output) in _run_bounded(argvs, tmp_path).items():
         _check(label, code, output)
@@ -169,7 +169,7 @@ def test_run_ids_past_64_bits_are_no_such_run(one_run: str, tmp_path: Path) -> N
         for run in HUGE:
             result = CliRunner().invoke(main, _argv(name, one_run, junk, "--run", run, "-o", str(tmp_path / "out"))
                                         if any(p.name == "output" for p in COMMANDS[name].params)
-                                        else _argv(name, one_run, junk, "--run", run))  # fmt: skip
+                                        else _argv(name, one_run, junk, "--run", run))
             label = f"{' '.join(name)} --run {run[:30]}"
             assert result.exception is None or isinstance(result.exception, SystemExit), f"{label}: {result.exc_info}"
             _check(label, result.exit_code, result.output)
@@ -179,7 +179,7 @@ def test_run_ids_past_64_bits_are_no_such_run(one_run: str, tmp_path: Path) -> N
 #: what each command with --rank says of a rank no run has: `export` refuses it naming the ranks
 #: there are; `logs` selects no record (a filter, not a lookup)
 NO_SUCH_RANK = {("export",): (1, "No rank '99999999999999999999' in this store. Available: 0"),
-                ("logs",): (0, "No log records in lightning_logs/version_0 for this selection")}  # fmt: skip
+                ("logs",): (0, "No log records in lightning_logs/version_0 for this selection")}
 
 
 def test_ranks_past_64_bits_are_no_such_rank(one_run: str) -> None:
@@ -207,4 +207,4 @@ def test_allow_host_names_it_takes() -> None:
     from multirank_logger.ui.server import allowed_host_name
 
     assert [allowed_host_name(v) for v in ("Tunnel.Example.com", "tunnel.example.com:8080", "::1", "[::1]:80", "10.0.0.1")] == [
-        "tunnel.example.com", "tunnel.example.com", "::1", "::1", "10.0.0.1"]  # fmt: skip
+        "tunnel.example.com", "tunnel.example.com", "::1", "::1", "10.0.0.1"]

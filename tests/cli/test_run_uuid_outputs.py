@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from multirank_logger import open_store
 from multirank_logger.cli import main
-from multirank_logger.model.schema import runs
+from multirank_logger.rows.schema import runs
 from multirank_logger.store.sql_store import Store
 from tests.helpers.logged_calls import store_calls, trainer_calls
 
@@ -46,7 +46,7 @@ def test_runs_json_and_csv_have_the_uuid_and_the_table_does_not(db_path: Path) -
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     assert [(r["id"], r["run"], r["uuid"]) for r in rows] == [(1, "lightning_logs/version_0", uuids[0]),
-                                                              (2, "lightning_logs/version_1", uuids[1])]  # fmt: skip
+                                                              (2, "lightning_logs/version_1", uuids[1])]
     assert rows[0]["started"].endswith("+00:00") and rows[0]["steps"] == 4
     result = CliRunner().invoke(main, ["runs", str(db_path), "--format", "csv"])
     assert result.exit_code == 0, result.output

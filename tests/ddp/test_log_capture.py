@@ -114,7 +114,7 @@ def test_console_unchanged_where_logging_has_no_handler(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", _LAST_RESORT, str(tmp_path / "r.sqlite"), str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("still printed") == 1 and proc.stderr.count("printed after finalize too") == 1
 

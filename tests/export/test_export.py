@@ -84,7 +84,7 @@ def test_parquet_dataset_read_back_by_duckdb_polars_pyarrow(two_runs: Path, tmp_
         keys = pq.read_table(path).column("key").to_pylist()
         assert keys == sorted(keys)  # one window here (a few hundred rows); windows: the next test
     runs = con.sql(f"SELECT run_id, name, world_size FROM read_parquet('{dest}/runs/**/*.parquet', hive_partitioning = true) "
-                   "ORDER BY run_id").fetchall()  # fmt: skip
+                   "ORDER BY run_id").fetchall()
     assert runs == [(1, "lightning_logs", 3), (2, "second", 1), (3, "empty", 2)]
     partitions = _partitions(two_runs)
     for table in ("metrics", "attempts", "ranks", "decisions", "logs", "step_timing", "alerts", "findings", "verdicts"):
@@ -123,7 +123,7 @@ def test_parquet_and_arrow_name_the_run_alike_and_keep_times_as_utc(two_runs: Pa
     assert polars.schema["time"] == pl.Datetime("us", "UTC") and "run_id" in polars.columns
     stored = {(r, k, q): round(t * 1e6) for r, k, q, t in query(two_runs, "SELECT rank, key, seq, time FROM metrics WHERE run_id = 1")}
     got = {(r, k, q): micros(t) for r, k, q, t, i in zip(*(metrics.column(c).to_pylist()
-                                                           for c in ("rank", "key", "seq", "time", "run_id"))) if i == 1}  # fmt: skip
+                                                           for c in ("rank", "key", "seq", "time", "run_id"))) if i == 1}
     assert got == stored and len(got) > 300
     for table, column in (("runs", "started_at"), ("alerts", "seen_at"), ("step_timing", "time"), ("logs", "time")):
         schema = ds.dataset(dest / table, format="parquet", partitioning="hive").schema
@@ -174,7 +174,7 @@ def test_parquet_windows_and_memory_url(two_runs: Path) -> None:
         assert len(set(step for step, *_ in rows)) == 60
         # sorted by (key, step, rank, seq) within each run of rows whose steps fall in one window
         starts = [i for i in range(1, len(rows)) if (rows[i][1], rows[i][0], rows[i][2], rows[i][3])
-                  < (rows[i - 1][1], rows[i - 1][0], rows[i - 1][2], rows[i - 1][3])]  # fmt: skip
+                  < (rows[i - 1][1], rows[i - 1][0], rows[i - 1][2], rows[i - 1][3])]
         assert 2 < len(starts) + 1 <= 20  # several windows of 40 rows' steps
         pieces = [rows[a:b] for a, b in zip([0, *starts], [*starts, len(rows)])]
         assert all(max(p[0] for p in a) < min(p[0] for p in b) for a, b in zip(pieces, pieces[1:]))
@@ -220,7 +220,7 @@ def test_parquet_to_a_local_s3_server(two_runs: Path, monkeypatch: pytest.Monkey
         fs = s3fs.S3FileSystem(skip_instance_cache=True)
         fs.mkdir("lake-bucket")
         result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "--all-runs", "-o",
-                                           "s3://lake-bucket/nightly"])  # fmt: skip
+                                           "s3://lake-bucket/nightly"])
         assert result.exit_code == 0, result.output
         assert "s3://lake-bucket/nightly" in result.output and secret not in result.output
         fs.invalidate_cache()
@@ -237,7 +237,7 @@ def test_remote_url_secrets_never_printed(two_runs: Path) -> None:
     assert public_url("s3://AKIAKEY:s3cr3t@bucket/lake?X-Amz-Signature=abc") == "s3://bucket/lake"
     assert public_url("/local/dir") == "/local/dir"
     result = CliRunner().invoke(main, ["export", str(two_runs), "--format", "parquet", "-o",
-                                       "s3://AKIAKEY:s3cr3t@bucket/lake?token=tok123"])  # fmt: skip
+                                       "s3://AKIAKEY:s3cr3t@bucket/lake?token=tok123"])
     assert result.exit_code != 0
     for secret in ("s3cr3t", "AKIAKEY", "tok123"):
         assert secret not in result.output
@@ -317,7 +317,7 @@ def test_tensorboard_reads_a_windows_timing_rows_by_the_step_index(tmp_path: Pat
     store.close()
     with sqlite3.connect(db) as con:  # two runs' StepTimer rows: 3 ranks x 2,000 steps each
         con.executemany("INSERT INTO step_timing (run_id, rank, seq, step, data_s, time) VALUES (?, ?, ?, ?, 0.1, 1.7e9)",
-                        [(run.id, rank, step, step) for run in runs for rank in range(3) for step in range(2_000)])  # fmt: skip
+                        [(run.id, rank, step, step) for run in runs for rank in range(3) for step in range(2_000)])
     for after, upto in ((None, 99), (99, 1_999), (1_999, None)):
         stmt = _timing_select(runs[1], after, upto).compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True})
         with sqlite3.connect(db) as con:
@@ -373,7 +373,7 @@ def test_device_stats_cuda_memory_in_the_report(tmp_path: Path) -> None:
     db = tmp_path / "gpu.duckdb"
     gib = 2**30
     per_rank = {rank: [({DEVICE_STATS_PEAK: float((3 if rank == 2 else 1) * gib + step), DEVICE_STATS_RETRIES: 0,
-                         "train_loss": 1.0 / (step + 1)}, step) for step in range(20)] for rank in range(4)}  # fmt: skip
+                         "train_loss": 1.0 / (step + 1)}, step) for step in range(20)] for rank in range(4)}
     store_calls(db, per_rank)
     with open_store(db) as reader:
         found = find(reader)

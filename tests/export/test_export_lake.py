@@ -50,7 +50,7 @@ def _lake_counts(lake: Path) -> dict[str, int]:
     import duckdb
 
     rows = duckdb.sql(f"SELECT run_uuid, count(*) FROM read_parquet('{lake}/metrics/**/*.parquet', hive_partitioning = true) "
-                      "GROUP BY run_uuid").fetchall()  # fmt: skip
+                      "GROUP BY run_uuid").fetchall()
     return {str(u): int(n) for u, n in rows}
 
 
@@ -78,7 +78,7 @@ def test_two_stores_run_1_share_a_lake(tmp_path: Path) -> None:
         assert sorted(p.name for p in (lake / table).iterdir()) == sorted([f"run_uuid={uuid_a}", f"run_uuid={uuid_b}"])
     # the lake's runs merge by UUID: one row each, the store's id kept as `run_id` for joins within a store
     runs = duckdb.sql(f"SELECT run_uuid, run_id, name, world_size FROM read_parquet('{lake}/runs/**/*.parquet', "
-                      "hive_partitioning = true) ORDER BY world_size").fetchall()  # fmt: skip
+                      "hive_partitioning = true) ORDER BY world_size").fetchall()
     assert runs == [(uuid_b, 1, "lightning_logs", 2), (uuid_a, 1, "lightning_logs", 3)]
     # Polars and pyarrow find the same runs under the same partition key
     lazy = pl.scan_parquet(f"{lake}/metrics/**/*.parquet", hive_partitioning=True)
@@ -86,7 +86,7 @@ def test_two_stores_run_1_share_a_lake(tmp_path: Path) -> None:
     table = ds.dataset(lake / "metrics", format="parquet", partitioning="hive").to_table(columns=["run_uuid"])
     assert {u: table.column("run_uuid").to_pylist().count(u) for u in (uuid_a, uuid_b)} == _lake_counts(lake)
     ranks = duckdb.sql(f"SELECT run_uuid, count(*) FROM read_parquet('{lake}/ranks/**/*.parquet', hive_partitioning = true) "
-                       "GROUP BY run_uuid").fetchall()  # fmt: skip
+                       "GROUP BY run_uuid").fetchall()
     assert dict(ranks) == {uuid_a: 3, uuid_b: 2} or not ranks  # registered ranks, when the store has them
 
     a_before = {table: _files(lake / table / f"run_uuid={uuid_a}") for table in TABLES}

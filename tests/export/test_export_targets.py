@@ -67,7 +67,7 @@ def test_dev_stdout_is_written_through(db: Path, tmp_path: Path) -> None:
     """A subprocess whose standard output is a pipe: the CSV arrives there, the lines on stderr."""
     expected = _expected(db, tmp_path)
     done = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "export", str(db), "-o", "/dev/stdout"],
-                          capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+                          capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert done.stdout == expected
     assert b"Wrote" in done.stderr
@@ -139,16 +139,16 @@ def test_a_directory_format_into_what_is_no_directory_is_one_error(db: Path, tmp
     if where == "fifo":
         os.mkfifo(out_dir / "pipe")
     target = {"fifo": out_dir / "pipe", "file": out_dir / "notes.txt", "dev_null": Path("/dev/null"),
-              "under_a_file": out_dir / "notes.txt" / "lake", "symlink_to_a_file": out_dir / "link"}[where]  # fmt: skip
+              "under_a_file": out_dir / "notes.txt" / "lake", "symlink_to_a_file": out_dir / "link"}[where]
     if where == "symlink_to_a_file":
         target.symlink_to(out_dir / "notes.txt")
     before = sorted(os.listdir(out_dir))
     code, out = _export(db, "--format", fmt, "-o", str(target))
     what = {"fifo": "it is a FIFO", "file": "it is a regular file", "dev_null": "it is a character device",
-            "under_a_file": f"{out_dir / 'notes.txt'} is a regular file", "symlink_to_a_file": "it is a regular file"}[where]  # fmt: skip
+            "under_a_file": f"{out_dir / 'notes.txt'} is a regular file", "symlink_to_a_file": "it is a regular file"}[where]
     assert code == 1
     assert out == (f"Error: Cannot export to {target}: {what}, and this format writes a directory of files. "
-                   "Pass a directory's path (made when missing); nothing was written.\n")  # fmt: skip
+                   "Pass a directory's path (made when missing); nothing was written.\n")
     assert sorted(os.listdir(out_dir)) == before and (out_dir / "notes.txt").read_text() == "kept"
     if where == "fifo":
         assert stat.S_ISFIFO(os.lstat(target).st_mode)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import sqlalchemy as sa
 
-from multirank_logger.model.schema import encode_value, metrics
+from multirank_logger.rows.schema import encode_value, metrics
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer
 from tests.helpers.stores import keep_summaries
@@ -35,40 +35,40 @@ def fill_side_store(db: str) -> str:
 
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import decisions, encode_value, logs, metrics, ranks, runs, step_timing
+    from multirank_logger.rows.schema import decisions, encode_value, logs, metrics, ranks, runs, step_timing
     from multirank_logger.store.sql_store import Store
 
     now = time.time()
     store = Store(db)
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "side", "version": 0, "status": "success", "world_size": 3,
-                                        "started_at": now}])  # fmt: skip
+                                        "started_at": now}])
         conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success",
-                                         "started_at": now, "ended_at": now + 5} for r in range(3)])  # fmt: skip
+                                         "started_at": now, "ended_at": now + 5} for r in range(3)])
         conn.execute(sa.insert(decisions), [
             {"run_id": 1, "rank": r, "seq": seq, "step": 10 * (seq + 1), "callback": "ModelCheckpoint",
              "monitor": "val_loss", "value": 1.0 + r, "vote": vote, "decision": False, "time": now}
             for seq, votes in enumerate([(True, True, True), (True, False, False)]) for r, vote in enumerate(votes)
-        ])  # fmt: skip
+        ])
         conn.execute(sa.insert(logs), [
             {"run_id": 1, "rank": r, "seq": s, "time": now + s - r / 10, "level": level, "levelno": no, "logger": "train",
              "message": msg}
             for r in range(3) for s, (level, no, msg) in enumerate([("INFO", 20, "epoch done"),
                                                                     ("WARNING", 30, "slow batch")])
         ] + [{"run_id": 1, "rank": 2, "seq": 9, "time": now + 9, "level": "ERROR", "levelno": 40,
-              "logger": "train", "message": "CUDA error"}])  # fmt: skip
+              "logger": "train", "message": "CUDA error"}])
         conn.execute(sa.insert(step_timing), [
             {"run_id": 1, "rank": r, "seq": s, "step": s, "data_s": 0.001, "forward_s": 0.01, "rest_s": 0.01,
              "batch_size": 8, "rss": (2 if r == 0 else 1) * 400 * 2**20, "time": now + s}
             for r in range(3) for s in range(20)
-        ])  # fmt: skip
+        ])
         conn.execute(sa.insert(metrics), [
             {"run_id": 1, "rank": r, "seq": s, "step": s, "key": key, "value": v, "dtype": dtype, "time": now}
             for r in range(3) for s in range(20)
             for key, x in (("loss", float("nan") if (r, s) in ((1, 7), (1, 9)) else 1.0),
                            ("grad", float("inf") if (r, s) == (2, 3) else float("-inf") if (r, s) == (2, 5) else 0.5))
             for v, dtype in [encode_value(x)]
-        ])  # fmt: skip
+        ])
         keep_summaries(conn, 1)
     store.close()
     return db
@@ -92,7 +92,7 @@ def ragged_store(db: str) -> int:
                 x = {(1, 9): math.nan, (3, 20): math.inf, (0, 33): -math.inf}.get((rank, step), x) if key == "a" else x
                 v, dtype = encode_value(x)
                 rows.append({"run_id": run.id, "rank": rank, "seq": seq[rank], "step": step, "key": key, "value": v,
-                             "dtype": dtype, "time": 0.0})  # fmt: skip
+                             "dtype": dtype, "time": 0.0})
                 seq[rank] += 1
     with store.begin() as conn:
         conn.execute(sa.insert(metrics), rows)

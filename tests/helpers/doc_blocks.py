@@ -70,7 +70,7 @@ def python_blocks(path: Path) -> list[Block]:
                 i += 1
             mark = SKIP_MARK.search(lines[start - 1]) if start else None
             blocks.append(Block(str(path.relative_to(ROOT)), len(blocks), start + 1, "\n".join(body) + "\n",
-                                mark.group("reason") if mark else None))  # fmt: skip
+                                mark.group("reason") if mark else None))
         i += 1
     return blocks
 
@@ -117,7 +117,7 @@ def launch_env() -> dict[str, str]:
 
 def run_cli(*args: str, cwd: Path) -> str:
     proc = subprocess.run([sys.executable, "-c", CLI, *args], cwd=cwd, env=launch_env(), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=120)
     assert proc.returncode == 0, f"multirank-logger {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -179,12 +179,12 @@ class FileRun:
         trains = any(".fit(" in line for line in code_lines) and 'strategy="ddp"' in block.code
         if trains and not block.script:
             raise AssertionError("a block that fits with strategy='ddp' must be a script: put the fit "
-                                 "under `if __name__ == \"__main__\":` (DDP re-executes the script)")  # fmt: skip
+                                 "under `if __name__ == \"__main__\":` (DDP re-executes the script)")
         if block.script:
             script = self.cwd / f"docs_block_{block.index}.py"
             script.write_text(block.code, encoding="utf-8")
             proc = subprocess.run([sys.executable, script.name], cwd=self.cwd, env=launch_env(), capture_output=True,
-                                  text=True, timeout=300)  # fmt: skip
+                                  text=True, timeout=300)
             self.script_output[block.index] = proc.stdout + proc.stderr
             if proc.returncode != 0:
                 raise AssertionError(f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")

@@ -30,7 +30,7 @@ def comparable_row(d: dict[str, Any]) -> tuple[Any, ...]:
     """A row comparable across engines: the value by its bits (NaN, -0.0, inf), the time in microseconds."""
     value = d["value"]
     return (int(d["run_id"]), int(d["rank"]), int(d["seq"]), int(d["step"]), d["key"],
-            "nan" if value is None or math.isnan(value) else float(value).hex(), int(d["dtype"]), micros(d["time"]))  # fmt: skip
+            "nan" if value is None or math.isnan(value) else float(value).hex(), int(d["dtype"]), micros(d["time"]))
 
 
 def comparable_rows(columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:

@@ -73,7 +73,7 @@ def start_held(marker: Path, *args: str) -> subprocess.Popen[str]:
     """``multirank-logger ARGS...`` in a process of its own whose pass is held; ``marker`` is
     created once it is (`wait_held`). Text pipes for stdout and stderr."""
     return subprocess.Popen([sys.executable, "-m", "tests.helpers.held_reads", str(marker), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_held(proc: subprocess.Popen[str], marker: Path, limit_s: float = HOLD_LIMIT_S) -> None:

@@ -49,7 +49,7 @@ def run_launch(cmd: Sequence[str], *, cwd: Any, env: dict[str, str], timeout: fl
     threads' stack to its stderr (a launch stuck on a fresh CI machine must say where)."""
     env = {**env, "PYTHONFAULTHANDLER": "1"}
     with subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:  # fmt: skip
+                          start_new_session=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -60,7 +60,7 @@ def run_launch(cmd: Sequence[str], *, cwd: Any, env: dict[str, str], timeout: fl
                 os.killpg(proc.pid, signal.SIGKILL)
                 out, err = proc.communicate()
             pytest.fail(f"the launch ran past {timeout:g} s: {' '.join(map(str, cmd))}\n--- stdout ---\n{out[-6000:]}"
-                        f"\n--- stderr (the stacks of its processes last) ---\n{err[-20000:]}", pytrace=False)  # fmt: skip
+                        f"\n--- stderr (the stacks of its processes last) ---\n{err[-20000:]}", pytrace=False)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -24,14 +24,14 @@ def build_ledger_store(db: str, runs: int = RUNS) -> str:
     """The ledger's store of the module doc, `runs` runs, in the store `db`."""
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, ranks
-    from multirank_logger.model.schema import runs as runs_table
+    from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT, findings, ranks
+    from multirank_logger.rows.schema import runs as runs_table
     from multirank_logger.store.sql_store import Store
 
     def finding(i: int, rank: int, kind: str, seq: int = 0) -> dict[str, object]:
         return {"run_id": i + 1, "rank": rank, "seq": seq, "kind": kind, "series": "timing:data_s", "first_step": 10,
                 "origin": True, "origin_step": 10, "value": 0.1, "detail": "{}", "sentence": f"rank {rank} {kind}",
-                "found_at": T0 + i * 3600 + 60}  # fmt: skip
+                "found_at": T0 + i * 3600 + 60}
 
     named = [finding(i, 2, "straggler") for i in range(runs) if i % 4 == 0 and i % 20 != 0]
     named.append(finding(101, 3, "non_finite"))
@@ -42,11 +42,11 @@ def build_ledger_store(db: str, runs: int = RUNS) -> str:
         with store.begin() as conn:
             conn.execute(sa.insert(runs_table), [
                 {"id": i + 1, "name": "ledger", "version": i, "status": "success", "world_size": 4,
-                 "started_at": T0 + i * 3600} for i in range(runs)])  # fmt: skip
+                 "started_at": T0 + i * 3600} for i in range(runs)])
             conn.execute(sa.insert(ranks), [
                 {"run_id": i + 1, "rank": r, "host": host, "node_rank": r // 2, "local_rank": r % 2,
                  "status": "success", "started_at": T0 + i * 3600}
-                for i in range(runs) for r, host in enumerate(hosts_of(i))])  # fmt: skip
+                for i in range(runs) for r, host in enumerate(hosts_of(i))])
             conn.execute(sa.insert(findings), named)
     finally:
         store.close()

@@ -49,12 +49,12 @@ def build(db: Path, runs: int = 2, ranks: int = RANKS) -> Path:
                  "data_s": 0.2 if rank == SLOW_RANK else 0.004, "forward_s": 0.012, "rest_s": 0.03, "batch_size": 16,
                  "rss": RSS + rank * 40 * 2**20 + step * 2**20, "time": t0 + step}
                 for step in range(STEPS)
-            ]  # fmt: skip
+            ]
             logs = [{"run_id": run.id, "rank": rank, "seq": 0, "time": t0, "level": "INFO", "levelno": 20,
-                     "logger": "lightning.pytorch.callbacks.model_summary", "message": MODEL_SUMMARY}]  # fmt: skip
+                     "logger": "lightning.pytorch.callbacks.model_summary", "message": MODEL_SUMMARY}]
             decisions = [{"run_id": run.id, "rank": rank, "seq": 0, "step": 59, "epoch": 2, "callback": "ModelCheckpoint",
                           "monitor": "val_loss", "mode": "min", "value": 0.5 + rank, "vote": rank != BAD_RANK,
-                          "decision": True, "path": "ckpt/epoch=2.ckpt", "best": 0.5, "time": t0 + 60}]  # fmt: skip
+                          "decision": True, "path": "ckpt/epoch=2.ckpt", "best": 0.5, "time": t0 + 60}]
             store.write_side({"step_timing": timing, "logs": logs, "decisions": decisions})
         store.update_run(run.id, status="success", ended_at=t0 + 90)
     store.close()

@@ -29,7 +29,7 @@ def build_places_store(db: str) -> str:
     """The 12-rank store of the module doc, in the store `db`."""
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import encode_value, metrics, ranks, runs, step_timing
+    from multirank_logger.rows.schema import encode_value, metrics, ranks, runs, step_timing
     from multirank_logger.store.sql_store import Store
 
     now = time.time()
@@ -46,23 +46,23 @@ def build_places_store(db: str) -> str:
     try:
         with store.begin() as conn:
             conn.execute(sa.insert(runs), [{"id": 1, "name": "places", "version": 0, "status": "success",
-                                            "world_size": RANKS, "started_at": now}])  # fmt: skip
+                                            "world_size": RANKS, "started_at": now}])
             conn.execute(sa.insert(ranks), [
                 {"run_id": 1, "rank": r, "host": host_of(r), "node_rank": r // PER_HOST, "local_rank": r % PER_HOST,
                  "gpu_index": r % PER_HOST, "gpu_name": "NVIDIA H200", "gpu_uuid": gpu_uuid(r), "dp_rank": r,
                  "status": "success", "started_at": now, "ended_at": now + 5}
                 for r in range(RANKS)
-            ])  # fmt: skip
+            ])
             conn.execute(sa.insert(step_timing), [
                 {"run_id": 1, "rank": r, "seq": s, "step": s, "data_s": data_s(r, s), "forward_s": 0.02,
                  "rest_s": 0.05, "batch_size": 8, "rss": 400 * 2**20, "time": now + s}
                 for r in range(RANKS) for s in range(STEPS)
-            ])  # fmt: skip
+            ])
             conn.execute(sa.insert(metrics), [
                 {"run_id": 1, "rank": r, "seq": 2 * s + i, "step": s, "key": key, "value": v, "dtype": dtype, "time": now}
                 for r in range(RANKS) for s in range(STEPS) for i, key in enumerate(("loss", "grad_norm"))
                 for v, dtype in [encode_value(value(r, s, key))]
-            ])  # fmt: skip
+            ])
             keep_summaries(conn, 1)
     finally:
         store.close()

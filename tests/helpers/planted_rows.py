@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from multirank_logger.model.schema import encode_value
+from multirank_logger.rows.schema import encode_value
 
 RANKS, STEPS, KEYS = 7, 240, ("a_loss", "b_acc", "c_flat")
 
@@ -40,7 +40,7 @@ def planted_rows(seed: int) -> list[dict]:
                         x = float("inf") if step == 5 else float("-inf")
                     value, dtype = encode_value(x)
                     out.append({"run_id": 1, "rank": rank, "seq": seq[rank], "step": step, "key": key, "value": value,
-                                "dtype": dtype, "time": 0.0})  # fmt: skip
+                                "dtype": dtype, "time": 0.0})
                 seq[rank] += 1
     return out
 

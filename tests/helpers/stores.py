@@ -38,7 +38,7 @@ def summaries_of(run_id: int, bit_or: bool) -> list[str]:
 
     where = f"WHERE run_id = {int(run_id)}"
     return [f"DELETE FROM step_summaries {where}", f"DELETE FROM coarse_summaries {where}",
-            backfill(where=where, bit_or=bit_or), backfill_coarse(where=where, bit_or=bit_or)]  # fmt: skip
+            backfill(where=where, bit_or=bit_or), backfill_coarse(where=where, bit_or=bit_or)]
 
 
 def keep_summaries(conn, run_id: int) -> None:

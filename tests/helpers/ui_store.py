@@ -18,7 +18,7 @@ def build_store(path: Path) -> Path:
     """The 16-rank store of the module doc (raw DuckDB bulk insert under the logger's schema)."""
     import duckdb
 
-    from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS
+    from multirank_logger.rows.schema import DTYPE_NAN, METRIC_COLUMNS
     from multirank_logger.store.sql_store import Store
 
     store = Store(path)
@@ -36,7 +36,7 @@ def build_store(path: Path) -> Path:
     con.execute("SELECT setseed(0.25)")
     con.execute(f"""INSERT INTO metrics ({cols})
         SELECT {run.id}, r.range::INTEGER, s.range * {len(KEYS)} + k.i, s.range, k.key, random(), 0, 1.7e9 + s.range
-        FROM range({RANKS}) r, range({STEPS}) s, (SELECT unnest([{keys}]) AS key, generate_subscripts([{keys}], 1) AS i) k""")  # fmt: skip
+        FROM range({RANKS}) r, range({STEPS}) s, (SELECT unnest([{keys}]) AS key, generate_subscripts([{keys}], 1) AS i) k""")
     con.execute(
         f"UPDATE metrics SET value = value + 3 WHERE rank = {OUTLIER} AND key = 'loss' AND step >= {STEPS // 2}"
     )

@@ -32,7 +32,7 @@ def _build(db: str) -> str:
 
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import encode_value, metrics, ranks, runs, step_timing
+    from multirank_logger.rows.schema import encode_value, metrics, ranks, runs, step_timing
     from multirank_logger.store.sql_store import Store
 
     now = time.time()
@@ -40,19 +40,19 @@ def _build(db: str) -> str:
     try:
         with store.begin() as conn:
             conn.execute(sa.insert(runs), [{"id": 1, "name": "cost", "version": 0, "status": "success",
-                                            "world_size": RANKS, "started_at": now}])  # fmt: skip
+                                            "world_size": RANKS, "started_at": now}])
             conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": f"node{r // 2}", "status": "success",
-                                             "started_at": now, "ended_at": now + 5} for r in range(RANKS)])  # fmt: skip
+                                             "started_at": now, "ended_at": now + 5} for r in range(RANKS)])
             conn.execute(sa.insert(step_timing), [
                 {"run_id": 1, "rank": r, "seq": s, "step": s, "data_s": _data_s(r, s), "forward_s": 0.02,
                  "rest_s": 0.05, "batch_size": 8, "rss": 400 * 2**20, "time": now + s}
                 for r in range(RANKS) for s in range(STEPS)
-            ])  # fmt: skip
+            ])
             conn.execute(sa.insert(metrics), [
                 {"run_id": 1, "rank": r, "seq": s, "step": s, "key": "loss", "value": v, "dtype": dtype, "time": now}
                 for r in range(RANKS) for s in range(STEPS)
                 for v, dtype in [encode_value(math.nan if r == NAN_RANK and s >= NAN_FROM else 1.0 + 0.01 * r)]
-            ])  # fmt: skip
+            ])
             keep_summaries(conn, 1)
     finally:
         store.close()

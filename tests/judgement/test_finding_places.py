@@ -87,7 +87,7 @@ def test_the_ranks_that_start_a_problem_together_are_one_sentence() -> None:
 
     spread = {"origin_ranks": [4, 5, 6, 7], "origin_step": 10, "followers": [[1, 12]]}
     items = [{"rank": r, "phase": "data", "first_step": 10, "last_step": 39, "steps": 30, "excess_s": 0.185,
-              "share_of_step": 2.2, "origin": True, "spread": spread} for r in (4, 5, 6, 7)]  # fmt: skip
+              "share_of_step": 2.2, "origin": True, "spread": spread} for r in (4, 5, 6, 7)]
     follower = {**items[0], "rank": 1, "first_step": 12, "origin": False}
     other = {**items[0], "phase": "forward"}
     groups = sentence_groups("straggler", [*items, follower, other])

@@ -90,7 +90,7 @@ def test_memory_and_non_finite() -> None:
     found = memory_outliers(np.array([0, 1, 2, 3]), np.array([900, 400, 420, 500]) * mib, "rss", writers={0})
     assert [m["rank"] for m in found] == []  # 900 - 384 = 516 MiB < 1.25 x 420
     found = memory_outliers(np.array([0, 1, 2, 3]), np.array([400, 400, 600, 410]) * mib, "mem_reserved_peak",
-                            retries=np.array([0, 2, 0, 0]), writers={0})  # fmt: skip
+                            retries=np.array([0, 2, 0, 0]), writers={0})
     assert [(m["rank"], m["alloc_retries"]) for m in found] == [(1, 2), (2, 0)]
     assert non_finite_ranks([3, 5, 8], np.array([[False, False], [False, True], [True, True]])) == [5, 8]
     assert non_finite_ranks([0, 1], np.array([0, 0])) == []
@@ -102,7 +102,7 @@ def test_memory_and_non_finite() -> None:
 @settings(max_examples=200, deadline=None)
 @given(rows=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 3), st.integers(0, 20),
                                st.sampled_from([1.0, math.nan, math.inf, -math.inf])), max_size=60),
-       cuts=st.lists(st.integers(0, 60), max_size=4), shuffle_seed=st.integers(0, 2**16))  # fmt: skip
+       cuts=st.lists(st.integers(0, 60), max_size=4), shuffle_seed=st.integers(0, 2**16))
 def test_first_non_finite_is_the_same_in_any_order_and_chunks(rows, cuts, shuffle_seed) -> None:
     """The report's pass (all rows, by window) and the watch (rows as they arrive, late ones too)
     feed `FirstNonFinite`: per (key, rank) the least step with a NaN/inf, its word (NaN before inf
@@ -113,7 +113,7 @@ def test_first_non_finite_is_the_same_in_any_order_and_chunks(rows, cuts, shuffl
             continue
         word = "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
         e = expected.setdefault((key, rank), {"rank": rank, "key": key, "first_step": step, "value": word, "count": 0,
-                                              "nan": 0, "inf": 0})  # fmt: skip
+                                              "nan": 0, "inf": 0})
         e["count"] += 1
         e["nan" if word == "NaN" else "inf"] += 1
         order = ["NaN", "inf", "-inf"]

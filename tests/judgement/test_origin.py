@@ -25,7 +25,7 @@ from multirank_logger.write.buffer import RecordBuffer
 def test_the_origin_is_the_earliest_rank_and_the_others_followed() -> None:
     spread = spread_of([(0, 151), (1, 151), (2, 150), (3, 151)], world_size=4)
     assert spread == {"origin_ranks": [2], "origin_step": 150, "followers": [[0, 151], [1, 151], [3, 151]],
-                      "lag": 1, "all_reduce": True}  # fmt: skip
+                      "lag": 1, "all_reduce": True}
     assert spread_of([(0, 10), (3, 40)], world_size=4)["all_reduce"] is False  # two of four, 30 steps apart
     assert spread_of([(1, 5), (2, 5)], world_size=4)["origin_ranks"] == [1, 2]  # two at once: both the origin
 
@@ -33,10 +33,10 @@ def test_the_origin_is_the_earliest_rank_and_the_others_followed() -> None:
 def test_the_report_order_leads_with_each_problems_origin() -> None:
     """Problems by their origin's step; within one, the origin, then the followers by first step."""
     items = [{"rank": r, "key": k, "first_step": s} for r, k, s in
-             [(0, "b", 151), (1, "b", 151), (2, "b", 150), (3, "a", 300), (0, "a", 290)]]  # fmt: skip
+             [(0, "b", 151), (1, "b", 151), (2, "b", 150), (3, "a", 300), (0, "a", 290)]]
     ordered = with_origin(items, lambda i: i["key"], world_size=4)
     assert [(i["key"], i["rank"], i["origin"]) for i in ordered] == [
-        ("b", 2, True), ("b", 0, False), ("b", 1, False), ("a", 0, True), ("a", 3, False)]  # fmt: skip
+        ("b", 2, True), ("b", 0, False), ("b", 1, False), ("a", 0, True), ("a", 3, False)]
     assert ordered[0]["spread"]["followers"] == [[0, 151], [1, 151]]
     # a follower names the origin only: 1,024 followers each listing the others would be a million pairs
     assert ordered[1]["spread"] == {"origin_ranks": [2], "origin_step": 150, "lag": 1, "all_reduce": False}
@@ -48,7 +48,7 @@ def test_a_thousand_followers_stay_one_line() -> None:
     origin = with_origin(items, lambda i: i["key"], world_size=1024)[0]
     assert finding_sentence("non_finite", origin) == (
         "rank 37 loss NaN from step 150; followed by ranks 0-36,38-1023 at step 151 "
-        "(every other rank within 1 step: spread through the gradient all-reduce)")  # fmt: skip
+        "(every other rank within 1 step: spread through the gradient all-reduce)")
 
 
 def test_the_reports_text_says_a_thousand_followers_in_one_line() -> None:
@@ -60,9 +60,9 @@ def test_the_reports_text_says_a_thousand_followers_in_one_line() -> None:
     firsts = {37: 150, 5: 153, 900: 153} | {r: 151 for r in range(1024) if r not in (37, 5, 900)}
     items = [{"rank": r, "key": "loss", "first_step": s, "value": "NaN", "count": 10, "nan": 10, "inf": 0}
              for r, s in firsts.items()] + [{"rank": 3, "key": "acc", "first_step": 7, "value": "inf", "count": 1,
-                                             "nan": 0, "inf": 1}]  # fmt: skip
+                                             "nan": 0, "inf": 1}]
     found = Findings(run="r/version_0", run_id=1, world_size=1024,
-                     non_finite=with_origin(items, lambda i: i["key"], world_size=1024))  # fmt: skip
+                     non_finite=with_origin(items, lambda i: i["key"], world_size=1024))
     text = findings_text(found)
     section = text.split("Non-finite values:\n")[1].split("\n\n")[0].splitlines()
     assert section == [
@@ -72,18 +72,18 @@ def test_the_reports_text_says_a_thousand_followers_in_one_line() -> None:
         "  ranks 0-4,6-36,38-899,901-1023 loss NaN from step 151, after rank 37 at step 150: 10,210 values on 1,021 ranks "
         "(10,210 NaN, 0 inf)",
         "  ranks 5,900 loss NaN from step 153, after rank 37 at step 150: 20 values on 2 ranks (20 NaN, 0 inf)",
-    ]  # fmt: skip
+    ]
 
 
 def test_a_live_finding_and_a_report_item_say_the_same() -> None:
     """The alert's sentence is the report's, plus the step the watch had reached."""
     live = LiveJudgement(3, close_after=1e9)
     live.add_rows(np.array(["loss"] * 6, object), np.array([0, 1, 2] * 2), np.array([4, 4, 4, 5, 5, 5]),
-                  np.array([1.0, 1.0, np.nan, np.nan, np.nan, np.nan]), now=0.0)  # fmt: skip
+                  np.array([1.0, 1.0, np.nan, np.nan, np.nan, np.nan]), now=0.0)
     found = live.judge(0.0, final=True)
     assert [(f.rank, f.first_step, f.origin) for f in found] == [(2, 4, True), (0, 5, False), (1, 5, False)]
     report = with_origin([{"rank": r, "key": "loss", "first_step": s, "nan": 1, "inf": 0} for r, s in
-                          [(0, 5), (1, 5), (2, 4)]], lambda i: i["key"], 3)  # fmt: skip
+                          [(0, 5), (1, 5), (2, 4)]], lambda i: i["key"], 3)
     assert found[0].sentence == finding_sentence("non_finite", report[0]) + " (seen at step 5)"
     # the report's items as typed records: the same findings, fields and number as the watch's
     records = [Finding.from_item("non_finite", item) for item in report]
@@ -99,12 +99,12 @@ _plants = st.fixed_dictionaries({
     "step": st.integers(0, 39),
     "lag": st.sampled_from([None, 0, 1, 3]),  # None: the others never follow
     "persists": st.booleans(),  # NaN from there on, or that one value
-})  # fmt: skip
+})
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(world=st.integers(3, 8), plants=st.dictionaries(st.sampled_from(["loss", "acc"]), _plants, max_size=2),
-       stride=st.sampled_from([1, 2, 5]), seed=st.integers(0, 2**16))  # fmt: skip
+       stride=st.sampled_from([1, 2, 5]), seed=st.integers(0, 2**16))
 def test_at_a_runs_end_the_alerts_are_the_reports_findings(tmp_path_factory, world, plants, stride, seed) -> None:  # type: ignore[no-untyped-def]
     """Planted NaN (random origin and step, spread or not, early or in the last step; "acc" logged
     every `stride` steps): fed to the watch's judgement in random interleavings and judged at the
@@ -135,7 +135,7 @@ def test_at_a_runs_end_the_alerts_are_the_reports_findings(tmp_path_factory, wor
             buffers[rank].append(step, {k: float(values[k][step, rank]) for s, k in logged if s == step})
         store.write(buffers[rank].encode(buffers[rank].take(), run.id, rank))
         live.add_rows(np.array([k for _, k in logged], object), np.full(len(logged), rank),
-                      np.array([s for s, _ in logged]), np.array([values[k][s, rank] for s, k in logged]), now=0.0)  # fmt: skip
+                      np.array([s for s, _ in logged]), np.array([values[k][s, rank] for s, k in logged]), now=0.0)
         at[rank] = upto
         if rng.random() < 0.3:
             found += live.judge(0.0)
@@ -160,7 +160,7 @@ def test_a_resumed_runs_kept_verdict_is_its_last_launchs(tmp_path) -> None:  # t
 
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, findings, runs
+    from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT, findings, runs
 
     db = tmp_path / "runs.sqlite"
     store = Store(db)
@@ -168,13 +168,13 @@ def test_a_resumed_runs_kept_verdict_is_its_last_launchs(tmp_path) -> None:  # t
         with store.begin() as conn:
             for run_id in (1, 2):
                 conn.execute(sa.insert(runs).values(id=run_id, name="r", version=run_id - 1, status="success",
-                                                    world_size=4, started_at=0.0))  # fmt: skip
+                                                    world_size=4, started_at=0.0))
             rows = [(1, 0, 0, 3, 10), (1, 1, 1 << SEQ_ATTEMPT_SHIFT, 2, 40), (1, 1, (1 << SEQ_ATTEMPT_SHIFT) + 1, 0, 41)]
             for run_id, _, seq, rank, step in rows:
                 conn.execute(sa.insert(findings).values(
                     run_id=run_id, rank=rank, seq=seq, kind="non_finite", series="loss", first_step=step,
                     origin=step in (10, 40), origin_step=10 if step == 10 else 40, value=None,
-                    detail=json.dumps({"value": "NaN"}), sentence=f"rank {rank} loss NaN from step {step}", found_at=1.0))  # fmt: skip
+                    detail=json.dumps({"value": "NaN"}), sentence=f"rank {rank} loss NaN from step {step}", found_at=1.0))
     finally:
         store.close()
     with open_store(db) as reader:
@@ -188,7 +188,7 @@ def _rows(ranks: list[int], steps: range, nan_from: dict[int, int]) -> tuple[np.
     pairs = [(r, s) for r in ranks for s in steps]
     values = [np.nan if s >= nan_from.get(r, 10**9) else 1.0 + 0.01 * r for r, s in pairs]
     return (np.array(["loss"] * len(pairs), object), np.array([r for r, _ in pairs]), np.array([s for _, s in pairs]),
-            np.array(values))  # fmt: skip
+            np.array(values))
 
 
 def test_a_late_ranks_nan_is_still_said_first() -> None:

@@ -31,11 +31,11 @@ from lightning.pytorch.core.saving import load_hparams_from_yaml
 from lightning.pytorch.loggers import CSVLogger
 
 from multirank_logger import MultiRankLogger
+from multirank_logger.channel.identity import ENV_PREFIX, RunIdentity, children_environment
 from multirank_logger.errors import RemoteStore
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.live_csv import LiveCsv
-from multirank_logger.model.csv_layout import csv_columns, format_calls, write_header
-from multirank_logger.transport.identity import ENV_PREFIX, RunIdentity, children_environment
+from multirank_logger.rows.csv_layout import csv_columns, format_calls, write_header
 from tests.helpers.logged_calls import trainer_calls
 from tests.helpers.logger_helpers import query
 
@@ -538,9 +538,9 @@ def test_logger_dropped_unfinalized_leaves_nothing_behind(tmp_path: Path, db_pat
     the threads left have stop(), which flushes, then ends them."""
     from multirank_logger.write import process_hooks
 
-    watcher = process_hooks._state.watcher
-    if watcher is not None:  # an earlier test's, in this process: the harness stopped it there
-        watcher.stop()  # type: ignore[attr-defined]
+    listener = process_hooks._state.listener
+    if listener is not None:  # an earlier test's, in this process: the harness stopped it there
+        listener.stop()  # type: ignore[attr-defined]
     env_before, threads_before = set(os.environ), set(threading.enumerate())
     logger = MultiRankLogger(tmp_path, db=db_path, flush_interval=3600)
     logger.log_metrics({"a": 1.0}, step=0)
@@ -553,8 +553,8 @@ def test_logger_dropped_unfinalized_leaves_nothing_behind(tmp_path: Path, db_pat
     assert set(os.environ) - env_before == set()
     # the writer and rank 0's watch end by themselves once the logger is gone (either may not have yet)
     left = _stop_left_threads(threads_before)
-    assert "multirank-sigterm-watch" in left and set(left) <= {"multirank-sigterm-watch", "multirank-writer",
-                                                               "multirank-logger-watch"}, left  # fmt: skip
+    assert "multirank-sigterm-listener" in left and set(left) <= {"multirank-sigterm-listener", "multirank-writer",
+                                                               "multirank-logger-watch"}, left
     assert query(db_path, "SELECT count(*) FROM metrics") == [(1,)]
 
 

@@ -410,7 +410,7 @@ def test_start_timeout_bounds_the_wait_for_rank_0(tmp_path: Path, monkeypatch: p
 
     server = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
     for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
-                        "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():  # fmt: skip
+                        "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():
         monkeypatch.setenv(name, value)
     logger = MultiRankLogger(db=tmp_path / "runs.sqlite", timeout=600, start_timeout=1)
     with pytest.raises(IdentityTimeout, match=r"waited 1 s for rank 0 .* raise the logger's start_timeout"):

@@ -35,7 +35,7 @@ def test_lightningcli_keeps_the_secrets_in_the_environment(tmp_path: Path) -> No
         "--trainer.logger=multirank_logger.MultiRankLogger", "--trainer.logger.save_dir=logs",
         "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.devices=1",
         "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
-    ]  # fmt: skip
+    ]
     env = train_env() | {"PYTHONPATH": str(REPO), DB_ENV: str(store), ALERT_URL_ENV: ALERT_URL}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -110,7 +110,7 @@ def _tree_parts() -> set[str]:
 def _tree_modules() -> set[str]:
     """Every module file under a subpackage, as a path below the package: ``store/backends/sqlite.py``."""
     return {str(p.relative_to(PACKAGE)) for part in PACKAGE.glob("*/__init__.py")
-            for p in part.parent.rglob("*.py") if p.name != "__init__.py"}  # fmt: skip
+            for p in part.parent.rglob("*.py") if p.name != "__init__.py"}
 
 
 def _listed_modules() -> dict[str, set[str]]:
@@ -163,15 +163,15 @@ def test_architecture_doc_draws_and_describes_every_part() -> None:
     drawing = fenced_blocks(section)[0]
     drawn = {name for line in drawing.splitlines()
              if (m := re.match(r"(\w+(?:\s+\|\s+\w+)*)(?:\s{2,}|$)", line))
-             for name in re.split(r"\s+\|\s+", m.group(1))}  # fmt: skip
+             for name in re.split(r"\s+\|\s+", m.group(1))}
     described = set(re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE))
     wrong = [f"multirank_logger/{part}: add it to the drawing under '## The layers', at its layer "
              "(its own line, or beside the parts it does not import: `a  |  b`)"
-             for part in sorted(_tree_parts() - {"__init__"} - drawn)]  # fmt: skip
+             for part in sorted(_tree_parts() - {"__init__"} - drawn)]
     wrong += [f"multirank_logger/{part}: add a row '| `{part}` | what it holds |' to the table under '## The layers'"
-              for part in sorted(_tree_parts() - described)]  # fmt: skip
+              for part in sorted(_tree_parts() - described)]
     wrong += [f"'{part}' is drawn or described in docs/architecture.md but is no part of the package"
-              for part in sorted((drawn | described) - _tree_parts())]  # fmt: skip
+              for part in sorted((drawn | described) - _tree_parts())]
     assert not wrong, "docs/architecture.md:\n" + "\n".join(wrong)
 
 
@@ -206,6 +206,6 @@ def test_every_fabric_method_the_docs_name_exists() -> None:
     methods = set(re.findall(r"^    def (\w+)\(", source.read_text(encoding="utf-8"), re.MULTILINE))
     assert {"log", "log_dict", "logger", "launch"} <= methods
     named = {(path.name, m) for path in [*DOC_FILES, ROOT / "DESIGN.md"]
-             for m in re.findall(r"\bfabric\.(\w+)", path.read_text(encoding="utf-8"))}  # fmt: skip
+             for m in re.findall(r"\bfabric\.(\w+)", path.read_text(encoding="utf-8"))}
     wrong = [f"{where}: fabric.{name}" for where, name in named if name not in methods]
     assert not wrong, wrong

@@ -34,7 +34,7 @@ finally:
 def _modules_after(*args: str) -> tuple[str, set[str]]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, "-c", _RUN_HOSTS, *args], capture_output=True, text=True, env=env,
-                          check=True, timeout=120)  # fmt: skip
+                          check=True, timeout=120)
     return done.stdout, set(json.loads(done.stderr.strip().splitlines()[-1]))
 
 
@@ -50,9 +50,9 @@ def test_the_package_imports_nothing_heavy() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     code = "import sys, multirank_logger; print(' '.join(sorted(m for m in sys.modules if '.' not in m)))"
     modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                                 check=True, timeout=120).stdout.split())  # fmt: skip
+                                 check=True, timeout=120).stdout.split())
     assert not modules & {*HEAVY, "sqlalchemy", "pyarrow", "numpy"}, modules
     # the lazy names still resolve
     code = "import multirank_logger as m; print(m.open_store.__name__, m.StoreReader.__name__, m.Store.__name__)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
-                          timeout=120).stdout.split() == ["open_store", "StoreReader", "Store"]  # fmt: skip
+                          timeout=120).stdout.split() == ["open_store", "StoreReader", "Store"]

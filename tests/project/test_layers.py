@@ -24,21 +24,21 @@ ALLOWED: dict[str, set[str]] = {
     "_version": set(),
     "errors": set(),
     "_util": {"errors", "_version"},
-    "model": {"_util", "errors"},
-    "store": {"model", "_util", "errors", "_version"},
-    "transport": {"model", "_util", "errors"},
+    "rows": {"_util", "errors"},
+    "store": {"rows", "_util", "errors", "_version"},
+    "channel": {"rows", "_util", "errors"},
     "ddp": {"_util", "errors"},
-    "judgement": {"model", "_util", "errors"},
-    "query": {"judgement", "store", "model", "ddp", "_util", "errors"},
-    "write": {"judgement", "store", "transport", "ddp", "model", "_util", "errors"},
-    "watch": {"query", "judgement", "ddp", "model", "_util", "errors"},
-    "logger": {"watch", "write", "query", "judgement", "store", "transport", "ddp", "model", "_util", "errors", "_version"},
-    "report": {"query", "judgement", "store", "model", "_util", "errors"},
-    "export": {"query", "model", "_util", "errors"},
-    "callbacks": {"logger", "watch", "ddp", "model", "_util", "errors"},
-    "integrations": {"logger", "watch", "write", "store", "ddp", "model", "_util", "errors"},
-    "ui": {"report", "query", "judgement", "store", "model", "_util", "errors"},
-    "cli": {"ui", "report", "export", "query", "store", "model", "_util", "errors", "_version"},
+    "judgement": {"rows", "_util", "errors"},
+    "query": {"judgement", "store", "rows", "ddp", "_util", "errors"},
+    "write": {"judgement", "store", "channel", "ddp", "rows", "_util", "errors"},
+    "watch": {"query", "judgement", "ddp", "rows", "_util", "errors"},
+    "logger": {"watch", "write", "query", "judgement", "store", "channel", "ddp", "rows", "_util", "errors", "_version"},
+    "report": {"query", "judgement", "store", "rows", "_util", "errors"},
+    "export": {"query", "rows", "_util", "errors"},
+    "callbacks": {"logger", "watch", "ddp", "rows", "_util", "errors"},
+    "integrations": {"logger", "watch", "write", "store", "ddp", "rows", "_util", "errors"},
+    "ui": {"report", "query", "judgement", "store", "rows", "_util", "errors"},
+    "cli": {"ui", "report", "export", "query", "store", "rows", "_util", "errors", "_version"},
     "__init__": {"integrations", "callbacks", "logger", "query", "store", "ddp", "_version"},
 }
 
@@ -201,7 +201,7 @@ def test_importing_the_package_loads_no_transport_report_or_torch() -> None:
     """`import multirank_logger` (the CLI's start) loads neither the channel, the report nor torch."""
     code = (
         "import sys, multirank_logger\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('multirank_logger.transport', "
+        "print(sorted(m for m in sys.modules if m.startswith(('multirank_logger.channel', "
         "'multirank_logger.report', 'multirank_logger.logger', 'torch', 'lightning'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

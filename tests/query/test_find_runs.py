@@ -45,7 +45,7 @@ def build(db: str | Path) -> str:
         {"run_id": run_id, "rank": 0, "seq": 1, "kind": kind, "key": "loss", "first_step": 1, "step_seen": 2,
          "seen_at": T0 + run_id * DAY, "value": 1.0, "detail": None, "message": f"rank 0 loss {kind} (run {run_id})"}
         for run_id, kind in ((2, "non_finite"), (3, "departure"))
-    ]})  # fmt: skip
+    ]})
     store.close()
     return str(db)
 
@@ -134,16 +134,16 @@ def test_show_params_adds_the_chosen_hyperparameters_as_columns(found: str) -> N
     lines = out.splitlines()
     assert lines[0].split()[-4:] == ["lr", "opt", "layers", "aug"]
     assert [line.split()[-4:] for line in lines[1:]] == [["0.0003", "sgd", "-", "false"], ["1e-05", "adam", "[1,2]", "-"],
-                                                         ["-", "-", "-", "-"]]  # fmt: skip
+                                                         ["-", "-", "-", "-"]]
     code, out = _invoke("runs", found, "--format", "json", "--show-params", "lr,layers")
     assert [(r["param.lr"], r["param.layers"]) for r in json.loads(out)] == [(0.001, None), (0.0003, None), (1e-05, [1, 2]),
-                                                                              (None, None)]  # fmt: skip
+                                                                              (None, None)]
     code, out = _invoke("runs", found, "--format", "csv", "--show-params", "opt")
     assert [r["param.opt"] for r in csv.DictReader(io.StringIO(out))] == ["adam", "sgd", "adam", ""]
     # nested keys by their path, a dotted key in quotes; an object's path shows its JSON
     code, out = _invoke("runs", found, "--format", "json", "--show-params", 'optimizer.lr,"optimizer.lr",optimizer."beta.1"')
     assert [(r["param.optimizer.lr"], r['param."optimizer.lr"'], r['param.optimizer."beta.1"']) for r in json.loads(out)] == [
-        (None, None, None), (0.1, None, 0.5), (None, None, None), (None, 0.1, None)]  # fmt: skip
+        (None, None, None), (0.1, None, 0.5), (None, None, None), (None, 0.1, None)]
     code, out = _invoke("runs", found, "--show-params", "optimizer", "--status", "failed")
     assert json.loads(out.splitlines()[1].split()[-1]) == RUNS[1][3]["optimizer"], out
 
@@ -158,7 +158,7 @@ def test_show_params_adds_the_chosen_hyperparameters_as_columns(found: str) -> N
     (("--param", "optimizer.=1"), "ends with a dot"),
     (("--param", 'say"hi=1'), "cannot be searched"),
     (("--show-params", 'optimizer."lr'), "closing quote"),
-])  # fmt: skip
+])
 def test_runs_refuses_a_filter_it_cannot_read(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
     db = build(tmp_path / "runs.sqlite")
     code, out = _invoke("runs", db, *args)
@@ -175,7 +175,7 @@ def test_alerts_all_runs_lists_every_runs_alerts_with_its_run(found: str) -> Non
     code, out = _invoke("alerts", found, "--all-runs", "--format", "json")
     answer = json.loads(out)
     assert [(r["run"], r["run_id"], [a["kind"] for a in r["alerts"]]) for r in answer] == [
-        ("resnet/version_1", 2, ["non_finite"]), ("vit_big/version_0", 3, ["departure"])]  # fmt: skip
+        ("resnet/version_1", 2, ["non_finite"]), ("vit_big/version_0", 3, ["departure"])]
     assert _invoke("alerts", found, "--all-runs", "--run", "2")[0] == 2
     # one run's alerts as before
     code, out = _invoke("alerts", found, "--run", "3")
@@ -216,7 +216,7 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
         assert driver.execute_script("return " + SHOWN) == [4, 3, 2, 1]
         params = {int(r): (t, title) for r, t, title in driver.execute_script(
             "return [...document.querySelectorAll('#runs tr[data-run]')].map((r) => { const c = r.querySelector('td.params');"
-            " return [r.dataset.run, c.innerText, c.title]; })")}  # fmt: skip
+            " return [r.dataset.run, c.innerText, c.title]; })")}
         assert params[2][0] == "aug=false bs=64 lr=0.0003 opt=sgd +3 more"  # a run's params, in its row
         assert {"optimizer.lr=0.1", 'optimizer."beta.1"=0.5', "optimizer.betas=[0.9,0.99]"} <= set(params[2][1].splitlines())
         assert params[1][0] == "aug=true bs=32 lr=0.001 opt=adam +1 more" and "tag=base line" in params[1][1].splitlines()
@@ -227,7 +227,7 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
                                 ("opt=adam bs=32 vit", [3]), ("interrupted", [4]), ("aug=false", [2]), ("nothing", []),
                                 ("optimizer.lr=0.1", [2]), ('"optimizer.lr"=0.1', [4]), ('optimizer."beta.1"=0.5', [2]),
                                 ("optimizer.beta.1=0.5", []),
-                                ("", [4, 3, 2, 1])):  # fmt: skip
+                                ("", [4, 3, 2, 1])):
             box.send_keys(Keys.CONTROL, "a")
             box.send_keys(Keys.BACKSPACE)
             if typed:
@@ -246,7 +246,7 @@ def test_page_filter_box_leaves_exactly_the_matching_runs_in_chromium(page_url: 
 
 #: (name, hparams): a key with a comma, one with a space, one with both and a dot
 ODD_KEYS = [("my run", {"a,b": 1, "my key": "x", "plain": 5, "c, d.e": {"f g": True}}),
-            ("other", {"a,b": 2, "my key": "y", "plain": 6})]  # fmt: skip
+            ("other", {"a,b": 2, "my key": "y", "plain": 6})]
 
 
 def _odd_store(db: str | Path) -> str:
@@ -284,7 +284,7 @@ def test_page_filter_names_a_key_holding_a_comma_or_a_space_in_chromium(tmp_path
 
     from selenium.webdriver.common.keys import Keys
 
-    from multirank_logger.model.param_path import dotted, split_key_value, split_path, split_words
+    from multirank_logger.rows.param_path import dotted, split_key_value, split_path, split_words
     from tests.helpers.ui_browser import chromium
 
     with served(_odd_store(tmp_path / "runs.sqlite")) as url, chromium(1300, 900) as driver:
@@ -295,7 +295,7 @@ def test_page_filter_names_a_key_holding_a_comma_or_a_space_in_chromium(tmp_path
         box = driver.find_element("id", "run-filter")
         for typed, expected in (('"my key"=x', [1]), ('"a,b"=2', [2]), ("a,b=2", [2]), ('"my key"=y plain=6', [2]),
                                 ('"c, d.e"."f g"=true', [1]), ('"my run"', [1]), ("my run", [1]), ('"my key=x', []),
-                                ("", [2, 1])):  # fmt: skip
+                                ("", [2, 1])):
             box.send_keys(Keys.CONTROL, "a")
             box.send_keys(Keys.BACKSPACE)
             if typed:
@@ -305,7 +305,7 @@ def test_page_filter_names_a_key_holding_a_comma_or_a_space_in_chromium(tmp_path
         rng = random.Random(49)
         texts = ["".join(rng.choice('ab."\\=, \t') for _ in range(rng.randrange(12))) for _ in range(400)]
         keys = [[("".join(rng.choice('ab."\\=, \t\n') for _ in range(rng.randrange(4)))) for _ in range(rng.randrange(1, 4))]
-                for _ in range(200)]  # fmt: skip
+                for _ in range(200)]
         page = driver.execute_script(
             "const f = window.MRL_RUN_FILTER; return [arguments[0].map((t) => [f.splitWords(t, ','), f.splitWords(t, f.SPACES),"
             " f.splitPath(t), f.splitKeyValue(t)]), arguments[1].map(f.dotted)];", texts, keys)
@@ -317,6 +317,6 @@ def test_page_filter_names_a_key_holding_a_comma_or_a_space_in_chromium(tmp_path
                 return None
 
         ours = [[split_words(t, ","), split_words(t, " \t\n\r"), _path(t), list(split_key_value(t)) if "=" in t and
-                 split_key_value(t) != (t, "") else None] for t in texts]  # fmt: skip
+                 split_key_value(t) != (t, "") else None] for t in texts]
         assert page[0] == ours
         assert page[1] == [dotted(k) for k in keys]

@@ -40,7 +40,7 @@ def test_a_chronic_host_and_a_one_off(ledger_db: str) -> None:
     assert sorted(rows) == ["gpu-bad", "gpu-once", *(f"node{i:02d}" for i in range(10))]
     bad, once = rows["gpu-bad"], rows["gpu-once"]
     assert (bad["runs"], bad["named"], bad["by_kind"], bad["named_last"], bad["last"], bad["status"]) == (
-        50, 40, {"straggler": 40}, 4, 5, "chronic")  # fmt: skip
+        50, 40, {"straggler": 40}, 4, 5, "chronic")
     assert (bad["first_seen"], bad["last_seen"]) == (T0, T0 + 196 * 3600)
     assert (once["runs"], once["named"], once["by_kind"], once["status"]) == (50, 1, {"non_finite": 1}, "one-off")
     # the resumed run's verdict is its last launch's: node04 named there, node09 (launch 0) not
@@ -58,7 +58,7 @@ def test_the_hosts_command_formats_and_filters(ledger_db: str) -> None:
     table = _invoke("hosts", ledger_db)
     line = next(line for line in table.splitlines() if line.split()[0] == "gpu-bad")
     assert line.split() == ["gpu-bad", "50", "40", "0", "40", "2026-01-01", "00:00", "2026-01-09", "04:00",
-                            "4/5", "chronic"]  # fmt: skip
+                            "4/5", "chronic"]
     assert "chronic: named in 3 or more of its last 5 runs (1 host(s))" in table
     data = json.loads(_invoke("hosts", ledger_db, "--format", "json", "--kind", "non_finite"))
     by_host = {h["host"]: h for h in data["hosts"]}
@@ -68,7 +68,7 @@ def test_the_hosts_command_formats_and_filters(ledger_db: str) -> None:
     rows = list(csv.DictReader(io.StringIO(_invoke("hosts", ledger_db, "--format", "csv", "--since", "2026-01-07 06:00"))))
     bad = next(r for r in rows if r["host"] == "gpu-bad")
     assert (bad["runs"], bad["named"], bad["named_straggler"], bad["first_seen"], bad["status"]) == (
-        "12", "10", "10", "2026-01-07 08:00", "chronic")  # fmt: skip
+        "12", "10", "10", "2026-01-07 08:00", "chronic")
     result = CliRunner().invoke(main, ["hosts", ledger_db, "--chronic", "6/5"])
     assert result.exit_code == 2 and "give K/N with 1 <= K <= N" in result.output
     result = CliRunner().invoke(main, ["hosts", ledger_db, "--kind", "stop"])
@@ -100,8 +100,8 @@ def test_hosts_in_natural_order(tmp_path) -> None:  # type: ignore[no-untyped-de
     import sqlalchemy as sa
 
     from multirank_logger._util.readable import natural_key
-    from multirank_logger.model.schema import findings, ranks
-    from multirank_logger.model.schema import runs as runs_table
+    from multirank_logger.rows.schema import findings, ranks
+    from multirank_logger.rows.schema import runs as runs_table
     from multirank_logger.store.sql_store import Store
 
     hosts = ["node10", "node2", "gpu-a10", "node1", "gpu-a9", "node02"]
@@ -110,13 +110,13 @@ def test_hosts_in_natural_order(tmp_path) -> None:  # type: ignore[no-untyped-de
     try:
         with store.begin() as conn:
             conn.execute(sa.insert(runs_table), [{"id": 1, "name": "n", "version": 0, "status": "success",
-                                                  "world_size": len(hosts), "started_at": T0}])  # fmt: skip
+                                                  "world_size": len(hosts), "started_at": T0}])
             conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": h, "node_rank": r, "local_rank": 0,
-                                             "status": "success", "started_at": T0} for r, h in enumerate(hosts)])  # fmt: skip
+                                             "status": "success", "started_at": T0} for r, h in enumerate(hosts)])
             conn.execute(sa.insert(findings), [
                 {"run_id": 1, "rank": r, "seq": r, "kind": "straggler", "series": "timing:data_s", "first_step": 10,
                  "origin": True, "origin_step": 10, "value": 0.1, "detail": "{}", "sentence": "-", "found_at": T0}
-                for r in range(len(hosts))])  # fmt: skip
+                for r in range(len(hosts))])
     finally:
         store.close()
     natural = ["gpu-a9", "gpu-a10", "node1", "node02", "node2", "node10"]
@@ -130,9 +130,9 @@ def test_the_drivers_read_is_the_stores(ledger_db: str) -> None:
     """`multirank-logger hosts` reads a SQLite or DuckDB file through its engine's own driver
     (no SQLAlchemy: its cold start); the ledger is the one `StoreReader.hosts` reads, whatever the filters."""
     from multirank_logger import open_store
-    from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
     from multirank_logger.query import host_ledger
     from multirank_logger.report.host_list import read_hosts
+    from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT
     from multirank_logger.store.backends.store_files import driver_rows
 
     assert host_ledger.SEQ_ATTEMPT_SHIFT == SEQ_ATTEMPT_SHIFT  # the ledger's own copy of the constant
@@ -172,8 +172,8 @@ def _build_gpu_store(db: str) -> str:
     last 5, 4 of them on nodeB); no other GPU is ever named. nodeB's ranks record Slurm's name ``snB``."""
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import findings, ranks
-    from multirank_logger.model.schema import runs as runs_table
+    from multirank_logger.rows.schema import findings, ranks
+    from multirank_logger.rows.schema import runs as runs_table
     from multirank_logger.store.sql_store import Store
 
     named_runs = (3, 9, 16, 21, 26, 27, 29)
@@ -188,15 +188,15 @@ def _build_gpu_store(db: str) -> str:
     try:
         with store.begin() as conn:
             conn.execute(sa.insert(runs_table), [{"id": i + 1, "name": "g", "version": i, "status": "success",
-                                                  "world_size": 4, "started_at": T0 + i * 60} for i in range(30)])  # fmt: skip
+                                                  "world_size": 4, "started_at": T0 + i * 60} for i in range(30)])
             conn.execute(sa.insert(ranks), [
                 {"run_id": i + 1, "rank": r, "host": host, "gpu_uuid": uuid, "gpu_index": r % 2, "gpu_name": "NVIDIA H200",
                  "slurm_node": "snB" if host == "nodeB" else None, "status": "success", "started_at": T0 + i * 60}
-                for i in range(30) for r, (host, uuid) in enumerate(places(i))])  # fmt: skip
+                for i in range(30) for r, (host, uuid) in enumerate(places(i))])
             conn.execute(sa.insert(findings), [
                 {"run_id": i + 1, "rank": [u for _, u in places(i)].index("GPU-bad"), "seq": 0, "kind": "straggler",
                  "series": "timing:data_s", "first_step": 10, "origin": True, "origin_step": 10, "value": 0.1,
-                 "detail": "{}", "sentence": "-", "found_at": T0} for i in named_runs])  # fmt: skip
+                 "detail": "{}", "sentence": "-", "found_at": T0} for i in named_runs])
     finally:
         store.close()
     return db
@@ -221,7 +221,7 @@ def test_a_chronic_gpu_by_its_uuid_wherever_it_moved(tmp_path, suffix: str) -> N
     assert (by_host["nodeA"]["slurm_node"], by_host["nodeB"]["slurm_node"]) == (None, "snB")
     rows = list(csv.DictReader(io.StringIO(_invoke("hosts", db, "--by", "gpu", "--format", "csv"))))
     assert [(r["gpu"], r["host"], r["slurm_node"], r["status"]) for r in rows if r["gpu"] == "GPU-bad"] == [
-        ("GPU-bad", "nodeB", "snB", "chronic")]  # fmt: skip
+        ("GPU-bad", "nodeB", "snB", "chronic")]
     table = _invoke("hosts", db, "--by", "gpu")
     line = next(line for line in table.splitlines() if line.startswith("GPU-bad"))
     assert line.split()[:4] == ["GPU-bad", "NVIDIA", "H200", "nodeB"] and line.split()[-1] == "chronic", table

@@ -33,7 +33,7 @@ def _store(db: Path) -> tuple[int, int]:
                              "time": 1.7e9 + s} for r in range(3) for s in range(5)],
             "decisions": [{"run_id": trained.id, "rank": 0, "seq": 0, "step": 30, "callback": "StopOnAlert",
                            "monitor": "departure:loss:rank 2", "vote": True, "decision": True, "time": 1.7e9}],
-        })  # fmt: skip
+        })
         store.update_run(trained.id, status="success", ended_at=1.8e9)
     finally:
         store.close()
@@ -66,7 +66,7 @@ def test_status_timing_series_nodes_and_buckets_of_a_run_id(db_path: Path) -> No
         assert reader.timing_series(bare, TIMING_SERIES) == []
         assert sorted(reader.rank_nodes(trained), key=lambda r: r["rank"]) == [
             {"rank": r, "node_rank": n, "host": h, "gpu_index": None, "gpu_name": None, "mesh": None}
-            for r, n, h in [(0, 0, "h0"), (1, 0, "h0"), (2, 1, None)]]  # fmt: skip
+            for r, n, h in [(0, 0, "h0"), (1, 0, "h0"), (2, 1, None)]]
         assert reader.rank_nodes(bare) == []
         summary = reader.bucket_summary(trained, "loss")
         assert summary.ranks == [0, 1, 2] and summary.series == "loss"

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from multirank_logger import MultiRankLogger
-from multirank_logger.model.schema import SUMMARY_STEPS, step_summaries
 from multirank_logger.query import relogged_steps
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import summarize
+from multirank_logger.rows.schema import SUMMARY_STEPS, step_summaries
 from multirank_logger.store.sql_store import Store
 
 #: the first launch logs steps 0-399, is resumed from step 250 and logs 250-599 again, other values
@@ -33,7 +33,7 @@ def _value(launch: int, step: int) -> float:
 def _launch(db: str, save_dir: Path, launch: int, steps: range, **kwargs) -> None:
     """One launch through the real logger, flushed every 37 calls (buckets cut by flushes)."""
     logger = MultiRankLogger(db=db, save_dir=str(save_dir), name="job", flush_logs_every_n_steps=37,
-                             flush_interval=3600, **kwargs)  # fmt: skip
+                             flush_interval=3600, **kwargs)
     for step in steps:
         logger.log_metrics({"loss": _value(launch, step), "other": float(step)}, step=step)
         logger.save()
@@ -106,7 +106,7 @@ def test_rows_read_again_in_bounded_statements(resumed: str, tmp_path: Path, mon
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(buckets=st.lists(st.lists(st.lists(st.integers(0, SUMMARY_STEPS - 1), min_size=1, max_size=6), min_size=1, max_size=4),
-                        min_size=1, max_size=6))  # fmt: skip
+                        min_size=1, max_size=6))
 def test_relogged_buckets_found_in_sql(any_db: str, buckets: list[list[list[int]]]) -> None:
     """The store's condition names exactly the buckets whose partial summaries (any split of a
     bucket's calls among summaries, a step repeated within one or across several) hold a step
@@ -121,7 +121,7 @@ def test_relogged_buckets_found_in_sql(any_db: str, buckets: list[list[list[int]
             mask = sum(1 << step for step in set(partial))
             rows.append({"run_id": run, "rank": 0, "key": "k", "step": b * SUMMARY_STEPS, "steps_mask": mask,
                          "n_finite": len(partial), "total": 0.0, "lo": 0.0, "hi": 0.0, "n_nan": 0,
-                         "n_pos_inf": 0, "n_neg_inf": 0, "last_time": 0.0})  # fmt: skip
+                         "n_pos_inf": 0, "n_neg_inf": 0, "last_time": 0.0})
     store = Store(any_db)
     try:
         with store.begin() as conn:

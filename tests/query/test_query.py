@@ -15,7 +15,7 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.errors import LookupFailed, QueryFailed, ReadOnlyViolation, StoreLocked
-from multirank_logger.model.csv_layout import write_csv
+from multirank_logger.rows.csv_layout import write_csv
 from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend, backend_for, resolve_url
 from multirank_logger.store.sql_store import Store
 from tests.helpers.logged_calls import ODD_KEYS, Call, csvlogger_file, store_calls, trainer_calls
@@ -85,7 +85,7 @@ def test_export_reads_one_state_of_a_store_still_written(any_db: str, tmp_path: 
     in part nor as a key its header lacks: the file is the store as the export found it."""
     import sqlalchemy as sa
 
-    from multirank_logger.model.schema import metrics
+    from multirank_logger.rows.schema import metrics
 
     if str(any_db).endswith(".duckdb"):
         pytest.skip("no one can write a DuckDB file while a reader holds it")
@@ -339,12 +339,12 @@ def test_the_step_rank_pivot_is_pandas_pivot_with_the_later_call_winning(stride:
     import numpy as np
     import pandas as pd
 
-    from multirank_logger.model.schema import DTYPE_NEG_ZERO
     from multirank_logger.query.rank_spread import pivot_step_rank
+    from multirank_logger.rows.schema import DTYPE_NEG_ZERO
 
     rng = np.random.default_rng(stride)
     rows = [(rank, step * stride + 10**6, float(rng.standard_normal()))
-            for step in range(50) if step != 17 for rank in (2, 3, 4, 6)]  # fmt: skip
+            for step in range(50) if step != 17 for rank in (2, 3, 4, 6)]
     rows += [(3, 5 * stride + 10**6, 99.0), (6, 9 * stride + 10**6, -0.0)]  # later calls: larger seq
     rank = np.array([r for r, _, _ in rows], np.int32)
     step = np.array([s for _, s, _ in rows], np.int64)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from multirank_logger.errors import ReadsStopped
-from multirank_logger.model.schema import METRIC_COLUMNS
+from multirank_logger.rows.schema import METRIC_COLUMNS
 from multirank_logger.store.backends.base import driver_connection
 from multirank_logger.store.sql_store import Store
 from tests.helpers.held_reads import held_pass, start_held, wait_held
@@ -51,7 +51,7 @@ def big_store(db: Path, ranks: int = RANKS, steps: int = STEPS, keys: int = KEYS
     # seq = step * keys + key: each (rank, key, step) a call of its own, in call order
     sql = (f"INSERT INTO metrics ({cols}) {numbers}"
            f"SELECT {run.id}, r.i, s.i * {keys} + k.i, s.i, 'metric_' || k.i, (s.i % 97) * 0.01 + r.i * 0.001, 0, "
-           f"1.7e9 + s.i * 0.01 FROM {k}, {r}, {s}")  # fmt: skip
+           f"1.7e9 + s.i * 0.01 FROM {k}, {r}, {s}")
     with store.begin() as conn:
         driver_connection(conn).execute(sql)
         keep_summaries(conn, run.id)

@@ -17,9 +17,9 @@ import sqlalchemy as sa
 
 from multirank_logger import open_store
 from multirank_logger.judgement.ranks import DEPART_SPREADS, SPREAD_WINDOW
-from multirank_logger.model.schema import encode_value, metrics, ranks, runs
 from multirank_logger.query.run_scan import scan_run
 from multirank_logger.report.findings import departures, outliers
+from multirank_logger.rows.schema import encode_value, metrics, ranks, runs
 from multirank_logger.store.sql_store import Store
 from tests.helpers.planted_rows import KEYS, RANKS, STEPS, planted_rows
 from tests.helpers.stores import keep_summaries, new_postgres_database
@@ -31,9 +31,9 @@ def scan_store(any_db):
     now = time.time()
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "scan", "version": 0, "status": "success",
-                                        "world_size": RANKS, "started_at": now}])  # fmt: skip
+                                        "world_size": RANKS, "started_at": now}])
         conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success", "started_at": now}
-                                        for r in range(RANKS)])  # fmt: skip
+                                        for r in range(RANKS)])
         conn.execute(sa.insert(metrics), planted_rows(0))
         keep_summaries(conn, 1)
     store.close()
@@ -47,9 +47,9 @@ def test_the_pass_finds_what_the_per_rank_tables_give(scan_store, window_rows: i
     with open_store(scan_store) as reader:
         ref = reader.resolve_run()
         scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
-                        window_rows=window_rows)  # fmt: skip
+                        window_rows=window_rows)
         expected = [{"rank": item.pop("rank"), "key": key, **item}
-                    for key in reader.keys() for item in departures(reader.per_rank(key))]  # fmt: skip
+                    for key in reader.keys() for item in departures(reader.per_rank(key))]
         rows = reader.metrics(all_attempts=True)
     assert [(o["key"], o["rank"]) for o in expected] == [("a_loss", 5), ("b_acc", 2)]
     assert [pytest.approx(o) for o in outliers(scan)] == expected
@@ -90,7 +90,7 @@ def test_the_pass_lays_out_steps_and_ranks_missing_from_a_window(any_db, stride:
     now = time.time()
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "gaps", "version": 0, "status": "success",
-                                        "world_size": RANKS, "started_at": now}])  # fmt: skip
+                                        "world_size": RANKS, "started_at": now}])
         conn.execute(sa.insert(metrics), rows)
         keep_summaries(conn, 1)
     store.close()
@@ -99,7 +99,7 @@ def test_the_pass_lays_out_steps_and_ranks_missing_from_a_window(any_db, stride:
         tables = {key: reader.per_rank(key) for key in KEYS}
         for window_rows in (60, 1_000):
             scan = scan_run(reader, ref, spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
-                            window_rows=window_rows)  # fmt: skip
+                            window_rows=window_rows)
             for key, table in tables.items():
                 values = table.to_numpy()
                 finite = np.where(np.isfinite(values), values, np.nan)
@@ -126,10 +126,10 @@ def test_postgresql_windows_are_read_through_the_rank_step_index(postgres_server
     for step in range(STEPS):  # rank 9: no `ranks` row, beyond world_size 7
         value, dtype = encode_value(1.0)
         extra.append({"run_id": 1, "rank": 9, "seq": step, "step": step, "key": "c_flat", "value": value,
-                      "dtype": dtype, "time": 0.0})  # fmt: skip
+                      "dtype": dtype, "time": 0.0})
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "scan", "version": 0, "status": "success",
-                                        "world_size": RANKS, "started_at": now}])  # fmt: skip
+                                        "world_size": RANKS, "started_at": now}])
         conn.execute(sa.insert(metrics), rows + extra)
         keep_summaries(conn, 1)
         conn.execute(sa.text("ANALYZE metrics"))
@@ -144,7 +144,7 @@ def test_postgresql_windows_are_read_through_the_rank_step_index(postgres_server
     with open_store(url) as reader:
         sa.event.listen(reader.store.engine, "before_cursor_execute", lambda *args: issued.append(args[2]))
         scan = scan_run(reader, reader.resolve_run(), spread_window=SPREAD_WINDOW, depart_spreads=DEPART_SPREADS,
-                        window_rows=500)  # fmt: skip
+                        window_rows=500)
     windows = [sql for sql in issued if "metrics.step >=" in sql]
     assert len(windows) > 5 and all("metrics.rank IN" in sql for sql in windows), windows[:1]
     assert 9 in scan.rank_steps and scan.rank_steps[9] == (STEPS, STEPS - 1)

@@ -54,7 +54,7 @@ def test_ctrl_c_stops_a_running_sql_query(tmp_path: Path, suffix: str) -> None:
     db = tmp_path / f"runs{suffix}"
     fill_loss_rows(str(db))
     proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "sql", str(db), ENDLESS[suffix]],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_until_reading(proc, db)
         proc.send_signal(signal.SIGINT)

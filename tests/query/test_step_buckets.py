@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from multirank_logger.judgement.ranks import non_finite_ranks
-from multirank_logger.model.schema import encode_value, metrics
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import summarize
+from multirank_logger.rows.schema import encode_value, metrics
 from multirank_logger.store.sql_store import Store
 from tests.helpers.built_stores import ragged_store
 from tests.helpers.stores import keep_summaries
@@ -34,7 +34,7 @@ def test_summary_per_rank_and_bucket_marks_nan_and_inf(any_db: str) -> None:
             for key, value in (("a", logged(rank, step)), ("b", 100.0)):  # "b" must not leak into "a"
                 v, dtype = encode_value(value)
                 rows.append({"run_id": run.id, "rank": rank, "seq": step * 2 + (key == "b"), "step": step, "key": key,
-                             "value": v, "dtype": dtype, "time": 0.0})  # fmt: skip
+                             "value": v, "dtype": dtype, "time": 0.0})
     with store.begin() as conn:
         conn.execute(sa.insert(metrics), rows)
         keep_summaries(conn, run.id)
@@ -124,7 +124,7 @@ def test_the_page_gets_each_value_at_float32_precision_in_its_shortest_digits() 
     rng = np.random.default_rng(7)
     values = np.r_[rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30, 500), 1e39, -1e300, 0.0, -0.0, math.nan]
     s = BucketSummary("k", [0], list(range(len(values))), 1, values[None, :], values, values,
-                      np.zeros((1, len(values)), bool))  # fmt: skip
+                      np.zeros((1, len(values)), bool))
     line, band = s.line(0), s.band()
     assert band["lo"] == line and band["hi"] == line
     assert line[-1] is None and [math.copysign(1, v) for v in line[-3:-1]] == [1.0, -1.0]  # type: ignore[arg-type]

@@ -183,8 +183,8 @@ def test_rank_0_of_a_gather_run_may_hold_the_stores_memory(side_store, rank0_mib
     costs (WRITER_RSS_ALLOWANCE) is no finding (a clean DuckDB run said "Memory" before); well past
     it, rank 0 still stands out. The others' peak is 400 MiB."""
     from multirank_logger import open_store
-    from multirank_logger.model.schema import runs, step_timing
     from multirank_logger.report import find
+    from multirank_logger.rows.schema import runs, step_timing
     from multirank_logger.store.sql_store import Store
 
     store = Store(side_store)
@@ -220,11 +220,11 @@ def test_the_terminal_verdict_blames_a_rank_only_for_a_numeric_finding() -> None
 
     warning = {"level": "WARNING", "logger": "py.warnings", "message": "deprecated", "ranks": [0, 1], "count": 2}
     straggler = {"rank": 1, "phase": "data", "excess_s": 0.1, "share_of_step": 0.5, "first_step": 1,
-                 "last_step": 9, "steps": 9}  # fmt: skip
+                 "last_step": 9, "steps": 9}
     quiet = findings_text(Findings(run="r/version_0", run_id=1, world_size=2))
     only_logs = findings_text(Findings(run="r/version_0", run_id=1, world_size=2, log_messages=[warning]))
     both = findings_text(Findings(run="r/version_0", run_id=1, world_size=2, log_messages=[warning],
-                                  stragglers=[straggler]))  # fmt: skip
+                                  stragglers=[straggler]))
     assert quiet.endswith("Nothing stands out.")
     assert "WARNING on ranks [0, 1] (2x): deprecated" in only_logs
     assert only_logs.endswith("No rank stands out in the numbers; read the warnings and errors above.")
@@ -287,7 +287,7 @@ def test_the_rank_list_of_many_ranks_names_only_those_that_differ() -> None:
     def rank(r: int) -> dict:
         status = "failed" if r == 200 else "success"
         return {"rank": r, "status": status, "host": f"node{r // 8}", "steps": 900 if r == 7 else 1000,
-                "last_step": 999, "duration_s": 60.0}  # fmt: skip
+                "last_step": 999, "duration_s": 60.0}
 
     text = findings_text(Findings(run="r/version_0", run_id=1, world_size=256, ranks=[rank(r) for r in range(256)]))
     section = text.split("Ranks:\n")[1].split("\n\n")[0].splitlines()

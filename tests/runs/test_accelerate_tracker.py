@@ -37,7 +37,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
         f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS), *args,
-    ]  # fmt: skip
+    ]
     env = {**train_env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     return run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
 
@@ -54,7 +54,7 @@ def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_process_in_one_run(nan_run: Path) -> None:
     """One run of 2 ranks, ``success``, config stored; each process's rows under its rank."""
     assert query(nan_run, "SELECT id, name, status, world_size, hparams FROM runs") == [
-        (1, "accel", "success", RANKS, '{"lr": 0.1, "steps": 8}')]  # fmt: skip
+        (1, "accel", "success", RANKS, '{"lr": 0.1, "steps": 8}')]
     assert query(nan_run, "SELECT rank, status FROM ranks ORDER BY rank") == [(r, "success") for r in range(RANKS)]
     values = query(nan_run, "SELECT rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
     assert values == [(r, s, float(1000 * r + s)) for r in range(RANKS) for s in range(STEPS)]

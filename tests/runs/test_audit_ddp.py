@@ -31,7 +31,7 @@ def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     cmd = [sys.executable, str(SCRIPT), "--db", str(db), "--save-dir", str(root), *(["--console"] if console else [])]
     # one stream, as a job's console log holds both
     proc = subprocess.run(cmd, cwd=root, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=240)  # fmt: skip
+                          text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-6000:]
     return {"backend": backend, "console": console, "db": db, "root": root, "output": proc.stdout}
 
@@ -122,7 +122,7 @@ def test_store_keeps_every_ranks_records(launch: dict) -> None:
         logs = reader.logs()
     mine = logs[logs.logger.isin(["audit_train", "py.warnings"])]
     seen = sorted((r.rank, r.level, r.message.split(": ", 2)[-1] if r.logger == "py.warnings" else r.message)
-                  for r in mine.itertuples())  # fmt: skip
+                  for r in mine.itertuples())
     assert seen == [
         (0, "INFO", BANNER),
         (0, "INFO", "rank 0 has its own line"),
@@ -142,7 +142,7 @@ def test_logs_cli_prints_a_banner_every_rank_logged_once(launch: dict) -> None:
     assert len(banners) == 1 and banners[0].endswith(f"INFO     [ranks 0-1] audit_train: {BANNER}")
     own = [line.split(" ", 1)[1] for line in result.output.splitlines() if "has its own line" in line]
     assert sorted(own) == ["INFO     [rank 0] audit_train: rank 0 has its own line",
-                           "INFO     [rank 1] audit_train: rank 1 has its own line"]  # fmt: skip
+                           "INFO     [rank 1] audit_train: rank 1 has its own line"]
 
 
 def test_logs_cli_filters_by_rank_and_level(launch: dict) -> None:

@@ -84,7 +84,7 @@ def test_demo_trains_three_ranks_and_names_its_problem_ranks(
     command = report_line.removeprefix("In the terminal: ")
     assert command.split()[0].endswith("multirank-logger") and " report demo_runs/runs.duckdb --run " in command
     shell = subprocess.run(command, shell=True, cwd=cwd, env={**os.environ, "PATH": _path_without_venv()},
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+                           capture_output=True, text=True, timeout=120)
     assert shell.returncode == 0 and "Report for demo/version_" in shell.stdout, shell.stderr[-2000:]
     assert out.rstrip().endswith("ui demo_runs/runs.duckdb")  # make demo ends with the ui command
     reader = Store(db, readonly=True)

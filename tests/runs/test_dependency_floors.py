@@ -58,11 +58,11 @@ def declared_floor(package: str) -> str:
 def pip_install(target: Path, *requirements: str) -> Path:
     """`requirements` alone (no dependencies) into `target`; a failure shows pip's own output."""
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-           "--target", str(target), *requirements]  # fmt: skip
+           "--target", str(target), *requirements]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if proc.returncode != 0:
         pytest.fail(f"could not install {' '.join(requirements)} (needs the package registry): "
-                    f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")  # fmt: skip
+                    f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
     return target
 
 
@@ -82,13 +82,13 @@ LIGHTNING_2_2_NEEDS = ["setuptools<81"]
 @pytest.fixture(scope="session")
 def floors_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pip_install(tmp_path_factory.mktemp("floors"), *(f"{name}=={declared_floor(name)}" for name in FLOORS),
-                       *FLOORS_NEED)  # fmt: skip
+                       *FLOORS_NEED)
 
 
 @pytest.fixture(scope="session")
 def lightning_floor_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pip_install(tmp_path_factory.mktemp("lightning-floor"), f"lightning=={declared_floor('lightning')}",
-                       *LIGHTNING_2_2_NEEDS)  # fmt: skip
+                       *LIGHTNING_2_2_NEEDS)
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +101,7 @@ def write_and_read(site: Path, db: Path) -> str:
     command exited 0 and raised no FutureWarning."""
     env = train_env() | {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     proc = subprocess.run([sys.executable, str(SCRIPT), str(db), str(db.parent)], cwd=db.parent, env=env,
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return proc.stdout
 
@@ -137,11 +137,11 @@ def test_declared_lightning_floor_trains_two_ranks(lightning_floor_dir: Path, tm
     and metrics.csv identical to that lightning's own CSVLogger's."""
     env = train_env() | {"PYTHONPATH": os.pathsep.join([str(lightning_floor_dir), str(ROOT)])}
     version = subprocess.run([sys.executable, "-c", "import lightning; print(lightning.__version__)"], env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+                             capture_output=True, text=True, timeout=120)
     assert Version(version.stdout.strip()) == Version(declared_floor("lightning")), version.stdout + version.stderr[-3000:]
     db = tmp_path / "runs.sqlite"
     cmd = train_cmd(db, tmp_path, "--mode", "asym", "--steps", "4", "--read-version", "--csv-dir", str(tmp_path / "csv"),
-                    "--report", str(tmp_path / "report"))  # fmt: skip
+                    "--report", str(tmp_path / "report"))
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert query(db, "SELECT version, status, world_size FROM runs") == [(0, "success", 2)]

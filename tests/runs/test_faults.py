@@ -127,9 +127,9 @@ def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes
     run's end: interrupted, never success."""
     db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
     cmd = train_cmd(db, tmp_path, "--steps", "400", "--sleep", "0.1", "--flush-interval", "3600", "--timeout", "3",
-                    "--spill-dir", str(spill))  # fmt: skip
+                    "--spill-dir", str(spill))
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+                            text=True, start_new_session=True)
     reader = None
     try:
         wait_for_steps(proc, 1, timeout=90)  # the run is set up and registered
@@ -202,7 +202,7 @@ def _resume_after_a_spilled_end(
         data[len(data) // 2] ^= 0xFF
         Path(files[0]).write_bytes(bytes(data))
     again = subprocess.run(_log_cmd(db, tmp_path / "spill", "--calls", "100", "--version", "0"), env=_env(),
-                           capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+                           capture_output=True, text=True, timeout=240, check=False)
     assert again.returncode == 0 and "FINALIZED" in again.stdout, again.stderr[-4000:]
     return again, db, first
 
@@ -226,7 +226,7 @@ def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(
     other, other_logs = tmp_path / "other.duckdb", tmp_path / "other_logs"
     for extra in ((), ("--version", "0")):
         done = subprocess.run(_log_cmd(other, tmp_path / "spill", "--calls", "100", "--save-dir", str(other_logs), *extra),
-                              env=_env(), capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+                              env=_env(), capture_output=True, text=True, timeout=240, check=False)
         assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-3000:]
     assert "imported" not in done.stderr, done.stderr[-3000:]
     assert query(other, "SELECT id, name, version FROM runs") == [(1, "lightning_logs", 0)]
@@ -244,7 +244,7 @@ def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(
 
     again, db, _ = _resume_after_a_spilled_end(spilled_end, tmp_path, damage=True)
     said = re.search(r"an earlier launch's spill file is damaged: \S+: bytes \d+-\d+ are damaged \(frame \d+\): "
-                     r"(\d+) value\(s\) not imported", again.stderr)  # fmt: skip
+                     r"(\d+) value\(s\) not imported", again.stderr)
     assert said, again.stderr[-3000:]
     lost = int(said.group(1))
     assert 0 < lost < 20_000
@@ -425,10 +425,10 @@ def test_full_log_dir_leaves_no_short_metrics_csv_and_sets_the_rows_written_asid
         d.mkdir()
     db, calls, keys = store_dir / "runs.sqlite", 20_000, 5
     cmd = " ".join(_log_cmd(db, store_dir / "spill", "--calls", str(calls), "--keys", str(keys),
-                            "--save-dir", str(disk)))  # fmt: skip
+                            "--save-dir", str(disk)))
     script = f"mount -t tmpfs -o size=256k none {disk} && {cmd}; rc=$?; cp -r {disk}/lightning_logs {out}/; exit $rc"
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(), capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+                          timeout=300, check=False)
     assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-4000:]
     count, total, status = _stored(db)
     assert (count, total, status) == (*_expected(calls, keys), "success")
@@ -677,7 +677,7 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     # rank 0's file holds its own rows and those rank 1 shipped; on a loaded machine rank 1 may also
     # spill a copy of rows rank 0 took but acknowledged past rank 1's wait: each is stored once
     spilled_rows = {row for f in files for batch in read_spill(f)[1]
-                    for row in zip(*(batch.column(c).to_pylist() for c in ("rank", "seq", "key")))}  # fmt: skip
+                    for row in zip(*(batch.column(c).to_pylist() for c in ("rank", "seq", "key")))}
     stored_before = set(query(db, "SELECT rank, seq, key FROM metrics"))
     assert spilled > 0 and {rank for rank, _, _ in spilled_rows} == {0, 1}
     output = _import(db, files)

@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from multirank_logger.channel.identity import ENV_PREFIX
 from multirank_logger.store.backends import resolve_url
 from multirank_logger.store.sql_store import Store
-from multirank_logger.transport.identity import ENV_PREFIX
 from tests.helpers.logger_helpers import query, rank_reports, run_training
 from tests.helpers.stores import new_postgres_database, with_password
 

@@ -70,7 +70,7 @@ def test_sigterm_reaches_every_rank_at_once_while_rank_0_flushes(tmp_path: Path)
     launcher forwards SIGTERM to the ranks it started. Sent once rank 0's flush was over, that
     forward killed rank 1 while it took its time to exit (-15); Lightning's child observer then
     SIGKILLed rank 0, in CI before it recorded the run's end, which stayed "running". The
-    forward now goes out at once, from the watcher thread.
+    forward now goes out at once, from the listener thread.
     """
     db = tmp_path / "runs.duckdb"
     cmd = train_cmd(

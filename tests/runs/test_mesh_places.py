@@ -30,7 +30,7 @@ def mesh_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("mesh")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
            f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp / "runs.sqlite"),
-           "--slow-from", "0"]  # fmt: skip (slow from the first step: a loaded host's hiccup before it moved one rank's first step)
+           "--slow-from", "0"]  # (slow from the first step: a loaded host's hiccup before it moved one rank's first step)
     proc = run_launch(cmd, cwd=tmp, env={**train_env(), "PYTHONPATH": str(REPO)}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return tmp / "runs.sqlite"
@@ -76,7 +76,7 @@ def test_every_group_of_a_mesh_is_named_and_no_part_of_one() -> None:
     shape, names = (2, 3, 2), ("pp", "dp", "tp")
     coords = list(itertools.product(*(range(n) for n in shape)))
     rows = [{"rank": r, "host": f"node{r // 4}", "mesh": json.dumps({d: [c[i], shape[i]] for i, d in enumerate(names)})}
-            for r, c in enumerate(coords)]  # fmt: skip
+            for r, c in enumerate(coords)]
     places = rank_places(rows)
     said = set()
     for i, d in enumerate(names):

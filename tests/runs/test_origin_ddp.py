@@ -28,13 +28,13 @@ from tests.helpers.logger_helpers import query, train_env
 TRAIN = SCRIPTS / "origin_train.py"
 NAN_RANK = 2
 SPREAD = ("rank 2 train_loss NaN from step {s}; followed by ranks 0-1,3 at step {t} "
-          "(every other rank within 1 step: spread through the gradient all-reduce)")  # fmt: skip
+          "(every other rank within 1 step: spread through the gradient all-reduce)")
 
 
 def _train(root: Path, db: Path, *args: str) -> str:
     cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), *args]
     proc = subprocess.run(cmd, cwd=root, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300)
     assert proc.returncode == 0 and (root / "fit-returned").exists(), proc.stdout[-6000:]
     return proc.stdout
 
@@ -86,7 +86,7 @@ def test_a_nan_in_the_last_steps_names_its_origin_everywhere(tmp_path: Path, suf
     # the console said each once; the origin's names itself as where it started
     lines = [line for line in out.splitlines() if line.startswith("multirank_logger alert: ")]
     assert len(lines) == 4 and sum(line.startswith("multirank_logger alert: rank 2 train_loss NaN from step 30;")
-                                   for line in lines) == 1, lines  # fmt: skip
+                                   for line in lines) == 1, lines
     listed = json.loads(CliRunner().invoke(main, ["alerts", str(db), "--format", "json"]).output)["alerts"]
     (origin,) = [a for a in listed if a["rank"] == NAN_RANK]
     assert origin["message"].startswith("rank 2 train_loss NaN from step 30; followed by ")

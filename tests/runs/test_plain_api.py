@@ -42,7 +42,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
         f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
         "--report", str(tmp_path / "report"), *args,
-    ]  # fmt: skip
+    ]
     env = {**train_env(), "PYTHONPATH": str(REPO)}
     return run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
 
@@ -59,18 +59,18 @@ def test_every_rank_in_one_run_with_the_watchs_alert(tmp_path: Path) -> None:
     db = tmp_path / "runs.duckdb"
     reports = _reports(tmp_path)
     assert [(r["rank"], r["world_size"], r["local_rank"], r["node_rank"]) for r in reports.values()] == [
-        (r, RANKS, r, 0) for r in range(RANKS)]  # fmt: skip
+        (r, RANKS, r, 0) for r in range(RANKS)]
     assert {(r["run_id"], r["version"], r["transport"]) for r in reports.values()} == {(1, 0, "gather")}
     assert query(db, "SELECT id, name, status, world_size, hparams FROM runs") == [
-        (1, "plain", "success", RANKS, json.dumps({"lr": 0.1, "steps": STEPS}))]  # fmt: skip
+        (1, "plain", "success", RANKS, json.dumps({"lr": 0.1, "steps": STEPS}))]
     assert query(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(r, "success") for r in range(RANKS)]
     values = query(db, "SELECT rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
     assert values == [(r, s, float(1000 * r + s)) for r in range(RANKS) for s in range(STEPS)]
     losses = query(db, "SELECT rank, count(*), count(DISTINCT value) FROM metrics WHERE key = 'train_loss' "
-                       "AND NOT isnan(value) GROUP BY rank ORDER BY rank")  # fmt: skip
+                       "AND NOT isnan(value) GROUP BY rank ORDER BY rank")
     assert [(r, n) for r, n, _ in losses] == [(0, STEPS), (1, 5), (2, STEPS)]  # rank 1: steps 0-4 finite
     assert query(db, "SELECT kind, rank, key, first_step FROM alerts WHERE run_id = 1") == [
-        ("non_finite", 1, "train_loss", 5)]  # fmt: skip
+        ("non_finite", 1, "train_loss", 5)]
     with open_store(db) as reader:
         found = find(reader)
     assert [(n["rank"], n["key"], n["first_step"]) for n in found.non_finite] == [(1, "train_loss", 5)]
@@ -101,7 +101,7 @@ def test_a_spawned_rank_that_raises_fails_the_run_without_a_with_block(tmp_path:
     """``mp.spawn`` of 3 ranks, rank 1 raising at step 3, no ``with`` and no ``finish()``: torch's
     spawn wrapper catches the exception, so only its error file tells the exit it failed."""
     cmd = [sys.executable, str(TRAIN), "--spawn", str(RANKS), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS),
-           "--report", str(tmp_path / "report"), "--raise-rank", "1", "--raise-at", "3", "--no-with"]  # fmt: skip
+           "--report", str(tmp_path / "report"), "--raise-rank", "1", "--raise-at", "3", "--no-with"]
     env = {**train_env(), "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     proc = run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode != 0 and "rank 1 fails at step 3" in proc.stderr, proc.stderr[-5000:]
@@ -121,7 +121,7 @@ def test_srun_tasks_take_their_place_from_slurm_variables(tmp_path: Path) -> Non
     logs a NaN, its node is named in the run's kept verdict."""
     base = {k: v for k, v in train_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
     base.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                SLURM_NTASKS=str(RANKS), SLURM_JOB_ID="4242", SLURM_JOB_NAME="plain")  # fmt: skip
+                SLURM_NTASKS=str(RANKS), SLURM_JOB_ID="4242", SLURM_JOB_NAME="plain")
     places = {0: (0, 0), 1: (1, 0), 2: (0, 1)}  # task: (SLURM_LOCALID, SLURM_NODEID)
     # Slurm's name of the node, not this machine's host name (every task runs here: one host, one name)
     slurm_names = {0: "sn-node7", 1: "sn-node7", 2: "sn-node7"}
@@ -132,14 +132,14 @@ def test_srun_tasks_take_their_place_from_slurm_variables(tmp_path: Path) -> Non
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**base, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
                  "SLURMD_NODENAME": slurm_names[task]},
-        )  # fmt: skip
+        )
         for task, (local, node) in places.items()
     ]
     outs = [proc.communicate(timeout=LAUNCH_TIMEOUT_S) for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * RANKS, [err[-3000:] for _, err in outs]
     reports = _reports(tmp_path)
     assert {r: (f["rank"], f["world_size"], f["local_rank"], f["node_rank"]) for r, f in reports.items()} == {
-        task: (task, RANKS, local, node) for task, (local, node) in places.items()}  # fmt: skip
+        task: (task, RANKS, local, node) for task, (local, node) in places.items()}
     db = tmp_path / "runs.duckdb"
     assert query(db, "SELECT name, status, world_size FROM runs") == [("plain", "success", RANKS)]
     steps = query(db, "SELECT rank, count(DISTINCT step) FROM metrics WHERE key = 'train_loss' GROUP BY rank ORDER BY rank")
@@ -198,7 +198,7 @@ def test_one_process_ends_and_sigterm_interrupts(tmp_path: Path) -> None:
     db = tmp_path / "runs.sqlite"
     env = {**train_env(), "PYTHONPATH": str(REPO)}  # this checkout, from tmp_path
     proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, str(db)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+                          text=True, timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "log after finish refused" in proc.stdout and "status refused" in proc.stdout
     assert "row refused: a step_timing row needs step: pass step=..." in proc.stdout, proc.stdout
@@ -206,6 +206,6 @@ def test_one_process_ends_and_sigterm_interrupts(tmp_path: Path) -> None:
     assert timed == [(1, 0.25, 1)] and "spill" not in proc.stderr, (timed, proc.stderr[-3000:])
     assert "not reached" not in proc.stdout
     assert query(db, "SELECT name, status FROM runs ORDER BY id") == [
-        ("done", "success"), ("bad", "interrupted"), ("term", "interrupted")]  # fmt: skip
+        ("done", "success"), ("bad", "interrupted"), ("term", "interrupted")]
     assert query(db, "SELECT step, value FROM metrics WHERE run_id = 1 ORDER BY step") == [(0, 1.0), (1, 2.0)]
     assert query(db, "SELECT step FROM metrics WHERE run_id = 3 ORDER BY step") == [(s,) for s in range(4)]

@@ -21,7 +21,7 @@ def _run(*args: str) -> dict:
     proc = subprocess.run(
         [sys.executable, str(SCENARIOS), *args],
         check=False, env=train_env(), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -27,7 +27,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> dict:
     env = train_env()
     del env["PYTHONWARNINGS"]  # as a user runs it: Lightning's own FutureWarnings are captured on every rank
     proc = subprocess.run([sys.executable, str(SCRIPT), "--db", str(db), "--save-dir", str(root)], cwd=root, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)  # fmt: skip
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-6000:]
     return {"db": db, "output": proc.stdout}
 

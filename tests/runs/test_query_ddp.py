@@ -18,7 +18,7 @@ def test_ddp_rank0_export_is_csvloggers_file_and_ranks_keep_their_values(db_path
     done = subprocess.run(
         [sys.executable, str(script), str(db_path), str(tmp_path / "mr"), str(csv_dir)],
         capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     golden = (csv_dir / "lightning_logs" / "version_0" / "metrics.csv").read_bytes()
     with open_store(db_path) as reader:

@@ -35,7 +35,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = root / "runs.sqlite"
     for name, extra in (("faulty", ["--faults"]), ("clean", [])):
         cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), "--name", name,
-               "--steps", str(STEPS), *extra]  # fmt: skip
+               "--steps", str(STEPS), *extra]
         proc = subprocess.run(cmd, cwd=root, env=train_env(), capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return db
@@ -196,7 +196,7 @@ def _cost_by_hand(db: Path, run_name: str, phase: str, first: int, last: int) ->
     `last` timed by 3 ranks or more, the slowest rank's seconds in `phase` minus the median rank's,
     summed; and those steps."""
     rows = query(db, f"SELECT t.rank, t.step, t.{phase}_s FROM step_timing t JOIN runs r ON r.id = t.run_id "
-                     f"WHERE r.name = :name AND t.{phase}_s IS NOT NULL", name=run_name)  # fmt: skip
+                     f"WHERE r.name = :name AND t.{phase}_s IS NOT NULL", name=run_name)
     by_step: dict[int, dict[int, float]] = {}
     for rank, step, seconds in rows:
         by_step.setdefault(int(step), {})
@@ -265,7 +265,7 @@ def test_tensorboard_export_is_one_run_with_its_ranks_and_their_timing(db: Path,
     assert result.exit_code == 0, result.output
     (folder,) = (p.relative_to(out) for p in out.glob("faulty/*") if p.is_dir())
     assert sorted(EventMultiplexer().AddRunsFromDirectory(str(out)).Runs()) == [
-        str(folder), *(f"{folder}/rank_{r}" for r in range(3))]  # fmt: skip
+        str(folder), *(f"{folder}/rank_{r}" for r in range(3))]
     timed = dict(query(db, "SELECT rank, COUNT(data_s) FROM step_timing WHERE run_id = 1 GROUP BY rank"))
     slow: dict[int, float] = {}
     for rank in range(3):
@@ -312,7 +312,7 @@ def test_compare_draws_the_rank_picked_per_run_and_a_wall_time_axis(db: Path) ->
 
     # a point of run 1's line (series 2: its q3, line, q1 come first) late in the run, in plot pixels
     point = ("const u = MRL_CHARTS.train_loss, k = u.data[2].map((v, j) => v === null ? -1 : j).filter((j) => j >= 0).pop();"
-             " return [u.data[0][k], u.data[2][k], u.valToPos(u.data[0][k], 'x'), u.valToPos(u.data[2][k], 'y'), u.series[2].label];")  # fmt: skip
+             " return [u.data[0][k], u.data[2][k], u.valToPos(u.data[0][k], 'x'), u.valToPos(u.data[2][k], 'y'), u.series[2].label];")
     with served(str(db)) as url, chromium(1300, 1200) as driver:
         driver.get(url + "compare?runs=1,2&rank=1:2,2:2")
         wait_for(driver, "return document.body.dataset.drawn && MRL_CHARTS.train_loss")
@@ -326,7 +326,7 @@ def test_compare_draws_the_rank_picked_per_run_and_a_wall_time_axis(db: Path) ->
         assert near(painted(), x, y)
         # the median picked for run 1: its line leaves rank 2's place for the median's
         driver.execute_script("const s = document.querySelector('select.pick-rank[data-run=\"1\"]'); s.value = '';"
-                              " s.dispatchEvent(new Event('change'));")  # fmt: skip
+                              " s.dispatchEvent(new Event('change'));")
         wait_for(driver, "return document.querySelector('section[data-series=train_loss] .band').dataset.lines === '1:median,2:2'")
         assert "rank=2:2" in driver.current_url and "1:2" not in driver.current_url
         _, median, mx, my, label = driver.execute_script(point)
@@ -336,7 +336,7 @@ def test_compare_draws_the_rank_picked_per_run_and_a_wall_time_axis(db: Path) ->
         # the wall-time axis: seconds since each run's own start (run 2 started after run 1 ended)
         driver.get(url + "compare?runs=1,2&x=time")
         wait_for(driver, "return document.body.dataset.drawn && MRL_CHARTS.train_loss"
-                         " && document.querySelector('section[data-series=train_loss] .band').dataset.x === 'time'")  # fmt: skip
+                         " && document.querySelector('section[data-series=train_loss] .band').dataset.x === 'time'")
         xs, first_two, labels = driver.execute_script(
             "const u = MRL_CHARTS.train_loss; return [u.data[0], u.data[5].findIndex((v) => v !== null), u.axes[0]._values];")
         assert 0 <= xs[0] < 30 and xs == sorted(xs) and max(xs) < 600

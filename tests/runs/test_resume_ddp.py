@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
 from multirank_logger.query.reader import open_store
+from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT
 from tests.helpers.kept_verdict import assert_served_as_judged
 from tests.helpers.launches import SCRIPTS
 from tests.helpers.logger_helpers import query, train_env, wait_for_steps

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from multirank_logger.model.batch import empty_batch
+from multirank_logger.rows.batch import empty_batch
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.sql_store import Store
 
@@ -28,7 +28,7 @@ def _write_big_spill(directory: Path, run_id: int, rows: int) -> Path:
         n = len(seq)
         arrays = [pa.array(np.full(n, run_id, np.int32)), pa.array(np.ones(n, np.int32)), pa.array(seq), pa.array(seq),
                   pa.DictionaryArray.from_arrays(pa.array(seq % 2, pa.int32()), keys), pa.array(seq.astype(float)),
-                  pa.array(np.zeros(n, np.int16)), pa.array(np.full(n, 1.0))]  # fmt: skip
+                  pa.array(np.zeros(n, np.int16)), pa.array(np.full(n, 1.0))]
         spill.write([pa.RecordBatch.from_arrays(arrays, schema=schema)])
     return spill.path
 
@@ -42,13 +42,13 @@ def _import_under_limit(db: Path, spill: Path, limit_kb: int | None) -> tuple[in
 
     code = ("import sys\nfrom multirank_logger.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    c = e.code\nelse:\n    c = 0\nprint('VmPeak', open('/proc/self/status').read().split('VmPeak:')[1].split()[0])\n"
-            "sys.exit(c)")  # fmt: skip
+            "sys.exit(c)")
     ulimit = f"ulimit -v {limit_kb}; " if limit_kb else ""
     # the address space measures memory used only without the allocators' reservations: Arrow's
     # own pool (mimalloc, jemalloc) and glibc's per-thread arenas reserve far more than they use
     env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1"}
     proc = subprocess.run(["bash", "-c", f'{ulimit}exec "$0" -c "$1" import "$2" "$3"', sys.executable, code, str(db), str(spill)],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                          env=env, capture_output=True, text=True, timeout=300)
     peak = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("VmPeak")]
     return proc.returncode, proc.stdout + proc.stderr, peak[0] if peak else 0
 

@@ -30,7 +30,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
         f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS), *args,
-    ]  # fmt: skip
+    ]
     env = {**train_env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     return run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
 

@@ -1,6 +1,6 @@
 """RowChannel between real gloo processes: ranks ship rows to rank 0 in order, and a sender whose
 rank 0 is killed fails fast, handing back every unacknowledged row (the channel alone, over a
-TCPStore in this process, is tests/transport/test_transport.py)."""
+TCPStore in this process, is tests/channel/test_transport.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from multirank_logger.channel.row_channel import RowChannel
+from multirank_logger.channel.tcpstore_client import CHUNK_ROWS
 from multirank_logger.errors import ChannelError
-from multirank_logger.transport.row_channel import RowChannel
-from multirank_logger.transport.tcpstore_client import CHUNK_ROWS
 from tests.helpers.launches import forkserver, spawn_ranks
 from tests.helpers.row_batches import channel_batch
 

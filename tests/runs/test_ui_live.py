@@ -26,7 +26,7 @@ def _allow(gate: Path, steps: int) -> None:
 def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: Path) -> None:
     db = tmp_path / "live.duckdb"
     server = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", str(db), "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     training = None
     try:
         url = (server.stdout.readline() if server.stdout else "").split()[2]
@@ -37,7 +37,7 @@ def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: P
             gate = tmp_path / "gate"
             _allow(gate, 3)
             training = subprocess.Popen(train_cmd(db, tmp_path, "--steps", str(STEPS), "--gate", str(gate)),
-                                        cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                                        cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             cell = "const c = document.querySelector('#runs tr[data-run] td:nth-child(7)'); return c && c.innerText !== '-' && +c.innerText"
             first_step = wait_for(driver, cell, timeout=120)
             _allow(gate, 7)

@@ -58,10 +58,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
     dead_hook = f"http://127.0.0.1:{dead.getsockname()[1]}/hooks/{SECRET}"
     db = root / "runs.sqlite"
     cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), "--hook", hook,
-           "--dead-hook", dead_hook, "--stop"]  # fmt: skip
+           "--dead-hook", dead_hook, "--stop"]
     try:
         proc = subprocess.run(cmd, cwd=root, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=240)  # fmt: skip
+                              text=True, timeout=240)
         assert proc.returncode == 0, proc.stdout[-6000:]
         yield db, proc.stdout, list(_Hook.received)
     finally:
@@ -107,7 +107,7 @@ def test_alert_rows_agree_with_the_report(trained: tuple[Path, str, list[dict[st
     listed = CliRunner().invoke(main, ["alerts", str(db), "--run", "watched", "--format", "json"])
     assert listed.exit_code == 0, listed.output
     assert [(a["kind"], a["rank"], a["first_step"]) for a in json.loads(listed.output)["alerts"]][:2] == [
-        ("non_finite", 2, 40), ("departure", 1, 60)]  # fmt: skip
+        ("non_finite", 2, 40), ("departure", 1, 60)]
 
 
 def test_webhook_received_and_a_dead_one_said_once(trained: tuple[Path, str, list[dict[str, Any]]]) -> None:
@@ -122,7 +122,7 @@ def test_webhook_received_and_a_dead_one_said_once(trained: tuple[Path, str, lis
     # each payload names its run (a channel many jobs share): the run's identity, and its text says it
     (uuid,) = query(db, "SELECT run_uuid FROM runs WHERE name = 'watched'")[0]
     assert {(r["run"]["name"], r["run"]["version"], r["run"]["uuid"], r["run"]["store"]) for r in received} == {
-        ("watched", "version_0", uuid, f"sqlite:///{db}")}  # fmt: skip
+        ("watched", "version_0", uuid, f"sqlite:///{db}")}
     assert all(r["text"].startswith(f"multirank_logger: watched/version_0 on {r['run']['host']}: ") for r in received)
     # the dead hook: its first failure said at most once (the run may end first), its count once at the end
     assert len(re.findall(r"the alert webhook http://127\.0\.0\.1:\d+/… did not take", out)) <= 1
@@ -142,12 +142,12 @@ def test_stop_on_alert_stops_every_rank_at_one_step(trained: tuple[Path, str, li
     assert 60 < stop < 250
     for run_id in (1, 2):  # each logger's run records the stop (the alerts are the first logger's)
         decisions = query(db, f"SELECT rank, step, vote, decision FROM decisions WHERE run_id = {run_id} "
-                              "AND callback = 'StopOnAlert' ORDER BY rank")  # fmt: skip
+                              "AND callback = 'StopOnAlert' ORDER BY rank")
         # the stop's step is the stopped batch's logged step: the Trainer's global_step at its end less one
         assert decisions == [(0, stop - 1, 1, 1), (1, stop - 1, 0, 1), (2, stop - 1, 0, 1), (3, stop - 1, 0, 1)]
     for run_id in (1, 2):
         counts = query(db, f"SELECT rank, COUNT(DISTINCT step), MAX(step), COUNT(*) FROM metrics WHERE run_id = {run_id} "
-                           "AND key = 'train_loss' GROUP BY rank ORDER BY rank")  # fmt: skip
+                           "AND key = 'train_loss' GROUP BY rank ORDER BY rank")
         assert counts == [(r, stop, stop - 1, stop) for r in range(4)]
 
 
@@ -193,7 +193,7 @@ def test_the_page_shows_alerts_live(trained: tuple[Path, str, list[dict[str, Any
             store = Store(db)
             try:
                 store.write_side({"alerts": [{"run_id": 1, "rank": 3, "seq": 99, "kind": "non_finite", "key": "lr",
-                                              "first_step": 7, "seen_at": time.time(), "message": "rank 3 lr is inf"}]})  # fmt: skip
+                                              "first_step": 7, "seen_at": time.time(), "message": "rank 3 lr is inf"}]})
             finally:
                 store.close()
             assert _until(driver, items, lambda got: len(got) == 4)[-1] == "non_finite 3"

@@ -36,7 +36,7 @@ def write_store(db: str, save_dir: str) -> None:
         logger.log_metrics({"loss": 1.0 / (step + 1), "acc": 0.1 * step}, step=step)
     logging.getLogger("floor_reads").warning("a warning the logs command prints")
     logger.record("decisions", seq=0, step=4, epoch=0, callback="ModelCheckpoint", monitor="loss", mode="min",
-                  value=0.2, vote=True, decision=True, path="epoch=0.ckpt", best=0.2, time=1.0)  # fmt: skip
+                  value=0.2, vote=True, decision=True, path="epoch=0.ckpt", best=0.2, time=1.0)
     logger.finalize("success")
 
 
@@ -44,7 +44,7 @@ def main() -> int:
     db, save_dir = sys.argv[1], sys.argv[2]
     versions = {name: importlib.metadata.version(name) for name in FLOORED}
     print(f"floor_reads: duckdb {duckdb.__version__}, pandas {pd.__version__}, "
-          + ", ".join(f"{name} {version}" for name, version in versions.items()), flush=True)  # fmt: skip
+          + ", ".join(f"{name} {version}" for name, version in versions.items()), flush=True)
     write_store(db, save_dir)
     failed = []
     for command in COMMANDS:
@@ -62,7 +62,7 @@ def main() -> int:
             failed.append(f"{args[0]} (exit {result.exit_code}, {len(future)} FutureWarning)")
     if failed:
         print(f"floor_reads: failed with duckdb {duckdb.__version__}, pandas {pd.__version__}: {', '.join(failed)}",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 1
     return 0
 

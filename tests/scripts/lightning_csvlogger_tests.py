@@ -107,7 +107,7 @@ def main() -> int:
         assert all(rel in selected for rel in WHOLE), f"no CSVLogger import to swap in {WHOLE} (another Lightning version?)"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q", "-rfE",
-               "-o", "addopts=", *selected, *pytest_args]  # fmt: skip
+               "-o", "addopts=", *selected, *pytest_args]
         return subprocess.run(cmd, cwd=root, env=env).returncode
 
 

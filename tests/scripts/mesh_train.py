@@ -45,7 +45,7 @@ def main() -> None:
             forward = time.perf_counter() - started
             dist.all_reduce(x)  # the gradient sync: every rank waits for the slowest
             run.record("step_timing", step=step, data_s=started - ended, forward_s=forward,
-                       rest_s=time.perf_counter() - started - forward, batch_size=4, time=time.time())  # fmt: skip
+                       rest_s=time.perf_counter() - started - forward, batch_size=4, time=time.time())
             run.log({"loss": 1.0 / (step + 1) + 0.01 * rank}, step=step)
             ended = time.perf_counter()
 

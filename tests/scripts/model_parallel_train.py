@@ -46,7 +46,7 @@ def main() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(64, 4))
     trainer = L.Trainer(accelerator="cpu", devices=4, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2),
                         max_steps=4, log_every_n_steps=1, enable_progress_bar=False, enable_checkpointing=False,
-                        enable_model_summary=False, logger=MultiRankLogger(db=args.db, name="tp", transport=args.transport))  # fmt: skip
+                        enable_model_summary=False, logger=MultiRankLogger(db=args.db, name="tp", transport=args.transport))
     trainer.fit(TwoWay(), torch.utils.data.DataLoader(data, batch_size=4))
 
 

@@ -72,7 +72,7 @@ def main() -> None:
     trainer = Trainer(
         accelerator="cpu", devices=4, strategy="ddp", max_steps=args.steps, log_every_n_steps=1, logger=logger,
         callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
+    )
     trainer.fit(Regression(args.nan_step))
     Path(args.save_dir, "fit-returned").touch()
 

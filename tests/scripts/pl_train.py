@@ -40,7 +40,7 @@ class Model(pl.LightningModule):
         if self.global_rank == 0:
             logger = self.trainer.logger
             print(f"pl_train: pytorch_lightning Logger {isinstance(logger, pl.loggers.Logger)}, "
-                  f"lightning Logger {isinstance(logger, lightning.pytorch.loggers.Logger)}", flush=True)  # fmt: skip
+                  f"lightning Logger {isinstance(logger, lightning.pytorch.loggers.Logger)}", flush=True)
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

@@ -56,7 +56,7 @@ def rank_main(spawned_rank: int | None, args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     run = multirank_logger.init(db=args.db, name=args.name, config={"lr": 0.1, "steps": args.steps}, flush_interval=0.5)
     facts = {"rank": run.rank, "world_size": run.world_size, "local_rank": run.local_rank, "node_rank": run.node_rank,
-             "run_id": run.id, "version": run.version, "transport": run.transport}  # fmt: skip
+             "run_id": run.id, "version": run.version, "transport": run.transport}
     Path(f"{args.report}.{rank}.json").write_text(json.dumps(facts))
     if args.no_with:
         train(run, rank, args)  # the exit finishes the run (failed after an uncaught exception)

@@ -76,7 +76,7 @@ def main() -> None:
         accelerator="cpu", devices=3, strategy="ddp", max_steps=args.steps, log_every_n_steps=1,
         logger=MultiRankLogger(db=args.db, save_dir=args.save_dir, name=args.name, flush_interval=0.5),
         callbacks=[StepTimer()], enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
+    )
     trainer.fit(Regression(faults=args.faults))
 
 

@@ -76,7 +76,7 @@ def main() -> None:
     training = TrainingArguments(
         output_dir="out", run_name="hf", use_cpu=True, report_to=[], max_steps=args.steps, per_device_train_batch_size=4,
         logging_steps=1, save_strategy="no", learning_rate=1e-3, dataloader_num_workers=0, disable_tqdm=True,
-    )  # fmt: skip
+    )
     multirank = MultiRankCallback(db=args.db, flush_interval=0.5)
     callbacks: list[TrainerCallback] = [multirank]
     if args.await_alert_at >= 0:

@@ -89,10 +89,10 @@ def main() -> None:
             fh.write(f"{alert.kind} {alert.rank} {alert.first_step} {time.time()!r}\n")
 
     loggers = [MultiRankLogger(db=args.db, save_dir=args.save_dir, name="watched", flush_interval=0.5,
-                               transport="gather", alert_url=args.hook, on_alert=on_alert)]  # fmt: skip
+                               transport="gather", alert_url=args.hook, on_alert=on_alert)]
     if args.dead_hook:
         loggers.append(MultiRankLogger(db=args.db, save_dir=args.save_dir, name="hanging", flush_interval=0.5,
-                                       transport="gather", alert_url=args.dead_hook))  # fmt: skip
+                                       transport="gather", alert_url=args.dead_hook))
     # no StepTimer: a loaded host's few steps where rank 0 (two loggers' writer) lags are a true straggler
     # finding, not this test's (the watch's stragglers are tests/runs/test_report_ddp.py's)
     callbacks: list[Callback] = [SayTheEnd(Path(args.save_dir))]
@@ -101,7 +101,7 @@ def main() -> None:
     trainer = Trainer(
         accelerator="cpu", devices=4, strategy="ddp", max_steps=args.steps, log_every_n_steps=1, logger=loggers,
         callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
+    )
     trainer.fit(Regression(clean=args.clean))
 
 

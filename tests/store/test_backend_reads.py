@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from multirank_logger.errors import ReadOnlyViolation
-from multirank_logger.model.schema import encode_value, metrics
+from multirank_logger.rows.schema import encode_value, metrics
 from multirank_logger.store.backends import Backend, DuckDBBackend, SQLiteBackend
 from multirank_logger.store.sql_store import Store
 from tests.helpers.stores import keep_summaries
@@ -29,7 +29,7 @@ ROWS: list[tuple[int, int, int, str, Any]] = [
     (0, 2, 5, "a", math.inf), (0, 2, 5, "b", -0.0), (0, 2, 5, "c", False),
     (1, 0, 0, "a", 2.5), (1, 0, 0, "d", -math.inf),
     (1, 1, 3, "a", 3.5), (1, 1, 3, "b", 9), (1, 1, 3, "d", 0.25),
-]  # fmt: skip
+]
 # another run's rows, which no read of the first run may return
 OTHER_RUN_ROWS = [(0, 0, 0, "z", 1.0), (0, 1, 1, "a", 99.0)]
 
@@ -39,7 +39,7 @@ def _insert(store: Store, run_id: int, rows: list[tuple[int, int, int, str, Any]
     for rank, seq, step, key, logged in rows:
         value, dtype = encode_value(logged)
         params.append({"run_id": run_id, "rank": rank, "seq": seq, "step": step, "key": key, "value": value,
-                       "dtype": dtype, "time": 0.0})  # fmt: skip
+                       "dtype": dtype, "time": 0.0})
     with store.begin() as conn:
         conn.execute(sa.insert(metrics), params)
         keep_summaries(conn, run_id)
@@ -210,7 +210,7 @@ def _wide_store(db: Any, ranks: int = 256, calls: int = 300, keys: int = 10) -> 
         "run_id": np.full(n, run.id, np.int32), "rank": np.repeat(np.arange(ranks, dtype=np.int32), calls * keys),
         "seq": seq, "step": seq, "key": np.tile([f"k{i}" for i in range(keys)], ranks * calls),
         "value": np.random.default_rng(0).random(n), "dtype": np.zeros(n, np.int16), "time": np.zeros(n),
-    })  # fmt: skip
+    })
     with store.begin() as conn:
         store.backend.insert_metrics(conn, metrics, batch)
     store.close()
@@ -270,5 +270,5 @@ def test_a_duckdb_reader_runs_on_the_cpus_the_job_was_given() -> None:
         "print(reader_config()['threads'], reader_config()['memory_limit'], KEY_THREADS)\n"
     )
     out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", script], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+                         check=True)
     assert out.stdout.split() == ["1", "64MB", "1"], out.stdout + out.stderr

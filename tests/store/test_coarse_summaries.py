@@ -23,10 +23,10 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multirank_logger.model.batch import metrics_batch
-from multirank_logger.model.schema import COARSE_STEPS, SUMMARY_STEPS, coarse_summaries, metrics
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import _rows_grid, _summaries_grid, summarize
+from multirank_logger.rows.batch import metrics_batch
+from multirank_logger.rows.schema import COARSE_STEPS, SUMMARY_STEPS, coarse_summaries, metrics
 from multirank_logger.store.run_lifecycle import begin_attempt, seq_base
 from multirank_logger.store.sql_store import Store, _script
 from tests.helpers.stores import BACKEND_SUFFIXES, keep_summaries
@@ -48,7 +48,7 @@ runs_ = st.fixed_dictionaries({
     "resume": st.one_of(st.none(), st.tuples(st.integers(0, 899), st.integers(0, 300))),  # (from, more steps)
     "flush": st.integers(1, 300),
     "seed": st.integers(0, 2**16),
-})  # fmt: skip
+})
 
 
 def _launch(store: Store, run_id: int, spec: dict[str, Any], steps: range, launch: int, flush: int) -> None:
@@ -71,7 +71,7 @@ def _launch(store: Store, run_id: int, spec: dict[str, Any], steps: range, launc
             store.write(metrics_batch(
                 run_id=np.full(len(nan), run_id), rank=np.full(len(nan), rank), seq=seq[part], step=step[part],
                 codes=code[part], keys=list(KEYS), value=np.where(nan, 0.0, value[part]), valid=~nan,
-                dtype=np.where(nan, 3, 0), time=1.7e9 + launch * 1e4 + step[part] * 0.5))  # fmt: skip
+                dtype=np.where(nan, 3, 0), time=1.7e9 + launch * 1e4 + step[part] * 0.5))
 
 
 def _write(store: Store, spec: dict[str, Any]) -> int:
@@ -97,7 +97,7 @@ def _assert_same(a: Any, b: Any, what: str) -> None:
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=runs_, widths=st.lists(st.integers(1, 6), min_size=1, max_size=2))
 def test_coarse_pages_equal_the_fine_ones_and_the_rows(tmp_path_factory: pytest.TempPathFactory, suffix: str,
-                                                      spec: dict[str, Any], widths: list[int]) -> None:  # fmt: skip
+                                                      spec: dict[str, Any], widths: list[int]) -> None:
     """At widths of whole coarse buckets, the page's buckets from the coarse summaries equal
     those from the 16-step summaries and from the rows, the later call of a step logged twice
     winning in each; `summarize` draws a long enough run from the coarse level."""
@@ -110,7 +110,7 @@ def test_coarse_pages_equal_the_fine_ones_and_the_rows(tmp_path_factory: pytest.
         fetch = reader.fetch_arrow
         m = metrics.c
         span = fetch(sa.select(sa.func.min(m.step).label("a"), sa.func.max(m.step).label("b"))
-                     .where(m.run_id == run_id)).to_pylist()[0]  # fmt: skip
+                     .where(m.run_id == run_id)).to_pylist()[0]
         first = span["a"] - span["a"] % COARSE_STEPS
         for key in KEYS:
             for k in widths:
@@ -184,7 +184,7 @@ def test_the_upgrade_keeps_the_coarse_summaries_the_writes_keep(tmp_path: Path, 
     numbers may change at a merge) gets, at the head, the coarse summaries its writes would have
     kept (NaN, +inf, -inf, steps below 0, a resumed launch), on every backend."""
     spec = {"ranks": 2, "first": -70, "length": 300, "every": 3, "odd": [(0, 5, math.nan), (1, 80, math.inf),
-            (1, 81, -math.inf)], "resume": (200, 40), "flush": 37, "seed": 7}  # fmt: skip
+            (1, 81, -math.inf)], "resume": (200, 40), "flush": 37, "seed": 7}
     store = Store(any_db)
     _write(store, spec)
     with store.begin() as conn:
@@ -211,17 +211,17 @@ def test_an_insert_stores_each_keys_summaries_side_by_side(tmp_path: Path, suffi
     written = store.create_run("flush", world_size=ranks, transport="gather").id
     store.write(metrics_batch(run_id=np.full(len(rank), written), rank=rank, seq=np.arange(len(rank)), step=step,
                               codes=code, keys=keys, value=value, valid=np.ones(len(rank), bool),
-                              dtype=np.zeros(len(rank), np.int64), time=1.7e9 + step * 0.5))  # fmt: skip
+                              dtype=np.zeros(len(rank), np.int64), time=1.7e9 + step * 0.5))
     filled = store.create_run("bulk", world_size=ranks, transport="gather").id
     with store.begin() as conn:
         conn.execute(metrics.insert(), [
             {"run_id": filled, "rank": int(r), "seq": i, "step": int(s), "key": keys[c], "value": float(v), "dtype": 0,
-             "time": 1.7e9} for i, (r, s, c, v) in enumerate(zip(rank, step, code, value))])  # fmt: skip
+             "time": 1.7e9} for i, (r, s, c, v) in enumerate(zip(rank, step, code, value))])
         keep_summaries(conn, filled)
     with store.begin() as conn:
         for table in ("step_summaries", "coarse_summaries"):
             for run_id in (written, filled):
                 stored = conn.execute(sa.text(f"SELECT key, rank, step FROM {table} WHERE run_id = {run_id} "
-                                              "ORDER BY rowid")).all()  # fmt: skip
+                                              "ORDER BY rowid")).all()
                 assert len(stored) > len(keys) * ranks and stored == sorted(stored), (table, run_id)
     store.close()

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.errors import LookupFailed
-from multirank_logger.model.schema import metrics, runs
 from multirank_logger.query.reader import open_store
+from multirank_logger.rows.schema import metrics, runs
 from multirank_logger.store.backends.duckdb_params import inline_parameters
 from multirank_logger.store.sql_store import Store
 from tests.helpers.stores import keep_summaries
@@ -32,11 +32,11 @@ def _store(path: Path, keys: list[str]) -> None:
     store = Store(path)
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "odd", "version": 0, "status": "success", "world_size": 3,
-                                        "started_at": time.time()}])  # fmt: skip
+                                        "started_at": time.time()}])
         conn.execute(sa.insert(metrics), [
             {"run_id": 1, "rank": rank, "seq": i, "step": 10, "key": key, "value": rank * 100.0 + i, "dtype": 0, "time": 0.0}
             for rank in range(3) for i, key in enumerate(keys)
-        ])  # fmt: skip
+        ])
         keep_summaries(conn, 1)
     store.close()
 
@@ -98,7 +98,7 @@ def test_column_numpy_views_one_chunk_and_joins_several() -> None:
 
 
 @pytest.mark.parametrize("value", [0.1, 1 / 3, 1764043200.123456, 123456.78901234567, 1e-300, 5e-324,
-                                   1.7976931348623157e308, -0.0, 2.0**60, float("inf"), -7])  # fmt: skip
+                                   1.7976931348623157e308, -0.0, 2.0**60, float("inf"), -7])
 def test_a_number_written_as_a_literal_reads_back_as_the_same_number(tmp_path: Path, value: float) -> None:
     """Through SQLAlchemy on a DuckDB store, as the package's own statements go: a float comes
     back the same double (a literal "0.1" alone would be DECIMAL), an int the same int."""

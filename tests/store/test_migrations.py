@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from multirank_logger._version import __version__
 from multirank_logger.cli import main
 from multirank_logger.errors import SchemaOutdated, SchemaTooNew, StoreError
-from multirank_logger.model.schema import metadata
+from multirank_logger.rows.schema import metadata
 from multirank_logger.store.backends import public_name
 from multirank_logger.store.sql_store import SCHEMA_HEAD, Store, _script, head_revision
 
@@ -186,7 +186,7 @@ def test_upgrade_of_a_newer_store_is_one_clear_error(db_path: Path) -> None:
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.output == (f"Error: Store {public_name(db_path)} is at schema f00dfeed, which multirank_logger "
                              f"{__version__} does not know: it was written by a newer version. "
-                             "Upgrade the package (from an up-to-date clone: pip install -U ./multirank-logger)\n")  # fmt: skip
+                             "Upgrade the package (from an up-to-date clone: pip install -U ./multirank-logger)\n")
     result = CliRunner().invoke(main, ["db", "current", str(db_path)])
     assert result.output == f"f00dfeed (unknown to multirank_logger {__version__}: written by a newer version)\n"
     raw = Store.for_upgrade(db_path, newer_ok=True)
@@ -276,8 +276,8 @@ def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: P
     covers the stored rows with seq spans: a batch written again after the upgrade adds nothing."""
     import pyarrow as pa
 
-    from multirank_logger.model.batch import arrow_schema
-    from multirank_logger.model.schema import metrics
+    from multirank_logger.rows.batch import arrow_schema
+    from multirank_logger.rows.schema import metrics
 
     db = tmp_path / "runs.duckdb"
     store = Store(db)
@@ -285,7 +285,7 @@ def test_duckdb_metrics_has_no_index_and_the_upgrade_keeps_rows_once(tmp_path: P
     with store.begin() as conn:  # a run as that schema holds it (no run_uuid yet)
         conn.exec_driver_sql("INSERT INTO runs (id, name, version, status, world_size, started_at) VALUES (1, 'exp', 0, 'running', 2, 0)")
     rows = {"run_id": [1] * 4, "rank": [0, 0, 1, 1], "seq": [0, 1, 0, 1], "step": [0, 1, 0, 1],
-            "key": ["a"] * 4, "value": [1.0, 2.0, 3.0, 4.0], "dtype": [0] * 4, "time": [0.0] * 4}  # fmt: skip
+            "key": ["a"] * 4, "value": [1.0, 2.0, 3.0, 4.0], "dtype": [0] * 4, "time": [0.0] * 4}
     batch = pa.RecordBatch.from_pydict(rows, schema=arrow_schema(metrics))
     with store.begin() as conn:
         store.backend.insert_metrics(conn, metrics, batch)

@@ -17,9 +17,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from multirank_logger.model.batch import concat_batches
-from multirank_logger.model.schema import metadata
 from multirank_logger.query.reader import open_store
+from multirank_logger.rows.batch import concat_batches
+from multirank_logger.rows.schema import metadata
 from multirank_logger.store.seq_spans import insert_metrics_once
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.buffer import RecordBuffer

@@ -27,7 +27,7 @@ def _can_mount_read_only() -> str | None:
     if shutil.which("unshare") is None:
         return "the unshare command is not installed"
     probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp"],
-                           capture_output=True, text=True, check=False)  # fmt: skip
+                           capture_output=True, text=True, check=False)
     return None if probe.returncode == 0 else f"mount namespaces are not permitted here ({probe.stderr.strip()})"
 
 
@@ -41,7 +41,7 @@ def _cli_on_read_only_dir(folder: Path, *args: str) -> subprocess.CompletedProce
     probe = shlex.quote(str(folder / "probe"))
     where = shlex.quote(str(folder))
     script = (f"mount --bind {where} {where} && mount -o remount,bind,ro {where} && "
-              f"if touch {probe} 2>/dev/null; then echo 'the folder is writable' >&2; exit 99; fi; exec {command}")  # fmt: skip
+              f"if touch {probe} 2>/dev/null; then echo 'the folder is writable' >&2; exit 99; fi; exec {command}")
     return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -17,15 +17,15 @@ import torch.distributed as dist
 from click.testing import CliRunner
 
 from multirank_logger._util.dist_env import current_rank
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.cli import main as cli
 from multirank_logger.errors import ResumeRefused, RunIdentityMismatch
-from multirank_logger.model.batch import metrics_batch
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT
-from multirank_logger.model.side_records import encode_side
 from multirank_logger.query.reader import open_store
+from multirank_logger.rows.batch import metrics_batch
+from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT
+from multirank_logger.rows.side_records import encode_side
 from multirank_logger.store.run_lifecycle import begin_attempt, check_same_run
 from multirank_logger.store.sql_store import Store
-from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.sinks import GatherReceiver
 from tests.helpers.launches import free_port
@@ -254,7 +254,7 @@ def test_cli_runs_reports_orphan_rows(db_path: Path) -> None:
     # as a rank that took itself for rank 0 elsewhere writes them: through the store, under its own id
     two = np.ones(2, np.int64)
     store.write(metrics_batch(run_id=7 * two, rank=np.arange(2), seq=two, step=two, codes=two - 1, keys=["loss"],
-                              value=two * 0.5, valid=None, dtype=two - 1, time=two * 1.7e9))  # fmt: skip
+                              value=two * 0.5, valid=None, dtype=two - 1, time=two * 1.7e9))
     store.close()
     result = CliRunner().invoke(cli, ["runs", str(db_path)])
     assert result.exit_code == 0, result.output
@@ -373,7 +373,7 @@ def test_resume_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     exported = _csv_rows(os.path.join(second.log_dir, "metrics.csv"))
     assert [(r["step"], r["loss"]) for r in exported] == [
         ("0", "100.0"), ("1", "101.0"), ("2", "102.0"), ("2", "202.0"), ("3", "203.0"), ("4", "204.0"),
-    ]  # fmt: skip
+    ]
 
 
 def test_side_rows_of_a_resumed_launch_never_collide(db_path: Path) -> None:

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from multirank_logger import open_store
-from multirank_logger.model.schema import encode_value, metrics, ranks, runs
 from multirank_logger.report.findings import find
+from multirank_logger.rows.schema import encode_value, metrics, ranks, runs
 from multirank_logger.store.backends import sqlite_arrow
 from multirank_logger.store.sql_store import Store
 from tests.helpers.stores import keep_summaries
@@ -48,7 +48,7 @@ def _rows(seed: int, steps: int, outlier: int, nan_rank: int, nan_step: int, eve
             for key, x in call.items():
                 value, dtype = encode_value(x)
                 out.append({"run_id": 1, "rank": rank, "seq": seq, "step": step, "key": key, "value": value,
-                            "dtype": dtype, "time": 0.0})  # fmt: skip
+                            "dtype": dtype, "time": 0.0})
             seq += 1
     return out
 
@@ -58,9 +58,9 @@ def _store(path: Path, rows: list[dict]) -> str:
     now = time.time()
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "reads", "version": 0, "status": "success",
-                                        "world_size": RANKS, "started_at": now}])  # fmt: skip
+                                        "world_size": RANKS, "started_at": now}])
         conn.execute(sa.insert(ranks), [{"run_id": 1, "rank": r, "host": "h", "status": "success", "started_at": now}
-                                        for r in range(RANKS)])  # fmt: skip
+                                        for r in range(RANKS)])
         conn.execute(sa.insert(metrics), rows)
         keep_summaries(conn, 1)
     store.close()
@@ -84,7 +84,7 @@ def test_adbc_is_installed_for_the_tests() -> None:
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), steps=st.integers(40, 160), outlier=st.integers(0, RANKS - 1),
-       nan_rank=st.integers(0, RANKS - 1), nan_at=st.floats(0.5, 1.0), every=st.integers(1, 4))  # fmt: skip
+       nan_rank=st.integers(0, RANKS - 1), nan_at=st.floats(0.5, 1.0), every=st.integers(1, 4))
 def test_the_findings_are_the_same_whichever_way_sqlite_is_read(
     tmp_path_factory, monkeypatch, seed: int, steps: int, outlier: int, nan_rank: int, nan_at: float, every: int
 ) -> None:
@@ -104,12 +104,12 @@ def test_every_double_comes_back_bit_for_bit(tmp_path: Path) -> None:
     """-0.0, subnormals, the largest doubles, +-inf and NaN (stored NULL) read through ADBC are
     sqlite3's values, bit for bit; a NULL first in a batch (the driver's type inference) too."""
     specials = [float("nan"), -0.0, 5e-324, -1.7976931348623157e308, 1.7976931348623157e308,
-                float("inf"), float("-inf"), 0.1, 1 / 3, 2.0**60]  # fmt: skip
+                float("inf"), float("-inf"), 0.1, 1 / 3, 2.0**60]
     rows = []
     for seq, x in enumerate(specials * 3):
         value, dtype = encode_value(x)
         rows.append({"run_id": 1, "rank": seq % RANKS, "seq": seq, "step": seq, "key": "k", "value": value,
-                     "dtype": dtype, "time": 0.0})  # fmt: skip
+                     "dtype": dtype, "time": 0.0})
     db = _store(tmp_path / "runs.sqlite", rows)
     stmt = sa.select(metrics.c.seq, metrics.c.value).where(metrics.c.run_id == 1)
     types = [np.int64, np.float64]

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main
 from multirank_logger.errors import SpillCorrupt
-from multirank_logger.model.batch import empty_batch
+from multirank_logger.rows.batch import empty_batch
 from multirank_logger.store.spill_file import SpillWriter, read_spill, read_spill_contents
 from multirank_logger.store.spill_import import import_spill
 from multirank_logger.store.sql_store import Store
@@ -272,7 +272,7 @@ def test_cli_import_into_a_mistyped_path_creates_nothing(tmp_path: Path) -> None
 
 def _side_rows(rank: int = 1, run_id: int = 99) -> dict:
     """Side-table rows as a rank's writer drains them (side_records.SideRecords)."""
-    from multirank_logger.model.side_records import SideRecords
+    from multirank_logger.rows.side_records import SideRecords
 
     side = SideRecords()
     for i in range(3):
@@ -533,7 +533,7 @@ def test_an_interrupted_launch_keeps_no_unheard_end_and_its_resume_is_a_success(
 def test_side_rows_past_the_bound_are_counted_lost(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """250,000 side rows logged before the run is known: the oldest 50,000 past the 200,000 kept
     in memory are dropped, and the drop is counted and said (before: gone with no count)."""
-    from multirank_logger.model.side_records import MAX_PENDING, SideRecords
+    from multirank_logger.rows.side_records import MAX_PENDING, SideRecords
     from multirank_logger.write.sinks import DirectSink
     from multirank_logger.write.spiller import Spiller
     from multirank_logger.write.writer_thread import BackgroundWriter, Destination

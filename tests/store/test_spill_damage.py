@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from multirank_logger.cli import main
 from multirank_logger.errors import SpillCorrupt
-from multirank_logger.model.side_records import SideRecords
+from multirank_logger.rows.side_records import SideRecords
 from multirank_logger.store.spill_file import SpillWriter, read_spill_contents
 from multirank_logger.store.spill_import import import_spill
 from multirank_logger.store.sql_store import Store

@@ -25,11 +25,11 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multirank_logger.model.batch import metrics_batch
-from multirank_logger.model.schema import SEQ_ATTEMPT_SHIFT, SUMMARY_STEPS, metrics, step_summaries
 from multirank_logger.query import run_list
 from multirank_logger.query.reader import open_store
 from multirank_logger.query.step_buckets import _rows_grid, _summaries_grid, summarize
+from multirank_logger.rows.batch import metrics_batch
+from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT, SUMMARY_STEPS, metrics, step_summaries
 from multirank_logger.store.spill_file import SpillWriter
 from multirank_logger.store.spill_import import import_spill
 from multirank_logger.store.sql_store import Store
@@ -57,7 +57,7 @@ def _batch(run_id: int, rank: int, attempt: int, first_seq: int, batch_calls: li
         run_id=np.full(len(rows), run_id), rank=np.full(len(rows), rank), seq=(attempt << SEQ_ATTEMPT_SHIFT) + seq,
         step=step, codes=np.array([KEYS.index(k) for k in key]), keys=list(KEYS), value=np.where(nan, 0.0, value),
         valid=~nan, dtype=np.where(nan, 3, 0), time=1.7e9 + seq * 0.5 + attempt * 100,
-    )  # fmt: skip
+    )
 
 
 def _write_run(store: Store, spill_dir: Path, launches: list[list[Any]]) -> int:
@@ -76,7 +76,7 @@ def _write_run(store: Store, spill_dir: Path, launches: list[list[Any]]) -> int:
             if route in ("spill", "both"):
                 if (attempt, rank) not in spills:
                     spills[(attempt, rank)] = SpillWriter(spill_dir, run_id=run.id, name="prop", version=run.version,
-                                                          rank=rank, attempt=attempt, run_uuid=run.uuid)  # fmt: skip
+                                                          rank=rank, attempt=attempt, run_uuid=run.uuid)
                 spills[(attempt, rank)].write([batch])
     for _ in range(2):
         for spill in spills.values():
@@ -156,7 +156,7 @@ def _assert_page_agrees(db: str, run_id: int) -> None:
     with open_store(db) as reader:
         m = metrics.c
         low = reader.fetch_arrow(sa.select(sa.func.min(m.step).label("a"), sa.func.max(m.step).label("b"))
-                                  .where(m.run_id == run_id)).to_pylist()[0]  # fmt: skip
+                                  .where(m.run_id == run_id)).to_pylist()[0]
         first = low["a"] - low["a"] % SUMMARY_STEPS
         for key in reader.keys(run_id):
             for width in (SUMMARY_STEPS, 2 * SUMMARY_STEPS, 8 * SUMMARY_STEPS):  # laid out in NumPy, and SQL's GROUP BY
@@ -173,7 +173,7 @@ def _assert_page_agrees(db: str, run_id: int) -> None:
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(launches=st.lists(launch, min_size=1, max_size=2))
 def test_summaries_and_rows_never_disagree(tmp_path_factory: pytest.TempPathFactory, suffix: str,
-                                           launches: list[list[Any]]) -> None:  # fmt: skip
+                                           launches: list[list[Any]]) -> None:
     """Over random runs, resumed, retried, spilled and imported twice: the summaries equal the rows',
     the runs list is the rows', and the page's buckets from either agree."""
     root = tmp_path_factory.mktemp("summaries")
@@ -193,7 +193,7 @@ def test_the_upgrade_summarizes_the_rows_already_stored(tmp_path: Path, any_db: 
     summaries the write path would have kept, on every backend (its SQL is the same on each)."""
     store = Store(any_db)
     launches = [[(0, [(-17, {"loss": math.nan, "acc": 1.0}), (15, {"loss": math.inf}), (16, {"loss": 2.5})], "store"),
-                 (1, [(3, {"lr": -math.inf}), (3, {"lr": 4.0}), (40, {"acc": -0.0})], "store")]]  # fmt: skip
+                 (1, [(3, {"lr": -math.inf}), (3, {"lr": 4.0}), (40, {"acc": -0.0})], "store")]]
     _write_run(store, tmp_path / "spill", launches)
     with store.begin() as conn:
         written = _from_summaries(conn)
@@ -219,7 +219,7 @@ def test_a_long_run_is_drawn_from_its_summaries(any_db: str) -> None:
     valid = ~np.isnan(value)
     store.write(metrics_batch(run_id=np.full(2 * n, run.id), rank=rank, seq=step, step=step, codes=np.zeros(2 * n),
                               keys=["loss"], value=np.where(valid, value, 0.0), valid=valid, dtype=np.where(valid, 0, 3),
-                              time=1.7e9 + step))  # fmt: skip
+                              time=1.7e9 + step))
     store.close()
     with open_store(db) as reader:
         page = summarize(reader.fetch_arrow, run.id, "loss")

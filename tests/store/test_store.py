@@ -19,8 +19,8 @@ import pytest
 import sqlalchemy as sa
 
 from multirank_logger.errors import InvalidMetric, NotADatabase, StoreLocked, StoreNotWritable, UnsupportedStore
-from multirank_logger.model.batch import METRICS_SCHEMA, column_lists, concat_batches
-from multirank_logger.model.schema import DTYPE_NAN, METRIC_COLUMNS, decode_value, encode_value, metrics, runs
+from multirank_logger.rows.batch import METRICS_SCHEMA, column_lists, concat_batches
+from multirank_logger.rows.schema import DTYPE_NAN, METRIC_COLUMNS, decode_value, encode_value, metrics, runs
 from multirank_logger.store.sql_store import Store, head_revision
 from multirank_logger.write.buffer import RecordBuffer
 
@@ -505,7 +505,7 @@ def _calls(run_id: int, rank: int, seqs: range, keys: tuple[str, ...] = ("a", "b
     rows = [(seq, key) for seq in seqs for key in keys]
     n = len(rows)
     return _batch(run_id=[run_id] * n, rank=[rank] * n, seq=[s for s, _ in rows], step=[s for s, _ in rows],
-                  key=[k for _, k in rows], value=[float(s) for s, _ in rows], dtype=[0] * n, time=[0.0] * n)  # fmt: skip
+                  key=[k for _, k in rows], value=[float(s) for s, _ in rows], dtype=[0] * n, time=[0.0] * n)
 
 
 def test_a_batch_written_again_stores_each_row_once(any_db: str) -> None:

@@ -82,7 +82,7 @@ def test_a_constant_key_is_one_line_until_clicked(page_url: str) -> None:
 def _summary(mean: list[list[float]], lo: list[float], hi: list[float], bad: bool = False) -> BucketSummary:
     m = np.array(mean, dtype=float)
     return BucketSummary("k", list(range(m.shape[0])), [0, 16, 32], 16, m, np.array(lo), np.array(hi),
-                         np.full(m.shape, bad))  # fmt: skip
+                         np.full(m.shape, bad))
 
 
 def test_the_rule_folds_only_keys_alike_on_every_rank() -> None:

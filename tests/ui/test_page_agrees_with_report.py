@@ -37,13 +37,13 @@ def test_the_run_scan_run(any_db: str) -> None:
     rank's later call winning."""
     import time
 
-    from multirank_logger.model.schema import metrics, runs
+    from multirank_logger.rows.schema import metrics, runs
     from multirank_logger.store.sql_store import Store
 
     store = Store(any_db)
     with store.begin() as conn:
         conn.execute(sa.insert(runs), [{"id": 1, "name": "scan", "version": 0, "status": "success",
-                                        "world_size": RANKS, "started_at": time.time()}])  # fmt: skip
+                                        "world_size": RANKS, "started_at": time.time()}])
         conn.execute(sa.insert(metrics), planted_rows(0))
         keep_summaries(conn, 1)
     store.close()

@@ -23,11 +23,11 @@ def test_heatmap_rows_grouped_by_host_and_a_rows_place_on_hover(tmp_path: Path) 
     db = build_places_store(str(tmp_path / "places.sqlite"))
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE ranks SET host = 'node' || CASE rank % 3 WHEN 0 THEN 10 WHEN 1 THEN 2 ELSE 9 END, "
-                     "node_rank = rank % 3")  # fmt: skip
+                     "node_rank = rank % 3")
     with served(db) as url, chromium() as driver:
         driver.get(url + "run/1")
         wait_for(driver, "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
-                         "return c && c.dataset.plotWidth;")  # fmt: skip
+                         "return c && c.dataset.plotWidth;")
         rows = driver.execute_script(
             "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
             "const r = c.getBoundingClientRect(), left = Number(c.dataset.left), w = Number(c.dataset.plotWidth);"
@@ -36,7 +36,7 @@ def test_heatmap_rows_grouped_by_host_and_a_rows_place_on_hover(tmp_path: Path) 
             f"  const y = r.top + (i + 0.5) / {RANKS} * r.height;"
             "  c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + left + w / 2, clientY: y, bubbles: true}));"
             "  out.push(tip.textContent); }"
-            "return out;")  # fmt: skip
+            "return out;")
     # each row's tip names its rank, its host and its GPU; the rows come host by host
     hosts = []
     for text in rows:

@@ -36,7 +36,7 @@ def nan_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         store.write(buffer.drain(run.id, rank))
     store.write_side({"decisions": [{"run_id": run.id, "rank": 0, "seq": 0, "step": 32, "callback": "StopOnAlert",
                                      "monitor": "non_finite:train_loss:rank 2", "vote": True, "decision": True,
-                                     "time": 1.7e9}]})  # fmt: skip
+                                     "time": 1.7e9}]})
     store.update_run(run.id, status="failed")
     store.close()
     return db
@@ -55,7 +55,7 @@ def test_ranks_names_where_nan_began(nan_store: Path) -> None:
     values = {r: (STEPS - (NAN_FROM if r == 2 else SPREAD_AT)) // 2 for r in range(RANKS)}
     assert line == ("NaN or inf logged: "
                     f"rank 2 from step {NAN_FROM} ({values[2]} values); rank 0 from step {SPREAD_AT} ({values[0]} values); "
-                    f"rank 1 from step {SPREAD_AT} ({values[1]} values)."), line  # fmt: skip
+                    f"rank 1 from step {SPREAD_AT} ({values[1]} values)."), line
     assert "Rank 2 logged one first" in out
     # a key without NaN keeps its words
     assert "NaN or inf logged" not in cli("ranks", str(nan_store), "epoch")
@@ -102,12 +102,12 @@ def test_a_run_the_store_lacks_shows_its_error_alone(driver: Any) -> None:
     (1, 9, 9, "from step 1 to 9 (9 steps)"),  # off at every step of the stretch
     (8, 199, 117, "from step 8 to 199 (off at 117 of these steps)"),  # back in line at some: said so
     (5, 5, 1, "from step 5"),
-])  # fmt: skip
+])
 def test_a_stretch_says_at_how_many_of_its_steps_the_rank_was_off(first: int, last: int, steps: int, said: str) -> None:
     from multirank_logger.judgement.sentences import finding_sentence
 
     item = {"rank": 1, "key": "loss", "first_step": first, "last_step": last, "steps": steps, "excess": 0.5,
-            "ratio": 2.0, "spreads": 9.0}  # fmt: skip
+            "ratio": 2.0, "spreads": 9.0}
     assert f"rank 1 loss departs from the other ranks {said}: " in finding_sentence("departure", item)
 
 

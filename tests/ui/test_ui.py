@@ -38,7 +38,7 @@ def store16(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cli_server(store16: Path) -> Iterator[str]:
     """`multirank-logger ui DB --port 0` as a user starts it; yields the URL it prints."""
     proc = subprocess.Popen([sys.executable, "-m", "multirank_logger.cli", "ui", str(store16), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert "http://127.0.0.1:" in line, line + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
@@ -341,8 +341,8 @@ def test_page_marks_the_rank_where_a_spread_nan_started_in_chromium(tmp_path: Pa
         driver.get(serve(db) + "run/1")
         wait_for(driver, "return document.body.dataset.judged")
         marks = wait_for(driver, "const c = document.querySelector('section[data-series=loss] canvas.heatmap');"
-                              "return c && c.dataset.origins && [c.dataset.origins, c.dataset.ringed]")  # fmt: skip
+                              "return c && c.dataset.origins && [c.dataset.origins, c.dataset.ringed]")
         assert marks[0] == "2" and "2" in marks[1].split(","), marks
         first = driver.execute_script("const li = document.querySelector('#findings li'); return [li.className, li.innerText]")
         assert first[0] == "origin" and first[1].startswith(
-            "rank 2 loss NaN from step 150; followed by ranks 0-1,3 at step 151"), first  # fmt: skip
+            "rank 2 loss NaN from step 150; followed by ranks 0-1,3 at step 151"), first

@@ -51,7 +51,7 @@ def _pixel(driver: Any, series: str, step: float, value: float) -> list[int]:
         "const x = Math.round(u.bbox.left + u.valToPos(arguments[1], 'x') * r), y = Math.round(u.bbox.top + u.valToPos(arguments[2], 'y') * r);"
         "return Array.from(u.ctx.getImageData(x, y, 1, 1).data);",
         series, step, value,
-    )  # fmt: skip
+    )
 
 
 def _heat_pixel(driver: Any, series: str, fraction: float, row: int, rows: int) -> list[int]:
@@ -62,7 +62,7 @@ def _heat_pixel(driver: Any, series: str, fraction: float, row: int, rows: int) 
         "const y = ((arguments[2] + 0.5) / arguments[3]) * c.height;"
         "return Array.from(c.getContext('2d').getImageData(Math.round(x), Math.round(y), 1, 1).data);",
         series, fraction, row, rows,
-    )  # fmt: skip
+    )
 
 
 def test_the_run_page_reads_well_at_3_ranks(page_url: str, tmp_path: Path) -> None:

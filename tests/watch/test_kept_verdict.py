@@ -22,11 +22,11 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multirank_logger.model.batch import metrics_batch
-from multirank_logger.model.schema import findings, verdicts
-from multirank_logger.model.side_records import SideRecords
 from multirank_logger.query.reader import open_store
 from multirank_logger.report.findings import Findings, find
+from multirank_logger.rows.batch import metrics_batch
+from multirank_logger.rows.schema import findings, verdicts
+from multirank_logger.rows.side_records import SideRecords
 from multirank_logger.store.sql_store import Store
 from multirank_logger.watch.alerts import AlertOutlets
 from multirank_logger.watch.watch import Watch
@@ -43,11 +43,11 @@ def _plan(draw: st.DrawFn) -> dict[str, Any]:
             key["depart"] = (draw(st.integers(0, world - 1)), first, draw(st.integers(first, steps)), draw(st.sampled_from([3.0, 40.0])))
         if draw(st.booleans()):  # a NaN/inf on one rank, followed by the others a step later (or never)
             key["nan"] = (draw(st.integers(0, world - 1)), draw(st.integers(0, steps - 1)), draw(st.booleans()),
-                          draw(st.sampled_from([np.nan, np.inf, -np.inf])))  # fmt: skip
+                          draw(st.sampled_from([np.nan, np.inf, -np.inf])))
         keys.append(key)
     straggler = (draw(st.integers(0, world - 1)), draw(st.integers(0, steps - 1))) if draw(st.booleans()) else None
     return {"world": world, "steps": steps, "keys": keys, "straggler": straggler, "seed": draw(st.integers(0, 2**16)),
-            "chunk": draw(st.integers(1, 40)), "keep_steps": draw(st.sampled_from([8, 64, 512]))}  # fmt: skip
+            "chunk": draw(st.integers(1, 40)), "keep_steps": draw(st.sampled_from([8, 64, 512]))}
 
 
 plans = st.composite(_plan)()
@@ -80,7 +80,7 @@ def _rows(plan: dict[str, Any]) -> tuple[list[tuple[int, int, str, float]], list
             if plan["straggler"] and rank == plan["straggler"][0] and step >= plan["straggler"][1]:
                 data += 0.2
             timing.append({"rank": rank, "step": step, "data_s": data, "forward_s": 0.02 + rng.uniform(0, 0.002),
-                           "rest_s": 0.05, "time": 1.7e9 + step})  # fmt: skip
+                           "rest_s": 0.05, "time": 1.7e9 + step})
     return rows, timing
 
 
@@ -95,7 +95,7 @@ def _write(store: Store, run_id: int, rows: list[tuple[int, int, str, float]], f
         store.write(metrics_batch(
             run_id=np.full(len(mine), run_id), rank=np.full(len(mine), rank), seq=seq,
             step=np.array([r[1] for r in mine]), codes=np.array([names.index(r[2]) for r in mine]), keys=names,
-            value=np.where(nan, 0.0, value), valid=~nan, dtype=np.where(nan, 3, 0), time=1.7e9 + seq * 0.01))  # fmt: skip
+            value=np.where(nan, 0.0, value), valid=~nan, dtype=np.where(nan, 3, 0), time=1.7e9 + seq * 0.01))
 
 
 def _judged_run(db: Path | str, plan: dict[str, Any], whole_bytes: int | None = None, late: bool = False) -> tuple[int, Watch]:
@@ -124,7 +124,7 @@ def _judged_run(db: Path | str, plan: dict[str, Any], whole_bytes: int | None = 
         chunk = [r for s in steps[i : i + plan["chunk"]] for r in by_step[s]]
         chunk = _interleaved(chunk, rng)
         live.add_rows(np.array([r[2] for r in chunk], object), np.array([r[0] for r in chunk]), np.array([r[1] for r in chunk]),
-                      np.array([r[3] for r in chunk]), now=0.0)  # fmt: skip
+                      np.array([r[3] for r in chunk]), now=0.0)
         live.add_timing([t for t in timing if steps[i] <= t["step"] <= steps[min(i + plan["chunk"], len(steps)) - 1]], now=0.0)
         live.judge(now=0.0)
     if late:  # a row of a step judged already (a rank's rows that came after the others')
@@ -179,7 +179,7 @@ def test_the_kept_verdict_is_the_reports_on_duckdb(tmp_path_factory: pytest.Temp
 #: a run with a bit of everything: a departure, a NaN that spreads, a key every other step, a straggler
 PLAN = {"world": 4, "steps": 300, "seed": 7, "chunk": 9, "keep_steps": 8, "straggler": (3, 40),
         "keys": [{"name": "loss", "every": 1, "start": 0, "depart": (1, 100, 260, 3.0), "nan": (2, 280, True, np.nan)},
-                 {"name": "acc", "every": 2, "start": -10}]}  # fmt: skip
+                 {"name": "acc", "every": 2, "start": -10}]}
 
 
 def test_the_verdict_kept_names_the_whole_runs_numbers(any_db: str) -> None:
@@ -261,7 +261,7 @@ def test_a_rank_whose_steps_go_back_has_its_steps_counted_from_the_summaries(tmp
     db = tmp_path / f"runs{suffix}"
     rng = np.random.default_rng(3)
     calls = [(rank, step, "loss", 1.0 + rng.normal(0, 0.01) + (2.0 if rank == 1 and step >= 20 else 0.0))
-             for step in range(60) for rank in range(3)]  # fmt: skip
+             for step in range(60) for rank in range(3)]
     calls += [(rank, 10 * epoch, "val", 0.5) for epoch in range(3) for rank in range(3)]  # (steps back)
     store = Store(db)
     run = store.create_run("back", world_size=3, transport="gather")
@@ -269,7 +269,7 @@ def test_a_rank_whose_steps_go_back_has_its_steps_counted_from_the_summaries(tmp
     side = SideRecords()
     watch = Watch(run.id, 3, AlertOutlets(side.add, echo=False), close_after=1e9)
     watch.judgement.add_rows(np.array([c[2] for c in calls], object), np.array([c[0] for c in calls]),
-                             np.array([c[1] for c in calls]), np.array([c[3] for c in calls]), now=0.0)  # fmt: skip
+                             np.array([c[1] for c in calls]), np.array([c[3] for c in calls]), now=0.0)
     watch.judgement.judge(now=0.0, final=True)
     assert watch.judgement.complete and watch.judgement.rank_steps() is None
     watch.keep_verdict()
@@ -290,7 +290,7 @@ def test_a_watch_that_sees_rank_0s_rows_only_keeps_no_whole_verdict() -> None:
     side = SideRecords()
     for transport, opens_per_transaction, alone in (("direct", True, True), ("direct", False, False), ("gather", True, False)):
         watch, _ = watch_for(1, 3, transport, "sqlite:///unused", opens_per_transaction,
-                             AlertOutlets(side.add, echo=False), close_after=1.0)  # fmt: skip
+                             AlertOutlets(side.add, echo=False), close_after=1.0)
         watch.judgement.judge(now=0.0, final=True)
         reason = watch.whole_reason()
         assert (reason is not None and "rank 0's rows only" in reason) == alone, (transport, reason)

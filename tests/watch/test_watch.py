@@ -53,7 +53,7 @@ def test_alert_agrees_with_the_report(ranks: int) -> None:
     clean[~np.isfinite(clean)] = np.nan
     (report,) = departures(np.arange(len(values)), np.arange(ranks), clean)
     assert [(f.kind, f.rank, f.key, f.first_step) for f in found] == [
-        ("non_finite", 0, "loss", 90), ("departure", report["rank"], "loss", report["first_step"])]  # fmt: skip
+        ("non_finite", 0, "loss", 90), ("departure", report["rank"], "loss", report["first_step"])]
     assert report["first_step"] == 120 and found[1].step_seen < 140  # during the run, soon after
 
 
@@ -97,7 +97,7 @@ def test_on_alert_exception_caught_and_said_once(caplog: pytest.LogCaptureFixtur
         for finding in live.judge(0.0, final=True):
             outlets.raise_alert(finding)
     assert [(t, r["kind"], r["rank"], r["first_step"]) for t, r in rows] == [("alerts", "non_finite", 0, 5),
-                                                                           ("alerts", "non_finite", 1, 5)]  # fmt: skip
+                                                                           ("alerts", "non_finite", 1, 5)]
     assert sum("on_alert raised RuntimeError" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -127,7 +127,7 @@ def test_direct_watch_reads_the_ranks_rows_while_they_are_written(many_writers_d
     run = store.create_run("direct", world_size=4, transport="direct")
     rows: list[dict] = []
     watch = Watch(run.id, 4, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=1.0,
-                  read_store=store.url)  # fmt: skip
+                  read_store=store.url)
     buffers = [RecordBuffer() for _ in range(4)]
     rng = np.random.default_rng(0)
     watch.start()
@@ -149,7 +149,7 @@ def test_direct_watch_reads_the_ranks_rows_while_they_are_written(many_writers_d
         watch.stop(5.0)
         store.close()
     assert [(r["kind"], r["rank"], r["key"], r["first_step"]) for r in rows] == [
-        ("non_finite", 2, "loss", 30), ("departure", 1, "loss", 60)]  # fmt: skip
+        ("non_finite", 2, "loss", 30), ("departure", 1, "loss", 60)]
 
 
 def test_gather_watch_sees_received_rows_before_the_writer_and_judges_each_once() -> None:
@@ -161,7 +161,7 @@ def test_gather_watch_sees_received_rows_before_the_writer_and_judges_each_once(
 
     import torch.distributed as dist
 
-    from multirank_logger.transport.row_channel import RowChannel
+    from multirank_logger.channel.row_channel import RowChannel
     from multirank_logger.watch.watch import Watch
     from multirank_logger.write.buffer import RecordBuffer
     from tests.helpers.launches import free_port
@@ -179,7 +179,7 @@ def test_gather_watch_sees_received_rows_before_the_writer_and_judges_each_once(
     rows: list[dict] = []
     # rank 0 logs nothing here: a step closes without it a second after its first row
     watch = Counted(1, 2, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=1.0,
-                    writers=frozenset({0}), peek=rank0.peek)  # fmt: skip
+                    writers=frozenset({0}), peek=rank0.peek)
     buffer = RecordBuffer()
 
     def send(first: int, nan_at: int | None = None) -> None:
@@ -221,7 +221,7 @@ def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: o
 
     def decision(run_id: int, rank: int, seq: int, step: int, monitor: str | None, decided: bool = True) -> dict:
         return {"run_id": run_id, "rank": rank, "seq": seq, "step": step, "callback": "StopOnAlert", "monitor": monitor,
-                "vote": monitor is not None, "decision": decided, "time": time.time()}  # fmt: skip
+                "vote": monitor is not None, "decision": decided, "time": time.time()}
 
     try:
         store.write_side({
@@ -232,7 +232,7 @@ def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: o
             "alerts": [{"run_id": runs[0].id, "rank": 1, "seq": 1, "kind": "stop", "key": "loss", "first_step": 60,
                         "step_seen": 64, "seen_at": time.time(), "message": "step 64: StopOnAlert ends the fit",
                         "detail": '{"alert_kind": "departure", "stopped_at": 64}'}],
-        })  # fmt: skip
+        })
     finally:
         store.close()
     with open_store(str(db_path)) as reader:
@@ -241,10 +241,10 @@ def test_a_stop_is_read_from_the_stop_alert_or_else_the_decision_rows(db_path: o
         found = reader.stopped_by("by_decisions")
         assert reader.stopped_by("ran_out") is None
     assert listed == ["stopped by StopOnAlert at step 64 (departure alert: rank 1, loss, from step 60)",
-                      "stopped by StopOnAlert at step 30 (straggler alert: rank 3, timing:data_s)", None]  # fmt: skip
+                      "stopped by StopOnAlert at step 30 (straggler alert: rank 3, timing:data_s)", None]
     assert on_the_page == listed
     assert found == {"step": 30, "alert_kind": "straggler", "key": "timing:data_s", "rank": 3, "first_step": None,
-                     "monitor": "straggler:timing:data_s:rank 3"}  # fmt: skip
+                     "monitor": "straggler:timing:data_s:rank 3"}
 
 
 def test_the_last_judgement_closes_every_step_and_says_so() -> None:
@@ -257,7 +257,7 @@ def test_the_last_judgement_closes_every_step_and_says_so() -> None:
     rows: list[dict] = []
     watch = Watch(1, 2, AlertOutlets(lambda table, row: rows.append(row), echo=False), close_after=3600.0)
     batch = pa.RecordBatch.from_pydict({"rank": [0, 1, 0, 1], "step": [8, 8, 9, 9], "seq": [0, 0, 1, 1],
-                                        "key": ["loss"] * 4, "value": [1.0, 1.0, 1.0, float("nan")]})  # fmt: skip
+                                        "key": ["loss"] * 4, "value": [1.0, 1.0, 1.0, float("nan")]})
     watch.start()
     watch.observe([batch], [])
     watch.stop(5.0, final=True)
@@ -312,7 +312,7 @@ def test_stop_on_alert_without_the_watch_is_refused_at_setup(tmp_path) -> None: 
 
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, logger=MultiRankLogger(db=str(tmp_path / "r.sqlite"),
                       save_dir=str(tmp_path), watch=False), callbacks=[StopOnAlert()], enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+                      enable_model_summary=False, default_root_dir=tmp_path)
     with pytest.raises(ValueError, match="StopOnAlert needs the watch's alerts.*has watch=False"):
         trainer.fit(Tiny())
 
@@ -351,7 +351,7 @@ def test_a_blocking_on_alert_delays_the_end_by_its_bound_and_is_said(caplog: pyt
 
     release = threading.Event()
     watch = Watch(1, 1, AlertOutlets(lambda table, row: None, lambda alert: release.wait(60), echo=False),
-                  close_after=3600.0)  # fmt: skip
+                  close_after=3600.0)
     batch = pa.RecordBatch.from_pydict({"rank": [0], "step": [3], "seq": [0], "key": ["loss"], "value": [float("nan")]})
     watch.start()
     watch.observe([batch], [])

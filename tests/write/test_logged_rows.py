@@ -20,7 +20,7 @@ from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.sinks import DirectSink
 from multirank_logger.write.writer_thread import BackgroundWriter, Destination
 from tests.helpers.internals import run_of
-from tests.logger_helpers import query
+from tests.helpers.logger_helpers import query
 
 
 def _logger(db: Path) -> MultiRankLogger:

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 import torch.distributed as dist
 
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.store.spill_file import SpillWriter, read_spill
-from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.sinks import SENDER_HELD_VALUES, GatherSender
 from multirank_logger.write.spiller import Spiller

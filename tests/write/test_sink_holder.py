@@ -11,13 +11,13 @@ import pytest
 import torch.distributed as dist
 
 from multirank_logger import MultiRankLogger
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import StoreUnreachable
 from multirank_logger.store.sql_store import Store
-from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSender
 from tests.helpers.internals import run_of
 from tests.helpers.launches import free_port
-from tests.logger_helpers import query
+from tests.helpers.logger_helpers import query
 
 
 @pytest.fixture

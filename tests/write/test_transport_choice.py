@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import InvalidTransport
 from multirank_logger.store.backends import backend_for, resolve_url
-from multirank_logger.transport.row_channel import RowChannel
 from multirank_logger.write.buffer import RecordBuffer
 from multirank_logger.write.transport_choice import _plan, choose_transport, filesystem_type
 from tests.helpers.launches import free_port
@@ -175,7 +175,7 @@ def test_a_node_writer_carries_its_ranks_rows_on_a_store_of_its_own_and_stops_it
 def test_a_writer_publishes_loopback_for_its_own_host_and_a_routable_address_across_hosts() -> None:
     """Its ranks all on its host: loopback. Ranks on other hosts: the address of the interface that
     reaches the launch's master (never a loopback one, which those hosts cannot reach)."""
-    from multirank_logger.transport.node_rows import reachable_host
+    from multirank_logger.channel.node_rows import reachable_host
 
     assert reachable_host(False) == "127.0.0.1"
     assert reachable_host(True, master="127.0.0.1") == socket.getfqdn()  # the master is local: no route to read

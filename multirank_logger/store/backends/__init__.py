@@ -50,7 +50,7 @@ _LAZY = {
     "Backend": "base",
     "DuckDBBackend": "duckdb", "register_alembic_impl": "duckdb", "PostgreSQLBackend": "postgresql",
     "SQLiteBackend": "sqlite", "SQLITE_BUSY_TIMEOUT_MS": "store_files", "SUFFIXES": "store_files",
-}  # fmt: skip
+}
 
 
 def __getattr__(name: str) -> Any:

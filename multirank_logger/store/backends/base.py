@@ -30,8 +30,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from multirank_logger.errors import QueryFailed
-from multirank_logger.model.csv_layout import LongRows, row_columns, whole_calls
-from multirank_logger.model.schema import metrics, step_summaries
+from multirank_logger.rows.csv_layout import LongRows, row_columns, whole_calls
+from multirank_logger.rows.schema import metrics, step_summaries
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -91,7 +91,7 @@ class Backend:
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
         """Insert one batch of metric rows (`batch.METRICS_SCHEMA`) on an open transaction
         (SQLAlchemy's executemany)."""
-        from multirank_logger.model.batch import column_lists  # pyarrow: not for a store opened to read
+        from multirank_logger.rows.batch import column_lists  # pyarrow: not for a store opened to read
 
         columns = [c.name for c in table.columns]
         conn.execute(table.insert(), [dict(zip(columns, row)) for row in zip(*column_lists(batch, columns))])
@@ -188,7 +188,7 @@ class Backend:
         return None
 
     def json_member(self, column: Any, keys: tuple[str, ...]) -> tuple[Any, Any]:
-        """The member under `keys` (from the top, objects only: model/param_path.py) of a JSON text column (``runs.hparams``), as two SQL
+        """The member under `keys` (from the top, objects only: rows/param_path.py) of a JSON text column (``runs.hparams``), as two SQL
         expressions: its text (a string's own characters; a number, true, false, null, a list or
         an object as JSON text) and its value as a float where it is a number (else NULL). Both
         NULL where the column or the member is missing. Here SQLite's JSON functions (JSON1)."""
@@ -197,7 +197,7 @@ class Backend:
         kind = sa.func.json_type(column, path)
         text = sa.case((~valid, None), (kind == "text", sa.func.json_extract(column, path)),
                        (kind.in_(["true", "false", "null"]), kind),
-                       else_=sa.cast(sa.func.json_extract(column, path), sa.Text))  # fmt: skip
+                       else_=sa.cast(sa.func.json_extract(column, path), sa.Text))
         number = sa.case((~valid, None), (kind.in_(["integer", "real"]), sa.cast(sa.func.json_extract(column, path), sa.Float)))
         return text, number
 

@@ -20,8 +20,8 @@ from sqlalchemy.pool import NullPool
 from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger._util.fork_keep import keep_forever
 from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, ReadOnlyViolation, StoreError, StoreLocked
-from multirank_logger.model.csv_layout import LongRows
-from multirank_logger.model.schema import metrics
+from multirank_logger.rows.csv_layout import LongRows
+from multirank_logger.rows.schema import metrics
 from multirank_logger.store.backends.base import FULL_CHECK_BYTES, Backend, StoreFileFacts, driver_connection, json_path
 from multirank_logger.store.backends.duckdb_params import inline_before_cursor_execute, inline_parameters
 from multirank_logger.store.backends.readonly_sql import refusal_or_failure
@@ -223,9 +223,9 @@ class DuckDBBackend(Backend):
         valid = sa.func.json_valid(column)
         kind = sa.func.json_type(column, path)
         text = sa.case((~valid, None), (kind == "VARCHAR", sa.func.json_extract_string(column, path)),
-                       else_=sa.cast(sa.func.json_extract(column, path), sa.Text))  # fmt: skip
+                       else_=sa.cast(sa.func.json_extract(column, path), sa.Text))
         number = sa.case((~valid, None),
-                         (kind.in_(["DOUBLE", "BIGINT", "UBIGINT"]), sa.cast(sa.func.json_extract(column, path), sa.Float(53))))  # fmt: skip
+                         (kind.in_(["DOUBLE", "BIGINT", "UBIGINT"]), sa.cast(sa.func.json_extract(column, path), sa.Float(53))))
         return text, number
 
     def numpy_columns(self, conn: sa.Connection, stmt: sa.Select, types: Sequence[type]) -> list[np.ndarray] | None:

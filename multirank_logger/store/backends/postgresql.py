@@ -29,7 +29,7 @@ _NOT_READS = {
     "fetch", "grant", "import", "insert", "listen", "load", "lock", "merge", "move", "notify", "prepare",
     "reassign", "refresh", "reindex", "release", "reset", "revoke", "rollback", "savepoint", "security", "set",
     "start", "truncate", "unlisten", "update", "vacuum",
-}  # fmt: skip
+}
 # SQLSTATEs of a refused write: read_only_sql_transaction, insufficient_privilege (what the
 # reading role may not do), active_sql_transaction (a SET TRANSACTION too late)
 _REFUSALS = {"25006", "42501", "25001"}
@@ -81,7 +81,7 @@ class PostgreSQLBackend(Backend):
         return None
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
-        from multirank_logger.model.batch import column_lists
+        from multirank_logger.rows.batch import column_lists
 
         cursor = driver_connection(conn).cursor()
         if not hasattr(cursor, "copy"):  # psycopg2: SQLAlchemy's executemany
@@ -110,7 +110,7 @@ class PostgreSQLBackend(Backend):
         member = above.op("->")(sa.literal(keys[-1], sa.Text))
         kind = sa.func.jsonb_typeof(member)
         text = sa.case((kind == "string", above.op("->>")(sa.literal(keys[-1], sa.Text))),
-                       else_=sa.cast(member, sa.Text))  # fmt: skip
+                       else_=sa.cast(member, sa.Text))
         number = sa.case((kind == "number", sa.cast(sa.cast(member, sa.Text), sa.Float(53))))
         return text, number
 

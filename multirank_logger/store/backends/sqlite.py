@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from multirank_logger.errors import DamagedStore, NotADatabase, QueryFailed, StoreLocked
-from multirank_logger.model.csv_layout import LongRows, in_call_order, row_columns
-from multirank_logger.model.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics
+from multirank_logger.rows.csv_layout import LongRows, in_call_order, row_columns
+from multirank_logger.rows.schema import DTYPE_NAN, DTYPE_NEG_ZERO, DTYPE_OF_TYPE, metrics
 from multirank_logger.store.backends.base import (
     FULL_CHECK_BYTES,
     Backend,
@@ -68,7 +68,7 @@ _READ_PRAGMAS = {
     "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
     "foreign_key_list", "database_list", "collation_list", "compile_options",
     "function_list", "module_list", "pragma_list",
-}  # fmt: skip
+}
 _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 
 
@@ -78,7 +78,7 @@ class SQLiteBackend(Backend):
 
     def has_table(self, conn: sa.Connection, name: str) -> bool:
         found = conn.execute(sa.text("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = :name"),
-                             {"name": name}).scalar()  # fmt: skip
+                             {"name": name}).scalar()
         return bool(found)
 
     @property
@@ -116,7 +116,7 @@ class SQLiteBackend(Backend):
         return engine
 
     def insert_metrics(self, conn: sa.Connection, table: sa.Table, batch: pa.RecordBatch) -> None:
-        from multirank_logger.model.batch import column_lists
+        from multirank_logger.rows.batch import column_lists
 
         # The driver's own cursor on positional tuples, fed lazily: a list of a big flush's
         # row tuples, all alive at once, kept the cyclic collector running full passes over

@@ -42,7 +42,7 @@ def available() -> bool:
 
 
 def arrow_chunks(uri: str, conn: sa.Connection, stmt: sa.Select, types: Sequence[type],
-                 busy_timeout_ms: int = 20_000) -> Iterator[list[np.ndarray]]:  # fmt: skip
+                 busy_timeout_ms: int = 20_000) -> Iterator[list[np.ndarray]]:
     """The rows of `stmt` as NumPy columns of `types` (int, float or object: a string), a batch
     at a time (none empty), read from the SQLite file at `uri` (a read-only URI); a NULL float is NaN.
 

@@ -134,7 +134,7 @@ def _open_sqlite(path: Path) -> Any:
     import sqlite3
 
     conn = sqlite3.connect(sqlite_readonly_uri(path), uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
-                           isolation_level=None)  # fmt: skip
+                           isolation_level=None)
     conn.execute("BEGIN")  # one snapshot for every read that follows (as the store's readers)
     return conn
 

@@ -3,7 +3,7 @@
  * `multirank-logger runs --param KEY=VALUE` does (query/run_filter.py: a string as its text, a
  * number as its value, lr=3e-4 and lr=0.0003 alike, anything else as its JSON text); any other
  * word is found in the run's label (name/version) or status, in any case. A run's params come
- * flat, each leaf by its path (model/param_path.py: optimizer.lr, "key.with.dot"), so KEY is
+ * flat, each leaf by its path (rows/param_path.py: optimizer.lr, "key.with.dot"), so KEY is
  * read as that path (splitPath, then dotted: "opt" and opt name one key) and matched whole.
  * The words are cut at spaces outside double quotes, so "my key"=1 is one word: the rule of
  * param_path.split_words, which cuts `runs --show-params` at its commas. splitWords, splitPath,

@@ -1,9 +1,9 @@
 """Metric rows in flight: one Arrow record batch, the one type from `RecordBuffer.drain` to the store.
 
 A drained batch goes as it is to the store (DuckDB reads it in place, SQLite and PostgreSQL
-take its columns as lists), over the wire to rank 0 and into spill files (model/wire.py: Arrow
+take its columns as lists), over the wire to rank 0 and into spill files (rows/wire.py: Arrow
 IPC), and to the live metrics.csv. `METRICS_SCHEMA`, its Arrow schema, is derived here from
-`model.schema.metrics`, so the column names, order and widths are spelled once.
+`rows.schema.metrics`, so the column names, order and widths are spelled once.
 
 Arrays are built from NumPy buffers (`numeric`): ``pyarrow.array`` on Python lists, or even
 on a NumPy array, imports pandas, which would land in the writer thread in the middle of
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 
-from multirank_logger.model.schema import metrics
+from multirank_logger.rows.schema import metrics
 
 __all__ = [
     "METRICS_SCHEMA",

@@ -1,4 +1,4 @@
-"""Nested hyperparameters by their dotted paths (model/param_path.py, issue 49): every leaf of any
+"""Nested hyperparameters by their dotted paths (rows/param_path.py, issue 49): every leaf of any
 nested dict has one path, the path reads back to its keys, and `runs --param PATH=VALUE` finds
 the run by it in a real store (SQLite and DuckDB), a key holding a dot never taken for a nesting
 nor a list walked into. Hypothesis over nested dicts."""
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from multirank_logger import open_store
 from multirank_logger.logger.run_settings import jsonable
-from multirank_logger.model.param_path import dotted, flat_params, param_at, split_key_value, split_path, split_words
 from multirank_logger.query.run_filter import RunFilter, parse_param
+from multirank_logger.rows.param_path import dotted, flat_params, param_at, split_key_value, split_path, split_words
 from multirank_logger.store.sql_store import Store
 
 #: keys as people write them, and the characters a path must quote: dots, spaces, '='; quotes
@@ -25,12 +25,12 @@ from multirank_logger.store.sql_store import Store
 SEARCHABLE_KEYS = st.text(alphabet="ab.= _-0", min_size=1, max_size=6)
 ANY_KEYS = st.text(alphabet='ab."\\=, \t0', max_size=5)
 LEAVES = (st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False, width=32) | st.booleans()
-          | st.none() | st.text(alphabet="xy .=", max_size=4) | st.lists(st.integers(0, 9), max_size=3))  # fmt: skip
+          | st.none() | st.text(alphabet="xy .=", max_size=4) | st.lists(st.integers(0, 9), max_size=3))
 
 
 def _nested(keys: st.SearchStrategy[str]) -> st.SearchStrategy[dict[str, Any]]:
     return st.recursive(st.dictionaries(keys, LEAVES, max_size=3),
-                        lambda inner: st.dictionaries(keys, inner | LEAVES, max_size=3), max_leaves=8)  # fmt: skip
+                        lambda inner: st.dictionaries(keys, inner | LEAVES, max_size=3), max_leaves=8)
 
 
 def _leaves(d: dict[str, Any], above: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
@@ -85,7 +85,7 @@ def store_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(params=_nested(SEARCHABLE_KEYS), decoy=_nested(SEARCHABLE_KEYS))
 def test_every_leaf_is_found_by_its_path_in_a_real_store(store_path: Path, params: dict[str, Any],
-                                                        decoy: dict[str, Any]) -> None:  # fmt: skip
+                                                        decoy: dict[str, Any]) -> None:
     """Two runs, one with `params` and one with `decoy`, stored: `--param PATH=VALUE` of each leaf
     of `params` finds its run, and finds the decoy only where the decoy holds that same value at
     that same path (by hand)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from multirank_logger.channel.tcpstore_client import StoreClient
 from multirank_logger.errors import ChannelError
-from multirank_logger.transport.tcpstore_client import StoreClient
 
 __all__ = ["EndReports"]
 

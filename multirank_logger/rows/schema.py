@@ -232,7 +232,7 @@ COARSE_STEPS = 64
 coarse_summaries = sa.Table(
     "coarse_summaries", metadata,
     *_summary_columns("COARSE_STEPS", "bit i: a row in steps `step + 16 i` .. `step + 16 i + 15`"),
-)  # fmt: skip
+)
 sa.Index("ix_coarse_summaries_run_key", coarse_summaries.c.run_id, coarse_summaries.c.key).ddl_if(
     dialect=("sqlite", "postgresql")  # type: ignore[arg-type]
 )

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from multirank_logger._util.dist_env import current_world_size, dist_if_initialized
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import ChannelTimeout, IdentityTimeout
-from multirank_logger.model.run_ref import RunRef
-from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.rows.run_ref import RunRef
 
 __all__ = ["IdentityBoard", "RunIdentity", "children_environment", "withdraw_identity"]
 

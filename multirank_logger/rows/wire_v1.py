@@ -3,7 +3,7 @@
 The metric payloads of spill files of format versions 1 and 2 (written before issue 18) are
 in it: a fixed header (magic, rows, distinct keys), a key table, then one little-endian packed
 array per column. Nothing writes it any more: the channel and new spill files (format version
-3) carry model/wire.py's Arrow IPC streams. This keeps the files ranks spilled before that
+3) carry rows/wire.py's Arrow IPC streams. This keeps the files ranks spilled before that
 importable (store/spill_file.py picks the decoder by the file's format version).
 """
 
@@ -14,8 +14,8 @@ import struct
 import numpy as np
 import pyarrow as pa
 
-from multirank_logger.model.batch import metrics_batch
-from multirank_logger.model.schema import DTYPE_NAN
+from multirank_logger.rows.batch import metrics_batch
+from multirank_logger.rows.schema import DTYPE_NAN
 
 __all__ = ["decode_batch_v1"]
 

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from multirank_logger.model.schema import SIDE_TABLES
+from multirank_logger.rows.schema import SIDE_TABLES
 
 __all__ = ["SideRecords", "decode_side", "encode_side"]
 
@@ -31,7 +31,7 @@ _COLUMNS = {name: frozenset(table.columns.keys()) for name, table in SIDE_TABLES
 #: missing ``time`` is the time of the call): a row without one would be refused by the store at
 #: the writer's insert, long after the call returned, and its batch spilled
 _REQUIRED = {name: tuple(c.name for c in table.columns if not c.nullable and c.name not in ("run_id", "rank", "seq", "time"))
-             for name, table in SIDE_TABLES.items()}  # fmt: skip
+             for name, table in SIDE_TABLES.items()}
 _TIMED = frozenset(name for name, table in SIDE_TABLES.items() if "time" in table.columns)
 
 
@@ -47,7 +47,7 @@ class SideRecords:
         self._dropped = 0  # rows dropped past MAX_PENDING, not yet taken by `take_dropped`
 
     def add(self, table: str, values: Mapping[str, Any]) -> None:
-        """Keep one row of `table` (a name in `model.schema.SIDE_TABLES`).
+        """Keep one row of `table` (a name in `rows.schema.SIDE_TABLES`).
 
         Raises:
             KeyError: for a table or a column the schema does not have.
@@ -59,7 +59,7 @@ class SideRecords:
             raise KeyError(f"{table} has no column(s) {sorted(unknown)}; its columns are {columns}")
         if missing := [name for name in _REQUIRED[table] if values.get(name) is None]:
             raise ValueError(f"a {table} row needs {', '.join(missing)}: pass {', '.join(f'{m}=...' for m in missing)} "
-                             f"(nothing of this row was kept)")  # fmt: skip
+                             f"(nothing of this row was kept)")
         row = {**values, "seq": 0}
         if table in _TIMED and row.get("time") is None:
             row["time"] = time.time()

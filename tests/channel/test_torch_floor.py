@@ -7,8 +7,8 @@ import torch.distributed as dist
 
 from multirank_logger import MultiRankLogger
 from multirank_logger._util.torch_version import TORCH_FLOOR
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import TorchTooOld
-from multirank_logger.transport.row_channel import RowChannel
 
 
 def test_installed_torch_has_the_queue_calls() -> None:

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from multirank_logger.model.schema import DTYPE_BOOL, DTYPE_INT, DTYPE_NEG_ZERO
+from multirank_logger.rows.schema import DTYPE_BOOL, DTYPE_INT, DTYPE_NEG_ZERO
 
 __all__ = [
     "STEP_COLUMN", "LongRows", "csv_columns", "format_calls", "in_call_order", "to_frame", "whole_calls", "write_csv",
@@ -80,7 +80,7 @@ class LongRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from multirank_logger.model.batch import column_numpy_copy
+        from multirank_logger.rows.batch import column_numpy_copy
 
         keys = pc.dictionary_encode(table.column("key"))
         if hasattr(keys, "combine_chunks"):  # a Table's column is chunked; a RecordBatch's is not

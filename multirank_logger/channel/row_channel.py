@@ -9,7 +9,7 @@ It knows nothing about SQL.
 Wire format, under the prefix ``multirank_logger/{namespace}/``:
 
 - ``rows/{r}``: a TCPStore queue per sending rank ``r``; each item is one encoded batch
-  (``model.wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop``
+  (``rows.wire.encode_batch``: an Arrow IPC stream of one record batch, no pickle). ``queue_pop``
   removes what rank 0 consumed, so the server's memory stays flat.
 - ``ack/{r}``: a counter of rank ``r``'s items that rank 0 has taken *and* handed to its
   writer (an item is acknowledged at the ``receive`` call after the one that returned
@@ -42,10 +42,10 @@ from typing import Any
 import pyarrow as pa
 
 from multirank_logger._util.torch_version import require_store_queues
+from multirank_logger.channel.node_rows import NodeRoutes
+from multirank_logger.channel.tcpstore_client import bounded, pop_all, split_rows
 from multirank_logger.errors import ChannelError
-from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.transport.node_rows import NodeRoutes
-from multirank_logger.transport.tcpstore_client import bounded, pop_all, split_rows
+from multirank_logger.rows.wire import decode_batch, encode_batch
 
 __all__ = ["RowChannel"]
 
@@ -376,7 +376,7 @@ class RowChannel(NodeRoutes):
     # sender whose rank 0 is gone says how many it could not deliver (write/sinks.py).
 
     def send_side(self, payload: bytes) -> None:
-        """Queue one encoded set of side rows (`model.side_records.encode_side`) for rank 0.
+        """Queue one encoded set of side rows (`rows.side_records.encode_side`) for rank 0.
 
         Raises:
             ChannelError: when rank 0's store cannot be reached.

@@ -24,8 +24,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import ChannelError
-from multirank_logger.transport.row_channel import RowChannel
 
 __all__ = ["FACTS_WAIT_S", "RANK_FACT_KEYS", "data_parallel_index", "fetch_facts", "gpu_facts", "mesh_coordinates", "mesh_given", "publish_facts",
            "rank_facts", "use_mesh"]

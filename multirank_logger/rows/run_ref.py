@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from multirank_logger.model.schema import BIGINT_MAX
+from multirank_logger.rows.schema import BIGINT_MAX
 
 __all__ = ["RunRef", "run_number"]
 

@@ -1,4 +1,4 @@
-"""Each rank's place (schema 0011, transport/rank_facts.py): the GPU it drives, read from what
+"""Each rank's place (schema 0011, channel/rank_facts.py): the GPU it drives, read from what
 torch reports (no GPU here: a simulated ``torch.cuda`` and device properties), its data-parallel
 index from a device mesh (a simulated one) or its rank, and a real CPU run storing NULL GPUs."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from multirank_logger import MultiRankLogger
-from multirank_logger.transport.rank_facts import data_parallel_index, fetch_facts, gpu_facts, publish_facts, rank_facts
+from multirank_logger.channel.rank_facts import data_parallel_index, fetch_facts, gpu_facts, publish_facts, rank_facts
 from tests.helpers.logger_helpers import query
 
 UUID = "5a7e1c2d-0b3f-4e51-9d2a-6c8b7f0e1a23"

@@ -19,8 +19,8 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-from multirank_logger.transport.end_reports import EndReports
-from multirank_logger.transport.tcpstore_client import bounded
+from multirank_logger.channel.end_reports import EndReports
+from multirank_logger.channel.tcpstore_client import bounded
 
 __all__ = ["NodeRoutes", "RowsHost", "reachable_host"]
 

@@ -21,10 +21,10 @@ import pytest
 import sqlalchemy as sa
 import torch.distributed as dist
 
+from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import ChannelError, ChannelTimeout
-from multirank_logger.model.batch import METRICS_SCHEMA, empty_batch
-from multirank_logger.model.wire import decode_batch, encode_batch
-from multirank_logger.transport.row_channel import RowChannel
+from multirank_logger.rows.batch import METRICS_SCHEMA, empty_batch
+from multirank_logger.rows.wire import decode_batch, encode_batch
 from multirank_logger.write.buffer import RecordBuffer
 from tests.helpers.launches import free_port
 from tests.helpers.processes import stop_process
@@ -167,7 +167,7 @@ def test_a_damaged_payload_is_reported_and_the_rest_arrives(
     rank1.send(first)
     rank1._client().queue_push("rows/1", encode_batch(channel_batch(1, 4, first_seq=9))[:-20])
     rank1.send(last)
-    with caplog.at_level("ERROR", logger="multirank_logger.transport.row_channel"):
+    with caplog.at_level("ERROR", logger="multirank_logger.channel.row_channel"):
         got = rank0.receive()
     assert [b.equals(want) for b, want in zip(got, [first, last])] == [True, True] and len(got) == 2
     assert rank0.damaged_batches == 1

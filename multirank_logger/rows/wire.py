@@ -1,14 +1,14 @@
 """The byte encoding of a batch of metric rows (version 2 of the wire, the current one): an Arrow
-IPC stream, shared by the rank-to-rank channel (transport/row_channel.py) and the metric payloads
+IPC stream, shared by the rank-to-rank channel (channel/row_channel.py) and the metric payloads
 of spill files (store/spill_file.py, format version 3).
 
 One stream per payload: the schema, the key dictionary, one record batch, the end-of-stream
 marker. No pickle: these bytes cross the network and sit in files, and unpickling them
-could run code. `decode_batch` accepts only a whole stream of `model.batch.METRICS_SCHEMA` rows
+could run code. `decode_batch` accepts only a whole stream of `rows.batch.METRICS_SCHEMA` rows
 and validates it (dictionary indices, string offsets) before a store reads it.
 
 Spill files written before issue 18 (format versions 1 and 2) hold the first encoding
-(``MRB1``): model/wire_v1.py reads it.
+(``MRB1``): rows/wire_v1.py reads it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.ipc
 
-from multirank_logger.model.batch import METRICS_SCHEMA
+from multirank_logger.rows.batch import METRICS_SCHEMA
 
 __all__ = ["decode_batch", "encode_batch"]
 
