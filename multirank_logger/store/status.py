@@ -50,6 +50,7 @@ __all__ = [
     "exit_status",
     "final_status",
     "keep_unheard",
+    "mark_incomplete",
     "rank_end_unknown",
     "read_back_run",
     "record_rank_end",
@@ -458,6 +459,13 @@ def _settle_heard_ranks(conn: sa.Connection, run_id: int, others: Any) -> None:
             .where(ranks.c.run_id == run_id, ranks.c.rank == int(rank), ranks.c.status.in_(UNENDED))
             .values(**values)
         )
+
+
+def mark_incomplete(store: StatusStore, run_id: int) -> None:
+    """Record a run that ended in success "incomplete": rows it holds no count of (side-table rows)
+    are in a spill file. `settle_imported` makes it a success again once that file is imported."""
+    with store.begin() as conn:
+        conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == SUCCESS).values(status=INCOMPLETE))
 
 
 def settle_imported(conn: sa.Connection, run_id: int, values: int) -> None:

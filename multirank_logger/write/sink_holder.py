@@ -123,6 +123,8 @@ class SinkHolder:
         self.transport: str | None = None
         self.spiller: Spiller | None = None  # one per run: every phase spills into one file
         self.own_recorded = (0, 0)  # this rank's (spilled, lost) values already added to the run's row
+        #: this rank's side-table rows in its spill file when the run's end was last recorded
+        self.side_rows_recorded = 0
         #: gather rank 0: the senders' (spilled, lost) reported in a phase whose end the store did
         #: not take, for the next end it records
         self.others_pending = (0, 0)
@@ -201,6 +203,7 @@ class SinkHolder:
             )
             self.spiller = Spiller(spill, shown, rank)
             self.own_recorded = self.others_pending = (0, 0)
+            self.side_rows_recorded = 0
         return self.spiller
 
     def place_moved(self) -> None:
