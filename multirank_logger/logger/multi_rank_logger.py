@@ -183,8 +183,7 @@ class MultiRankLogger(Logger):
         waits += [(name, s) for name, s in (("finalize_timeout", finalize_timeout), ("start_timeout", start_timeout))
                   if s is not None]
         for argument, seconds in waits:
-            if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
-                raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
+            _check_seconds(argument, seconds)
         if db is None:
             if save_dir is None:
                 raise TypeError("MultiRankLogger needs save_dir (as CSVLogger does), or db=, or both")
@@ -358,7 +357,12 @@ class MultiRankLogger(Logger):
             logger.log_metrics({"loss": 0.25}, step=10)
             if logger.flush(timeout=10):
                 ...  # step 10 is in the store
+
+        Raises:
+            ValueError: for a `timeout` that is not a number of seconds greater than 0 and finite
+                (a wait with no end is not a flush).
         """
+        _check_seconds("timeout", timeout)
         return self._run.logged.flush(timeout)
 
     @property
@@ -412,6 +416,12 @@ class MultiRankLogger(Logger):
         Never a collective and never an unbounded wait: with ``"failed"`` a peer may be dead.
         """
         finish_run(self._run, status)
+
+
+def _check_seconds(argument: str, seconds: object) -> None:
+    """A wait given in seconds: a number greater than 0 and finite, else one error saying what to pass."""
+    if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
+        raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
 
 
 def _dropped(run: RankRun) -> None:

@@ -47,6 +47,21 @@ def _store_refusing_writes(db: Path, backend: str) -> Iterator[None]:
         con.close()
 
 
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf"), "5", None])
+def test_flush_refuses_a_timeout_that_is_no_finite_wait_and_loses_nothing(tmp_path: Path, timeout: object) -> None:
+    """flush(timeout=...) takes a number of seconds > 0 and finite: anything else (a wait with no
+    end, a NaN that never compares) is refused at the call with one line saying what to pass, and
+    the rows logged before it are stored by the next flush."""
+    db = tmp_path / "runs.sqlite"
+    logger = _logger(db)
+    logger.log_metrics({"a": 1.0}, step=0)
+    with pytest.raises(ValueError, match=r"timeout=.*: pass a number of seconds greater than 0 \(and finite\)"):
+        logger.flush(timeout=timeout)  # type: ignore[arg-type]
+    assert logger.flush(timeout=30)
+    assert query(db, "SELECT key, step, value FROM metrics") == [("a", 0, 1.0)]
+    logger.finalize("success")
+
+
 def test_flush_stores_every_row_logged_so_far(tmp_path: Path, backend: str) -> None:
     """After flush() returns True, a reader of the store sees every call logged so far, mid-run."""
     db = tmp_path / f"runs.{backend}"
