@@ -48,20 +48,31 @@ def run_launch(cmd: Sequence[str], *, cwd: Any, env: dict[str, str], timeout: fl
     launch runs with faulthandler on, and a stuck one is sent SIGABRT, which dumps each of its
     threads' stack to its stderr (a launch stuck on a fresh CI machine must say where)."""
     env = {**env, "PYTHONFAULTHANDLER": "1"}
-    with subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _abort_tree(proc.pid)
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            _abort_tree(proc.pid)
-            try:
-                out, err = proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, err = proc.communicate()
-            pytest.fail(f"the launch ran past {timeout:g} s: {' '.join(map(str, cmd))}\n--- stdout ---\n{out[-6000:]}"
-                        f"\n--- stderr (the stacks of its processes last) ---\n{err[-20000:]}", pytrace=False)
+            _kill_group(proc)
+            out, err = proc.communicate()
+        _kill_group(proc)  # any process of the launch the aborts left
+        pytest.fail(f"the launch ran past {timeout:g} s: {' '.join(map(str, cmd))}\n--- stdout ---\n{out[-6000:]}"
+                    f"\n--- stderr (the stacks of its processes last) ---\n{err[-20000:]}", pytrace=False)
+    except BaseException:  # pytest-timeout, Ctrl-C: the launch (its own session) goes with the test
+        _kill_group(proc)
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL to the launch's session (the launcher and its ranks), then reap the launcher."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _abort_tree(pid: int) -> None:
