@@ -33,7 +33,6 @@ from multirank_logger.store.status import (
     SUCCESS,
     end_attempt,
     final_status,
-    mark_incomplete,
     read_back_run,
     record_rank_end,
 )
@@ -202,27 +201,23 @@ def _record_end(end: _End, store: Store) -> None:
     if status == SUCCESS and holder.rank == 0:
         status = _success_if_readable(store, run_id, status)
     spilled, lost = end.spilled_lost()
+    # side-table rows (an alert, the verdict, log lines) in the spill file since the last end
+    # recorded: the run lacks them until the file is imported (record_rank_end says so)
+    side_total = holder.spiller.side_rows_spilled if holder.spiller is not None else 0
+    side_spilled = side_total - holder.side_rows_recorded
 
     def record() -> bool:
         now = time.time()  # one end time, whatever the retries
         retry_while_locked(lambda: record_rank_end(
             store, run_id, rank=holder.rank, gather_world=end.gather_world, status=status, others=end.others,
-            facts=end.facts, now=now, values_spilled=spilled, values_lost=lost, attempt=run.attempt,
-            senders=end.senders,
+            facts=end.facts, now=now, values_spilled=spilled, values_lost=lost, side_rows_spilled=side_spilled,
+            attempt=run.attempt, senders=end.senders,
         ), min(end.left(), 5.0))
         return True
 
-    # side-table rows (an alert, the verdict, log lines) the store refused at the end are in the
-    # spill file: the run lacks them until it is imported, as the spiller's summary says. No count
-    # holds them (values_spilled counts values), so the run is marked "incomplete" outright; the
-    # import settles it (spill_import: an incomplete run that lacks nothing known is a success)
-    side_spilled = holder.spiller.side_rows_spilled if holder.spiller is not None else 0
     if safely(record, "recording the run's end"):
         holder.own_recorded, holder.others_pending = holder.spilled_lost(), (0, 0)
-        if side_spilled > holder.side_rows_recorded:
-            safely(lambda: retry_while_locked(lambda: mark_incomplete(store, run_id), min(end.left(), 5.0)),
-                   "recording the run incomplete (side rows in the spill file)")
-        holder.side_rows_recorded = side_spilled
+        holder.side_rows_recorded = side_total
     else:
         log.error("multirank_logger: the run's end could not be recorded: the store still says 'running'.")
         holder.others_pending = end.others_spilled_lost()

@@ -209,12 +209,12 @@ class StoreReader:
     def runs(self, where: RunFilter | None = None) -> Any:
         """One row per run (of those `where` keeps: query/run_filter.py): id, run (label), name, version, status, world_size, started,
         duration_s, steps, keys, last_value (the time of its latest stored value, NaT if none),
-        values_spilled, values_lost, ends_unknown, stopped_by, uuid.
+        values_spilled, values_lost, side_rows_spilled, ends_unknown, stopped_by, uuid.
 
         ``duration_s`` runs to ``ended_at``, or to the last logged value while a run is
         still running. ``steps`` counts the distinct steps rank 0 logged; ``keys`` the
         distinct keys any rank logged. What keeps an ``incomplete`` run from success:
-        ``values_spilled`` (in spill files, not imported yet), ``values_lost``, and
+        ``values_spilled`` and ``side_rows_spilled`` (in spill files, not imported yet), ``values_lost``, and
         ``ends_unknown``, the ranks whose end the store never heard (``missing``, or
         ``running`` in a run that is over; an earlier launch's, in ``unheard_ends``: status.py).
         ``stopped_by``: why a run ended before its end, from its stored rows (`StopOnAlert`'s

@@ -26,12 +26,18 @@ __all__ = ["read_last_step", "read_lost_hours", "read_run_headers", "read_run_ro
 PER_RUN_READS = 32
 
 
+def _side_rows_spilled() -> Any:
+    """SQL, for the ``runs`` row of the query: its ranks' side-table rows in spill files, not imported yet."""
+    return (sa.select(sa.func.coalesce(sa.func.sum(ranks.c.side_rows_spilled), 0)).where(ranks.c.run_id == runs.c.id)
+            .scalar_subquery().label("side_rows_spilled"))
+
+
 def _runs_select(where: Sequence[Any] = ()) -> sa.Select:
     """The runs (those meeting `where`: query/run_filter.py), without what their summaries say (`_summary_facts`)."""
     return (
         sa.select(runs.c.id, runs.c.name, runs.c.version, runs.c.version_name, runs.c.status, runs.c.world_size,
                   runs.c.started_at, runs.c.ended_at, runs.c.values_spilled, runs.c.values_lost,
-                  ends_unknown().label("n_ends_unknown"), runs.c.run_uuid)
+                  _side_rows_spilled(), ends_unknown().label("n_ends_unknown"), runs.c.run_uuid)
         .where(*where).order_by(runs.c.id)
     )
 
@@ -129,6 +135,7 @@ def read_runs(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] = ()
             "last_value": pd.to_datetime(df["last_time"].astype("float64"), unit="s", utc=True),
             "values_spilled": _counts(df["values_spilled"]),
             "values_lost": _counts(df["values_lost"]),
+            "side_rows_spilled": _counts(df["side_rows_spilled"]),
             "ends_unknown": _counts(df["n_ends_unknown"]),
             # why the run ended before its end: StopOnAlert's stop (its step and alert), else None
             "stopped_by": pd.Series([stops.get(int(i)) for i in df["id"]], index=df.index, dtype="object"),
@@ -161,7 +168,7 @@ def read_run_rows(fetch_arrow: Callable[[sa.Select], Any], where: Sequence[Any] 
              "steps": steps.get(int(r["id"]), 0), "keys": int(r["n_keys"] or 0),
              "last_time": None if r["last_time"] is None else float(r["last_time"]),
              "values_spilled": int(r["values_spilled"] or 0), "values_lost": int(r["values_lost"] or 0),
-             "ends_unknown": int(r["n_ends_unknown"] or 0), "stopped_by": stops.get(int(r["id"])), "uuid": r["run_uuid"],
+             "side_rows_spilled": int(r["side_rows_spilled"] or 0), "ends_unknown": int(r["n_ends_unknown"] or 0), "stopped_by": stops.get(int(r["id"])), "uuid": r["run_uuid"],
              "lost_hours": lost.get(int(r["id"]), (None, None))[0], "lost_hours_unit": lost.get(int(r["id"]), (None, None))[1]}
         )
     return out

@@ -16,14 +16,15 @@ __all__ = ["runs_data_text", "runs_table_text", "status_text", "utc_seconds"]
 
 
 def status_text(status: str, started_at: float, last_time: float | None, stopped_by: str | None, spilled: int,
-                lost: int, unknown: int) -> str:
+                lost: int, unknown: int, side_spilled: int = 0) -> str:
     """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
     killer) never records its end, and only its silence tells it from a live one. Any other
     run with why it stopped early (StopOnAlert) and what it lacks (an incomplete one: why it is
     not a success)."""
     if status != "running":
         lacks = [f"{spilled} value(s) in spill files" if spilled else "", f"{lost} lost" if lost else "",
-                 f"{unknown} rank end(s) never heard" if unknown else ""]
+                 f"{unknown} rank end(s) never heard" if unknown else "",
+                 f"{side_spilled} side-table row(s) in spill files" if side_spilled else ""]
         lacks = [text for text in lacks if text]
         status = f"{status}, {stopped_by}" if stopped_by else status
         return f"{status} ({', '.join(lacks)})" if lacks else status
@@ -60,7 +61,7 @@ def runs_table_text(rows: list[dict[str, Any]], params: dict[int, dict[str, Any]
         "id": [r["id"] for r in rows],
         "run": [r["run"] for r in rows],
         "status": [status_text(r["status"], r["started_at"], r["last_time"], r["stopped_by"], r["values_spilled"],
-                               r["values_lost"], r["ends_unknown"]) for r in rows],
+                               r["values_lost"], r["ends_unknown"], r["side_rows_spilled"]) for r in rows],
         "ranks": [r["world_size"] for r in rows],
         "started (UTC)": [utc_seconds(r["started_at"]) for r in rows],
         "duration": [duration_text(r["duration_s"]) for r in rows],

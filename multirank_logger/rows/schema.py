@@ -138,6 +138,8 @@ ranks = sa.Table(
     sa.Column("dp_rank", sa.Integer, nullable=True, comment="its index among the data-parallel replicas"),
     sa.Column("slurm_node", sa.String(255), nullable=True, comment="SLURMD_NODENAME: Slurm's name of its node"),
     sa.Column("mesh", sa.String(1024), nullable=True, comment="its device-mesh coordinates, JSON {dim: [coordinate, size]}"),
+    sa.Column("side_rows_spilled", sa.BigInteger, nullable=True,
+              comment="side-table rows (alerts, findings, logs...) in its spill file, not imported yet"),
     sa.PrimaryKeyConstraint("run_id", "rank", name="pk_ranks"),
 )
 

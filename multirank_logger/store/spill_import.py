@@ -40,6 +40,7 @@ from multirank_logger.store.sql_store import unseen_side_rows
 from multirank_logger.store.status import (
     INCOMPLETE,
     MISSING,
+    count_off_side_rows,
     keep_unheard,
     rank_end_unknown,
     settle_imported,
@@ -110,7 +111,7 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
         end_known = not rank_end_unknown(conn, run_id, rank, header.get("attempt"))
         report: dict[str, Any] = {"path": path, "spill_id": spill_id, "run_id": run_id, "name": name, "version": version, "rank": rank}
         pending: list[Any] = []
-        read = added = side_added = earlier = 0
+        read = added = side_added = side_read = earlier = 0
         seen_end = False
         end = None
         new: list[int] = []  # the ordinals of the frames this import reads
@@ -139,6 +140,7 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
                 if sum(map(len, pending)) >= IMPORT_ROWS:
                     store_pending()
             elif kind == "side":
+                side_read += sum(map(len, obj.values()))
                 side_added += _insert_side(store, conn, obj, run_id)
             elif kind == "hparams":
                 if recreated:  # logged after the header was written: the latest is the run's
@@ -167,6 +169,8 @@ def _import_frames(store: Any, path: str, header: dict[str, Any], frames: Iterat
             # whole at last (an intact copy of a file whose damage kept its launch's end unheard)
             conn.execute(unheard_ends.delete().where(unheard_ends.c.run_id == run_id, unheard_ends.c.rank == rank,
                                                      unheard_ends.c.attempt == int(header["attempt"])))
+        # side rows are counted (on the rank) only by an end the rank recorded itself, never by the file's
+        count_off_side_rows(conn, run_id, rank, side_read if end_known else 0)
         # an end recorded only now (this file's) counted every value of the file: those imported
         # before it too, which were not taken off then (the run did not count them yet)
         settle_imported(conn, run_id, read if end_known else read + earlier if rank_status is not None else 0)

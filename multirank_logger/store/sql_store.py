@@ -433,9 +433,13 @@ class Store:
     def register_rank(self, run_id: int, rank: int, **facts: Any) -> None:
         """Record (or refresh) one rank's facts: local_rank, node_rank, host, pid, status."""
         facts.setdefault("status", RUNNING)
+        this_rank = ranks.c.run_id == run_id, ranks.c.rank == rank
         with self.begin() as conn:
-            conn.execute(ranks.delete().where(ranks.c.run_id == run_id, ranks.c.rank == rank))
-            conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), **facts))
+            # an earlier launch's side rows still in its spill file stay counted (status.run_is_whole)
+            side = conn.execute(sa.select(ranks.c.side_rows_spilled).where(*this_rank)).scalar()
+            conn.execute(ranks.delete().where(*this_rank))
+            conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), side_rows_spilled=side,
+                                               **facts))
 
     def register_absent_ranks(self, run_id: int, ranks_: range) -> None:
         """Record `ranks_` as running where they have no row yet (a rank registering itself at the

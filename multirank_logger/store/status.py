@@ -44,13 +44,13 @@ __all__ = [
     "VANISHED",
     "StatusStore",
     "close_earlier_launches",
+    "count_off_side_rows",
     "end_at_exit",
     "end_attempt",
     "ends_unknown",
     "exit_status",
     "final_status",
     "keep_unheard",
-    "mark_incomplete",
     "rank_end_unknown",
     "read_back_run",
     "record_rank_end",
@@ -110,7 +110,8 @@ def run_is_whole() -> Any:
     unstored = sa.func.coalesce(runs.c.values_spilled, 0) + sa.func.coalesce(runs.c.values_lost, 0)
     unended = sa.select(ranks.c.rank).where(_unended_rank()).exists()
     unheard = sa.select(unheard_ends.c.rank).where(_unheard_end()).exists()
-    return sa.and_(unstored == 0, ~unended, ~unheard)
+    side_spilled = sa.select(ranks.c.rank).where(ranks.c.run_id == runs.c.id, ranks.c.side_rows_spilled > 0).exists()
+    return sa.and_(unstored == 0, ~unended, ~unheard, ~side_spilled)
 
 
 def ends_unknown() -> Any:
@@ -211,6 +212,7 @@ def record_rank_end(
     now: float | None = None,
     values_spilled: int = 0,
     values_lost: int = 0,
+    side_rows_spilled: int = 0,
     attempt: int | None = None,
     senders: Sequence[int] | None = None,
 ) -> None:
@@ -226,7 +228,9 @@ def record_rank_end(
     here: its spill file, imported, records it). At a success, such a rank is also kept in
     ``unheard_ends`` under this launch's `attempt`, so that a later launch (``test`` after
     ``fit``), which registers the rank again, cannot make the run a success before that file is
-    imported.
+    imported. So do side-table rows this rank put in its spill file (an alert, the verdict, log lines
+    the store refused at the end): added to this rank's ``side_rows_spilled``, counted off by the
+    import of its file.
 
     All of it on one connection (each DuckDB open costs CPU, whatever the write). Each step is
     idempotent: the caller retries the whole on a busy store (``retry_while_locked``), with the
@@ -250,6 +254,9 @@ def record_rank_end(
         if values_spilled or values_lost:
             with store.begin() as conn:
                 _count_unstored(conn, run_id, values_spilled, values_lost)
+        if side_rows_spilled:
+            with store.begin() as conn:
+                _count_side_spilled(conn, run_id, rank, side_rows_spilled)
         with store.begin() as conn:
             if rank == 0 or status != SUCCESS:
                 # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize
@@ -274,6 +281,24 @@ def keep_unheard(
     if new:
         rows = [{"run_id": run_id, "rank": r, "attempt": attempt, "recorded_at": now} for r in new]
         conn.execute(unheard_ends.insert(), rows)
+
+
+def _count_side_spilled(conn: sa.Connection, run_id: int, rank: int, rows: int) -> None:
+    """`rows` more side-table rows of `rank` in its spill file: the run lacks them (`run_is_whole`)."""
+    side = ranks.c.side_rows_spilled
+    conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank)
+                 .values(side_rows_spilled=sa.func.coalesce(side, 0) + rows))
+    # rank 0 may have ended the run already
+    conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == SUCCESS).values(status=INCOMPLETE))
+
+
+def count_off_side_rows(conn: sa.Connection, run_id: int, rank: int, rows: int) -> None:
+    """`rows` side-table rows of `rank`'s spill file are in the store now: counted off its
+    ``side_rows_spilled`` (never below 0); `settle_imported` then settles the run."""
+    if rows:
+        side = ranks.c.side_rows_spilled
+        conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank, side > 0)
+                     .values(side_rows_spilled=sa.case((side > rows, side - rows), else_=0)))
 
 
 def _count_unstored(conn: sa.Connection, run_id: int, spilled: int, lost: int) -> None:
@@ -461,17 +486,11 @@ def _settle_heard_ranks(conn: sa.Connection, run_id: int, others: Any) -> None:
         )
 
 
-def mark_incomplete(store: StatusStore, run_id: int) -> None:
-    """Record a run that ended in success "incomplete": rows it holds no count of (side-table rows)
-    are in a spill file. `settle_imported` makes it a success again once that file is imported."""
-    with store.begin() as conn:
-        conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == SUCCESS).values(status=INCOMPLETE))
-
-
 def settle_imported(conn: sa.Connection, run_id: int, values: int) -> None:
     """`values` spilled values are in the store now: count them off the run's ``values_spilled``;
-    a run left "incomplete" only for want of them (no value lost, no rank whose end is unknown)
-    is a success again (only a run that ended in success is recorded as incomplete)."""
+    a run left "incomplete" only for want of them (no value lost, no rank whose end is unknown,
+    no side-table row in a spill file) is a success again (only a run that ended in success is
+    recorded as incomplete)."""
     before = conn.execute(sa.select(runs.c.values_spilled).where(runs.c.id == run_id)).scalar_one()
     spilled = max((before or 0) - values, 0)
     if spilled != (before or 0):

@@ -445,7 +445,13 @@ def test_side_rows_spilled_at_the_end_leave_the_run_incomplete_until_imported(tm
     assert len(spills) == 1
     assert query(db, "SELECT status FROM runs") == [("incomplete",)]
     assert query(db, "SELECT key, value FROM metrics") == [("loss", 1.0)]
+    (side,) = query(db, "SELECT side_rows_spilled FROM ranks WHERE rank = 0")[0]
+    assert side >= 1  # what the run lacks, counted: `runs` says why it is incomplete
+    listed = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "runs", str(db)], capture_output=True,
+                            text=True, timeout=120)
+    assert f"incomplete ({side} side-table row(s) in spill files)" in listed.stdout, listed.stdout + listed.stderr
     imported = subprocess.run([sys.executable, "-m", "multirank_logger.cli", "import", str(db), str(spills[0])],
                               capture_output=True, text=True, timeout=120)
     assert imported.returncode == 0, imported.stderr
     assert query(db, "SELECT status FROM runs") == [("success",)]
+    assert query(db, "SELECT side_rows_spilled FROM ranks") == [(0,)]

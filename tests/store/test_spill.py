@@ -616,3 +616,56 @@ def test_import_recreates_a_run_the_store_lacks_from_the_spill_header(db_path: P
     assert status == "incomplete" and ranks == [(0, "missing"), (1, "success")]  # rank 0's file not imported yet
     assert import_spill(store, spill.path).already_imported and _count(store, report.run_id) == 8
     store.close()
+
+
+@pytest.mark.parametrize("spilling_rank", [0, 1])
+def test_side_rows_in_a_spill_file_keep_the_run_incomplete_whichever_rank_ends_last(
+        db_path: Path, tmp_path: Path, spilling_rank: int) -> None:
+    """Direct transport, 2 ranks each recording its own end: the rank whose side rows went to its
+    spill file (`side_rows_spilled`) makes the run "incomplete", whether it ends first or after the
+    other (which must not settle the run back); importing its file makes the run a success."""
+    import sqlalchemy as sa
+
+    from multirank_logger.store.status import record_rank_end
+
+    store = Store(db_path)
+    run = store.create_run("side", world_size=2)
+    for rank in (0, 1):
+        store.register_rank(run.id, rank, status="running")
+    for rank in (0, 1):  # rank 0 first: the other rank's end is the last word
+        record_rank_end(store, run.id, rank=rank, gather_world=0, status="success", others={}, facts={},
+                        side_rows_spilled=4 if rank == spilling_rank else 0)
+    assert _run_state(store, run.id)[0] == "incomplete"
+    with store.begin() as conn:
+        counts = conn.execute(sa.text(f"SELECT rank, side_rows_spilled FROM ranks WHERE run_id = {run.id} ORDER BY rank"))
+        assert [(r, n or 0) for r, n in counts] == [(r, 4 if r == spilling_rank else 0) for r in (0, 1)]
+    spill = SpillWriter(tmp_path / "spill", run_id=run.id, name="side", version=run.version, rank=spilling_rank)
+    spill.write_side(_side_rows(run_id=run.id))
+    spill.write_end("success", 0, 0)
+    report = import_spill(store, spill.path)
+    assert report.side_rows_added == 4  # the file holds what the rank counted
+    assert _run_state(store, run.id)[0] == "success"
+    with store.begin() as conn:
+        assert conn.execute(sa.text(f"SELECT max(side_rows_spilled) FROM ranks WHERE run_id = {run.id}")).scalar() in (0, None)
+    store.close()
+
+
+def test_side_rows_spilled_by_one_launch_keep_the_run_incomplete_through_the_next(db_path: Path, tmp_path: Path) -> None:
+    """Launch 0 ends with 2 side rows in rank 0's spill file; launch 1 (a resume) registers rank 0
+    again and ends cleanly: the run stays "incomplete" (register_rank carries the count over)
+    until the file is imported."""
+    from multirank_logger.store.status import record_rank_end
+
+    store = Store(db_path)
+    run = store.create_run("resumed", world_size=1)
+    store.register_rank(run.id, 0, status="running")
+    record_rank_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={}, side_rows_spilled=2)
+    store.register_rank(run.id, 0, status="running")  # the next launch
+    record_rank_end(store, run.id, rank=0, gather_world=0, status="success", others={}, facts={})
+    assert _run_state(store, run.id)[0] == "incomplete"
+    spill = SpillWriter(tmp_path / "spill", run_id=run.id, name="resumed", version=run.version, rank=0)
+    spill.write_side({"logs": _side_rows(rank=0, run_id=run.id)["logs"][:2]})
+    spill.write_end("success", 0, 0)
+    import_spill(store, spill.path)
+    assert _run_state(store, run.id)[0] == "success"
+    store.close()
