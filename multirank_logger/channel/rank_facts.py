@@ -27,7 +27,7 @@ from typing import Any
 from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import ChannelError
 
-__all__ = ["FACTS_WAIT_S", "RANK_FACT_KEYS", "data_parallel_index", "fetch_facts", "gpu_facts", "mesh_coordinates", "mesh_given", "publish_facts",
+__all__ = ["FACTS_WAIT_S", "RANK_FACT_KEYS", "data_parallel_index", "fetch_facts", "gpu_facts", "given_mesh", "mesh_coordinates", "publish_facts",
            "rank_facts", "use_mesh"]
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,9 @@ def use_mesh(mesh: Any) -> None:
     _GIVEN_MESH[:] = [] if mesh is None else [mesh]
 
 
-def mesh_given() -> bool:
-    """Whether this process was told its device mesh (`use_mesh`)."""
-    return bool(_GIVEN_MESH)
+def given_mesh() -> Any:
+    """The device mesh this process was told (`use_mesh`), or None."""
+    return _GIVEN_MESH[-1] if _GIVEN_MESH else None
 
 
 def mesh_coordinates(mesh: Any) -> str | None:

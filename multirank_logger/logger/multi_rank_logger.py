@@ -393,12 +393,18 @@ class MultiRankLogger(Logger):
         Lightning's ModelParallelStrategy builds its mesh after this logger registered the rank
         and hands the module here (``_log_hyperparams``, after the strategy's set-up); they are
         recorded with the rank's end. A ``mesh=`` given to the logger wins."""
-        from multirank_logger.channel.rank_facts import mesh_given, use_mesh
+        from multirank_logger.channel.rank_facts import given_mesh, use_mesh
 
         mesh = getattr(model, "_device_mesh", None)  # LightningModule.device_mesh, without its error when unset
-        if mesh is None or mesh_given():
+        if mesh is None:
             return
-        use_mesh(mesh)
+        given = given_mesh()
+        if given is None:
+            use_mesh(mesh)
+        elif given is not mesh:  # a mesh= given to a logger wins
+            return
+        # the mesh is the process's, the place each logger's: with Trainer(logger=[a, b]) the second
+        # finds the mesh already recorded by the first, and its rank row still needs the coordinates
         self._run.sink_holder.place_moved()
 
     @override

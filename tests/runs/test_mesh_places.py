@@ -100,17 +100,30 @@ def test_every_group_of_a_mesh_is_named_and_no_part_of_one() -> None:
 LIGHTNING_TRAIN = SCRIPTS / "model_parallel_train.py"
 
 
+@pytest.fixture(scope="module")
+def model_parallel_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 4-rank ModelParallelStrategy launch logging to a store per transport (a logger each):
+    ``<transport>/runs.sqlite``. Two loggers is also a case of its own: the second (gather) found
+    the mesh already recorded by the first's log_graph and its ranks were left without coordinates."""
+    tmp = tmp_path_factory.mktemp("model_parallel")
+    cmd = [sys.executable, str(LIGHTNING_TRAIN)]
+    for transport in ("direct", "gather"):
+        (tmp / transport).mkdir()
+        cmd += ["--db", str(tmp / transport / "runs.sqlite"), "--transport", transport]
+    env = {**train_env(), "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
+    proc = run_launch(cmd, cwd=tmp, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return tmp
+
+
 @pytest.mark.parametrize("transport", ["direct", "gather"])
-def test_lightning_model_parallel_ranks_store_the_strategys_mesh(tmp_path: Path, transport: str) -> None:
+def test_lightning_model_parallel_ranks_store_the_strategys_mesh(model_parallel_run: Path, transport: str) -> None:
     """Lightning's ModelParallelStrategy builds its mesh after the logger registered the ranks; the
     coordinates still reach every rank's row (a rank that writes its own: with its end; a gather
     sender: its facts published again, recorded by rank 0), and the data-parallel index is the
     mesh's."""
-    db = tmp_path / "runs.sqlite"
-    cmd = [sys.executable, str(LIGHTNING_TRAIN), "--db", str(db), "--transport", transport]
-    env = {**train_env(), "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
-    proc = run_launch(cmd, cwd=tmp_path, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    db = model_parallel_run / transport / "runs.sqlite"
+    assert query(db, "SELECT transport FROM runs") == [(transport,)]
     assert query(db, "SELECT status, world_size FROM runs") == [("success", 4)]
     got = {r: json.loads(m) if m else None for r, m in query(db, "SELECT rank, mesh FROM ranks")}
     assert got == {r: {"data_parallel": [r // 2, 2], "tensor_parallel": [r % 2, 2]} for r in range(4)}, got

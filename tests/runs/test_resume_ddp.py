@@ -51,15 +51,35 @@ def _csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-@pytest.mark.parametrize(
-    ("db_name", "transport"), [("runs.sqlite", "direct"), ("runs.sqlite", "gather"), ("runs.duckdb", "gather")]
-)
-def test_resume_from_checkpoint_continues_the_run(tmp_path: Path, db_name: str, transport: str) -> None:
+#: the store and transport of each variant of the resume: one launch pair logs to all three, a
+#: logger each (tests/scripts/resume_train.py), instead of a launch pair each (~35 s on 2 cores)
+RESUME_VARIANTS = [("runs.sqlite", "direct"), ("runs.sqlite", "gather"), ("runs.duckdb", "gather")]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1 epoch, then fit(ckpt_path=last) to 2 epochs with version=0, each launch logging to every
+    variant's store (its folder ``<store>-<transport>``, its CSV files beside it)."""
+    work = tmp_path_factory.mktemp("resumed")
+    stores: list[str] = []
+    for db_name, transport in RESUME_VARIANTS:
+        (work / f"{db_name}-{transport}").mkdir()
+        stores += ["--db", str(work / f"{db_name}-{transport}" / db_name), "--transport", transport]
+    for launch in (["--epochs", "1", "--launch", "0"], ["--epochs", "2", "--launch", "1", "--resume", "--version", "0"]):
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), *stores, "--save-dir", str(work), *launch], cwd=work, env=train_env(),
+            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return work
+
+
+@pytest.mark.parametrize(("db_name", "transport"), RESUME_VARIANTS)
+def test_resume_from_checkpoint_continues_the_run(resumed: Path, db_name: str, transport: str) -> None:
     """1 epoch, then fit(ckpt_path=last) to 2 epochs with version=0: one run, two attempts, every
     rank's rows of both launches, and a metrics.csv with the whole history in order."""
-    db = tmp_path / db_name
-    _launch(db, tmp_path, "--epochs", "1", "--launch", "0", "--transport", transport)
-    _launch(db, tmp_path, "--epochs", "2", "--launch", "1", "--transport", transport, "--resume", "--version", "0")
+    folder = resumed / f"{db_name}-{transport}"
+    db = folder / db_name
     assert query(db, "SELECT id, version, status, world_size, transport FROM runs") == [(1, 0, "success", 2, transport)]
     assert query(db, "SELECT attempt, world_size, status FROM attempts ORDER BY attempt") == [
         (0, 2, "success"),
@@ -72,9 +92,9 @@ def test_resume_from_checkpoint_continues_the_run(tmp_path: Path, db_name: str, 
     assert {k: [v for _, v in rows] for k, rows in values.items()} == {
         (r, s): [float(1000 * r + s)] for r in (0, 1) for s in range(8)
     }
-    rows = [r for r in _csv(tmp_path / "job" / "version_0" / "metrics.csv") if r["launch"]]
+    rows = [r for r in _csv(folder / "job" / "version_0" / "metrics.csv") if r["launch"]]
     assert [(r["step"], r["launch"]) for r in rows] == [(str(s), f"{float(s // 4)}") for s in range(8)]
-    with open(tmp_path / "job" / "version_0" / "metrics.csv") as fh:
+    with open(folder / "job" / "version_0" / "metrics.csv") as fh:
         assert fh.readline().strip() == "epoch,launch,rank_value,step"
     # the verdict of the second launch's watch is served only where it judged the whole run's rows:
     # with gather it saw its own launch's; with direct it read them all from the store

@@ -40,13 +40,15 @@ class TwoWay(L.LightningModule):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--db", required=True)
-    parser.add_argument("--transport", default="auto")
+    # --db and --transport may repeat, paired in order: a logger each, one launch for every variant
+    parser.add_argument("--db", required=True, action="append")
+    parser.add_argument("--transport", action="append")
     args = parser.parse_args()
     data = torch.utils.data.TensorDataset(torch.randn(64, 4))
     trainer = L.Trainer(accelerator="cpu", devices=4, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2),
                         max_steps=4, log_every_n_steps=1, enable_progress_bar=False, enable_checkpointing=False,
-                        enable_model_summary=False, logger=MultiRankLogger(db=args.db, name="tp", transport=args.transport))
+                        enable_model_summary=False, logger=[MultiRankLogger(db=db, name="tp", transport=transport)
+                                                for db, transport in zip(args.db, args.transport or ["auto"] * len(args.db), strict=True)])
     trainer.fit(TwoWay(), torch.utils.data.DataLoader(data, batch_size=4))
 
 

@@ -5,6 +5,10 @@ logged a step), and prints ``rank R step S`` so a test can preempt it mid-epoch.
 go to ``SAVE_DIR/ckpt`` (``last.ckpt`` every --ckpt-every steps and at each epoch's end).
 
 Usage: python tests/scripts/resume_train.py --db DB --save-dir DIR [--epochs N] [--resume] [--launch K] ...
+
+--db and --transport may be given several times, paired in order: one launch then logs to each
+store with its own logger (its files beside its store), so the variants of a test share one
+training instead of paying a launch each.
 """
 
 from __future__ import annotations
@@ -58,11 +62,11 @@ class TinyModel(LightningModule):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--db", required=True, action="append")
     parser.add_argument("--save-dir", required=True)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--strategy", default="ddp")
-    parser.add_argument("--transport", default="auto")
+    parser.add_argument("--transport", action="append")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--resume", action="store_true", help="fit from SAVE_DIR/ckpt/last.ckpt")
     parser.add_argument("--launch", type=int, default=0)
@@ -73,10 +77,16 @@ def main() -> None:
     parser.add_argument("--test", action="store_true", help="trainer.test after fit")
     args = parser.parse_args()
 
-    logger = MultiRankLogger(
-        db=args.db, save_dir=args.save_dir, name="job", version=args.version, run_key=args.run_key,
-        transport=args.transport, flush_interval=0.2,
-    )
+    transports = args.transport or ["auto"] * len(args.db)
+    if len(transports) != len(args.db):
+        parser.error("give --transport once for each --db, or not at all")
+    loggers = [
+        MultiRankLogger(
+            db=db, save_dir=args.save_dir if len(args.db) == 1 else os.path.dirname(db), name="job",
+            version=args.version, run_key=args.run_key, transport=transport, flush_interval=0.2,
+        )
+        for db, transport in zip(args.db, transports)
+    ]
     ckpt_dir = os.path.join(args.save_dir, "ckpt")
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=args.ckpt_every)
     trainer = Trainer(
@@ -85,7 +95,7 @@ def main() -> None:
         strategy=args.strategy,
         max_epochs=args.epochs,
         log_every_n_steps=1,
-        logger=logger,
+        logger=loggers,
         callbacks=[checkpoint],
         enable_progress_bar=False,
         enable_model_summary=False,
