@@ -32,11 +32,13 @@ REPEATS = int(os.environ.get("MULTIRANK_SIGTERM_REPEATS", "2"))
 
 
 @pytest.mark.parametrize("attempt", range(REPEATS))
-@pytest.mark.parametrize("backend", ["sqlite", "duckdb"])
-def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, backend: str, attempt: int) -> None:
-    """kill -TERM -PGID: the job ends by itself; every rank's rows up to the signal are stored; interrupted."""
-    db = tmp_path / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
-    cmd = train_cmd(db, tmp_path, "--steps", "400", "--sleep", "0.1", "--flush-interval", "3600")
+def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, attempt: int) -> None:
+    """kill -TERM -PGID: the job ends by itself; every rank's rows up to the signal are stored; interrupted.
+    One launch logs to a SQLite store (direct) and a DuckDB one (gather), a logger each: both flush."""
+    (tmp_path / "duckdb").mkdir()
+    stores = [tmp_path / "runs.sqlite", tmp_path / "duckdb" / "runs.duckdb"]
+    cmd = train_cmd(stores[0], tmp_path, "--also-db", str(stores[1]), "--steps", "400", "--sleep", "0.1",
+                    "--flush-interval", "3600")
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
@@ -56,10 +58,11 @@ def test_sigterm_to_the_process_group_flushes_every_rank(tmp_path: Path, backend
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert exited, f"the job hung after SIGTERM (killed after {GRACE_S} s):\n{rest[-3000:]}"
-    counts = dict(query(db, "SELECT rank, COUNT(*) FROM metrics WHERE key = 'rank_value' GROUP BY rank"))
-    # a rank that printed step S had its steps 0..S-1 through log_metrics before the signal
-    assert counts.get(0, 0) >= SEEN_STEPS and counts.get(1, 0) >= SEEN_STEPS, (counts, rest[-3000:])
-    assert query(db, "SELECT status FROM runs") == [("interrupted",)], rest[-3000:]
+    for db, transport in zip(stores, ("direct", "gather")):
+        counts = dict(query(db, "SELECT rank, COUNT(*) FROM metrics WHERE key = 'rank_value' GROUP BY rank"))
+        # a rank that printed step S had its steps 0..S-1 through log_metrics before the signal
+        assert counts.get(0, 0) >= SEEN_STEPS and counts.get(1, 0) >= SEEN_STEPS, (db.name, counts, rest[-3000:])
+        assert query(db, "SELECT status, transport FROM runs") == [("interrupted", transport)], rest[-3000:]
 
 
 def test_sigterm_reaches_every_rank_at_once_while_rank_0_flushes(tmp_path: Path) -> None:

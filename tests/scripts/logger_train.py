@@ -115,6 +115,8 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # a hung test can ask every rank for its stacks
     parser = argparse.ArgumentParser()
     parser.add_argument("--db", required=True)
+    parser.add_argument("--also-db", action="append", default=[],
+                        help="another store, logged to by a logger of its own (its files beside it): variants share a launch")
     parser.add_argument("--save-dir", required=True)
     parser.add_argument("--mode", default="normal")
     parser.add_argument("--strategy", default="ddp")
@@ -143,6 +145,10 @@ def main() -> None:
     if args.read_version:
         print(f"version before fit: {logger.version} {logger.log_dir}", flush=True)
     loggers = [logger] if args.csv_dir is None else [CSVLogger(args.csv_dir), logger]
+    loggers += [
+        MultiRankLogger(db=db, save_dir=os.path.dirname(db), flush_interval=args.flush_interval, timeout=args.timeout)
+        for db in args.also_db
+    ]
     trainer = Trainer(
         accelerator="cpu",
         devices=args.devices,
