@@ -36,6 +36,7 @@ from multirank_logger.errors import RemoteStore
 from multirank_logger.logger.experiment import RunExperiment
 from multirank_logger.logger.live_csv import LiveCsv
 from multirank_logger.rows.csv_layout import csv_columns, format_calls, write_header
+from tests.helpers.internals import run_of
 from tests.helpers.logged_calls import trainer_calls
 from tests.helpers.logger_helpers import query
 
@@ -69,7 +70,7 @@ def test_csvloggers_positional_order(tmp_path: Path) -> None:
     assert (logger.save_dir, logger.name, logger.version) == (str(tmp_path), "exp", 3)
     assert logger.log_dir == str(tmp_path / "exp" / "version_3")
     assert logger._prefix == "pre" and logger._flush_every == 7
-    assert (tmp_path / "runs.sqlite").is_file() and logger._run.settings.url.get_backend_name() == "sqlite"
+    assert (tmp_path / "runs.sqlite").is_file() and run_of(logger).settings.url.get_backend_name() == "sqlite"
     logger.log_metrics({"a": 1.0}, step=0)
     logger.finalize("success")
     assert (tmp_path / "exp" / "version_3" / "metrics.csv").read_bytes() == b"pre-a,step\r\n1.0,0\r\n"
@@ -328,7 +329,7 @@ def test_writer_leaves_the_file_to_save_while_saves_come(tmp_path: Path) -> None
     logger = MultiRankLogger(tmp_path, flush_interval=3600)
     logger.log_metrics({"a": 0.0}, step=0)
     logger.save()
-    files = logger._run.files
+    files = run_of(logger).files
     files.catch_up(0, now=False)  # the writer's cycle, after that save
     logger.log_metrics({"a": 1.0}, step=1)
     logger.save()
@@ -487,7 +488,7 @@ def test_built_and_dropped_leaves_no_thread_and_no_variable(tmp_path: Path, db_p
     before = set(threading.enumerate())
     logger = MultiRankLogger(tmp_path, db=db_path)
     assert set(threading.enumerate()) == before
-    variable = logger._run.board.env_var
+    variable = run_of(logger).board.env_var
     del logger
     gc.collect()
     assert variable not in os.environ
@@ -497,7 +498,7 @@ def test_finalize_stops_the_writer_and_removes_the_variable(tmp_path: Path, db_p
     """After a run, the writer thread is gone and no MULTIRANK_LOGGER_RUN_N variable is left."""
     before = set(threading.enumerate())
     logger = MultiRankLogger(tmp_path, db=db_path)
-    variable = logger._run.board.env_var
+    variable = run_of(logger).board.env_var
     logger.log_metrics({"a": 1.0}, step=0)
     assert logger.version == 0  # the run is allocated when first needed: now
     with children_environment():  # what Lightning's launcher gives the children it starts
@@ -546,7 +547,7 @@ def test_logger_dropped_unfinalized_leaves_nothing_behind(tmp_path: Path, db_pat
     logger.log_metrics({"a": 1.0}, step=0)
     logger.save()
     assert logger.version == 0
-    variable = logger._run.board.env_var
+    variable = run_of(logger).board.env_var
     del logger
     with children_environment():
         assert variable not in os.environ
@@ -570,7 +571,7 @@ def test_logger_kept_alive_leaves_no_variable_in_the_environment(tmp_path: Path,
     assert logger.version == 0 and logger.log_dir.endswith("version_0")
     assert dict(os.environ) == env_before
     with children_environment():
-        identity = RunIdentity.from_json(os.environ[logger._run.board.env_var])
+        identity = RunIdentity.from_json(os.environ[run_of(logger).board.env_var])
     assert identity.run.version == 0 and identity.pid == os.getpid()
     assert dict(os.environ) == env_before
     logger.finalize("success")

@@ -17,6 +17,7 @@ import pytest
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.logger.run_settings import ALERT_URL_ENV, DB_ENV
+from tests.helpers.internals import run_of
 from tests.helpers.launches import REPO, SCRIPTS
 from tests.helpers.logger_helpers import query, train_env
 
@@ -59,12 +60,12 @@ def test_an_argument_wins_over_the_environment(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv(ALERT_URL_ENV, ALERT_URL)
     from_env = MultiRankLogger(tmp_path / "logs")
     given = MultiRankLogger(tmp_path / "logs", db=tmp_path / "given.sqlite", alert_url="https://example.com/hook")
-    assert from_env._run.settings.db == str(tmp_path / "env.sqlite")
-    assert from_env._run.settings.alert_url == ALERT_URL and TOKEN not in repr(from_env)
-    assert given._run.settings.db == str(tmp_path / "given.sqlite")
-    assert given._run.settings.alert_url == "https://example.com/hook"
+    assert run_of(from_env).settings.db == str(tmp_path / "env.sqlite")
+    assert run_of(from_env).settings.alert_url == ALERT_URL and TOKEN not in repr(from_env)
+    assert run_of(given).settings.db == str(tmp_path / "given.sqlite")
+    assert run_of(given).settings.alert_url == "https://example.com/hook"
     monkeypatch.setenv(DB_ENV, "")  # set but empty: as unset, save_dir's default
-    assert MultiRankLogger(tmp_path / "logs")._run.settings.db == str(tmp_path / "logs" / "runs.sqlite")
+    assert run_of(MultiRankLogger(tmp_path / "logs")).settings.db == str(tmp_path / "logs" / "runs.sqlite")
 
 
 def test_a_bad_alert_url_from_the_environment_is_refused_unshown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from multirank_logger.errors import InvalidMetric
 from tests.helpers import nothing_lost as model
+from tests.helpers.internals import run_of
 from tests.helpers.launches import forkserver, spawn_ranks
 from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 
@@ -61,7 +62,7 @@ def run_in_process(db: str, scenario: model.Scenario, scratch: Path, spill_dir: 
             flush_logs_every_n_steps=model.FLUSH_EVERY, timeout=1.0, finalize_timeout=5.0,
         )
         _ = logger.experiment  # as Lightning's set-up does: the run exists from here on
-        run_uuid = logger._run.resolve().uuid
+        run_uuid = run_of(logger).resolve().uuid
         outcomes = []
         kept_from = 0  # the first call whose rows the store must hold (a deleted file takes the earlier ones)
         for i, call in enumerate(scenario.calls):
@@ -183,7 +184,7 @@ def _gather_rank(rank: int, world: int, port: int, db: str, scratch: str) -> Non
         flush_logs_every_n_steps=model.FLUSH_EVERY, timeout=10.0,
     )
     _ = logger.experiment
-    (work / f"uuid{rank}").write_text(logger._run.resolve().uuid)
+    (work / f"uuid{rank}").write_text(run_of(logger).resolve().uuid)
     outcomes = []
     for call in scenario.calls:
         try:

@@ -121,7 +121,7 @@ def unused_fork(db: str) -> None:
     os.waitpid(pid, 0)
     with Store(db).begin() as conn:
         runs = conn.exec_driver_sql("SELECT count(*) FROM runs").scalar()
-    print(json.dumps({"runs_after_the_fork": runs, "run_id": logger._run.identity and logger._run.identity.run.id}))
+    print(json.dumps({"runs_after_the_fork": runs, "run_id": run_of(logger).identity and run_of(logger).identity.run.id}))
 
 
 def release(db: str) -> None:

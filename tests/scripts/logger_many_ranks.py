@@ -53,6 +53,7 @@ def rank_main(
     )
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     from multirank_logger import MultiRankLogger
+    from tests.helpers.internals import run_of
 
     logger = MultiRankLogger(
         db=db, name="many", transport=transport, flush_interval=0.05, flush_logs_every_n_steps=20, export_csv=False,
@@ -68,7 +69,7 @@ def rank_main(
             _meet_the_kill(rank, logger, kill)
         logger.log_metrics({"value": value(rank, call), "call": call}, step=call)
         logger.save()
-    channel = getattr(logger._run.sink_holder.sink, "channel", None)  # where this rank's rows went (before finalize drops it)
+    channel = getattr(run_of(logger).sink_holder.sink, "channel", None)  # where this rank's rows went (before finalize drops it)
     route = None if channel is None else {
         "writer": channel.writer, "ns": channel.namespace,
         "rows_at": f"{channel.host or os.environ['MASTER_ADDR']}:{channel.port or os.environ['MASTER_PORT']}",

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from multirank_logger import MultiRankLogger
 from multirank_logger.write import process_hooks
+from tests.helpers.internals import run_of
 
 
 class TinyModel(LightningModule):
@@ -76,7 +77,7 @@ class TinyModel(LightningModule):
         prefix = getattr(self, "dump_env", None)
         if prefix:
             logger = next(lg for lg in self.loggers if isinstance(lg, MultiRankLogger))
-            board = logger._run.board
+            board = run_of(logger).board
             channel = board.channel(self.global_rank, self.trainer.world_size)
             identity = channel.fetch("identity", 10).decode() if channel is not None else ""
             with open(f"{prefix}.{self.global_rank}", "w") as fh:
