@@ -2,7 +2,8 @@
 
 tests/scripts/dropin_train.py logs with CSVLogger and MultiRankLogger in one Trainer (gloo on CPU),
 copies our metrics.csv aside while the run trains, and with ``--crash-at`` makes every rank
-raise mid-run. SQLite (every rank writes) and DuckDB (rank 0 writes what the others ship).
+raise mid-run. SQLite (every rank writes) and DuckDB (rank 0 writes what the others ship): one
+launch logs to both, a MultiRankLogger each, its files in its store's folder (``<backend>/``).
 """
 
 from __future__ import annotations
@@ -23,27 +24,41 @@ STEPS, CRASH_AT = 24, 20
 LATE_KEY_FROM = 10
 
 
-def _launch(tmp_path: Path, backend: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    db = tmp_path / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
-    cmd = [
-        sys.executable,
-        str(SCRIPT),
-        "--db",
-        str(db),
-        "--save-dir",
-        str(tmp_path),
-        "--csv-dir",
-        str(tmp_path / "csv"),
-    ]
+BACKENDS = ("sqlite", "duckdb")
+
+
+def _launch(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    stores: list[str] = []
+    for backend in BACKENDS:
+        (tmp_path / backend).mkdir()
+        stores += ["--db", str(_store(tmp_path, backend))]
+    cmd = [sys.executable, str(SCRIPT), *stores, "--save-dir", str(tmp_path), "--csv-dir", str(tmp_path / "csv")]
     return subprocess.run(
-        [*cmd, "--steps", str(STEPS), *extra],
-        cwd=tmp_path,
-        env=train_env(),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=240,
+        [*cmd, "--steps", str(STEPS), *extra], cwd=tmp_path, env=train_env(), check=False, capture_output=True,
+        text=True, timeout=240,
     )
+
+
+def _store(tmp_path: Path, backend: str) -> Path:
+    return tmp_path / backend / f"runs.{backend}"
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A training that ends well, our files copied aside at steps 6 and 16."""
+    tmp = tmp_path_factory.mktemp("grown")
+    proc = _launch(tmp, "--snapshot-at", "6", "16")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A training whose every rank raises at step 20."""
+    tmp = tmp_path_factory.mktemp("crashed")
+    proc = _launch(tmp, "--crash-at", str(CRASH_AT), "--snapshot-at")
+    assert proc.returncode != 0 and "crash at step 20" in proc.stderr, proc.stderr[-5000:]
+    return tmp
 
 
 def _table(data: bytes) -> tuple[list[str], list[dict[str, str]]]:
@@ -51,8 +66,8 @@ def _table(data: bytes) -> tuple[list[str], list[dict[str, str]]]:
     return list(reader.fieldnames or []), list(reader)
 
 
-def _ours(tmp_path: Path) -> Path:
-    return tmp_path / "lightning_logs" / "version_0" / "metrics.csv"
+def _ours(folder: Path) -> Path:
+    return folder / "lightning_logs" / "version_0" / "metrics.csv"
 
 
 def _theirs(tmp_path: Path) -> Path:
@@ -72,32 +87,30 @@ def _check_snapshot(snapshot: Path, final: bytes, least_rows: int) -> None:
     assert snapshot.read_bytes().endswith(b"\r\n") and b"\r\n\r\n" not in snapshot.read_bytes()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "duckdb"])
-def test_metrics_csv_grows_during_ddp_training(tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_metrics_csv_grows_during_ddp_training(grown: Path, backend: str) -> None:
     """Mid-run, rank 0's metrics.csv holds the calls logged so far in CSVLogger's layout, also
     after a new key rewrote it; at the end it is CSVLogger's file byte for byte."""
-    proc = _launch(tmp_path, backend, "--snapshot-at", "6", "16")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    final = _ours(tmp_path).read_bytes()
-    assert final == _theirs(tmp_path).read_bytes()
-    early, late = tmp_path / "snapshot.6.csv", tmp_path / "snapshot.16.csv"
+    ours = grown / backend
+    # each backend's default way (SQLite: every rank writes; DuckDB: rank 0 writes what the others ship)
+    assert query(_store(grown, backend), "SELECT transport FROM runs") == [({"sqlite": "direct", "duckdb": "gather"}[backend],)]
+    final = _ours(ours).read_bytes()
+    assert final == _theirs(grown).read_bytes()
+    early, late = ours / "snapshot.6.csv", ours / "snapshot.16.csv"
     _check_snapshot(early, final, least_rows=5)
     assert "late_key" not in _table(early.read_bytes())[0]
     _check_snapshot(late, final, least_rows=15)
     assert "late_key" in _table(late.read_bytes())[0]  # the file was rewritten with the wider header
-    assert {(tmp_path / f"experiment.{r}").read_text() for r in (0, 1)} == {"RunExperiment", "_DummyExperiment"}
-    assert (tmp_path / "experiment.0").read_text() == "RunExperiment"
+    assert {(ours / f"experiment.{r}").read_text() for r in (0, 1)} == {"RunExperiment", "_DummyExperiment"}
+    assert (ours / "experiment.0").read_text() == "RunExperiment"
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "duckdb"])
-def test_metrics_csv_left_after_a_failed_ddp_run(tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_metrics_csv_left_after_a_failed_ddp_run(crashed: Path, backend: str) -> None:
     """Every rank raises at step 20: rank 0's metrics.csv is left with every call logged before
     the crash, byte for byte what CSVLogger left, and the run is recorded as failed."""
-    proc = _launch(tmp_path, backend, "--crash-at", str(CRASH_AT), "--snapshot-at")
-    assert proc.returncode != 0 and "crash at step 20" in proc.stderr, proc.stderr[-5000:]
-    ours, theirs = _ours(tmp_path).read_bytes(), _theirs(tmp_path).read_bytes()
+    ours, theirs = _ours(crashed / backend).read_bytes(), _theirs(crashed).read_bytes()
     assert ours == theirs
     header, rows = _table(ours)
     assert len(rows) == CRASH_AT and "late_key" in header
-    db = tmp_path / ("runs.sqlite" if backend == "sqlite" else "runs.duckdb")
-    assert query(db, "SELECT status FROM runs") == [("failed",)]
+    assert query(_store(crashed, backend), "SELECT status FROM runs") == [("failed",)]

@@ -7,6 +7,9 @@ At the ``--snapshot-at`` steps, rank 0 waits (bounded) for our metrics.csv to ho
 logged so far and copies it aside, so the test sees what a user tailing the file saw.
 
 Usage: python tests/scripts/dropin_train.py --db DB --save-dir DIR --csv-dir DIR [--crash-at N] ...
+
+--db may repeat: a MultiRankLogger each (after CSVLogger), its files (metrics.csv, the snapshots,
+experiment.R) in its store's folder, so the backends share one training.
 """
 
 from __future__ import annotations
@@ -59,28 +62,29 @@ class TinyModel(LightningModule):
 
 
 class Snapshots(Callback):
-    """Rank 0 copies our live metrics.csv aside at given steps; every rank says what its
-    ``logger.experiment`` is."""
+    """Rank 0 copies each of our live metrics.csv files aside at given steps, into its logger's
+    save_dir; every rank says there what its ``logger.experiment`` is."""
 
-    def __init__(self, out: Path, steps: list[int]) -> None:
-        self.out = out
+    def __init__(self, steps: list[int]) -> None:
         self.steps = set(steps)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        kind = type(trainer.loggers[1].experiment).__name__
-        (self.out / f"experiment.{trainer.global_rank}").write_text(kind)
+        for ours in trainer.loggers[1:]:
+            kind = type(ours.experiment).__name__
+            (Path(ours.save_dir) / f"experiment.{trainer.global_rank}").write_text(kind)
 
     def on_train_batch_end(self, trainer: Trainer, *args: object) -> None:
         step = trainer.global_step  # calls logged so far (one per step, log_every_n_steps=1)
         if trainer.global_rank != 0 or step not in self.steps:
             return
-        path = Path(trainer.loggers[1].log_dir) / "metrics.csv"
-        deadline = time.monotonic() + SNAPSHOT_WAIT_S
-        # the batch that just ended is logged after this hook: the file can hold step - 1 calls
-        while time.monotonic() < deadline and _data_rows(path) < step - 1:
-            time.sleep(0.05)
-        if path.exists():
-            shutil.copyfile(path, self.out / f"snapshot.{step}.csv")
+        for ours in trainer.loggers[1:]:
+            path = Path(ours.log_dir) / "metrics.csv"
+            deadline = time.monotonic() + SNAPSHOT_WAIT_S
+            # the batch that just ended is logged after this hook: the file can hold step - 1 calls
+            while time.monotonic() < deadline and _data_rows(path) < step - 1:
+                time.sleep(0.05)
+            if path.exists():
+                shutil.copyfile(path, Path(ours.save_dir) / f"snapshot.{step}.csv")
 
 
 def _data_rows(path: Path) -> int:
@@ -93,7 +97,7 @@ def _data_rows(path: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--db", required=True, action="append")
     parser.add_argument("--save-dir", required=True)
     parser.add_argument("--csv-dir", required=True)
     parser.add_argument("--steps", type=int, default=24)
@@ -102,7 +106,11 @@ def main() -> None:
     args = parser.parse_args()
 
     out = Path(args.save_dir)
-    ours = MultiRankLogger(args.save_dir, db=args.db, flush_logs_every_n_steps=2, flush_interval=0.2)
+    ours = [
+        MultiRankLogger(args.save_dir if len(args.db) == 1 else str(Path(db).parent), db=db, flush_logs_every_n_steps=2,
+                        flush_interval=0.2)
+        for db in args.db
+    ]
     theirs = CSVLogger(args.csv_dir, flush_logs_every_n_steps=2)
     trainer = Trainer(
         accelerator="cpu",
@@ -110,14 +118,14 @@ def main() -> None:
         strategy="ddp",
         max_steps=args.steps,
         log_every_n_steps=1,
-        logger=[theirs, ours],
-        callbacks=[Snapshots(out, args.snapshot_at)],
+        logger=[theirs, *ours],
+        callbacks=[Snapshots(args.snapshot_at)],
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
     )
     trainer.fit(TinyModel(crash_at=args.crash_at))
-    (out / f"done.{trainer.global_rank}").write_text(json.dumps({"log_dir": ours.log_dir}))
+    (out / f"done.{trainer.global_rank}").write_text(json.dumps({"log_dir": ours[0].log_dir}))
 
 
 if __name__ == "__main__":
