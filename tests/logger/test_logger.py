@@ -19,6 +19,7 @@ from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWrita
 from multirank_logger.write.writer_thread import SELDOM_MAX_CALLS
 from tests.helpers.internals import run_of, writer_of
 from tests.helpers.logger_helpers import query
+from tests.helpers.stores import BACKEND_SUFFIXES
 
 
 def _logger(db: Path, **kwargs) -> MultiRankLogger:
@@ -271,21 +272,25 @@ def test_log_hyperparams_stored_with_the_run(db_path: Path) -> None:
     ("ending", "status"),
     [("raise RuntimeError('before fit')", "failed"), ("raise KeyboardInterrupt", "interrupted"), ("pass", "success")],
 )
-def test_a_script_that_dies_before_finalize_ends_its_run(db_path: Path, ending: str, status: str) -> None:
+def test_a_script_that_dies_before_finalize_ends_its_run(tmp_path: Path, ending: str, status: str) -> None:
     """A crash outside Lightning's loops (no finalize) records the run as failed or interrupted,
     its logged rows kept; a normal exit without finalize ends it as finalize("success") would
-    (issue 38 point 7: it stayed "running" forever)."""
+    (issue 38 point 7: it stayed "running" forever). One script logs to a store of each embedded
+    backend, a logger each: every run this process logged to is ended."""
+    stores = [tmp_path / f"runs{suffix}" for suffix in BACKEND_SUFFIXES.values()]
     script = (
         "from multirank_logger import MultiRankLogger\n"
-        f"logger = MultiRankLogger(db={str(db_path)!r}, flush_interval=3600)\n"
-        "logger.log_metrics({'a': 1.0}, step=0)\n"
+        f"loggers = [MultiRankLogger(db=db, flush_interval=3600) for db in {[str(db) for db in stores]!r}]\n"
+        "for logger in loggers:\n"
+        "    logger.log_metrics({'a': 1.0}, step=0)\n"
         f"{ending}\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (proc.returncode == 0) == (ending == "pass"), proc.stderr[-2000:]
-    assert query(db_path, "SELECT status FROM runs") == [(status,)]
-    assert query(db_path, "SELECT rank, status FROM ranks") == [(0, status)]
-    assert query(db_path, "SELECT key, value FROM metrics") == [("a", 1.0)]
+    for db in stores:
+        assert query(db, "SELECT status FROM runs") == [(status,)], db.name
+        assert query(db, "SELECT rank, status FROM ranks") == [(0, status)], db.name
+        assert query(db, "SELECT key, value FROM metrics") == [("a", 1.0)], db.name
 
 
 def test_rows_that_cannot_be_written_are_reported_at_exit(db_path: Path) -> None:
