@@ -39,7 +39,7 @@ from multirank_logger.store.status import (
 from multirank_logger.store.write_errors import describe
 from multirank_logger.write import process_hooks
 from multirank_logger.write.sink_holder import SinkHolder
-from multirank_logger.write.sink_protocol import Sink
+from multirank_logger.write.sink_protocol import SinkEnd
 
 __all__ = ["FAILED_TIMEOUT", "finish_run"]
 
@@ -120,7 +120,7 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     """The end with a sink: its last rows, the other ranks' ends, the run's row, the files.
     Whatever the sink's kind, the same calls: it answers for itself (write/sink_protocol.py)."""
     holder, writer = run.sink_holder, run.logged.writer
-    sink = holder.sink
+    sink: SinkEnd | None = holder.sink  # the end asks only its part of the protocol
     assert sink is not None and run.identity is not None
 
     def left() -> float:
@@ -253,7 +253,7 @@ def _success_if_readable(store: Store, run_id: int, status: str) -> str:
     return FAILED
 
 
-def _store_still_there(sink: Sink) -> bool:
+def _store_still_there(sink: SinkEnd) -> bool:
     def check() -> bool:
         sink.check_store()
         return True

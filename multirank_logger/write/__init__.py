@@ -15,8 +15,9 @@ Top down (each module imports only those below it):
 - writer_thread.py: `BackgroundWriter`, the thread that drains the buffer into the sink, retries
   and holds what the store refuses for a while, and spills the rest; it asks the run above once a
   cycle, through its `WriterOwner` protocol, where rows go.
-- sink_protocol.py: `Sink`, what the writer and the run's end (logger/finalize.py) ask of a sink,
-  so that neither asks which kind it holds.
+- sink_protocol.py: `Sink`, what the writer (`SinkWrites`), the run while it goes on
+  (`SinkUpdates`) and the run's end (`SinkEnd`, logger/finalize.py) ask of a sink, so that none
+  asks which kind it holds, and each sees only its part.
 - buffer.py: `RecordBuffer`, the hot path's memory (the only part the training thread touches).
 - spiller.py: where rows the store or rank 0 did not take go (the spill file), and what the
   user is told.

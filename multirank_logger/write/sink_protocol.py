@@ -1,6 +1,10 @@
 """What the background writer hands its batches to, and what `finalize` asks at the end: the
 `Sink` protocol (implementations in sinks.py: this rank writes the store, ships to rank 0 or a
-node's writer, or receives others' rows). Neither caller asks which kind of sink it holds."""
+node's writer, or receives others' rows). Neither caller asks which kind of sink it holds.
+
+`Sink` is three small protocols, one per caller, so each sees only what it asks: `SinkWrites`
+(the writer thread's cycle), `SinkUpdates` (the run's set-up and the training thread, while the
+run goes on) and `SinkEnd` (`finalize`, at the phase's end)."""
 
 from __future__ import annotations
 
@@ -12,22 +16,17 @@ import pyarrow as pa
 from multirank_logger.store.sql_store import Store
 from multirank_logger.write.spiller import Spiller
 
-__all__ = ["Cycle", "Sink"]
+__all__ = ["Cycle", "Sink", "SinkEnd", "SinkUpdates", "SinkWrites"]
 
 #: what the logger passes to `Sink.finish`: one writer cycle (receive, then write what it can)
 Cycle = Callable[[], Any]
 
 
-class Sink(Protocol):
-    """Where drained batches go, and how this rank's part ends (see sinks.py)."""
-
-    #: "direct", "gather" or "node": the transport the run chose
-    transport: str
+class SinkWrites(Protocol):
+    """What the background writer's cycle asks (write/writer_thread.py)."""
 
     #: where rows go that the store refused (None: they stay in memory)
     spiller: Spiller | None
-
-    # -- the writer's cycle ------------------------------------------------------------
 
     @property
     def opens_store_per_write(self) -> bool:
@@ -48,10 +47,12 @@ class Sink(Protocol):
     def receive(self) -> tuple[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]]:
         """Batches and side rows other ranks sent (rank 0 of a gather run), now this writer's to store."""
 
+
+class SinkUpdates(Protocol):
+    """What the run's set-up, the training thread and rank 0's watch ask while the run goes on."""
+
     def peek(self) -> list[pa.RecordBatch]:
         """The rows other ranks shipped here that the writer has not received yet (rank 0's watch)."""
-
-    # -- while the run goes on (the set-up, the training thread) ------------------------
 
     def update_run(self, **values: Any) -> None:
         """Queue column updates for the run's row (rank 0); the writer applies them (`write_run`)."""
@@ -68,7 +69,12 @@ class Sink(Protocol):
         for its writer to fetch at the end (True); a sink that records its own end returns
         False, and the end takes them."""
 
-    # -- the end of the phase (finalize), in this order ----------------------------------
+
+class SinkEnd(Protocol):
+    """What `finalize` asks at the end of the phase (logger/finalize.py), in this order."""
+
+    #: "direct", "gather" or "node": the transport the run chose
+    transport: str
 
     def finish(self, status: str, timeout: float, cycle: Cycle) -> dict[int, str]:
         """Wait (bounded by `timeout`) for what the end needs: the other ranks' last rows (a
@@ -107,3 +113,6 @@ class Sink(Protocol):
         """This rank's (spilled, lost) totals its writer has added to the run's row (a sender,
         after `finish`); None where this rank records its own end, and counts them itself."""
 
+
+class Sink(SinkWrites, SinkUpdates, SinkEnd, Protocol):
+    """Where drained batches go, and how this rank's part ends (see sinks.py): all three parts."""

@@ -42,7 +42,7 @@ from multirank_logger.rows.side_records import SideRecords
 from multirank_logger.store.write_errors import describe, is_transient
 from multirank_logger.write import process_hooks
 from multirank_logger.write.buffer import RecordBuffer
-from multirank_logger.write.sink_protocol import Sink
+from multirank_logger.write.sink_protocol import SinkWrites
 from multirank_logger.write.spiller import Spiller
 
 __all__ = ["HELD_VALUES_LIMIT", "BackgroundWriter", "Destination", "Observer", "ToSink", "WriterOwner"]
@@ -73,7 +73,7 @@ Observer = Callable[[list[pa.RecordBatch], list[dict[str, list[dict[str, Any]]]]
 class Destination(NamedTuple):
     """Where one cycle's rows go: the owner's answer to `WriterOwner.destination`."""
 
-    sink: Sink
+    sink: SinkWrites
     run_id: int
     rank: int  # the global rank the rows are filed under
     observe: Observer | None = None  # rank 0's watch, handed each cycle's new rows (None: no watch)
@@ -93,7 +93,7 @@ class WriterOwner(Protocol):
 class ToSink:
     """A `WriterOwner` whose rows always go to one sink, with no run above (benchmarks, tests)."""
 
-    def __init__(self, sink: Sink, run_id: int, rank: int) -> None:
+    def __init__(self, sink: SinkWrites, run_id: int, rank: int) -> None:
         self._destination = Destination(sink, run_id, rank)
 
     def destination(self, explicit: bool) -> Destination:
@@ -135,7 +135,7 @@ class BackgroundWriter:
         self._stop = False
         self._finish = False  # one last cycle, then the thread ends (`finish_soon`)
         self._held: list[pa.RecordBatch] = []  # batches the store has not taken yet, oldest first
-        self._sink: Sink | None = None  # the last sink the owner gave: its spiller takes the rest
+        self._sink: SinkWrites | None = None  # the last sink the owner gave: its spiller takes the rest
         self._last_ids: tuple[int, int] | None = None  # (run_id, rank) of that sink
         self._failures = 0
         self._failing_since = 0.0
@@ -359,7 +359,7 @@ class BackgroundWriter:
                 else:
                     log.error("multirank_logger: %s: %d value(s) are lost", why, len(values))
 
-    def _write_all(self, sink: Sink) -> bool:
+    def _write_all(self, sink: SinkWrites) -> bool:
         """Held rows, side rows and run updates, on one connection. False on a transient failure."""
         if not (self._held or self._side_retry):
             return self._write_rest(sink)  # no connection opened for nothing (a DuckDB open costs CPU)
@@ -370,7 +370,7 @@ class BackgroundWriter:
             self._note_failure(exc)
             return False
 
-    def _write_held(self, sink: Sink) -> bool:
+    def _write_held(self, sink: SinkWrites) -> bool:
         """Write the held batches, oldest first, as one transaction. False on a transient failure."""
         if len(self._held) > 1:  # one transaction for all of it
             self._held = [concat_batches(self._held)]
@@ -391,7 +391,7 @@ class BackgroundWriter:
             held.pop(0)
         return True
 
-    def _isolate(self, sink: Sink, batch: pa.RecordBatch, exc: BaseException) -> bool:
+    def _isolate(self, sink: SinkWrites, batch: pa.RecordBatch, exc: BaseException) -> bool:
         """`batch` failed for good: write it in halves until the failing rows are cut out and
         spilled; the others get stored. False when a transient failure interrupts (rest held)."""
         why = f"the store refused {{n}} value(s) for good ({describe(exc)}); the rows after them are written as usual"
@@ -416,7 +416,7 @@ class BackgroundWriter:
                 self.rows_written += len(half)
         return True
 
-    def _write_rest(self, sink: Sink) -> bool:
+    def _write_rest(self, sink: SinkWrites) -> bool:
         """Side rows and run updates. False on a transient failure."""
         try:
             while self._side_retry:
@@ -433,7 +433,7 @@ class BackgroundWriter:
             return False
         return True
 
-    def _recovered(self, sink: Sink) -> None:
+    def _recovered(self, sink: SinkWrites) -> None:
         if self._failures >= _WARN_AFTER_FAILURES:
             log.warning("multirank_logger: the store takes rows again after %d failed flushes", self._failures)
         self._failures = 0
