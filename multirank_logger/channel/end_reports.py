@@ -26,7 +26,7 @@ class EndReports(StoreClient):
         if not self.receives:
             raise ValueError(f"RowChannel.{what} runs on rank {self.writer} only (this is rank {self.rank})")
 
-    def report_unstored(self, spilled: int, lost: int) -> bool:
+    def report_spilled_lost(self, spilled: int, lost: int) -> bool:
         """Tell rank 0 how many values this rank put in its spill file or lost (its last word).
 
         Returns:
@@ -39,9 +39,9 @@ class EndReports(StoreClient):
                 return False
         return True
 
-    def unstored_reports(self, ranks: list[int], timeout: float) -> dict[int, tuple[int, int]]:
+    def spilled_lost_reports(self, ranks: list[int], timeout: float) -> dict[int, tuple[int, int]]:
         """Rank 0: the (spilled, lost) counts `ranks` reported, waiting at most `timeout` for all of them."""
-        self._require_rank0("unstored_reports")
+        self._require_rank0("spilled_lost_reports")
         deadline = time.monotonic() + timeout
         out: dict[int, tuple[int, int]] = {}
         for r in ranks:
@@ -73,7 +73,7 @@ class EndReports(StoreClient):
                 pass
 
     def report_counted(self, timeout: float) -> bool:
-        """Sender: whether rank 0 took this rank's `report_unstored` counts, waiting up to `timeout` s."""
+        """Sender: whether rank 0 took this rank's `report_spilled_lost` counts, waiting up to `timeout` s."""
         try:
             self._fetch_raw(f"counted/{self.rank}", timeout, "counted")  # bounded, its connect included
         except Exception:  # noqa: BLE001 - ChannelError, TimeoutError: rank 0 did not take them

@@ -18,7 +18,7 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
   when rank 0 is gone it can spill every row that may not have been stored.
 - ``done/{r}``: ``"{items} {status}"`` set by ``mark_done``: rank ``r`` sent ``items``
   items in all and will send no more.
-- ``end/{r}``: ``"{spilled} {lost}"`` set by ``report_unstored`` once rank ``r`` knows what
+- ``end/{r}``: ``"{spilled} {lost}"`` set by ``report_spilled_lost`` once rank ``r`` knows what
   it could not deliver (after rank 0 acknowledged its last rows, or gave up waiting).
 - ``counted/{r}``: set by rank 0 once it took rank ``r``'s ``end/{r}`` (``acknowledge_reports``):
   those counts are in the run's totals, and the sender's next phase reports only what follows.
@@ -70,7 +70,7 @@ class RowChannel(NodeRoutes):
     Senders (rank != 0) call `send` from a background thread and `mark_done` at the end;
     rank 0 calls `receive` and `done_ranks`. On `ChannelError`, spill ``exc.undelivered``.
     Small values go through `publish` and `fetch` (`StoreClient`'s), the counts of rows that
-    did not arrive through `report_unstored` and its kin (`EndReports`').
+    did not arrive through `report_spilled_lost` and its kin (`EndReports`').
 
     Example::
 

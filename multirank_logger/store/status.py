@@ -253,7 +253,7 @@ def record_rank_end(
                 keep_unheard(conn, run_id, attempt, unheard, now, heard=heard)
         if values_spilled or values_lost:
             with store.begin() as conn:
-                _count_unstored(conn, run_id, values_spilled, values_lost)
+                _count_spilled_lost(conn, run_id, values_spilled, values_lost)
         if side_rows_spilled:
             with store.begin() as conn:
                 _count_side_spilled(conn, run_id, rank, side_rows_spilled)
@@ -301,7 +301,7 @@ def count_off_side_rows(conn: sa.Connection, run_id: int, rank: int, rows: int) 
                      .values(side_rows_spilled=sa.case((side > rows, side - rows), else_=0)))
 
 
-def _count_unstored(conn: sa.Connection, run_id: int, spilled: int, lost: int) -> None:
+def _count_spilled_lost(conn: sa.Connection, run_id: int, spilled: int, lost: int) -> None:
     conn.execute(
         runs.update()
         .where(runs.c.id == run_id)

@@ -253,7 +253,7 @@ class GatherReceiver(DirectSink):
         # (SIGTERM: Lightning's launcher kills rank 0 within seconds of a dead child) must record
         # its end now, and its status is no success whatever the counts say
         wait = min(max(deadline - time.monotonic(), _REPORT_WAIT_MIN_S), _REPORT_WAIT_MAX_S)
-        reports = self.channel.unstored_reports(sorted(done), wait if status == "success" else 0.0)
+        reports = self.channel.spilled_lost_reports(sorted(done), wait if status == "success" else 0.0)
         # a payload rank 0 could not read (damaged on the way) is lost: its rows are unknown, so each
         # counts as one value at least, enough that the run is never recorded as a success
         damaged = self.channel.damaged_batches
@@ -396,7 +396,7 @@ class GatherSender:
         spilled, lost = totals[0] - self.recorded_by_writer[0], totals[1] - self.recorded_by_writer[1]
         undelivered = sum(map(len, self.undelivered))  # no spiller: gone with this process
         # rank 0 waits for the reports only at a success (a job torn down must not wait)
-        counted = self.channel.report_unstored(spilled, lost + undelivered) and status == "success" and (
+        counted = self.channel.report_spilled_lost(spilled, lost + undelivered) and status == "success" and (
             self.channel.report_counted(_REPORT_WAIT_MAX_S + 1.0)
         )
         if counted:

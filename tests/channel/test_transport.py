@@ -319,7 +319,7 @@ def test_a_damaged_payload_is_counted_lost_and_the_run_is_no_success(server: dis
     rank1.send(channel_batch(1, 2))
     rank1._client().queue_push("rows/1", encode_batch(channel_batch(1, 4, first_seq=2))[:-20])  # cut short on the way
     rank1.mark_done("success")
-    rank1.report_unstored(0, 0)  # the sender believes everything went
+    rank1.report_spilled_lost(0, 0)  # the sender believes everything went
 
     def cycle() -> bool:
         for batch in rank0.receive()[0]:
