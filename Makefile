@@ -22,7 +22,8 @@ demo: $(STAMP)
 # the suite's workers: its trainings are CPU-bound, and each already runs 2-8 processes
 TEST_WORKERS ?= 2
 
-# the 25 slowest tests are listed at the end: where the suite's time goes, in every CI log.
+# the 25 slowest tests are listed at the end: where the suite's time goes, in every CI log. Per module:
+# PYTEST_ADDOPTS=--junitxml=run.xml make test, then benchmarks/suite_time.py run.xml [--before old.xml].
 # --dist loadgroup: the tests that share a module-scoped fixture (a real training) run on one
 # worker, so it is made once (tests/conftest.py groups them; plain load may cut a module between
 # the workers, each then making its own); the other tests are spread one by one as before
