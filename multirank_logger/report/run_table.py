@@ -16,7 +16,7 @@ __all__ = ["runs_data_text", "runs_table_text", "status_text", "utc_seconds"]
 
 
 def status_text(status: str, started_at: float, last_time: float | None, stopped_by: str | None, spilled: int,
-                lost: int, unknown: int, side_spilled: int = 0) -> str:
+                lost: int, unknown: int, side_spilled: int) -> str:
     """A running run with how long it has been silent: one killed outright (SIGKILL, the OOM
     killer) never records its end, and only its silence tells it from a live one. Any other
     run with why it stopped early (StopOnAlert) and what it lacks (an incomplete one: why it is

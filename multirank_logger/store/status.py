@@ -288,8 +288,7 @@ def _count_side_spilled(conn: sa.Connection, run_id: int, rank: int, rows: int) 
     side = ranks.c.side_rows_spilled
     conn.execute(ranks.update().where(ranks.c.run_id == run_id, ranks.c.rank == rank)
                  .values(side_rows_spilled=sa.func.coalesce(side, 0) + rows))
-    # rank 0 may have ended the run already
-    conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == SUCCESS).values(status=INCOMPLETE))
+    _success_now_incomplete(conn, run_id)
 
 
 def count_off_side_rows(conn: sa.Connection, run_id: int, rank: int, rows: int) -> None:
@@ -308,10 +307,15 @@ def _count_spilled_lost(conn: sa.Connection, run_id: int, spilled: int, lost: in
         .values(
             values_spilled=sa.func.coalesce(runs.c.values_spilled, 0) + spilled,
             values_lost=sa.func.coalesce(runs.c.values_lost, 0) + lost,
-            # rank 0 may have ended the run already
-            status=sa.case((runs.c.status == SUCCESS, INCOMPLETE), else_=runs.c.status),
         )
     )
+    _success_now_incomplete(conn, run_id)
+
+
+def _success_now_incomplete(conn: sa.Connection, run_id: int) -> None:
+    """What a rank ending after rank 0 just counted (values or side rows in a spill file, values
+    lost) leaves the run lacking: a run rank 0 already recorded a success is incomplete now."""
+    conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == SUCCESS).values(status=INCOMPLETE))
 
 
 def _end_run(conn: sa.Connection, run_id: int, status: str, now: float) -> None:
