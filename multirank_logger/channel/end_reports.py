@@ -4,12 +4,20 @@ takes the reports and says so (the ``end/{r}`` and ``counted/{r}`` keys of row_c
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from multirank_logger.channel.tcpstore_client import StoreClient
 from multirank_logger.errors import ChannelError
 
-__all__ = ["EndReports"]
+__all__ = ["EndReport", "EndReports"]
+
+
+class EndReport(NamedTuple):
+    """What a sender could not deliver, as it reported at its end (``end/{r}``)."""
+
+    spilled: int  # values in its spill file
+    lost: int  # values gone
+    side_spilled: int = 0  # side-table rows (alerts, log lines, timing) in its spill file
 
 
 class EndReports(StoreClient):
@@ -26,34 +34,35 @@ class EndReports(StoreClient):
         if not self.receives:
             raise ValueError(f"RowChannel.{what} runs on rank {self.writer} only (this is rank {self.rank})")
 
-    def report_spilled_lost(self, spilled: int, lost: int) -> bool:
-        """Tell rank 0 how many values this rank put in its spill file or lost (its last word).
+    def report_spilled_lost(self, spilled: int, lost: int, side_spilled: int = 0) -> bool:
+        """Tell rank 0 how many values this rank put in its spill file or lost, and how many
+        side-table rows it put in its spill file (its last word).
 
         Returns:
             False when rank 0's store cannot be reached (rank 0 then records this rank as missing).
         """
+        report = f"{int(spilled)} {int(lost)} {int(side_spilled)}"
         with self._lock:
             try:
-                self._call(lambda store: store.set(f"end/{self.rank}", f"{int(spilled)} {int(lost)}"))
+                self._call(lambda store: store.set(f"end/{self.rank}", report))
             except Exception:  # noqa: BLE001 - ChannelError, or the store gone with rank 0
                 return False
         return True
 
-    def spilled_lost_reports(self, ranks: list[int], timeout: float) -> dict[int, tuple[int, int]]:
-        """Rank 0: the (spilled, lost) counts `ranks` reported, waiting at most `timeout` for all of them."""
+    def spilled_lost_reports(self, ranks: list[int], timeout: float) -> dict[int, EndReport]:
+        """Rank 0: what `ranks` reported (`report_spilled_lost`), waiting at most `timeout` for all of them."""
         self._require_rank0("spilled_lost_reports")
         deadline = time.monotonic() + timeout
-        out: dict[int, tuple[int, int]] = {}
+        out: dict[int, EndReport] = {}
         for r in ranks:
             try:
                 if timeout <= 0:  # only what is there already
                     raw = self._fetch_raw(f"end/{r}", 0.001, f"end/{r}") if self._has(f"end/{r}") else b""
                 else:
                     raw = self._fetch_raw(f"end/{r}", max(deadline - time.monotonic(), 0.01), f"end/{r}")
-                spilled, lost = (int(n) for n in raw.decode().split())
-            except (ChannelError, ValueError):
-                continue  # never reported: rank 0 records it as missing
-            out[r] = (spilled, lost)
+                out[r] = EndReport(*(int(n) for n in raw.decode().split()))
+            except (ChannelError, ValueError, TypeError):
+                continue  # never reported (or not readable): rank 0 records it as missing
         return out
 
     def acknowledge_reports(self, ranks: list[int]) -> None:

@@ -18,8 +18,9 @@ Wire format, under the prefix ``multirank_logger/{namespace}/``:
   when rank 0 is gone it can spill every row that may not have been stored.
 - ``done/{r}``: ``"{items} {status}"`` set by ``mark_done``: rank ``r`` sent ``items``
   items in all and will send no more.
-- ``end/{r}``: ``"{spilled} {lost}"`` set by ``report_spilled_lost`` once rank ``r`` knows what
-  it could not deliver (after rank 0 acknowledged its last rows, or gave up waiting).
+- ``end/{r}``: ``"{spilled} {lost} {side_spilled}"`` set by ``report_spilled_lost`` once rank ``r``
+  knows what it could not deliver (after rank 0 acknowledged its last rows, or gave up waiting):
+  values spilled and lost, side-table rows spilled.
 - ``counted/{r}``: set by rank 0 once it took rank ``r``'s ``end/{r}`` (``acknowledge_reports``):
   those counts are in the run's totals, and the sender's next phase reports only what follows.
 - ``kv/{key}``: small values published by rank 0 (``publish``/``fetch``).

@@ -154,8 +154,11 @@ def _finish_sink(run: RankRun, status: str, timeout: float, deadline: float) -> 
     sink.close()  # rank 0: the last acknowledgements; every rank: the channel's socket
     if sink.recorded_by_writer is not None:
         holder.own_recorded = sink.recorded_by_writer  # what rank 0 took into the run's totals
+    if sink.side_recorded_by_writer is not None:
+        holder.side_rows_recorded = sink.side_recorded_by_writer  # ...and counted on this rank's row
     gather_world = holder.world if sink.transport == "gather" else 0
-    end = _End(run, status, others, facts, senders, gather_world, sink.others_spilled_lost, left)
+    end = _End(run, status, others, facts, senders, gather_world, sink.others_spilled_lost,
+               dict(sink.others_side_spilled), left)
     if store is not None and _store_still_there(sink):
         _record_end(end, store)
     elif store is None and sink.records_end and holder.spiller is not None:  # the store never opened (a server refusing it)
@@ -179,6 +182,8 @@ class _End:
     gather_world: int  # the world of a gather run (its rank 0 records the senders), else 0
     #: (spilled, lost) values the senders reported this phase
     reported: tuple[int, int]
+    #: side-table rows each sender reported in its spill file this phase
+    others_side: dict[int, int]
     left: Callable[[], float]  # seconds left of the end's bound
 
     def others_spilled_lost(self) -> tuple[int, int]:
@@ -211,7 +216,7 @@ def _record_end(end: _End, store: Store) -> None:
         retry_while_locked(lambda: record_rank_end(
             store, run_id, rank=holder.rank, gather_world=end.gather_world, status=status, others=end.others,
             facts=end.facts, now=now, values_spilled=spilled, values_lost=lost, side_rows_spilled=side_spilled,
-            attempt=run.attempt, senders=end.senders,
+            others_side_rows_spilled=end.others_side, attempt=run.attempt, senders=end.senders,
         ), min(end.left(), 5.0))
         return True
 

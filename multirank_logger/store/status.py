@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -213,6 +213,7 @@ def record_rank_end(
     values_spilled: int = 0,
     values_lost: int = 0,
     side_rows_spilled: int = 0,
+    others_side_rows_spilled: Mapping[int, int] | None = None,
     attempt: int | None = None,
     senders: Sequence[int] | None = None,
 ) -> None:
@@ -230,7 +231,8 @@ def record_rank_end(
     ``fit``), which registers the rank again, cannot make the run a success before that file is
     imported. So do side-table rows this rank put in its spill file (an alert, the verdict, log lines
     the store refused at the end): added to this rank's ``side_rows_spilled``, counted off by the
-    import of its file.
+    import of its file; and those its senders reported in theirs (`others_side_rows_spilled`, by rank:
+    added to each sender's row).
 
     All of it on one connection (each DuckDB open costs CPU, whatever the write). Each step is
     idempotent: the caller retries the whole on a busy store (``retry_while_locked``), with the
@@ -254,9 +256,13 @@ def record_rank_end(
         if values_spilled or values_lost:
             with store.begin() as conn:
                 _count_spilled_lost(conn, run_id, values_spilled, values_lost)
-        if side_rows_spilled:
+        side_spilled = {rank: side_rows_spilled, **{o: n for o, n in (others_side_rows_spilled or {}).items()
+                                                    if o in received}}
+        if any(side_spilled.values()):
             with store.begin() as conn:
-                _count_side_spilled(conn, run_id, rank, side_rows_spilled)
+                for spilling, rows in side_spilled.items():
+                    if rows:
+                        _count_side_spilled(conn, run_id, spilling, rows)
         with store.begin() as conn:
             if rank == 0 or status != SUCCESS:
                 # a failing rank marks the run too: rank 0 may be stuck in a collective and never finalize

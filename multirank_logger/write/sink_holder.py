@@ -157,7 +157,8 @@ class SinkHolder:
             if channel is not None and transport != "direct" and channel.receives:
                 sink = GatherReceiver(store(), run.id, channel, spiller, transport=transport)
             elif channel is not None and transport != "direct":
-                sink = GatherSender(channel, spiller, recorded=self.own_recorded, transport=transport)
+                sink = GatherSender(channel, spiller, recorded=self.own_recorded, side_recorded=self.side_rows_recorded,
+                                    transport=transport)
                 publish_facts(channel)  # its writer records this rank's host and pid at the end
             else:
                 sink = DirectSink(store(), run.id, spiller)

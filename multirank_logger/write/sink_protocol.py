@@ -8,7 +8,7 @@ run goes on) and `SinkEnd` (`finalize`, at the phase's end)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -107,11 +107,18 @@ class SinkEnd(Protocol):
 
     #: (spilled, lost) values the other ranks reported at the end (a receiver), for the run's totals
     others_spilled_lost: tuple[int, int]
+    #: side-table rows each other rank reported in its spill file at the end (a receiver), for its row in ``ranks``
+    others_side_spilled: Mapping[int, int]
 
     @property
     def recorded_by_writer(self) -> tuple[int, int] | None:
         """This rank's (spilled, lost) totals its writer has added to the run's row (a sender,
         after `finish`); None where this rank records its own end, and counts them itself."""
+
+    @property
+    def side_recorded_by_writer(self) -> int | None:
+        """This rank's spilled side-table rows its writer has counted on its row in ``ranks`` (a
+        sender, after `finish`); None where this rank records its own end."""
 
 
 class Sink(SinkWrites, SinkUpdates, SinkEnd, Protocol):

@@ -22,7 +22,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
@@ -66,8 +67,11 @@ class DirectSink:
     transport = "direct"
     #: (spilled, lost) values the other ranks reported at the end (gather rank 0), for the run's totals
     others_spilled_lost: tuple[int, int] = (0, 0)
+    #: side-table rows each other rank reported in its spill file at the end (gather rank 0)
+    others_side_spilled: Mapping[int, int] = MappingProxyType({})
     records_end = True  # this rank writes its own row in ``ranks``
     recorded_by_writer = None  # ...and adds its own counts to the run's row
+    side_recorded_by_writer = None
 
     def __init__(self, store: Store | Callable[[], Store], run_id: int, spiller: Spiller | None = None) -> None:
         self._store = store if isinstance(store, Store) else None
@@ -260,12 +264,12 @@ class GatherReceiver(DirectSink):
         if damaged:
             log.error("multirank_logger: %d row batch(es) from rank(s) %s could not be read and are lost (counted "
                       "as at least one value each).", damaged, sorted(self.channel.damaged_from))
-        lost = sum(lost for _, lost in reports.values()) + damaged
-        self.others_spilled_lost = (sum(s for s, _ in reports.values()), lost)
+        lost = sum(report.lost for report in reports.values()) + damaged
+        self.others_spilled_lost = (sum(report.spilled for report in reports.values()), lost)
+        self.others_side_spilled = {r: report.side_spilled for r, report in reports.items() if report.side_spilled}
         self.channel.acknowledge_reports(sorted(reports))  # in the totals: not to be reported again
-        if status != "success":
-            reports = {**dict.fromkeys(done, (0, 0)), **reports}  # their end is known: done
-        missing = sorted(expected - reports.keys())
+        ended = set(reports) | (set(done) if status != "success" else set())  # not a success: their end is known, done
+        missing = sorted(expected - ended)
         if missing:
             log.warning(
                 "multirank_logger: ranks %s did not finish sending within %.0f s: the run is recorded 'incomplete' "
@@ -273,7 +277,7 @@ class GatherReceiver(DirectSink):
                 "names its file and the import command in its output); importing them completes the run.",
                 missing, timeout,
             )
-        return {r: done[r] for r in reports}
+        return {r: done[r] for r in sorted(ended)}
 
     @property
     def senders(self) -> list[int] | None:
@@ -301,6 +305,7 @@ class GatherSender:
     # a push to the TCPStore is cheap, and frequent pushes keep rank 0's lag short
     opens_store_per_write = False
     others_spilled_lost = (0, 0)
+    others_side_spilled: Mapping[int, int] = MappingProxyType({})
     records_end = False  # its writer (rank 0, or its node's) records its end
     senders = None
 
@@ -309,6 +314,7 @@ class GatherSender:
         channel: RowChannel,
         spiller: Spiller | None = None,
         recorded: tuple[int, int] = (0, 0),
+        side_recorded: int = 0,
         transport: str = "gather",
         max_held_values: int = SENDER_HELD_VALUES,
     ) -> None:
@@ -321,6 +327,8 @@ class GatherSender:
         #: for the run, this sink for one phase): an earlier phase's counts rank 0 never took (it
         #: gave up waiting, and recorded this rank "missing") are reported again with this phase's
         self.recorded_by_writer: tuple[int, int] = recorded
+        #: the spiller's side-table rows rank 0 has counted on this rank's row in ``ranks``, as above
+        self.side_recorded_by_writer: int = side_recorded
         #: batches neither delivered nor spilled (no spiller)
         self.undelivered: list[pa.RecordBatch] = []
 
@@ -395,12 +403,13 @@ class GatherSender:
         totals = _spilled_lost(self.spiller)
         spilled, lost = totals[0] - self.recorded_by_writer[0], totals[1] - self.recorded_by_writer[1]
         undelivered = sum(map(len, self.undelivered))  # no spiller: gone with this process
+        side_total = self.spiller.side_rows_spilled if self.spiller is not None else 0
         # rank 0 waits for the reports only at a success (a job torn down must not wait)
-        counted = self.channel.report_spilled_lost(spilled, lost + undelivered) and status == "success" and (
-            self.channel.report_counted(_REPORT_WAIT_MAX_S + 1.0)
-        )
+        counted = self.channel.report_spilled_lost(
+            spilled, lost + undelivered, side_total - self.side_recorded_by_writer
+        ) and status == "success" and self.channel.report_counted(_REPORT_WAIT_MAX_S + 1.0)
         if counted:
-            self.recorded_by_writer = totals
+            self.recorded_by_writer, self.side_recorded_by_writer = totals, side_total
         if self.spiller is not None and (spilled or lost or self.spiller.side_rows_spilled):
             self.spiller.end(status, spilled, lost, counted=counted)
         return {}

@@ -3,14 +3,10 @@ one process (the same between real gloo processes: tests/runs/test_transport_ran
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import math
-import os
 import pickle
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +23,7 @@ from multirank_logger.rows.batch import METRICS_SCHEMA, empty_batch
 from multirank_logger.rows.wire import decode_batch, encode_batch
 from multirank_logger.write.buffer import RecordBuffer
 from tests.helpers.launches import free_port
-from tests.helpers.processes import stop_process
+from tests.helpers.processes import stop_process, stopped, tcpstore_server_process
 from tests.helpers.row_batches import channel_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -199,19 +195,8 @@ def test_every_call_to_a_stopped_server_is_bounded(stopped_server: int) -> None:
 @pytest.fixture
 def pausable_server() -> Iterator[tuple[int, subprocess.Popen[str]]]:
     """A TCPStore server in a child process (its port, and the process to SIGSTOP and SIGCONT)."""
-    port = free_port()
-    code = (
-        "import datetime, sys, time, torch.distributed as dist\n"
-        f"s = dist.TCPStore('127.0.0.1', {port}, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)\n"
-        "print('up', flush=True)\ntime.sleep(600)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-        yield port, proc
-    finally:
-        proc.kill()
-        proc.wait()
+    with tcpstore_server_process() as server:
+        yield server
 
 
 @pytest.fixture
@@ -221,16 +206,6 @@ def stopped_server(pausable_server: tuple[int, subprocess.Popen[str]]) -> int:
     port, server = pausable_server
     stop_process(server.pid)
     return port
-
-
-@contextlib.contextmanager
-def _stopped(server: subprocess.Popen[str]) -> Iterator[None]:
-    """`server` stopped (SIGSTOP) inside the block, and going on (SIGCONT) after it."""
-    stop_process(server.pid)
-    try:
-        yield
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
 
 
 def _receive_until(rank0: RowChannel, rows: int, timeout: float = 10.0) -> list[pa.RecordBatch]:
@@ -270,7 +245,7 @@ def test_a_sender_that_reconnects_keeps_its_count_of_acknowledgements(
     got = _receive_until(rank0, 4)  # taken and acknowledged
     rank1.send(sent[1])
     got += rank0.receive()  # taken, not yet acknowledged
-    with _stopped(server):
+    with stopped(server):
         assert rank1.unacknowledged_values() == 6  # its refresh times out: the client is dropped
         assert rank1._store is None
     got += rank0.receive()  # acknowledges the second batch
@@ -294,7 +269,7 @@ def test_a_receiver_that_reconnects_loses_and_repeats_nothing(
     rank1.send(sent[0])
     got = rank0.receive()  # taken, to be acknowledged at the next call
     rank1.send(sent[1])
-    with _stopped(server), pytest.raises(ChannelError):
+    with stopped(server), pytest.raises(ChannelError):
         rank0.receive()  # bounded: gives up on the stopped store, its call still waiting there
     rank1.send(sent[2])
     got += _receive_until(rank0, 9)

@@ -5,6 +5,7 @@ dropped sink is set up again under the same run."""
 from __future__ import annotations
 
 import datetime
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from multirank_logger.write.sinks import DirectSink, GatherReceiver, GatherSende
 from tests.helpers.internals import run_of
 from tests.helpers.launches import free_port
 from tests.helpers.logger_helpers import query
+from tests.helpers.processes import stopped, tcpstore_server_process
 
 
 @pytest.fixture
@@ -83,3 +85,59 @@ def test_a_dropped_sink_is_set_up_again_under_the_same_run(tmp_path: Path) -> No
     logger.finalize("success")
     assert query(db, "SELECT count(*) FROM ranks") == [(1,)]  # registered again, recorded once
     assert query(db, "SELECT step FROM metrics ORDER BY step") == [(0,), (1,)]
+
+
+@pytest.mark.timeout(120)
+def test_a_senders_side_rows_in_its_spill_file_leave_the_run_incomplete_until_imported(tmp_path: Path) -> None:
+    """Rank 1's side rows could not reach rank 0 (its store stopped answering for a while): they go
+    to rank 1's spill file, rank 1 reports them at its end with its values, and rank 0 counts them
+    on rank 1's row in ``ranks``: the run is "incomplete", not "success", until the file is
+    imported (before: the end report carried values only, and the run read "success")."""
+    from multirank_logger.store.spill_import import import_spill
+    from multirank_logger.store.status import record_rank_end
+    from multirank_logger.store.spill_file import SpillWriter
+    from multirank_logger.write.spiller import Spiller
+
+    store = Store(tmp_path / "runs.sqlite")
+    run = store.create_run("side", world_size=2)
+    for rank in (0, 1):
+        store.register_rank(run.id, rank)  # as rank 0 registers a gather run's ranks
+    timing = [{"rank": 1, "seq": i, "step": i, "time": 1.0} for i in range(4)]
+    with tcpstore_server_process() as (port, server):
+        receiver = GatherReceiver(store, run.id, RowChannel("t", 0, 2, host="127.0.0.1", port=port, timeout=1.0))
+        spill = SpillWriter(tmp_path / "spill", run_id=run.id, name="side", version=0, rank=1, run_uuid=run.uuid)
+        spiller = Spiller(spill, str(tmp_path / "runs.sqlite"), 1)
+        sender = GatherSender(RowChannel("t", 1, 2, host="127.0.0.1", port=port, timeout=1.0), spiller)
+        receiver.receive()
+        with stopped(server):
+            sender.write_side({"step_timing": timing[:3]})  # times out: to the spill file
+        assert spiller.side_rows_spilled == 3
+        sender.write_side({"step_timing": timing[3:]})  # the store answers again: delivered
+
+        def cycle() -> bool:
+            batches, side = receiver.receive()
+            for batch in batches:
+                receiver.write(batch)
+            for tables in side:
+                receiver.write_side(tables)
+            return True
+
+        ending = threading.Thread(target=sender.finish, args=("success", 30.0, cycle))
+        ending.start()
+        others = receiver.finish("success", 30.0, cycle)
+        ending.join(60)
+        assert others == {1: "success"} and receiver.others_side_spilled == {1: 3}
+        assert sender.side_recorded_by_writer == 3  # rank 0 took the report: a later phase reports what follows
+        record_rank_end(store, run.id, rank=0, gather_world=2, status="success", others=others, facts={},
+                        others_side_rows_spilled=receiver.others_side_spilled)
+        receiver.close()
+        sender.close()
+    db = tmp_path / "runs.sqlite"
+    assert query(db, "SELECT status FROM runs") == [("incomplete",)]
+    assert query(db, "SELECT rank, side_rows_spilled FROM ranks ORDER BY rank") == [(0, None), (1, 3)]
+    assert query(db, "SELECT step FROM step_timing ORDER BY step") == [(3,)]
+    import_spill(store, spiller.path)
+    store.close()
+    assert query(db, "SELECT status FROM runs") == [("success",)]
+    assert query(db, "SELECT rank, side_rows_spilled FROM ranks ORDER BY rank") == [(0, None), (1, 0)]
+    assert query(db, "SELECT step FROM step_timing ORDER BY step") == [(0,), (1,), (2,), (3,)]
