@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.launches import free_port
+from tests.helpers.launches import free_port, import_transformers_here, with_transformers
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -180,10 +180,14 @@ class FileRun:
         if trains and not block.script:
             raise AssertionError("a block that fits with strategy='ddp' must be a script: put the fit "
                                  "under `if __name__ == \"__main__\":` (DDP re-executes the script)")
+        uses_transformers = re.search(r"^\s*(from|import) transformers\b", block.code, re.MULTILINE) is not None
+        if uses_transformers:
+            import_transformers_here()
         if block.script:
             script = self.cwd / f"docs_block_{block.index}.py"
             script.write_text(block.code, encoding="utf-8")
-            proc = subprocess.run([sys.executable, script.name], cwd=self.cwd, env=launch_env(), capture_output=True,
+            env = with_transformers(launch_env()) if uses_transformers else launch_env()
+            proc = subprocess.run([sys.executable, script.name], cwd=self.cwd, env=env, capture_output=True,
                                   text=True, timeout=300)
             self.script_output[block.index] = proc.stdout + proc.stderr
             if proc.returncode != 0:

@@ -9,6 +9,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,25 @@ import pytest
 #: the checkout's root (what a launched script puts on its PYTHONPATH) and the scripts the tests launch
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "scripts"
+
+#: transformers, installed beside the environment by `make` (the Makefile's `transformers-site` says why:
+#: installed in it, every process that imports Lightning imports transformers too, ~1.4 s of CPU each).
+#: What uses it puts this folder on its path; where the folder is missing (transformers installed in the
+#: environment itself) nothing needs to.
+TRANSFORMERS_SITE = Path(sys.prefix) / "transformers-site"
+
+
+def with_transformers(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a process that imports transformers: its folder on PYTHONPATH, after what is there."""
+    if not TRANSFORMERS_SITE.is_dir():
+        return env
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(TRANSFORMERS_SITE)]))}
+
+
+def import_transformers_here() -> None:
+    """Lets this process import transformers: its folder on the path, last (it holds transformers alone)."""
+    if TRANSFORMERS_SITE.is_dir() and str(TRANSFORMERS_SITE) not in sys.path:
+        sys.path.append(str(TRANSFORMERS_SITE))
 
 
 def free_port() -> int:

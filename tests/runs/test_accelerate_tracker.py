@@ -20,7 +20,7 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.report import find
-from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch
+from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch, with_transformers
 from tests.helpers.logger_helpers import query, train_env
 
 pytestmark = pytest.mark.timeout(600)
@@ -101,6 +101,6 @@ def test_importing_the_package_loads_neither_framework() -> None:
         "assert multirank_logger.MultiRankTracker.main_process_only is False\n"
         "assert multirank_logger.MultiRankCallback.__name__ == 'MultiRankCallback'\n"
     )
-    env = {**train_env(), "PYTHONPATH": str(REPO)}
+    env = with_transformers({**train_env(), "PYTHONPATH": str(REPO)})
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -103,21 +103,6 @@ def _logs(out: Path) -> str:
 
 
 @_needs_unshare
-@pytest.mark.parametrize("db_name", ["runs.duckdb", "runs.sqlite"])
-def test_two_hosts_one_rank_each(tmp_path: Path, db_name: str) -> None:
-    """num_nodes=2, devices=1: host 0's store holds both ranks' own values; host 1 has no store."""
-    reports, codes, out = _run_hosts(tmp_path, db_name, 1, "--steps", "6", "--sleep", "0.05")
-    assert codes == [0, 0], _logs(out)
-    assert reports[0]["transport"] == reports[1]["transport"] == "gather"
-    db = out / f"host0-{db_name}"
-    rows = _rows(db, "SELECT rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
-    assert rows == [(r, s, float(1000 * r + s)) for r in (0, 1) for s in range(6)]
-    assert _rows(db, "SELECT transport, status, world_size FROM runs") == [("gather", "success", 2)]
-    assert _rows(db, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "success")]
-    assert not reports[1]["store_exists"], reports[1]["files"]
-
-
-@_needs_unshare
 def test_two_hosts_two_ranks_each(tmp_path: Path) -> None:
     """2 nodes x 2 devices: the 4 ranks' rows all reach host 0's store; host 1's ranks see no store."""
     reports, codes, out = _run_hosts(tmp_path, "runs.duckdb", 2, "--steps", "4")
@@ -232,8 +217,10 @@ _SEED_RUNS = 3
     [("runs.duckdb", "hand"), ("runs.sqlite", "hand"), ("runs.sqlite", "slurm"), ("runs.duckdb", "torchrun")],
 )
 def test_host_1_with_its_own_store_allocates_nothing(tmp_path: Path, db_name: str, style: str) -> None:
-    """Host 1's disk holds a store with 3 runs of the name: it is left unchanged, and every row of
-    both ranks lands in host 0's store under its one run (no orphan rows)."""
+    """One rank a host, host 1's disk holding a store with 3 runs of the name: it is left unchanged,
+    and every row of both ranks lands in host 0's store under its one run (no orphan rows), sent
+    over the channel (gather), both ranks' ends recorded. (A host 1 with no store at all, and
+    NODE_RANK alone set: test_two_hosts_two_ranks_each.)"""
     db = tmp_path / "store" / db_name
     seed = (
         f"{sys.executable} -c \"from multirank_logger.store.sql_store import Store; s = Store('{db}'); "
@@ -246,8 +233,10 @@ def test_host_1_with_its_own_store_allocates_nothing(tmp_path: Path, db_name: st
     assert codes == [0, 0], _logs(out)
     before = (out / "host1-before.sha").read_text().split()[0]
     assert reports[1]["store_digest"] == before, _logs(out)
+    assert reports[0]["transport"] == reports[1]["transport"] == "gather"
     host0 = out / f"host0-{db_name}"
-    assert _rows(host0, "SELECT id, version, status FROM runs") == [(1, 0, "success")]
+    assert _rows(host0, "SELECT id, version, status, transport, world_size FROM runs") == [(1, 0, "success", "gather", 2)]
+    assert _rows(host0, "SELECT rank, status FROM ranks ORDER BY rank") == [(0, "success"), (1, "success")]
     rows = _rows(host0, "SELECT run_id, rank, step, value FROM metrics WHERE key = 'rank_value' ORDER BY rank, step")
     assert rows == [(1, r, s, float(1000 * r + s)) for r in (0, 1) for s in range(6)]
     if style == "slurm":  # each host's rank said Slurm's name of its node; host 1's through its published facts

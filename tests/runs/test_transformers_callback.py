@@ -13,7 +13,7 @@ import pytest
 
 from multirank_logger import open_store
 from multirank_logger.report import find
-from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch
+from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch, with_transformers
 from tests.helpers.logger_helpers import query, train_env
 
 pytestmark = pytest.mark.timeout(600)
@@ -31,7 +31,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
         f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp_path / "runs.duckdb"), "--steps", str(STEPS), *args,
     ]
-    env = {**train_env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env = with_transformers({**train_env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
     return run_launch(cmd, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
 
 

@@ -93,9 +93,9 @@ def test_a_senders_side_rows_in_its_spill_file_leave_the_run_incomplete_until_im
     to rank 1's spill file, rank 1 reports them at its end with its values, and rank 0 counts them
     on rank 1's row in ``ranks``: the run is "incomplete", not "success", until the file is
     imported (before: the end report carried values only, and the run read "success")."""
+    from multirank_logger.store.spill_file import SpillWriter
     from multirank_logger.store.spill_import import import_spill
     from multirank_logger.store.status import record_rank_end
-    from multirank_logger.store.spill_file import SpillWriter
     from multirank_logger.write.spiller import Spiller
 
     store = Store(tmp_path / "runs.sqlite")
