@@ -66,10 +66,11 @@ java:
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq default-jre-headless >/dev/null; }
 
-# ruff and mypy as configured in pyproject.toml (CI runs them through `make test`)
+# ruff and mypy as configured in pyproject.toml (CI runs them through `make test`); mypy reads
+# transformers' types where make put it (transformers-site, below)
 lint: $(STAMP)
 	$(PY) -m ruff check multirank_logger tests benchmarks examples migrations
-	$(PY) -m mypy
+	PYTHONPATH=$(VENV)/transformers-site $(PY) -m mypy
 
 # every test but those in tests/runs/, the real multi-process trainings (`slow`: see tests/conftest.py)
 test-fast: bytecode
