@@ -177,7 +177,7 @@ class MultiRankLogger(Logger):
         # secrets may come from the environment, never part of the arguments LightningCLI saves
         db, alert_url = from_environment(db, DB_ENV), from_environment(alert_url, ALERT_URL_ENV)
         check_alert_url(alert_url)
-        if max_writers is not None and not (isinstance(max_writers, int) and max_writers >= 1):
+        if max_writers is not None and (isinstance(max_writers, bool) or not (isinstance(max_writers, int) and max_writers >= 1)):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
         waits = [("flush_interval", flush_interval), ("timeout", timeout)]
         waits += [(name, s) for name, s in (("finalize_timeout", finalize_timeout), ("start_timeout", start_timeout))
@@ -425,8 +425,9 @@ class MultiRankLogger(Logger):
 
 
 def _check_seconds(argument: str, seconds: object) -> None:
-    """A wait given in seconds: a number greater than 0 and finite, else one error saying what to pass."""
-    if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
+    """A wait given in seconds: a number greater than 0 and finite, else one error saying what to pass
+    (True is an int to Python, and no number of seconds)."""
+    if isinstance(seconds, bool) or not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
         raise ValueError(f"{argument}={seconds!r}: pass a number of seconds greater than 0 (and finite).")
 
 

@@ -238,11 +238,21 @@ def test_save_dir_on_a_read_only_mount_fails_at_construction(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("argument", ["flush_interval", "timeout"])
-@pytest.mark.parametrize("seconds", [0, -1.0, math.inf, math.nan, "5"])
+@pytest.mark.parametrize("seconds", [0, -1.0, math.inf, math.nan, "5", True])
 def test_seconds_that_are_not_a_positive_number_are_refused(db_path: Path, argument: str, seconds: object) -> None:
-    """flush_interval or timeout of 0, negative, infinite or not a number: a clear error, no run."""
+    """flush_interval or timeout of 0, negative, infinite, not a number or a bool (True is 1 to
+    Python): a clear error, no run."""
     with pytest.raises(ValueError, match=rf"{argument}=.*: pass a number of seconds greater than 0"):
         MultiRankLogger(db=str(db_path), **{argument: seconds})
+    assert not db_path.exists()
+
+
+@pytest.mark.parametrize("writers", [0, -1, 1.5, "2", True])
+def test_max_writers_that_is_not_a_whole_number_of_processes_is_refused(db_path: Path, writers: object) -> None:
+    """max_writers of 0, negative, a fraction, a string or a bool: a clear error, no run."""
+    with pytest.raises(ValueError, match=r"max_writers=.*: pass a whole number of processes, 1 or more"):
+        MultiRankLogger(db=str(db_path), max_writers=writers)
+    assert not db_path.exists()
 
 
 def test_pickled_logger_keeps_its_run(db_path: Path) -> None:

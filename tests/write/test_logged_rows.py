@@ -47,11 +47,11 @@ def _store_refusing_writes(db: Path, backend: str) -> Iterator[None]:
         con.close()
 
 
-@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf"), "5", None])
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf"), "5", None, True])
 def test_flush_refuses_a_timeout_that_is_no_finite_wait_and_loses_nothing(tmp_path: Path, timeout: object) -> None:
     """flush(timeout=...) takes a number of seconds > 0 and finite: anything else (a wait with no
-    end, a NaN that never compares) is refused at the call with one line saying what to pass, and
-    the rows logged before it are stored by the next flush."""
+    end, a NaN that never compares, True, which Python counts as 1) is refused at the call with one
+    line saying what to pass, and the rows logged before it are stored by the next flush."""
     db = tmp_path / "runs.sqlite"
     logger = _logger(db)
     logger.log_metrics({"a": 1.0}, step=0)
