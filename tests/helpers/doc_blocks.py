@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.launches import free_port, import_transformers_here, with_transformers
+from tests.helpers.launches import RAY_FAST_POLL, free_port, import_transformers_here, with_transformers
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -107,8 +107,8 @@ def block_params(launching: bool) -> list[Any]:
 
 def launch_env() -> dict[str, str]:
     """This checkout first on the path; no launcher variables (the script is a fresh launch);
-    a free port for the script's own rendezvous (other tests may train beside it)."""
-    env = {**os.environ, "MASTER_PORT": str(free_port())}
+    a free port for the script's own rendezvous (other tests may train beside it); Ray's quick poll."""
+    env = {**os.environ, "MASTER_PORT": str(free_port()), **RAY_FAST_POLL}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         env.pop(var, None)

@@ -16,6 +16,7 @@ from ray.train.torch import TorchTrainer  # noqa: E402
 from multirank_logger import open_store  # noqa: E402
 from multirank_logger.integrations.ray_train import MultiRankRayCallback  # noqa: E402
 from multirank_logger.report import find  # noqa: E402
+from tests.helpers.launches import RAY_FAST_POLL  # noqa: E402
 from tests.helpers.logger_helpers import query  # noqa: E402
 
 STEPS = 8
@@ -54,9 +55,16 @@ def _alert_stored(sqlite3: Any, db: str) -> bool:
 
 @pytest.fixture(scope="module")
 def ray_session():
+    before = {name: os.environ.get(name) for name in RAY_FAST_POLL}
+    os.environ.update(RAY_FAST_POLL)  # the cluster's processes (the controller among them) inherit it
     ray.init(num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _fit(tmp: Path, name: str, config: dict[str, Any]) -> Path:
