@@ -177,7 +177,8 @@ class MultiRankLogger(Logger):
         # secrets may come from the environment, never part of the arguments LightningCLI saves
         db, alert_url = from_environment(db, DB_ENV), from_environment(alert_url, ALERT_URL_ENV)
         check_alert_url(alert_url)
-        if max_writers is not None and (isinstance(max_writers, bool) or not (isinstance(max_writers, int) and max_writers >= 1)):
+        whole = isinstance(max_writers, int) and not isinstance(max_writers, bool)  # True is an int to Python
+        if max_writers is not None and not (whole and max_writers >= 1):
             raise ValueError(f"max_writers={max_writers!r}: pass a whole number of processes, 1 or more (or None).")
         waits = [("flush_interval", flush_interval), ("timeout", timeout)]
         waits += [(name, s) for name, s in (("finalize_timeout", finalize_timeout), ("start_timeout", start_timeout))

@@ -256,8 +256,8 @@ def record_rank_end(
         if values_spilled or values_lost:
             with store.begin() as conn:
                 _count_spilled_lost(conn, run_id, values_spilled, values_lost)
-        side_spilled = {rank: side_rows_spilled, **{o: n for o, n in (others_side_rows_spilled or {}).items()
-                                                    if o in received}}
+        side_spilled = {rank: side_rows_spilled}
+        side_spilled.update((o, n) for o, n in (others_side_rows_spilled or {}).items() if o in received)
         if any(side_spilled.values()):
             with store.begin() as conn:
                 for spilling, rows in side_spilled.items():
