@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 # importtime -c "import lightning.pytorch"), and the suite starts hundreds of such processes (every rank
 # of every launch) of which a handful use it. The test extra installs it with its dependencies (so pip
 # resolves them together); this moves transformers alone (no dependencies) to $(VENV)/transformers-site,
-# which the Transformers tests put on their path (tests/helpers/launches.py: TRANSFORMERS_SITE). A venv
-# with transformers in it (pip install -e ".[test]" by hand) runs the same tests, only slower
+# which the Transformers tests put on their path (tests/helpers/launches.py: TRANSFORMERS_SITE). `make test`
+# runs it too, so a venv made before (or by pip by hand) is moved once; with transformers moved already, it does nothing
 transformers-site:
 	@v=$$($(PY) -c 'import importlib.metadata as m; print(m.version("transformers"))' 2>/dev/null) || exit 0; \
 		rm -rf $(VENV)/transformers-site && \
@@ -41,7 +41,7 @@ TEST_WORKERS ?= 2
 # --dist loadgroup: the tests that share a module-scoped fixture (a real training) run on one
 # worker, so it is made once (tests/conftest.py groups them; plain load may cut a module between
 # the workers, each then making its own); the other tests are spread one by one as before
-test: lint browser java bytecode
+test: lint transformers-site browser java bytecode
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # the package's and the tests' bytecode, written once: the suite starts hundreds of Python processes
@@ -73,7 +73,7 @@ lint: $(STAMP)
 	PYTHONPATH=$(VENV)/transformers-site $(PY) -m mypy
 
 # every test but those in tests/runs/, the real multi-process trainings (`slow`: see tests/conftest.py)
-test-fast: bytecode
+test-fast: transformers-site bytecode
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 bench: $(STAMP)
