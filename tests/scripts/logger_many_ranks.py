@@ -91,8 +91,9 @@ def rank_main(
 
 def _meet_the_kill(rank: int, logger: Any, kill: dict[str, Any]) -> None:
     if rank == kill["rank"]:
-        logger.save()
-        time.sleep(1.0)  # its writer thread takes and stores what came so far
+        # what came so far stored first (a sleep raced the writer on a loaded machine: none stored)
+        if not logger.flush(timeout=60):
+            raise RuntimeError(f"rank {rank}: the rows before the kill were not stored within 60 s")
         os.kill(os.getpid(), signal.SIGKILL)
     deadline = time.monotonic() + 120
     while not Path(kill["gate"]).exists() and time.monotonic() < deadline:
