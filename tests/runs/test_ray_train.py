@@ -55,16 +55,12 @@ def _alert_stored(sqlite3: Any, db: str) -> bool:
 
 @pytest.fixture(scope="module")
 def ray_session():
-    before = {name: os.environ.get(name) for name in RAY_FAST_POLL}
-    os.environ.update(RAY_FAST_POLL)  # the cluster's processes (the controller among them) inherit it
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in RAY_FAST_POLL.items():  # the cluster's processes (the controller among them) inherit it
+            patch.setenv(name, value)
+        ray.init(num_cpus=2, include_dashboard=False)
+        yield
+        ray.shutdown()
 
 
 def _fit(tmp: Path, name: str, config: dict[str, Any]) -> Path:
