@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import faulthandler
 import multiprocessing as mp
+import multiprocessing.forkserver as mp_forkserver
 import os
 import random
+import runpy
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,7 +139,16 @@ def forkserver(*modules: str) -> Any:
     theirs has them write it to files (logger_helpers.stderr_to_file)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", *modules])
+    with pytest.MonkeyPatch.context() as startup:  # the server's start-up reads these, as a launched script's
+        for name, value in SERVER_STARTUP.items():
+            startup.setenv(name, value)
+        mp_forkserver.ensure_running()
     return ctx
+
+
+#: what an interpreter reads once, at its start: the server starts with what logger_helpers.train_env
+#: gives each launched script, and its children inherit it (`run_ranks_forked` checks the launch asks the same)
+SERVER_STARTUP = {"PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
 
 
 def start_ranks(target: Callable[..., None], world_size: int, *args: Any, ctx: Any = None) -> list[Any]:
@@ -162,3 +178,103 @@ def spawn_ranks(
 ) -> list[int | None]:
     """`start_ranks` then `join_ranks`: the exit codes of `target`'s ranks, each given `join_s` to end."""
     return join_ranks(start_ranks(target, world_size, *args, ctx=ctx), join_s)
+
+
+def run_ranks_forked(
+    script: Path, args: Sequence[str], *, nproc: int, cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python script args` on `nproc` ranks of one host, as torchrun starts them, each rank forked
+    from a server that imported Lightning once (`forkserver`), not a fresh interpreter.
+
+    Each rank gets what torchrun's agent gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR
+    and MASTER_PORT, TORCHELASTIC_RUN_ID, ...), so a script with ``Trainer(devices=nproc,
+    strategy="ddp")`` starts no process of its own, as under torchrun or Slurm; it runs the script as
+    ``__main__`` and ends as an interpreter ends (non-daemon threads joined, then the atexit hooks).
+    What it costs is the training, not the 5-7 s of CPU a fresh rank spends importing Lightning here.
+    Where the launcher or the process itself is what a test is about (signals, exits, Lightning's own
+    launcher, torchrun's restarts), the test launches for real instead.
+
+    Returns the launch as `run_launch` does: stdout holds every rank's stdout and stderr in the order
+    written (one file, as one launch's pipe), stderr is empty; the return code is the first failed
+    rank's (a signal's as -N), else 0. Past `timeout`, the test fails with the output's end and the
+    stacks of the ranks still running.
+    """
+    differs = {k: env.get(k) for k, v in SERVER_STARTUP.items() if env.get(k) != v}
+    assert not differs, f"the forkserver started with {SERVER_STARTUP}; a launch asking {differs} is launched for real"
+    out = Path(cwd) / f"ranks-{uuid.uuid4().hex[:8]}.out"
+    port = str(free_port())
+    run_id = uuid.uuid4().hex  # torchrun --standalone's: one job, its own
+    ctx = forkserver()
+    procs = []
+    for rank in range(nproc):
+        rank_env = {
+            **{k: v for k, v in env.items() if not k.startswith(("MASTER_", "TORCHELASTIC_"))},
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
+            "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+        }
+        procs.append(ctx.Process(target=_script_rank, args=(str(script), list(args), rank_env, str(cwd), str(out))))
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        if any(p.is_alive() for p in procs):
+            for p in procs:
+                if p.is_alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGABRT)  # faulthandler: its threads' stacks into the output
+                    p.join(10)
+            pytest.fail(f"the launch ran past {timeout:g} s: {script.name} {' '.join(args)}\n"
+                        f"--- output (the stacks of the ranks left last) ---\n{_read(out)[-20000:]}", pytrace=False)
+    finally:
+        for p in procs:  # pytest-timeout, Ctrl-C, a failed launch: no rank outlives the test
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    codes = [p.exitcode or 0 for p in procs]
+    failed = next((c for c in codes if c), 0)
+    return subprocess.CompletedProcess([sys.executable, str(script), *args], failed, _read(out), "")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _script_rank(script: str, argv: list[str], env: dict[str, str], cwd: str, out: str) -> None:
+    """One rank of `run_ranks_forked`, in a child of the forkserver: `python script argv` from here on."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):  # as PYTHONUNBUFFERED: every line in the file as it is written
+        stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[union-attr]
+    faulthandler.enable()  # as `run_launch` gives every process it launches (PYTHONFAULTHANDLER)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(script))  # what `python script` puts first
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, (int, type(None))):
+            print(stop.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # the interpreter's end: non-daemon threads joined, then the atexit hooks (the logger's among them)
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

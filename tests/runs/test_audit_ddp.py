@@ -6,16 +6,13 @@ Two launches: SQLite (direct transport) with the plain console, DuckDB (gather t
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from multirank_logger import open_store
 from multirank_logger.cli import main as cli
-from tests.helpers.launches import SCRIPTS
+from tests.helpers.launches import SCRIPTS, run_ranks_forked
 from tests.helpers.logger_helpers import query, train_env
 from tests.scripts.audit_train import BANNER
 
@@ -28,10 +25,9 @@ def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     backend, console = request.param
     root = tmp_path_factory.mktemp(f"audit-{backend}")
     db = root / f"runs.{backend}"
-    cmd = [sys.executable, str(SCRIPT), "--db", str(db), "--save-dir", str(root), *(["--console"] if console else [])]
+    args = ["--db", str(db), "--save-dir", str(root), *(["--console"] if console else [])]
     # one stream, as a job's console log holds both
-    proc = subprocess.run(cmd, cwd=root, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=240)
+    proc = run_ranks_forked(SCRIPT, args, nproc=2, cwd=root, env=train_env(), timeout=240)
     assert proc.returncode == 0, proc.stdout[-6000:]
     return {"backend": backend, "console": console, "db": db, "root": root, "output": proc.stdout}
 

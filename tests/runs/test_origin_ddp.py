@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.judgement.sentences import finding_sentence, followers_sentence, sentence_groups
 from multirank_logger.report import find
-from tests.helpers.launches import SCRIPTS
+from tests.helpers.launches import SCRIPTS, run_ranks_forked
 from tests.helpers.logger_helpers import query, train_env
 
 TRAIN = SCRIPTS / "origin_train.py"
@@ -32,9 +30,8 @@ SPREAD = ("rank 2 train_loss NaN from step {s}; followed by ranks 0-1,3 at step 
 
 
 def _train(root: Path, db: Path, *args: str) -> str:
-    cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), *args]
-    proc = subprocess.run(cmd, cwd=root, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300)
+    proc = run_ranks_forked(TRAIN, ["--db", str(db), "--save-dir", str(root), *args], nproc=4, cwd=root,
+                            env=train_env(), timeout=300)
     assert proc.returncode == 0 and (root / "fit-returned").exists(), proc.stdout[-6000:]
     return proc.stdout
 

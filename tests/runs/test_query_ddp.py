@@ -3,23 +3,20 @@ MultiRankLogger side by side: rank 0's export is CSVLogger's file, each rank kee
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from multirank_logger import open_store
-from tests.helpers.launches import SCRIPTS
+from tests.helpers.launches import SCRIPTS, run_ranks_forked
+from tests.helpers.logger_helpers import train_env
 
 
 def test_ddp_rank0_export_is_csvloggers_file_and_ranks_keep_their_values(db_path: Path, tmp_path: Path) -> None:
     """Golden, end to end: a 2-rank DDP fit with CSVLogger and MultiRankLogger side by side."""
     script = SCRIPTS / "query_train.py"
     csv_dir = tmp_path / "csv"
-    done = subprocess.run(
-        [sys.executable, str(script), str(db_path), str(tmp_path / "mr"), str(csv_dir)],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_ranks_forked(script, [str(db_path), str(tmp_path / "mr"), str(csv_dir)], nproc=2, cwd=tmp_path,
+                            env=train_env(), timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:]
     golden = (csv_dir / "lightning_logs" / "version_0" / "metrics.csv").read_bytes()
     with open_store(db_path) as reader:
         reader.export_csv(tmp_path / "rank0.csv", rank=0)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.report import find
 from tests.helpers.kept_verdict import assert_served_as_judged
-from tests.helpers.launches import SCRIPTS
+from tests.helpers.launches import SCRIPTS, run_ranks_forked
 from tests.helpers.logger_helpers import query, train_env
 
 TRAIN = SCRIPTS / "report_train.py"
@@ -34,10 +32,9 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("report")
     db = root / "runs.sqlite"
     for name, extra in (("faulty", ["--faults"]), ("clean", [])):
-        cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), "--name", name,
-               "--steps", str(STEPS), *extra]
-        proc = subprocess.run(cmd, cwd=root, env=train_env(), capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        args = ["--db", str(db), "--save-dir", str(root), "--name", name, "--steps", str(STEPS), *extra]
+        proc = run_ranks_forked(TRAIN, args, nproc=3, cwd=root, env=train_env(), timeout=240)
+        assert proc.returncode == 0, proc.stdout[-8000:]
     return db
 
 

@@ -12,8 +12,6 @@ import http.server
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ from click.testing import CliRunner
 from multirank_logger import open_store
 from multirank_logger.cli import main
 from multirank_logger.report import find
-from tests.helpers.launches import SCRIPTS
+from tests.helpers.launches import SCRIPTS, run_ranks_forked
 from tests.helpers.logger_helpers import query, train_env
 
 TRAIN = SCRIPTS / "watch_train.py"
@@ -57,11 +55,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
     hook = f"http://bot:pw-{SECRET}@127.0.0.1:{server.server_address[1]}/hooks/{SECRET}"
     dead_hook = f"http://127.0.0.1:{dead.getsockname()[1]}/hooks/{SECRET}"
     db = root / "runs.sqlite"
-    cmd = [sys.executable, str(TRAIN), "--db", str(db), "--save-dir", str(root), "--hook", hook,
-           "--dead-hook", dead_hook, "--stop"]
+    args = ["--db", str(db), "--save-dir", str(root), "--hook", hook, "--dead-hook", dead_hook, "--stop"]
     try:
-        proc = subprocess.run(cmd, cwd=root, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=240)
+        proc = run_ranks_forked(TRAIN, args, nproc=4, cwd=root, env=train_env(), timeout=240)
         assert proc.returncode == 0, proc.stdout[-6000:]
         yield db, proc.stdout, list(_Hook.received)
     finally:
