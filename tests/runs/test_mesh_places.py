@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from multirank_logger.judgement.places import mesh_clause, place_clause, rank_places
-from tests.helpers.launches import REPO, SCRIPTS, free_port, run_launch
+from tests.helpers.launches import SCRIPTS, run_ranks_forked
 from tests.helpers.logger_helpers import query, train_env
 
 TRAIN = SCRIPTS / "mesh_train.py"
@@ -28,11 +27,10 @@ RANKS, SHAPE = 6, (3, 2)
 @pytest.fixture(scope="module")
 def mesh_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("mesh")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={RANKS}",
-           f"--master-port={free_port()}", str(TRAIN), "--db", str(tmp / "runs.sqlite"),
-           "--slow-from", "0"]  # (slow from the first step: a loaded host's hiccup before it moved one rank's first step)
-    proc = run_launch(cmd, cwd=tmp, env={**train_env(), "PYTHONPATH": str(REPO)}, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    args = ["--db", str(tmp / "runs.sqlite"),
+            "--slow-from", "0"]  # (slow from the first step: a loaded host's hiccup before it moved one rank's first step)
+    proc = run_ranks_forked(TRAIN, args, nproc=RANKS, cwd=tmp, env=train_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-8000:]
     return tmp / "runs.sqlite"
 
 
@@ -106,13 +104,12 @@ def model_parallel_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ``<transport>/runs.sqlite``. Two loggers is also a case of its own: the second (gather) found
     the mesh already recorded by the first's log_graph and its ranks were left without coordinates."""
     tmp = tmp_path_factory.mktemp("model_parallel")
-    cmd = [sys.executable, str(LIGHTNING_TRAIN)]
+    args = []
     for transport in ("direct", "gather"):
         (tmp / transport).mkdir()
-        cmd += ["--db", str(tmp / transport / "runs.sqlite"), "--transport", transport]
-    env = {**train_env(), "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
-    proc = run_launch(cmd, cwd=tmp, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        args += ["--db", str(tmp / transport / "runs.sqlite"), "--transport", transport]
+    proc = run_ranks_forked(LIGHTNING_TRAIN, args, nproc=4, cwd=tmp, env=train_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-8000:]
     return tmp
 
 
