@@ -16,7 +16,7 @@ import pytest
 from multirank_logger.query.reader import open_store
 from multirank_logger.rows.schema import SEQ_ATTEMPT_SHIFT
 from tests.helpers.kept_verdict import assert_served_as_judged
-from tests.helpers.launches import SCRIPTS
+from tests.helpers.launches import SCRIPTS, run_ranks_forked
 from tests.helpers.logger_helpers import query, train_env, wait_for_steps
 
 pytestmark = pytest.mark.timeout(400)
@@ -36,6 +36,14 @@ def _launch(db: Path, save_dir: Path, *extra: str) -> str:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
+
+
+def _ddp_launch(db: Path, save_dir: Path, *extra: str, nproc: int = 2) -> None:
+    """A strategy="ddp" launch whose ranks run as torchrun starts them (launches.run_ranks_forked:
+    what these tests are about is the run across launches, not how a launch starts its ranks)."""
+    proc = run_ranks_forked(SCRIPT, ["--db", str(db), "--save-dir", str(save_dir), "--devices", str(nproc), *extra],
+                            nproc=nproc, cwd=save_dir, env=train_env(), timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-8000:]
 
 
 def _by_rank_step(db: Path, key: str) -> dict[tuple[int, int], list[tuple[int, float]]]:
@@ -66,11 +74,9 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (work / f"{db_name}-{transport}").mkdir()
         stores += ["--db", str(work / f"{db_name}-{transport}" / db_name), "--transport", transport]
     for launch in (["--epochs", "1", "--launch", "0"], ["--epochs", "2", "--launch", "1", "--resume", "--version", "0"]):
-        proc = subprocess.run(
-            [sys.executable, str(SCRIPT), *stores, "--save-dir", str(work), *launch], cwd=work, env=train_env(),
-            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        proc = run_ranks_forked(SCRIPT, [*stores, "--save-dir", str(work), *launch], nproc=2, cwd=work, env=train_env(),
+                                timeout=LAUNCH_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stdout[-8000:]
     return work
 
 
@@ -111,8 +117,8 @@ def test_resume_from_checkpoint_continues_the_run(resumed: Path, db_name: str, t
 def test_resume_with_fewer_ranks_by_run_key(tmp_path: Path) -> None:
     """2 ranks, then resumed on 1 rank by run_key (no version known): both launches' rows kept."""
     db = tmp_path / "runs.sqlite"
-    _launch(db, tmp_path, "--epochs", "1", "--launch", "0", "--run-key", "job-77")
-    _launch(db, tmp_path, "--epochs", "2", "--launch", "1", "--run-key", "job-77", "--resume", "--devices", "1")
+    _ddp_launch(db, tmp_path, "--epochs", "1", "--launch", "0", "--run-key", "job-77")
+    _ddp_launch(db, tmp_path, "--epochs", "2", "--launch", "1", "--run-key", "job-77", "--resume", nproc=1)
     assert query(db, "SELECT id, status, world_size, run_key FROM runs") == [(1, "success", 1, "job-77")]
     assert query(db, "SELECT attempt, world_size, status FROM attempts ORDER BY attempt") == [
         (0, 2, "success"),
@@ -148,7 +154,7 @@ def test_preempted_launch_then_resume_shows_superseded_steps_once(tmp_path: Path
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
-    _launch(db, tmp_path, "--epochs", "2", "--launch", "1", "--resume", "--version", "0")
+    _ddp_launch(db, tmp_path, "--epochs", "2", "--launch", "1", "--resume", "--version", "0")
 
     every = _by_rank_step(db, "launch")
     for rank in (0, 1):
