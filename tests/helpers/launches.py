@@ -260,7 +260,9 @@ def _script_rank(script: str, argv: list[str], env: dict[str, str], cwd: str, ou
         stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[union-attr]
     faulthandler.enable()  # as `run_launch` gives every process it launches (PYTHONFAULTHANDLER)
     sys.argv = [script, *argv]
-    sys.path.insert(0, os.path.dirname(script))  # what `python script` puts first
+    # what `python script` puts first: the script's folder, then PYTHONPATH's entries the server lacks
+    missing = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = [os.path.dirname(script), *missing]
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")
