@@ -183,6 +183,11 @@ def spawn_ranks(
 def run_ranks_forked(
     script: Path, args: Sequence[str], *, nproc: int, cwd: Path, env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str]:
+    """`start_ranks_forked`, then its end (`ForkedLaunch.wait`)."""
+    return start_ranks_forked(script, args, nproc=nproc, cwd=cwd, env=env).wait(timeout)
+
+
+def start_ranks_forked(script: Path, args: Sequence[str], *, nproc: int, cwd: Path, env: dict[str, str]) -> ForkedLaunch:
     """`python script args` on `nproc` ranks of one host, as torchrun starts them, each rank forked
     from a server that imported Lightning once (`forkserver`), not a fresh interpreter.
 
@@ -193,11 +198,6 @@ def run_ranks_forked(
     What it costs is the training, not the 5-7 s of CPU a fresh rank spends importing Lightning here.
     Where the launcher or the process itself is what a test is about (signals, exits, Lightning's own
     launcher, torchrun's restarts), the test launches for real instead.
-
-    Returns the launch as `run_launch` does: stdout holds every rank's stdout and stderr in the order
-    written (one file, as one launch's pipe), stderr is empty; the return code is the first failed
-    rank's (a signal's as -N), else 0. Past `timeout`, the test fails with the output's end and the
-    stacks of the ranks still running.
     """
     differs = {k: env.get(k) for k, v in SERVER_STARTUP.items() if env.get(k) != v}
     assert not differs, f"the forkserver started with {SERVER_STARTUP}; a launch asking {differs} is launched for real"
@@ -205,7 +205,7 @@ def run_ranks_forked(
     port = str(free_port())
     run_id = uuid.uuid4().hex  # torchrun --standalone's: one job, its own
     ctx = forkserver()
-    procs = []
+    launch = ForkedLaunch([sys.executable, str(script), *args], out)
     for rank in range(nproc):
         rank_env = {
             **{k: v for k, v in env.items() if not k.startswith(("MASTER_", "TORCHELASTIC_"))},
@@ -215,29 +215,60 @@ def run_ranks_forked(
             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
             "TORCHELASTIC_USE_AGENT_STORE": "False", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
         }
-        procs.append(ctx.Process(target=_script_rank, args=(str(script), list(args), rank_env, str(cwd), str(out))))
+        launch.ranks.append(ctx.Process(target=_script_rank, args=(str(script), list(args), rank_env, str(cwd), str(out))))
     try:
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        if any(p.is_alive() for p in procs):
-            for p in procs:
-                if p.is_alive():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGABRT)  # faulthandler: its threads' stacks into the output
-                    p.join(10)
-            pytest.fail(f"the launch ran past {timeout:g} s: {script.name} {' '.join(args)}\n"
-                        f"--- output (the stacks of the ranks left last) ---\n{_read(out)[-20000:]}", pytrace=False)
-    finally:
-        for p in procs:  # pytest-timeout, Ctrl-C, a failed launch: no rank outlives the test
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-    codes = [p.exitcode or 0 for p in procs]
-    failed = next((c for c in codes if c), 0)
-    return subprocess.CompletedProcess([sys.executable, str(script), *args], failed, _read(out), "")
+        for rank_process in launch.ranks:
+            rank_process.start()
+    except BaseException:
+        launch.kill()
+        raise
+    return launch
+
+
+class ForkedLaunch:
+    """The ranks `start_ranks_forked` started: wait for their end, or end them (a `with` block ends
+    any left at its end, as a test's own launch must never outlive it)."""
+
+    def __init__(self, args: list[str], out: Path) -> None:
+        self.args = args
+        #: where every rank's stdout and stderr go, in the order written (one file, as one launch's pipe)
+        self.out = out
+        self.ranks: list[Any] = []
+
+    def wait(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        """The launch once every rank ended, as `run_launch` returns one: stdout is `out`'s text, stderr
+        empty, the return code the first failed rank's (a signal's as -N), else 0. Past `timeout`, the
+        test fails with the output's end and the stacks of the ranks still running."""
+        try:
+            deadline = time.monotonic() + timeout
+            for rank in self.ranks:
+                rank.join(max(0.0, deadline - time.monotonic()))
+            if any(rank.is_alive() for rank in self.ranks):
+                for rank in self.ranks:
+                    if rank.is_alive():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(rank.pid, signal.SIGABRT)  # faulthandler: its threads' stacks into the output
+                        rank.join(10)
+                pytest.fail(f"the launch ran past {timeout:g} s: {' '.join(self.args[1:])}\n"
+                            f"--- output (the stacks of the ranks left last) ---\n{_read(self.out)[-20000:]}",
+                            pytrace=False)
+        finally:
+            self.kill()  # pytest-timeout, Ctrl-C, a launch past its time: no rank outlives the test
+        failed = next((code for rank in self.ranks if (code := rank.exitcode)), 0)
+        return subprocess.CompletedProcess(self.args, failed, _read(self.out), "")
+
+    def kill(self) -> None:
+        """SIGKILL to every rank still running, each then reaped."""
+        for rank in self.ranks:
+            if rank.pid is not None and rank.is_alive():
+                rank.kill()
+                rank.join(10)
+
+    def __enter__(self) -> ForkedLaunch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
 
 
 def _read(path: Path) -> str:

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers.logger_helpers import query, train_cmd, train_env
+from tests.helpers.launches import start_ranks_forked
+from tests.helpers.logger_helpers import TRAIN, query, train_env
 from tests.helpers.ui_browser import chromium, outside, requested_urls, wait_for
 
 STEPS = 16
@@ -36,8 +37,9 @@ def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: P
             driver.execute_script("window.notReloaded = true")  # gone if the page reloads
             gate = tmp_path / "gate"
             _allow(gate, 3)
-            training = subprocess.Popen(train_cmd(db, tmp_path, "--steps", str(STEPS), "--gate", str(gate)),
-                                        cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # its ranks forked as torchrun starts them (launches.start_ranks_forked): the page is what is tested
+            training = start_ranks_forked(TRAIN, ["--db", str(db), "--save-dir", str(tmp_path), "--steps", str(STEPS),
+                                                  "--gate", str(gate)], nproc=2, cwd=tmp_path, env=train_env())
             cell = "const c = document.querySelector('#runs tr[data-run] td:nth-child(7)'); return c && c.innerText !== '-' && +c.innerText"
             first_step = wait_for(driver, cell, timeout=120)
             _allow(gate, 7)
@@ -54,14 +56,15 @@ def test_a_training_started_while_the_page_is_open_appears_and_grows(tmp_path: P
             assert driver.execute_script("return window.notReloaded") is True
             assert outside(requested_urls(driver)) == []
         _allow(gate, STEPS)
-        out, err = training.communicate(timeout=180)
-        assert training.returncode == 0, out[-2000:] + err[-4000:]
+        done = training.wait(180)
+        assert done.returncode == 0, done.stdout[-6000:]
         assert status == "running"
     finally:
-        for proc in (training, server):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)
+        if training is not None:
+            training.kill()
+        if server.poll() is None:
+            server.terminate()
+            server.wait(timeout=30)
     # nothing lost to the viewer: every rank's every step of train_loss is in the store
     rows = query(db, "SELECT rank, COUNT(DISTINCT step), COUNT(*) FROM metrics WHERE key = 'train_loss' GROUP BY rank ORDER BY rank")
     assert rows == [(0, STEPS, STEPS), (1, STEPS, STEPS)], rows
