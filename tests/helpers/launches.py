@@ -187,7 +187,17 @@ def run_ranks_forked(
     return start_ranks_forked(script, args, nproc=nproc, cwd=cwd, env=env).wait(timeout)
 
 
-def start_ranks_forked(script: Path, args: Sequence[str], *, nproc: int, cwd: Path, env: dict[str, str]) -> ForkedLaunch:
+def run_script_forked(
+    script: Path, args: Sequence[str], *, cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python script args` as one process with no launcher's variables (a person's own run of a
+    script), forked as `start_ranks_forked`'s ranks are; its end as `ForkedLaunch.wait` returns it."""
+    return start_ranks_forked(script, args, nproc=1, cwd=cwd, env=env, launcher=False).wait(timeout)
+
+
+def start_ranks_forked(
+    script: Path, args: Sequence[str], *, nproc: int, cwd: Path, env: dict[str, str], launcher: bool = True
+) -> ForkedLaunch:
     """`python script args` on `nproc` ranks of one host, as torchrun starts them, each rank forked
     from a server that imported Lightning once (`forkserver`), not a fresh interpreter.
 
@@ -197,8 +207,10 @@ def start_ranks_forked(script: Path, args: Sequence[str], *, nproc: int, cwd: Pa
     ``__main__`` and ends as an interpreter ends (non-daemon threads joined, then the atexit hooks).
     What it costs is the training, not the 5-7 s of CPU a fresh rank spends importing Lightning here.
     Where the launcher or the process itself is what a test is about (signals, exits, Lightning's own
-    launcher, torchrun's restarts), the test launches for real instead.
+    launcher, torchrun's restarts), the test launches for real instead. `launcher=False`: one
+    process with none of those variables (`run_script_forked`).
     """
+    assert launcher or nproc == 1, "ranks without a launcher's variables are one process"
     differs = {k: env.get(k) for k, v in SERVER_STARTUP.items() if env.get(k) != v}
     assert not differs, f"the forkserver started with {SERVER_STARTUP}; a launch asking {differs} is launched for real"
     out = Path(cwd) / f"ranks-{uuid.uuid4().hex[:8]}.out"
@@ -207,14 +219,15 @@ def start_ranks_forked(script: Path, args: Sequence[str], *, nproc: int, cwd: Pa
     ctx = forkserver()
     launch = ForkedLaunch([sys.executable, str(script), *args], out)
     for rank in range(nproc):
-        rank_env = {
-            **{k: v for k, v in env.items() if not k.startswith(("MASTER_", "TORCHELASTIC_"))},
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-            "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
-            "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": "False", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-        }
+        rank_env = {k: v for k, v in env.items() if not k.startswith(("MASTER_", "TORCHELASTIC_"))}
+        if launcher:
+            rank_env |= {
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
+                "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
+                "TORCHELASTIC_USE_AGENT_STORE": "False", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            }
         launch.ranks.append(ctx.Process(target=_script_rank, args=(str(script), list(args), rank_env, str(cwd), str(out))))
     try:
         for rank_process in launch.ranks:
@@ -256,6 +269,21 @@ class ForkedLaunch:
             self.kill()  # pytest-timeout, Ctrl-C, a launch past its time: no rank outlives the test
         failed = next((code for rank in self.ranks if (code := rank.exitcode)), 0)
         return subprocess.CompletedProcess(self.args, failed, _read(self.out), "")
+
+    def wait_for_output(self, text: str, timeout: float) -> None:
+        """Return once the launch's output holds `text`; fail with the output where the launch ended,
+        or `timeout` passed, first."""
+        deadline = time.monotonic() + timeout
+        while text not in _read(self.out):
+            if not self.running or time.monotonic() > deadline:
+                pytest.fail(f"{text!r} not in the launch's output ({'ended' if not self.running else 'still running'} "
+                            f"after {timeout:g} s):\n{_read(self.out)[-5000:]}", pytrace=False)
+            time.sleep(0.05)
+
+    @property
+    def running(self) -> bool:
+        """Whether any rank is still running."""
+        return any(rank.is_alive() for rank in self.ranks)
 
     def kill(self) -> None:
         """SIGKILL to every rank still running, each then reaped."""

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store.sql_store import Store
-from tests.helpers.launches import SCRIPTS
+from tests.helpers.launches import SCRIPTS, start_ranks_forked
 from tests.helpers.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 from tests.helpers.processes import stop_process
 
@@ -649,23 +649,22 @@ def test_gather_rank0_spills_its_own_and_received_rows_while_a_reader_holds_the_
     """Gather transport (DuckDB, 2 DDP ranks) with a reader holding the file from mid-run past the end:
     rank 0 spills the rows it holds (its own and rank 1's), the run is not success, and the import
     adds every spilled value to the store."""
-    from tests.helpers.logger_helpers import train_cmd, train_env
+    from tests.helpers.logger_helpers import TRAIN, train_env
 
     db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
-    cmd = train_cmd(db, tmp_path, "--steps", "60", "--sleep", "0.05", "--timeout", "3", "--spill-dir", str(spill))
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:  # the run is registered: the store exists and the reader can hold it
-        lines.append(line)
-        if "MultiRankLogger: run" in line:
-            break
-    reader = _hold_duckdb(db, 240, tmp_path / "held")
-    out = "".join(lines) + proc.communicate(timeout=240)[0]
-    reader.kill()  # it held the file from mid-run until the job had ended: past every timeout
-    reader.wait(30)
-    assert proc.returncode == 0, out[-4000:]
+    args = ["--db", str(db), "--save-dir", str(tmp_path), "--steps", "60", "--sleep", "0.05", "--timeout", "3",
+            "--spill-dir", str(spill)]
+    # the ranks forked as torchrun starts them (launches.start_ranks_forked): the store held is what is tested
+    with start_ranks_forked(TRAIN, args, nproc=2, cwd=tmp_path, env=train_env()) as training:
+        training.wait_for_output("MultiRankLogger: run", 120)  # registered: the store exists, the reader can hold it
+        reader = _hold_duckdb(db, 240, tmp_path / "held")
+        try:
+            done = training.wait(240)
+        finally:
+            reader.kill()  # it held the file from mid-run until the job had ended: past every timeout
+            reader.wait(30)
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:]
     files = spill_files_named(out)
     assert files, out[-4000:]
     spilled = sum(int(n) for n in re.findall(r"(\d+) value\(s\) are in \S+\.mrspill", out))

@@ -22,8 +22,8 @@ import pytest
 
 from multirank_logger.errors import MultiRankLoggerError
 from multirank_logger.query.reader import open_store
-from tests.helpers.launches import REPO, SCRIPTS, free_port
-from tests.helpers.logger_helpers import query, rank_reports, train_cmd, train_env
+from tests.helpers.launches import REPO, SCRIPTS, ForkedLaunch, free_port, start_ranks_forked
+from tests.helpers.logger_helpers import TRAIN, query, rank_reports, train_cmd, train_env
 
 pytestmark = pytest.mark.timeout(240)
 TESTS = SCRIPTS
@@ -99,10 +99,31 @@ def test_reader_while_training_sees_rows_and_nothing_is_lost(tmp_path: Path) -> 
     steps, held_at = 12, 4
     gate = tmp_path / "gate"
     gate.write_text(str(held_at))
-    proc = _start(train_cmd(db, tmp_path, "--steps", str(steps), "--gate", str(gate), "--flush-interval", "0.1"), tmp_path)
+    # the ranks forked as torchrun starts them (launches.start_ranks_forked): the reader is what is tested here
+    training = start_ranks_forked(TRAIN, ["--db", str(db), "--save-dir", str(tmp_path), "--steps", str(steps),
+                                          "--gate", str(gate), "--flush-interval", "0.1"], nproc=2, cwd=tmp_path,
+                                  env=train_env())
     seen: list[tuple[int, set[int]]] = []  # (rows, ranks) of each read that found the run
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    while proc.poll() is None and time.monotonic() < deadline:
+    with training:
+        _read_while_running(db, training, gate, steps, seen, deadline)
+        done = training.wait(max(1.0, deadline - time.monotonic()))
+    assert done.returncode == 0, done.stdout[-5000:]
+    output = done.stdout
+    assert gate.read_text() == str(steps), f"the reader never saw both ranks' rows while the training was held: {seen}"
+    (run_id,) = [r for (r,) in query(db, "SELECT id FROM runs")]
+    assert _rank_values(db, run_id) == _expected(steps), output[-3000:]
+    assert query(db, "SELECT status, transport FROM runs") == [("success", "gather")]
+    final = query(db, "SELECT count(*) FROM metrics")[0][0]
+    during = [rows for rows, _ in seen if rows]
+    assert during[0] < final  # rows were readable mid-run, not only at the end
+    assert all(a <= b for a, b in itertools.pairwise(during))  # never a row vanished
+
+
+def _read_while_running(db: Path, training: ForkedLaunch, gate: Path, steps: int, seen: list[tuple[int, set[int]]],
+                        deadline: float) -> None:
+    """Read the store over and over while `training` runs; let it go on once both ranks' rows were read."""
+    while training.running and time.monotonic() < deadline:
         try:
             with open_store(db, lock_timeout=10) as reader:
                 runs = reader.runs()
@@ -114,15 +135,6 @@ def test_reader_while_training_sees_rows_and_nothing_is_lost(tmp_path: Path) -> 
         if seen and seen[-1][1] == {0, 1} and gate.read_text() != str(steps):
             gate.write_text(str(steps))  # both ranks' rows read while the training waits: let it finish
         time.sleep(0.05)
-    output = _finish(proc, max(1.0, deadline - time.monotonic()))
-    assert gate.read_text() == str(steps), f"the reader never saw both ranks' rows while the training was held: {seen}"
-    (run_id,) = [r for (r,) in query(db, "SELECT id FROM runs")]
-    assert _rank_values(db, run_id) == _expected(steps), output[-3000:]
-    assert query(db, "SELECT status, transport FROM runs") == [("success", "gather")]
-    final = query(db, "SELECT count(*) FROM metrics")[0][0]
-    during = [rows for rows, _ in seen if rows]
-    assert during[0] < final  # rows were readable mid-run, not only at the end
-    assert all(a <= b for a, b in itertools.pairwise(during))  # never a row vanished
 
 
 # -- ddp_spawn -----------------------------------------------------------------------------------
