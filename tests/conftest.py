@@ -4,7 +4,9 @@ PostgreSQL server, free TCP ports, and the `slow` mark on every test in tests/ru
 The layout mirrors the package: tests/<layer>/ holds the unit-level tests of
 multirank_logger/<layer> (one process), tests/project/ the checks over the whole project,
 tests/runs/ every test that launches real multi-process trainings (`slow`: the folder is the one
-way to mark it), tests/scripts/ what those tests launch, tests/helpers/ the plain helpers the
+way to mark it; where the launch itself is not what a test is about, its ranks are forked as
+torchrun starts them from a server that imported Lightning once: helpers/launches.run_ranks_forked),
+tests/scripts/ what those tests launch, tests/helpers/ the plain helpers the
 tests share (a test imports them from there, never from another test module or from this file),
 tests/data/ fixed input files."""
 
