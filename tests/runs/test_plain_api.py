@@ -1,6 +1,7 @@
 """The plain API (``multirank_logger.init``, integrations/plain.py) in a torch.distributed script
 with no Lightning Trainer: tests/scripts/plain_train.py under ``python -m torch.distributed.run
---nproc-per-node 3``, a tiny DDP loop on CPU over gloo, each rank logging its own loss.
+--nproc-per-node 3`` (the NaN run's ranks forked with torchrun's variables, launches.run_ranks_forked),
+a tiny DDP loop on CPU over gloo, each rank logging its own loss.
 
 - a clean launch with rank 1 logging NaN from step 5: one run holding every rank's rows, the
   config stored, ``success``; the watch's alert for rank 1 at step 5 in the ``alerts`` table, and

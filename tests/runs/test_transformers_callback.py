@@ -1,6 +1,7 @@
 """`MultiRankCallback` (integrations/transformers_callback.py) with Transformers' `Trainer` under
 ``torchrun --nproc-per-node 2`` on CPU (gloo): tests/scripts/transformers_train.py, a tiny GPT-2 from a
-config, random embeddings, no hub. One launch per scenario, shared by the tests that read it.
+config, random embeddings, no hub. One launch per scenario, shared by the tests that read it (the
+NaN run's ranks forked with torchrun's variables, launches.run_ranks_forked; the failing run is torchrun's own).
 """
 
 from __future__ import annotations
