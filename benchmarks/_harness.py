@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import random
 import resource
 import signal
 import socket
@@ -160,7 +161,22 @@ def raise_if_any_failed(procs: Sequence[Any]) -> None:
 
 
 def free_port() -> int:
-    """A TCP port free on loopback now: a launch's MASTER_PORT, a TCPStore's."""
+    """A TCP port free on loopback now: a launch's MASTER_PORT, a TCPStore's.
+
+    Drawn below the kernel's ephemeral range (32768-60999 by default), not bound to port 0:
+    an ephemeral port is free again once this socket closes, and until the launch's rank 0
+    binds it (seconds later: its ranks import torch first) any client connection on the
+    machine (a TCPStore's, PostgreSQL's, another launch's) may take it as its own end
+    ("address already in use", every other rank then waiting for a rank 0 that is gone)."""
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randrange(20_000, 32_768)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

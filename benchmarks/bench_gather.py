@@ -35,21 +35,20 @@ import gc
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: the repository on the path, for the harness
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._harness import free_port  # noqa: E402
+
 WORLD = 4
 KEYS = [f"metric_{i}" for i in range(10)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _work(us: float) -> None:
@@ -116,7 +115,7 @@ def _rank(rank: int, port: int, db: str, calls: int, work_us: float, period_us: 
 
 def _launch(calls: int, work_us: float, period_us: float, logged: bool, db: str) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as out:
         procs = [ctx.Process(target=_rank, args=(r, port, db, calls, work_us, period_us, logged, out)) for r in range(WORLD)]
         for p in procs:

@@ -41,6 +41,8 @@ import pyarrow as pa
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._harness import free_port  # noqa: E402
+
 KEYS = 10
 STEPS_PER_S = 10
 FLUSH_S = 0.5
@@ -196,7 +198,6 @@ def peek_cost(ranks_list: list[int], seconds: float) -> None:
     hosts the launch's), for `seconds`; CPU seconds per wall second, the server's thread included.
     The queues are empty: the rows a peek pops the writer's receive would pop anyway."""
     import datetime
-    import socket
 
     import torch.distributed as dist
 
@@ -206,9 +207,7 @@ def peek_cost(ranks_list: list[int], seconds: float) -> None:
     period = PEEK_S or 0.5
     print(f"peek: RowChannel.peek every {period:g} s over R-1 senders' queues, {seconds:.0f} s each")
     for ranks in ranks_list:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         server = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
         channel = RowChannel(f"peek-{ranks}", 0, ranks, host="127.0.0.1", port=port)
         channel.peek()  # connected

@@ -8,10 +8,8 @@ import faulthandler
 import multiprocessing as mp
 import multiprocessing.forkserver as mp_forkserver
 import os
-import random
 import runpy
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from benchmarks._harness import free_port  # one rule for a rendezvous port: the benchmarks' and the tests'
 
 #: the checkout's root (what a launched script puts on its PYTHONPATH) and the scripts the tests launch
 REPO = Path(__file__).resolve().parents[2]
@@ -52,27 +52,6 @@ def import_transformers_here() -> None:
     """Lets this process import transformers: its folder on the path, last (it holds transformers alone)."""
     if TRANSFORMERS_SITE.is_dir() and str(TRANSFORMERS_SITE) not in sys.path:
         sys.path.append(str(TRANSFORMERS_SITE))
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now, for a gloo rendezvous.
-
-    Drawn below the kernel's ephemeral range (32768-60999 by default), not bound to port 0:
-    an ephemeral port is free again once this socket closes, and any of the many client
-    connections the suite's trainings open (to TCPStores, to PostgreSQL) may take it before
-    the launch's rank 0 binds it ("address already in use", every rank then waiting)."""
-    draw = random.SystemRandom()
-    for _ in range(100):
-        port = draw.randrange(20_000, 32_768)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_launch(cmd: Sequence[str], *, cwd: Any, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
