@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from multirank_logger.cli import main as cli
 from multirank_logger.store.sql_store import Store
-from tests.helpers.launches import SCRIPTS, start_ranks_forked
+from tests.helpers.launches import SCRIPTS, ForkedLaunch, run_script_forked, start_ranks_forked
 from tests.helpers.logger_helpers import query, spill_files_named, train_cmd, train_env, wait_for_steps
 from tests.helpers.processes import stop_process
 
@@ -41,7 +41,17 @@ def _env() -> dict[str, str]:
 
 
 def _log_cmd(db: Path, spill: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(SCRIPT), "--db", str(db), "--spill-dir", str(spill), *extra]
+    return [sys.executable, str(SCRIPT), *_log_args(db, spill, *extra)]
+
+
+def _log_args(db: Path | str, spill: Path, *extra: str) -> list[str]:
+    return ["--db", str(db), "--spill-dir", str(spill), *extra]
+
+
+def _log_forked(db: Path | str, spill: Path, *extra: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """fault_logger.py run to its end, forked (launches.run_script_forked): where the store, not the
+    process's start or exit, is what a test is about. Its stdout holds stdout and stderr, in order."""
+    return run_script_forked(SCRIPT, _log_args(db, spill, *extra), cwd=cwd, env=_env(), timeout=timeout)
 
 
 def _expected(calls: int, keys: int = 10) -> tuple[int, float]:
@@ -91,33 +101,42 @@ c.close()
     return proc
 
 
+def _start_forked(db: Path | str, spill: Path, *extra: str, cwd: Path) -> ForkedLaunch:
+    """fault_logger.py started, forked (as `_log_forked`), for a test that acts while it runs."""
+    return start_ranks_forked(SCRIPT, _log_args(db, spill, *extra), nproc=1, cwd=cwd, env=_env(), launcher=False)
+
+
+def _wait_for_file(path: Path, launch: ForkedLaunch, timeout: float = 120) -> None:
+    """Return once `path` exists (the script's --ready); fail with its output if it ended first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert launch.running and time.monotonic() < deadline, launch.wait(10).stdout[-4000:]
+        time.sleep(0.01)
+
+
 def _run_with_reader(tmp_path: Path, hold_s: float, timeout_s: float) -> tuple[subprocess.CompletedProcess, Path]:
     db, spill = tmp_path / "runs.duckdb", tmp_path / "spill"
     ready, go, held = tmp_path / "ready", tmp_path / "go", tmp_path / "held"
-    proc = subprocess.Popen(
-        _log_cmd(db, spill, "--calls", "4000", "--timeout", str(timeout_s), "--ready", str(ready), "--go", str(go)),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.01)
-    reader = _hold_duckdb(db, hold_s, held)
-    go.touch()
-    out, err = proc.communicate(timeout=240)
-    # the run is over with the reader still holding (when hold_s > timeout): end it, not wait it out
-    reader.kill()
-    reader.wait(30)
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    assert done.returncode == 0 and "FINALIZED" in out, err[-4000:]
+    with _start_forked(db, spill, "--calls", "4000", "--timeout", str(timeout_s), "--ready", str(ready), "--go", str(go),
+                       cwd=tmp_path) as launch:
+        _wait_for_file(ready, launch)
+        reader = _hold_duckdb(db, hold_s, held)
+        go.touch()
+        try:
+            done = launch.wait(240)
+        finally:
+            # the run is over with the reader still holding (when hold_s > timeout): end it, not wait it out
+            reader.kill()
+            reader.wait(30)
+    assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stdout[-4000:]
     return done, db
 
 
 def test_reader_shorter_than_timeout_loses_nothing(tmp_path: Path) -> None:
     """A reader holding the DuckDB file across the run's end, for less than `timeout`: every row, success."""
     done, db = _run_with_reader(tmp_path, hold_s=4, timeout_s=30)
-    assert _stored(db) == (*_expected(4000), "success"), done.stderr[-3000:]
-    assert spill_files_named(done.stderr) == []
+    assert _stored(db) == (*_expected(4000), "success"), done.stdout[-3000:]
+    assert spill_files_named(done.stdout) == []
 
 
 def test_preemption_while_a_notebook_holds_the_store_spills_and_import_completes(tmp_path: Path) -> None:
@@ -165,19 +184,19 @@ def spilled_end(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
 
 def _copy_of(spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path) -> tuple[str, Path, list[str]]:
     """`spilled_end`'s directory copied into `tmp_path` (the store, its spill files, its logs): the
-    launch's stderr, the copy's store, and the copy's spill files that stderr named."""
+    launch's output, the copy's store, and the copy's spill files that output named."""
     done, db = spilled_end
     shutil.copytree(db.parent, tmp_path, dirs_exist_ok=True)
-    files = [str(tmp_path / Path(f).relative_to(db.parent)) for f in spill_files_named(done.stderr)]
-    return done.stderr, tmp_path / db.name, files
+    files = [str(tmp_path / Path(f).relative_to(db.parent)) for f in spill_files_named(done.stdout)]
+    return done.stdout, tmp_path / db.name, files
 
 
 def test_reader_longer_than_timeout_spills_and_import_completes(
     spilled_end: tuple[subprocess.CompletedProcess, Path], tmp_path: Path
 ) -> None:
     """A reader holding the file past `timeout`: rows in the store or the named spill file, never success."""
-    stderr, db, files = _copy_of(spilled_end, tmp_path)
-    assert files, stderr[-3000:]
+    output, db, files = _copy_of(spilled_end, tmp_path)
+    assert files, output[-3000:]
     count, _, status = _stored(db)
     assert status != "success"
     assert count < _expected(4000)[0]
@@ -192,8 +211,8 @@ def _resume_after_a_spilled_end(
     """Launch 1 cannot write the store at its end (a reader holds it past `timeout`): rank 0's
     last rows, and the end itself, are only in its spill file; its metrics.csv is whole (fed
     before the store). Launch 2 resumes the run (version 0) before anyone imports anything."""
-    stderr, db, files = _copy_of(spilled_end, tmp_path)
-    assert len(files) == 1, stderr[-3000:]
+    output, db, files = _copy_of(spilled_end, tmp_path)
+    assert len(files) == 1, output[-3000:]
     assert query(db, "SELECT status FROM runs") == [("running",)]  # its end could not be recorded either
     first = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
     assert len(first) == 4000 + 2  # header, 4000 calls, the last line's end
@@ -201,9 +220,8 @@ def _resume_after_a_spilled_end(
         data = bytearray(Path(files[0]).read_bytes())
         data[len(data) // 2] ^= 0xFF
         Path(files[0]).write_bytes(bytes(data))
-    again = subprocess.run(_log_cmd(db, tmp_path / "spill", "--calls", "100", "--version", "0"), env=_env(),
-                           capture_output=True, text=True, timeout=240, check=False)
-    assert again.returncode == 0 and "FINALIZED" in again.stdout, again.stderr[-4000:]
+    again = _log_forked(db, tmp_path / "spill", "--calls", "100", "--version", "0", cwd=tmp_path)
+    assert again.returncode == 0 and "FINALIZED" in again.stdout, again.stdout[-4000:]
     return again, db, first
 
 
@@ -215,7 +233,7 @@ def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(
     vanished), and metrics.csv holds launch 1's rows, then launch 2's. Without the import the
     run said success with 20,000 values only in the file."""
     again, db, first = _resume_after_a_spilled_end(spilled_end, tmp_path, damage=False)
-    assert "imported 20000 row(s) that launch 0 of this run (rank 0) had spilled to" in again.stderr, again.stderr[-3000:]
+    assert "imported 20000 row(s) that launch 0 of this run (rank 0) had spilled to" in again.stdout, again.stdout[-3000:]
     assert _stored(db) == (40_000 + 1_000, float(sum(range(40_000)) + sum(range(1_000))), "success")
     assert query(db, "SELECT attempt, status FROM attempts ORDER BY attempt") == [(0, "success"), (1, "success")]
     lines = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_bytes().split(b"\r\n")
@@ -225,10 +243,10 @@ def test_a_resume_imports_what_the_earlier_launch_spilled_before_it_logs(
     # file stays: it must never join a run it was not written for)
     other, other_logs = tmp_path / "other.duckdb", tmp_path / "other_logs"
     for extra in ((), ("--version", "0")):
-        done = subprocess.run(_log_cmd(other, tmp_path / "spill", "--calls", "100", "--save-dir", str(other_logs), *extra),
-                              env=_env(), capture_output=True, text=True, timeout=240, check=False)
-        assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stderr[-3000:]
-    assert "imported" not in done.stderr, done.stderr[-3000:]
+        done = _log_forked(other, tmp_path / "spill", "--calls", "100", "--save-dir", str(other_logs), *extra,
+                           cwd=tmp_path)
+        assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stdout[-3000:]
+    assert "imported" not in done.stdout, done.stdout[-3000:]
     assert query(other, "SELECT id, name, version FROM runs") == [(1, "lightning_logs", 0)]
     assert _stored(other) == (2 * 1_000, float(2 * sum(range(1_000))), "success")
 
@@ -244,21 +262,21 @@ def test_a_resume_whose_earlier_spill_file_cannot_be_imported_is_no_success(
 
     again, db, _ = _resume_after_a_spilled_end(spilled_end, tmp_path, damage=True)
     said = re.search(r"an earlier launch's spill file is damaged: \S+: bytes \d+-\d+ are damaged \(frame \d+\): "
-                     r"(\d+) value\(s\) not imported", again.stderr)
-    assert said, again.stderr[-3000:]
+                     r"(\d+) value\(s\) not imported", again.stdout)
+    assert said, again.stdout[-3000:]
     lost = int(said.group(1))
     assert 0 < lost < 20_000
-    assert f"multirank-logger import {db} " in again.stderr
+    assert f"multirank-logger import {db} " in again.stdout
     assert query(db, "SELECT status FROM runs") == [("incomplete",)]
     assert query(db, "SELECT rank, attempt FROM unheard_ends") == [(0, 0)]
     assert query(db, "SELECT count(*) FROM metrics")[0][0] == 40_000 + 1_000 - lost  # every intact frame's
     version = tmp_path / "lightning_logs" / "version_0"
     assert not (version / "metrics.csv").exists() and (version / "metrics.partial.csv").exists()
     assert "metrics.csv was not written: the store lacks 0 value(s) kept in spill files and 0 lost, and what 1 rank" in (
-        again.stderr
+        again.stdout
     )
     # the intact copy adds just the damaged frame's rows and settles the run
-    [intact] = spill_files_named(spilled_end[0].stderr)  # the fixture's own file, never damaged
+    [intact] = spill_files_named(spilled_end[0].stdout)  # the fixture's own file, never damaged
     _import(db, [intact])
     assert query(db, "SELECT count(*) FROM metrics")[0][0] == 40_000 + 1_000
     assert query(db, "SELECT rank, attempt FROM unheard_ends") == []
@@ -309,25 +327,21 @@ def test_store_deleted_mid_run_spill_imports_into_its_own_run_only(tmp_path: Pat
     there adds nothing to B (an error names both runs); into a fresh store, and by the very command
     A printed once B's store is gone too, it recreates A with every spilled value once."""
     db, spill = tmp_path / f"runs{suffix}", tmp_path / "spill"
-    done = subprocess.run(
-        _log_cmd(db, spill, "--calls", "2000", "--timeout", "2", "--delete"),
-        env=_env(), capture_output=True, text=True, timeout=180, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = _log_forked(db, spill, "--calls", "2000", "--timeout", "2", "--delete", cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout[-4000:]
     # StoreGone, or (when the deletion lands between the writer's check and its open, and DuckDB
     # creates an empty file there) the missing tables: either way the rows are held, then spilled
-    assert "was deleted or replaced" in done.stderr or "does not exist" in done.stderr, done.stderr[-3000:]
-    assert "for good" not in done.stderr
-    files = spill_files_named(done.stderr)
+    assert "was deleted or replaced" in done.stdout or "does not exist" in done.stdout, done.stdout[-3000:]
+    assert "for good" not in done.stdout
+    files = spill_files_named(done.stdout)
     assert len(files) == 1
-    printed = re.findall(r"multirank-logger import (\S+) \S+\.mrspill", done.stderr)[0]
+    printed = re.findall(r"multirank-logger import (\S+) \S+\.mrspill", done.stdout)[0]
     values, total = _expected(2000)
     half = _expected(1000)
     spilled = (values - half[0], total - half[1])
     # run B: same name and version, a new store at the same path (its own save_dir: version_0 again)
-    b = subprocess.run(_log_cmd(db, tmp_path / "spill-b", "--calls", "20", "--save-dir", str(tmp_path / "b")),
-                       env=_env(), capture_output=True, text=True, timeout=180, check=False)
-    assert b.returncode == 0, b.stderr[-4000:]
+    b = _log_forked(db, tmp_path / "spill-b", "--calls", "20", "--save-dir", str(tmp_path / "b"), cwd=tmp_path, timeout=180)
+    assert b.returncode == 0, b.stdout[-4000:]
     assert query(db, "SELECT name, version, COUNT(*) FROM runs GROUP BY name, version") == [("lightning_logs", 0, 1)]
     refused = CliRunner().invoke(cli, ["import", str(db), *files])
     assert refused.exit_code == 1, refused.output
@@ -460,47 +474,32 @@ def test_postgres_stopped_and_started_mid_run_writes_every_row(tmp_path: Path) -
     pgdata = Path(tempfile.mkdtemp(prefix="multirank-pg-"))
     pgdata.chmod(0o755)
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
-    stack = contextlib.ExitStack()
     try:
         url = new_postgres_database(server)
-        ready, go, err_path = tmp_path / "ready", tmp_path / "go", tmp_path / "stderr.txt"
-        out_file, err_file = (stack.enter_context((tmp_path / name).open("w")) for name in ("stdout.txt", "stderr.txt"))
-        proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--db", url, "--spill-dir", str(tmp_path / "spill"), "--calls", "4000",
-             "--timeout", "60", "--ready", str(ready), "--go", str(go)],
-            # a server URL puts save_dir (metrics.csv) in the working directory, as CSVLogger's "."
-            # stdout and stderr to files the test reads while the process runs (the server comes back
-            # once the writer has said its failed flushes, not after a sleep sized for some machine)
-            cwd=tmp_path, env=_env(), stdout=out_file, stderr=err_file, text=True,
-        )
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
-            time.sleep(0.01)
-        postmaster = server.get_pid()
-        os.kill(postmaster, signal.SIGINT)  # PostgreSQL's "fast" shutdown: clients are cut off
-        while _alive(postmaster):
-            time.sleep(0.05)
-        go.touch()
-        # the second half is logged and flushed against the stopped server until the writer says
-        # its 5 failed flushes (with the connection's error: StoreUnreachable, the driver's
-        # OperationalError with no statement, store/backends/postgresql.py); then the server is back
-        said = "5 flushes in a row failed (StoreUnreachable: Cannot connect to the store"
-        deadline = time.monotonic() + 120
-        while said not in err_path.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
-            time.sleep(0.05)
-        server.ensure_postgres_running()
-        proc.wait(timeout=240)
-        out, err = (tmp_path / "stdout.txt").read_text(), err_path.read_text()
-        assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
+        ready, go = tmp_path / "ready", tmp_path / "go"
+        # a server URL puts save_dir (metrics.csv) in the working directory, as CSVLogger's "."
+        with _start_forked(url, tmp_path / "spill", "--calls", "4000", "--timeout", "60", "--ready", str(ready),
+                           "--go", str(go), cwd=tmp_path) as launch:
+            _wait_for_file(ready, launch)
+            postmaster = server.get_pid()
+            os.kill(postmaster, signal.SIGINT)  # PostgreSQL's "fast" shutdown: clients are cut off
+            while _alive(postmaster):
+                time.sleep(0.05)
+            go.touch()
+            # the second half is logged and flushed against the stopped server until the writer says
+            # its 5 failed flushes (with the connection's error: StoreUnreachable, the driver's
+            # OperationalError with no statement, store/backends/postgresql.py); then the server is
+            # back (once said, not after a sleep sized for some machine)
+            launch.wait_for_output("5 flushes in a row failed (StoreUnreachable: Cannot connect to the store", 120)
+            server.ensure_postgres_running()
+            done = launch.wait(240)
+        assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stdout[-4000:]
         (count, total), = query(url, "SELECT COUNT(*), SUM(value) FROM metrics")
         assert (count, float(total)) == _expected(4000)
         assert query(url, "SELECT status, values_spilled FROM runs") == [("success", None)]
-        assert spill_files_named(err) == []
+        assert spill_files_named(done.stdout) == []
         assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().count("\n") == 4001
     finally:
-        stack.close()
         server.cleanup()
         shutil.rmtree(pgdata, ignore_errors=True)
 
@@ -699,33 +698,41 @@ def test_sqlite_reader_holding_a_read_transaction_across_the_end_costs_nothing(t
     db, spill = tmp_path / "runs.sqlite", tmp_path / "spill"
     ready, go, held = tmp_path / "ready", tmp_path / "go", tmp_path / "held"
     calls = 4000
-    proc = subprocess.Popen(
-        _log_cmd(db, spill, "--calls", str(calls), "--timeout", "2", "--ready", str(ready), "--go", str(go)),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.01)
+    launch = _start_forked(db, spill, "--calls", str(calls), "--timeout", "2", "--ready", str(ready), "--go", str(go),
+                           cwd=tmp_path)
+    with launch:
+        _wait_for_file(ready, launch)
+        done, wal_while_held = _hold_a_read_transaction_while(launch, db, go, held)
+    assert done.returncode == 0 and "FINALIZED" in done.stdout, done.stdout[-4000:]
+    assert _stored(db) == (*_expected(calls), "success"), done.stdout[-3000:]
+    assert spill_files_named(done.stdout) == [] and "LOST" not in done.stdout
+    # the second half's pages sit in the WAL while the snapshot is held (SQLite cannot reset it then)
+    assert wal_while_held > 0
+    wal = Path(f"{db}-wal")
+    print(f"WAL while the reader held its snapshot: {wal_while_held} bytes; after: "
+          f"{wal.stat().st_size if wal.exists() else 0} bytes")
+
+
+def _hold_a_read_transaction_while(
+    launch: ForkedLaunch, db: Path, go: Path, held: Path
+) -> tuple[subprocess.CompletedProcess, int]:
+    """A second process's SQLite read transaction, from now until `launch` (told to go on) ended:
+    the launch's end, and the WAL's size then, the snapshot still held."""
     code = (
         "import sqlite3, sys, time, pathlib; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
         "c.execute('BEGIN'); print(c.execute('SELECT COUNT(*) FROM metrics').fetchone()[0], flush=True); "
         "pathlib.Path(sys.argv[2]).touch(); time.sleep(240)"
     )
     reader = subprocess.Popen([sys.executable, "-c", code, str(db), str(held)], stdout=subprocess.PIPE, text=True)
-    while not held.exists():
-        assert reader.poll() is None and time.monotonic() < deadline, "the reader did not start"
-        time.sleep(0.01)
-    go.touch()
-    out, err = proc.communicate(timeout=240)
-    wal = Path(f"{db}-wal")
-    wal_while_held = wal.stat().st_size if wal.exists() else 0
-    reader.kill()
-    reader.wait(30)
-    assert proc.returncode == 0 and "FINALIZED" in out, err[-4000:]
-    assert _stored(db) == (*_expected(calls), "success"), err[-3000:]
-    assert spill_files_named(err) == [] and "LOST" not in err
-    # the second half's pages sit in the WAL while the snapshot is held (SQLite cannot reset it then)
-    assert wal_while_held > 0
-    print(f"WAL while the reader held its snapshot: {wal_while_held} bytes; after: "
-          f"{wal.stat().st_size if wal.exists() else 0} bytes")
+    try:
+        deadline = time.monotonic() + 60
+        while not held.exists():
+            assert reader.poll() is None and time.monotonic() < deadline, "the reader did not start"
+            time.sleep(0.01)
+        go.touch()
+        done = launch.wait(240)
+        wal = Path(f"{db}-wal")
+        return done, wal.stat().st_size if wal.exists() else 0
+    finally:
+        reader.kill()
+        reader.wait(30)
