@@ -1,7 +1,8 @@
 """The plain API, for any torch.distributed script: ``run = multirank_logger.init(db=..., name=...)``,
 ``run.log(metrics, step=...)``, ``run.finish()``.
 
-No Trainer: the script calls what Lightning would call. `init` builds a `MultiRankLogger` (the
+No Trainer: the script calls what Lightning would call. `init` builds a `MultiRankLoggerCore`
+(`MultiRankLogger` less Lightning's ``Logger`` base, so the script never imports Lightning: the
 same arguments, the same checks) and `Run` calls its public methods: ``log`` is its
 ``log_metrics`` and ``save`` (as the Trainer calls them after each logging step), ``finish`` its
 ``finalize``. So a plain script gets the Lightning path's transports (direct, gather over the
@@ -47,7 +48,7 @@ from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_world_size, dist_if_initialized, launch_place
 from multirank_logger._util.exit_logging import quiet_logging_errors
 from multirank_logger.errors import ProcessGroupFirst, RunFinished
-from multirank_logger.logger.multi_rank_logger import MultiRankLogger
+from multirank_logger.logger.core import MultiRankLoggerCore
 from multirank_logger.store.status import FAILED, INTERRUPTED, SUCCESS, exit_status
 from multirank_logger.watch.alerts import Alert
 
@@ -113,7 +114,7 @@ def init(
         raise ProcessGroupFirst(place.world_size)
     if db is None and save_dir is None:
         save_dir = os.getcwd()
-    logger = MultiRankLogger(
+    logger = MultiRankLoggerCore(
         save_dir, name=name if name is not None else _script_name(), version=version, db=db, run_key=run_key,
         transport=transport, watch=watch, on_alert=on_alert, alert_url=alert_url, export_csv=export_csv, **options,
     )
@@ -125,11 +126,11 @@ class Run:
     """One rank's handle on the run `init` opened: ``log``, ``finish``, and a ``with`` block.
 
     Args:
-        logger: the `MultiRankLogger` behind it (``run.logger``: its ``record`` and the rest).
+        logger: the `MultiRankLoggerCore` behind it (``run.logger``: its ``record`` and the rest).
         config: hyperparameters to store with the run.
     """
 
-    def __init__(self, logger: MultiRankLogger, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, logger: MultiRankLoggerCore, config: Mapping[str, Any] | None = None) -> None:
         self.logger = logger
         self._step = -1  # the last step logged: a call without step= logs the next one
         self._ready = False  # the sink is set up (the process group was up, or one rank)

@@ -1,9 +1,11 @@
-"""The Lightning front-end (MultiRankLogger) and what it needs of one rank's run.
+"""The logger (MultiRankLogger, and its Lightning-free core) and what it needs of one rank's run.
 
 Top down (each module imports only those below it):
 
-- multi_rank_logger.py: `MultiRankLogger`, Lightning's hooks; experiment.py: what user code
-  gets as ``logger.experiment``; finalize.py: the end of the run (``finalize``).
+- multi_rank_logger.py: `MultiRankLogger`, core.py's logger as Lightning's ``Logger``.
+- core.py: `MultiRankLoggerCore`, every behaviour of the logger without Lightning (what the plain
+  API builds: its scripts never import Lightning); experiment.py: what user code gets as
+  ``logger.experiment``; finalize.py: the end of the run (``finalize``).
 - rank_run.py: `RankRun`, this process's part in the run: who the run is (store, identity) and
   which attempt, built from run_settings.py's `RunSettings`; it builds and carries over pickling
   and fork the rank's runtime (write/logged_rows.py, write/sink_holder.py, rank 0's files).

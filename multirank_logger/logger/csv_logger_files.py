@@ -23,8 +23,6 @@ from collections import deque
 from itertools import count
 from typing import Any, Protocol
 
-from lightning.pytorch.core.saving import save_hparams_to_yaml
-
 from multirank_logger._util.best_effort import safely
 from multirank_logger.logger.live_csv import Call, LiveCsv
 from multirank_logger.logger.run_settings import RunSettings
@@ -177,7 +175,12 @@ class Rank0Files:
 
     def write_hparams(self) -> None:
         """hparams.yaml, through Lightning's writer (fsspec, OmegaConf), written aside and moved
-        over the file: a full disk leaves the former file or none, never a torn one."""
+        over the file: a full disk leaves the former file or none, never a torn one.
+
+        Lightning is imported here, not with the module: a plain-API script that logs no
+        hyperparameters never imports it (a few seconds of every rank's start)."""
+        from lightning.pytorch.core.saving import save_hparams_to_yaml
+
         self.run.resolve()  # the run first: a new one moves an earlier run's files aside (keep_earlier)
         log_dir, fs = self.run.log_dir, self.run.save_dir.fs
         self.run.save_dir.makedirs(log_dir)

@@ -2,7 +2,8 @@
 
 Code written for CSVLogger calls ``logger.experiment.log_metrics(...)``, ``.log_hparams(...)``,
 ``.save()`` and reads ``.metrics_file_path`` on rank 0; on the other ranks CSVLogger gives
-Lightning's do-nothing ``_DummyExperiment``, which is what code guarded for rank 0 expects.
+Lightning's do-nothing ``_DummyExperiment`` (`NoExperiment` where Lightning is not imported),
+which is what code guarded for rank 0 expects.
 `RunExperiment` offers the same surface over the run (rank_run.RankRun) the logger writes
 through: a call goes into the store for rank 0 like any other, and ``save()`` writes
 ``metrics.csv`` now.
@@ -17,7 +18,7 @@ from typing import Any
 from multirank_logger.logger.csv_logger_files import NAME_HPARAMS_FILE, NAME_METRICS_FILE
 from multirank_logger.logger.rank_run import RankRun
 
-__all__ = ["RunExperiment"]
+__all__ = ["NoExperiment", "RunExperiment"]
 
 
 class RunExperiment:
@@ -84,3 +85,20 @@ class RunExperiment:
 
     def __repr__(self) -> str:
         return f"RunExperiment(log_dir={self.log_dir!r})"
+
+
+class NoExperiment:
+    """The experiment of a rank other than 0: every call does nothing, as Lightning's
+    ``_DummyExperiment`` (which `MultiRankLogger` gives; the plain API imports no Lightning)."""
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, _: str) -> Any:
+        return self.nop
+
+    def __getitem__(self, _: Any) -> NoExperiment:
+        return self  # as `experiment[0].add_image(...)` on rank 0 of a logger list
+
+    def __setitem__(self, *args: Any) -> None:
+        pass

@@ -11,7 +11,7 @@ It never reads the store: appending needs only the calls, and a new key rewrites
 from the file itself (its rows are rank 0's rows so far, and a data field is a number or
 empty, so a line is split on commas). So the file does not depend on the transport, on a
 reader holding a DuckDB file, or on how far rank 0 is behind in storing the other ranks'
-rows. Files go through fsspec (`get_filesystem`), as CSVLogger's do: ``save_dir`` may be
+rows. Files go through fsspec (save_dir.filesystem), as CSVLogger's do: ``save_dir`` may be
 ``memory://``, ``s3://``... The bytes are those of rows/csv_layout.py, the code that rebuilds
 the file from the store, so the file at the end is CSVLogger's byte for byte.
 
@@ -37,8 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
-from lightning.fabric.utilities.cloud_io import get_filesystem
-
+from multirank_logger.logger.save_dir import filesystem
 from multirank_logger.rows.csv_layout import csv_columns, format_calls, write_header
 
 __all__ = ["Call", "LiveCsv"]
@@ -73,7 +72,7 @@ class LiveCsv:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fs = get_filesystem(path)
+        self._fs = filesystem(path)
         self._local = self._local_path()
         self._fd: int | None = None  # the local file, open for appending between writes
         self._size = 0  # its size after our last write: a write cut short is cut back to it

@@ -29,10 +29,9 @@ from collections.abc import Callable
 from itertools import count
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
 from multirank_logger._util.best_effort import safely
 from multirank_logger._util.dist_env import current_rank, current_world_size
+from multirank_logger._util.rank_zero import rank_zero_warn
 from multirank_logger.channel.identity import IdentityBoard, RunIdentity, withdraw_identity
 from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.ddp.log_capture import LogCapture

@@ -1,6 +1,6 @@
 """The files under ``save_dir`` (metrics.csv, hparams.yaml), local or remote, as CSVLogger's.
 
-CSVLogger writes its files through fsspec (`get_filesystem`), so ``save_dir`` may be
+CSVLogger writes its files through fsspec (Lightning's `get_filesystem`: `filesystem` here), so ``save_dir`` may be
 ``s3://...``, ``gs://...`` or ``memory://...``. Ours go the same way. The store does not:
 SQLite and DuckDB need a local file (their locking and their writes are a file system's), so
 a store on a remote filesystem is refused with a message that says what to pass instead.
@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsspec.core import url_to_fs
 from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
-from lightning.fabric.utilities.cloud_io import get_filesystem
 
 from multirank_logger.errors import DirNotWritable, RemoteStore
 from multirank_logger.store.backends import names_a_store
@@ -23,7 +23,7 @@ from multirank_logger.store.backends import names_a_store
 if TYPE_CHECKING:
     from multirank_logger.query.reader import StoreReader
 
-__all__ = ["DEFAULT_DB_NAME", "SaveDir", "check_dir_writable", "check_store_is_local", "is_remote"]
+__all__ = ["DEFAULT_DB_NAME", "SaveDir", "check_dir_writable", "check_store_is_local", "filesystem", "is_remote"]
 
 #: the store's file inside save_dir when no db is given (SQLite: see the README's "Which store")
 DEFAULT_DB_NAME = "runs.sqlite"
@@ -83,6 +83,12 @@ def check_dir_writable(path: str, argument: str, use: str) -> None:
         raise DirNotWritable(argument, path, use, f"{ancestor}: {exc.strerror or exc}") from exc
 
 
+def filesystem(path: str) -> Any:
+    """The fsspec filesystem of `path` (a local path or a URL), as Lightning's ``get_filesystem``
+    gives CSVLogger's: the same call, without importing Lightning (the plain API never does)."""
+    return url_to_fs(str(path))[0]
+
+
 class SaveDir:
     """Writes under one ``save_dir`` through its fsspec filesystem.
 
@@ -92,7 +98,7 @@ class SaveDir:
 
     def __init__(self, save_dir: str) -> None:
         self.remote = is_remote(save_dir)
-        self.fs: Any = get_filesystem(save_dir)
+        self.fs: Any = filesystem(save_dir)
 
     def makedirs(self, path: str) -> None:
         self.fs.makedirs(path, exist_ok=True)

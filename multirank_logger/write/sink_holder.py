@@ -19,10 +19,10 @@ import os
 import threading
 from typing import Any, Protocol
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from sqlalchemy.engine import URL
 
 from multirank_logger._util.dist_env import current_rank, current_world_size, dist_if_initialized
+from multirank_logger._util.rank_zero import rank_zero_info
 from multirank_logger.channel.rank_facts import publish_facts, rank_facts
 from multirank_logger.channel.row_channel import RowChannel
 from multirank_logger.errors import StoreLocked

@@ -56,3 +56,52 @@ def test_the_package_imports_nothing_heavy() -> None:
     code = "import multirank_logger as m; print(m.open_store.__name__, m.StoreReader.__name__, m.Store.__name__)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
                           timeout=120).stdout.split() == ["open_store", "StoreReader", "Store"]
+
+
+#: the modules that import Lightning: its front-end and callbacks (and the frameworks' integrations,
+#: which need their own framework; Ray's, Accelerate's and Transformers' import none of Lightning)
+LIGHTNING_FRONT = ("multirank_logger/logger/multi_rank_logger.py", "multirank_logger/callbacks/")
+NEEDS_A_FRAMEWORK = ("multirank_logger/integrations/accelerate_tracker.py",
+                     "multirank_logger/integrations/transformers_callback.py", "multirank_logger/integrations/ray_train.py")
+
+_PLAIN_SCRIPT = """
+import json, math, sys
+import multirank_logger
+with multirank_logger.init(db=sys.argv[1], name="plain", export_csv=True) as run:
+    for step in range(30):
+        run.log({"loss": math.nan if step >= 20 else 1.0 / (step + 1)}, step=step)
+    run.logger.record("decisions", step=29, callback="user", decision=True, path="a plain script")
+    assert run.flush(30)
+for path in sys.argv[2:]:
+    __import__(path)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("lightning", "pytorch_lightning"))), file=sys.stderr)
+"""
+
+
+def test_a_plain_api_script_never_imports_lightning(tmp_path: Path) -> None:
+    """`multirank_logger.init` (torchrun scripts, Accelerate, Transformers) builds the logger's
+    Lightning-free core: a run with its watch, a NaN alert, metrics.csv and a side row imports no
+    Lightning, nor does any module of the package outside Lightning's front-end and callbacks
+    (the gather and node transports' included), each imported by name after the run."""
+    root = Path(__file__).resolve().parents[2]
+    modules = [
+        ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        for path in sorted((root / "multirank_logger").rglob("*.py"))
+        if not str(path.relative_to(root)).startswith((*LIGHTNING_FRONT, *NEEDS_A_FRAMEWORK))
+    ]
+    assert "multirank_logger.write.sinks" in modules and "multirank_logger.channel.row_channel" in modules
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore"}
+    db = tmp_path / "runs.duckdb"
+    done = subprocess.run([sys.executable, "-c", _PLAIN_SCRIPT, str(db), *modules], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == [], done.stderr[-3000:]
+    # what Lightning's rank-zero line said under a Trainer, the console still says (stderr, rank 0)
+    assert f"MultiRankLogger: run plain/version_0 (id 1) in {db}, 1 rank(s)" in done.stderr, done.stderr[-3000:]
+    assert "NaN" in done.stderr, done.stderr[-3000:]  # the watch's alert on the console
+    assert (tmp_path / "plain" / "version_0" / "metrics.csv").read_text().count("\n") == 31
+    from tests.helpers.logger_helpers import query
+
+    assert query(db, "SELECT count(*), count(DISTINCT step) FROM metrics") == [(30, 30)]
+    assert query(db, "SELECT decision, path FROM decisions") == [(True, "a plain script")]
+    assert query(db, "SELECT status FROM runs") == [("success",)]
