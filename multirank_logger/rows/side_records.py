@@ -10,11 +10,14 @@ filled in at drain time, when the run is known.
 from __future__ import annotations
 
 import json
+import numbers
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
+
+import sqlalchemy as sa
 
 from multirank_logger.rows.schema import SIDE_TABLES
 
@@ -35,6 +38,45 @@ _REQUIRED = {name: tuple(c.name for c in table.columns if not c.nullable and c.n
 _TIMED = frozenset(name for name, table in SIDE_TABLES.items() if "time" in table.columns)
 
 
+def _python_kind(column: sa.Column[Any]) -> type:
+    """The Python type a column's value is stored from (every side column is one of these four)."""
+    for sql_type, kind in ((sa.Boolean, bool), (sa.Integer, int), (sa.Float, float), (sa.String, str)):
+        if isinstance(column.type, sql_type):  # BigInteger is an Integer, Text a String
+            return kind
+    raise TypeError(f"{column}: no Python type for {column.type}")
+
+
+#: each column's Python type: a value of another is refused at the call (the store would refuse
+#: it at the writer's insert, with its batch, long after the call returned)
+_KINDS = {name: {c.name: _python_kind(c) for c in table.columns} for name, table in SIDE_TABLES.items()}
+#: the types taken as they are, per kind (the common case: one dict lookup and a set test)
+_AS_IS: dict[type, frozenset[type]] = {bool: frozenset({bool}), int: frozenset({int}), float: frozenset({float, int}),
+                                       str: frozenset({str})}
+_WORDS = {bool: "True or False", int: "a whole number", float: "a number", str: "a str"}
+
+
+def _checked(table: str, name: str, value: Any) -> Any:
+    """`value` as column `name` of `table` stores it: a NumPy scalar or another number as the Python
+    number; True, False, 0 or 1 for a boolean column. Else a TypeError that names the column. (A
+    tensor is refused: its ``.item()`` waits for its device, not something to do behind a call.)"""
+    kind = _KINDS[table][name]
+    if value is None or type(value) in _AS_IS[kind]:
+        return value
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        value = value.item()  # a NumPy scalar: the Python value it holds
+        if type(value) in _AS_IS[kind]:
+            return value
+    if kind is bool and type(value) is int and value in (0, 1):
+        return bool(value)
+    if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if kind is float and isinstance(value, numbers.Real):
+        return float(value)
+    hint = "; a tensor: pass tensor.item()" if hasattr(value, "item") else ""
+    raise TypeError(f"{table}.{name} takes {_WORDS[kind]} (or None), not {value!r} ({type(value).__name__}){hint} "
+                    "(nothing of this row was kept)")
+
+
 class SideRecords:
     """This rank's side-table rows, in the order they were recorded."""
 
@@ -52,6 +94,7 @@ class SideRecords:
         Raises:
             KeyError: for a table or a column the schema does not have.
             ValueError: for a row without a value the table needs (``time`` is the call's when not given).
+            TypeError: for a value the column cannot store (a str for a boolean, a tensor).
         """
         unknown = values.keys() - _COLUMNS[table]
         if unknown:
@@ -60,7 +103,8 @@ class SideRecords:
         if missing := [name for name in _REQUIRED[table] if values.get(name) is None]:
             raise ValueError(f"a {table} row needs {', '.join(missing)}: pass {', '.join(f'{m}=...' for m in missing)} "
                              f"(nothing of this row was kept)")
-        row = {**values, "seq": 0}
+        row = {name: _checked(table, name, value) for name, value in values.items()}
+        row["seq"] = 0
         if table in _TIMED and row.get("time") is None:
             row["time"] = time.time()
         with self._lock:
