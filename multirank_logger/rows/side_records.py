@@ -19,7 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from multirank_logger.rows.schema import SIDE_TABLES
+from multirank_logger.rows.schema import BIGINT_MAX, SIDE_TABLES
 
 __all__ = ["SideRecords", "decode_side", "encode_side"]
 
@@ -53,19 +53,36 @@ _KINDS = {name: {c.name: _python_kind(c) for c in table.columns} for name, table
 _AS_IS: dict[type, frozenset[type]] = {bool: frozenset({bool}), int: frozenset({int}), float: frozenset({float, int}),
                                        str: frozenset({str})}
 _WORDS = {bool: "True or False", int: "a whole number", float: "a number", str: "a str"}
+#: the largest magnitude each whole-number column holds: 64 bits for BIGINT, 32 for INTEGER
+#: (DuckDB's and PostgreSQL's INTEGER; a wider value fails the insert there, and its batch with it)
+_INT_MAX = {name: {c.name: BIGINT_MAX if isinstance(c.type, sa.BigInteger) else 2**31 - 1
+                   for c in table.columns if _KINDS[name][c.name] is int} for name, table in SIDE_TABLES.items()}
+#: the NOT NULL number columns (``time``): SQLite stores a NaN as NULL, which such a column refuses
+_NOT_NAN = {(name, c.name) for name, table in SIDE_TABLES.items() for c in table.columns
+            if _KINDS[name][c.name] is float and not c.nullable}
 
 
 def _checked(table: str, name: str, value: Any) -> Any:
-    """`value` as column `name` of `table` stores it: a NumPy scalar or another number as the Python
-    number; True, False, 0 or 1 for a boolean column. Else a TypeError that names the column. (A
-    tensor is refused: its ``.item()`` waits for its device, not something to do behind a call.)"""
+    """`value` as column `name` of `table` stores it (`_converted`), within what the column holds:
+    a whole number within its 32 or 64 bits, no NaN where NULL is refused. Else a ValueError."""
+    if value is None:
+        return None
     kind = _KINDS[table][name]
-    if value is None or type(value) in _AS_IS[kind]:
-        return value
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        value = value.item()  # a NumPy scalar: the Python value it holds
-        if type(value) in _AS_IS[kind]:
-            return value
+    stored = value if type(value) in _AS_IS[kind] else _converted(table, name, kind, value)
+    if kind is int and not -_INT_MAX[table][name] - 1 <= stored <= _INT_MAX[table][name]:
+        raise ValueError(f"{table}.{name}={stored} is past what the column holds "
+                         f"(+-2**{_INT_MAX[table][name].bit_length()}): nothing of this row was kept")
+    if kind is float and stored != stored and (table, name) in _NOT_NAN:
+        raise ValueError(f"{table}.{name} cannot be NaN: nothing of this row was kept")
+    return stored
+
+
+def _converted(table: str, name: str, kind: type, value: Any) -> Any:
+    """A value not of `kind` itself: a NumPy scalar or another number as the Python number; 0 or 1
+    for a boolean column. Else a TypeError that names the column. (A tensor is refused: its
+    ``.item()`` waits for its device, not something to do behind a call.)"""
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and type(value.item()) in _AS_IS[kind]:
+        return value.item()
     if kind is bool and type(value) is int and value in (0, 1):
         return bool(value)
     if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -95,6 +112,8 @@ class SideRecords:
             KeyError: for a table or a column the schema does not have.
             ValueError: for a row without a value the table needs (``time`` is the call's when not given).
             TypeError: for a value the column cannot store (a str for a boolean, a tensor).
+            ValueError: for a number past what its column holds (2**63 for a BIGINT, 2**31 for an
+                INTEGER), or a NaN where the column refuses NULL (``time``).
         """
         unknown = values.keys() - _COLUMNS[table]
         if unknown:
