@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 
+from multirank_logger._util.arrow_numpy import column_numpy
 from multirank_logger.rows.batch import arrow_schema, numeric
 from multirank_logger.rows.schema import COARSE_STEPS, SUMMARY_STEPS, coarse_summaries, step_summaries
 
@@ -54,14 +55,14 @@ def insert_summaries(conn: sa.Connection, backend: Any, batch: pa.RecordBatch) -
 
 
 def _numpy(column: Any, dtype: Any) -> np.ndarray:
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
+    return np.asarray(column_numpy(column), dtype=dtype)  # not pyarrow's to_numpy: it imports pandas
 
 
 def _key_codes(column: Any) -> tuple[np.ndarray, pa.Array]:
     """Each row's key as a code into a dictionary of distinct keys (a batch's dictionary may repeat one)."""
     if not isinstance(column, pa.DictionaryArray):
         column = column.dictionary_encode()
-    names = column.dictionary.to_numpy(zero_copy_only=False).astype(object)
+    names = np.asarray(column.dictionary.to_pylist(), dtype=object)
     distinct, first_of = np.unique(names, return_inverse=True)
     codes = np.asarray(first_of, np.int64)[_numpy(column.indices, np.int64)]
     return codes, pa.array(distinct.tolist(), pa.string())
@@ -73,8 +74,7 @@ def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     run_id, rank = _numpy(batch.column("run_id"), np.int64), _numpy(batch.column("rank"), np.int64)
     step, time = _numpy(batch.column("step"), np.int64), _numpy(batch.column("time"), np.float64)
     value = batch.column("value")
-    values = value.to_numpy(zero_copy_only=False)  # NULL (a NaN) as NaN
-    values = np.asarray(values, np.float64)
+    values = np.asarray(column_numpy(value, null=np.nan), np.float64)  # NULL (a NaN) as NaN
     codes, keys = _key_codes(batch.column("key"))
     first = step - np.mod(step, SUMMARY_STEPS)  # the bucket's first step (floor: also below 0)
     order = np.lexsort((first, rank, codes, run_id))  # run, key, rank, bucket: `_BY_KEY`
