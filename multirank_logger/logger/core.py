@@ -132,7 +132,7 @@ class MultiRankLoggerCore:
             flush_every=self._flush_every,
             capture_level=capture_level(capture_logs),
             owner=f"MultiRankLogger(db={shown!r}, name={name or ''!r}, version={version!r})",
-            owner_class=type(self).__name__,
+            version_advice=self._version_advice,
             finalize_timeout=float(finalize_timeout) if finalize_timeout is not None else None,
             start_timeout=float(start_timeout) if start_timeout is not None else None,
             watch=watch,
@@ -320,6 +320,9 @@ class MultiRankLoggerCore:
 
     #: what ``experiment`` gives on ranks other than 0 (MultiRankLogger: Lightning's own do-nothing one)
     _idle_experiment: Callable[[], Any] = NoExperiment
+    #: the advice where a rank > 0 asks for the version before it can learn it (rank_run.py)
+    _version_advice = ("Start every rank under a launcher that gives it MASTER_ADDR and MASTER_PORT (torchrun, "
+                       "or srun with them exported)")
 
     def _built(self) -> None:
         """Called once construction is done (MultiRankLogger: say it is Lightning's Logger to every

@@ -109,6 +109,7 @@ class MultiRankLogger(MultiRankLoggerCore, Logger):
     """
 
     _idle_experiment = _DummyExperiment
+    _version_advice = "Read MultiRankLogger.version after fit starts"
 
     def _built(self) -> None:
         lightning_compat.adopt(MultiRankLogger, *LIGHTNING_BASES)  # pytorch_lightning imported since

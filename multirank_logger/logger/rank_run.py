@@ -243,8 +243,7 @@ class RankRun:
                         who = f"Rank {rank}" if rank > 0 else "A process that is not certainly rank 0"
                         raise MultiRankLoggerError(
                             f"{who} cannot know the run's version yet: rank 0 allocates it and the "
-                            f"process group is not up. Read {self.settings.owner_class}.version after fit starts, "
-                            "or pass version=N."
+                            f"process group is not up. {self.settings.version_advice}, or pass version=N."
                         )
                     self.identity = found
             if rank == 0 and not self.published:

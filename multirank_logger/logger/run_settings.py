@@ -57,9 +57,10 @@ class RunSettings:
     flush_every: int
     #: the level of `logging` records kept in the logs table (None: none)
     capture_level: int | None
-    #: the logger's repr and class name, for the messages that name it
+    #: the logger's repr, for the messages that name it
     owner: str
-    owner_class: str
+    #: what a rank > 0 that cannot learn the run's version yet should do (the front-end's words)
+    version_advice: str
     #: the most processes that write a server store at once (None: its free connections say)
     max_writers: int | None = None
     #: the longest `finalize` may last (None: `finalize_bound`'s default)

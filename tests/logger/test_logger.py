@@ -15,7 +15,8 @@ import torch
 from lightning.pytorch import Trainer
 
 from multirank_logger import MultiRankLogger
-from multirank_logger.errors import DirNotWritable, InvalidMetric, StoreNotWritable
+from multirank_logger.errors import DirNotWritable, InvalidMetric, MultiRankLoggerError, StoreNotWritable
+from multirank_logger.logger.core import MultiRankLoggerCore
 from multirank_logger.write.writer_thread import SELDOM_MAX_CALLS
 from tests.helpers.internals import run_of, writer_of
 from tests.helpers.logger_helpers import query
@@ -214,6 +215,27 @@ def test_a_rank_other_than_0_does_not_judge_rank_0s_dirs(tmp_path: Path, monkeyp
     MultiRankLogger(str(blocker / "logs"), db=str(blocker / "runs.sqlite"), spill_dir=str(blocker / "spill"))
     assert [p.name for p in tmp_path.iterdir()] == ["not_a_dir"]
 
+
+@pytest.mark.parametrize(("front_end", "advice"), [
+    (MultiRankLogger, "Read MultiRankLogger.version after fit starts, or pass version=N."),
+    (MultiRankLoggerCore, "under a launcher that gives it MASTER_ADDR and MASTER_PORT (torchrun, or srun with them "
+                          "exported), or pass version=N."),
+], ids=["lightning", "plain"])
+def test_a_rank_that_cannot_learn_the_version_is_told_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, front_end: type, advice: str
+) -> None:
+    """Rank 1 asked for the version with no launcher's variables (no TCPStore to learn it from):
+    the error says what fits its front-end, Lightning's (after fit starts) or the plain API's (a
+    launcher), never the other's."""
+    for var in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    logger = front_end(db=str(tmp_path / "runs.sqlite"), start_timeout=1)
+    with pytest.raises(MultiRankLoggerError, match="^Rank 1 cannot know the run's version yet") as caught:
+        _ = logger.version
+    assert str(caught.value).endswith(advice)
+    assert not (tmp_path / "runs.sqlite").exists()  # a rank > 0 allocates nothing
 
 def test_save_dir_on_a_read_only_mount_fails_at_construction(tmp_path: Path) -> None:
     """Root ignores mode bits: only a real file tells a read-only mount (unshare -m, ro tmpfs)."""
