@@ -1,16 +1,17 @@
-"""Write a small store through MultiRankLogger, then run the read commands on it, in one process.
+"""Write small stores through MultiRankLogger, then run the read commands on each, in one process.
 
 tests/runs/test_dependency_floors.py runs this with an older duckdb or pandas first on PYTHONPATH: the
 store is written and read by the versions under test. Every command's output, and any
 FutureWarning it raised, is printed; the exit status is 1 when a command failed or warned.
 
-Usage: python tests/scripts/floor_reads.py DB SAVE_DIR
+Usage: python tests/scripts/floor_reads.py SAVE_DIR DB [DB ...]   (each DB's run under SAVE_DIR/logs-<its file name>)
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -41,11 +42,23 @@ def write_store(db: str, save_dir: str) -> None:
 
 
 def main() -> int:
-    db, save_dir = sys.argv[1], sys.argv[2]
+    save_dir, dbs = sys.argv[1], sys.argv[2:]
     versions = {name: importlib.metadata.version(name) for name in FLOORED}
     print(f"floor_reads: duckdb {duckdb.__version__}, pandas {pd.__version__}, "
           + ", ".join(f"{name} {version}" for name, version in versions.items()), flush=True)
-    write_store(db, save_dir)
+    failed = []
+    for db in dbs:  # one process for every store: an interpreter's start with Lightning is most of its time
+        write_store(db, os.path.join(save_dir, f"logs-{os.path.basename(db)}"))
+        failed += read_store(db)
+    if failed:
+        print(f"floor_reads: failed with duckdb {duckdb.__version__}, pandas {pd.__version__}: {', '.join(failed)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def read_store(db: str) -> list[str]:
+    """Each read command on `db`, its output printed; the commands that failed or warned."""
     failed = []
     for command in COMMANDS:
         args = [command[0], db, *command[1:]]
@@ -59,12 +72,8 @@ def main() -> int:
         for w in future:
             print(f"FutureWarning at {w.filename}:{w.lineno}: {w.message}", file=sys.stderr, flush=True)
         if result.exit_code != 0 or future:
-            failed.append(f"{args[0]} (exit {result.exit_code}, {len(future)} FutureWarning)")
-    if failed:
-        print(f"floor_reads: failed with duckdb {duckdb.__version__}, pandas {pd.__version__}: {', '.join(failed)}",
-              file=sys.stderr)
-        return 1
-    return 0
+            failed.append(f"{args[0]} {db} (exit {result.exit_code}, {len(future)} FutureWarning)")
+    return failed
 
 
 if __name__ == "__main__":
