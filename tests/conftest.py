@@ -12,6 +12,7 @@ tests/data/ fixed input files."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,8 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import quick_exit
 from tests.helpers.launches import free_port
 from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
+
+# every process the suite launches (the workers too: this runs before xdist starts them) skips the
+# garbage collections of its interpreter's teardown, ~1.3 s of CPU a process that imported Lightning
+# (helpers/quick_exit/sitecustomize.py); the tests about a process's end launch without it
+quick_exit.switch_on(os.environ)
 
 #: the long modules listed at the end of each run (a report, never a failure)
 pytest_plugins = ["tests.helpers.module_sizes"]

@@ -16,6 +16,7 @@ In a process of its own: ``python -m tests.helpers.held_reads MARKER ARGS...`` r
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from multirank_logger.query.reader import StoreReader
+from tests.helpers.quick_exit import with_real_teardown
 
 __all__ = ["HOLD_AT", "PASS_THREADS", "held_pass", "start_held", "wait_held"]
 
@@ -72,8 +74,10 @@ def held_pass() -> Iterator[threading.Event]:
 def start_held(marker: Path, *args: str) -> subprocess.Popen[str]:
     """``multirank-logger ARGS...`` in a process of its own whose pass is held; ``marker`` is
     created once it is (`wait_held`). Text pipes for stdout and stderr."""
+    # its whole teardown (tests/query/test_reads_stop.py: a stopped read must not abort at the end)
     return subprocess.Popen([sys.executable, "-m", "tests.helpers.held_reads", str(marker), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=with_real_teardown(os.environ))
 
 
 def wait_held(proc: subprocess.Popen[str], marker: Path, limit_s: float = HOLD_LIMIT_S) -> None:

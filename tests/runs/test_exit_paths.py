@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers.launches import SCRIPTS
 from tests.helpers.logger_helpers import query, train_env
+from tests.helpers.quick_exit import with_real_teardown
 
 SCRIPT = SCRIPTS / "exit_without_finalize.py"
 #: exits per test; MRL_EXIT_REPEATS raises it for a longer hunt (e.g. 100, outside the suite)
@@ -35,7 +36,9 @@ STEPS = 20
 
 def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=cwd, env=train_env(), capture_output=True, text=True, timeout=timeout,
+        # the interpreter's whole teardown, as a user's script ends: the abort came from there
+        [sys.executable, str(SCRIPT), *args], cwd=cwd, env=with_real_teardown(train_env()), capture_output=True,
+        text=True, timeout=timeout,
         check=False,
     )
 
