@@ -434,12 +434,20 @@ class Store:
         """Record (or refresh) one rank's facts: local_rank, node_rank, host, pid, status."""
         facts.setdefault("status", RUNNING)
         this_rank = ranks.c.run_id == run_id, ranks.c.rank == rank
-        with self.begin() as conn:
-            # an earlier launch's side rows still in its spill file stay counted (status.run_is_whole)
-            side = conn.execute(sa.select(ranks.c.side_rows_spilled).where(*this_rank)).scalar()
-            conn.execute(ranks.delete().where(*this_rank))
-            conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(), side_rows_spilled=side,
-                                               **facts))
+        for attempt in range(_CREATE_RUN_ATTEMPTS):
+            try:
+                with self.begin() as conn:
+                    # an earlier launch's side rows still in its spill file stay counted (status.run_is_whole)
+                    side = conn.execute(sa.select(ranks.c.side_rows_spilled).where(*this_rank)).scalar()
+                    conn.execute(ranks.delete().where(*this_rank))
+                    conn.execute(ranks.insert().values(run_id=run_id, rank=rank, started_at=time.time(),
+                                                       side_rows_spilled=side, **facts))
+                return
+            except sa.exc.IntegrityError:
+                # on a server, rank 0's `register_absent_ranks` may commit this rank's placeholder
+                # between the DELETE and the INSERT (READ COMMITTED): the next attempt replaces it
+                if attempt == _CREATE_RUN_ATTEMPTS - 1:
+                    raise
 
     def register_absent_ranks(self, run_id: int, ranks_: range) -> None:
         """Record `ranks_` as running where they have no row yet (a rank registering itself at the

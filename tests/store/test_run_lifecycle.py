@@ -395,3 +395,33 @@ def test_side_rows_of_a_resumed_launch_never_collide(db_path: Path) -> None:
     messages = query(db_path, "SELECT message FROM logs WHERE logger = 'user' ORDER BY seq")
     assert [m for (m,) in messages] == [f"launch {a} step {s}" for a in (0, 1) for s in range(3)]
     assert query(db_path, "SELECT forward_s, count(*) FROM step_timing GROUP BY 1 ORDER BY 1") == [(100.0, 3), (200.0, 3)]
+
+
+def test_a_rank_registering_while_rank_0_writes_its_placeholder_keeps_its_own_row(postgres_url: str) -> None:
+    """On a server, rank 0 writes a placeholder row for each rank not registered yet
+    (`register_absent_ranks`) while the ranks register themselves: where the placeholder commits
+    between a rank's DELETE and its INSERT (READ COMMITTED), that rank used to fail its set-up with a
+    UniqueViolation on ``pk_ranks`` (a fresh clone's 16 ranks on a server of 10 connections). Here the
+    placeholder is committed from another connection exactly then; the rank's row, with its facts,
+    is what stays. (SQLite cannot interleave so: the DELETE holds the file's write lock to the commit.)"""
+    store, rank_0 = Store(postgres_url), Store(postgres_url)
+    run = store.create_run("job", world_size=4)
+    planted: list[str] = []
+
+    def placeholder_in_between(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        if statement.startswith("INSERT INTO ranks") and not planted:
+            planted.append(statement)
+            rank_0.register_absent_ranks(run.id, range(1, 4))  # its own connection: committed now
+
+    sa.event.listen(store.engine, "before_cursor_execute", placeholder_in_between)
+    try:
+        store.register_rank(run.id, 3, host="node-3", pid=4242, local_rank=1)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", placeholder_in_between)
+    assert planted  # the placeholder did land between the DELETE and the INSERT
+    with store.begin() as conn:
+        rows = conn.execute(sa.text("SELECT rank, host, pid, local_rank, status FROM ranks ORDER BY rank")).all()
+    assert [tuple(r) for r in rows] == [(1, None, None, None, "running"), (2, None, None, None, "running"),
+                                        (3, "node-3", 4242, 1, "running")]
+    store.close()
+    rank_0.close()
