@@ -25,7 +25,7 @@ from tests.helpers.launches import free_port
 from tests.helpers.stores import BACKEND_SUFFIXES, new_postgres_database
 
 # every process the suite launches (the workers too: this runs before xdist starts them) skips the
-# garbage collections of its interpreter's teardown, ~1.3 s of CPU a process that imported Lightning
+# garbage collections of its interpreter's teardown, most of a second of CPU where Lightning was imported
 # (helpers/quick_exit/sitecustomize.py); the tests about a process's end launch without it
 quick_exit.switch_on(os.environ)
 

@@ -1,10 +1,10 @@
 """Imported at the start of every Python process the suite launches (tests/conftest.py puts this
 folder first on PYTHONPATH): the process's last exit hook freezes the garbage collector.
 
-Why: an interpreter that imported Lightning spends ~1.3 s of CPU in its own end, most of it the
-final garbage collections walking every object of torch's and Lightning's modules (5.2 -> 3.7 s of
-CPU for `import lightning.pytorch` alone; a 2-rank DDP launch 11 -> 9 s), and the suite starts
-hundreds of such processes on 2 cores. The hook is registered first, so it runs after every other
+Why: an interpreter that imported Lightning spends most of a second of CPU in its own end, the
+final garbage collections walking every object of torch's and Lightning's modules, and the suite
+starts hundreds of such processes on 2 cores (benchmarks/RESULTS.md, "A launched process's end";
+benchmarks/teardown_cost.py). The hook is registered first, so it runs after every other
 exit hook (the logger's, Lightning's, logging's): what a process does at its end is unchanged;
 only the collections of the interpreter's teardown skip the objects that were alive then (they are
 still freed where nothing else holds them). The tests whose subject is that teardown (an abort or
