@@ -74,6 +74,14 @@ def numeric(kind: pa.DataType, data: np.ndarray, valid: np.ndarray | None = None
     return pa.Array.from_buffers(kind, len(data), [bits, pa.py_buffer(np.ascontiguousarray(data))])
 
 
+def strings(values: Sequence[str]) -> pa.Array:
+    """An Arrow string array of `values` (no NULL), built from its buffers, as `numeric`."""
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
 def metrics_batch(
     *,
     run_id: np.ndarray,
@@ -92,11 +100,7 @@ def metrics_batch(
     ``codes`` index ``keys`` (a code of -1 is a NULL key: the store's NOT NULL then refuses
     the batch as a whole); ``valid`` is False where the value is NULL (a NaN), or None.
     """
-    names = [k.encode() for k in keys]
-    offsets = np.zeros(len(names) + 1, np.int32)
-    np.cumsum([len(b) for b in names], out=offsets[1:])
-    text = pa.py_buffer(b"".join(names))
-    dictionary = pa.Array.from_buffers(pa.string(), len(names), [None, pa.py_buffer(offsets), text])
+    dictionary = strings(keys)
     codes = codes.astype(_NUMPY["key"], copy=False)
     key_valid = codes >= 0 if len(codes) and codes.min() < 0 else None
     columns = {"run_id": run_id, "rank": rank, "seq": seq, "step": step, "value": value, "dtype": dtype, "time": time}

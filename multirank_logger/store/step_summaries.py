@@ -31,7 +31,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from multirank_logger._util.arrow_numpy import column_numpy
-from multirank_logger.rows.batch import arrow_schema, numeric
+from multirank_logger.rows.batch import arrow_schema, numeric, strings
 from multirank_logger.rows.schema import COARSE_STEPS, SUMMARY_STEPS, coarse_summaries, step_summaries
 
 __all__ = ["SUMMARIES_SCHEMA", "backfill", "backfill_coarse", "coarse_batch", "insert_summaries", "summary_batch"]
@@ -55,7 +55,9 @@ def insert_summaries(conn: sa.Connection, backend: Any, batch: pa.RecordBatch) -
 
 
 def _numpy(column: Any, dtype: Any) -> np.ndarray:
-    return np.asarray(column_numpy(column), dtype=dtype)  # not pyarrow's to_numpy: it imports pandas
+    # not pyarrow's to_numpy (it imports pandas); a NULL of a float column (lo, hi) as NaN
+    null = np.nan if pa.types.is_floating(column.type) else None
+    return np.asarray(column_numpy(column, null=null), dtype=dtype)
 
 
 def _key_codes(column: Any) -> tuple[np.ndarray, pa.Array]:
@@ -65,7 +67,7 @@ def _key_codes(column: Any) -> tuple[np.ndarray, pa.Array]:
     names = np.asarray(column.dictionary.to_pylist(), dtype=object)
     distinct, first_of = np.unique(names, return_inverse=True)
     codes = np.asarray(first_of, np.int64)[_numpy(column.indices, np.int64)]
-    return codes, pa.array(distinct.tolist(), pa.string())
+    return codes, strings(distinct.tolist())  # not pa.array: it imports pandas
 
 
 def summary_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
