@@ -50,7 +50,8 @@ __all__ = ["Store", "head_revision", "is_known_revision", "migrations_dir", "ret
 
 T = TypeVar("T")
 
-_CREATE_RUN_ATTEMPTS = 50
+#: tries of a write another process may race (a run's id, a rank's row against rank 0's placeholder)
+_RACE_ATTEMPTS = 50
 # SCHEMA_HEAD (_version.py): the schema revision this code reads and writes, the head of
 # migrations/versions (a test checks it), named there so that opening a store costs no import of
 # Alembic and no read of its scripts (0.3 s of every `multirank-logger` command)
@@ -377,7 +378,7 @@ class Store:
         Raises:
             StoreError: if `version` is given and already taken for `name`.
         """
-        for _ in range(_CREATE_RUN_ATTEMPTS):
+        for _ in range(_RACE_ATTEMPTS):
             try:
                 with self.begin() as conn:
                     run_id = conn.execute(sa.select(sa.func.coalesce(sa.func.max(runs.c.id), 0) + 1)).scalar_one()
@@ -409,7 +410,7 @@ class Store:
                         f"Run {name}/version_{version} already exists in {self.url.database}. "
                         "Pass version=None to take the next free version, or another name."
                     ) from exc
-        raise StoreError(f"Could not allocate a run id after {_CREATE_RUN_ATTEMPTS} attempts; too many concurrent launches?")
+        raise StoreError(f"Could not allocate a run id after {_RACE_ATTEMPTS} attempts; too many concurrent launches?")
 
     def find_run(self, name: str, version: int) -> RunRef | None:
         cols = (runs.c.id, runs.c.version_name, runs.c.started_at, runs.c.world_size, runs.c.run_uuid)
@@ -434,7 +435,7 @@ class Store:
         """Record (or refresh) one rank's facts: local_rank, node_rank, host, pid, status."""
         facts.setdefault("status", RUNNING)
         this_rank = ranks.c.run_id == run_id, ranks.c.rank == rank
-        for attempt in range(_CREATE_RUN_ATTEMPTS):
+        for attempt in range(_RACE_ATTEMPTS):
             try:
                 with self.begin() as conn:
                     # an earlier launch's side rows still in its spill file stay counted (status.run_is_whole)
@@ -446,13 +447,13 @@ class Store:
             except sa.exc.IntegrityError:
                 # on a server, rank 0's `register_absent_ranks` may commit this rank's placeholder
                 # between the DELETE and the INSERT (READ COMMITTED): the next attempt replaces it
-                if attempt == _CREATE_RUN_ATTEMPTS - 1:
+                if attempt == _RACE_ATTEMPTS - 1:
                     raise
 
     def register_absent_ranks(self, run_id: int, ranks_: range) -> None:
         """Record `ranks_` as running where they have no row yet (a rank registering itself at the
         same time wins: its row has its facts)."""
-        for _ in range(_CREATE_RUN_ATTEMPTS):
+        for _ in range(_RACE_ATTEMPTS):
             try:
                 with self.begin() as conn:
                     known = set(conn.execute(sa.select(ranks.c.rank).where(ranks.c.run_id == run_id)).scalars())

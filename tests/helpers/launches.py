@@ -111,9 +111,10 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-#: what a forked rank 0 would otherwise import anew at every launch, once Lightning is in: Alembic (a new store's migrations), DuckDB's SQLAlchemy dialect, pyarrow.dataset
-#: (DuckDB's scan of an Arrow batch imports it, and pandas with it) and s3fs (Lightning's hparams.yaml
-#: writer imports it where it is installed, to ask whether the folder is object storage)
+#: what a forked rank 0 would otherwise import anew at every launch, once Lightning is in: Alembic (a
+#: new store's migrations), DuckDB's SQLAlchemy dialect, pyarrow.dataset (DuckDB's scan of an Arrow
+#: batch imports it, and pandas with it) and s3fs (Lightning's hparams.yaml writer imports it where it
+#: is installed, to ask whether the folder is object storage)
 RANK_0_IMPORTS = ("alembic.command", "duckdb_engine", "pyarrow.dataset", "s3fs")
 
 
@@ -123,7 +124,8 @@ def forkserver(*modules: str) -> Any:
     70 s -> 6 s). Their stderr is the one of the test that started the server: a test that reads
     theirs has them write it to files (logger_helpers.stderr_to_file)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", "lightning.pytorch", "multirank_logger.logger", *RANK_0_IMPORTS, *modules])
+    preload = ["torch.distributed", "lightning.pytorch", "multirank_logger.logger", *RANK_0_IMPORTS, *modules]
+    ctx.set_forkserver_preload(preload)
     with pytest.MonkeyPatch.context() as startup:  # the server's start-up reads these, as a launched script's
         for name, value in SERVER_STARTUP.items():
             startup.setenv(name, value)

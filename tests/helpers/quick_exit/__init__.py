@@ -13,17 +13,20 @@ FOLDER = str(Path(__file__).resolve().parent)
 
 def switch_on(environ: MutableMapping[str, str]) -> None:
     """`environ`'s PYTHONPATH with the folder first (once): what the processes started with it get."""
-    entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != FOLDER]
-    environ["PYTHONPATH"] = os.pathsep.join([FOLDER, *entries])
+    environ["PYTHONPATH"] = os.pathsep.join([FOLDER, *_other_entries(environ)])
 
 
 def with_real_teardown(env: MutableMapping[str, str]) -> dict[str, str]:
     """A copy of `env` without the folder: the process ends as a user's does, every garbage
     collection of the interpreter's teardown included."""
-    out = dict(env)
-    entries = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != FOLDER]
+    out, entries = dict(env), _other_entries(env)
     if entries:
         out["PYTHONPATH"] = os.pathsep.join(entries)
     else:
         out.pop("PYTHONPATH", None)
     return out
+
+
+def _other_entries(env: MutableMapping[str, str]) -> list[str]:
+    """PYTHONPATH's entries in `env` but the folder."""
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != FOLDER]

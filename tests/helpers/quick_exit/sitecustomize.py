@@ -9,7 +9,7 @@ exit hook (the logger's, Lightning's, logging's): what a process does at its end
 only the collections of the interpreter's teardown skip the objects that were alive then (they are
 still freed where nothing else holds them). The tests whose subject is that teardown (an abort or
 a hang at a process's end: tests/runs/test_exit_paths.py) launch without it
-(`tests.helpers.launches.with_real_teardown`).
+(`tests.helpers.quick_exit.with_real_teardown`).
 """
 
 import atexit
